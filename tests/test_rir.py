@@ -1,0 +1,106 @@
+"""RIR conformance on the real MCWQ files (issue: data layer, point 3)."""
+import itertools
+import random
+import subprocess
+import sys
+
+import pytest
+
+from mcwq_t5x import rir
+from mcwq_t5x import sparql
+
+LANGUAGES = ("en", "he", "kn", "zh")
+SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
+
+
+def _official_queries(path):
+  return [line.split("  OUT: ", 1)[1] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_sparql_to_rir_reproduces_published_rir_byte_for_byte(mcwq_dir):
+  checked = 0
+  for part, lang in itertools.product(("dev", "test"), LANGUAGES):
+    queries = _official_queries(mcwq_dir / "official" / "mcd1" / f"{part}.{lang}.txt")
+    reference = (mcwq_dir / "translations" / "mcd1" / f"{part}.{lang}.sparql").read_text(
+        encoding="utf-8").splitlines()
+    assert len(queries) == len(reference)
+    mismatches = [i for i, (q, r) in enumerate(zip(queries, reference)) if rir.sparql_to_rir(q) != r]
+    assert mismatches == [], f"{part}.{lang}: first mismatching line {mismatches[:1]}"
+    checked += len(queries)
+  assert checked == 4 * (5408 + 5310)  # 42,872 lines: every dev/test line of mcd1, 4 languages.
+
+
+def test_rir_to_sparql_round_trips_every_official_query(mcwq_dir):
+  checked = 0
+  for split, part, lang in itertools.product(SPLITS, ("dev", "test"), LANGUAGES):
+    for query in _official_queries(mcwq_dir / "official" / split / f"{part}.{lang}.txt"):
+      back = rir.rir_to_sparql(rir.sparql_to_rir(query))
+      assert sparql.parse_sparql(back).canonical() == sparql.parse_sparql(query).canonical(), query
+      checked += 1
+  assert checked == 4 * (5408 + 5310 + 5929 + 5891 + 6034 + 6151 + 6163 + 6282)  # 188,672
+
+
+def test_known_example():
+  query = ("ASK WHERE { M3 wdt:P161 ?x0 . M3 wdt:P344 ?x0 . M0 wdt:P57 ?x0 . M1 wdt:P57 ?x0 . "
+           "M0 wdt:P1040 ?x0 . M1 wdt:P1040 ?x0 . ?x0 wdt:P27 wd:Q30 . FILTER ( ?x0 != M1 ) . "
+           "FILTER ( ?x0 != M1 ) }")
+  assert rir.sparql_to_rir(query) == (
+      "ASK WHERE lb ( M3 ( wdt:P161 , wdt:P344 ) ( ?x0 ) ) . ( M0 ( wdt:P57 , wdt:P1040 ) ( ?x0 ) )"
+      " . ( M1 ( wdt:P57 , wdt:P1040 ) ( ?x0 ) ) . ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) . "
+      "( FILTER ( ?x0 != M1 ) ) rb")
+  assert rir.rir_to_sparql("SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 , M1 ) ) rb") == (
+      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 . ?x0 wdt:P57 M1 . ?x0 wdt:P58 M0 . ?x0 wdt:P58 M1 }")
+
+
+@pytest.mark.parametrize("garbage", [
+    "", "   ", "ASK WHERE lb rb", "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) )",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) rb", "ASK WHERE lb ( M0 ( wdt:P57 , ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) . rb", "SELECT WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( FILTER ( ?x0 = M1 ) ) rb", "ASK WHERE lb ( M0 ( ( wdt:P57 ) ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb rb", "\x00\xff\ufffd lb rb ( ) .",
+    "ASK WHERE lb ( M0 ( lb ) ( ?x0 ) ) rb", "ASK WHERE lb ( M0 ( wdt:P57 ) ( ) ) rb",
+])
+def test_malformed_rir_raises_typed_error(garbage):
+  with pytest.raises(rir.RIRError):
+    rir.rir_to_sparql(garbage)
+
+
+def test_published_predictions_and_mutations_raise_only_rir_error(mcwq_dir):
+  rng = random.Random(0)
+  lines = []
+  for path in sorted((mcwq_dir / "results").glob("*/*/*/*.txt")):
+    lines.extend(path.read_text(encoding="utf-8").splitlines())
+  candidates = lines + [l[:rng.randrange(len(l) + 1)] for l in lines[:3000]]
+  candidates += [" ".join(rng.sample(l.split(), len(l.split()))) for l in lines[:3000]]
+  candidates += [bytes(rng.randrange(256) for _ in range(40)).decode("latin-1") for _ in range(500)]
+  failed = 0
+  for line in candidates:
+    try:
+      rir.rir_to_sparql(line)
+    except rir.RIRError:
+      failed += 1
+  # The published predictions hold malformed lines too, and mutations are almost always malformed.
+  assert 6000 < failed < len(candidates)
+
+
+def test_cli_round_trips_a_file(mcwq_dir, tmp_path):
+  queries = _official_queries(mcwq_dir / "official" / "mcd1" / "dev.he.txt")[:500]
+  reference = (mcwq_dir / "translations" / "mcd1" / "dev.he.sparql").read_text(
+      encoding="utf-8").splitlines()[:500]
+  to_rir = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-rir"], input="\n".join(queries) + "\n",
+                          capture_output=True, text=True, check=True)
+  assert to_rir.stdout.splitlines() == reference
+  to_sparql = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-sparql"], input=to_rir.stdout,
+                             capture_output=True, text=True, check=True)
+  back = to_sparql.stdout.splitlines()
+  assert [sparql.parse_sparql(b).canonical() for b in back] == [
+      sparql.parse_sparql(q).canonical() for q in queries]
+
+
+def test_cli_reports_bad_line_number_and_exits_1():
+  result = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-sparql"],
+                          input="ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\nASK WHERE lb ( M0 rb\n",
+                          capture_output=True, text=True)
+  assert result.returncode == 1
+  assert "line 2:" in result.stderr
+  assert result.stdout.splitlines()[0] == "ASK WHERE { M0 wdt:P57 ?x0 }"
