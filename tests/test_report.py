@@ -1,0 +1,190 @@
+"""Tests for the reproduction report `python -m mcwq_t5x.report` (paper Tables 4-6, Figures 4-6)."""
+import csv
+import json
+
+import matplotlib.image
+import pytest
+
+from mcwq_t5x import report
+from mcwq_t5x import rir
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _read_csv(path):
+  with open(path, newline="", encoding="utf-8") as f:
+    return list(csv.reader(f))
+
+
+def _check_png(path):
+  data = path.read_bytes()
+  assert len(data) > 1000, path
+  assert data[:8] == PNG_SIGNATURE, path
+  image = matplotlib.image.imread(path)
+  assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+  assert image.std() > 0.01  # not a blank canvas
+
+
+@pytest.fixture(scope="module")
+def shared_report(mcwq_dir, tmp_path_factory):
+  out = tmp_path_factory.mktemp("report")
+  status = report.main([str(mcwq_dir / "results"), "--targets_dir",
+                        str(mcwq_dir / "translations"), "--out", str(out)])
+  assert status == 0
+  return out
+
+
+def test_discover_upstream_layout(mcwq_dir):
+  files = report.discover(mcwq_dir / "results")
+  assert len(files) == 10
+  keys = {(f.model, f.mode, f.split, f.language, f.gold) for f in files}
+  assert ("mt5_small", "monolingual", "mcd1", "en", False) in keys
+  assert ("mt5_small", "monolingual", "mcd1", "zh", True) in keys
+  assert ("mt5_small", "zeroshot", "mcd1", "kn", False) in keys
+  assert not any(f.mode == "zeroshot" and f.language == "en" for f in files)
+
+
+def test_table4_monolingual(shared_report):
+  rows = _read_csv(shared_report / "table4_monolingual_exact_match.csv")
+  assert rows[0] == ["model", "split", "en", "he", "kn", "zh"]
+  mcd1 = rows[1]
+  assert mcd1[:2] == ["mt5_small", "MCD1"]
+  # Paper Table 4, mT5-small+RIR, MCD1.
+  assert [round(float(v), 1) for v in mcd1[2:]] == [77.6, 57.8, 55.0, 52.8]
+  assert rows[2][1] == "MCD mean (1 split)" and rows[2][2:] == mcd1[2:]
+  bleu = _read_csv(shared_report / "table4_monolingual_bleu.csv")[1]
+  assert round(float(bleu[2]), 1) == 97.4
+  equivalence = _read_csv(shared_report / "table4_monolingual_equivalence.csv")[1]
+  assert all(float(e) > float(m) for e, m in zip(equivalence[2:], mcd1[2:]))
+
+
+def test_table5_zeroshot(shared_report):
+  rows = _read_csv(shared_report / "table5_zeroshot_exact_match.csv")
+  row = rows[1]
+  assert row[:2] == ["mt5_small", "MCD1"]
+  # The en column is the English-trained model's own test result.
+  assert [round(float(v), 1) for v in row[2:]] == [77.6, 0.4, 0.8, 0.1]
+
+
+def test_table6_gold_test(shared_report):
+  rows = _read_csv(shared_report / "table6_gold_test.csv")
+  assert rows[0][:6] == ["model", "mode", "split", "language", "n", "matched in test"]
+  by_lang = {r[3]: r for r in rows[1:]}
+  assert sorted(by_lang) == ["he", "kn", "zh"]
+  gold_em = {l: round(float(r[7]), 1) for l, r in by_lang.items()}
+  # 75, 70 and 78 of the 155 gold-test predictions are exact matches.
+  assert gold_em == {"he": 48.4, "kn": 45.2, "zh": 50.3}
+  for r in by_lang.values():
+    assert r[4] == "155" and r[5] == "155"
+    assert 40.0 < float(r[6]) < 55.0  # MT counterpart, same examples
+
+
+def test_error_table_and_results_json(shared_report):
+  rows = _read_csv(shared_report / "error_categories.csv")
+  header = rows[0]
+  assert header[5:] == list(report.metrics.ERROR_CATEGORIES)
+  for r in rows[1:]:
+    assert sum(int(v) for v in r[5:]) == int(r[4])
+  en = next(r for r in rows[1:] if r[1] == "monolingual" and r[3] == "en")
+  assert int(en[5]) == 4121  # exact matches: 77.6% of 5310
+  results = json.loads((shared_report / "results.json").read_text())
+  assert len(results["runs"]) == 10
+  assert any("155 of 155" in m for m in results["messages"])
+  md = (shared_report / "report.md").read_text()
+  assert "| mt5_small | MCD1 | 77.6 | 57.8 | 55.0 | 52.8 |" in md
+  assert "recursionDepth" in md  # the complexity figure was skipped with a message
+
+
+def test_figures_are_valid_pngs(shared_report):
+  pngs = sorted(p.name for p in shared_report.glob("*.png"))
+  assert pngs == ["errors_mt5_small_monolingual_mcd1-gold.png",
+                  "errors_mt5_small_monolingual_mcd1.png",
+                  "errors_mt5_small_zeroshot_mcd1.png"]
+  for name in pngs:
+    _check_png(shared_report / name)
+
+
+def _fake_release(tmp_path):
+  """A tiny full-release layout (dataset.json + splits/) with recursionDepth, its RIR targets,
+  and predictions in our own layout."""
+  sparqls = ["ASK WHERE { M0 wdt:P57 ?x0 }",
+             "ASK WHERE { M0 wdt:P57 ?x0 . M0 wdt:P58 ?x0 }",
+             "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P27 wd:Q30 . ?x0 wdt:P26 M1 . FILTER ( ?x0 != M1 ) }",
+             "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P106 wd:Q36834 }"]
+  depths = [9, 12, 20, 9]
+  records = [{"questionPatternModEntities": f"question {i}",
+              "questionPatternModEntities_he": f"he question {i}",
+              "sparqlPatternModEntities": s, "recursionDepth": d}
+             for i, (s, d) in enumerate(zip(sparqls, depths))]
+  data = tmp_path / "mcwq"
+  (data / "splits").mkdir(parents=True)
+  (data / "dataset.json").write_text(json.dumps(records))
+  (data / "splits" / "mcd1.json").write_text(
+      json.dumps({"trainIdxs": [], "devIdxs": [], "testIdxs": [3, 0, 1, 2]}))
+  targets = [rir.sparql_to_rir(sparqls[i]) for i in (3, 0, 1, 2)]
+  (data / "translations" / "mcd1").mkdir(parents=True)
+  for lang in ("en", "he"):
+    (data / "translations" / "mcd1" / f"test.{lang}.sparql").write_text("\n".join(targets))
+  results = tmp_path / "results"
+  (results / "tiny" / "zeroshot").mkdir(parents=True)
+  # en: all right but the depth-12 one; he: only the first (depth 9) right.
+  (results / "tiny" / "predictions_mcd1_en.txt").write_text(
+      "\n".join([targets[0], targets[1], "ASK WHERE lb ( M0 ( wdt:P57", targets[3]]) + "\n")
+  (results / "tiny" / "predictions_mcd1_he.txt").write_text(
+      "\n".join([targets[0], "", "", ""]) + "\n")
+  (results / "tiny" / "zeroshot" / "predictions_mcd1_he.txt").write_text("\n" * 4)
+  return data, results
+
+
+def test_own_layout_and_complexity_figure(tmp_path):
+  data, results = _fake_release(tmp_path)
+  files = report.discover(results)
+  assert [(f.model, f.mode, f.language) for f in files] == [
+      ("tiny", "monolingual", "en"), ("tiny", "monolingual", "he"), ("tiny", "zeroshot", "he")]
+  out = tmp_path / "out"
+  status = report.main([str(results), "--targets_dir", str(data / "translations"),
+                        "--out", str(out)])
+  assert status == 0
+  rows = _read_csv(out / "table4_monolingual_exact_match.csv")
+  assert rows[1] == ["tiny", "MCD1", "75.0000", "25.0000", "", ""]
+  results_json = json.loads((out / "results.json").read_text())
+  en = next(r for r in results_json["runs"] if r["language"] == "en")
+  assert en["by_complexity"] == {"9": {"n": 2, "correct": 2, "exact_match": 100.0},
+                                 "12": {"n": 1, "correct": 0, "exact_match": 0.0},
+                                 "20": {"n": 1, "correct": 1, "exact_match": 100.0}}
+  _check_png(out / "complexity_tiny_monolingual_mcd1.png")
+  _check_png(out / "errors_tiny_monolingual_mcd1.png")
+  _check_png(out / "complexity_tiny_zeroshot_mcd1.png")
+
+
+def test_missing_results_dir(tmp_path, capsys):
+  assert report.main([str(tmp_path / "none"), "--targets_dir", str(tmp_path)]) == 2
+  assert "no such results directory" in capsys.readouterr().err
+
+
+def test_length_mismatch_is_reported(mcwq_dir, tmp_path, capsys):
+  (tmp_path / "m").mkdir()
+  (tmp_path / "m" / "predictions_mcd1_en.txt").write_text("ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\n")
+  assert report.main([str(tmp_path), "--targets_dir", str(mcwq_dir / "translations"),
+                      "--out", str(tmp_path / "out")]) == 2
+  err = capsys.readouterr().err
+  assert "1 predictions" in err and "5310 targets" in err
+
+
+def test_markdown_table():
+  assert report.to_markdown(["a", "b"], [["x", 1.25], ["y", None]]) == (
+      "| a | b |\n| --- | --- |\n| x | 1.2 |\n| y | - |")
+
+
+def test_discover_train_layout(tmp_path):
+  """`mcwq_t5x.train` writes MODEL_DIR/predictions/{task}_{split}.txt."""
+  pred_dir = tmp_path / "run_mcd2_en" / "predictions"
+  pred_dir.mkdir(parents=True)
+  for name in ("mcwq_mcd2_en_test.txt", "mcwq_mcd2_en_validation.txt",
+               "mcwq_mcd2_zeroshot_he_test.txt", "mcwq_gold_he_test.txt", "notes.txt"):
+    (pred_dir / name).write_text("x\n")
+  files = report.discover(tmp_path)
+  assert [(f.model, f.mode, f.split, f.language, f.gold) for f in files] == [
+      ("run_mcd2_en", "monolingual", "mcd2", "en", False),
+      ("run_mcd2_en", "zeroshot", "mcd2", "he", False),
+      ("run_mcd2_en", "zeroshot", "mcd2", "he", True)]
