@@ -1,0 +1,544 @@
+"""Tests of mcwq_t5x.decoding against brute-force NumPy references on a path-dependent toy model.
+
+The toy "model" keeps in its cache the sum of the tokens fed so far, the token history, a shared
+scalar `cache_index` and a per-example bias; its next-token logits depend on all of them, on
+`cur_index`, and it returns garbage (token 4 forced) whenever `DecodingState` is inconsistent with
+its cache. A decoder that does not expand or gather the cache per beam, or that feeds the wrong
+token/index/sequences, therefore gives different results from the references below.
+"""
+import functools
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mcwq_t5x import decoding
+
+V = 5          # vocabulary: 0 = BOS/pad, 1 = EOS, 2..4 other tokens
+EOS = 1
+S = 3          # path-sum buckets
+
+
+def _log_softmax(x):
+  x = np.asarray(x, np.float64)
+  x = x - x.max()
+  return x - np.log(np.exp(x).sum())
+
+
+class ToyModel:
+  """A tiny autoregressive model with a path-dependent cache (JAX and NumPy versions)."""
+
+  def __init__(self, seed: int, batch: int, max_len: int, eos_extreme: bool = False):
+    rng = np.random.RandomState(seed)
+    self.batch, self.max_len, self.eos_extreme = batch, max_len, eos_extreme
+    self.table = (1.5 * rng.normal(size=(V, S, V))).astype(np.float32)
+    self.history_table = rng.normal(size=(2, V)).astype(np.float32)
+    self.position_table = (0.5 * rng.normal(size=(max_len + 1, V))).astype(np.float32)
+    self.bias = (2.0 * rng.normal(size=(batch, V))).astype(np.float32)
+
+  def init_cache(self):
+    return {"decoder": {
+        "cache_index": jnp.array(0, jnp.int32),
+        "path_sum": jnp.zeros((self.batch,), jnp.int32),
+        "history": jnp.zeros((self.batch, self.max_len), jnp.int32),
+        "bias": jnp.asarray(self.bias)}}
+
+  def _eos_rule(self, logits, path_sum, index, xp):
+    """Makes EOS either the best or the worst token (then beam 1 == greedy, see tests)."""
+    others = xp.where(xp.arange(V) == EOS, -np.inf, logits)
+    others_min = xp.where(xp.arange(V) == EOS, np.inf, logits)
+    best = (path_sum + 2 * index) % 5 == 4
+    eos_logit = xp.where(best, others.max(-1) + 1.0, others_min.min(-1) - 1.0)
+    return xp.where(xp.arange(V) == EOS, eos_logit[..., None], logits)
+
+  def tokens_to_logits(self, state: decoding.DecodingState):
+    cache = state.cache["decoder"]
+    cur = state.cur_token.astype(jnp.int32)
+    idx = cache["cache_index"]
+    history = cache["history"].at[:, idx].set(cur)
+    path_sum = cache["path_sum"] + cur
+    count3 = jnp.sum(history == 3, axis=1) % 2
+    logits = (jnp.asarray(self.table)[cur, path_sum % S] + jnp.asarray(self.history_table)[count3]
+              + jnp.asarray(self.position_table)[state.cur_index] + cache["bias"])
+    if self.eos_extreme:
+      logits = self._eos_rule(logits, path_sum, state.cur_index, jnp)
+    # The decoder state must agree with the cache.
+    seq = state.sequences.astype(jnp.int32)
+    rows = jnp.arange(seq.shape[0])
+    fed = jnp.arange(seq.shape[1])[None, :] <= state.cur_index[:, None]
+    consistent = ((jnp.sum(jnp.where(fed, seq, 0), axis=1) == path_sum)
+                  & (seq[rows, state.cur_index] == cur) & (state.cur_index == idx))
+    garbage = 50.0 * jax.nn.one_hot(4, V)
+    logits = jnp.where(consistent[:, None], logits, garbage)
+    new_cache = {"decoder": {"cache_index": idx + 1, "path_sum": path_sum, "history": history,
+                             "bias": cache["bias"]}}
+    return logits, new_cache
+
+  # NumPy reference: `fed` = decoder inputs so far, starting with BOS 0; cur token = fed[-1].
+  def ref_logits(self, b, fed):
+    cur, index = fed[-1], len(fed) - 1
+    path_sum = sum(fed)
+    count3 = sum(1 for t in fed if t == 3) % 2
+    logits = (self.table[cur, path_sum % S] + self.history_table[count3]
+              + self.position_table[index] + self.bias[b])
+    if self.eos_extreme:
+      logits = self._eos_rule(logits, path_sum, index, np)
+    return logits
+
+  def ref_log_probs(self, b, fed):
+    return _log_softmax(self.ref_logits(b, fed))
+
+  def ref_score(self, b, tokens, prompt=None):
+    """Sum of log-probs of the decoded (non-prompt) tokens up to and including the first EOS."""
+    prompt = [0] * len(tokens) if prompt is None else list(prompt)
+    fed, total = [0], 0.0
+    for j, t in enumerate(tokens):
+      if prompt[j]:
+        assert t == prompt[j]
+      else:
+        total += self.ref_log_probs(b, fed)[t]
+        if t == EOS:
+          break
+      fed.append(int(t))
+    return total
+
+
+def _decoder_inputs(prompt):
+  """Prompt in output coordinates -> decoding `inputs` (decoder-input layout, BOS slot first)."""
+  prompt = np.asarray(prompt)
+  return jnp.asarray(np.concatenate([np.zeros_like(prompt[:, :1]), prompt[:, :-1]], axis=1))
+
+
+def _bp(alpha, length):
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def _pad(tokens, length):
+  return list(tokens) + [0] * (length - len(tokens))
+
+
+def ref_greedy(model, b, length, prompt=None):
+  prompt = [0] * length if prompt is None else list(prompt)
+  fed, out = [0], []
+  for pos in range(length):
+    t = prompt[pos] if prompt[pos] else int(np.argmax(model.ref_logits(b, fed)))
+    out.append(t)
+    fed.append(t)
+    if t == EOS and not prompt[pos]:
+      break
+  return _pad(out, length)
+
+
+def ref_beam_search(model, b, beam_size, alpha, length, prompt=None):
+  """Straightforward list-based beam search with T5X's rules; returns [(score, tokens)] best first."""
+  prompt = [0] * length if prompt is None else list(prompt)
+  live, finished = [([], 0.0)], []
+  for i in range(length):
+    candidates = []
+    for tokens, lp in live:
+      if prompt[i]:
+        candidates.append((tokens + [prompt[i]], lp, True))
+      else:
+        log_probs = model.ref_log_probs(b, [0] + tokens)
+        candidates += [(tokens + [v], lp + log_probs[v], False) for v in range(V)]
+    candidates.sort(key=lambda c: -c[1])
+    live = []
+    for tokens, lp, forced in candidates[:2 * beam_size]:
+      if (tokens[-1] == EOS and not forced) or i + 1 == length:
+        finished.append((lp / _bp(alpha, i + 1), _pad(tokens, length)))
+      else:
+        live.append((tokens, lp))
+    live = live[:beam_size]
+    finished = sorted(finished, key=lambda f: -f[0])[:beam_size]
+  return finished
+
+
+def all_sequences(length):
+  """Every possible output: non-EOS tokens, then EOS or the length limit."""
+  non_eos = [t for t in range(V) if t != EOS]
+  for n in range(length + 1):
+    for prefix in itertools.product(non_eos, repeat=n):
+      if n < length:
+        yield list(prefix) + [EOS] + [0] * (length - n - 1), n + 1
+      else:
+        yield list(prefix), length
+
+
+def _assert_valid(sequences, scores):
+  sequences, scores = np.asarray(sequences), np.asarray(scores)
+  assert np.all(np.diff(scores, axis=-1) >= 0), scores
+  is_eos = sequences == EOS
+  after_eos = (np.cumsum(is_eos, axis=-1) - is_eos) > 0
+  assert np.all(sequences[after_eos] == 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_brevity_penalty_and_lengths():
+  np.testing.assert_allclose(decoding.brevity_penalty(0.6, 1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(decoding.brevity_penalty(0.6, 7), 2.0 ** 0.6, rtol=1e-6)
+  np.testing.assert_allclose(decoding.brevity_penalty(0.0, 100), 1.0)
+  seqs = jnp.array([[3, 1, 0, 0], [2, 2, 2, 2], [1, 0, 0, 0]])
+  np.testing.assert_array_equal(decoding.sequence_lengths(seqs, EOS), [2, 4, 1])
+  np.testing.assert_array_equal(decoding.sequence_lengths(seqs, EOS, max_len=6), [2, 6, 1])
+  # An EOS inside the prompt does not end the sequence (inputs are in decoder-input layout).
+  np.testing.assert_array_equal(
+      decoding.sequence_lengths(jnp.array([[1, 2, 1, 0]]), EOS, inputs=jnp.array([[0, 1, 0, 0]])),
+      [3])
+  scores = decoding.length_penalized_score(jnp.array([-1.0, -2.0, -3.0]), seqs, EOS, 0.6)
+  np.testing.assert_allclose(scores, [-1.0 / (7 / 6) ** 0.6, -2.0 / 1.5 ** 0.6, -3.0], rtol=1e-6)
+
+
+def test_beam_dim_helpers():
+  x = jnp.arange(6).reshape(2, 3)
+  np.testing.assert_array_equal(decoding.flat_batch_beam_expand(x, 2),
+                                [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
+  beamed = decoding.add_beam_dim(x, 3)
+  assert beamed.shape == (2, 3, 3)
+  np.testing.assert_array_equal(
+      decoding.unflatten_beam_dim(decoding.flatten_beam_dim(beamed), 2, 3), beamed)
+  scalar = jnp.array(7)
+  assert decoding.flat_batch_beam_expand(scalar, 4) is scalar
+  y = jnp.arange(2 * 3).reshape(2, 3) * 10
+  gathered = decoding.gather_beams({"y": y, "i": scalar}, jnp.array([[2, 0], [1, 1]]), 2, 2)
+  np.testing.assert_array_equal(gathered["y"], [[20, 0], [40, 40]])
+  assert int(gathered["i"]) == 7
+  top = decoding.gather_topk_beams(y, jnp.array([[0.1, 0.9, 0.5], [3.0, 2.0, 1.0]]), 2, 2)
+  np.testing.assert_array_equal(top, [[10, 20], [30, 40]])
+  # Scanned-layer layout: batch on axis 1.
+  z = jnp.arange(2 * 2 * 3).reshape(2, 2, 3)  # [layers, batch, beam]
+  g = decoding.gather_beams(z, jnp.array([[2, 0], [1, 1]]), 2, 2, offset=1)
+  np.testing.assert_array_equal(g[1], [[8, 6], [10, 10]])
+  with pytest.raises(ValueError, match="unflatten_beam_dim"):
+    decoding.unflatten_beam_dim(jnp.zeros((5, 2)), 2, 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Greedy decoding and sampling.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_greedy_matches_python_loop():
+  batch, length = 3, 6
+  model = ToyModel(seed=4, batch=batch, max_len=length)
+  inputs = jnp.zeros((batch, length), jnp.int32)
+  seqs, log_probs = decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits,
+                                                EOS, temperature=0.0)
+  assert seqs.shape == (batch, 1, length) and log_probs.shape == (batch, 1)
+  assert seqs.dtype == jnp.int32 and log_probs.dtype == jnp.float32
+  expected = [ref_greedy(model, b, length) for b in range(batch)]
+  np.testing.assert_array_equal(seqs[:, 0], expected)
+  np.testing.assert_allclose(log_probs[:, 0], [model.ref_score(b, expected[b]) for b in range(batch)],
+                             rtol=1e-5, atol=1e-5)
+  assert len({tuple(e) for e in expected}) > 1, "examples should decode differently"
+  _assert_valid(seqs, log_probs)
+  # topk=1 with a temperature is greedy too, and greedy_decode is the same function.
+  seqs_topk1, _ = decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits,
+                                              EOS, temperature=0.7, topk=1)
+  np.testing.assert_array_equal(seqs_topk1, seqs)
+  # T5X's rescale_log_probs: log-probs of the (degenerate) greedy distribution, i.e. 0.
+  seqs_g, lp_g = decoding.greedy_decode(inputs, model.init_cache(), model.tokens_to_logits, EOS,
+                                        rescale_log_probs=True)
+  np.testing.assert_array_equal(seqs_g, seqs)
+  np.testing.assert_array_equal(lp_g, 0.0)
+
+
+def test_greedy_with_prompt_and_initial_index():
+  batch, length = 2, 6
+  model = ToyModel(seed=11, batch=batch, max_len=length)
+  prompt = np.zeros((batch, length), np.int32)
+  prompt[:, :2] = [[3, 4], [2, 3]]
+  inputs = _decoder_inputs(prompt)  # [[0, 3, 4, 0, 0, 0], [0, 2, 3, 0, 0, 0]] as in T5X.
+  np.testing.assert_array_equal(inputs[:, :3], [[0, 3, 4], [0, 2, 3]])
+  seqs, log_probs = decoding.temperature_sample(inputs, model.init_cache(),
+                                                model.tokens_to_logits, EOS, temperature=0.0)
+  for b in range(batch):
+    expected = ref_greedy(model, b, length, prompt[b])
+    assert expected[:2] == list(prompt[b, :2])
+    np.testing.assert_array_equal(seqs[b, 0], expected)
+    np.testing.assert_allclose(log_probs[b, 0], model.ref_score(b, expected, prompt[b]),
+                               rtol=1e-5, atol=1e-5)
+  # Prefill the cache with positions 0 and 1 (BOS and the first prompt token), then start at 2.
+  cache = model.init_cache()
+  for i in range(2):
+    _, cache = model.tokens_to_logits(decoding.DecodingState(
+        cur_index=jnp.full((batch,), i, jnp.int32), sequences=inputs, cur_token=inputs[:, i],
+        cache=cache))
+  seqs2, log_probs2 = decoding.temperature_sample(
+      inputs, cache, model.tokens_to_logits, EOS, temperature=0.0,
+      initial_index=jnp.full((batch,), 2, jnp.int32))
+  np.testing.assert_array_equal(seqs2, seqs)
+  # Log-probs of the prompt tokens are excluded: the prefilled run scores the same tokens.
+  np.testing.assert_allclose(log_probs2, log_probs, rtol=1e-5, atol=1e-5)
+
+
+def test_max_decode_steps_and_length():
+  batch, length = 2, 6
+  model = ToyModel(seed=16, batch=batch, max_len=length)
+  full = np.array([ref_greedy(model, b, length) for b in range(batch)])
+  assert np.all(np.any(full[:, 2:] != 0, axis=1)), "the test needs tokens after position 2"
+  short, _ = decoding.temperature_sample(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
+                                         model.tokens_to_logits, EOS, temperature=0.0,
+                                         max_decode_steps=2)
+  np.testing.assert_array_equal(short[:, 0, :2], full[:, :2])
+  np.testing.assert_array_equal(short[:, :, 2:], 0)
+  # max_decode_len zero-pads a shorter prompt array to the decode length.
+  padded, _ = decoding.temperature_sample(jnp.zeros((batch, 3), jnp.int32), model.init_cache(),
+                                          model.tokens_to_logits, EOS, temperature=0.0,
+                                          max_decode_len=length)
+  np.testing.assert_array_equal(padded[:, 0], full)
+
+
+def test_sampling_distribution_topk_and_log_probs():
+  batch, length, n = 2, 3, 1024
+  model = ToyModel(seed=3, batch=batch, max_len=length)
+  inputs = jnp.zeros((batch, length), jnp.int32)
+  temperature = 0.8
+  seqs, log_probs = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, decode_rng=jax.random.PRNGKey(0),
+      num_decodes=n, temperature=temperature, topk=0)
+  assert seqs.shape == (batch, n, length)
+  _assert_valid(seqs, log_probs)
+  seqs, log_probs = np.asarray(seqs), np.asarray(log_probs)
+  for b in range(batch):
+    probs = np.exp(_log_softmax(model.ref_logits(b, [0]) / temperature))
+    freq = np.bincount(seqs[b, :, 0], minlength=V) / n
+    np.testing.assert_allclose(freq, probs, atol=0.05)
+    for k in range(0, n, 97):  # Log-probs are the model's (untempered) token log-probs.
+      np.testing.assert_allclose(log_probs[b, k], model.ref_score(b, seqs[b, k]), atol=1e-4)
+  assert not np.array_equal(seqs[0], seqs[1])
+  # topk=2: every decoded token is one of the two most likely given its prefix.
+  seqs2, _ = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, decode_rng=jax.random.PRNGKey(1),
+      num_decodes=64, temperature=1.5, topk=2)
+  seqs2 = np.asarray(seqs2)
+  seen = set()
+  for b in range(batch):
+    for k in range(64):
+      fed = [0]
+      for t in seqs2[b, k]:
+        top2 = np.argsort(-model.ref_logits(b, fed))[:2]
+        assert t in top2
+        seen.add(int(t))
+        if t == EOS:
+          break
+        fed.append(int(t))
+  assert len(seen) > 2
+  # Nucleus: with topp tiny only the argmax survives, i.e. greedy.
+  seqs3, _ = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, decode_rng=jax.random.PRNGKey(2),
+      num_decodes=4, temperature=1.0, topk=0, topp=1e-6)
+  for b in range(batch):
+    np.testing.assert_array_equal(seqs3[b], [ref_greedy(model, b, length)] * 4)
+
+
+def test_temperature_sample_errors():
+  model = ToyModel(seed=0, batch=2, max_len=3)
+  inputs = jnp.zeros((2, 3), jnp.int32)
+  with pytest.raises(ValueError, match="decode_rng"):
+    decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
+                                temperature=1.0, topk=0)
+  with pytest.raises(ValueError, match="topk and topp"):
+    decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
+                                decode_rng=jax.random.PRNGKey(0), topk=3, topp=0.9)
+  bad_cache = model.init_cache()
+  bad_cache["decoder"]["history"] = jnp.zeros((3, 3), jnp.int32)
+  with pytest.raises(ValueError, match=r"\['decoder'\]\['history'\].*batch size 2"):
+    decoding.beam_search(inputs, bad_cache, model.tokens_to_logits, EOS)
+  with pytest.raises(ValueError, match=r"\[batch, max_decode_len\]"):
+    decoding.beam_search(inputs[0], model.init_cache(), model.tokens_to_logits, EOS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Beam search.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_wide_beam_equals_brute_force(alpha):
+  """A beam of 160 keeps every prefix (4**3 * 5 = 320 = 2 * 160 candidates): exhaustive search."""
+  batch, length, beam = 2, 4, 160
+  model = ToyModel(seed=7, batch=batch, max_len=length)
+  seqs, scores = decoding.beam_search(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
+                                      model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha)
+  assert seqs.shape == (batch, beam, length) and scores.shape == (batch, beam)
+  _assert_valid(seqs, scores)
+  for b in range(batch):
+    ranked = sorted(((model.ref_score(b, s) / _bp(alpha, n), s) for s, n in all_sequences(length)),
+                    key=lambda x: -x[0])[:beam]
+    np.testing.assert_allclose(scores[b, ::-1], [r[0] for r in ranked], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(seqs[b, ::-1], [r[1] for r in ranked])
+  # The returned scores are length_penalized_score of the re-scored sequences.
+  rescored = np.array([[model.ref_score(b, s) for s in seqs[b]] for b in range(batch)])
+  np.testing.assert_allclose(
+      decoding.length_penalized_score(rescored, seqs, EOS, alpha, max_len=length), scores,
+      rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam,alpha", [(2, 0.0), (4, 1.5)])
+def test_beam_search_matches_reference(beam, alpha):
+  batch, length = 3, 5
+  model = ToyModel(seed=beam, batch=batch, max_len=length)
+  seqs, scores = decoding.beam_search(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
+                                      model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha)
+  _assert_valid(seqs, scores)
+  best = []
+  for b in range(batch):
+    expected = ref_beam_search(model, b, beam, alpha, length)
+    np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
+    best.append(tuple(expected[0][1]))
+  assert len(set(best)) > 1, "examples should decode differently"
+
+
+def test_scanned_cache_layout():
+  """cache_offset=1: cache leaves are [layers, batch, ...] as with scanned layers in T5X."""
+  batch, length, beam, alpha, layers = 2, 5, 3, 0.6, 2
+  model = ToyModel(seed=8, batch=batch, max_len=length)
+
+  def stack(x):
+    return x if x.ndim == 0 else jnp.stack([x] * layers)
+
+  def tokens_to_logits(state):
+    unstacked = jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[layers - 1], state.cache)
+    logits, new_cache = model.tokens_to_logits(state.replace(cache=unstacked))
+    return logits, jax.tree_util.tree_map(stack, new_cache)
+
+  cache = jax.tree_util.tree_map(stack, model.init_cache())
+  seqs, scores = decoding.beam_search(jnp.zeros((batch, length), jnp.int32), cache,
+                                      tokens_to_logits, EOS, num_decodes=beam, alpha=alpha,
+                                      cache_offset=1)
+  for b in range(batch):
+    expected = ref_beam_search(model, b, beam, alpha, length)
+    np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
+    np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="axis 1"):
+    decoding.temperature_sample(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
+                                model.tokens_to_logits, EOS, cache_offset=1)
+
+
+def test_beam_search_with_prompt():
+  batch, length, beam, alpha = 2, 5, 3, 0.6
+  model = ToyModel(seed=21, batch=batch, max_len=length)
+  prompt = np.zeros((batch, length), np.int32)
+  prompt[0, :2] = [2, 3]
+  prompt[1, :1] = [4]
+  # The prompt array may be shorter than the decode length (max_decode_len pads it).
+  inputs = _decoder_inputs(prompt).at[:, 0].set(3)  # The BOS slot inputs[:, 0] is ignored.
+  seqs, scores = decoding.beam_search(inputs[:, :3], model.init_cache(),
+                                      model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha,
+                                      max_decode_len=length)
+  assert seqs.shape == (batch, beam, length)
+  _assert_valid(seqs, scores)
+  for b in range(batch):
+    expected = ref_beam_search(model, b, beam, alpha, length, prompt[b])
+    np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
+    np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
+    rescored = [model.ref_score(b, s, prompt[b]) for s in seqs[b]]
+    np.testing.assert_allclose(
+        decoding.length_penalized_score(np.array(rescored), seqs[b], EOS, alpha,
+                                        inputs=_decoder_inputs(prompt)[b]), scores[b],
+        rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(seqs[0, :, :2], [[2, 3]] * beam)
+  np.testing.assert_array_equal(seqs[1, :, 0], [4] * beam)
+
+
+def test_beam_one_equals_greedy():
+  # With EOS always best or worst, the runner-up is never an early EOS, so beam 1 == greedy.
+  batch, length, alpha = 4, 6, 0.6
+  model = ToyModel(seed=13, batch=batch, max_len=length, eos_extreme=True)
+  inputs = jnp.zeros((batch, length), jnp.int32)
+  beam_seqs, beam_scores = decoding.beam_search(inputs, model.init_cache(), model.tokens_to_logits,
+                                                EOS, num_decodes=1, alpha=alpha)
+  greedy_seqs, greedy_lp = decoding.temperature_sample(inputs, model.init_cache(),
+                                                       model.tokens_to_logits, EOS, temperature=0.0)
+  np.testing.assert_array_equal(beam_seqs, greedy_seqs)
+  lengths = decoding.sequence_lengths(greedy_seqs, EOS)
+  assert len(set(np.asarray(lengths).ravel().tolist())) > 1, "want EOS at different positions"
+  np.testing.assert_allclose(
+      beam_scores, decoding.length_penalized_score(greedy_lp, greedy_seqs, EOS, alpha),
+      rtol=1e-5, atol=1e-5)
+
+
+def test_under_jit():
+  batch, length, beam, alpha = 2, 5, 3, 0.6
+  model = ToyModel(seed=2, batch=batch, max_len=length)
+  inputs = jnp.zeros((batch, length), jnp.int32)
+  jitted = jax.jit(functools.partial(decoding.beam_search, tokens_to_logits=model.tokens_to_logits,
+                                     eos_id=EOS, num_decodes=beam, alpha=alpha))
+  seqs, scores = jitted(inputs, model.init_cache())
+  for b in range(batch):
+    expected = ref_beam_search(model, b, beam, alpha, length)
+    np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
+    np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
+  sample = jax.jit(functools.partial(decoding.temperature_sample,
+                                     tokens_to_logits=model.tokens_to_logits, eos_id=EOS,
+                                     num_decodes=8, topk=0))
+  # A traced per-example temperature: example 0 is decoded greedily (temperature 0).
+  seqs, log_probs = sample(inputs, model.init_cache(), decode_rng=jax.random.PRNGKey(4),
+                           temperature=jnp.array([0.0, 1.0]))
+  _assert_valid(seqs, log_probs)
+  seqs, log_probs = np.asarray(seqs), np.asarray(log_probs)
+  np.testing.assert_array_equal(seqs[0], [ref_greedy(model, 0, length)] * 8)
+  assert len({tuple(s) for s in seqs[1]}) > 2
+  for b in range(batch):
+    np.testing.assert_allclose(log_probs[b], [model.ref_score(b, s) for s in seqs[b]], atol=1e-4)
+
+
+class TinyLM(nn.Module):
+  """A one-layer causal self-attention LM with flax's KV cache (`decode=True`)."""
+  dim: int = 16
+
+  @nn.compact
+  def __call__(self, tokens, decode: bool = False):
+    x = nn.Embed(V, self.dim)(tokens)
+    mask = None if decode else nn.make_causal_mask(tokens)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=self.dim, decode=decode)(
+        x, mask=mask)
+    return nn.Dense(V)(jnp.tanh(x)) * 3.0
+
+
+def test_flax_kv_cache_model():
+  """Greedy and beam search with a real flax cache equal references recomputing full prefixes."""
+  batch, length, beam, alpha = 2, 5, 3, 0.6
+  module = TinyLM()
+  params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, length), jnp.int32))["params"]
+  cache = module.init(jax.random.PRNGKey(0), jnp.zeros((batch, length), jnp.int32),
+                      decode=True)["cache"]
+  leaves = jax.tree_util.tree_leaves_with_path(cache)
+  assert any(leaf.ndim == 0 for _, leaf in leaves)  # the scalar cache_index
+  assert any(leaf.ndim == 4 and leaf.shape[0] == batch for _, leaf in leaves)  # cached_key
+
+  def tokens_to_logits(state):
+    logits, variables = module.apply({"params": params, "cache": state.cache},
+                                     state.cur_token[:, None], decode=True, mutable=["cache"])
+    return logits[:, 0], variables["cache"]
+
+  full_forward = jax.jit(lambda tokens: module.apply({"params": params}, tokens))
+
+  class Reference:
+    """`ref_logits` for ref_greedy / ref_beam_search: full forward pass over the prefix."""
+
+    def ref_logits(self, b, fed):
+      del b
+      return np.asarray(full_forward(jnp.asarray([fed], jnp.int32))[0, -1], np.float64)
+
+    def ref_log_probs(self, b, fed):
+      return _log_softmax(self.ref_logits(b, fed))
+
+  reference = Reference()
+  inputs = jnp.zeros((batch, length), jnp.int32)
+  seqs, _ = decoding.greedy_decode(inputs, cache, tokens_to_logits, EOS)
+  np.testing.assert_array_equal(seqs[:, 0], [ref_greedy(reference, 0, length)] * batch)
+  seqs, scores = decoding.beam_search(inputs, cache, tokens_to_logits, EOS, num_decodes=beam,
+                                      alpha=alpha)
+  expected = ref_beam_search(reference, 0, beam, alpha, length)
+  for b in range(batch):
+    np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
+    np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-4, atol=1e-4)
