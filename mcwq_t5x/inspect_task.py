@@ -1,0 +1,134 @@
+"""Prints a SeqIO task's preprocessed examples and token-length statistics.
+
+Use it to choose TASK_FEATURE_LENGTHS: the statistics are over the whole split, lengths count
+the EOS token, and nothing is truncated.
+
+Usage:
+  python -m mcwq_t5x.inspect_task mcwq_mcd1_he --split validation -n 5
+  python -m mcwq_t5x.inspect_task mcwq_gold_zh --split test --max-examples 0
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+class UnknownTaskError(KeyError):
+  """The task/mixture name is not registered; the message lists close matches."""
+
+  def __str__(self) -> str:  # KeyError would repr() the message.
+    return str(self.args[0])
+
+
+def get_task(name: str):
+  """Returns the registered seqio Task or Mixture `name` (importing `tasks` first).
+
+  Raises:
+    UnknownTaskError: unknown name; the message lists the closest registered names.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+  names = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+  if name not in names:
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    mcwq = [n for n in names if n.startswith("mcwq_")]
+    hint = (f"did you mean: {', '.join(close)}?" if close else
+            f"registered MCWQ tasks include: {', '.join(mcwq[:8])}, ...")
+    raise UnknownTaskError(f"unknown task or mixture {name!r}; {hint}")
+  return seqio.get_mixture_or_task(name)
+
+
+def length_stats(lengths: Sequence[int]) -> dict[str, float]:
+  """Percentiles 50/90/95/99 (linear interpolation), max, mean and count of `lengths`."""
+  a = np.asarray(lengths, dtype=np.int64)
+  if a.size == 0:
+    return {"count": 0}
+  out = {f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES}
+  out.update(max=int(a.max()), mean=float(a.mean()), count=int(a.size))
+  return out
+
+
+def inspect(name: str, split: str = "validation", num_examples: int = 5,
+            max_examples: Optional[int] = None, out=sys.stdout) -> dict[str, Any]:
+  """Prints `num_examples` preprocessed examples and the length statistics of `split`.
+
+  Args:
+    name: seqio task or mixture name.
+    split: seqio split ("train", "validation", "test").
+    num_examples: examples to print (text and token ids).
+    max_examples: examples for the statistics (None or 0: the whole split).
+    out: stream to print to.
+
+  Returns:
+    {"inputs": stats, "targets": stats} as from `length_stats`.
+
+  Raises:
+    UnknownTaskError: unknown task name.
+    DataNotFoundError: the split's data is missing.
+  """
+  task = get_task(name)
+  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False)
+  if max_examples:
+    ds = ds.take(max_examples)
+  features = task.output_features
+  lengths: dict[str, list[int]] = {k: [] for k in features}
+  for i, ex in enumerate(ds.as_numpy_iterator()):
+    for k in features:
+      if k in ex:
+        lengths[k].append(len(ex[k]))
+    if i < num_examples:
+      _print_example(i, ex, features, out)
+  stats = {k: length_stats(v) for k, v in lengths.items()}
+  print(f"\nlength statistics ({name}, {split}; tokens incl. EOS):", file=out)
+  print(f"{'feature':>8} {'count':>7} {'mean':>7} " +
+        " ".join(f"{'p' + str(p):>6}" for p in PERCENTILES) + f" {'max':>6}", file=out)
+  for k, s in stats.items():
+    if s.get("count"):
+      print(f"{k:>8} {s['count']:>7} {s['mean']:>7.1f} " +
+            " ".join(f"{s['p' + str(p)]:>6.0f}" for p in PERCENTILES) + f" {s['max']:>6}",
+            file=out)
+  suggestion = {k: int(-(-s["max"] // 8) * 8) for k, s in stats.items() if s.get("count")}
+  print(f"TASK_FEATURE_LENGTHS covering every example (rounded up to 8): {suggestion}", file=out)
+  return stats
+
+
+def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:
+  print(f"--- example {i}", file=out)
+  for k, feature in features.items():
+    if k not in ex:
+      continue
+    ids = ex[k].tolist()
+    text = feature.vocabulary.decode(ids)
+    pre = ex.get(f"{k}_pretokenized")
+    if pre is not None:
+      pre = pre.decode("utf-8") if isinstance(pre, bytes) else str(pre)
+      print(f"{k}_pretokenized: {pre}", file=out)
+    print(f"{k} ({len(ids)} ids): {ids}", file=out)
+    print(f"{k} decoded: {text}", file=out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("task", help="seqio task or mixture name, e.g. mcwq_mcd1_he")
+  parser.add_argument("--split", default="validation", help="train, validation or test")
+  parser.add_argument("-n", "--num-examples", type=int, default=5)
+  parser.add_argument("--max-examples", type=int, default=0,
+                      help="limit the statistics to this many examples (0: all)")
+  args = parser.parse_args(argv)
+  try:
+    inspect(args.task, args.split, args.num_examples, args.max_examples)
+  except UnknownTaskError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,113 @@
+"""Where the MCWQ data and the project's caches live.
+
+The data directory is the root of an MCWQ copy, i.e. the upstream folder `mcwq/` of the GitHub
+repository `coastalcph/seq2sparql` (holding `official/`, `translations/`, ...), or the full
+public release (holding `dataset.json` and `splits/`). It is resolved, in this order, from
+
+1. an explicit `path` argument (also settable through gin:
+   `mcwq_t5x.paths.data_dir.path = %MCWQ_DATA_DIR`),
+2. the environment variable `MCWQ_DATA_DIR`,
+3. `<repository root>/../shared/mcwq` (the development/CI copy).
+
+Caches (the small offline SentencePiece model, ...) live in `MCWQ_CACHE_DIR`, else
+`~/.cache/mcwq_t5x`; never next to the data, which may be read-only.
+
+This module imports nothing from TensorFlow or seqio; gin is optional.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Optional, Union
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "mcwq"
+DEFAULT_CACHE_DIR = pathlib.Path("~/.cache/mcwq_t5x")
+DATA_DIR_ENV = "MCWQ_DATA_DIR"
+CACHE_DIR_ENV = "MCWQ_CACHE_DIR"
+
+PathLike = Union[str, os.PathLike]
+
+
+class DataNotFoundError(FileNotFoundError):
+  """Raised when MCWQ data files are missing; the message names the path and the fetch command."""
+
+
+def fetch_command(out_dir: Optional[PathLike] = None) -> str:
+  """The shell command that downloads the public MCWQ files into `out_dir`.
+
+  Args:
+    out_dir: target directory; defaults to `$MCWQ_DATA_DIR` or the default data directory.
+
+  Returns:
+    e.g. `python scripts/download_mcwq.py --out /data/mcwq` (run from the repository root).
+  """
+  if out_dir is None:
+    out_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+  return f"python scripts/download_mcwq.py --out {out_dir}"
+
+
+def not_found(path: PathLike, what: str = "MCWQ data",
+              out_dir: Optional[PathLike] = None) -> DataNotFoundError:
+  """Builds the DataNotFoundError for a missing `path` (expected path + fetch command).
+
+  Args:
+    path: the file or directory that was expected.
+    what: a short description of what is missing.
+    out_dir: the data directory the fetch command should fill.
+
+  Returns:
+    A DataNotFoundError (the caller raises it).
+  """
+  return DataNotFoundError(
+      f"{what} not found: expected {path}. Fetch the public MCWQ files with "
+      f"`{fetch_command(out_dir)}` (or copy a local copy with "
+      f"`python scripts/download_mcwq.py --from DIR --out {out_dir or '<data dir>'}`), "
+      f"then point ${DATA_DIR_ENV} at that directory.")
+
+
+def _data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathlib.Path:
+  """Returns the MCWQ data directory.
+
+  Args:
+    path: explicit directory (takes precedence; gin-bindable as
+      `mcwq_t5x.paths.data_dir.path`).
+    must_exist: if True, raise when the directory is missing.
+
+  Returns:
+    The directory as an absolute `pathlib.Path` (user `~` expanded).
+
+  Raises:
+    DataNotFoundError: `must_exist` and the directory does not exist; the message names the
+      path and the command that fetches the data.
+  """
+  if path is None or str(path) == "":
+    path = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+  resolved = pathlib.Path(path).expanduser().absolute()
+  if must_exist and not resolved.is_dir():
+    raise not_found(resolved, "MCWQ data directory", out_dir=resolved)
+  return resolved
+
+
+try:  # gin is optional here (paths is shared by the TF-free side).
+  import gin  # pylint: disable=g-import-not-at-top
+
+  with gin.config.interactive_mode():  # re-import (module reload) safe
+    data_dir = gin.configurable("data_dir", module="mcwq_t5x.paths")(_data_dir)
+except ImportError:  # pragma: no cover
+  data_dir = _data_dir
+
+
+def cache_dir(create: bool = True) -> pathlib.Path:
+  """Returns the cache directory: `$MCWQ_CACHE_DIR`, else `~/.cache/mcwq_t5x`.
+
+  Args:
+    create: create the directory (and parents) if it does not exist.
+
+  Returns:
+    The absolute cache directory.
+  """
+  path = pathlib.Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR).expanduser().absolute()
+  if create:
+    path.mkdir(parents=True, exist_ok=True)
+  return path

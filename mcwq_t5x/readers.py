@@ -1,0 +1,570 @@
+"""Readers for every published form of MCWQ (Cui et al., TACL 2022), all returning `Example`.
+
+Published forms (upstream: GitHub `coastalcph/seq2sparql`, folder `mcwq/`, and the full release):
+
+* `official/{split}/{part}.{lang}.txt`: one example per line,
+  `IN: <question>  OUT: <SPARQL>` (two spaces before `OUT:`; a few Hebrew/Kannada questions end
+  in a space, giving three). Read by `read_official`.
+* `translations/{split}/{part}.{lang}.txt` + `.sparql`: line-parallel question / RIR query files
+  (the form used to train T5/mT5 in the paper; files have no trailing newline). Read by
+  `read_rir_pair`.
+* `translations/.../*.json`: JSON lines `{"translation": {"src": question, "tgt": RIR}}`
+  (Hugging Face translation format). Read by `read_translation_jsonl`.
+* the full release `dataset.json` (a JSON array of CFQ-style records with per-language fields
+  `questionPatternModEntities_{he,kn,zh}` next to the English `questionPatternModEntities`,
+  `sparqlPatternModEntities`, `recursionDepth`, `expectedResponse`, ...) with
+  `splits/{split}.json` holding CFQ-style `trainIdxs` / `devIdxs` / `testIdxs`. Read by
+  `read_release`.
+
+`read_split(split, part, language)` is the one entry point the rest of the project uses: it
+finds whichever layout exists. Reading is cached per file (keyed by path, size and mtime).
+
+Malformed input raises `DataFormatError` with a message `FILE:LINE: problem`; missing files
+raise `paths.DataNotFoundError` naming the expected path and the fetch command.
+
+This module imports nothing from TensorFlow or seqio.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import re
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from mcwq_t5x import paths
+from mcwq_t5x.paths import DataNotFoundError  # re-exported  # noqa: F401
+
+SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
+LANGUAGES = ("en", "he", "kn", "zh")
+PARTS = ("train", "dev", "test")
+GOLD_LANGUAGES = ("he", "kn", "zh")
+GOLD_SPLIT = "gold"
+
+PathLike = Union[str, os.PathLike]
+
+# `IN: question<whitespace>OUT: query`; the question is taken up to the first " OUT:".
+_OFFICIAL_RE = re.compile(r"^IN:[ \t]?(?P<question>.*?)[ \t]+OUT:[ \t]?(?P<query>.*)$")
+
+
+class DataFormatError(ValueError):
+  """Malformed MCWQ input; the message is `FILE:LINE: problem` (LINE is 1-based)."""
+
+  def __init__(self, path: PathLike, line: int, problem: str):
+    self.path = str(path)
+    self.line = line
+    self.problem = problem
+    super().__init__(f"{path}:{line}: {problem}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One MCWQ example.
+
+  Attributes:
+    question: the question with entity placeholders M0..M9 (whitespace-stripped).
+    sparql: the SPARQL query with placeholders (MCWQ formatting), or None when the source
+      only has the RIR form.
+    rir: the query in the reversible intermediate representation (see `mcwq_t5x.rir`), or
+      None when not computed.
+    language: "en", "he", "kn" or "zh".
+    recursionDepth: CFQ complexity measure, when the source has it (dataset.json).
+    expectedResponse: the answer recorded in dataset.json, when present.
+    source: the file the example was read from.
+    line: 1-based line number in `source` (for dataset.json: 1-based record number).
+  """
+  question: str
+  sparql: Optional[str]
+  rir: Optional[str]
+  language: str
+  recursionDepth: Optional[int] = None  # pylint: disable=invalid-name
+  expectedResponse: Any = None  # pylint: disable=invalid-name
+  source: str = ""
+  line: int = 0
+
+
+# ------------------------------------------------------------------------------------------
+# Low-level helpers.
+
+
+def _read_lines(path: PathLike) -> list[str]:
+  """Reads a UTF-8 text file as lines without terminators.
+
+  A final line without trailing newline counts as a line (the `translations/` files lack the
+  trailing newline: `wc -l` shows 5407 for 5408 lines); a trailing newline does not start an
+  extra empty line. Carriage returns before the newline are dropped.
+
+  Raises:
+    DataNotFoundError: the file does not exist.
+    DataFormatError: the file is not valid UTF-8 (line of the first bad byte).
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise paths.not_found(path, "MCWQ file")
+  raw = path.read_bytes()
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataFormatError(path, raw.count(b"\n", 0, e.start) + 1,
+                          f"not valid UTF-8 ({e.reason})") from e
+  if not text:
+    return []
+  lines = text.split("\n")
+  if lines[-1] == "":
+    lines.pop()
+  return [l[:-1] if l.endswith("\r") else l for l in lines]
+
+
+def _language_from_name(path: PathLike) -> str:
+  """`.../dev.he.txt` -> "he"; "" when the name has no known language code."""
+  parts = pathlib.Path(path).name.split(".")
+  for p in reversed(parts[:-1]):
+    if p in LANGUAGES:
+      return p
+  return ""
+
+
+def _cached(fn: Callable[..., tuple[Example, ...]]) -> Callable[..., tuple[Example, ...]]:
+  """Caches a reader on (resolved path(s), size, mtime) plus its other arguments."""
+
+  @functools.lru_cache(maxsize=256)
+  def _inner(key, *args, **kwargs):
+    del key
+    return fn(*args, **kwargs)
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    key = []
+    for a in list(args) + list(kwargs.values()):
+      if isinstance(a, (str, os.PathLike)) and os.path.isfile(a):
+        st = os.stat(a)
+        key.append((os.path.realpath(a), st.st_size, st.st_mtime_ns))
+      else:
+        key.append(a)
+    return _inner(tuple(key), *args, **kwargs)
+
+  wrapper.cache_clear = _inner.cache_clear  # type: ignore[attr-defined]
+  return wrapper
+
+
+def _sparql_to_rir(sparql: str, path: PathLike, line: int) -> str:
+  from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  try:
+    return rir.sparql_to_rir(sparql)
+  except ValueError as e:  # RIRError and SparqlParseError are ValueErrors.
+    raise DataFormatError(path, line, f"cannot convert SPARQL to RIR: {e}") from e
+
+
+def _rir_to_sparql(rir_text: str, path: PathLike, line: int) -> str:
+  from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  try:
+    return rir.rir_to_sparql(rir_text)
+  except ValueError as e:
+    raise DataFormatError(path, line, f"malformed RIR query: {e}") from e
+
+
+# ------------------------------------------------------------------------------------------
+# Readers of the published forms.
+
+
+@_cached
+def _read_official(path: PathLike, language: str, with_rir: bool) -> tuple[Example, ...]:
+  lines = _read_lines(path)
+  examples = []
+  for i, line in enumerate(lines, start=1):
+    m = _OFFICIAL_RE.match(line)
+    if m is None:
+      if not line.startswith("IN:"):
+        problem = "expected a line `IN: <question>  OUT: <SPARQL>`, it does not start with `IN:`"
+      else:
+        problem = "expected `IN: <question>  OUT: <SPARQL>`, found no `OUT:` separator"
+      raise DataFormatError(path, i, f"{problem}: {line[:80]!r}")
+    question = m.group("question").strip()
+    sparql = " ".join(m.group("query").split())
+    if not question:
+      raise DataFormatError(path, i, "empty question")
+    if not sparql:
+      raise DataFormatError(path, i, "empty SPARQL query after `OUT:`")
+    examples.append(Example(
+        question=question, sparql=sparql,
+        rir=_sparql_to_rir(sparql, path, i) if with_rir else None,
+        language=language, source=str(path), line=i))
+  return tuple(examples)
+
+
+def read_official(path: PathLike, language: Optional[str] = None,
+                  with_rir: bool = False) -> list[Example]:
+  """Reads an `official/{split}/{part}.{lang}.txt` file (`IN: question  OUT: sparql` lines).
+
+  Args:
+    path: the file.
+    language: the language code; default: taken from the file name (`dev.he.txt` -> "he").
+    with_rir: also fill `Example.rir` through `mcwq_t5x.rir.sparql_to_rir`.
+
+  Returns:
+    One Example per line, `question` stripped, `sparql` with whitespace runs collapsed.
+
+  Raises:
+    DataNotFoundError: the file does not exist.
+    DataFormatError: a line lacks `IN:` or `OUT:`, has an empty side, or (with_rir) a query
+      that cannot be converted to RIR.
+  """
+  language = language if language is not None else _language_from_name(path)
+  return list(_read_official(str(path), language, with_rir))
+
+
+@_cached
+def _read_rir_pair(question_path: PathLike, sparql_path: PathLike, language: str,
+                   with_sparql: bool) -> tuple[Example, ...]:
+  questions = _read_lines(question_path)
+  queries = _read_lines(sparql_path)
+  if len(questions) != len(queries):
+    shorter, n = ((question_path, len(questions)) if len(questions) < len(queries)
+                  else (sparql_path, len(queries)))
+    raise DataFormatError(
+        shorter, n + 1,
+        f"parallel files have unequal line counts: {question_path} has {len(questions)} lines, "
+        f"{sparql_path} has {len(queries)}")
+  examples = []
+  for i, (q, r) in enumerate(zip(questions, queries), start=1):
+    q, r = q.strip(), " ".join(r.split())
+    if not q:
+      raise DataFormatError(question_path, i, "empty question line")
+    if not r:
+      raise DataFormatError(sparql_path, i, "empty query line")
+    examples.append(Example(
+        question=q, sparql=_rir_to_sparql(r, sparql_path, i) if with_sparql else None, rir=r,
+        language=language, source=str(question_path), line=i))
+  return tuple(examples)
+
+
+def read_rir_pair(question_path: PathLike, sparql_path: PathLike,
+                  language: Optional[str] = None, with_sparql: bool = False) -> list[Example]:
+  """Reads line-parallel question (`*.txt`) and RIR query (`*.sparql`) files.
+
+  Args:
+    question_path: questions, one per line.
+    sparql_path: RIR queries (despite the extension), one per line, parallel to the questions.
+    language: language code; default: from the question file name.
+    with_sparql: also fill `Example.sparql` through `mcwq_t5x.rir.rir_to_sparql`.
+
+  Returns:
+    One Example per line with `question` and `rir` set.
+
+  Raises:
+    DataNotFoundError: a file does not exist.
+    DataFormatError: the files have different line counts (names the shorter file and the
+      first line it lacks), a line is empty, or (with_sparql) a malformed RIR query.
+  """
+  language = language if language is not None else _language_from_name(question_path)
+  return list(_read_rir_pair(str(question_path), str(sparql_path), language, with_sparql))
+
+
+@_cached
+def _read_translation_jsonl(path: PathLike, language: str,
+                            with_sparql: bool) -> tuple[Example, ...]:
+  examples = []
+  for i, line in enumerate(_read_lines(path), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataFormatError(path, i, f"bad JSON ({e.msg} at column {e.colno})") from e
+    tr = record.get("translation") if isinstance(record, dict) else None
+    if not isinstance(tr, dict) or not isinstance(tr.get("src"), str) or not isinstance(
+        tr.get("tgt"), str):
+      raise DataFormatError(
+          path, i, 'expected {"translation": {"src": <question>, "tgt": <RIR query>}}')
+    q, r = tr["src"].strip(), " ".join(tr["tgt"].split())
+    examples.append(Example(
+        question=q, sparql=_rir_to_sparql(r, path, i) if with_sparql else None, rir=r,
+        language=language, source=str(path), line=i))
+  return tuple(examples)
+
+
+def read_translation_jsonl(path: PathLike, language: Optional[str] = None,
+                           with_sparql: bool = False) -> list[Example]:
+  """Reads a JSON-lines file of `{"translation": {"src": question, "tgt": RIR}}` records.
+
+  Blank lines are skipped.
+
+  Args:
+    path: the `.json` file.
+    language: language code; default: from the file name (`test.he.json` -> "he").
+    with_sparql: also fill `Example.sparql` through `mcwq_t5x.rir.rir_to_sparql`.
+
+  Returns:
+    One Example per record with `question` and `rir` set.
+
+  Raises:
+    DataNotFoundError: the file does not exist.
+    DataFormatError: a line is not JSON or lacks `translation.src` / `translation.tgt`.
+  """
+  language = language if language is not None else _language_from_name(path)
+  return list(_read_translation_jsonl(str(path), language, with_sparql))
+
+
+# --- full release: dataset.json + splits/{split}.json -------------------------------------
+
+
+
+
+@functools.lru_cache(maxsize=8)
+def _load_json(path: str, size: int, mtime: int) -> Any:
+  del size, mtime  # cache key only
+  text = pathlib.Path(path).read_text(encoding="utf-8")
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataFormatError(path, e.lineno, f"bad JSON ({e.msg} at column {e.colno})") from e
+
+
+def _load_json_file(path: pathlib.Path) -> Any:
+  if not path.is_file():
+    raise paths.not_found(path, "MCWQ file")
+  st = path.stat()
+  return _load_json(str(path), st.st_size, st.st_mtime_ns)
+
+
+def _array_element_line(path: PathLike, key: Optional[str], index: int) -> int:
+  """1-based line of element `index` of the JSON array (under `key`, or the top-level array).
+
+  Used only to point error messages at the right line; returns 1 when it cannot tell.
+  """
+  text = pathlib.Path(path).read_text(encoding="utf-8")
+  pos = 0
+  if key is not None:
+    m = re.search(r'"%s"\s*:\s*\[' % re.escape(key), text)
+    if m is None:
+      return 1
+    pos = m.end()
+  else:
+    pos = text.index("[") + 1
+  decoder = json.JSONDecoder()
+  ws = re.compile(r"[\s,]*")
+  for _ in range(index):
+    pos = ws.match(text, pos).end()
+    try:
+      _, pos = decoder.raw_decode(text, pos)
+    except json.JSONDecodeError:
+      return 1
+  pos = ws.match(text, pos).end()
+  return text.count("\n", 0, pos) + 1
+
+
+def _question_field(language: str) -> str:
+  return "questionPatternModEntities" + ("" if language == "en" else f"_{language}")
+
+
+def read_release(data_dir: PathLike, split: str, part: str, language: str,
+                 with_rir: bool = True) -> list[Example]:
+  """Reads one split/part/language from the full release (`dataset.json` + `splits/`).
+
+  `dataset.json` is a JSON array of records; `splits/{split}.json` is a JSON object with
+  CFQ-style index lists `trainIdxs`, `devIdxs`, `testIdxs` into that array. The question is
+  the record's `questionPatternModEntities` (English) or `questionPatternModEntities_{lang}`;
+  the query is `sparqlPatternModEntities` (whitespace runs collapsed to single spaces, which
+  gives the `official/` formatting); `recursionDepth` and `expectedResponse` are carried.
+
+  Args:
+    data_dir: directory holding `dataset.json` and `splits/`.
+    split: one of SPLITS (any name with a `splits/{split}.json` file works).
+    part: "train", "dev" or "test".
+    language: one of LANGUAGES.
+    with_rir: fill `Example.rir` through `mcwq_t5x.rir.sparql_to_rir`.
+
+  Returns:
+    Examples in the order of the index list; `line` is the 1-based record number in
+    dataset.json.
+
+  Raises:
+    DataNotFoundError: `dataset.json` or the split file is missing.
+    DataFormatError: bad JSON, a missing index list, an index that is not an integer or out
+      of range (names the split file and the line of the index), a record that is not an
+      object or lacks the question/query field (names dataset.json and the record's line).
+  """
+  if part not in PARTS:
+    raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
+  data_dir = pathlib.Path(data_dir)
+  dataset_path = data_dir / "dataset.json"
+  split_path = data_dir / "splits" / f"{split}.json"
+  for p in (split_path, dataset_path):
+    if not p.is_file():
+      raise paths.not_found(p, "MCWQ file")
+  return list(_read_release(str(dataset_path), str(split_path), part, language, with_rir))
+
+
+@_cached
+def _read_release(dataset_path: str, split_path: str, part: str, language: str,
+                  with_rir: bool) -> tuple[Example, ...]:
+  dataset_path, split_path = pathlib.Path(dataset_path), pathlib.Path(split_path)
+  split_obj = _load_json_file(split_path)
+  dataset = _load_json_file(dataset_path)
+  if not isinstance(dataset, list):
+    raise DataFormatError(dataset_path, 1, "expected a JSON array of records")
+  key = f"{part}Idxs"
+  if not isinstance(split_obj, dict) or not isinstance(split_obj.get(key), list):
+    raise DataFormatError(split_path, 1, f"expected an object with an index list {key!r}")
+  q_field = _question_field(language)
+  examples = []
+  for k, idx in enumerate(split_obj[key]):
+    if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < len(dataset):
+      raise DataFormatError(
+          split_path, _array_element_line(split_path, key, k),
+          f"{key}[{k}] = {idx!r} is not a valid index into {dataset_path} "
+          f"({len(dataset)} records)")
+    record = dataset[idx]
+    if not isinstance(record, dict):
+      raise DataFormatError(dataset_path, _array_element_line(dataset_path, None, idx),
+                            f"record {idx} is not a JSON object")
+    for field in (q_field, "sparqlPatternModEntities"):
+      if not isinstance(record.get(field), str):
+        raise DataFormatError(dataset_path, _array_element_line(dataset_path, None, idx),
+                              f"record {idx} has no string field {field!r}")
+    sparql = " ".join(record["sparqlPatternModEntities"].split())
+    depth = record.get("recursionDepth")
+    examples.append(Example(
+        question=" ".join(record[q_field].split()),
+        sparql=sparql,
+        rir=_sparql_to_rir(sparql, dataset_path, idx + 1) if with_rir else None,
+        language=language,
+        recursionDepth=int(depth) if depth is not None else None,
+        expectedResponse=record.get("expectedResponse"),
+        source=str(dataset_path), line=idx + 1))
+  return tuple(examples)
+
+
+# ------------------------------------------------------------------------------------------
+# The one entry point.
+
+
+def _check_args(split: str, part: str, language: str) -> None:
+  if split == GOLD_SPLIT:
+    if part != "test" or language not in GOLD_LANGUAGES:
+      raise ValueError(f"the gold set has only part 'test' in languages {GOLD_LANGUAGES}; "
+                       f"got part={part!r}, language={language!r}")
+    return
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; expected one of {SPLITS + (GOLD_SPLIT,)}")
+  if part not in PARTS:
+    raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
+  if language not in LANGUAGES:
+    raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
+
+
+def split_files(split: str, part: str, language: str,
+                data_dir: Optional[PathLike] = None) -> tuple[str, tuple[pathlib.Path, ...]]:
+  """Finds the files that hold one split/part/language, whichever layout exists.
+
+  Layouts, in order of preference:
+
+  1. `official`: `official/{split}/{part}.{lang}.txt`;
+  2. `translations`: `translations/{split}/{part}.{lang}.txt` + `.sparql` (RIR);
+  3. `jsonl`: `translations/{split}/{part}.{lang}.json` (JSON lines, RIR targets);
+  4. `release`: `dataset.json` + `splits/{split}.json`.
+
+  For split "gold" (part "test", languages he/kn/zh): `translations/gold/test.{lang}.txt` +
+  `.sparql` ("translations"), else `translations/gold/test.{lang}.json` ("jsonl").
+
+  Args:
+    split, part, language: see `read_split`.
+    data_dir: the MCWQ directory; default `paths.data_dir()`.
+
+  Returns:
+    (layout name, files).
+
+  Raises:
+    ValueError: unknown split/part/language.
+    DataNotFoundError: no layout has the data (names the expected official path and the fetch
+      command).
+  """
+  _check_args(split, part, language)
+  root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
+  if split == GOLD_SPLIT:
+    txt = root / "translations" / "gold" / f"test.{language}.txt"
+    rir_file = txt.with_suffix(".sparql")
+    if txt.is_file() and rir_file.is_file():
+      return "translations", (txt, rir_file)
+    jsonl = txt.with_suffix(".json")
+    if jsonl.is_file():
+      return "jsonl", (jsonl,)
+    raise paths.not_found(txt, "MCWQ gold test set", out_dir=root)
+  official = root / "official" / split / f"{part}.{language}.txt"
+  if official.is_file():
+    return "official", (official,)
+  txt = root / "translations" / split / f"{part}.{language}.txt"
+  rir_file = txt.with_suffix(".sparql")
+  if txt.is_file() and rir_file.is_file():
+    return "translations", (txt, rir_file)
+  if txt.with_suffix(".json").is_file():
+    return "jsonl", (txt.with_suffix(".json"),)
+  dataset = root / "dataset.json"
+  split_json = root / "splits" / f"{split}.json"
+  if dataset.is_file() and split_json.is_file():
+    return "release", (dataset, split_json)
+  raise paths.not_found(
+      official, f"MCWQ {split}/{part}/{language} (neither {official}, nor {txt} + .sparql, nor "
+      f"{dataset} + {split_json})", out_dir=root)
+
+
+def read_split(split: str, part: str, language: str,
+               data_dir: Optional[PathLike] = None) -> list[Example]:
+  """Reads one split/part/language of MCWQ from whichever layout exists (see `split_files`).
+
+  Every returned Example has `question`, `sparql` and `rir` filled: on the official and
+  release layouts `rir` comes from `mcwq_t5x.rir.sparql_to_rir`; on the translations/gold
+  layouts `sparql` comes from `mcwq_t5x.rir.rir_to_sparql`.
+
+  Args:
+    split: "mcd1", "mcd2", "mcd3", "random_split", or "gold" (human-translated test set,
+      part "test", languages he/kn/zh).
+    part: "train", "dev" or "test".
+    language: "en", "he", "kn" or "zh".
+    data_dir: MCWQ directory; default `paths.data_dir()` (env `MCWQ_DATA_DIR`, else
+      `../shared/mcwq`).
+
+  Returns:
+    The examples in file order (a fresh list; the Examples themselves are cached).
+
+  Raises:
+    ValueError: unknown split, part or language.
+    DataNotFoundError: the data is missing (message names the path and the fetch command).
+    DataFormatError: malformed input (message `FILE:LINE: problem`).
+  """
+  layout, files = split_files(split, part, language, data_dir)
+  if layout == "official":
+    return read_official(files[0], language, with_rir=True)
+  if layout == "translations":
+    return read_rir_pair(files[0], files[1], language, with_sparql=True)
+  if layout == "jsonl":
+    return read_translation_jsonl(files[0], language, with_sparql=True)
+  return read_release(files[0].parent, split, part, language, with_rir=True)
+
+
+def available_parts(split: str, language: str,
+                    data_dir: Optional[PathLike] = None) -> tuple[str, ...]:
+  """The parts (of PARTS) of `split`/`language` that exist under `data_dir`, in PARTS order."""
+  out = []
+  for part in PARTS if split != GOLD_SPLIT else ("test",):
+    try:
+      split_files(split, part, language, data_dir)
+    except DataNotFoundError:
+      continue
+    out.append(part)
+  return tuple(out)
+
+
+def iter_all(data_dir: Optional[PathLike] = None,
+             parts: Sequence[str] = PARTS) -> Iterator[tuple[str, str, str, list[Example]]]:
+  """Yields (split, part, language, examples) for every available split/part/language."""
+  for split in SPLITS:
+    for part in parts:
+      for language in LANGUAGES:
+        try:
+          examples = read_split(split, part, language, data_dir)
+        except DataNotFoundError:
+          continue
+        yield split, part, language, examples

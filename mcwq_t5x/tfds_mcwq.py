@@ -1,0 +1,203 @@
+"""TFDS builder `mcwq`: Multilingual Compositional Wikidata Questions (Cui et al., TACL 2022).
+
+One BuilderConfig per split x language (`mcd1_en`, ..., `random_split_zh`; 16) plus the
+human-translated gold test set (`gold_he`, `gold_kn`, `gold_zh`; test only).
+
+Features: `question` (text, entity placeholders M0..M9), `sparql` (the Wikidata SPARQL query,
+MCWQ formatting), `rir` (the same query in the reversible intermediate representation,
+`mcwq_t5x.rir`), `recursionDepth` (int32; -1 when the source does not record it).
+Splits: `train`, `validation` (the MCWQ `dev` part), `test`, each only where the data has it.
+
+Data, in order of preference:
+
+1. a local copy in the TFDS manual dir (`download_config=tfds.download.DownloadConfig(
+   manual_dir=...)`) holding the `mcwq/` layout (official/, translations/, or dataset.json +
+   splits/);
+2. the local copy `mcwq_t5x.paths.data_dir()` (`$MCWQ_DATA_DIR`, else `../shared/mcwq`);
+3. the public files of the GitHub repository `coastalcph/seq2sparql`, folder `mcwq/`
+   (raw.githubusercontent.com): `official/{split}/{dev,test}.{lang}.txt`,
+   `translations/{split}/train.{lang}.{txt,sparql}` and `translations/gold/test.{lang}.*`.
+
+Usage:
+  import mcwq_t5x.tfds_mcwq  # registers the builder
+  ds = tfds.load("mcwq/mcd1_he", split="validation")
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Iterator, Optional
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from mcwq_t5x import paths
+from mcwq_t5x import readers
+
+UPSTREAM_BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
+TFDS_TO_PART = {"train": "train", "validation": "dev", "test": "test"}
+
+_CITATION = """\
+@article{cui-etal-2022-multilingual,
+  title={Compositional Generalization in Multilingual Semantic Parsing over Wikidata},
+  author={Ruixiang Cui and Rahul Aralikatte and Heather Lent and Daniel Hershcovich},
+  journal={Transactions of the Association for Computational Linguistics},
+  year={2022},
+  url={https://arxiv.org/abs/2108.03509}
+}
+"""
+
+_DESCRIPTION = """\
+MCWQ: questions in English, Hebrew, Kannada and Chinese with Wikidata SPARQL queries (entity
+placeholders M0..M9), split by maximum compound divergence (mcd1..3) or randomly, migrated
+from CFQ. Targets are also given in the reversible intermediate representation (RIR).
+"""
+
+
+def upstream_files(split: str, language: str) -> dict[str, tuple[str, ...]]:
+  """Relative upstream paths (under `mcwq/`) per MCWQ part for one config.
+
+  Returns:
+    {part: paths}: one `official/...txt` path for dev/test, a (`.txt`, `.sparql`) pair of
+    `translations/...` for train and for the gold set.
+  """
+  if split == readers.GOLD_SPLIT:
+    return {"test": (f"translations/gold/test.{language}.txt",
+                     f"translations/gold/test.{language}.sparql")}
+  return {
+      "train": (f"translations/{split}/train.{language}.txt",
+                f"translations/{split}/train.{language}.sparql"),
+      "dev": (f"official/{split}/dev.{language}.txt",),
+      "test": (f"official/{split}/test.{language}.txt",),
+  }
+
+
+@dataclasses.dataclass
+class McwqConfig(tfds.core.BuilderConfig):
+  """BuilderConfig for one MCWQ split and language.
+
+  Attributes:
+    split: "mcd1", "mcd2", "mcd3", "random_split" or "gold".
+    language: "en", "he", "kn" or "zh" (gold: he/kn/zh).
+  """
+  split: str = "mcd1"
+  language: str = "en"
+
+
+def _configs() -> list[McwqConfig]:
+  configs = []
+  for split in readers.SPLITS:
+    for language in readers.LANGUAGES:
+      configs.append(McwqConfig(name=f"{split}_{language}", split=split, language=language,
+                                description=f"MCWQ {split}, {language} questions."))
+  for language in readers.GOLD_LANGUAGES:
+    configs.append(McwqConfig(
+        name=f"gold_{language}", split=readers.GOLD_SPLIT, language=language,
+        description=f"MCWQ human-translated gold test set, {language} (test only)."))
+  return configs
+
+
+def _has_data(root: Optional[pathlib.Path]) -> bool:
+  return root is not None and root.is_dir() and any(
+      (root / p).exists() for p in ("official", "translations", "dataset.json"))
+
+
+def generate_examples(split: str, part: str, language: str,
+                      data_dir: Optional[paths.PathLike] = None
+                      ) -> Iterator[tuple[str, dict[str, object]]]:
+  """Yields (key, features) for one split/part/language of a local copy.
+
+  Args:
+    split, part, language: see `readers.read_split`.
+    data_dir: MCWQ directory; default `paths.data_dir()`.
+
+  Yields:
+    (f"{part}_{line}", {"question", "sparql", "rir", "recursionDepth"}).
+
+  Raises:
+    DataNotFoundError / DataFormatError: from `readers.read_split`.
+  """
+  yield from _to_features(readers.read_split(split, part, language, data_dir), part)
+
+
+def _to_features(examples, part):
+  for i, ex in enumerate(examples):
+    yield f"{part}_{i:06d}", {
+        "question": ex.question,
+        "sparql": ex.sparql or "",
+        "rir": ex.rir or "",
+        "recursionDepth": -1 if ex.recursionDepth is None else ex.recursionDepth,
+    }
+
+
+class Mcwq(tfds.core.GeneratorBasedBuilder):
+  """DatasetBuilder for MCWQ (registered as `mcwq`)."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release: 16 split x language configs + 3 gold configs."}
+  BUILDER_CONFIGS = _configs()
+  # Optional: the builder also reads $MCWQ_DATA_DIR or downloads the public files.
+  MANUAL_DOWNLOAD_INSTRUCTIONS = """\
+  Optional. Place a copy of the MCWQ folder (the `mcwq/` folder of GitHub
+  coastalcph/seq2sparql, with official/ and translations/, or the full release with
+  dataset.json and splits/) in the manual dir. Without it the builder reads
+  $MCWQ_DATA_DIR (default ../shared/mcwq) or downloads the public files.
+  """
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        description=_DESCRIPTION,
+        features=tfds.features.FeaturesDict({
+            "question": tfds.features.Text(),
+            "sparql": tfds.features.Text(),
+            "rir": tfds.features.Text(),
+            "recursionDepth": tfds.features.Scalar(dtype=np.int32),
+        }),
+        supervised_keys=("question", "rir"),
+        homepage="https://github.com/coastalcph/seq2sparql",
+        citation=_CITATION,
+    )
+
+  def _local_dir(self, dl_manager) -> Optional[pathlib.Path]:
+    try:
+      manual = pathlib.Path(str(dl_manager.manual_dir))
+    except (AssertionError, ValueError, TypeError):
+      manual = None
+    if _has_data(manual):
+      return manual
+    try:
+      local = paths.data_dir()
+    except paths.DataNotFoundError:
+      return None
+    return local if _has_data(local) else None
+
+  def _split_generators(self, dl_manager):
+    cfg = self.builder_config
+    local = self._local_dir(dl_manager)
+    if local is not None:
+      return {
+          tfds_split: generate_examples(cfg.split, part, cfg.language, local)
+          for tfds_split, part in TFDS_TO_PART.items()
+          if part in readers.available_parts(cfg.split, cfg.language, local)
+      }
+    files = upstream_files(cfg.split, cfg.language)
+    urls = {f"{part}{i}": f"{UPSTREAM_BASE_URL}/{p}"
+            for part, ps in files.items() for i, p in enumerate(ps)}
+    downloaded = dl_manager.download(urls)
+    generators = {}
+    for tfds_split, part in TFDS_TO_PART.items():
+      if part not in files:
+        continue
+      got = [downloaded[f"{part}{i}"] for i in range(len(files[part]))]
+      generators[tfds_split] = self._generate_downloaded(got, part, cfg.language)
+    return generators
+
+  def _generate_downloaded(self, files, part: str, language: str):
+    if len(files) == 1:
+      examples = readers.read_official(files[0], language, with_rir=True)
+    else:
+      examples = readers.read_rir_pair(files[0], files[1], language, with_sparql=True)
+    yield from _to_features(examples, part)
+
+  def _generate_examples(self, *args, **kwargs):  # pragma: no cover - generators given above
+    raise NotImplementedError

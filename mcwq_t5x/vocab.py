@@ -1,0 +1,254 @@
+"""SentencePiece vocabularies for MCWQ: the mT5 model and a small offline one.
+
+* Real runs use the mT5 vocabulary (Xue et al., 2021), the public SentencePiece model
+  `gs://t5-data/vocabs/mc4.250000.100extra/sentencepiece.model` (250,100 pieces including the
+  100 sentinels; T5X pads the embedding to 250,112). Point `MCWQ_VOCAB` (or `path=`) at a
+  local copy of it.
+* Offline default: a small SentencePiece BPE model (Kudo & Richardson, 2018) trained here
+  on the MCWQ questions (all four scripts) and RIR queries of every available `train` and
+  `dev` file (never `test`, never the gold set), with T5's special ids: pad=0, eos=1, unk=2,
+  no bos. Byte fallback makes every character encodable; identity normalisation makes
+  `decode(encode(text)) == text` for single-spaced text. BPE rather than unigram: on this
+  corpus the unigram trainer (sentencepiece 0.2.3) leaves frequent words such as "ASK" and
+  "Did" as single characters, while BPE learns them and whole properties (`▁wdt:P57`) once
+  script splitting is off (mean RIR length 53 pieces vs. 190 for unigram). Training is
+  reproducible (fixed seed, deterministic input order, one thread), and the model is cached in
+  `paths.cache_dir()/spm/` under a key that hashes its parameters and the bytes of the files
+  it was trained on.
+
+`get_vocabulary(path=None)` returns a `seqio.SentencePieceVocabulary`: `path`, else
+`$MCWQ_VOCAB`, else the small model (trained lazily on first use, so importing `tasks` does not
+need the data). `scripts/train_vocab.py` is the command line for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from typing import Optional, Sequence, Union
+
+import seqio
+
+from mcwq_t5x import paths
+from mcwq_t5x import readers
+
+MT5_VOCAB_PATH = "gs://t5-data/vocabs/mc4.250000.100extra/sentencepiece.model"
+VOCAB_ENV = "MCWQ_VOCAB"
+DEFAULT_VOCAB_SIZE = 2000
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+_FORMAT_VERSION = 1  # bump when the training recipe changes (invalidates caches)
+
+PathLike = Union[str, os.PathLike]
+
+# Always single pieces: entity placeholders and query variables (CFQ/MCWQ use M0..M9 and
+# ?x0..?x9). `lb`/`rb` are not forced (they occur inside words such as "album"); the trainer
+# learns "▁lb" / "▁rb" as pieces since every RIR query contains them.
+RIR_SYMBOLS = tuple(f"M{i}" for i in range(10)) + tuple(f"?x{i}" for i in range(10))
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallVocabConfig:
+  """Parameters of the small offline SentencePiece model (all enter the cache key).
+
+  Attributes:
+    vocab_size: number of pieces, including pad/eos/unk and 256 byte-fallback pieces.
+    model_type: SentencePiece model type ("unigram" or "bpe").
+    seed: SentencePiece random generator seed.
+    character_coverage: fraction of characters covered by character pieces.
+    parts: which MCWQ parts supply training text (never "test").
+    user_defined_symbols: strings always kept as single pieces.
+  """
+  vocab_size: int = DEFAULT_VOCAB_SIZE
+  model_type: str = "bpe"
+  seed: int = 0
+  character_coverage: float = 1.0
+  parts: tuple[str, ...] = ("train", "dev")
+  user_defined_symbols: tuple[str, ...] = RIR_SYMBOLS
+
+  def __post_init__(self):
+    if "test" in self.parts:
+      raise ValueError("the vocabulary must not be trained on test data")
+    if self.vocab_size < 300:
+      raise ValueError(f"vocab_size={self.vocab_size} is too small (256 byte pieces + specials)")
+
+
+def corpus_files(data_dir: Optional[PathLike] = None,
+                 parts: Sequence[str] = ("train", "dev")) -> list[pathlib.Path]:
+  """The data files the small model is trained on (for the cache key), sorted, deduplicated.
+
+  Raises:
+    DataNotFoundError: the data directory is missing or holds none of `parts`.
+  """
+  files = set()
+  root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
+  for split in readers.SPLITS:
+    for part in parts:
+      for language in readers.LANGUAGES:
+        try:
+          _, fs = readers.split_files(split, part, language, root)
+        except readers.DataNotFoundError:
+          continue
+        files.update(fs)
+  if not files:
+    raise paths.not_found(root / "official", f"MCWQ {'/'.join(parts)} files", out_dir=root)
+  return sorted(files)
+
+
+def training_corpus(data_dir: Optional[PathLike] = None,
+                    parts: Sequence[str] = ("train", "dev")) -> list[str]:
+  """Training sentences: questions of all languages, then RIR queries, deduplicated in order.
+
+  Order: split (SPLITS order), part, language (LANGUAGES order), file order.
+
+  Raises:
+    DataNotFoundError: no training text is available.
+    DataFormatError: malformed input.
+  """
+  questions, queries = {}, {}
+  root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
+  for _, _, _, examples in readers.iter_all(root, parts):
+    for ex in examples:
+      questions[ex.question] = None
+      queries[ex.rir] = None
+  if not questions:
+    raise paths.not_found(root / "official", f"MCWQ {'/'.join(parts)} files", out_dir=root)
+  return list(questions) + list(queries)
+
+
+def train_sentencepiece(sentences: Sequence[str], model_path: PathLike,
+                        config: SmallVocabConfig = SmallVocabConfig()) -> pathlib.Path:
+  """Trains a SentencePiece model on `sentences` and writes it to `model_path` atomically.
+
+  Same sentences + same config -> byte-identical model file (one thread, fixed seed).
+
+  Args:
+    sentences: training text, one sentence per item (newlines inside are replaced by spaces).
+    model_path: the `.model` file to write (a `.vocab` file is written next to it).
+    config: training parameters.
+
+  Returns:
+    `model_path` as a Path.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+
+  model_path = pathlib.Path(model_path)
+  model_path.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
+    corpus = pathlib.Path(tmp) / "corpus.txt"
+    corpus.write_text("".join(s.replace("\n", " ") + "\n" for s in sentences), encoding="utf-8")
+    prefix = pathlib.Path(tmp) / "spm"
+    spm.set_random_generator_seed(config.seed)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(prefix), vocab_size=config.vocab_size,
+        model_type=config.model_type, character_coverage=config.character_coverage,
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        byte_fallback=True, normalization_rule_name="identity", split_by_number=False,
+        split_by_unicode_script=False,
+        user_defined_symbols=list(config.user_defined_symbols), num_threads=1,
+        input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
+    # The trainer records the (random) temporary paths in the model; blank them so the
+    # same input gives the same bytes.
+    proto = sentencepiece_model_pb2.ModelProto.FromString(
+        pathlib.Path(f"{prefix}.model").read_bytes())
+    proto.trainer_spec.ClearField("input")
+    proto.trainer_spec.model_prefix = "mcwq_spm"
+    pathlib.Path(f"{prefix}.model").write_bytes(proto.SerializeToString(deterministic=True))
+    os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
+    os.replace(f"{prefix}.model", model_path)  # last: the .model's presence means "done"
+  return model_path
+
+
+def small_vocab_path(data_dir: Optional[PathLike] = None,
+                     config: SmallVocabConfig = SmallVocabConfig(),
+                     train_if_missing: bool = True) -> pathlib.Path:
+  """Path of the cached small model for `config` and the data under `data_dir`.
+
+  The cache key is a SHA-256 over the config, the format version and the bytes of every
+  training file (`corpus_files`), so a different data copy or config never reuses a model.
+
+  Args:
+    data_dir: MCWQ directory; default `paths.data_dir()`.
+    config: training parameters.
+    train_if_missing: train (and cache) the model when it is not cached yet.
+
+  Returns:
+    `<cache_dir>/spm/mcwq_spm_<vocab_size>_<key>.model`.
+
+  Raises:
+    DataNotFoundError: no training data.
+  """
+  h = hashlib.sha256()
+  h.update(json.dumps([_FORMAT_VERSION, dataclasses.asdict(config)], sort_keys=True).encode())
+  for f in corpus_files(data_dir, config.parts):
+    h.update("/".join(f.parts[-3:]).encode())  # e.g. official/mcd1/dev.en.txt
+    h.update(hashlib.sha256(f.read_bytes()).digest())
+  path = paths.cache_dir() / "spm" / f"mcwq_spm_{config.vocab_size}_{h.hexdigest()[:16]}.model"
+  if train_if_missing and not path.is_file():
+    train_sentencepiece(training_corpus(data_dir, config.parts), path, config)
+  return path
+
+
+class SmallSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+  """`seqio.SentencePieceVocabulary` over the small offline model, trained on first use.
+
+  The model file is resolved (and trained if not cached) the first time the vocabulary is
+  used (encode/decode/vocab_size/...), so creating one needs neither data nor time.
+  """
+
+  def __init__(self, data_dir: Optional[PathLike] = None,
+               config: SmallVocabConfig = SmallVocabConfig()):
+    self._data_dir = None if data_dir is None else str(data_dir)
+    self._config = config
+    super().__init__(f"<mcwq small spm, vocab_size={config.vocab_size}, not yet resolved>")
+    self._resolved = False
+
+  def _resolve(self) -> None:
+    if not self._resolved:
+      self._sentencepiece_model_file = str(small_vocab_path(self._data_dir, self._config))
+      self._resolved = True
+
+  def _model_context(self):
+    if self._model:
+      return self._model
+    self._resolve()
+    return super()._model_context()
+
+  @property
+  def sentencepiece_model_file(self) -> str:
+    self._resolve()
+    return self._sentencepiece_model_file
+
+
+@functools.lru_cache(maxsize=None)
+def _vocabulary(path: Optional[str], extra_ids: int) -> seqio.SentencePieceVocabulary:
+  if path is None:
+    return SmallSentencePieceVocabulary()
+  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+
+def get_vocabulary(path: Optional[PathLike] = None,
+                   extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
+  """The vocabulary for inputs and targets (one instance per path, shared by all tasks).
+
+  Args:
+    path: a SentencePiece `.model` (local or gs://); default `$MCWQ_VOCAB`, else the small
+      offline model (`SmallSentencePieceVocabulary`, trained on first use).
+    extra_ids: sentinel ids appended to an explicit model (0 for the mT5 model, which
+      already contains its 100 sentinels).
+
+  Returns:
+    A `seqio.SentencePieceVocabulary`.
+  """
+  if path is None:
+    path = os.environ.get(VOCAB_ENV) or None
+  return _vocabulary(None if path is None else str(path), extra_ids)
+
+
+def mt5_vocabulary(path: PathLike = MT5_VOCAB_PATH) -> seqio.SentencePieceVocabulary:
+  """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2)."""
+  return get_vocabulary(path)

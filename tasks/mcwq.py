@@ -1,0 +1,201 @@
+"""SeqIO tasks and mixtures for MCWQ (Cui et al., TACL 2022).
+
+Inputs are the questions (entity placeholders M0..M9), targets the queries in the reversible
+intermediate representation (RIR, `mcwq_t5x.rir`), as in the paper's mT5 experiments (§5).
+
+Registered names (all idempotent: importing or calling `register_mcwq_tasks` again replaces
+the previous registrations):
+
+* `mcwq_{split}_{lang}`, split in mcd1/mcd2/mcd3/random_split, lang in en/he/kn/zh: seqio
+  splits `train`, `validation` (= the MCWQ `dev` part) and `test`. A part whose files are
+  missing (the shared copy has no `train`) raises `DataNotFoundError` with the fetch command
+  when it is read.
+* `mcwq_gold_{he,kn,zh}`: the human-translated gold test set (155 examples), `test` only.
+* `mcwq_{split}_zeroshot_{lang}`, lang in he/kn/zh: `validation` / `test` of that language,
+  for evaluating a model trained on `mcwq_{split}_en` (zero-shot cross-lingual transfer, §5.3).
+* mixture `mcwq_{split}_multilingual`: the four `mcwq_{split}_{lang}` tasks, equal rates
+  (the four languages are parallel, hence of equal size).
+
+Each example also carries `question`, `sparql`, `rir` (strings) and `recursionDepth` (int32,
+-1 when unknown) for evaluation by complexity.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Optional, Sequence
+
+import gin
+import seqio
+import tensorflow as tf
+
+from mcwq_t5x import metrics
+from mcwq_t5x import readers
+from mcwq_t5x import vocab as vocab_lib
+
+SPLITS = readers.SPLITS
+LANGUAGES = readers.LANGUAGES
+ZEROSHOT_LANGUAGES = ("he", "kn", "zh")
+GOLD_LANGUAGES = readers.GOLD_LANGUAGES
+# seqio split name -> MCWQ part.
+SEQIO_TO_PART = {"train": "train", "validation": "dev", "test": "test"}
+# The input prefix of the paper's Hugging Face training code; the default is no prefix.
+PAPER_INPUT_PREFIX = "translate English to Sparql: "
+DEFAULT_INPUT_PREFIX = ""
+
+
+def task_name(split: str, language: str, suffix: str = "") -> str:
+  """`mcwq_{split}_{language}{suffix}` (split may be "gold")."""
+  return f"mcwq_{split}_{language}{suffix}"
+
+
+def zeroshot_task_name(split: str, language: str, suffix: str = "") -> str:
+  """`mcwq_{split}_zeroshot_{language}{suffix}`."""
+  return f"mcwq_{split}_zeroshot_{language}{suffix}"
+
+
+def multilingual_mixture_name(split: str, suffix: str = "") -> str:
+  """`mcwq_{split}_multilingual{suffix}`."""
+  return f"mcwq_{split}_multilingual{suffix}"
+
+
+def examples_to_dataset(examples: Sequence[readers.Example]) -> tf.data.Dataset:
+  """A tf.data.Dataset over `examples` with string features question/sparql/rir/language.
+
+  Returns:
+    Dataset of dicts: `question`, `sparql`, `rir`, `language` (tf.string scalars; missing
+    values as ""), `recursionDepth` (tf.int32 scalar, -1 when unknown).
+  """
+  def strings(values):
+    return tf.constant([v or "" for v in values], dtype=tf.string, shape=[len(values)])
+
+  return tf.data.Dataset.from_tensor_slices({
+      "question": strings([e.question for e in examples]),
+      "sparql": strings([e.sparql for e in examples]),
+      "rir": strings([e.rir for e in examples]),
+      "language": strings([e.language for e in examples]),
+      "recursionDepth": tf.constant(
+          [-1 if e.recursionDepth is None else e.recursionDepth for e in examples],
+          dtype=tf.int32, shape=[len(examples)]),
+  })
+
+
+def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
+                mcwq_split: str, language: str, data_dir: Optional[str]) -> tf.data.Dataset:
+  """seqio `dataset_fn`: reads one part through `readers.read_split` (cached per file)."""
+  del shuffle_files, seed  # one file per part; seqio shuffles examples when asked.
+  if split not in SEQIO_TO_PART:
+    raise ValueError(f"unknown seqio split {split!r}; expected one of {tuple(SEQIO_TO_PART)}")
+  return examples_to_dataset(
+      readers.read_split(mcwq_split, SEQIO_TO_PART[split], language, data_dir))
+
+
+def to_inputs_and_targets(dataset: tf.data.Dataset, prefix: str = "") -> tf.data.Dataset:
+  """Adds `inputs` = prefix + question and `targets` = RIR query (other features kept)."""
+  def fn(ex: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    out = dict(ex)
+    out["inputs"] = tf.strings.join([prefix, ex["question"]]) if prefix else ex["question"]
+    out["targets"] = ex["rir"]
+    return out
+
+  return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def postprocess_query(output: Any, example: Optional[Mapping[str, Any]] = None,
+                      is_target: bool = False) -> str:
+  """Decodes a model output or target to `str` and normalises whitespace (runs -> one space).
+
+  Args:
+    output: str or UTF-8 bytes.
+    example: the seqio example (unused).
+    is_target: whether `output` is the target (same treatment).
+
+  Returns:
+    The stripped string.
+  """
+  del example, is_target
+  if isinstance(output, bytes):
+    output = output.decode("utf-8", errors="replace")
+  return " ".join(str(output).split())
+
+
+def _remove(registry, name: str) -> None:
+  if name in registry.names():
+    registry.remove(name)
+
+
+def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
+              output_features: Mapping[str, seqio.Feature], prefix: str,
+              data_dir: Optional[str]) -> seqio.Task:
+  _remove(seqio.TaskRegistry, name)
+  source = seqio.FunctionDataSource(
+      dataset_fn=functools.partial(_dataset_fn, mcwq_split=mcwq_split, language=language,
+                                   data_dir=data_dir),
+      splits=tuple(splits))
+  return seqio.TaskRegistry.add(
+      name,
+      source=source,
+      preprocessors=[
+          functools.partial(to_inputs_and_targets, prefix=prefix),
+          seqio.preprocessors.tokenize,
+          seqio.CacheDatasetPlaceholder(),
+          seqio.preprocessors.append_eos_after_trim,
+      ],
+      output_features=output_features,
+      postprocess_fn=postprocess_query,
+      metric_fns=[metrics.exact_match_metric, metrics.bleu_metric])
+
+
+def _register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
+                        vocabulary: Optional[seqio.Vocabulary] = None,
+                        suffix: str = "",
+                        data_dir: Optional[str] = None) -> list[str]:
+  """Registers all MCWQ tasks and mixtures (replacing earlier registrations of those names).
+
+  Args:
+    prefix: text prepended to every input (e.g. `PAPER_INPUT_PREFIX`); default none.
+    vocabulary: input and target vocabulary; default `mcwq_t5x.vocab.get_vocabulary()`
+      (`$MCWQ_VOCAB`, else the small offline SentencePiece model, trained on first use).
+    suffix: appended to every task/mixture name, to register variants side by side.
+    data_dir: MCWQ directory; default (None) resolves `paths.data_dir()` when read.
+
+  Returns:
+    The registered task and mixture names.
+  """
+  vocabulary = vocabulary if vocabulary is not None else vocab_lib.get_vocabulary()
+  output_features = {
+      "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
+      "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+  }
+  data_dir = None if data_dir is None else str(data_dir)
+  names = []
+  all_splits = ("train", "validation", "test")
+  for split in SPLITS:
+    for language in LANGUAGES:
+      name = task_name(split, language, suffix)
+      _add_task(name, split, language, all_splits, output_features, prefix, data_dir)
+      names.append(name)
+    for language in ZEROSHOT_LANGUAGES:
+      name = zeroshot_task_name(split, language, suffix)
+      _add_task(name, split, language, ("validation", "test"), output_features, prefix,
+                data_dir)
+      names.append(name)
+  for language in GOLD_LANGUAGES:
+    name = task_name(readers.GOLD_SPLIT, language, suffix)
+    _add_task(name, readers.GOLD_SPLIT, language, ("test",), output_features, prefix, data_dir)
+    names.append(name)
+  for split in SPLITS:
+    name = multilingual_mixture_name(split, suffix)
+    _remove(seqio.MixtureRegistry, name)
+    seqio.MixtureRegistry.add(name, [task_name(split, l, suffix) for l in LANGUAGES],
+                              default_rate=1.0)
+    names.append(name)
+  return names
+
+
+# Gin-configurable (`mcwq_t5x.tasks.register_mcwq_tasks.prefix = "..."`; call it again after
+# parsing the gin config to apply bindings). Interactive mode makes module reloads safe.
+with gin.config.interactive_mode():
+  register_mcwq_tasks = gin.configurable(
+      "register_mcwq_tasks", module="mcwq_t5x.tasks")(_register_mcwq_tasks)
+
+REGISTERED = register_mcwq_tasks()

@@ -1,0 +1,184 @@
+"""Tests of the SeqIO tasks (tasks/mcwq.py) and mcwq_t5x.inspect_task on the real data."""
+import importlib
+import io
+import json
+
+import pytest
+import seqio
+
+from mcwq_t5x import metrics
+from mcwq_t5x import readers
+from mcwq_t5x import vocab
+
+
+@pytest.fixture(scope="module", autouse=True)
+def env(tmp_path_factory):
+  """Private cache (small vocabulary trained once), default data dir, no MCWQ_VOCAB."""
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("MCWQ_CACHE_DIR", str(tmp_path_factory.mktemp("mcwq_cache")))
+    mp.delenv("MCWQ_VOCAB", raising=False)
+    mp.delenv("MCWQ_DATA_DIR", raising=False)
+    yield
+
+
+@pytest.fixture(scope="module")
+def mcwq_tasks(env):
+  import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  return tasks.mcwq
+
+
+def _first(task_name, split, sequence_length=None):
+  task = seqio.get_mixture_or_task(task_name)
+  ds = task.get_dataset(sequence_length, split=split, shuffle=False)
+  return task, next(ds.as_numpy_iterator())
+
+
+def test_all_names_registered(mcwq_tasks):
+  names = set(seqio.TaskRegistry.names())
+  for split in readers.SPLITS:
+    for lang in readers.LANGUAGES:
+      assert f"mcwq_{split}_{lang}" in names
+    for lang in ("he", "kn", "zh"):
+      assert f"mcwq_{split}_zeroshot_{lang}" in names
+    assert f"mcwq_{split}_multilingual" in seqio.MixtureRegistry.names()
+  for lang in ("he", "kn", "zh"):
+    assert f"mcwq_gold_{lang}" in names
+  assert len([n for n in names if n.startswith("mcwq_")]) == 16 + 12 + 3
+  task = seqio.get_mixture_or_task("mcwq_mcd1_en")
+  assert set(task.splits) == {"train", "validation", "test"}
+  assert set(seqio.get_mixture_or_task("mcwq_mcd3_zeroshot_kn").splits) == {"validation", "test"}
+  assert set(seqio.get_mixture_or_task("mcwq_gold_zh").splits) == {"test"}
+  v = task.output_features["targets"].vocabulary
+  assert isinstance(v, seqio.SentencePieceVocabulary) and v is vocab.get_vocabulary()
+  assert task.output_features["inputs"].vocabulary is v
+  assert metrics.exact_match_metric in task.predict_metric_fns
+  assert metrics.bleu_metric in task.predict_metric_fns
+
+
+def test_registration_is_idempotent(mcwq_tasks):
+  before = set(seqio.TaskRegistry.names())
+  assert mcwq_tasks.register_mcwq_tasks() == mcwq_tasks.REGISTERED
+  importlib.reload(mcwq_tasks)
+  import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  assert set(seqio.TaskRegistry.names()) == before
+
+
+def test_mcd1_validation_full_and_round_trip(mcwq_tasks, mcwq_dir):
+  task = seqio.get_mixture_or_task("mcwq_mcd1_en")
+  ds = task.get_dataset({"inputs": 64, "targets": 256}, split="validation", shuffle=False)
+  examples = list(ds.as_numpy_iterator())
+  assert len(examples) == 5408
+  ex = examples[0]
+  ref = readers.read_split("mcd1", "dev", "en", mcwq_dir)[0]
+  v = task.output_features["inputs"].vocabulary
+  assert ex["inputs_pretokenized"].decode() == ref.question
+  assert ex["targets_pretokenized"].decode() == ref.rir
+  assert ex["inputs"].tolist() == v.encode(ref.question) + [1]
+  assert ex["targets"].tolist() == v.encode(ref.rir) + [1]
+  assert v.decode(ex["targets"].tolist()) == ref.rir
+  assert ex["sparql"].decode() == ref.sparql and ex["recursionDepth"] == -1
+  last = readers.read_split("mcd1", "dev", "en", mcwq_dir)[-1]
+  assert examples[-1]["inputs_pretokenized"].decode() == last.question
+
+
+@pytest.mark.parametrize("name,split,source", [
+    ("mcwq_mcd2_he", "test", ("mcd2", "test", "he")),
+    ("mcwq_random_split_kn", "validation", ("random_split", "dev", "kn")),
+    ("mcwq_mcd3_zeroshot_zh", "test", ("mcd3", "test", "zh")),
+    ("mcwq_gold_zh", "test", ("gold", "test", "zh")),
+])
+def test_first_examples(mcwq_tasks, mcwq_dir, name, split, source):
+  task, ex = _first(name, split)
+  ref = readers.read_split(*source, mcwq_dir)[0]
+  v = task.output_features["targets"].vocabulary
+  assert ex["inputs_pretokenized"].decode() == ref.question
+  assert v.decode(ex["inputs"].tolist()) == ref.question
+  assert v.decode(ex["targets"].tolist()) == ref.rir
+  assert ex["targets"][-1] == 1
+
+
+def test_gold_zh_first_example_text(mcwq_tasks, mcwq_dir):
+  _, ex = _first("mcwq_gold_zh", "test")
+  assert ex["inputs_pretokenized"].decode() == "M0是编剧吗？"
+  assert ex["targets_pretokenized"].decode() == (
+      "ASK WHERE lb ( M0 ( wdt:P106 ) ( wd:Q69423232 ) ) rb")
+
+
+def test_example_counts_per_task(mcwq_tasks, mcwq_dir):
+  """Every task reads exactly the published number of examples per split (via readers)."""
+  counts = {"mcd1": (5408, 5310), "mcd2": (5929, 5891), "mcd3": (6034, 6151),
+            "random_split": (6163, 6282)}
+  for split, (n_dev, n_test) in counts.items():
+    for lang in readers.LANGUAGES:
+      assert len(readers.read_split(split, mcwq_tasks.SEQIO_TO_PART["validation"], lang)) == n_dev
+      assert len(readers.read_split(split, mcwq_tasks.SEQIO_TO_PART["test"], lang)) == n_test
+  ds = seqio.get_mixture_or_task("mcwq_gold_he").get_dataset(None, split="test", shuffle=False)
+  assert sum(1 for _ in ds.as_numpy_iterator()) == 155
+
+
+def test_trimming_keeps_eos(mcwq_tasks):
+  _, ex = _first("mcwq_mcd1_kn", "test", {"inputs": 8, "targets": 16})
+  assert len(ex["inputs"]) == 8 and len(ex["targets"]) == 16
+  assert ex["inputs"][-1] == 1 and ex["targets"][-1] == 1
+
+
+def test_missing_train_split_names_fetch_command(mcwq_tasks, mcwq_dir):
+  task = seqio.get_mixture_or_task("mcwq_mcd1_en")
+  with pytest.raises(Exception) as e:
+    next(task.get_dataset(None, split="train", shuffle=False).as_numpy_iterator())
+  assert "official/mcd1/train.en.txt" in str(e.value)
+  assert "python scripts/download_mcwq.py" in str(e.value)
+
+
+def test_multilingual_mixture(mcwq_tasks, mcwq_dir):
+  mix = seqio.get_mixture_or_task("mcwq_mcd1_multilingual")
+  assert sorted(t.name for t in mix.tasks) == [f"mcwq_mcd1_{l}" for l in ("en", "he", "kn", "zh")]
+  ds = mix.get_dataset({"inputs": 64, "targets": 256}, split="validation", shuffle=False, seed=0)
+  questions = {e.question for l in readers.LANGUAGES
+               for e in readers.read_split("mcd1", "dev", l, mcwq_dir)[:40]}
+  v = vocab.get_vocabulary()
+  # mixtures keep only the output features: decode the token ids
+  got = [v.decode(ex["inputs"].tolist()) for ex in ds.take(20).as_numpy_iterator()]
+  assert len(got) == 20 and set(got) <= questions
+
+
+def test_prefix_postprocess_and_release_layout(mcwq_tasks, tmp_path):
+  records = [{"questionPatternModEntities": "Did M0 direct M1",
+              "questionPatternModEntities_zh": "M0导演了M1吗",
+              "sparqlPatternModEntities": "ASK WHERE {\nM0 wdt:P57 M1\n}",
+              "recursionDepth": 7, "expectedResponse": "Yes"}]
+  (tmp_path / "dataset.json").write_text(json.dumps(records), encoding="utf-8")
+  (tmp_path / "splits").mkdir()
+  (tmp_path / "splits/mcd1.json").write_text('{"trainIdxs": [0], "devIdxs": [], "testIdxs": []}')
+  names = mcwq_tasks.register_mcwq_tasks(prefix=mcwq_tasks.PAPER_INPUT_PREFIX, suffix="_synth",
+                                         data_dir=str(tmp_path))
+  assert "mcwq_mcd1_zh_synth" in names and "mcwq_mcd1_multilingual_synth" in names
+  task, ex = _first("mcwq_mcd1_zh_synth", "train")
+  assert ex["inputs_pretokenized"].decode() == "translate English to Sparql: M0导演了M1吗"
+  assert ex["targets_pretokenized"].decode() == "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb"
+  assert ex["recursionDepth"] == 7
+  assert task.postprocess_fn(b"ASK  WHERE lb\n rb ", example=ex, is_target=False) == (
+      "ASK WHERE lb rb")
+  for name in names:
+    if name.endswith("_synth"):
+      for registry in (seqio.TaskRegistry, seqio.MixtureRegistry):
+        if name in registry.names():
+          registry.remove(name)
+
+
+def test_inspect_task(mcwq_tasks, mcwq_dir):
+  from mcwq_t5x import inspect_task  # pylint: disable=g-import-not-at-top
+  out = io.StringIO()
+  stats = inspect_task.inspect("mcwq_gold_he", "test", num_examples=2, out=out)
+  v = vocab.get_vocabulary()
+  gold = readers.read_split("gold", "test", "he", mcwq_dir)
+  target_lengths = sorted(len(v.encode(e.rir)) + 1 for e in gold)
+  assert stats["targets"]["count"] == 155 and stats["inputs"]["count"] == 155
+  assert stats["targets"]["max"] == target_lengths[-1]
+  assert stats["targets"]["p50"] == pytest.approx(target_lengths[77])
+  text = out.getvalue()
+  assert f"inputs_pretokenized: {gold[0].question}" in text
+  assert "--- example 1" in text and "--- example 2" not in text
+  assert "p50" in text and "p99" in text and "TASK_FEATURE_LENGTHS" in text
+  with pytest.raises(inspect_task.UnknownTaskError, match="did you mean: .*mcwq_mcd1_he"):
+    inspect_task.get_task("mcwq_mcd1_hx")

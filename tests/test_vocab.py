@@ -1,0 +1,120 @@
+"""Tests of mcwq_t5x.vocab (small offline SentencePiece model, vocabulary selection)."""
+import hashlib
+import importlib.util
+import pathlib
+
+import pytest
+import seqio
+import sentencepiece as spm
+
+from mcwq_t5x import readers
+from mcwq_t5x import vocab
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  """A private cache dir for the module (the default small model is trained into it once)."""
+  d = tmp_path_factory.mktemp("mcwq_cache")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("MCWQ_CACHE_DIR", str(d))
+    mp.delenv("MCWQ_VOCAB", raising=False)
+    mp.delenv("MCWQ_DATA_DIR", raising=False)
+    yield d
+
+
+@pytest.fixture(scope="module")
+def small_model(cache_dir):
+  return vocab.small_vocab_path()
+
+
+def _small_corpus(mcwq_dir):
+  en = readers.read_split("mcd1", "dev", "en", mcwq_dir)[:300]
+  zh = readers.read_split("mcd1", "dev", "zh", mcwq_dir)[:300]
+  return [e.question for e in en + zh] + [e.rir for e in en]
+
+
+def test_training_is_reproducible(tmp_path, mcwq_dir):
+  corpus = _small_corpus(mcwq_dir)
+  config = vocab.SmallVocabConfig(vocab_size=700)
+  a = vocab.train_sentencepiece(corpus, tmp_path / "a" / "x.model", config)
+  b = vocab.train_sentencepiece(corpus, tmp_path / "b" / "y.model", config)
+  assert hashlib.md5(a.read_bytes()).hexdigest() == hashlib.md5(b.read_bytes()).hexdigest()
+  c = vocab.train_sentencepiece(corpus, tmp_path / "c.model",
+                                vocab.SmallVocabConfig(vocab_size=700, seed=1, model_type="unigram"))
+  assert c.read_bytes() != a.read_bytes()
+  sp = spm.SentencePieceProcessor(model_file=str(a))
+  assert (sp.get_piece_size(), sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (
+      700, 0, 1, 2, -1)
+
+
+def test_config_rejects_test_data():
+  with pytest.raises(ValueError, match="test data"):
+    vocab.SmallVocabConfig(parts=("dev", "test"))
+
+
+def test_training_corpus_uses_no_test_data(mcwq_dir):
+  corpus = vocab.training_corpus(mcwq_dir)
+  expected_q, expected_r = {}, {}
+  for split in readers.SPLITS:
+    for lang in readers.LANGUAGES:
+      for e in readers.read_split(split, "dev", lang, mcwq_dir):
+        expected_q[e.question] = None
+        expected_r[e.rir] = None
+  assert corpus == list(expected_q) + list(expected_r)
+  dev_rirs = set(expected_r)
+  test_only = [e.rir for e in readers.read_split("mcd1", "test", "en", mcwq_dir)
+               if e.rir not in dev_rirs]
+  assert test_only and not set(test_only) & set(corpus)
+
+
+def test_cache_key_and_reuse(cache_dir, small_model, mcwq_dir):
+  assert small_model.parent == cache_dir / "spm"
+  assert small_model.name.startswith("mcwq_spm_2000_")
+  mtime = small_model.stat().st_mtime_ns
+  again = vocab.small_vocab_path(mcwq_dir)
+  assert again == small_model and again.stat().st_mtime_ns == mtime  # not retrained
+  other = vocab.small_vocab_path(mcwq_dir, vocab.SmallVocabConfig(vocab_size=1500),
+                                 train_if_missing=False)
+  assert other != small_model and not other.exists()
+
+
+def test_small_vocabulary_tokenises_all_scripts_and_rir(small_model, mcwq_dir):
+  v = vocab.get_vocabulary()
+  assert isinstance(v, seqio.SentencePieceVocabulary)
+  assert v is vocab.get_vocabulary()  # one shared instance
+  assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (2000, 0, 1, 2)
+  assert v.sentencepiece_model_file == str(small_model)
+  sp = v.tokenizer
+  for lang in readers.LANGUAGES:
+    for e in readers.read_split("mcd2", "test", lang, mcwq_dir)[:200]:
+      ids = v.encode(e.question)
+      assert v.decode(ids) == e.question
+      assert v.unk_id not in ids
+  rir = readers.read_split("mcd1", "dev", "en", mcwq_dir)[0].rir
+  pieces = sp.encode(rir, out_type=str)
+  assert v.decode(v.encode(rir)) == rir
+  for piece in ("▁ASK", "▁WHERE", "▁lb", "▁rb", "▁wdt:P57", "M0", "?x0"):
+    assert piece in pieces, piece
+  assert len(pieces) < len(rir.split()) * 1.5
+
+
+def test_vocabulary_from_env_and_path(small_model, monkeypatch):
+  monkeypatch.setenv("MCWQ_VOCAB", str(small_model))
+  v = vocab.get_vocabulary()
+  assert type(v) is seqio.SentencePieceVocabulary  # pylint: disable=unidiomatic-typecheck
+  assert v.sentencepiece_model_file == str(small_model)
+  assert v.encode("ASK WHERE") == vocab.get_vocabulary(small_model).encode("ASK WHERE")
+  assert vocab.mt5_vocabulary().sentencepiece_model_file == vocab.MT5_VOCAB_PATH
+
+
+def test_train_vocab_script(tmp_path, mcwq_dir, capsys, small_model):
+  spec = importlib.util.spec_from_file_location("train_vocab", REPO / "scripts/train_vocab.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert module.main([]) == 0  # cache hit
+  out = capsys.readouterr().out
+  assert f"model: {small_model}" in out
+  assert "pieces: 2000  pad=0 eos=1 unk=2 bos=-1" in out
+  assert hashlib.md5(small_model.read_bytes()).hexdigest() in out
