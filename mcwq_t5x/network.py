@@ -1,0 +1,788 @@
+# Copyright 2026 The mcwq-t5x Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""T5.1.1 / mT5 / T5 1.0 encoder-decoder Transformer in Flax linen.
+
+The architecture, parameter tree and logical axis names follow T5X's
+`t5x/examples/t5/network.py` and `layers.py` (Roberts et al., 2022), so that
+checkpoints of T5X and of Hugging Face `T5ForConditionalGeneration` /
+`MT5ForConditionalGeneration` load unchanged (see `checkpoint_import`):
+
+* pre-norm residual blocks with RMS layer norm (scale only, no bias,
+  epsilon 1e-6), Raffel et al. (2020), Sec. 2.1;
+* gated-GELU MLP `wi_0, wi_1, wo` (T5.1.1/mT5, Shazeer 2020) or ReLU MLP with a
+  single `wi` (T5 1.0);
+* no biases anywhere; relative position buckets (32 buckets, max distance 128),
+  bidirectional in the encoder and causal in the decoder, one table per stack;
+* attention logits are not scaled by 1/sqrt(d_kv): T5X folds that factor into
+  the initialiser of the query kernel (HF T5 also does no scaling);
+* logits from a separate `logits_dense` kernel (T5.1.1/mT5) or from the
+  transposed token embedding scaled by 1/sqrt(emb_dim) (T5 1.0).
+
+Parameters are float32 and carry logical axis names via
+`nn.with_logical_partitioning` (`vocab, embed, mlp, heads, kv, joined_kv,
+relpos_buckets`); activations are annotated with `nn.with_logical_constraint`
+(`batch, length, embed, heads, kv, mlp, vocab`), which is a no-op outside a mesh
+with logical axis rules. Kernels are stored as T5X stores them: 2-D
+`[embed, joined_kv]` for query/key/value, `[joined_kv, embed]` for `out`,
+`[embed, mlp]` / `[mlp, embed]` for the MLP, `[vocab, embed]` for the embedding,
+`[embed, vocab]` for `logits_dense` and `[heads, relpos_buckets]` for the
+relative position bias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+DType = Any
+Initializer = Callable[..., Array]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+           "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Hyper-parameters of the network; field names are those of T5X's config.
+
+  Attributes:
+    vocab_size: rows of the token embedding (and columns of the logits).
+    dtype: dtype of activations (`jnp.float32` or `jnp.bfloat16`; the strings
+      "float32"/"bfloat16" are accepted and converted). Params are float32.
+    emb_dim: model width d_model.
+    num_heads: attention heads.
+    num_encoder_layers: encoder blocks.
+    num_decoder_layers: decoder blocks.
+    head_dim: d_kv, width of one head.
+    mlp_dim: d_ff, width of the MLP hidden layer.
+    mlp_activations: one activation per `wi` kernel, multiplied together;
+      ("gelu", "linear") = gated GELU with `wi_0, wi_1` (T5.1.1/mT5);
+      ("relu",) = T5 1.0 with a single `wi`.
+    dropout_rate: dropout on embeddings, attention weights, MLP hidden layer,
+      block outputs and the final layer norm output (T5X placement).
+    logits_via_embedding: True = tied output layer (T5 1.0): logits =
+      decoder output @ embedding.T / sqrt(emb_dim); False = `logits_dense`.
+    float32_attention_logits: compute q.k and softmax in float32.
+    relative_attention_num_buckets: relative position buckets per direction
+      pair (T5: 32).
+    relative_attention_max_distance: distance beyond which all relative
+      positions share the last bucket (T5: 128).
+    layer_norm_epsilon: RMS norm epsilon (T5/HF: 1e-6).
+  """
+  vocab_size: int = 250112
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 6
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  mlp_activations: Sequence[str] = ("gelu", "linear")
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  float32_attention_logits: bool = True
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+
+  def __post_init__(self):
+    if isinstance(self.dtype, str):
+      if self.dtype not in _DTYPES:
+        raise ValueError(f"T5Config.dtype: unknown dtype {self.dtype!r}; "
+                         f"expected one of {sorted(_DTYPES)}")
+      object.__setattr__(self, "dtype", _DTYPES[self.dtype])
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+    for act in self.mlp_activations:
+      if act not in _ACTIVATIONS:
+        raise ValueError(f"T5Config.mlp_activations: unknown activation "
+                         f"{act!r}; expected one of {sorted(_ACTIVATIONS)}")
+    for name in ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
+                 "num_decoder_layers", "head_dim", "mlp_dim"):
+      if int(getattr(self, name)) <= 0:
+        raise ValueError(f"T5Config.{name} must be positive, got "
+                         f"{getattr(self, name)}")
+
+
+_ACTIVATIONS = {
+    "gelu": functools.partial(nn.gelu, approximate=True),  # = HF gelu_new.
+    "relu": nn.relu,
+    "silu": nn.silu,
+    "linear": lambda x: x,
+}
+
+# Presets. `tiny` learns MCWQ on a CPU in minutes; the others are the published
+# sizes (mT5: Xue et al., 2021, Table 1 / T5X gin files; T5 1.0 base: Raffel et
+# al., 2020).
+CONFIGS: dict[str, T5Config] = {
+    "tiny": T5Config(vocab_size=4096, emb_dim=128, num_heads=4,
+                     num_encoder_layers=2, num_decoder_layers=2, head_dim=32,
+                     mlp_dim=512, dropout_rate=0.1),
+    "mt5_small": T5Config(emb_dim=512, num_heads=6, num_encoder_layers=8,
+                          num_decoder_layers=8, head_dim=64, mlp_dim=1024),
+    "mt5_base": T5Config(emb_dim=768, num_heads=12, num_encoder_layers=12,
+                         num_decoder_layers=12, head_dim=64, mlp_dim=2048),
+    "mt5_large": T5Config(emb_dim=1024, num_heads=16, num_encoder_layers=24,
+                          num_decoder_layers=24, head_dim=64, mlp_dim=2816),
+    "t5_base": T5Config(vocab_size=32128, emb_dim=768, num_heads=12,
+                        num_encoder_layers=12, num_decoder_layers=12,
+                        head_dim=64, mlp_dim=3072, mlp_activations=("relu",),
+                        logits_via_embedding=True),
+}
+
+
+def get_config(name: str, **overrides: Any) -> T5Config:
+  """Returns preset `name` of `CONFIGS` with fields replaced by `overrides`.
+
+  Raises:
+    KeyError: unknown preset name (message lists the known ones).
+    TypeError: unknown field in `overrides`.
+  """
+  if name not in CONFIGS:
+    raise KeyError(f"unknown model config {name!r}; known: {sorted(CONFIGS)}")
+  return dataclasses.replace(CONFIGS[name], **overrides)
+
+
+def _constrain(x: Array, names: tuple[str, ...]) -> Array:
+  return nn.with_logical_constraint(x, names)
+
+
+# ---------------------------------------------------------------------------
+# Masks (T5X layers.make_attention_mask / make_decoder_mask semantics).
+# ---------------------------------------------------------------------------
+def make_attention_mask(query_input: Array, key_input: Array,
+                        pairwise_fn: Callable[..., Any] = jnp.multiply,
+                        dtype: DType = jnp.float32) -> Array:
+  """Mask [batch, 1, q_len, kv_len] = pairwise_fn(query[:, :, None], key[:, None, :]).
+
+  Args:
+    query_input: [batch, q_len] (booleans or segment ids).
+    key_input: [batch, kv_len].
+    pairwise_fn: elementwise combination (multiply for padding, equal for
+      segment ids).
+    dtype: dtype of the returned mask (1 = attend, 0 = masked).
+  """
+  mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
+  return mask[..., None, :, :].astype(dtype)
+
+
+def make_causal_mask(x: Array, dtype: DType = jnp.float32) -> Array:
+  """Causal mask [batch, 1, len, len] for [batch, len] inputs (key <= query)."""
+  idxs = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
+  return make_attention_mask(idxs, idxs, jnp.greater_equal, dtype)
+
+
+def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32):
+  """Logical AND of the non-None masks (None if all are None)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  mask = masks[0]
+  for other in masks[1:]:
+    mask = jnp.logical_and(mask, other)
+  return mask.astype(dtype)
+
+
+def make_decoder_mask(decoder_target_tokens: Array, dtype: DType,
+                      decoder_segment_ids: Optional[Array] = None) -> Array:
+  """Decoder self-attention mask: causal AND non-padding AND same segment.
+
+  Args:
+    decoder_target_tokens: [batch, len] int, 0 = padding.
+    dtype: mask dtype.
+    decoder_segment_ids: [batch, len] or None (packed examples).
+
+  Returns:
+    [batch, 1, len, len] mask.
+  """
+  causal = make_causal_mask(decoder_target_tokens, dtype)
+  padding = make_attention_mask(decoder_target_tokens > 0,
+                                decoder_target_tokens > 0, dtype=dtype)
+  segment = None
+  if decoder_segment_ids is not None:
+    segment = make_attention_mask(decoder_segment_ids, decoder_segment_ids,
+                                  jnp.equal, dtype)
+  return combine_masks(causal, padding, segment, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------
+# Layers.
+# ---------------------------------------------------------------------------
+class DenseGeneral(nn.Module):
+  """Bias-free linear map over `axis` with a 2-D stored kernel (T5X layout).
+
+  The kernel is stored as [prod(in dims), prod(features)] float32 with logical
+  names `kernel_axes`, then reshaped to [*in dims, *features] for the product.
+
+  Attributes:
+    features: output feature dims.
+    axis: input axes that are contracted.
+    dtype: computation dtype.
+    kernel_init: initialiser of the stored 2-D kernel.
+    kernel_axes: two logical axis names of the stored kernel.
+  """
+  features: int | Sequence[int]
+  axis: int | Sequence[int] = -1
+  dtype: DType = jnp.float32
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal")
+  kernel_axes: tuple[str, ...] = ()
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    features = ((self.features,) if isinstance(self.features, int)
+                else tuple(self.features))
+    axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
+    inputs = jnp.asarray(inputs, self.dtype)
+    axis = tuple(a % inputs.ndim for a in axis)
+    in_dims = tuple(inputs.shape[a] for a in axis)
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(self.kernel_init,
+                                               self.kernel_axes),
+        (int(np.prod(in_dims)), int(np.prod(features))), jnp.float32)
+    kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
+    contract = tuple(range(len(axis)))
+    return lax.dot_general(inputs, kernel, ((axis, contract), ((), ())))
+
+
+class LayerNorm(nn.Module):
+  """T5 RMS layer norm: x / sqrt(mean(x^2) + eps) * scale; no mean, no bias.
+
+  Computed in float32, returned in `dtype`. Param `scale` [embed], init ones.
+  """
+  epsilon: float = 1e-6
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = jnp.asarray(x, jnp.float32)
+    features = x.shape[-1]
+    mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
+    y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
+    scale = self.param(
+        "scale", nn.with_logical_partitioning(nn.initializers.ones,
+                                              ("embed",)),
+        (features,), jnp.float32)
+    return y * jnp.asarray(scale, self.dtype)
+
+
+class Embed(nn.Module):
+  """Token embedding [vocab, embed] (init N(0, 1) as T5X) with `attend`."""
+  num_embeddings: int
+  features: int
+  dtype: DType = jnp.float32
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
+                                     ("vocab", "embed")),
+        (self.num_embeddings, self.features), jnp.float32)
+
+  def __call__(self, inputs: Array) -> Array:
+    """[...] int ids -> [..., embed] in `dtype` (ids out of range give NaN)."""
+    if not jnp.issubdtype(inputs.dtype, jnp.integer):
+      raise ValueError(f"Embed: token ids must be integers, got {inputs.dtype}")
+    out = jnp.take(jnp.asarray(self.embedding, self.dtype), inputs, axis=0)
+    return out
+
+  def attend(self, query: Array) -> Array:
+    """[..., embed] -> [..., vocab] = query @ embedding.T (float32)."""
+    query = jnp.asarray(query, jnp.float32)
+    return jnp.dot(query, jnp.asarray(self.embedding, jnp.float32).T)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> Array:
+  """T5 relative position bucket (Raffel et al. 2020, Sec. 2.1; T5X/mesh TF).
+
+  Args:
+    relative_position: int array, memory_position - query_position.
+    bidirectional: if False, positive relative positions (future) share
+      bucket 0 (decoder self-attention).
+    num_buckets: total buckets (half per direction when bidirectional).
+    max_distance: distances >= max_distance share the last bucket.
+
+  Returns:
+    int32 array of the same shape with values in [0, num_buckets).
+  """
+  ret = jnp.zeros_like(relative_position, dtype=jnp.int32)
+  n = -relative_position.astype(jnp.int32)
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(jnp.int32) * num_buckets
+    n = jnp.abs(n)
+  else:
+    n = jnp.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  val_if_large = max_exact + (
+      jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps)
+      / np.log(max_distance / max_exact) * (num_buckets - max_exact)
+  ).astype(jnp.int32)
+  val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
+  return ret + jnp.where(is_small, n, val_if_large)
+
+
+class RelativePositionBiases(nn.Module):
+  """Per-head relative position bias; param `rel_embedding` [heads, buckets].
+
+  Attributes:
+    num_buckets, max_distance, num_heads: see `T5Config`.
+    dtype: dtype of the returned bias.
+  """
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, qlen: int, klen: int, bidirectional: bool = True,
+               query_positions: Optional[Array] = None,
+               key_positions: Optional[Array] = None) -> Array:
+    """Bias [1 or batch, heads, qlen, klen].
+
+    Without positions, relative position = key index - query index (T5X); with
+    positions ([batch, qlen] / [batch, klen], packed examples) it is
+    key_position - query_position, so a packed example sees the same biases as
+    unpacked (cross-segment pairs are masked separately).
+    """
+    if query_positions is None:
+      relative = (jnp.arange(klen, dtype=jnp.int32)[None, :]
+                  - jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
+    else:
+      relative = (key_positions[:, None, :].astype(jnp.int32)
+                  - query_positions[:, :, None].astype(jnp.int32))
+    buckets = relative_position_bucket(relative, bidirectional,
+                                       self.num_buckets, self.max_distance)
+    table = self.param(
+        "rel_embedding",
+        nn.with_logical_partitioning(
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            ("heads", "relpos_buckets")),
+        (self.num_heads, self.num_buckets), jnp.float32)
+    table = jnp.asarray(table, self.dtype)
+    # [b, q, k, heads] -> [b, heads, q, k]
+    values = jnp.take(table.T, buckets, axis=0)
+    return jnp.transpose(values, (0, 3, 1, 2))
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """T5X multi-head attention with an autoregressive key/value cache.
+
+  The query kernel is initialised with an extra 1/sqrt(head_dim) factor and the
+  logits are NOT scaled (T5X / Mesh TF convention). The decode cache lives in
+  the flax `cache` collection as `cached_key`, `cached_value`
+  ([batch, heads, head_dim, max_len], T5X's layout) and `cache_index` (int32
+  scalar).
+  """
+  num_heads: int
+  head_dim: int
+  dtype: DType = jnp.float32
+  dropout_rate: float = 0.0
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "normal")
+  float32_logits: bool = True
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array,
+               mask: Optional[Array] = None, bias: Optional[Array] = None, *,
+               decode: bool = False, deterministic: bool = False) -> Array:
+    """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed].
+
+    Args:
+      inputs_q: queries' inputs.
+      inputs_kv: keys'/values' inputs.
+      mask: [b or 1, 1 or heads, q, k] (1 = attend) or None.
+      bias: [b or 1, heads, q, k] additive bias (relative positions) or None.
+      decode: use and update the cache (one query position per call once the
+        cache exists; the first call with decode=True only creates it).
+      deterministic: disables dropout.
+
+    Returns:
+      [b, q, embed] in `dtype`.
+
+    Raises:
+      ValueError: in cached decoding, if the query is not a single position of
+        the cached batch size.
+    """
+    projection = functools.partial(
+        DenseGeneral, axis=-1, features=(self.num_heads, self.head_dim),
+        kernel_axes=("embed", "joined_kv"), dtype=self.dtype)
+    depth_scaling = jnp.sqrt(self.head_dim).astype(self.dtype)
+
+    def query_init(*args):
+      return self.kernel_init(*args) / depth_scaling
+
+    query = projection(kernel_init=query_init, name="query")(inputs_q)
+    key = projection(kernel_init=self.kernel_init, name="key")(inputs_kv)
+    value = projection(kernel_init=self.kernel_init, name="value")(inputs_kv)
+    query = _constrain(query, ("batch", "length", "heads", "kv"))
+    key = _constrain(key, ("batch", "length", "heads", "kv"))
+    value = _constrain(value, ("batch", "length", "heads", "kv"))
+
+    if decode:
+      is_initialized = self.has_variable("cache", "cached_key")
+      swap = lambda s: s[:-3] + (s[-2], s[-1], s[-3])
+      cached_key = self.variable("cache", "cached_key", jnp.zeros,
+                                 swap(key.shape), key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                   swap(value.shape), value.dtype)
+      cache_index = self.variable("cache", "cache_index",
+                                  lambda: jnp.array(0, dtype=jnp.int32))
+      if is_initialized:
+        batch, num_heads, head_dim, length = cached_key.value.shape
+        expected = (batch, 1, num_heads, head_dim)
+        if query.shape != expected:
+          raise ValueError(f"autoregressive cache: expected query shape "
+                           f"{expected}, got {query.shape}")
+        cur_index = cache_index.value
+        one_hot = jax.nn.one_hot(cur_index, length, dtype=key.dtype)
+        key = cached_key.value + jnp.moveaxis(key, -3, -1) * one_hot
+        value = cached_value.value + jnp.moveaxis(value, -3, -1) * one_hot
+        cached_key.value = key
+        cached_value.value = value
+        cache_index.value = cur_index + 1
+        key = jnp.moveaxis(key, -1, -3)
+        value = jnp.moveaxis(value, -1, -3)
+        mask = combine_masks(
+            mask, jnp.broadcast_to(jnp.arange(length) <= cur_index,
+                                   (batch, 1, 1, length)))
+        if bias is not None:
+          bias = lax.dynamic_slice_in_dim(bias, cur_index, 1, axis=-2)
+
+    attention_bias = None
+    if mask is not None:
+      attention_bias = lax.select(
+          mask > 0, jnp.full(mask.shape, 0.0).astype(self.dtype),
+          jnp.full(mask.shape, -1e10).astype(self.dtype))
+    if bias is not None:
+      attention_bias = (bias if attention_bias is None
+                        else attention_bias + bias)
+
+    if self.float32_logits:
+      query = query.astype(jnp.float32)
+      key = key.astype(jnp.float32)
+    # [b, heads, q, k]
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
+    if attention_bias is not None:
+      logits = logits + attention_bias.astype(logits.dtype)
+    weights = jax.nn.softmax(logits).astype(self.dtype)
+    if not deterministic and self.dropout_rate > 0.0:
+      keep_prob = 1.0 - self.dropout_rate
+      shape = list(weights.shape)
+      shape[-2] = 1  # T5 broadcasts attention dropout along the query axis.
+      keep = jax.random.bernoulli(self.make_rng("dropout"), keep_prob, shape)
+      weights = weights * (jnp.broadcast_to(keep, weights.shape).astype(
+          self.dtype) / jnp.asarray(keep_prob, self.dtype))
+    x = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(self.dtype))
+    return DenseGeneral(features=inputs_q.shape[-1], axis=(-2, -1),
+                        kernel_init=self.kernel_init,
+                        kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
+                        name="out")(x)
+
+
+class MlpBlock(nn.Module):
+  """T5 MLP: prod_i act_i(x @ wi_i) -> dropout -> @ wo (`wi` if one act)."""
+  intermediate_dim: int
+  activations: Sequence[str] = ("gelu", "linear")
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal")
+  intermediate_dropout_rate: float = 0.1
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs: Array, deterministic: bool = False) -> Array:
+    hidden = []
+    for idx, act in enumerate(self.activations):
+      name = "wi" if len(self.activations) == 1 else f"wi_{idx}"
+      x = DenseGeneral(self.intermediate_dim, dtype=self.dtype,
+                       kernel_init=self.kernel_init,
+                       kernel_axes=("embed", "mlp"), name=name)(inputs)
+      hidden.append(_ACTIVATIONS[act](x))
+    x = functools.reduce(operator.mul, hidden)
+    x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
+        x, deterministic=deterministic)
+    x = _constrain(x, ("batch", "length", "mlp"))
+    return DenseGeneral(inputs.shape[-1], dtype=self.dtype,
+                        kernel_init=self.kernel_init,
+                        kernel_axes=("mlp", "embed"), name="wo")(x)
+
+
+def _dropout(cfg: T5Config, x: Array, deterministic: bool) -> Array:
+  return nn.Dropout(rate=cfg.dropout_rate, broadcast_dims=(-2,))(
+      x, deterministic=deterministic)
+
+
+class EncoderLayer(nn.Module):
+  """Pre-norm self-attention + MLP block of the encoder."""
+  config: T5Config
+  relative_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs: Array, encoder_mask: Optional[Array] = None,
+               deterministic: bool = False,
+               positions: Optional[Array] = None) -> Array:
+    cfg = self.config
+    length = inputs.shape[-2]
+    bias = self.relative_embedding(length, length, True, positions, positions)
+    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
+                  name="pre_attention_layer_norm")(inputs)
+    x = _constrain(x, ("batch", "length", "embed"))
+    x = MultiHeadDotProductAttention(
+        cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
+        float32_logits=cfg.float32_attention_logits, name="attention")(
+            x, x, encoder_mask, bias, deterministic=deterministic)
+    x = _dropout(cfg, x, deterministic) + inputs
+    x = _constrain(x, ("batch", "length", "embed"))
+    y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
+                  name="pre_mlp_layer_norm")(x)
+    y = _constrain(y, ("batch", "length", "embed"))
+    y = MlpBlock(cfg.mlp_dim, cfg.mlp_activations,
+                 intermediate_dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
+                 name="mlp")(y, deterministic=deterministic)
+    y = _dropout(cfg, y, deterministic) + x
+    return _constrain(y, ("batch", "length", "embed"))
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm self-attention + cross-attention + MLP block of the decoder."""
+  config: T5Config
+  relative_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs: Array, encoded: Array,
+               decoder_mask: Optional[Array] = None,
+               encoder_decoder_mask: Optional[Array] = None,
+               deterministic: bool = False, decode: bool = False,
+               max_decode_length: Optional[int] = None,
+               positions: Optional[Array] = None) -> Array:
+    cfg = self.config
+    length = (max_decode_length if decode and max_decode_length
+              else inputs.shape[-2])
+    if positions is not None and not decode:
+      bias = self.relative_embedding(length, length, False, positions,
+                                     positions)
+    else:
+      bias = self.relative_embedding(length, length, False)
+    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
+                  name="pre_self_attention_layer_norm")(inputs)
+    x = _constrain(x, ("batch", "length", "embed"))
+    x = MultiHeadDotProductAttention(
+        cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
+        float32_logits=cfg.float32_attention_logits, name="self_attention")(
+            x, x, decoder_mask, bias, deterministic=deterministic,
+            decode=decode)
+    x = _dropout(cfg, x, deterministic) + inputs
+    x = _constrain(x, ("batch", "length", "embed"))
+    y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
+                  name="pre_cross_attention_layer_norm")(x)
+    y = _constrain(y, ("batch", "length", "embed"))
+    y = MultiHeadDotProductAttention(
+        cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
+        float32_logits=cfg.float32_attention_logits,
+        name="encoder_decoder_attention")(
+            y, encoded, encoder_decoder_mask, deterministic=deterministic)
+    y = _dropout(cfg, y, deterministic) + x
+    y = _constrain(y, ("batch", "length", "embed"))
+    z = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
+                  name="pre_mlp_layer_norm")(y)
+    z = _constrain(z, ("batch", "length", "embed"))
+    z = MlpBlock(cfg.mlp_dim, cfg.mlp_activations,
+                 intermediate_dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
+                 name="mlp")(z, deterministic=deterministic)
+    z = _dropout(cfg, z, deterministic) + y
+    return _constrain(z, ("batch", "length", "embed"))
+
+
+class Encoder(nn.Module):
+  """Embedding -> dropout -> layers -> `encoder_norm` -> dropout."""
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoder_input_tokens: Array,
+               encoder_mask: Optional[Array] = None,
+               deterministic: bool = False,
+               encoder_positions: Optional[Array] = None) -> Array:
+    cfg = self.config
+    rel_emb = RelativePositionBiases(cfg.relative_attention_num_buckets,
+                                     cfg.relative_attention_max_distance,
+                                     cfg.num_heads, cfg.dtype,
+                                     name="relpos_bias")
+    x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
+    x = _dropout(cfg, x, deterministic).astype(cfg.dtype)
+    x = _constrain(x, ("batch", "length", "embed"))
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, rel_emb, name=f"layers_{i}")(
+          x, encoder_mask, deterministic, encoder_positions)
+    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
+    return _dropout(cfg, x, deterministic)
+
+
+class Decoder(nn.Module):
+  """Embedding -> layers -> `decoder_norm` -> logits (dense or tied)."""
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoded: Array, decoder_input_tokens: Array,
+               decoder_positions: Optional[Array] = None,
+               decoder_mask: Optional[Array] = None,
+               encoder_decoder_mask: Optional[Array] = None,
+               deterministic: bool = False, decode: bool = False,
+               max_decode_length: Optional[int] = None) -> Array:
+    cfg = self.config
+    rel_emb = RelativePositionBiases(cfg.relative_attention_num_buckets,
+                                     cfg.relative_attention_max_distance,
+                                     cfg.num_heads, cfg.dtype,
+                                     name="relpos_bias")
+    y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
+    y = _dropout(cfg, y, deterministic).astype(cfg.dtype)
+    y = _constrain(y, ("batch", "length", "embed"))
+    for i in range(cfg.num_decoder_layers):
+      y = DecoderLayer(cfg, rel_emb, name=f"layers_{i}")(
+          y, encoded, decoder_mask=decoder_mask,
+          encoder_decoder_mask=encoder_decoder_mask,
+          deterministic=deterministic, decode=decode,
+          max_decode_length=max_decode_length, positions=decoder_positions)
+    y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
+    y = _dropout(cfg, y, deterministic)
+    if cfg.logits_via_embedding:
+      logits = self.shared_embedding.attend(y) / jnp.sqrt(
+          jnp.float32(y.shape[-1]))
+    else:
+      logits = DenseGeneral(cfg.vocab_size, dtype=jnp.float32,
+                            kernel_axes=("embed", "vocab"),
+                            name="logits_dense")(y)
+    return _constrain(logits, ("batch", "length", "vocab"))
+
+
+class Transformer(nn.Module):
+  """T5 encoder-decoder; `__call__`, `encode`, `decode` as in T5X.
+
+  Attributes:
+    config: a `T5Config`.
+  """
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    self.encoder = Encoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, encoder_input_tokens: Array,
+             encoder_segment_ids: Optional[Array] = None,
+             encoder_positions: Optional[Array] = None, *,
+             enable_dropout: bool = True) -> Array:
+    """Encodes [batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed].
+
+    Packed inputs: tokens attend only within their segment
+    (`encoder_segment_ids`), relative positions from `encoder_positions`.
+    """
+    cfg = self.config
+    mask = make_attention_mask(encoder_input_tokens > 0,
+                               encoder_input_tokens > 0, dtype=cfg.dtype)
+    if encoder_segment_ids is not None:
+      mask = combine_masks(mask, make_attention_mask(
+          encoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
+                           dtype=cfg.dtype)
+    return self.encoder(encoder_input_tokens, mask,
+                        deterministic=not enable_dropout,
+                        encoder_positions=encoder_positions)
+
+  def decode(self, encoded: Array, encoder_input_tokens: Array,
+             decoder_input_tokens: Array, decoder_target_tokens: Array,
+             encoder_segment_ids: Optional[Array] = None,
+             decoder_segment_ids: Optional[Array] = None,
+             decoder_positions: Optional[Array] = None, *,
+             enable_dropout: bool = True, decode: bool = False,
+             max_decode_length: Optional[int] = None) -> Array:
+    """Decoder logits [batch, tgt_len, vocab] float32.
+
+    With `decode=True` (cached autoregressive decoding) no self-attention mask
+    is built (the cache applies causality) and packing is not allowed.
+
+    Raises:
+      ValueError: `decode=True` with segment ids.
+    """
+    cfg = self.config
+    if decode:
+      if encoder_segment_ids is not None or decoder_segment_ids is not None:
+        raise ValueError("packed (segment id) inputs are not supported with "
+                         "decode=True")
+      decoder_mask = None
+      enc_dec_mask = make_attention_mask(jnp.ones_like(decoder_target_tokens),
+                                         encoder_input_tokens > 0,
+                                         dtype=cfg.dtype)
+    else:
+      decoder_mask = make_decoder_mask(decoder_target_tokens, cfg.dtype,
+                                       decoder_segment_ids)
+      enc_dec_mask = make_attention_mask(decoder_target_tokens > 0,
+                                         encoder_input_tokens > 0,
+                                         dtype=cfg.dtype)
+      if encoder_segment_ids is not None:
+        if decoder_segment_ids is None:
+          raise ValueError("encoder_segment_ids given without "
+                           "decoder_segment_ids")
+        enc_dec_mask = combine_masks(enc_dec_mask, make_attention_mask(
+            decoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
+                                     dtype=cfg.dtype)
+    return self.decoder(encoded, decoder_input_tokens,
+                        decoder_positions=decoder_positions,
+                        decoder_mask=decoder_mask,
+                        encoder_decoder_mask=enc_dec_mask,
+                        deterministic=not enable_dropout, decode=decode,
+                        max_decode_length=max_decode_length)
+
+  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               decoder_target_tokens: Array,
+               encoder_segment_ids: Optional[Array] = None,
+               decoder_segment_ids: Optional[Array] = None,
+               encoder_positions: Optional[Array] = None,
+               decoder_positions: Optional[Array] = None, *,
+               enable_dropout: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None) -> Array:
+    """Teacher-forced logits [batch, tgt_len, vocab] float32.
+
+    Args:
+      encoder_input_tokens: [batch, in_len] int32, 0 = padding.
+      decoder_input_tokens: [batch, tgt_len] int32 (targets shifted right,
+        BOS = 0).
+      decoder_target_tokens: [batch, tgt_len] int32, 0 = padding (used for
+        masks only).
+      encoder_segment_ids, decoder_segment_ids: [batch, len] packing ids.
+      encoder_positions, decoder_positions: [batch, len] positions in packed
+        examples.
+      enable_dropout: apply dropout (needs a 'dropout' rng).
+      decode: cached decoding mode (the first call creates the cache).
+      max_decode_length: cache length for `decode`.
+    """
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids,
+                          encoder_positions, enable_dropout=enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                       decoder_target_tokens, encoder_segment_ids,
+                       decoder_segment_ids, decoder_positions,
+                       enable_dropout=enable_dropout, decode=decode,
+                       max_decode_length=max_decode_length)

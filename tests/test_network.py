@@ -1,0 +1,245 @@
+"""Tests of the T5/mT5 Flax network (mcwq_t5x.network).
+
+Inputs are real MCWQ questions and RIR targets from ../shared, as byte-level
+ids (byte + 3, as ByT5; 0 = PAD, 1 = EOS).
+"""
+import dataclasses
+import functools
+
+import flax.linen as nn
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mcwq_t5x import checkpoint_import
+from mcwq_t5x import network
+
+VOCAB = 259
+CFG = network.T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2,
+                       num_encoder_layers=2, num_decoder_layers=2, head_dim=8,
+                       mlp_dim=48, dropout_rate=0.1)
+
+
+def _bytes(text, max_len):
+  return [b + 3 for b in text.encode("utf-8")][:max_len - 1] + [1]
+
+
+@pytest.fixture(scope="module")
+def batch(mcwq_dir):
+  base = mcwq_dir / "translations" / "mcd1"
+  questions = (base / "dev.en.txt").read_text().splitlines()[:3]
+  rirs = (base / "dev.en.sparql").read_text().splitlines()[:3]
+  enc = np.zeros((3, 48), np.int32)
+  tgt = np.zeros((3, 40), np.int32)
+  for i, (q, r) in enumerate(zip(questions, rirs)):
+    a = _bytes(q, 48 - 6 * i)  # different lengths -> padding
+    b = _bytes(r, 40 - 7 * i)
+    enc[i, :len(a)] = a
+    tgt[i, :len(b)] = b
+  dec = np.concatenate([np.zeros((3, 1), np.int32), tgt[:, :-1]], 1)
+  return enc, dec, tgt
+
+
+@pytest.fixture(scope="module")
+def params(batch):
+  enc, dec, tgt = batch
+  init = jax.jit(network.Transformer(CFG).init,
+                 static_argnames=("enable_dropout",))
+  return init(jax.random.PRNGKey(0), enc, dec, tgt, enable_dropout=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _apply_fn(cfg):
+  return jax.jit(network.Transformer(cfg).apply,
+                 static_argnames=("enable_dropout", "capture_intermediates"))
+
+
+def _logits(cfg, params, enc, dec, tgt, **kw):
+  return np.asarray(_apply_fn(cfg)({"params": params}, enc, dec, tgt, **kw))
+
+
+def test_param_tree_names_shapes_and_logical_axes(params):
+  flat = traverse_util.flatten_dict(nn.unbox(params["params"]), sep="/")
+  specs = traverse_util.flatten_dict(
+      nn.get_partition_spec(params)["params"], sep="/")
+  e, j, m = CFG.emb_dim, CFG.num_heads * CFG.head_dim, CFG.mlp_dim
+  expected = {
+      "token_embedder/embedding": ((VOCAB, e), ("vocab", "embed")),
+      "encoder/relpos_bias/rel_embedding": ((2, 32),
+                                            ("heads", "relpos_buckets")),
+      "decoder/relpos_bias/rel_embedding": ((2, 32),
+                                            ("heads", "relpos_buckets")),
+      "encoder/encoder_norm/scale": ((e,), ("embed",)),
+      "decoder/decoder_norm/scale": ((e,), ("embed",)),
+      "decoder/logits_dense/kernel": ((e, VOCAB), ("embed", "vocab")),
+  }
+  attn = {"query": ((e, j), ("embed", "joined_kv")),
+          "key": ((e, j), ("embed", "joined_kv")),
+          "value": ((e, j), ("embed", "joined_kv")),
+          "out": ((j, e), ("joined_kv", "embed"))}
+  mlp = {"wi_0": ((e, m), ("embed", "mlp")), "wi_1": ((e, m), ("embed", "mlp")),
+         "wo": ((m, e), ("mlp", "embed"))}
+  for i in range(2):
+    for stack, attns, norms in (
+        ("encoder", ["attention"], ["pre_attention_layer_norm"]),
+        ("decoder", ["self_attention", "encoder_decoder_attention"],
+         ["pre_self_attention_layer_norm", "pre_cross_attention_layer_norm"])):
+      pre = f"{stack}/layers_{i}"
+      for a in attns:
+        for k, v in attn.items():
+          expected[f"{pre}/{a}/{k}/kernel"] = v
+      for k, v in mlp.items():
+        expected[f"{pre}/mlp/{k}/kernel"] = v
+      for n in norms + ["pre_mlp_layer_norm"]:
+        expected[f"{pre}/{n}/scale"] = ((e,), ("embed",))
+  assert sorted(flat) == sorted(expected)
+  for name, (shape, axes) in expected.items():
+    assert flat[name].shape == shape, name
+    assert flat[name].dtype == jnp.float32, name
+    assert tuple(specs[name]) == axes, name
+
+
+def test_t5_1_0_variant_has_single_wi_and_tied_logits(batch):
+  enc, dec, tgt = batch
+  cfg = dataclasses.replace(CFG, mlp_activations=("relu",),
+                            logits_via_embedding=True)
+  variables = jax.jit(network.Transformer(cfg).init,
+                      static_argnames=("enable_dropout",))(
+                          jax.random.PRNGKey(0), enc, dec, tgt,
+                          enable_dropout=False)
+  flat = traverse_util.flatten_dict(nn.unbox(variables["params"]), sep="/")
+  assert "encoder/layers_0/mlp/wi/kernel" in flat
+  assert not any("wi_0" in k or "logits_dense" in k for k in flat)
+  # Tied logits = final decoder state @ embedding.T / sqrt(emb_dim).
+  p = nn.unbox(variables["params"])
+  logits, state = _apply_fn(cfg)(
+      {"params": p}, enc, dec, tgt, enable_dropout=False,
+      capture_intermediates=True)
+  normed = state["intermediates"]["decoder"]["decoder_norm"]["__call__"][0]
+  expected = normed @ p["token_embedder"]["embedding"].T / np.sqrt(32)
+  np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_preset_sizes_match_published_parameter_counts():
+  # Counts of the Hugging Face / T5X checkpoints (google/mt5-small: 300M,
+  # mt5-base: 582M, mt5-large: 1.23B, t5-base: 223M).
+  counts = {name: sum(int(np.prod(s)) for s in
+                      checkpoint_import.expected_param_shapes(cfg).values())
+            for name, cfg in network.CONFIGS.items()}
+  assert counts["mt5_small"] == 300_176_768
+  assert counts["mt5_base"] == 582_401_280
+  assert counts["mt5_large"] == 1_229_581_312
+  assert counts["t5_base"] == 222_903_552
+  assert network.get_config("tiny", vocab_size=300).vocab_size == 300
+  with pytest.raises(KeyError, match="unknown model config"):
+    network.get_config("mt5_huge")
+  with pytest.raises(ValueError, match="mlp_activations"):
+    network.T5Config(mlp_activations=("swish",))
+
+
+def test_relative_position_buckets():
+  # Hand-computed from Raffel et al. (2020) / T5X's formula (32 buckets,
+  # max distance 128): bidirectional = 16 buckets per direction, exact up to 8.
+  rel = jnp.array([0, -1, 1, -7, -8, -16, -127, -500, 8, 16, 500])
+  got = network.relative_position_bucket(rel, True, 32, 128)
+  np.testing.assert_array_equal(got, [0, 1, 17, 7, 8, 10, 15, 15, 24, 26, 31])
+  # Causal: future positions share bucket 0; exact up to 16.
+  rel = jnp.array([5, 0, -5, -15, -16, -32, -64, -127, -1000])
+  got = network.relative_position_bucket(rel, False, 32, 128)
+  np.testing.assert_array_equal(got, [0, 0, 5, 15, 16, 21, 26, 31, 31])
+
+
+def test_decoder_is_causal_and_padding_is_ignored(params, batch):
+  enc, dec, tgt = batch
+  p = nn.unbox(params["params"])
+  base = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
+  # Changing decoder input 20 changes logits from 20 on, never before.
+  dec2, tgt2 = dec.copy(), tgt.copy()
+  dec2[:, 20] = 50
+  tgt2[:, 19] = 50
+  changed = _logits(CFG, p, enc, dec2, tgt2, enable_dropout=False)
+  np.testing.assert_allclose(changed[0, :20], base[0, :20], atol=1e-5)
+  assert np.abs(changed[0, 20:] - base[0, 20:]).max() > 1e-3
+  # Extra padding on both sides does not change the valid logits.
+  pad = lambda x, n: np.pad(x, ((0, 0), (0, n)))
+  longer = _logits(CFG, p, pad(enc, 9), pad(dec, 5), pad(tgt, 5),
+                   enable_dropout=False)
+  valid = tgt > 0
+  np.testing.assert_allclose(longer[:, :40][valid], base[valid], atol=1e-5)
+  # A different encoder input changes the output (cross-attention is used).
+  other = _logits(CFG, p, enc[::-1], dec, tgt, enable_dropout=False)
+  assert np.abs(other[0] - base[0]).max() > 1e-3
+
+
+def test_cached_decoding_matches_teacher_forcing(params, batch):
+  enc, dec, tgt = batch
+  p = nn.unbox(params["params"])
+  module = network.Transformer(CFG)
+  full = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
+  length = dec.shape[1]
+  cache = jax.eval_shape(lambda: module.apply(
+      {"params": p}, enc, dec, dec, decode=True, enable_dropout=False,
+      mutable=["cache"])[1]["cache"])
+  cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
+  assert cache["decoder"]["layers_0"]["self_attention"]["cached_key"].shape \
+      == (3, CFG.num_heads, CFG.head_dim, length)
+  encoded = jax.jit(lambda e: module.apply(
+      {"params": p}, e, enable_dropout=False, method=module.encode))(enc)
+
+  @jax.jit
+  def step(cache, ids):
+    logits, new = module.apply(
+        {"params": p, "cache": cache}, encoded, enc, ids, ids,
+        enable_dropout=False, decode=True, max_decode_length=length,
+        mutable=["cache"], method=module.decode)
+    return logits[:, 0], new["cache"]
+
+  steps = []
+  for i in range(length):
+    logits, cache = step(cache, dec[:, i:i + 1])
+    steps.append(np.asarray(logits))
+  steps = np.stack(steps, axis=1)
+  valid = tgt > 0
+  np.testing.assert_allclose(steps[valid], full[valid], atol=1e-4)
+  with pytest.raises(ValueError, match="cache"):
+    step(cache, dec[:, :2])
+
+
+def test_dropout_and_bfloat16(params, batch):
+  enc, dec, tgt = batch
+  p = nn.unbox(params["params"])
+  base = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
+  apply = _apply_fn(CFG)
+  d1 = apply({"params": p}, enc, dec, tgt, enable_dropout=True,
+             rngs={"dropout": jax.random.PRNGKey(1)})
+  d2 = apply({"params": p}, enc, dec, tgt, enable_dropout=True,
+             rngs={"dropout": jax.random.PRNGKey(2)})
+  assert np.abs(np.asarray(d1) - base).max() > 1e-3
+  assert np.abs(np.asarray(d1) - np.asarray(d2)).max() > 1e-3
+  bf16 = _logits(dataclasses.replace(CFG, dtype="bfloat16"), p, enc, dec, tgt,
+                 enable_dropout=False)
+  assert bf16.dtype == np.float32
+  valid = tgt > 0
+  scale = np.abs(base[valid]).max()
+  assert np.abs(bf16[valid] - base[valid]).max() < 0.1 * scale
+  assert np.abs(bf16[valid] - base[valid]).max() > 0  # really ran in bf16
+
+
+def test_sharded_apply_matches_single_device(params, batch):
+  """Logical constraints shard activations on a 4x2 mesh; results unchanged."""
+  enc, dec, tgt = batch
+  enc, dec, tgt = (np.concatenate([x, x[:1]], 0) for x in (enc, dec, tgt))
+  p = nn.unbox(params["params"])
+  base = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
+  devices = np.array(jax.devices()[:8]).reshape(4, 2)
+  mesh = jax.sharding.Mesh(devices, ("data", "model"))
+  rules = (("batch", "data"), ("heads", "model"), ("mlp", "model"),
+           ("vocab", "model"), ("joined_kv", "model"), ("kv", None),
+           ("embed", None), ("length", None), ("relpos_buckets", None))
+  module = network.Transformer(CFG)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    out = jax.jit(lambda p_, a, b, c: module.apply(
+        {"params": p_}, a, b, c, enable_dropout=False))(p, enc, dec, tgt)
+  np.testing.assert_allclose(np.asarray(out), base, atol=1e-5)
