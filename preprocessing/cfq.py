@@ -1,0 +1,435 @@
+"""Reading CFQ records and their Freebase SPARQL (input side of the MCWQ pipeline).
+
+CFQ (Keysers et al., ICLR 2020) publishes `dataset.json`, a JSON array of records with the keys
+`questionIdx`, `questionWithBrackets`, `questionPatternModEntities`, `sparql` (Freebase SPARQL with
+MIDs such as `ns:m.0hhkf7k`), `sparqlPattern` (the same query with constants abstracted as `M0`…
+and properties as `P0`…), `recursionDepth` and `expectedResponse`. The sample in
+`../shared/cfq/cfq_sample_{train,dev}.json` has the same form.
+
+The M indices of `sparqlPattern` are the ones of `questionPatternModEntities` (MCWQ §3.2 relies on
+this): aligning `sparql` and `sparqlPattern` clause by clause gives, for each placeholder, the
+Freebase constant it stands for. Placeholders that occur in the question pattern are entities;
+the others are types (`?x0 a ns:film.director`) or special entities (genders, nationalities).
+
+Everything here is plain Python (no TensorFlow).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import pathlib
+import re
+from typing import Any, Iterable, Iterator, Sequence
+
+#: Keys every CFQ record must have for the migration.
+REQUIRED_KEYS = ("questionIdx", "questionPatternModEntities", "questionWithBrackets", "sparql",
+                 "sparqlPattern")
+
+#: Query forms used by CFQ and MCWQ.
+CFQ_PREFIXES = ("SELECT count(*) WHERE", "SELECT DISTINCT ?x0 WHERE", "ASK WHERE")
+
+#: Freebase properties whose object is a special entity (gender, nationality; MCWQ §3.1).
+SPECIAL_ENTITY_PREDICATES = ("ns:people.person.gender", "ns:people.person.nationality")
+
+_PLACEHOLDER_RE = re.compile(r"^M\d$")
+_VARIABLE_RE = re.compile(r"^\?x\d+$")
+
+
+class CfqFormatError(ValueError):
+  """A CFQ record or query is malformed; the message names the record and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Clause:
+  """One clause of a query body: a triple `s p o` or a filter `FILTER ( s != o )`.
+
+  Attributes:
+    subject: first term (variable `?x0`, placeholder `M0`, constant `ns:m.0abc` / `wd:Q5`).
+    predicate: predicate expression as written (may be a Freebase path such as `ns:a/ns:b|ns:c`,
+      the keyword `a`, a `^`-reversed property) or `!=` for a filter.
+    object: last term.
+  """
+  subject: str
+  predicate: str
+  object: str
+
+  @property
+  def is_filter(self) -> bool:
+    return self.predicate == "!="
+
+  def text(self) -> str:
+    """MCWQ spelling of the clause (`s p o` or `FILTER ( s != o )`)."""
+    if self.is_filter:
+      return f"FILTER ( {self.subject} != {self.object} )"
+    return f"{self.subject} {self.predicate} {self.object}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedQuery:
+  """A parsed CFQ or MCWQ query: prefix (one of `CFQ_PREFIXES`) and clauses in source order."""
+  prefix: str
+  clauses: tuple[Clause, ...]
+
+  def to_sparql(self) -> str:
+    """Serialises in the MCWQ one-line format `PREFIX { c1 . c2 }`."""
+    return self.prefix + " { " + " . ".join(c.text() for c in self.clauses) + " }"
+
+  def canonical(self) -> tuple[str, frozenset[Clause]]:
+    """Order- and duplicate-insensitive key of the query (prefix, set of clauses)."""
+    return self.prefix, frozenset(self.clauses)
+
+
+def is_placeholder(term: str) -> bool:
+  """True for the entity placeholders `M0`…`M9` of CFQ/MCWQ."""
+  return bool(_PLACEHOLDER_RE.match(term))
+
+
+def is_variable(term: str) -> bool:
+  """True for the query variables `?x0`, `?x1`, …."""
+  return bool(_VARIABLE_RE.match(term))
+
+
+def parse_query(text: str, where: str = "<query>") -> ParsedQuery:
+  """Parses a CFQ (multi-line, Freebase) or MCWQ (one-line, Wikidata) SPARQL query.
+
+  Both are whitespace-tokenised: `PREFIX { clause . clause ... }` where a clause is three tokens
+  `s p o` or the six tokens `FILTER ( s != o )`.
+
+  Args:
+    text: the query.
+    where: names the record in error messages (e.g. `cfq_sample_train.json:questionIdx=12`).
+
+  Returns:
+    The parsed query.
+
+  Raises:
+    CfqFormatError: unknown prefix, missing braces, or a clause of the wrong shape.
+  """
+  text = text.strip()
+  prefix = next((p for p in CFQ_PREFIXES if text.startswith(p)), None)
+  if prefix is None:
+    raise CfqFormatError(f"{where}: query does not start with one of {CFQ_PREFIXES}: {text[:60]!r}")
+  rest = text[len(prefix):].strip()
+  if not rest.startswith("{") or not rest.endswith("}"):
+    raise CfqFormatError(f"{where}: query body is not enclosed in braces: {text[:80]!r}")
+  tokens = rest[1:-1].split()
+  clauses = []
+  i = 0
+  while i < len(tokens):
+    if tokens[i] == "FILTER":
+      part = tokens[i:i + 6]
+      if len(part) != 6 or part[1] != "(" or part[3] != "!=" or part[5] != ")":
+        raise CfqFormatError(f"{where}: malformed FILTER near {' '.join(part)!r}")
+      clauses.append(Clause(part[2], "!=", part[4]))
+      i += 6
+    else:
+      part = tokens[i:i + 3]
+      if len(part) != 3 or "." in (part[0], part[1], part[2]) or part[0] in ("{", "}"):
+        raise CfqFormatError(f"{where}: malformed triple near {' '.join(tokens[i:i + 4])!r}")
+      clauses.append(Clause(*part))
+      i += 3
+    if i < len(tokens):
+      if tokens[i] != ".":
+        raise CfqFormatError(f"{where}: expected '.' between clauses, got {tokens[i]!r}")
+      i += 1
+      if i == len(tokens):
+        raise CfqFormatError(f"{where}: trailing '.' at end of query body")
+  if not clauses:
+    raise CfqFormatError(f"{where}: empty query body")
+  return ParsedQuery(prefix, tuple(clauses))
+
+
+def placeholder_candidates(record: dict[str, Any], where: str = "<record>",
+                           limit: int = 64) -> list[dict[str, str]]:
+  """All distinct alignments of `sparqlPattern` placeholders with the constants of `sparql`.
+
+  CFQ's `sparqlPattern` is canonicalised (clauses sorted, variables renumbered), so symmetric
+  patterns such as `?x0 P0 M0 . ?x0 P1 M1` align in several ways; see `ContextModel` for choosing.
+
+  Args:
+    record: a CFQ record with `sparql`, `sparqlPattern` and `questionPatternModEntities`.
+    where: names the record in error messages.
+    limit: stop after this many distinct alignments.
+
+  Returns:
+    A non-empty list of {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
+
+  Raises:
+    CfqFormatError: the two queries do not align.
+  """
+  q = parse_query(record["sparql"], where)
+  p = parse_query(record["sparqlPattern"], where + " (sparqlPattern)")
+  if len(q.clauses) != len(p.clauses) or q.prefix != p.prefix:
+    raise CfqFormatError(f"{where}: sparql and sparqlPattern do not align")
+  qph = set(question_placeholders(record["questionPatternModEntities"]))
+  special = special_constants(q)
+  # A question placeholder never stands for a type or a special entity, and a placeholder absent
+  # from the question always does; this removes the ambiguity of patterns such as
+  # `?x1 P2 M1 . ?x1 P3 M2` ("M2 's Mexican director").
+  forbid = {m: (lambda c: c in special) if m in qph else (lambda c: c not in special)
+            for m in _pattern_placeholders(p)}
+  out: list[dict[str, str]] = []
+  for solution in _match_clauses(list(p.clauses), list(q.clauses), {}, set(), forbid):
+    ph = {k: v for k, v in solution.items() if is_placeholder(k)}
+    if ph not in out:
+      out.append(ph)
+      if len(out) >= limit:
+        break
+  if not out:
+    raise CfqFormatError(f"{where}: sparql and sparqlPattern do not align")
+  return out
+
+
+def placeholder_constants(record: dict[str, Any], where: str = "<record>",
+                          context_model: "ContextModel | None" = None) -> dict[str, str]:
+  """Maps each placeholder `Mk` of `sparqlPattern` to the Freebase constant it stands for.
+
+  Args:
+    record: a CFQ record with `sparql` and `sparqlPattern`.
+    where: names the record in error messages.
+    context_model: chooses among several alignments (default: the first one).
+
+  Returns:
+    {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
+
+  Raises:
+    CfqFormatError: the two queries do not align.
+  """
+  cands = placeholder_candidates(record, where)
+  if len(cands) == 1 or context_model is None:
+    return cands[0]
+  return context_model.choose(record, cands)
+
+
+class ContextModel:
+  """Chooses among ambiguous placeholder alignments by the words around each placeholder.
+
+  CFQ's `sparqlPattern` loses which entity of `?x0 P0 M0 . ?x0 P1 M1` goes with which property.
+  The question says it ("executive produce M0", "M1 's costume designer"), so this model counts,
+  on the records whose alignment is unique, how often a context feature of a placeholder (the one
+  and two words before it, the two words after it) co-occurs with the placeholder being subject or
+  object of a Freebase predicate, and picks the alignment with the highest smoothed
+  log-probability. This is our reconstruction (CFQ publishes `sparqlPatternModEntities`
+  in its full release, which makes it unnecessary there).
+  """
+
+  def __init__(self) -> None:
+    self.counts: dict[tuple[str, str], int] = collections.Counter()
+    self.totals: dict[str, int] = collections.Counter()
+
+  @staticmethod
+  def _features(question: str, m: str) -> list[str]:
+    toks = question.split()
+    feats = []
+    for i, t in enumerate(toks):
+      if t == m:
+        feats.append("L1 " + " ".join(toks[max(0, i - 1):i]))
+        feats.append("L2 " + " ".join(toks[max(0, i - 2):i]))
+        feats.append("R2 " + " ".join(toks[i + 1:i + 3]))
+    return feats
+
+  @staticmethod
+  def _events(record: dict[str, Any], consts: dict[str, str], m: str) -> list[str]:
+    c = consts[m]
+    out = []
+    for cl in parse_query(record["sparql"]).clauses:
+      if cl.subject == c:
+        out.append("s " + cl.predicate)
+      if cl.object == c:
+        out.append("o " + cl.predicate)
+    return out
+
+  def fit(self, records: Iterable[dict[str, Any]]) -> "ContextModel":
+    """Counts features on records with a unique alignment (malformed records are ignored)."""
+    for rec in records:
+      try:
+        cands = placeholder_candidates(rec)
+      except (CfqFormatError, KeyError, TypeError, AttributeError):
+        continue
+      if len(cands) != 1:
+        continue
+      qp = rec["questionPatternModEntities"]
+      for m in question_placeholders(qp):
+        for f in self._features(qp, m):
+          for e in self._events(rec, cands[0], m):
+            self.counts[(f, e)] += 1
+            self.totals[f] += 1
+    return self
+
+  def score(self, record: dict[str, Any], consts: dict[str, str]) -> float:
+    """Smoothed log-probability of an alignment (higher is better)."""
+    qp = record["questionPatternModEntities"]
+    total = 0.0
+    for m in question_placeholders(qp):
+      for f in self._features(qp, m):
+        for e in self._events(record, consts, m):
+          total += math.log((self.counts.get((f, e), 0) + 0.01) / (self.totals.get(f, 0) + 1.0))
+    return total
+
+  def choose(self, record: dict[str, Any], candidates: list[dict[str, str]]) -> dict[str, str]:
+    """The best-scoring candidate (the first on ties)."""
+    return max(candidates, key=lambda c: self.score(record, c))
+
+
+def special_constants(q: ParsedQuery) -> set[str]:
+  """Constants that are types (`?x a T`) or special entities (objects of gender/nationality)."""
+  out = set()
+  for c in q.clauses:
+    if c.predicate == "a" or c.predicate in SPECIAL_ENTITY_PREDICATES:
+      out.add(c.object)
+    elif c.predicate.startswith("^") and c.predicate[1:] in SPECIAL_ENTITY_PREDICATES:
+      out.add(c.subject)
+  return {t for t in out if not is_variable(t)}
+
+
+def _pattern_placeholders(p: ParsedQuery) -> set[str]:
+  return {t for c in p.clauses for t in (c.subject, c.object) if is_placeholder(t)}
+
+
+def _match_term(pat: str, term: str, binding: dict[str, str], used: set[str],
+                forbid: dict[str, Any]) -> list[tuple[str, str]] | None:
+  """Binding additions making pattern term `pat` match `term` (None = no match)."""
+  if is_variable(pat) != is_variable(term):
+    return None
+  abstract = is_placeholder(pat) or is_variable(pat) or re.match(r"^P\d+$", pat)
+  if not abstract:
+    return [] if pat == term else None
+  if pat in binding:
+    return [] if binding[pat] == term else None
+  if term in used or (pat in forbid and forbid[pat](term)):
+    return None
+  return [(pat, term)]
+
+
+def _match_clauses(pats: list[Clause], terms: list[Clause], binding: dict[str, str], used: set[str],
+                   forbid: dict[str, Any]) -> Iterator[dict[str, str]]:
+  """Yields every bijection between pattern clauses and query clauses (as a binding).
+
+  CFQ's `sparqlPattern` sorts clauses and may number variables differently from `sparql`, so
+  placeholders, property slots and variables are all matched up to a consistent renaming.
+  """
+  if not pats:
+    yield binding
+    return
+  pat, rest = pats[0], pats[1:]
+  for i, c in enumerate(terms):
+    if c.is_filter != pat.is_filter:
+      continue
+    b, u, ok = dict(binding), set(used), True
+    for tp, tq in ((pat.subject, c.subject), (pat.predicate, c.predicate), (pat.object, c.object)):
+      new = _match_term(tp, tq, b, u, forbid)
+      if new is None:
+        ok = False
+        break
+      for k, v in new:
+        b[k] = v
+        u.add(v)
+    if ok:
+      yield from _match_clauses(rest, terms[:i] + terms[i + 1:], b, u, forbid)
+
+
+def question_placeholders(question_pattern: str) -> list[str]:
+  """Placeholders `Mk` in a question pattern, in order of first occurrence."""
+  seen: list[str] = []
+  for tok in question_pattern.split():
+    if is_placeholder(tok) and tok not in seen:
+      seen.append(tok)
+  return seen
+
+
+def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
+                        context_model: ContextModel | None = None) -> ParsedQuery:
+  """CFQ's `sparqlPatternModEntities`: the query with question entities replaced by `Mk`.
+
+  Types and special entities (constants not mentioned in the question) stay as Freebase constants.
+
+  Raises:
+    CfqFormatError: see `placeholder_constants`, or a question placeholder absent from the query.
+  """
+  consts = placeholder_constants(record, where, context_model)
+  qph = question_placeholders(record["questionPatternModEntities"])
+  missing = [m for m in qph if m not in consts]
+  if missing:
+    raise CfqFormatError(f"{where}: question placeholders {missing} not in sparqlPattern")
+  back = {consts[m]: m for m in qph}
+  q = parse_query(record["sparql"], where)
+  sub = lambda t: back.get(t, t)  # noqa: E731
+  return ParsedQuery(q.prefix, tuple(Clause(sub(c.subject), c.predicate, sub(c.object))
+                                     for c in q.clauses))
+
+
+def entity_mids(record: dict[str, Any], where: str = "<record>",
+                context_model: ContextModel | None = None) -> dict[str, str]:
+  """Maps each question placeholder to its Freebase MID (`M1` -> `ns:m.0abc`)."""
+  consts = placeholder_constants(record, where, context_model)
+  return {m: consts[m] for m in question_placeholders(record["questionPatternModEntities"])}
+
+
+def bracket_names(question_with_brackets: str) -> list[str]:
+  """Entity names in `[...]` of `questionWithBrackets`, in order."""
+  return re.findall(r"\[([^\]]*)\]", question_with_brackets)
+
+
+def validate_record(record: Any, where: str) -> None:
+  """Checks that a CFQ record has the keys and types the migration needs.
+
+  Raises:
+    CfqFormatError: naming `where` and the problem.
+  """
+  if not isinstance(record, dict):
+    raise CfqFormatError(f"{where}: record is {type(record).__name__}, not an object")
+  for k in REQUIRED_KEYS:
+    if k not in record:
+      raise CfqFormatError(f"{where}: missing key {k!r}")
+  for k in REQUIRED_KEYS[1:]:
+    if not isinstance(record[k], str):
+      raise CfqFormatError(f"{where}: {k} is not a string")
+
+
+def load_records(paths: Sequence[str | pathlib.Path]) -> Iterator[tuple[str, dict[str, Any]]]:
+  """Yields `(where, record)` for every record of CFQ JSON array files, in file order.
+
+  `where` is `FILE:questionIdx=N` (or `FILE:#i` when the index is missing) for error reporting.
+  Records are NOT validated here (see `validate_record`), so callers can report and skip bad ones.
+
+  Raises:
+    CfqFormatError: a file is not a JSON array.
+  """
+  for path in paths:
+    path = pathlib.Path(path)
+    with path.open(encoding="utf-8") as f:
+      try:
+        data = json.load(f)
+      except json.JSONDecodeError as e:
+        raise CfqFormatError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from e
+    if not isinstance(data, list):
+      raise CfqFormatError(f"{path}:1: expected a JSON array of CFQ records")
+    for i, rec in enumerate(data):
+      idx = rec.get("questionIdx") if isinstance(rec, dict) else None
+      yield (f"{path.name}:questionIdx={idx}" if idx is not None else f"{path.name}:#{i}"), rec
+
+
+def read_mcwq_official(files: Iterable[str | pathlib.Path]) -> dict[str, str]:
+  """Reads MCWQ `official/*/*.en.txt` files into {question pattern: SPARQL}.
+
+  Format: one example per line, `IN: <question>  OUT: <sparql>` (two spaces before `OUT:`).
+
+  Raises:
+    CfqFormatError: `FILE:LINE` of a malformed line, or of a question with two different queries.
+  """
+  out: dict[str, str] = {}
+  for path in files:
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        line = line.rstrip("\n")
+        if not line:
+          continue
+        if not line.startswith("IN: ") or "  OUT: " not in line:
+          raise CfqFormatError(f"{path}:{n}: expected 'IN: question  OUT: sparql'")
+        q, s = line[4:].split("  OUT: ", 1)
+        if out.setdefault(q, s) != s:
+          raise CfqFormatError(f"{path}:{n}: question {q!r} has two different queries")
+  return out

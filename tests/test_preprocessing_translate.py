@@ -1,0 +1,279 @@
+"""Tests of translation backends, gold sampling, BLEU and statistics (MCWQ §3.4, §4)."""
+
+import collections
+import http.server
+import json
+import threading
+import urllib.parse
+
+import pytest
+
+from mcwq_t5x import readers, rir
+from preprocessing import gold, migrate, stats, translate as tr
+
+
+# ---------------------------------------------------------------- helpers
+
+class CountingBackend(tr.Backend):
+  """Marks each text; records what it was asked; raises (like a kill) after `fail_after` calls."""
+  name = "counting"
+
+  def __init__(self, fail_after=None, drop_placeholder=None):
+    self.fail_after, self.drop, self.sent, self.calls = fail_after, drop_placeholder, [], 0
+
+  def translate(self, texts, target, source="en"):
+    if self.fail_after is not None and self.calls >= self.fail_after:
+      raise KeyboardInterrupt("killed")
+    self.calls += 1
+    self.sent.extend(texts)
+    out = []
+    for t in texts:
+      y = f"<{target}> {t}"
+      if self.drop and self.drop in t:
+        y = y.replace(self.drop, "X")
+      out.append(y)
+    return out
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+  """A small real release: the first 60 CFQ sample records migrated (no endpoint)."""
+  out = tmp_path_factory.mktemp("release")
+  args = migrate.build_parser().parse_args(["--out", str(out), "--quiet", "--endpoint", "none",
+                                            "--max-records", "60"])
+  report = migrate.run(args)
+  assert report["written"] > 50
+  return out
+
+
+# ---------------------------------------------------------------- Translator
+
+def test_question_mark_and_placeholder_check(tmp_path):
+  backend = CountingBackend(drop_placeholder="M1")
+  t = tr.Translator(backend, tmp_path / "c.jsonl", batch_size=2)
+  out = t.translate(["Who did M1 star", "Was M0 Spanish", "Who did M1 star"], "he")
+  assert backend.sent == ["Who did M1 star?", "Was M0 Spanish?"]  # "?" appended, deduplicated
+  assert out == ["<he> Who did X star", "<he> Was M0 Spanish", "<he> Who did X star"]  # stripped
+  assert [f[0] for f in t.flagged] == ["Who did M1 star", "Who did M1 star"]
+  with pytest.raises(ValueError):
+    t.translate(["x"], "he; rm -rf")
+
+
+def test_translation_kill_and_resume(tmp_path):
+  texts = [f"Did M0 direct film number {i}" for i in range(11)]
+  cache = tmp_path / "c.jsonl"
+  first = CountingBackend(fail_after=2)
+  with pytest.raises(KeyboardInterrupt):
+    tr.Translator(first, cache, batch_size=3).translate(texts, "zh")
+  second = CountingBackend()
+  out = tr.Translator(second, cache, batch_size=3).translate(texts, "zh")
+  assert len(first.sent) == 6 and len(second.sent) == 5
+  assert not set(first.sent) & set(second.sent)
+  assert sorted(first.sent + second.sent) == sorted(t + "?" for t in texts)
+  assert out == [f"<zh> {t}" for t in texts]
+  third = CountingBackend()
+  assert tr.Translator(third, cache).translate(texts, "zh") == out and third.calls == 0
+
+
+def test_file_backend_end_to_end(release, tmp_path):
+  data = json.loads((release / "dataset.json").read_text())
+  tsv = tmp_path / "he.tsv"
+  with open(tsv, "w") as f:
+    for r in data:
+      q = r["questionPatternModEntities"]
+      f.write(f"{q}\t{'HE ' + q.replace('M0', 'M9') if r is data[0] else 'HE ' + q}\n")
+  t = tr.Translator(tr.FileBackend(tsv, "he"), tmp_path / "c.jsonl")
+  report = tr.translate_release(release, ["he"], t, progress=False)
+  assert report["flagged"]["he"] == (1 if "M0" in data[0]["questionPatternModEntities"] else 0)
+  dev = readers.read_release(release, "cfq_sample", "train", "he")
+  en = readers.read_release(release, "cfq_sample", "train", "en")
+  assert [d.question for d in dev[1:]] == ["HE " + e.question for e in en[1:]]
+  assert readers.read_official(release / "official" / "cfq_sample" / "train.he.txt")[1].question == dev[1].question
+  with pytest.raises(tr.TranslationError, match="no kn translation"):
+    tr.FileBackend(tsv, "he").translate(["unknown question"], "kn")
+
+
+# ---------------------------------------------------------------- Hugging Face backend
+
+@pytest.fixture(scope="module")
+def tiny_marian(tmp_path_factory):
+  """A tiny random MarianMTModel + tokenizer saved locally (no download)."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  import sentencepiece as spm
+  d = tmp_path_factory.mktemp("marian")
+  corpus = d / "corpus.txt"
+  corpus.write_text("\n".join(["Who did M0 star ?", "Was M1 directed by M2 ?",
+                               "Did M0 marry M1 's sibling ?", "What film did M3 edit ?"] * 20))
+  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(d / "sp"), vocab_size=40,
+                                 model_type="word", hard_vocab_limit=False,
+                                 user_defined_symbols=[f"M{i}" for i in range(10)])
+  sp = spm.SentencePieceProcessor(model_file=str(d / "sp.model"))
+  vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+  vocab["<pad>"] = len(vocab)
+  (d / "vocab.json").write_text(json.dumps(vocab))
+  for name in ("source.spm", "target.spm"):
+    (d / name).write_bytes((d / "sp.model").read_bytes())
+  tok = transformers.MarianTokenizer(str(d / "source.spm"), str(d / "target.spm"), str(d / "vocab.json"),
+                                     unk_token="<unk>", eos_token="</s>", pad_token="<pad>")
+  cfg = transformers.MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=2, decoder_attention_heads=2,
+                                  encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+                                  pad_token_id=vocab["<pad>"], eos_token_id=vocab["</s>"],
+                                  decoder_start_token_id=vocab["<pad>"])
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(cfg)
+  out = d / "model"
+  model.save_pretrained(out)
+  tok.save_pretrained(out)
+  return out
+
+
+def test_hf_backend_tiny_marian(tiny_marian, tmp_path):
+  backend = tr.HFBackend(tiny_marian, batch_size=2, max_new_tokens=8, num_beams=1)
+  assert backend.kind == "marian"
+  t = tr.Translator(backend, tmp_path / "c.jsonl", batch_size=2)
+  texts = ["Who did M0 star", "Was M1 directed by M2", "Did M0 marry M1 's sibling"]
+  out = t.translate(texts, "he")
+  assert len(out) == 3 and all(isinstance(o, str) for o in out)
+  direct = tr.HFBackend(tiny_marian, batch_size=2, max_new_tokens=8, num_beams=1).translate(
+      [x + "?" for x in texts], "he")
+  assert out == [tr.Translator._strip_q(d) for d in direct]  # deterministic, "?" handled
+  # A random model does not copy placeholders: each text whose placeholders were lost is flagged.
+  lost = [s for s, o in zip(texts, out) if tr.placeholders(s) != tr.placeholders(o)]
+  assert [f[0] for f in t.flagged] == lost
+  assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 3
+
+
+def test_hf_backend_end_to_end_cli(tiny_marian, release, tmp_path):
+  import shutil
+  rel = tmp_path / "rel"
+  shutil.copytree(release, rel)
+  assert tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
+                  str(tiny_marian), "--batch-size", "32", "--quiet"]) == 0
+  data = json.loads((rel / "dataset.json").read_text())
+  assert all(isinstance(r["questionPatternModEntities_zh"], str) for r in data)
+  zh = readers.read_release(rel, "cfq_sample", "train", "zh")
+  assert len(zh) == len(readers.read_release(rel, "cfq_sample", "train", "en"))
+  cache_lines = (rel / "cache" / "translations.jsonl").read_text().splitlines()
+  assert len(cache_lines) == len({r["questionPatternModEntities"] for r in data})
+  # Rerun: everything comes from the cache (the model would give the same output anyway).
+  assert tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
+                  str(tiny_marian), "--quiet"]) == 0
+  assert (rel / "cache" / "translations.jsonl").read_text().splitlines() == cache_lines
+
+
+# ---------------------------------------------------------------- Google REST v2 against a local server
+
+class _FakeGoogle(http.server.BaseHTTPRequestHandler):
+  requests = []
+
+  def do_POST(self):  # noqa: N802
+    form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+    _FakeGoogle.requests.append(form)
+    if len(_FakeGoogle.requests) == 1:
+      self.send_response(429)
+      self.send_header("Retry-After", "3")
+      self.end_headers()
+      return
+    if form.get("key") != ["k123"]:
+      self.send_response(403)
+      self.end_headers()
+      return
+    body = json.dumps({"data": {"translations": [
+        {"translatedText": f"[{form['target'][0]}] {q}"} for q in form["q"]]}}).encode()
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json; charset=UTF-8")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *a):
+    pass
+
+
+def test_google_backend_against_local_server(tmp_path):
+  srv = http.server.HTTPServer(("127.0.0.1", 0), _FakeGoogle)
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  try:
+    waits = []
+    g = tr.GoogleBackend("k123", url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
+                         batch_size=2, min_interval_s=0.0, sleep=waits.append)
+    t = tr.Translator(g, tmp_path / "c.jsonl", batch_size=5)
+    texts = ["Who did M0 star", "Was M1 Spanish", "Did M2 edit M3", "Who wrote M4", "Was M5 male"]
+    out = t.translate(texts, "kn")
+    assert out == [f"[kn] {x}" for x in texts]
+    assert waits == [3.0]  # Retry-After of the 429
+    reqs = _FakeGoogle.requests
+    assert [r["q"] for r in reqs[1:]] == [["Who did M0 star?", "Was M1 Spanish?"],
+                                          ["Did M2 edit M3?", "Who wrote M4?"], ["Was M5 male?"]]
+    assert all(r["target"] == ["kn"] and r["source"] == ["en"] and r["format"] == ["text"]
+               for r in reqs)
+    assert t.flagged == [] and g.num_requests == 4
+    bad = tr.GoogleBackend("wrong", url=g.url, min_interval_s=0.0, sleep=waits.append)
+    with pytest.raises(tr.TranslationError, match="HTTP 403"):
+      bad.translate(["x"], "he")
+  finally:
+    srv.shutdown()
+
+
+# ---------------------------------------------------------------- gold set, BLEU, statistics
+
+@pytest.fixture(scope="module")
+def mcd_tests(mcwq_dir):
+  return [readers.read_official(mcwq_dir / "official" / s / "test.en.txt") for s in gold.MCD_SPLITS]
+
+
+def test_gold_intersection_contains_published_gold(mcd_tests, mcwq_dir):
+  inter = gold.mcd_test_intersection(mcd_tests)
+  assert len(inter) == 1318
+  keys = {gold.canonical(e.sparql) for e in inter}
+  for lang in ("he", "kn", "zh"):
+    gq = readers.read_rir_pair(mcwq_dir / "translations" / "gold" / f"test.{lang}.txt",
+                               mcwq_dir / "translations" / "gold" / f"test.{lang}.sparql")
+    assert len(gq) == 155
+    assert all(gold.canonical(rir.rir_to_sparql(e.rir)) in keys for e in gq)
+
+
+def test_gold_sampling(mcd_tests):
+  inter = gold.mcd_test_intersection(mcd_tests)
+  a = gold.sample_gold(inter, seed=0)
+  assert a == gold.sample_gold(inter, seed=0) and a != gold.sample_gold(inter, seed=1)
+  per = collections.Counter((gold.complexity(e), gold.is_yes_no(e)) for e in a)
+  levels = {gold.complexity(e) for e in inter}
+  assert set(per.values()) <= {1, 2} and {lvl for lvl, _ in per} == levels
+  assert len(a) == 58  # 15 clause-count levels; levels 15 (2 wh-) and 1 (no wh- pair) are short
+
+
+def test_bleu_machine_vs_human(mcwq_dir):
+  """BLEU of the published MT (mcd1 test) against the human gold translations, on the gold
+  questions whose query identifies a single mcd1 test question."""
+  figures = {}
+  for lang in ("he", "kn", "zh"):
+    mt = collections.defaultdict(set)
+    for e in readers.read_official(mcwq_dir / "official" / "mcd1" / f"test.{lang}.txt"):
+      mt[gold.canonical(e.sparql)].add(e.question)
+    gq = readers.read_rir_pair(mcwq_dir / "translations" / "gold" / f"test.{lang}.txt",
+                               mcwq_dir / "translations" / "gold" / f"test.{lang}.sparql")
+    pairs = [(next(iter(mt[k])), e.question) for e in gq
+             for k in [gold.canonical(rir.rir_to_sparql(e.rir))] if len(mt[k]) == 1]
+    figures[lang] = (len(pairs), round(gold.bleu([h for h, _ in pairs], [r for _, r in pairs], lang), 2))
+  assert figures == {"he": (92, 78.52), "kn": (91, 63.86), "zh": (90, 76.15)}
+  assert gold.bleu(["a b c d"], ["a b c d"]) == pytest.approx(100.0)
+  with pytest.raises(ValueError):
+    gold.bleu(["a"], [])
+
+
+def test_statistics(mcwq_dir, release, tmp_path):
+  s = stats.compute(stats.from_examples(readers.read_official(mcwq_dir / "official" / "mcd1" / "test.en.txt")))
+  assert s["examples"] == 5310 and s["yes_no"] + s["wh"] == 5310
+  assert s["question_patterns"] == s["unique_questions"] == 5310
+  assert s["unique_queries"] == 4036 and s["query_patterns"] == 1435
+  assert sum(v for c in s["complexity"].values() for v in c.values()) == 5310
+  png = tmp_path / "c.png"
+  stats.plot_complexity(s, png)
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  data = json.loads((release / "dataset.json").read_text())
+  r = stats.compute(data)
+  assert r["examples"] == len(data) and r["yes_no"] == sum(d["sparqlPatternModEntities"].startswith("ASK") for d in data)
+  assert set(r["complexity"]) == {d["recursionDepth"] for d in data}
