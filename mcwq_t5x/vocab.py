@@ -220,6 +220,7 @@ class SmallSentencePieceVocabulary(seqio.SentencePieceVocabulary):
 
   @property
   def sentencepiece_model_file(self) -> str:
+    """Path of the `.model` file (trained and cached on first access, see `small_vocab_path`)."""
     self._resolve()
     return self._sentencepiece_model_file
 
@@ -247,6 +248,12 @@ def get_vocabulary(path: Optional[PathLike] = None,
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None
   return _vocabulary(None if path is None else str(path), extra_ids)
+
+
+def clear_vocabulary_cache() -> None:
+  """Forgets the shared instances of `get_vocabulary` (e.g. after changing `$MCWQ_CACHE_DIR`,
+  which the lazily trained default vocabulary reads on first use)."""
+  _vocabulary.cache_clear()
 
 
 def mt5_vocabulary(path: PathLike = MT5_VOCAB_PATH) -> seqio.SentencePieceVocabulary:

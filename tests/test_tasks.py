@@ -18,7 +18,9 @@ def env(tmp_path_factory):
     mp.setenv("MCWQ_CACHE_DIR", str(tmp_path_factory.mktemp("mcwq_cache")))
     mp.delenv("MCWQ_VOCAB", raising=False)
     mp.delenv("MCWQ_DATA_DIR", raising=False)
+    vocab.clear_vocabulary_cache()  # a vocabulary cached by another module points elsewhere
     yield
+  vocab.clear_vocabulary_cache()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,9 @@ def cache_dir(tmp_path_factory):
     mp.setenv("MCWQ_CACHE_DIR", str(d))
     mp.delenv("MCWQ_VOCAB", raising=False)
     mp.delenv("MCWQ_DATA_DIR", raising=False)
+    vocab.clear_vocabulary_cache()  # a vocabulary cached by another module points elsewhere
     yield d
+  vocab.clear_vocabulary_cache()
 
 
 @pytest.fixture(scope="module")
