@@ -28,6 +28,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from mcwq_t5x import metrics
+from mcwq_t5x import readers
 from mcwq_t5x import rir as rir_lib
 from mcwq_t5x import sparql as sparql_lib
 
@@ -37,7 +38,7 @@ class InputError(ValueError):
 
 
 def read_lines(path: str | pathlib.Path, strict: bool = True) -> list[str]:
-  """Reads a text file as a list of lines without terminators.
+  """Reads a text file as a list of lines without terminators (`readers.read_lines`).
 
   Lines are split at "\\n" only (not at other Unicode line breaks, which junk predictions may
   contain); a trailing "\\r" is dropped; a final line without newline counts, a trailing newline
@@ -55,27 +56,18 @@ def read_lines(path: str | pathlib.Path, strict: bool = True) -> list[str]:
     InputError: missing file, or (strict) invalid UTF-8 (message `FILE:LINE: ...`).
   """
   path = pathlib.Path(path)
-  if not path.is_file():
+  if not path.is_file():  # Not paths.DataNotFoundError: its fetch hint is wrong for predictions.
     raise InputError(f"{path}: no such file")
-  raw = path.read_bytes()
   try:
-    text = raw.decode("utf-8", errors="strict" if strict else "replace")
-  except UnicodeDecodeError as e:
-    line = raw.count(b"\n", 0, e.start) + 1
-    raise InputError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
-  if not text:
-    return []
-  lines = text.split("\n")
-  if lines[-1] == "":
-    lines.pop()
-  return [l[:-1] if l.endswith("\r") else l for l in lines]
+    return readers.read_lines(path, strict=strict)
+  except readers.DataFormatError as e:
+    raise InputError(str(e)) from None
 
 
 def _official_query(line: str) -> str:
   """The query part of an `official/` line `IN: question  OUT: query`, else the line itself."""
-  if line.startswith("IN:") and " OUT:" in line:
-    return line.split(" OUT:", 1)[1].strip()
-  return line
+  sides = readers.split_official_line(line)
+  return line if sides is None else sides[1]
 
 
 def load_targets(path: str | pathlib.Path, target_format: str = metrics.RIR) -> list[str]:
@@ -133,8 +125,18 @@ def load_depths(path: str | pathlib.Path) -> list[Optional[int]]:
   return out
 
 
-def _check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any],
-                       name_b: str, path_b: Any, lines_b: Sequence[Any]) -> None:
+def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any],
+                      name_b: str, path_b: Any, lines_b: Sequence[Any]) -> None:
+  """Checks that two line lists read from files are line-parallel.
+
+  Args:
+    name_a, name_b: what the lines are ("predictions", "targets", ...), for the message.
+    path_a, path_b: the files they were read from.
+    lines_a, lines_b: the lines.
+
+  Raises:
+    InputError: the lengths differ (the message names both counts and both files).
+  """
   if len(lines_a) != len(lines_b):
     raise InputError(f"length mismatch: {len(lines_a)} {name_a} in {path_a} but "
                      f"{len(lines_b)} {name_b} in {path_b}; the files must be line-parallel")
@@ -165,17 +167,17 @@ def evaluate_files(predictions: str | pathlib.Path, targets: str | pathlib.Path,
   """
   gold = load_targets(targets, target_format)
   preds = read_lines(predictions, strict=False)
-  _check_same_length("predictions", predictions, preds, "targets", targets, gold)
+  check_same_length("predictions", predictions, preds, "targets", targets, gold)
   result = metrics.evaluate(gold, preds, metrics.RIR)
   if depths is not None:
     depth_list = load_depths(depths)
-    _check_same_length("depths", depths, depth_list, "targets", targets, gold)
+    check_same_length("depths", depths, depth_list, "targets", targets, gold)
     result["by_complexity"] = {
         str(d): v for d, v in metrics.accuracy_by_complexity(gold, preds, depth_list).items()}
   question_list = None
   if questions is not None:
     question_list = read_lines(questions, strict=False)
-    _check_same_length("questions", questions, question_list, "targets", targets, gold)
+    check_same_length("questions", questions, question_list, "targets", targets, gold)
   if errors_out is not None:
     with open(errors_out, "w", encoding="utf-8") as f:
       for i, (t, p) in enumerate(zip(gold, preds)):

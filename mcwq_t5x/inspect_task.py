@@ -115,6 +115,11 @@ def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Command line `python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]` (module docstring).
+
+  Returns:
+    The exit status: 0 on success, non-zero when the task or its data cannot be read.
+  """
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("task", help="seqio task or mixture name, e.g. mcwq_mcd1_he")
   parser.add_argument("--split", default="validation", help="train, validation or test")

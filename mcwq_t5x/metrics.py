@@ -225,12 +225,6 @@ def equivalence_metric(targets: Sequence[Text], predictions: Sequence[Text],
   return {"equivalence": 100.0 * correct / len(targets)}
 
 
-def _query_entities(query: sparql_lib.Query) -> list[str]:
-  """Entities of triples (subject/object) and of filters, in order."""
-  return list(query.entities()) + [
-      term for f in query.filters for term in (f.left, f.right) if sparql_lib.is_entity(term)]
-
-
 def _set_error_kinds(gold: set[str], pred: set[str], missing: str, extra: str,
                      wrong: str) -> list[str]:
   """Kinds of difference between two sets (see `ErrorAnalysis`)."""
@@ -316,7 +310,8 @@ def analyze_error(target: Text, prediction: Text, fmt: str = RIR) -> ErrorAnalys
   if pred.canonical() == gold.canonical():
     return ErrorAnalysis(EQUIVALENT)
   gold_props, pred_props = set(gold.properties()), set(pred.properties())
-  gold_ents, pred_ents = set(_query_entities(gold)), set(_query_entities(pred))
+  gold_ents = set(gold.entities(include_filters=True))
+  pred_ents = set(pred.entities(include_filters=True))
   kinds = (_set_error_kinds(gold_props, pred_props, MISSING_PROPERTY, EXTRA_PROPERTY,
                             WRONG_PROPERTY) +
            _set_error_kinds(gold_ents, pred_ents, MISSING_ENTITY, EXTRA_ENTITY, WRONG_ENTITY))

@@ -40,6 +40,8 @@ from mcwq_t5x.paths import DataNotFoundError  # re-exported  # noqa: F401
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
 LANGUAGES = ("en", "he", "kn", "zh")
 PARTS = ("train", "dev", "test")
+# TFDS / SeqIO split name -> MCWQ part (the release calls the validation part `dev`).
+DATASET_SPLIT_TO_PART = {"train": "train", "validation": "dev", "test": "test"}
 GOLD_LANGUAGES = ("he", "kn", "zh")
 GOLD_SPLIT = "gold"
 
@@ -89,23 +91,33 @@ class Example:
 # Low-level helpers.
 
 
-def _read_lines(path: PathLike) -> list[str]:
-  """Reads a UTF-8 text file as lines without terminators.
+def read_lines(path: PathLike, strict: bool = True) -> list[str]:
+  """Reads a UTF-8 text file as lines without terminators (the one line reader of the project).
 
-  A final line without trailing newline counts as a line (the `translations/` files lack the
-  trailing newline: `wc -l` shows 5407 for 5408 lines); a trailing newline does not start an
-  extra empty line. Carriage returns before the newline are dropped.
+  Lines are split at "\\n" only (not at the other Unicode line breaks that `str.splitlines`
+  honours and that questions or junk predictions may contain). A final line without trailing
+  newline counts as a line (the `translations/` files lack the trailing newline: `wc -l` shows
+  5407 for 5408 lines); a trailing newline does not start an extra empty line; an empty file has
+  no lines. A carriage return before the newline is dropped.
+
+  Args:
+    path: the file.
+    strict: if True, the file must be valid UTF-8; if False (model predictions), undecodable
+      bytes become U+FFFD so that binary junk can be scored as wrong instead of failing.
+
+  Returns:
+    The lines, as `str`.
 
   Raises:
-    DataNotFoundError: the file does not exist.
-    DataFormatError: the file is not valid UTF-8 (line of the first bad byte).
+    DataNotFoundError: the file does not exist (message names it and the fetch command).
+    DataFormatError: (strict) the file is not valid UTF-8 (`FILE:LINE` of the first bad byte).
   """
   path = pathlib.Path(path)
   if not path.is_file():
     raise paths.not_found(path, "MCWQ file")
   raw = path.read_bytes()
   try:
-    text = raw.decode("utf-8")
+    text = raw.decode("utf-8", errors="strict" if strict else "replace")
   except UnicodeDecodeError as e:
     raise DataFormatError(path, raw.count(b"\n", 0, e.start) + 1,
                           f"not valid UTF-8 ({e.reason})") from e
@@ -115,6 +127,25 @@ def _read_lines(path: PathLike) -> list[str]:
   if lines[-1] == "":
     lines.pop()
   return [l[:-1] if l.endswith("\r") else l for l in lines]
+
+
+def split_official_line(line: str) -> Optional[tuple[str, str]]:
+  """Splits an `official/` line `IN: <question>  OUT: <SPARQL>` into its two sides.
+
+  The question runs up to the first whitespace-preceded `OUT:` (two spaces in the release; a
+  few Hebrew/Kannada questions end in a space, giving three).
+
+  Args:
+    line: one line without its terminator.
+
+  Returns:
+    (question stripped, SPARQL with whitespace runs collapsed to single spaces); either may be
+    empty. None when the line is not of that form (no leading `IN:` or no `OUT:` separator).
+  """
+  m = _OFFICIAL_RE.match(line)
+  if m is None:
+    return None
+  return m.group("question").strip(), " ".join(m.group("query").split())
 
 
 def _language_from_name(path: PathLike) -> str:
@@ -165,24 +196,33 @@ def _rir_to_sparql(rir_text: str, path: PathLike, line: int) -> str:
     raise DataFormatError(path, line, f"malformed RIR query: {e}") from e
 
 
+def format_official_line(question: str, sparql: str) -> str:
+  """The `official/` line `IN: <question>  OUT: <SPARQL>` (without newline) of one example.
+
+  The inverse of `split_official_line`. Whitespace runs on each side, newlines included (the
+  queries of CFQ-style `dataset.json` records span several lines), become single spaces, so the
+  example stays on one line. (An empty side is written as is; `read_official` rejects it.)
+  """
+  return f"IN: {' '.join(question.split())}  OUT: {' '.join(sparql.split())}"
+
+
 # ------------------------------------------------------------------------------------------
 # Readers of the published forms.
 
 
 @_cached
 def _read_official(path: PathLike, language: str, with_rir: bool) -> tuple[Example, ...]:
-  lines = _read_lines(path)
+  lines = read_lines(path)
   examples = []
   for i, line in enumerate(lines, start=1):
-    m = _OFFICIAL_RE.match(line)
-    if m is None:
+    sides = split_official_line(line)
+    if sides is None:
       if not line.startswith("IN:"):
         problem = "expected a line `IN: <question>  OUT: <SPARQL>`, it does not start with `IN:`"
       else:
         problem = "expected `IN: <question>  OUT: <SPARQL>`, found no `OUT:` separator"
       raise DataFormatError(path, i, f"{problem}: {line[:80]!r}")
-    question = m.group("question").strip()
-    sparql = " ".join(m.group("query").split())
+    question, sparql = sides
     if not question:
       raise DataFormatError(path, i, "empty question")
     if not sparql:
@@ -218,8 +258,8 @@ def read_official(path: PathLike, language: Optional[str] = None,
 @_cached
 def _read_rir_pair(question_path: PathLike, sparql_path: PathLike, language: str,
                    with_sparql: bool) -> tuple[Example, ...]:
-  questions = _read_lines(question_path)
-  queries = _read_lines(sparql_path)
+  questions = read_lines(question_path)
+  queries = read_lines(sparql_path)
   if len(questions) != len(queries):
     shorter, n = ((question_path, len(questions)) if len(questions) < len(queries)
                   else (sparql_path, len(queries)))
@@ -266,7 +306,7 @@ def read_rir_pair(question_path: PathLike, sparql_path: PathLike,
 def _read_translation_jsonl(path: PathLike, language: str,
                             with_sparql: bool) -> tuple[Example, ...]:
   examples = []
-  for i, line in enumerate(_read_lines(path), start=1):
+  for i, line in enumerate(read_lines(path), start=1):
     if not line.strip():
       continue
     try:
@@ -279,6 +319,10 @@ def _read_translation_jsonl(path: PathLike, language: str,
       raise DataFormatError(
           path, i, 'expected {"translation": {"src": <question>, "tgt": <RIR query>}}')
     q, r = tr["src"].strip(), " ".join(tr["tgt"].split())
+    if not q:
+      raise DataFormatError(path, i, "empty question (`translation.src`)")
+    if not r:
+      raise DataFormatError(path, i, "empty query (`translation.tgt`)")
     examples.append(Example(
         question=q, sparql=_rir_to_sparql(r, path, i) if with_sparql else None, rir=r,
         language=language, source=str(path), line=i))
@@ -301,7 +345,8 @@ def read_translation_jsonl(path: PathLike, language: Optional[str] = None,
 
   Raises:
     DataNotFoundError: the file does not exist.
-    DataFormatError: a line is not JSON or lacks `translation.src` / `translation.tgt`.
+    DataFormatError: a line is not JSON, lacks `translation.src` / `translation.tgt`, or has an
+      empty one.
   """
   language = language if language is not None else _language_from_name(path)
   return list(_read_translation_jsonl(str(path), language, with_sparql))

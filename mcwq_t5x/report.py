@@ -61,13 +61,14 @@ import numpy as np
 
 from mcwq_t5x import evaluate as evaluate_lib
 from mcwq_t5x import metrics
+from mcwq_t5x import readers
 
-SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
-MCD_SPLITS = ("mcd1", "mcd2", "mcd3")
-LANGUAGES = ("en", "he", "kn", "zh")
-GOLD_LANGUAGES = ("he", "kn", "zh")
+SPLITS = readers.SPLITS
+MCD_SPLITS = tuple(s for s in SPLITS if s.startswith("mcd"))
+LANGUAGES = readers.LANGUAGES
+GOLD_LANGUAGES = readers.GOLD_LANGUAGES
 MODES = ("monolingual", "zeroshot")
-GOLD = "gold"
+GOLD = readers.GOLD_SPLIT
 MCD_MEAN = "MCD mean"
 SPLIT_TITLES = {"mcd1": "MCD1", "mcd2": "MCD2", "mcd3": "MCD3", MCD_MEAN: "MCD mean",
                 "random_split": "Random"}
@@ -202,9 +203,8 @@ class _GoldLoader:
       return None
     else:
       try:
-        from mcwq_t5x import readers  # pylint: disable=g-import-not-at-top
         examples = readers.read_split(split, "test", language, self.data_dir)
-      except (ImportError, FileNotFoundError, ValueError) as e:
+      except (FileNotFoundError, ValueError) as e:
         self.messages.append(f"no targets for {split}/test/{language}: {e}")
         return None
       targets = [e.rir for e in examples]
@@ -222,9 +222,8 @@ class _GoldLoader:
           f"(needs the full release's {dataset} and splits/{split}.json)")
       return None
     try:
-      from mcwq_t5x import readers  # pylint: disable=g-import-not-at-top
       examples = readers.read_release(self.data_dir, split, "test", language)
-    except (ImportError, FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:
       self.messages.append(f"accuracy by complexity skipped for {split}/{language}: {e}")
       return None
     if [(e.rir or "").strip() for e in examples] != [t.strip() for t in targets]:
@@ -295,7 +294,7 @@ def build(results_dir: str | pathlib.Path, targets_dir: str | pathlib.Path,
       loader.messages.append(f"skipped {pf.path}: no gold queries")
       continue
     preds = evaluate_lib.read_lines(pf.path, strict=False)
-    evaluate_lib._check_same_length(  # pylint: disable=protected-access
+    evaluate_lib.check_same_length(
         "predictions", pf.path, preds, "targets", gold_set.source, gold_set.targets)
     result = metrics.evaluate(gold_set.targets, preds)
     by_complexity = None

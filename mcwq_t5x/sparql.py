@@ -85,6 +85,7 @@ class Triple:
   object: str
 
   def to_sparql(self) -> str:
+    """The triple as written in a query body, e.g. `M0 wdt:P57 ?x0` (terms joined by spaces)."""
     return f"{self.subject} {self.predicate} {self.object}"
 
 
@@ -96,6 +97,7 @@ class Filter:
   right: str
 
   def to_sparql(self) -> str:
+    """The filter in MCWQ spelling, e.g. `FILTER ( ?x0 != M1 )`."""
     return f"FILTER ( {self.left} {self.op} {self.right} )"
 
 
@@ -133,10 +135,14 @@ class Query:
     """Predicates in triple order (duplicates kept), e.g. ["wdt:P57", "wdt:P27"]."""
     return [t.predicate for t in self.triples]
 
-  def entities(self) -> list[str]:
+  def entities(self, include_filters: bool = False) -> list[str]:
     """Placeholders (`M0`) and constant entities (`wd:Q30`) in the subject/object positions of the
-    triples, in order of occurrence (duplicates kept)."""
-    return [term for t in self.triples for term in (t.subject, t.object) if is_entity(term)]
+    triples, in order of occurrence (duplicates kept); with `include_filters`, followed by those
+    of the filters (the entity set of the paper's error analysis, §6.2)."""
+    terms = [term for t in self.triples for term in (t.subject, t.object)]
+    if include_filters:
+      terms += [term for f in self.filters for term in (f.left, f.right)]
+    return [term for term in terms if is_entity(term)]
 
   def variables(self) -> list[str]:
     """Distinct variables in order of first occurrence."""

@@ -35,7 +35,7 @@ from mcwq_t5x import paths
 from mcwq_t5x import readers
 
 UPSTREAM_BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
-TFDS_TO_PART = {"train": "train", "validation": "dev", "test": "test"}
+TFDS_TO_PART = readers.DATASET_SPLIT_TO_PART
 
 _CITATION = """\
 @article{cui-etal-2022-multilingual,

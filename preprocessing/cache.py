@@ -62,12 +62,14 @@ class JsonlCache:
     return len(self._data)
 
   def get(self, key: str, default: Any = None) -> Any:
+    """The value stored under `key` (the last one written), else `default`."""
     return self._data.get(key, default)
 
   def __getitem__(self, key: str) -> Any:
     return self._data[key]
 
   def items(self) -> Iterator[tuple[str, Any]]:
+    """(key, value) pairs in insertion order (a snapshot: `put` while iterating is safe)."""
     return iter(list(self._data.items()))
 
   def put(self, key: str, value: Any, **extra: Any) -> None:

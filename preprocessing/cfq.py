@@ -24,6 +24,9 @@ import pathlib
 import re
 from typing import Any, Iterable, Iterator, Sequence
 
+from mcwq_t5x import readers
+from mcwq_t5x import sparql as sparql_lib
+
 #: Keys every CFQ record must have for the migration.
 REQUIRED_KEYS = ("questionIdx", "questionPatternModEntities", "questionWithBrackets", "sparql",
                  "sparqlPattern")
@@ -34,7 +37,6 @@ CFQ_PREFIXES = ("SELECT count(*) WHERE", "SELECT DISTINCT ?x0 WHERE", "ASK WHERE
 #: Freebase properties whose object is a special entity (gender, nationality; MCWQ §3.1).
 SPECIAL_ENTITY_PREDICATES = ("ns:people.person.gender", "ns:people.person.nationality")
 
-_PLACEHOLDER_RE = re.compile(r"^M\d$")
 _VARIABLE_RE = re.compile(r"^\?x\d+$")
 
 
@@ -58,6 +60,7 @@ class Clause:
 
   @property
   def is_filter(self) -> bool:
+    """True for a filter `FILTER ( s != o )` (stored with predicate `!=`)."""
     return self.predicate == "!="
 
   def text(self) -> str:
@@ -83,8 +86,8 @@ class ParsedQuery:
 
 
 def is_placeholder(term: str) -> bool:
-  """True for the entity placeholders `M0`…`M9` of CFQ/MCWQ."""
-  return bool(_PLACEHOLDER_RE.match(term))
+  """True for the entity placeholders `M0`…`M9` of CFQ/MCWQ (`mcwq_t5x.sparql.is_placeholder`)."""
+  return sparql_lib.is_placeholder(term)
 
 
 def is_variable(term: str) -> bool:
@@ -415,21 +418,18 @@ def load_records(paths: Sequence[str | pathlib.Path]) -> Iterator[tuple[str, dic
 def read_mcwq_official(files: Iterable[str | pathlib.Path]) -> dict[str, str]:
   """Reads MCWQ `official/*/*.en.txt` files into {question pattern: SPARQL}.
 
-  Format: one example per line, `IN: <question>  OUT: <sparql>` (two spaces before `OUT:`).
+  Format: one example per line, `IN: <question>  OUT: <sparql>` (two spaces before `OUT:`), read
+  with `mcwq_t5x.readers.read_official` (question stripped, query whitespace-collapsed).
 
   Raises:
-    CfqFormatError: `FILE:LINE` of a malformed line, or of a question with two different queries.
+    mcwq_t5x.paths.DataNotFoundError: a file does not exist.
+    mcwq_t5x.readers.DataFormatError: `FILE:LINE` of a malformed line, or of a question with two
+      different queries.
   """
   out: dict[str, str] = {}
   for path in files:
-    with open(path, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        line = line.rstrip("\n")
-        if not line:
-          continue
-        if not line.startswith("IN: ") or "  OUT: " not in line:
-          raise CfqFormatError(f"{path}:{n}: expected 'IN: question  OUT: sparql'")
-        q, s = line[4:].split("  OUT: ", 1)
-        if out.setdefault(q, s) != s:
-          raise CfqFormatError(f"{path}:{n}: question {q!r} has two different queries")
+    for ex in readers.read_official(path):
+      if out.setdefault(ex.question, ex.sparql) != ex.sparql:
+        raise readers.DataFormatError(path, ex.line,
+                                      f"question {ex.question!r} has two different queries")
   return out

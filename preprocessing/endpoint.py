@@ -30,6 +30,7 @@ import time
 import urllib.error
 from typing import Any, Callable, Iterable, Sequence
 
+from preprocessing import retry
 from preprocessing.cache import JsonlCache, make_key
 
 WD = "http://www.wikidata.org/entity/"
@@ -267,10 +268,7 @@ class RemoteEndpoint(Endpoint):
     from SPARQLWrapper import SPARQLExceptions  # pylint: disable=g-import-not-at-top
     delay = self.backoff_s
     for attempt in range(self.max_retries + 1):
-      wait = self._last + self.min_interval_s - time.monotonic()
-      if wait > 0:
-        self._sleep(wait)
-      self._last = time.monotonic()
+      self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
       sw = self._sw.SPARQLWrapper(self.url, agent=self.user_agent)
       sw.setReturnFormat(self._sw.JSON)
       sw.setTimeout(int(max(1, self.timeout_s)))
@@ -293,13 +291,7 @@ class RemoteEndpoint(Endpoint):
         err = e
       if attempt == self.max_retries:
         raise EndpointError(f"{self.url}: giving up after {attempt + 1} attempts: {err}") from err
-      wait_s = delay
-      if retry_after is not None:
-        try:
-          wait_s = float(retry_after)
-        except ValueError:
-          pass
-      wait_s = min(wait_s, self.max_backoff_s)
+      wait_s = retry.retry_delay(delay, retry_after, self.max_backoff_s)
       _log.warning("%s: %s; retrying in %.1fs", self.url, err, wait_s)
       self._sleep(wait_s)
       delay = min(delay * 2, self.max_backoff_s)

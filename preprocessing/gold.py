@@ -110,6 +110,11 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], language: str = "
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Command line `python -m preprocessing.gold {sample,bleu}` (module docstring).
+
+  Raises:
+    paths.DataNotFoundError / readers.DataFormatError: missing or malformed input files.
+  """
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("sample", help="sample the gold set from the MCD test intersection")
@@ -127,12 +132,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     inter = mcd_test_intersection(exs)
     gold = sample_gold(inter, args.seed)
     pathlib.Path(args.out).write_text(
-        "".join(f"IN: {e.question}  OUT: {e.sparql}\n" for e in gold), encoding="utf-8")
+        "".join(readers.format_official_line(e.question, e.sparql) + "\n" for e in gold),
+        encoding="utf-8")
     print(f"intersection: {len(inter)} queries; sampled {len(gold)} "
           f"({sum(map(is_yes_no, gold))} yes/no) -> {args.out}")
   else:
-    hyp = pathlib.Path(args.hyp).read_text(encoding="utf-8").splitlines()
-    ref = pathlib.Path(args.ref).read_text(encoding="utf-8").splitlines()
+    # `readers.read_lines` splits at "\n" only: `str.splitlines` would also split at U+2028 and
+    # other breaks a translation may contain, breaking line-parallelism.
+    hyp = readers.read_lines(args.hyp)
+    ref = readers.read_lines(args.ref)
     print(f"BLEU {bleu(hyp, ref, args.lang):.2f}")
   return 0
 

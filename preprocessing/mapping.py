@@ -207,10 +207,8 @@ def equal_up_to_renaming(a: str, b: str) -> tuple[bool, dict[str, str] | None]:
     (False, None).
   """
   qa, qb = sparql_lib.parse_sparql(a), sparql_lib.parse_sparql(b)
-  pa = sorted({t for t in qa.entities() if sparql_lib.is_placeholder(t)}
-              | {t for f in qa.filters for t in (f.left, f.right) if sparql_lib.is_placeholder(t)})
-  pb = sorted({t for t in qb.entities() if sparql_lib.is_placeholder(t)}
-              | {t for f in qb.filters for t in (f.left, f.right) if sparql_lib.is_placeholder(t)})
+  pa = sorted({t for t in qa.entities(include_filters=True) if sparql_lib.is_placeholder(t)})
+  pb = sorted({t for t in qb.entities(include_filters=True) if sparql_lib.is_placeholder(t)})
   if len(pa) != len(pb):
     return False, None
   target = qb.canonical()

@@ -48,6 +48,8 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from mcwq_t5x import readers
+from mcwq_t5x import sparql as sparql_lib
 from preprocessing import cfq, endpoint as ep, mapping as mp, substitute as sb
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
     except mp.SkipRecord as e:
       skipped[e.reason] += 1
       continue
-    except (cfq.CfqFormatError, sparql_error()) as e:
+    except (cfq.CfqFormatError, sparql_lib.SparqlParseError) as e:
       malformed.append(str(e))
       continue
     migrated.append({"pos": pos, "file": fname, "rec": rec, "qp": qp, "q": q})
@@ -279,8 +281,8 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
       d.mkdir(parents=True, exist_ok=True)
       with open(d / f"{p}.en.txt", "w", encoding="utf-8") as f:
         for k in idxs:
-          f.write(f"IN: {records[k]['questionPatternModEntities']}  OUT: "
-                  f"{records[k]['sparqlPatternModEntities']}\n")
+          f.write(readers.format_official_line(records[k]["questionPatternModEntities"],
+                                               records[k]["sparqlPatternModEntities"]) + "\n")
 
   report.update(counts)
   report["skipped"] = dict(skipped)
@@ -292,11 +294,6 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
   report["splits"] = {n: {k: len(v) for k, v in sp.items()} for n, sp in splits.items()}
   _write_json(out / "report.json", report)
   return report
-
-
-def sparql_error() -> type:
-  from mcwq_t5x.sparql import SparqlParseError  # pylint: disable=g-import-not-at-top
-  return SparqlParseError
 
 
 def _write_json(path: pathlib.Path, obj: Any) -> None:

@@ -102,6 +102,8 @@ def plot_complexity(stats: dict[str, Any], path: str | pathlib.Path, title: str 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Command line `python -m preprocessing.stats` (module docstring); prints the statistics as
+  JSON and returns the exit status."""
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--dataset", help="a dataset.json produced by preprocessing.migrate")
   ap.add_argument("--official", nargs="*", help="official `IN: …  OUT: …` files")

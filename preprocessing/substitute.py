@@ -228,6 +228,8 @@ class EntityPool:
   by_key: dict[tuple[str, str], dict[str, set[Any]]] = dataclasses.field(default_factory=dict)
 
   def add(self, rid: Any, q: Migrated, assignment: dict[str, str]) -> None:
+    """Records that record `rid` used `assignment` (placeholder -> `wd:Q…`) in query `q`, under
+    each (side, predicate) key of its placeholders (`predicate_keys`)."""
     for m, keys in predicate_keys(q).items():
       if m in assignment:
         for k in keys:

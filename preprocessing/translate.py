@@ -41,6 +41,8 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
+from mcwq_t5x import readers
+from preprocessing import retry
 from preprocessing.cache import JsonlCache, make_key
 
 _log = logging.getLogger(__name__)
@@ -196,10 +198,7 @@ class GoogleBackend(Backend):
   def _post(self, texts: list[str], target: str, source: str) -> list[str]:
     delay = self.backoff_s
     for attempt in range(self.max_retries + 1):
-      wait = self._last + self.min_interval_s - time.monotonic()
-      if wait > 0:
-        self._sleep(wait)
-      self._last = time.monotonic()
+      self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
       self.num_requests += 1
       retry_after = None
       try:
@@ -219,12 +218,7 @@ class GoogleBackend(Backend):
         err = str(e)
       if attempt == self.max_retries:
         raise TranslationError(f"{self.url}: giving up after {attempt + 1} attempts: {err}")
-      wait_s = delay
-      if retry_after:
-        try:
-          wait_s = float(retry_after)
-        except ValueError:
-          pass
+      wait_s = retry.retry_delay(delay, retry_after)
       _log.warning("%s: %s; retrying in %.1fs", self.url, err, wait_s)
       self._sleep(wait_s)
       delay *= 2
@@ -350,13 +344,15 @@ def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
       for lang in languages:
         with open(d / f"{part}.{lang}.txt", "w", encoding="utf-8") as f:
           for k in idxs:
-            f.write(f"IN: {dataset[k][f'questionPatternModEntities_{lang}']}  OUT: "
-                    f"{dataset[k]['sparqlPatternModEntities']}\n")
+            f.write(readers.format_official_line(
+                dataset[k][f"questionPatternModEntities_{lang}"],
+                dataset[k]["sparqlPatternModEntities"]) + "\n")
   report["backend_calls"] = translator.backend_calls
   return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Command line `python -m preprocessing.translate` (module docstring); returns the exit status."""
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
   ap = argparse.ArgumentParser(prog="python -m preprocessing.translate", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -126,6 +126,7 @@ def synthetic_batch(rng: np.random.Generator, vocab: int, batch: int,
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+  """Command line (module docstring): prints the timings and returns them as a dict."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="tiny", choices=sorted(network.CONFIGS))
   parser.add_argument("--dtype", default="bfloat16",

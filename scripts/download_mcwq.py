@@ -95,8 +95,19 @@ def download(out: pathlib.Path, base_url: str = BASE_URL,
   return missing
 
 
+def _copy_file(src: pathlib.Path, dst: pathlib.Path) -> None:
+  """Copies the bytes of `src` to `dst` (not its permission bits: a read-only source, such as
+  CI's copy of ../shared, must give a writable copy)."""
+  dst.parent.mkdir(parents=True, exist_ok=True)
+  shutil.copyfile(src, dst)
+
+
 def copy_local(src: pathlib.Path, out: pathlib.Path) -> list[str]:
   """Copies the MCWQ items of a local copy `src` into `out`.
+
+  Only file contents are copied; files and directories under `out` get the default (umask)
+  permissions, so a read-only source still gives a copy that can be updated later (e.g. with
+  the train files).
 
   Returns:
     The copied top-level items.
@@ -108,10 +119,11 @@ def copy_local(src: pathlib.Path, out: pathlib.Path) -> list[str]:
   for item in COPY_ITEMS:
     s = src / item
     if s.is_dir():
-      shutil.copytree(s, out / item, dirs_exist_ok=True)
+      for path in sorted(s.rglob("*")):
+        if path.is_file():
+          _copy_file(path, out / item / path.relative_to(s))
     elif s.is_file():
-      out.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(s, out / item)
+      _copy_file(s, out / item)
     else:
       continue
     copied.append(item)
@@ -175,6 +187,7 @@ def verify(root: pathlib.Path, splits: Sequence[str] = readers.SPLITS,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Command line (module docstring); returns the exit status (0: every file fetched)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, type=pathlib.Path, help="target data directory")
   parser.add_argument("--from", dest="src", type=pathlib.Path, default=None,

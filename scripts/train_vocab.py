@@ -27,6 +27,8 @@ from mcwq_t5x import vocab  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Command line (module docstring): trains (or finds cached) the small SentencePiece model and
+  prints its path, size and md5; returns the exit status."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--data-dir", default=None, help="MCWQ directory (default: $MCWQ_DATA_DIR)")
   parser.add_argument("--vocab-size", type=int, default=vocab.DEFAULT_VOCAB_SIZE)

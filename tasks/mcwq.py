@@ -37,7 +37,7 @@ LANGUAGES = readers.LANGUAGES
 ZEROSHOT_LANGUAGES = ("he", "kn", "zh")
 GOLD_LANGUAGES = readers.GOLD_LANGUAGES
 # seqio split name -> MCWQ part.
-SEQIO_TO_PART = {"train": "train", "validation": "dev", "test": "test"}
+SEQIO_TO_PART = readers.DATASET_SPLIT_TO_PART
 # The input prefix of the paper's Hugging Face training code; the default is no prefix.
 PAPER_INPUT_PREFIX = "translate English to Sparql: "
 DEFAULT_INPUT_PREFIX = ""

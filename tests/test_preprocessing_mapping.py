@@ -3,9 +3,11 @@
 import collections
 import glob
 import json
+import re
 
 import pytest
 
+from mcwq_t5x import readers
 from mcwq_t5x import sparql as sparql_lib
 from preprocessing import cfq, derive_mapping, mapping as mp
 
@@ -148,3 +150,14 @@ def test_malformed_query_names_record():
   with pytest.raises(cfq.CfqFormatError, match="missing key 'sparql'"):
     cfq.validate_record({"questionIdx": 1, "questionPatternModEntities": "x",
                          "questionWithBrackets": "x", "sparqlPattern": "x"}, "f.json:questionIdx=1")
+
+
+def test_read_mcwq_official_rejects_a_question_with_two_queries(tmp_path, mcwq_queries):
+  assert len(mcwq_queries) == 29895  # distinct English dev/test questions of the four splits
+  assert mcwq_queries["Did M3 's cinematographer and star edit , direct , and write M0 , M1 , and "
+                      "M2"].startswith("ASK WHERE { M3 wdt:P161 ?x0 .")
+  f = tmp_path / "dev.en.txt"
+  f.write_text("IN: Did M0 direct M1  OUT: ASK WHERE { M0 wdt:P57 M1 }\n"
+               "IN: Did M0 direct M1  OUT: ASK WHERE { M1 wdt:P57 M0 }\n", encoding="utf-8")
+  with pytest.raises(readers.DataFormatError, match=rf"^{re.escape(str(f))}:2: question"):
+    cfq.read_mcwq_official([f])

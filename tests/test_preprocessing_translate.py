@@ -75,6 +75,26 @@ def test_translation_kill_and_resume(tmp_path):
   assert tr.Translator(third, cache).translate(texts, "zh") == out and third.calls == 0
 
 
+def test_official_files_of_a_release_with_multiline_queries(tmp_path):
+  """dataset.json queries span lines (CFQ style); the official files must stay one line each."""
+  rel = tmp_path / "rel"
+  (rel / "splits").mkdir(parents=True)
+  (rel / "dataset.json").write_text(json.dumps([
+      {"questionPatternModEntities": "Who directed M0",
+       "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}"},
+      {"questionPatternModEntities": "Did M1 marry M0",
+       "sparqlPatternModEntities": "ASK WHERE {\nM1 wdt:P26 M0\n}"}]))
+  (rel / "splits" / "s.json").write_text('{"trainIdxs": [1, 0], "devIdxs": [], "testIdxs": []}')
+  t = tr.Translator(CountingBackend(), tmp_path / "c.jsonl")
+  tr.translate_release(rel, ["kn"], t, progress=False)
+  official = readers.read_official(rel / "official" / "s" / "train.kn.txt", with_rir=True)
+  assert [(e.question, e.sparql) for e in official] == [
+      ("<kn> Did M1 marry M0", "ASK WHERE { M1 wdt:P26 M0 }"),
+      ("<kn> Who directed M0", "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }")]
+  assert [(e.question, e.sparql) for e in official] == [
+      (e.question, e.sparql) for e in readers.read_release(rel, "s", "train", "kn")]
+
+
 def test_file_backend_end_to_end(release, tmp_path):
   data = json.loads((release / "dataset.json").read_text())
   tsv = tmp_path / "he.tsv"
@@ -277,3 +297,17 @@ def test_statistics(mcwq_dir, release, tmp_path):
   r = stats.compute(data)
   assert r["examples"] == len(data) and r["yes_no"] == sum(d["sparqlPatternModEntities"].startswith("ASK") for d in data)
   assert set(r["complexity"]) == {d["recursionDepth"] for d in data}
+
+
+def test_retry_delay_and_pacing():
+  from preprocessing import retry  # pylint: disable=g-import-not-at-top
+  assert retry.retry_delay(0.5, None) == 0.5
+  assert retry.retry_delay(0.5, "") == 0.5
+  assert retry.retry_delay(0.5, "7") == 7.0
+  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # HTTP-date: backoff
+  assert retry.retry_delay(0.5, "120", max_s=60.0) == 60.0
+  waits = []
+  start = retry.pace(0.0, 0.0, waits.append)
+  assert waits == []
+  retry.pace(start, 30.0, waits.append)  # 30 s after a request that just started
+  assert len(waits) == 1 and 29.0 < waits[0] <= 30.0

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import pathlib
+import stat
 
 import pytest
 
@@ -145,6 +146,42 @@ def test_line_without_in(tmp_path):
     readers.read_official(f)
 
 
+def test_read_lines_splits_only_at_newline_and_reports_bad_utf8(tmp_path):
+  f = tmp_path / "preds.txt"
+  # U+2028 and U+0085 are line breaks for str.splitlines but not for the MCWQ files.
+  f.write_bytes("a\u2028b\u0085c\r\nd\n\nlast".encode())
+  assert readers.read_lines(f) == ["a\u2028b\u0085c", "d", "", "last"]
+  f.write_bytes(b"ok\nbad \xff byte\n")
+  with pytest.raises(readers.DataFormatError) as e:
+    readers.read_lines(f)
+  assert str(e.value).startswith(f"{f}:2: not valid UTF-8")
+  assert readers.read_lines(f, strict=False) == ["ok", "bad \ufffd byte"]
+  with pytest.raises(readers.DataNotFoundError, match="download_mcwq.py"):
+    readers.read_lines(tmp_path / "absent.txt")
+
+
+def test_split_official_line(mcwq_dir):
+  first = readers.read_lines(mcwq_dir / "official/mcd1/dev.en.txt")[0]
+  question, sparql = readers.split_official_line(first)
+  assert question == "Did M3 's cinematographer and star edit , direct , and write M0 , M1 , and M2"
+  assert sparql.startswith("ASK WHERE { M3 wdt:P161 ?x0 . M3 wdt:P344 ?x0 .")
+  assert readers.split_official_line("IN: Who is M0   OUT:  ASK  WHERE { M0 wdt:P57 ?x0 }") == (
+      "Who is M0", "ASK WHERE { M0 wdt:P57 ?x0 }")
+  assert readers.split_official_line("IN: Did M0 direct M1") is None
+  assert readers.split_official_line("Did M0 direct M1  OUT: ASK WHERE { }") is None
+
+
+def test_format_official_line_round_trips(tmp_path):
+  line = readers.format_official_line("Who directed  M0 ", "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}")
+  assert line == "IN: Who directed M0  OUT: SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }"
+  assert readers.split_official_line(line) == (
+      "Who directed M0", "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }")
+  f = tmp_path / "train.en.txt"
+  f.write_text(line + "\n", encoding="utf-8")
+  [ex] = readers.read_official(f, with_rir=True)
+  assert ex.rir == "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 ) ( M0 ) ) rb"
+
+
 def test_crlf_and_no_trailing_newline(tmp_path):
   f = tmp_path / "dev.he.txt"
   f.write_bytes(f"{LINE}\r\n{LINE}".encode())
@@ -171,6 +208,9 @@ def test_bad_json_line(tmp_path):
     readers.read_translation_jsonl(f)
   f.write_text(f'{good}\n{{"src": "q", "tgt": "x"}}\n')
   with pytest.raises(readers.DataFormatError, match=r":2: expected \{\"translation\""):
+    readers.read_translation_jsonl(f)
+  f.write_text(f'{good}\n\n{{"translation": {{"src": "  ", "tgt": "ASK WHERE lb rb"}}}}\n')
+  with pytest.raises(readers.DataFormatError, match=r"test\.kn\.json:3: empty question"):
     readers.read_translation_jsonl(f)
 
 
@@ -314,6 +354,10 @@ def test_download_from_local_copy(tmp_path, mcwq_dir, capsys):
   assert (out / "official/mcd1/dev.en.txt").read_bytes() == (
       mcwq_dir / "official/mcd1/dev.en.txt").read_bytes()
   assert len(readers.read_split("mcd3", "test", "kn", out)) == 6151
+  # CI's ../shared has no write bits; the copy must not inherit them (root ignores them, so
+  # check the bits rather than a write).
+  for p in [out / "official", out / "official/mcd2", out / "official/mcd2/test.he.txt"]:
+    assert p.stat().st_mode & stat.S_IWUSR, p
   # A truncated language file is caught.
   f = out / "official/mcd2/test.he.txt"
   f.write_text("\n".join(_lines(f)[:-1]) + "\n", encoding="utf-8")

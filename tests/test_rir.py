@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from mcwq_t5x import readers
 from mcwq_t5x import rir
 from mcwq_t5x import sparql
 
@@ -14,15 +15,14 @@ SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
 
 
 def _official_queries(path):
-  return [line.split("  OUT: ", 1)[1] for line in path.read_text(encoding="utf-8").splitlines()]
+  return [e.sparql for e in readers.read_official(path)]
 
 
 def test_sparql_to_rir_reproduces_published_rir_byte_for_byte(mcwq_dir):
   checked = 0
   for part, lang in itertools.product(("dev", "test"), LANGUAGES):
     queries = _official_queries(mcwq_dir / "official" / "mcd1" / f"{part}.{lang}.txt")
-    reference = (mcwq_dir / "translations" / "mcd1" / f"{part}.{lang}.sparql").read_text(
-        encoding="utf-8").splitlines()
+    reference = readers.read_lines(mcwq_dir / "translations" / "mcd1" / f"{part}.{lang}.sparql")
     assert len(queries) == len(reference)
     mismatches = [i for i, (q, r) in enumerate(zip(queries, reference)) if rir.sparql_to_rir(q) != r]
     assert mismatches == [], f"{part}.{lang}: first mismatching line {mismatches[:1]}"
@@ -69,7 +69,7 @@ def test_published_predictions_and_mutations_raise_only_rir_error(mcwq_dir):
   rng = random.Random(0)
   lines = []
   for path in sorted((mcwq_dir / "results").glob("*/*/*/*.txt")):
-    lines.extend(path.read_text(encoding="utf-8").splitlines())
+    lines.extend(readers.read_lines(path))
   candidates = lines + [l[:rng.randrange(len(l) + 1)] for l in lines[:3000]]
   candidates += [" ".join(rng.sample(l.split(), len(l.split()))) for l in lines[:3000]]
   candidates += [bytes(rng.randrange(256) for _ in range(40)).decode("latin-1") for _ in range(500)]
@@ -85,8 +85,7 @@ def test_published_predictions_and_mutations_raise_only_rir_error(mcwq_dir):
 
 def test_cli_round_trips_a_file(mcwq_dir, tmp_path):
   queries = _official_queries(mcwq_dir / "official" / "mcd1" / "dev.he.txt")[:500]
-  reference = (mcwq_dir / "translations" / "mcd1" / "dev.he.sparql").read_text(
-      encoding="utf-8").splitlines()[:500]
+  reference = readers.read_lines(mcwq_dir / "translations" / "mcd1" / "dev.he.sparql")[:500]
   to_rir = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-rir"], input="\n".join(queries) + "\n",
                           capture_output=True, text=True, check=True)
   assert to_rir.stdout.splitlines() == reference

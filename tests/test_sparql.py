@@ -11,6 +11,7 @@ def test_parse_real_query_keeps_order_and_classifies_terms():
   assert q.prefix == sparql.ASK
   assert q.properties() == ["wdt:P106", "wdt:P27", "wdt:P26", "wdt:P750|wdt:P272"]
   assert q.entities() == ["wd:Q2526255", "wd:Q142", "M2", "M1"]
+  assert q.entities(include_filters=True) == ["wd:Q2526255", "wd:Q142", "M2", "M1", "M2"]
   assert q.variables() == ["?x0"]
   assert q.filters == (sparql.Filter("M2", "!=", "?x0"),)
   assert sparql.parse_sparql(q.to_sparql()) == q
