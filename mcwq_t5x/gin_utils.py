@@ -1,0 +1,190 @@
+"""Command-line gin handling shared by the mains (T5X `t5x/gin_utils.py` flags).
+
+Flags (same names as T5X):
+  --gin_file=PATH            repeatable; a config file (searched in --gin_search_paths).
+  --gin.NAME=VALUE           a binding, e.g. --gin.TRAIN_STEPS=100 --gin.MODEL_DIR="'runs/x'".
+  --gin_bindings=BINDING     repeatable; a raw binding "NAME = VALUE".
+  --gin_search_paths=A,B     comma-separated folders searched for gin files and includes
+                             (default: the current folder and the repository root).
+
+Errors in the config (unknown configurable or parameter, a syntax error, a binding of a macro that no
+config file uses) are raised as `GinConfigError` naming the file/line or the binding.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import re
+import sys
+from typing import Optional, Sequence
+
+import gin
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class GinConfigError(ValueError):
+  """A gin configuration problem (the message names the file/line or the offending binding)."""
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Splits `--gin.NAME=VALUE` arguments off `argv`.
+
+  Returns:
+    (remaining argv, list of "NAME = VALUE" bindings).
+
+  Raises:
+    GinConfigError: for `--gin.NAME` without `=VALUE`.
+  """
+  rest, bindings = [], []
+  for arg in argv:
+    if arg.startswith("--gin."):
+      body = arg[len("--gin."):]
+      if "=" not in body:
+        raise GinConfigError(f"malformed flag {arg!r}: expected --gin.NAME=VALUE")
+      name, value = body.split("=", 1)
+      bindings.append(f"{name} = {value}")
+    else:
+      rest.append(arg)
+  return rest, bindings
+
+
+def _resolve(path: str, search_paths: Sequence[str]) -> Optional[pathlib.Path]:
+  p = pathlib.Path(path)
+  if p.is_absolute():
+    return p if p.is_file() else None
+  for base in search_paths:
+    cand = pathlib.Path(base) / p
+    if cand.is_file():
+      return cand
+  return None
+
+
+_INCLUDE_RE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.M)
+
+
+def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
+  """Text of the files and everything they include (for the unused-macro check)."""
+  seen, out, todo = set(), [], list(files)
+  while todo:
+    f = todo.pop()
+    p = _resolve(f, search_paths)
+    if p is None or p in seen:
+      continue
+    seen.add(p)
+    text = p.read_text()
+    out.append(text)
+    todo.extend(_INCLUDE_RE.findall(text))
+  return "\n".join(out)
+
+
+def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
+              gin_search_paths: Sequence[str] = (), finalize: bool = True,
+              skip_unknown: bool = False) -> None:
+  """Clears gin, then parses the files and bindings (bindings override the files).
+
+  Args:
+    gin_files: config files (relative to a search path or absolute).
+    gin_bindings: "NAME = VALUE" bindings.
+    gin_search_paths: folders for files and includes (the cwd and the repo root are always added).
+    finalize: lock the config after parsing.
+    skip_unknown: passed to gin (False: unknown configurables are errors).
+
+  Raises:
+    GinConfigError: missing file, unknown configurable/parameter, syntax error, or a macro binding
+      (UPPER_CASE name) that no config file references.
+  """
+  search = [str(s) for s in gin_search_paths] + [os.getcwd(), str(REPO_ROOT)]
+  gin.clear_config()
+  for s in search:
+    gin.add_config_file_search_path(s)
+  for f in gin_files:
+    if _resolve(f, search) is None:
+      raise GinConfigError(f"gin file {f!r} not found (searched: {', '.join(search)})")
+  text = _config_text(gin_files, search)
+  for b in gin_bindings:
+    name = b.split("=", 1)[0].strip()
+    if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and f"%{name}" not in text:
+      raise GinConfigError(f"binding {b.strip()!r}: macro {name} is not used by any of the gin "
+                           f"files {list(gin_files)} (typo?)")
+  try:
+    gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
+                                        finalize_config=finalize, skip_unknown=skip_unknown)
+  except (ValueError, SyntaxError, KeyError, TypeError, OSError) as e:
+    raise GinConfigError(f"invalid gin configuration (files {list(gin_files)}, bindings "
+                         f"{list(gin_bindings)}): {e}") from e
+
+
+def parse_flags(argv: Optional[Sequence[str]] = None, description: str = "",
+                extra_args: Optional[callable] = None) -> argparse.Namespace:
+  """Parses the T5X-style gin flags of `argv` (default `sys.argv[1:]`) and configures gin.
+
+  Args:
+    argv: command-line arguments without the program name.
+    description: help text.
+    extra_args: optional `fn(parser)` adding main-specific arguments.
+
+  Returns:
+    The argparse namespace (with `gin_file`, `gin_bindings`, `gin_search_paths` and any extras).
+
+  Raises:
+    GinConfigError: see `parse_gin`.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  argv, dotted = rewrite_gin_args(argv)
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--gin_file", action="append", default=[],
+                      help="gin config file (repeatable)")
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="raw gin binding 'NAME = VALUE' (repeatable)")
+  parser.add_argument("--gin_search_paths", default="",
+                      help="comma-separated folders searched for gin files")
+  if extra_args is not None:
+    extra_args(parser)
+  args = parser.parse_args(argv)
+  search = [s for s in args.gin_search_paths.split(",") if s]
+  parse_gin(args.gin_file, list(args.gin_bindings) + dotted, search)
+  logging.info("gin configuration:\n%s", gin.config_str())
+  return args
+
+
+def setup_logging() -> None:
+  """Console logging at INFO with timestamps (absl's handler if absl logging is active)."""
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                      force=True)
+  for noisy in ("absl", "tensorflow", "jax._src", "orbax"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# --------------------------------------------------------------------------------------------
+# Gin names for the model side (T5X's gin files use `network.T5Config`, `models.EncoderDecoderModel`
+# ...). Registered here so that the model modules need no gin decorators. Gin files
+# `import mcwq_t5x.gin_utils` to get them.
+# --------------------------------------------------------------------------------------------
+def _register_external_configurables() -> None:
+  from mcwq_t5x import model as model_lib  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import network  # pylint: disable=g-import-not-at-top
+  for fn, module in ((model_lib.EncoderDecoderModel, "model"), (network.Transformer, "network"),
+                     (network.T5Config, "network")):
+    try:
+      gin.external_configurable(fn, module=module)
+    except ValueError:  # already registered (module reloaded)
+      pass
+
+
+with gin.config.interactive_mode():
+  _register_external_configurables()
+
+  @gin.configurable(module="vocab")
+  def get_vocabulary(path: Optional[str] = None, extra_ids: int = 0):
+    """`mcwq_t5x.vocab.get_vocabulary` (imported lazily: it needs seqio)."""
+    from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
+    return vocab.get_vocabulary(path, extra_ids)
+
+  @gin.configurable(module="vocab")
+  def mt5_vocabulary(path: Optional[str] = None):
+    """`mcwq_t5x.vocab.mt5_vocabulary` (the 250,100-piece mT5 SentencePiece model)."""
+    from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
+    return vocab.mt5_vocabulary() if path is None else vocab.mt5_vocabulary(path)

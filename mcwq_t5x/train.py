@@ -1,0 +1,461 @@
+r"""Training main (T5X `t5x/train.py` habit): gin-configured fine-tuning / training from scratch.
+
+Usage:
+  python -m mcwq_t5x.train --gin_file=gin/mt5_base_mcd1_he.gin --gin.MODEL_DIR="'runs/mt5_base_mcd1_he'"
+  python -m mcwq_t5x.train --gin_file=gin/tiny_random_split_en.gin --gin.MODEL_DIR="'runs/tiny'"
+
+What it does (all gin-configurable through `train`):
+  1. builds the device mesh (`partitioning.Partitioner`), the model and the `trainer.Trainer`;
+  2. reads this process's shard of the training split (`utils.load_feature_arrays`) and batches it
+     deterministically from (seed, step);
+  3. resumes from the newest readable checkpoint in MODEL_DIR/checkpoints (falls back to an older one
+     if the newest is corrupt), else starts from INITIAL_CHECKPOINT_PATH (pretrained mT5) or random;
+  4. trains TRAIN_STEPS steps; every `log_every_steps` logs loss, token accuracy, learning rate, step
+     time, examples/s and tokens/s to the console and to TensorBoard (MODEL_DIR/train); saves
+     checkpoints every `checkpoint_period`; every `eval_period` computes the validation loss and a
+     decoding-based evaluation through `seqio.Evaluator` (exact match, BLEU: the task's metric_fns);
+  5. at the end decodes the `final_eval_dataset_cfgs` splits and writes
+     MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
+     MODEL_DIR/metrics/<task>_<split>.json.
+
+Output layout of MODEL_DIR:
+  config.gin                    the operative gin config
+  checkpoints/<step>/           orbax checkpoints (train state + data position), last K kept
+  train/, eval/                 TensorBoard event files
+  train_metrics.jsonl           one JSON line per log step (the loss/accuracy curve)
+  eval_metrics.jsonl            one JSON line per evaluation
+  predictions/<task>_<split>.txt, metrics/<task>_<split>.json   final decoding evaluation
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import sys
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mcwq_t5x import checkpoints as checkpoints_lib
+from mcwq_t5x import gin_utils
+from mcwq_t5x import partitioning
+from mcwq_t5x import trainer as trainer_lib
+from mcwq_t5x import utils
+
+if __name__ == "__main__":
+  # `python -m mcwq_t5x.train`: run the package module instead of this `__main__` copy, so that gin
+  # sees a single `train` configurable (the gin files import mcwq_t5x.train).
+  from mcwq_t5x import train as _train_module  # pylint: disable=g-import-not-at-top
+  _train_module.main()
+  sys.exit(0)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers shared with eval.py
+# --------------------------------------------------------------------------------------------
+def model_vocab_size(model: Any) -> Optional[int]:
+  """`model.module.config.vocab_size` if available."""
+  config = getattr(getattr(model, "module", None), "config", None)
+  return getattr(config, "vocab_size", None)
+
+
+def check_model_and_task(model: Any, cfg: utils.DatasetConfig) -> None:
+  """Checks the task exists and its vocabulary matches the model's `vocab_size`.
+
+  Raises:
+    ValueError: unknown task (lists the registered ones) or vocabulary/model size mismatch.
+  """
+  vocab = utils.output_vocabulary(cfg.mixture_or_task_name, cfg.module)
+  size = model_vocab_size(model)
+  if size is not None:
+    utils.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
+
+
+@gin.configurable
+def create_metric_writer(logdir: str, asynchronous: bool = True):
+  """A clu metric writer: console + TensorBoard event files in `logdir` (process 0 only)."""
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  return metric_writers.create_default_writer(logdir, just_logging=jax.process_index() > 0,
+                                              asynchronous=asynchronous)
+
+
+class Predictor:
+  """Batched, compiled decoding: `predict_fn(tf_dataset)` for `seqio.Evaluator`.
+
+  Args:
+    model: `EncoderDecoderModel` (its `predict_batch(params, batch, rng, **predict_kwargs)`).
+    partitioner: the mesh.
+    batch_size: global decoding batch size (the last batch is padded).
+    predict_kwargs: e.g. {"num_decodes": 1} (greedy) or {"num_decodes": 4, "alpha": 0.6} (beam).
+  """
+
+  def __init__(self, model: Any, partitioner: partitioning.Partitioner, batch_size: int,
+               predict_kwargs: Optional[Mapping[str, Any]] = None):
+    self.model = model
+    self.partitioner = partitioner
+    self.batch_size = int(batch_size)
+    self.predict_kwargs = dict(predict_kwargs or {})
+    self.params = None
+    self._fns: dict[Any, Callable] = {}
+    self.last_outputs: list[tuple[int, list[int]]] = []
+
+  def _fn(self, batch: Mapping[str, np.ndarray]):
+    key = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    if key not in self._fns:
+      p = self.partitioner
+      param_shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.params)
+      def predict(params, b):
+        return self.model.predict_batch(params, b, **self.predict_kwargs)
+      self._fns[key] = p.partition(predict, in_shardings=(param_shardings, p.data_sharding),
+                                   out_shardings=p.replicated)
+    return self._fns[key]
+
+  def predict_arrays(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Decodes feature arrays [N, ...] (same on every process) -> int32 tokens [N, L]."""
+    n = len(next(iter(arrays.values())))
+    # Decode similar lengths together (the decoding loop stops when a whole batch has ended).
+    order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
+    outs = []
+    for start in range(0, n, self.batch_size):
+      rows = order[start:start + self.batch_size]
+      chunk = {k: v[rows] for k, v in arrays.items()
+               if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+                        "decoder_loss_weights")}
+      chunk, real = utils.pad_batch(chunk, self.batch_size)
+      global_batch = {k: jax.device_put(v, self.partitioner.data_sharding) for k, v in chunk.items()}
+      tokens = np.asarray(jax.device_get(self._fn(chunk)(self.params, global_batch)))
+      outs.append(tokens[:real])
+    if not outs:
+      return np.zeros((0, 0), np.int32)
+    tokens = np.concatenate(outs)
+    result = np.empty_like(tokens)
+    result[order] = tokens
+    return result
+
+  def __call__(self, dataset: Any, model_feature_shapes: Any = None) -> list[tuple[int, list[int]]]:
+    """seqio `PredictFnCallable`: (index, tokens) for each example of the (unbatched) dataset."""
+    chunks: dict[str, list[np.ndarray]] = {}
+    indices: list[np.ndarray] = []
+    for batch in dataset.batch(1024).as_numpy_iterator():
+      if isinstance(batch, tuple):  # seqio's evaluator enumerates: (index, features)
+        idx, batch = batch
+        indices.append(np.asarray(idx))
+      for k, v in batch.items():
+        chunks.setdefault(k, []).append(np.asarray(v, np.int32))
+    arrays = {k: np.concatenate(v) for k, v in chunks.items()}
+    tokens = self.predict_arrays(arrays) if arrays else np.zeros((0, 0), np.int32)
+    index = np.concatenate(indices) if indices else np.arange(len(tokens))
+    self.last_outputs = [(int(i), [int(t) for t in row]) for i, row in zip(index, tokens)]
+    return self.last_outputs
+
+
+def run_decoding_eval(cfg: utils.DatasetConfig, predictor: Predictor, params: Any,
+                      num_examples: Optional[int] = None
+                      ) -> tuple[dict[str, float], list[str]]:
+  """Decoding-based evaluation of one task split through `seqio.Evaluator`.
+
+  Args:
+    cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
+    predictor: the compiled decoder.
+    params: the (sharded) parameters.
+    num_examples: first N examples only (None = all).
+
+  Returns:
+    (metrics {name: value} from the task's metric_fns, e.g. exact_match and bleu; the predictions
+    as strings in source order).
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  evaluator = seqio.Evaluator(
+      mixture_or_task_name=cfg.mixture_or_task_name,
+      feature_converter=seqio.EncDecFeatureConverter(pack=False),
+      eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
+      sequence_length=dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None,
+      num_examples=num_examples, shuffle=False, async_compute_metrics=False)
+  predictor.params = params
+  all_metrics, _ = evaluator.evaluate(compute_metrics=True, predict_fn=predictor)
+  metrics_by_task = all_metrics.result()
+  metrics: dict[str, float] = {}
+  for task_name, task_metrics in metrics_by_task.items():
+    for k, v in task_metrics.items():
+      v = getattr(v, "value", v)
+      key = k if len(metrics_by_task) == 1 else f"{task_name}/{k}"
+      metrics[key] = float(np.asarray(v))
+  task = evaluator.eval_tasks[0]
+  vocab = task.output_features["targets"].vocabulary
+  predictions = [vocab.decode(tokens) for _, tokens in sorted(predictor.last_outputs)]
+  return metrics, predictions
+
+
+def write_predictions(model_dir: str | pathlib.Path, cfg: utils.DatasetConfig,
+                      predictions: Sequence[str], metrics: Mapping[str, Any],
+                      extra: Optional[Mapping[str, Any]] = None) -> tuple[pathlib.Path, pathlib.Path]:
+  """Writes predictions (one per line, source order) and a metrics JSON; returns both paths."""
+  model_dir = pathlib.Path(model_dir)
+  name = f"{cfg.mixture_or_task_name}_{cfg.split}"
+  pred_path = model_dir / "predictions" / f"{name}.txt"
+  met_path = model_dir / "metrics" / f"{name}.json"
+  if jax.process_index() == 0:
+    pred_path.parent.mkdir(parents=True, exist_ok=True)
+    met_path.parent.mkdir(parents=True, exist_ok=True)
+    # One line per prediction, whatever characters a model emits (str.splitlines boundaries).
+    pred_path.write_text("".join(" ".join(p.splitlines()) + "\n" for p in predictions))
+    record = {"task": cfg.mixture_or_task_name, "split": cfg.split,
+              "num_examples": len(predictions), **dict(metrics), **dict(extra or {})}
+    met_path.write_text(json.dumps(utils.to_jsonable(record), indent=2, sort_keys=True) + "\n")
+  return pred_path, met_path
+
+
+def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
+  if jax.process_index() == 0:
+    with open(path, "a") as f:
+      f.write(json.dumps(utils.to_jsonable(record), sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# train()
+# --------------------------------------------------------------------------------------------
+@gin.configurable
+def train(*,
+          model: Any,
+          train_dataset_cfg: utils.DatasetConfig,
+          model_dir: str,
+          total_steps: int,
+          partitioner: Optional[partitioning.Partitioner] = None,
+          trainer_cls: Callable[..., trainer_lib.Trainer] = trainer_lib.Trainer,
+          train_eval_dataset_cfg: Optional[utils.DatasetConfig] = None,
+          infer_eval_dataset_cfg: Optional[utils.DatasetConfig] = None,
+          final_eval_dataset_cfgs: Sequence[utils.DatasetConfig] = (),
+          final_eval_num_examples: Optional[int] = None,
+          eval_period: int = 1000,
+          eval_steps: Optional[int] = 20,
+          infer_eval_num_examples: Optional[int] = None,
+          infer_batch_size: int = 64,
+          predict_kwargs: Optional[Mapping[str, Any]] = None,
+          log_every_steps: int = 100,
+          checkpoint_period: int = 1000,
+          keep_checkpoints: Optional[int] = 3,
+          initial_checkpoint_path: Optional[str] = None,
+          random_seed: int = 0,
+          stop_after_steps: Optional[int] = None,
+          run_note: Optional[str] = None) -> dict[str, Any]:
+  """Trains, evaluates and checkpoints (see the module docstring). Gin names as in T5X.
+
+  Args:
+    model: `mcwq_t5x.model.EncoderDecoderModel` (gin MODEL).
+    train_dataset_cfg: training data (MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE, ...).
+    model_dir: MODEL_DIR (checkpoints, events, predictions, metrics).
+    total_steps: TRAIN_STEPS (optimizer updates in total, counting resumed ones).
+    partitioner: mesh (default: `partitioning.Partitioner()`, gin num_partitions).
+    trainer_cls: `trainer.Trainer` (gin binds learning_rate_fn, num_microbatches, ...).
+    train_eval_dataset_cfg: data for the periodic validation loss (None = skip).
+    infer_eval_dataset_cfg: data for the periodic decoding evaluation (None = skip).
+    final_eval_dataset_cfgs: splits decoded at the end -> predictions + metrics JSON.
+    final_eval_num_examples: decode only the first N examples of those (None = all).
+    eval_period: steps between evaluations (and at the end).
+    eval_steps: validation-loss batches per evaluation (None = the whole split).
+    infer_eval_num_examples: examples of the periodic decoding evaluation (None = all).
+    infer_batch_size: decoding batch size.
+    predict_kwargs: passed to `model.predict_batch` (e.g. {"num_decodes": 1} = greedy).
+    log_every_steps: steps between metric logs.
+    checkpoint_period: steps between checkpoints (a final one is always written).
+    keep_checkpoints: keep the last K checkpoints.
+    initial_checkpoint_path: INITIAL_CHECKPOINT_PATH (HF folder or T5X checkpoint) for fine-tuning;
+      ignored when MODEL_DIR already holds a checkpoint (resume wins).
+    random_seed: parameter-init / dropout / data-order seed (the data seed defaults to it).
+    stop_after_steps: stop (after checkpointing) once this step is reached, without the final
+      evaluation: a "killed" run for resume tests.
+    run_note: a line logged at start (e.g. which split stands in for training data).
+
+  Returns:
+    {"step", "final_eval": {task_split: metrics}, "train_metrics": last logged metrics, "wall_s"}.
+
+  Raises:
+    ValueError: unknown task, vocabulary/model mismatch, bad batch size.
+    trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept).
+  """
+  t_start = time.time()
+  model_dir_p = pathlib.Path(model_dir).absolute()
+  model_dir_p.mkdir(parents=True, exist_ok=True)
+  if run_note:
+    logging.warning("NOTE: %s", run_note)
+  if train_dataset_cfg.split != "train":
+    logging.warning("training on split %r of %s (not 'train')", train_dataset_cfg.split,
+                    train_dataset_cfg.mixture_or_task_name)
+  if jax.process_index() == 0:
+    (model_dir_p / "config.gin").write_text(gin.config_str())
+  partitioner = partitioner or partitioning.Partitioner()
+  logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
+               jax.device_count(), jax.devices()[0].platform, jax.process_count())
+
+  # --- data ---------------------------------------------------------------------------------
+  check_model_and_task(model, train_dataset_cfg)
+  per_process_batch = partitioner.check_batch_size(train_dataset_cfg.batch_size)
+  shard = partitioner.get_data_shard_info()
+  t0 = time.time()
+  train_arrays = utils.load_feature_arrays(train_dataset_cfg, shard.index, shard.num_shards)
+  data_seed = random_seed if train_dataset_cfg.seed is None else train_dataset_cfg.seed
+  batches = utils.DeterministicBatches(train_arrays, per_process_batch, seed=data_seed,
+                                       shuffle=train_dataset_cfg.shuffle)
+  logging.info("training data: %d rows in this shard (%.1fs)", batches.num_rows, time.time() - t0)
+  eval_arrays = None
+  if train_eval_dataset_cfg is not None:
+    check_model_and_task(model, train_eval_dataset_cfg)
+    n = None if eval_steps is None else eval_steps * train_eval_dataset_cfg.batch_size
+    eval_arrays = utils.load_feature_arrays(train_eval_dataset_cfg, 0, 1, num_examples=n)
+
+  # --- state --------------------------------------------------------------------------------
+  trainer = trainer_cls(model=model, partitioner=partitioner, seed=random_seed)
+  example = batches.batch(0)
+  global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
+  input_types = {k: jnp.int32 for k in example}
+  ckpt = checkpoints_lib.CheckpointManager(model_dir_p / "checkpoints",
+                                           save_interval_steps=checkpoint_period,
+                                           max_to_keep=keep_checkpoints)
+  restored = ckpt.restore_latest(trainer.state_shapes(global_shapes, input_types))
+  if restored is not None:
+    step, state, data_state = restored
+    logging.info("resumed from %s/%d (data position: %s)", ckpt.directory, step, data_state)
+    if data_state.get("data_seed", data_seed) != data_seed or data_state.get(
+        "global_batch_size", train_dataset_cfg.batch_size) != train_dataset_cfg.batch_size:
+      logging.warning("data seed/batch size changed since the checkpoint (%s); the data order "
+                      "will differ from the interrupted run", data_state)
+  elif initial_checkpoint_path:
+    from mcwq_t5x import checkpoint_import  # pylint: disable=g-import-not-at-top
+    logging.info("initialising from %s", initial_checkpoint_path)
+    params = checkpoint_import.load_pretrained(initial_checkpoint_path, model.module.config)
+    state = trainer.create_state(global_shapes, input_types, init_params=params)
+    del params
+  else:
+    state = trainer.create_state(global_shapes, input_types)
+  start_step = int(state.step)
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
+  logging.info("model: %.2fM parameters; starting at step %d of %d", n_params / 1e6, start_step,
+               total_steps)
+
+  def data_state(step):
+    return {"step": int(step), "data_seed": int(data_seed),
+            "global_batch_size": int(train_dataset_cfg.batch_size),
+            "task": train_dataset_cfg.mixture_or_task_name, "split": train_dataset_cfg.split}
+
+  train_writer = create_metric_writer(str(model_dir_p / "train"))
+  eval_writer = create_metric_writer(str(model_dir_p / "eval"))
+  predictor = Predictor(model, partitioner, infer_batch_size, predict_kwargs)
+
+  def evaluate(step):
+    record: dict[str, Any] = {"step": step}
+    if eval_arrays is not None:
+      eb = train_eval_dataset_cfg.batch_size
+      sums: dict[str, float] = {}
+      n_rows = len(next(iter(eval_arrays.values())))
+      for s in range(0, n_rows - eb + 1, eb):
+        b = {k: jax.device_put(v[s:s + eb], partitioner.data_sharding)
+             for k, v in eval_arrays.items()}
+        for k, v in jax.device_get(trainer.eval_step(state, b)).items():
+          sums[k] = sums.get(k, 0.0) + float(v)
+      if sums:
+        record.update({f"validation/{k}": v for k, v in
+                       trainer_lib.summarize_metrics(sums).items()
+                       if k in ("loss", "accuracy", "cross_ent_loss")})
+    if infer_eval_dataset_cfg is not None:
+      t = time.time()
+      metrics, _ = run_decoding_eval(infer_eval_dataset_cfg, predictor, state.params,
+                                        infer_eval_num_examples)
+      record.update({f"decode/{k}": v for k, v in metrics.items()})
+      record["decode/time_s"] = time.time() - t
+    if len(record) > 1:
+      eval_writer.write_scalars(step, {k: v for k, v in record.items() if k != "step"})
+      eval_writer.flush()
+      logging.info("eval step %d: %s", step, {k: round(v, 4) for k, v in record.items()
+                                               if k != "step"})
+      _append_jsonl(model_dir_p / "eval_metrics.jsonl", record)
+    return record
+
+  # --- loop ---------------------------------------------------------------------------------
+  stop_at = total_steps if stop_after_steps is None else min(stop_after_steps, total_steps)
+  timer = trainer_lib.StepTimer()
+  sums: dict[str, float] = {}
+  last_logged: dict[str, Any] = {}
+  step = start_step
+  t_train = time.time()
+  try:
+    while step < stop_at:
+      local = batches.batch(step)
+      batch = partitioner.make_global_batch(local)
+      state, metrics = trainer.train_step(state, batch)
+      step += 1
+      host = jax.device_get(metrics)
+      for k in ("loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
+                "num_examples"):
+        if k in host:
+          sums[k] = sums.get(k, 0.0) + float(host[k])
+      sums["learning_rate"] = float(host["learning_rate"])
+      timer.add(float(host.get("num_examples", train_dataset_cfg.batch_size)),
+                float(host.get("num_tokens", 0.0)))
+      if step % log_every_steps == 0 or step == stop_at:
+        summary = trainer_lib.summarize_metrics(sums)
+        summary.update(timer.read_and_reset())
+        summary.pop("num_tokens", None)
+        summary.pop("num_examples", None)
+        train_writer.write_scalars(step, summary)
+        logging.info("step %d/%d (%.0f%%): loss %.4f  acc %.4f  lr %.2e  %.3fs/step  %.1f ex/s  "
+                     "%.0f tok/s", step, total_steps, 100.0 * step / total_steps,
+                     summary["loss"], summary.get("accuracy", float("nan")),
+                     summary["learning_rate"], summary["step_time_s"], summary["examples_per_s"],
+                     summary["tokens_per_s"])
+        last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
+        _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
+        sums = {}
+      ckpt.save(step, state, data_state(step), force=(step == stop_at))
+      if eval_period and step % eval_period == 0 and step < total_steps:
+        evaluate(step)
+  except trainer_lib.NonFiniteLossError:
+    ckpt.wait()
+    logging.error("stopping on a non-finite loss; last good checkpoint: %s", ckpt.latest_step())
+    raise
+  finally:
+    train_writer.flush()
+    ckpt.wait()
+  train_time = time.time() - t_train
+  result: dict[str, Any] = {"step": step, "train_metrics": last_logged,
+                            "train_time_s": train_time, "final_eval": {}}
+  if step < total_steps:  # stopped early on purpose (stop_after_steps)
+    ckpt.close()
+    result["wall_s"] = time.time() - t_start
+    return result
+
+  # --- final evaluation ---------------------------------------------------------------------
+  if eval_period:
+    evaluate(step)
+  for cfg in final_eval_dataset_cfgs:
+    t = time.time()
+    metrics, predictions = run_decoding_eval(cfg, predictor, state.params,
+                                                final_eval_num_examples)
+    pred_path, met_path = write_predictions(
+        model_dir_p, cfg, predictions, metrics,
+        extra={"step": step, "checkpoint": str(ckpt.directory / str(step)),
+               "decode_time_s": time.time() - t})
+    logging.info("final %s/%s (%d examples, %.1fs): %s -> %s", cfg.mixture_or_task_name,
+                 cfg.split, len(predictions), time.time() - t, metrics, pred_path)
+    result["final_eval"][f"{cfg.mixture_or_task_name}_{cfg.split}"] = metrics
+  ckpt.close()
+  train_writer.close()
+  eval_writer.close()
+  result["wall_s"] = time.time() - t_start
+  logging.info("done in %.1fs (training %.1fs)", result["wall_s"], train_time)
+  return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+  """Entry point: parse the gin flags, initialise multi-host JAX if configured, run `train`."""
+  gin_utils.setup_logging()
+  gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
+  partitioning.set_host_device_count()
+  partitioning.initialize_distributed()
+  return train()  # pylint: disable=no-value-for-parameter  (gin supplies the arguments)
+

@@ -1,0 +1,505 @@
+"""Training state, optimizer, learning-rate schedules and the sharded train/eval steps.
+
+Lean counterpart of T5X's `t5x/trainer.py` + `t5x/utils.py` (train-state creation) + `t5x/optimizers.py`:
+
+* `TrainState`: step, params, optax optimizer state (a flax struct, i.e. a pytree).
+* `make_optimizer()`: Adafactor (`optax.adafactor`) by default, as T5X fine-tuning uses; AdamW optional.
+* `create_learning_rate_schedule()`: constant, linear decay, rsqrt decay and cosine, each with linear warm-up.
+  The MCWQ paper (Cui et al., TACL 2022, Sec. 5) fine-tunes mT5 with learning rate 5e-4 and the other
+  baselines with 3e-5; both are gin settings of the experiment files.
+* `Trainer`: creates the state SHARDED (`jax.jit` of init with `out_shardings`: parameters are never
+  materialised whole on one device), compiles `train_step` (gradient accumulation over `num_microbatches`
+  with `jax.lax.scan`; the model's `loss_fn` returns SUMS in its metrics, which are accumulated and then
+  normalised by the total number of target tokens, so microbatching gives the same update as one large
+  batch), dropout RNG = `fold_in(fold_in(seed_rng, step), microbatch)`, and `eval_step`.
+* Non-finite loss or gradients: the step leaves the state unchanged and `Trainer.train_step` raises
+  `NonFiniteLossError` naming the step, so the last good checkpoint stays the latest one.
+
+Nothing here imports TensorFlow or SeqIO.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+import numpy as np
+import optax
+
+from mcwq_t5x import partitioning as partitioning_lib
+
+PyTree = Any
+Batch = Mapping[str, jax.Array]
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Raised when a train step produced a NaN/Inf loss or gradient (the state is left unchanged)."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Training state (a pytree).
+
+  Attributes:
+    step: int32 scalar, number of optimizer updates applied so far.
+    params: unboxed parameter tree (float32 arrays, T5X names).
+    opt_state: optax optimizer state.
+  """
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+
+
+# --------------------------------------------------------------------------------------------
+# Learning-rate schedules and optimizers
+# --------------------------------------------------------------------------------------------
+@gin.configurable
+def create_learning_rate_schedule(base_learning_rate: float = 5e-4,
+                                  schedule: str = "constant",
+                                  warmup_steps: int = 0,
+                                  decay_steps: Optional[int] = None,
+                                  end_learning_rate_factor: float = 0.0,
+                                  ) -> Callable[[jax.Array], jax.Array]:
+  """Learning rate as a function of the step (an optax schedule).
+
+  Args:
+    base_learning_rate: peak learning rate (paper, Sec. 5: 5e-4 for mT5 fine-tuning, 3e-5 elsewhere).
+    schedule: "constant"; "linear" (linear decay from the peak at `warmup_steps` to
+      `end_learning_rate_factor * peak` at `decay_steps`); "rsqrt" (T5's inverse square root:
+      `peak * sqrt(max(warmup_steps, 1) / max(step, warmup_steps))`); "cosine" (cosine decay to
+      `end_learning_rate_factor * peak` at `decay_steps`).
+    warmup_steps: number of steps of linear warm-up from 0 to the peak (0 = none).
+    decay_steps: total steps for "linear"/"cosine" (typically TRAIN_STEPS).
+
+  Returns:
+    `fn(step) -> float32 scalar`.
+
+  Raises:
+    ValueError: for an unknown schedule or a missing `decay_steps`.
+  """
+  peak = float(base_learning_rate)
+  if schedule == "constant":
+    main = optax.constant_schedule(peak)
+  elif schedule in ("linear", "cosine"):
+    if not decay_steps:
+      raise ValueError(f"schedule {schedule!r} needs decay_steps (e.g. TRAIN_STEPS)")
+    n = max(int(decay_steps) - int(warmup_steps), 1)
+    if schedule == "linear":
+      main = optax.linear_schedule(peak, peak * end_learning_rate_factor, n)
+    else:
+      main = optax.cosine_decay_schedule(peak, n, alpha=end_learning_rate_factor)
+  elif schedule == "rsqrt":
+    w = float(max(warmup_steps, 1))
+    def main(count):  # count is relative to the end of warm-up.
+      return peak * jnp.sqrt(w / jnp.maximum(count + w, w))
+  else:
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}; expected one of "
+                     "'constant', 'linear', 'rsqrt', 'cosine'")
+  if warmup_steps > 0:
+    warm = optax.linear_schedule(0.0, peak, int(warmup_steps))
+    return optax.join_schedules([warm, main], [int(warmup_steps)])
+  return main
+
+
+@gin.configurable
+def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
+                   name: str = "adafactor",
+                   weight_decay: float = 0.0,
+                   grad_clip_norm: Optional[float] = None,
+                   adafactor_decay_rate: float = 0.8,
+                   adafactor_multiply_by_parameter_scale: bool = True,
+                   adafactor_clipping_threshold: Optional[float] = 1.0,
+                   adam_b1: float = 0.9,
+                   adam_b2: float = 0.999) -> optax.GradientTransformation:
+  """The optimizer (an optax gradient transformation).
+
+  Args:
+    learning_rate_fn: schedule from `create_learning_rate_schedule`.
+    name: "adafactor" (T5X fine-tuning default: decay rate 0.8, update clipping 1.0, parameter-scale
+      relative steps, factored second moments) or "adamw".
+    weight_decay: decoupled weight decay (AdamW) / Adafactor `weight_decay_rate` (0 = none).
+    grad_clip_norm: global-norm gradient clipping before the optimizer (None = none).
+
+  Returns:
+    An `optax.GradientTransformation`.
+
+  Raises:
+    ValueError: for an unknown optimizer name.
+  """
+  if name == "adafactor":
+    tx = optax.adafactor(learning_rate=learning_rate_fn, decay_rate=adafactor_decay_rate,
+                         multiply_by_parameter_scale=adafactor_multiply_by_parameter_scale,
+                         clipping_threshold=adafactor_clipping_threshold,
+                         weight_decay_rate=weight_decay or None)
+  elif name == "adamw":
+    tx = optax.adamw(learning_rate=learning_rate_fn, b1=adam_b1, b2=adam_b2,
+                     weight_decay=weight_decay)
+  else:
+    raise ValueError(f"unknown optimizer {name!r}; expected 'adafactor' or 'adamw'")
+  if grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
+  return tx
+
+
+# --------------------------------------------------------------------------------------------
+# Sharding of the optimizer state
+# --------------------------------------------------------------------------------------------
+def _path_keys(path) -> tuple[str, ...]:
+  out = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      out.append(str(k.key))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      out.append(k.name)
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      out.append(str(k.idx))
+    else:
+      out.append(str(k))
+  return tuple(out)
+
+
+def _fit_spec_to_mesh(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> PartitionSpec:
+  """Drops mesh axes that do not divide the dimension they shard (e.g. an odd vocabulary size)."""
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  fitted = []
+  for dim, entry in zip(shape, entries):
+    if entry is None:
+      fitted.append(None)
+      continue
+    axes = entry if isinstance(entry, tuple) else (entry,)
+    size = int(np.prod([mesh.shape[a] for a in axes]))
+    fitted.append(entry if dim % size == 0 else None)
+  return PartitionSpec(*fitted)
+
+
+def optimizer_state_specs(opt_state_shapes: PyTree, params_shapes: PyTree,
+                          params_specs: PyTree) -> PyTree:
+  """Mesh PartitionSpecs for an optax state, derived from the parameters' specs.
+
+  A state leaf whose key path ends with a parameter's path gets that parameter's spec when the shapes
+  are equal (Adam moments, Adafactor's unfactored `v`), or the spec with one dimension removed when
+  its shape is the parameter's shape minus that dimension (Adafactor's factored `v_row`/`v_col`);
+  everything else (counts, placeholders) is replicated.  T5X derives the same from its
+  `logical_factor_rules`.
+  """
+  param_index: dict[tuple[str, ...], tuple[tuple[int, ...], PartitionSpec]] = {}
+  for (path, leaf), spec in zip(
+      jax.tree_util.tree_flatten_with_path(params_shapes)[0],
+      jax.tree_util.tree_leaves(params_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))):
+    param_index[_path_keys(path)] = (tuple(leaf.shape), spec)
+  max_len = max((len(k) for k in param_index), default=0)
+
+  def spec_for(path, leaf):
+    keys = _path_keys(path)
+    shape = tuple(getattr(leaf, "shape", ()))
+    for n in range(min(len(keys), max_len), 0, -1):
+      hit = param_index.get(keys[-n:])
+      if hit is None:
+        continue
+      p_shape, p_spec = hit
+      entries = list(p_spec) + [None] * (len(p_shape) - len(p_spec))
+      if shape == p_shape:
+        return PartitionSpec(*entries)
+      if len(shape) == len(p_shape) - 1:
+        for i in reversed(range(len(p_shape))):
+          if p_shape[:i] + p_shape[i + 1:] == shape:
+            return PartitionSpec(*(entries[:i] + entries[i + 1:]))
+      return PartitionSpec()
+    return PartitionSpec()
+
+  return jax.tree_util.tree_map_with_path(spec_for, opt_state_shapes)
+
+
+# --------------------------------------------------------------------------------------------
+# Trainer
+# --------------------------------------------------------------------------------------------
+def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
+  """[B, ...] -> [num_microbatches, B // num_microbatches, ...] (contiguous split, as T5X)."""
+  def split(x):
+    b = x.shape[0]
+    if b % num_microbatches:
+      raise ValueError(f"batch size {b} is not divisible by num_microbatches={num_microbatches}")
+    return x.reshape((num_microbatches, b // num_microbatches) + x.shape[1:])
+  return jax.tree_util.tree_map(split, dict(batch))
+
+
+def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
+  """Turns summed metrics into the logged figures.
+
+  Args:
+    sums: the step's metric SUMS (host scalars) from `loss_fn`, plus "learning_rate".
+
+  Returns:
+    {"loss": mean loss per target token, "cross_ent_loss", "z_loss" (same normalisation),
+     "accuracy": token accuracy in [0, 1], "learning_rate", "num_tokens", "num_examples"}.
+  """
+  n = max(float(sums.get("num_tokens", 1.0)), 1.0)
+  out = {"loss": float(sums["loss"]) / n}
+  for k in ("cross_ent_loss", "z_loss"):
+    if k in sums:
+      out[k] = float(sums[k]) / n
+  if "accuracy_numerator" in sums:
+    out["accuracy"] = float(sums["accuracy_numerator"]) / n
+  for k in ("learning_rate", "num_tokens", "num_examples", "grad_norm"):
+    if k in sums:
+      out[k] = float(sums[k])
+  return out
+
+
+@gin.configurable
+class Trainer:
+  """Creates the sharded train state and runs compiled train/eval steps (T5X `Trainer`).
+
+  Args:
+    model: object with `get_initial_variables(rng, input_shapes, input_types)` returning
+      {"params": nn.LogicallyPartitioned-boxed tree}, `loss_fn(params, batch, dropout_rng) ->
+      (loss, metric_sums)` and `eval_fn(params, batch)` (the `mcwq_t5x.model.EncoderDecoderModel`
+      contract); `loss_normalizing_factor` (None or float) is honoured.
+    partitioner: `partitioning.Partitioner`.
+    optimizer: optax transformation (default: `make_optimizer(learning_rate_fn)`).
+    learning_rate_fn: schedule (logged as "learning_rate").
+    num_microbatches: gradient-accumulation steps per update (1 = none).
+    seed: seed for parameter init and dropout.
+  """
+
+  def __init__(self,
+               model: Any,
+               partitioner: partitioning_lib.Partitioner,
+               learning_rate_fn: Callable[[jax.Array], jax.Array],
+               optimizer: Optional[optax.GradientTransformation] = None,
+               num_microbatches: Optional[int] = None,
+               seed: int = 0):
+    self.model = model
+    self.partitioner = partitioner
+    self.learning_rate_fn = learning_rate_fn
+    self.optimizer = optimizer if optimizer is not None else make_optimizer(learning_rate_fn)
+    self.num_microbatches = int(num_microbatches or 1)
+    self.seed = int(seed)
+    self.dropout_rng = jax.random.PRNGKey(self.seed + 1)
+    self._state_shardings = None
+    self._train_step_fn = None
+    self._eval_step_fn = None
+
+  # --- state --------------------------------------------------------------------------------
+  def _init_fn(self, input_shapes, input_types):
+    def init(rng):
+      variables = self.model.get_initial_variables(rng, input_shapes, input_types)
+      params = nn.unbox(variables["params"])
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                        opt_state=self.optimizer.init(params))
+    return init
+
+  def state_shardings(self, input_shapes: Mapping[str, tuple[int, ...]],
+                      input_types: Optional[Mapping[str, Any]] = None) -> TrainState:
+    """NamedShardings of the train state (params from their logical axes, optimizer derived)."""
+    if self._state_shardings is not None:
+      return self._state_shardings
+    p = self.partitioner
+    rng = jax.random.PRNGKey(self.seed)
+    with p.context():
+      boxed = jax.eval_shape(
+          lambda r: self.model.get_initial_variables(r, input_shapes, input_types)["params"], rng)
+      state_shapes = jax.eval_shape(self._init_fn(input_shapes, input_types), rng)
+    logical = nn.get_partition_spec(boxed)
+    mesh_specs = jax.tree_util.tree_map(
+        lambda s: PartitionSpec() if s is None else nn.logical_to_mesh_axes(s, p.logical_axis_rules),
+        logical, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
+    mesh_specs = jax.tree_util.tree_map(
+        lambda s, a: _fit_spec_to_mesh(s, a.shape, p.mesh), mesh_specs, state_shapes.params,
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    opt_specs = optimizer_state_specs(state_shapes.opt_state, state_shapes.params, mesh_specs)
+    opt_specs = jax.tree_util.tree_map(
+        lambda s, a: _fit_spec_to_mesh(s, getattr(a, "shape", ()), p.mesh), opt_specs,
+        state_shapes.opt_state, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    to_sharding = lambda s: jax.sharding.NamedSharding(p.mesh, s)
+    is_spec = lambda x: isinstance(x, PartitionSpec)
+    self._state_shardings = TrainState(
+        step=p.replicated,
+        params=jax.tree_util.tree_map(to_sharding, mesh_specs, is_leaf=is_spec),
+        opt_state=jax.tree_util.tree_map(to_sharding, opt_specs, is_leaf=is_spec))
+    self._state_shapes = state_shapes
+    return self._state_shardings
+
+  def state_shapes(self, input_shapes, input_types=None) -> TrainState:
+    """`jax.ShapeDtypeStruct` tree of the train state, each leaf carrying its sharding."""
+    shardings = self.state_shardings(input_shapes, input_types)
+    return jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self._state_shapes,
+        shardings)
+
+  def create_state(self, input_shapes: Mapping[str, tuple[int, ...]],
+                   input_types: Optional[Mapping[str, Any]] = None,
+                   init_params: Optional[PyTree] = None) -> TrainState:
+    """Initialises the train state directly in its sharded layout.
+
+    Args:
+      input_shapes: feature -> shape of a (global) batch, e.g. {"encoder_input_tokens": (B, Li), ...}.
+      input_types: feature -> dtype (default int32).
+      init_params: optional parameter tree (e.g. an imported pretrained checkpoint) replacing the
+        random init; it is placed with the parameters' shardings and the optimizer state is
+        initialised from it.
+
+    Returns:
+      A `TrainState` whose arrays are sharded over the mesh.
+
+    Raises:
+      ValueError: if `init_params` does not have the model's parameter structure/shapes.
+    """
+    shardings = self.state_shardings(input_shapes, input_types)
+    p = self.partitioner
+    if init_params is None:
+      init = p.partition(self._init_fn(input_shapes, input_types), in_shardings=p.replicated,
+                         out_shardings=shardings)
+      return init(jax.random.PRNGKey(self.seed))
+    expected = self._state_shapes.params
+    exp_struct = jax.tree_util.tree_structure(expected)
+    got_struct = jax.tree_util.tree_structure(init_params)
+    if exp_struct != got_struct:
+      raise ValueError("initial checkpoint parameters do not match the model's parameter tree:\n"
+                       f"expected {exp_struct}\n got {got_struct}")
+    for (path, e), g in zip(jax.tree_util.tree_flatten_with_path(expected)[0],
+                            jax.tree_util.tree_leaves(init_params)):
+      if tuple(e.shape) != tuple(np.shape(g)):
+        raise ValueError(f"initial checkpoint parameter {'/'.join(_path_keys(path))} has shape "
+                         f"{tuple(np.shape(g))}, the model expects {tuple(e.shape)}")
+    params = jax.tree_util.tree_map(
+        lambda g, e, s: jax.device_put(jnp.asarray(g, e.dtype), s), init_params, expected,
+        shardings.params)
+    def init_opt(params):
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                        opt_state=self.optimizer.init(params))
+    fn = p.partition(init_opt, in_shardings=(shardings.params,), out_shardings=shardings)
+    return fn(params)
+
+  # --- steps --------------------------------------------------------------------------------
+  def _loss_normalizer(self, batch: Batch) -> jax.Array:
+    factor = getattr(self.model, "loss_normalizing_factor", None)
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+      return jnp.asarray(float(factor), jnp.float32)
+    weights = batch.get("decoder_loss_weights")
+    if weights is None:
+      weights = (batch["decoder_target_tokens"] > 0)
+    return jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
+
+  def _grad_and_metric_sums(self, params, batch, rng):
+    """Summed loss gradient and summed metrics over the microbatches of `batch`."""
+    def loss_sum(p, mb, r):
+      _, metrics = self.model.loss_fn(p, mb, r)
+      return metrics["loss"], metrics
+    grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+    if self.num_microbatches <= 1:
+      (_, metrics), grads = grad_fn(params, batch, jax.random.fold_in(rng, 0))
+      return grads, metrics
+    mbs = _split_microbatches(batch, self.num_microbatches)
+
+    def body(carry, xs):
+      acc_g, acc_m = carry
+      i, mb = xs
+      (_, metrics), grads = grad_fn(params, mb, jax.random.fold_in(rng, i))
+      acc_g = jax.tree_util.tree_map(jnp.add, acc_g, grads)
+      acc_m = jax.tree_util.tree_map(jnp.add, acc_m, metrics)
+      return (acc_g, acc_m), None
+
+    first = jax.tree_util.tree_map(lambda x: x[0], mbs)
+    m_shapes = jax.eval_shape(lambda: grad_fn(params, first, rng)[0][1])
+    zeros_m = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), m_shapes)
+    zeros_g = jax.tree_util.tree_map(jnp.zeros_like, params)
+    (grads, metrics), _ = jax.lax.scan(
+        body, (zeros_g, zeros_m), (jnp.arange(self.num_microbatches), mbs))
+    return grads, metrics
+
+  def _train_step(self, state: TrainState, batch: Batch, base_rng: jax.Array):
+    rng = jax.random.fold_in(base_rng, state.step)
+    grad_sums, metrics = self._grad_and_metric_sums(state.params, batch, rng)
+    norm = self._loss_normalizer(batch)
+    grads = jax.tree_util.tree_map(lambda g: g / norm, grad_sums)
+    updates, new_opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
+    # Keep the old state when the step is not finite: the caller raises, nothing bad is saved.
+    new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_state, state)
+    metrics = dict(metrics)
+    metrics["learning_rate"] = jnp.asarray(self.learning_rate_fn(state.step), jnp.float32)
+    metrics["grad_norm"] = grad_norm
+    metrics["is_finite"] = finite
+    return new_state, metrics
+
+  def compile_train_step(self, state_shardings: TrainState, batch: Batch):
+    """Compiles the train step for `batch`'s features (donates the old state)."""
+    p = self.partitioner
+    return p.partition(self._train_step,
+                       in_shardings=(state_shardings, p.batch_shardings(batch), p.replicated),
+                       out_shardings=(state_shardings, p.replicated),
+                       donate_argnums=(0,))
+
+  def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update on a global batch (already sharded or plain numpy on one host).
+
+    Returns:
+      (new_state, metric sums as device scalars; "learning_rate", "grad_norm", "is_finite" added).
+
+    Raises:
+      NonFiniteLossError: if the loss or the gradient norm is NaN/Inf (the state is NOT updated;
+        the exception's `state` attribute holds it).
+    """
+    if self._train_step_fn is None:
+      shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
+      self._train_step_fn = self.compile_train_step(shardings, batch)
+    step = int(state.step)
+    new_state, metrics = self._train_step_fn(state, dict(batch), self.dropout_rng)
+    if not bool(metrics["is_finite"]):
+      err = NonFiniteLossError(
+          f"non-finite loss or gradient at step {step} (loss sum={float(metrics['loss'])}, "
+          f"grad norm={float(metrics['grad_norm'])}); training stopped, the state was not updated "
+          "and the latest checkpoint is the last good one")
+      err.state = new_state  # the unchanged (last good) state
+      raise err
+    return new_state, metrics
+
+  def _eval_step(self, params, batch):
+    _, metrics = self.model.eval_fn(params, batch)
+    return metrics
+
+  def eval_step(self, state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+    """Metric sums (loss, accuracy numerator, token count) of a batch without dropout."""
+    if self._eval_step_fn is None:
+      p = self.partitioner
+      shardings = jax.tree_util.tree_map(lambda x: x.sharding, state.params)
+      self._eval_step_fn = p.partition(self._eval_step,
+                                       in_shardings=(shardings, p.batch_shardings(batch)),
+                                       out_shardings=p.replicated)
+    return self._eval_step_fn(state.params, dict(batch))
+
+
+class StepTimer:
+  """Wall-clock throughput between two log points (step time, examples/s, tokens/s)."""
+
+  def __init__(self):
+    self._t = time.perf_counter()
+    self._examples = 0.0
+    self._tokens = 0.0
+    self._steps = 0
+
+  def add(self, num_examples: float, num_tokens: float) -> None:
+    """Records one step's examples and (target) tokens."""
+    self._examples += num_examples
+    self._tokens += num_tokens
+    self._steps += 1
+
+  def read_and_reset(self) -> dict[str, float]:
+    """{"step_time_s", "examples_per_s", "tokens_per_s"} since the last call."""
+    now = time.perf_counter()
+    dt = max(now - self._t, 1e-9)
+    out = {"step_time_s": dt / max(self._steps, 1), "examples_per_s": self._examples / dt,
+           "tokens_per_s": self._tokens / dt}
+    self.__init__()
+    return out

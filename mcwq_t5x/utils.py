@@ -1,0 +1,233 @@
+"""Data plumbing for the mains: dataset configs, materialised feature arrays, deterministic batches.
+
+Counterpart of the data half of T5X's `t5x/utils.py` (`DatasetConfig`, `get_dataset`):
+
+* `DatasetConfig`: the same fields as T5X's (mixture_or_task_name, task_feature_lengths, split,
+  batch_size (global), shuffle, seed, use_cached, pack, module).
+* `load_feature_arrays()`: reads THIS process's shard of a SeqIO task/mixture
+  (`seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())`), runs the
+  `seqio.EncDecFeatureConverter` and keeps the features as numpy arrays (MCWQ splits have at most a
+  few hundred thousand short examples, so this costs little memory and takes tf.data out of the
+  training loop).
+* `DeterministicBatches`: the batch of step `s` is a pure function of `(seed, s)` (epoch `e` uses
+  permutation `rng(seed, e)`), so a resumed run reads exactly the batches the killed run would have.
+
+SeqIO/TensorFlow are imported lazily (only the mains call the loaders); the batch iterator is pure numpy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from typing import Any, Iterator, Mapping, Optional
+
+import gin
+import numpy as np
+
+DEFAULT_TASK_MODULE = "tasks.mcwq"
+
+
+@gin.configurable
+@dataclasses.dataclass
+class DatasetConfig:
+  """Which data to read and how to batch it (T5X `utils.DatasetConfig` names).
+
+  Attributes:
+    mixture_or_task_name: a registered SeqIO task or mixture, e.g. "mcwq_mcd1_en".
+    task_feature_lengths: {"inputs": int, "targets": int} (tokens, EOS included).
+    split: "train", "validation" or "test".
+    batch_size: GLOBAL batch size (all processes together).
+    shuffle: shuffle each epoch (training) or keep source order (evaluation).
+    seed: data seed (None = 0).
+    use_cached: read a SeqIO cache instead of preprocessing (T5X's USE_CACHED_TASKS).
+    pack: pack several examples per row (seqio packing; training only).
+    module: module imported to register the tasks (default "tasks.mcwq").
+  """
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  split: str
+  batch_size: int
+  shuffle: bool = True
+  seed: Optional[int] = 0
+  use_cached: bool = False
+  pack: bool = False
+  module: Optional[str] = None
+
+
+_REGISTERED: dict[str, Any] = {}
+
+
+@gin.configurable
+def import_task_module(module: Optional[str] = None, vocabulary: Any = None) -> None:
+  """Imports the module that registers the SeqIO tasks (default `tasks.mcwq`).
+
+  If the module has `register_mcwq_tasks` (gin-configurable, see tasks/mcwq.py), it is called once
+  more after gin parsing so that gin bindings (input prefix, data dir) and `vocabulary` (gin:
+  `utils.import_task_module.vocabulary = %VOCABULARY`, e.g. the mT5 SentencePiece model) apply.
+  """
+  name = module or DEFAULT_TASK_MODULE
+  mod = importlib.import_module(name)
+  register = getattr(mod, "register_mcwq_tasks", None)
+  if register is not None and (name not in _REGISTERED or _REGISTERED[name] is not vocabulary):
+    if vocabulary is not None:
+      register(vocabulary=vocabulary)
+    else:
+      register()
+    _REGISTERED[name] = vocabulary
+
+
+def get_mixture_or_task(name: str, module: Optional[str] = None):
+  """Returns the registered SeqIO task or mixture `name`.
+
+  Raises:
+    ValueError: naming the unknown task and listing the registered MCWQ tasks.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  import_task_module(module)
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError as e:
+    known = sorted(n for n in list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
+                   if n.startswith("mcwq"))
+    raise ValueError(f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME); registered MCWQ "
+                     f"tasks: {', '.join(known) or 'none'}") from e
+
+
+def output_vocabulary(name: str, module: Optional[str] = None):
+  """The `targets` vocabulary of task/mixture `name`."""
+  task = get_mixture_or_task(name, module)
+  return task.output_features["targets"].vocabulary
+
+
+def check_vocab_size(vocabulary: Any, model_vocab_size: int, where: str = "") -> None:
+  """Checks the model's embedding size fits the SentencePiece vocabulary.
+
+  Accepted: equal sizes, or the model size being the vocabulary size rounded up to a multiple of
+  128 (mT5: 250100 pieces, `vocab_size=250112` in the model, as in T5X).
+
+  Raises:
+    ValueError: naming both sizes and where they come from.
+  """
+  n = int(vocabulary.vocab_size)
+  padded = -(-n // 128) * 128
+  if model_vocab_size not in (n, padded):
+    raise ValueError(
+        f"vocabulary/model mismatch{(' in ' + where) if where else ''}: the task vocabulary "
+        f"{getattr(vocabulary, 'sentencepiece_model_file', vocabulary)!s} has {n} pieces but the "
+        f"model's T5Config.vocab_size is {model_vocab_size} (expected {n} or {padded}); set "
+        "network.T5Config.vocab_size or the vocabulary (MCWQ_VOCAB) so that they agree")
+
+
+def load_feature_arrays(cfg: DatasetConfig, shard_index: int = 0, num_shards: int = 1,
+                        num_examples: Optional[int] = None) -> dict[str, np.ndarray]:
+  """Reads one process's shard of `cfg`'s split, feature-converted, as numpy arrays.
+
+  Args:
+    cfg: the dataset config (`pack` selects packing; `shuffle` is applied later by the iterator).
+    shard_index / num_shards: this process's data shard (`jax.process_index()/process_count()`).
+    num_examples: keep only the first N (source order; None = all).
+
+  Returns:
+    feature -> int32 array [N, length] with the `seqio.EncDecFeatureConverter` features
+    (encoder_input_tokens, decoder_input_tokens, decoder_target_tokens, decoder_loss_weights, and the
+    segment/position features when packed).
+
+  Raises:
+    ValueError: unknown task, or a split without any example.
+    mcwq_t5x.paths.DataNotFoundError: when the data folder is missing.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  ds = seqio.get_dataset(
+      cfg.mixture_or_task_name, task_feature_lengths=dict(cfg.task_feature_lengths),
+      dataset_split=cfg.split, shuffle=False, num_epochs=1, use_cached=cfg.use_cached,
+      seed=cfg.seed, shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
+      feature_converter=seqio.EncDecFeatureConverter(pack=cfg.pack))
+  if num_examples is not None:
+    ds = ds.take(num_examples)
+  chunks: dict[str, list[np.ndarray]] = {}
+  for batch in ds.batch(1024).as_numpy_iterator():
+    for k, v in batch.items():
+      chunks.setdefault(k, []).append(np.asarray(v, np.int32))
+  if not chunks:
+    raise ValueError(f"task {cfg.mixture_or_task_name!r} split {cfg.split!r} (shard {shard_index} "
+                     f"of {num_shards}) has no examples")
+  arrays = {k: np.concatenate(v) for k, v in chunks.items()}
+  logging.info("loaded %s/%s shard %d/%d: %d rows, features %s", cfg.mixture_or_task_name,
+               cfg.split, shard_index, num_shards, len(next(iter(arrays.values()))),
+               {k: v.shape[1:] for k, v in arrays.items()})
+  return arrays
+
+
+class DeterministicBatches:
+  """Endless shuffled batches where batch `s` depends only on (seed, s).
+
+  The example stream is epoch 0's permutation, then epoch 1's, ...; permutation `e` is drawn from
+  `np.random.default_rng([seed, e])`.  Batch `s` is stream items `[s*B, (s+1)*B)`.  Resuming at step
+  `s` therefore needs nothing but `s` (stored in the checkpoint).
+
+  Args:
+    arrays: feature -> [N, ...] numpy arrays (this process's shard).
+    batch_size: rows per batch (per process).
+    seed: data seed.
+    shuffle: False = source order (epochs repeat in the same order).
+  """
+
+  def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int = 0,
+               shuffle: bool = True):
+    self.arrays = dict(arrays)
+    self.num_rows = len(next(iter(self.arrays.values())))
+    if self.num_rows == 0:
+      raise ValueError("no rows to batch")
+    self.batch_size = int(batch_size)
+    self.seed = int(seed or 0)
+    self.shuffle = shuffle
+    self._perms: dict[int, np.ndarray] = {}
+
+  def _perm(self, epoch: int) -> np.ndarray:
+    if epoch not in self._perms:
+      if len(self._perms) > 4:
+        self._perms.clear()
+      self._perms[epoch] = (np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+                            if self.shuffle else np.arange(self.num_rows))
+    return self._perms[epoch]
+
+  def indices(self, step: int) -> np.ndarray:
+    """Row indices of batch `step` (int64 [batch_size])."""
+    pos = np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
+    epochs, offsets = np.divmod(pos, self.num_rows)
+    return np.array([self._perm(int(e))[o] for e, o in zip(epochs, offsets)])
+
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """Batch `step`: feature -> [batch_size, ...]."""
+    idx = self.indices(step)
+    return {k: v[idx] for k, v in self.arrays.items()}
+
+  def iterate(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Batches `start_step`, `start_step + 1`, ... forever."""
+    step = start_step
+    while True:
+      yield self.batch(step)
+      step += 1
+
+
+def pad_batch(batch: Mapping[str, np.ndarray], batch_size: int) -> tuple[dict[str, np.ndarray], int]:
+  """Pads a (last, short) batch with zero rows to `batch_size`; returns (batch, number of real rows)."""
+  n = len(next(iter(batch.values())))
+  if n == batch_size:
+    return dict(batch), n
+  return {k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
+          for k, v in batch.items()}, n
+
+
+def to_jsonable(x: Any) -> Any:
+  """Converts numpy/jax scalars inside dicts/lists to plain Python for json.dump."""
+  if isinstance(x, Mapping):
+    return {str(k): to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_jsonable(v) for v in x]
+  if hasattr(x, "item") and np.ndim(x) == 0:
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  return x

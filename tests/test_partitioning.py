@@ -1,0 +1,143 @@
+"""Tests of mcwq_t5x.partitioning: T5X axis rules, meshes, sharded params, mesh-invariant losses.
+
+Runs on 8 fake CPU devices (tests/conftest.py sets XLA_FLAGS before JAX is imported).
+"""
+import flax.linen as nn
+import jax
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
+
+from mcwq_t5x import model as model_lib
+from mcwq_t5x import network
+from mcwq_t5x import partitioning
+from mcwq_t5x import trainer as trainer_lib
+
+VOCAB = 64
+SHAPES = {"encoder_input_tokens": (8, 12), "decoder_input_tokens": (8, 10),
+          "decoder_target_tokens": (8, 10), "decoder_loss_weights": (8, 10)}
+
+
+def tiny_model(dropout_rate=0.1):
+  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+                           mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
+                           dropout_rate=dropout_rate)
+  return model_lib.EncoderDecoderModel(network.Transformer(cfg))
+
+
+def synthetic_batch(seed, batch=8):
+  """A feature-converter-shaped batch: random tokens, EOS=1, padded rows, BOS=0 shift."""
+  rng = np.random.default_rng(seed)
+  enc = rng.integers(2, VOCAB, size=(batch, 12)).astype(np.int32)
+  tgt = rng.integers(2, VOCAB, size=(batch, 10)).astype(np.int32)
+  for i in range(batch):
+    li, lt = rng.integers(3, 12), rng.integers(3, 10)
+    enc[i, li] = 1
+    enc[i, li + 1:] = 0
+    tgt[i, lt] = 1
+    tgt[i, lt + 1:] = 0
+  dec_in = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)
+  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
+          "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+
+
+def run_steps(partitioner, num_steps=4, num_microbatches=1, optimizer="adafactor"):
+  model = tiny_model()
+  lr = trainer_lib.create_learning_rate_schedule(0.1, "constant")
+  tx = trainer_lib.make_optimizer(lr, name=optimizer)
+  tr = trainer_lib.Trainer(model, partitioner, lr, optimizer=tx,
+                           num_microbatches=num_microbatches, seed=3)
+  state = tr.create_state(SHAPES)
+  losses = []
+  for s in range(num_steps):
+    batch = partitioner.make_global_batch(synthetic_batch(s % 2))
+    state, m = tr.train_step(state, batch)
+    losses.append(float(m["loss"]) / float(m["num_tokens"]))
+  return state, np.array(losses)
+
+
+def test_standard_rules_match_t5x():
+  rules = dict(partitioning.standard_logical_axis_rules())
+  assert rules["batch"] == "data"
+  for name in ("vocab", "mlp", "heads", "joined_kv"):
+    assert rules[name] == "model", name
+  for name in ("embed", "kv", "length", "relpos_buckets"):
+    assert rules[name] is None, name
+  assert dict(partitioning.standard_logical_axis_rules(parameter_partitioning_dims=2))[
+      "embed"] == "data"
+  with pytest.raises(ValueError, match="must be 1 or 2"):
+    partitioning.standard_logical_axis_rules(3)
+
+
+@pytest.mark.parametrize("num_partitions,shape", [(1, (8, 1)), (2, (4, 2)), (4, (2, 4))])
+def test_mesh_shapes(num_partitions, shape):
+  p = partitioning.Partitioner(num_partitions=num_partitions)
+  assert tuple(p.mesh.shape.values()) == shape
+  assert p.mesh.axis_names == ("data", "model")
+  assert p.data_parallel_size == shape[0]
+
+
+def test_bad_num_partitions_and_batch():
+  with pytest.raises(ValueError, match="divisor"):
+    partitioning.Partitioner(num_partitions=3)
+  p = partitioning.Partitioner(num_partitions=2)  # 4 data replicas
+  with pytest.raises(ValueError, match="multiple of the data-parallel size 4"):
+    p.check_batch_size(6)
+  assert p.check_batch_size(8) == 8
+  info = p.get_data_shard_info()
+  assert (info.index, info.num_shards) == (0, 1)
+
+
+def test_params_and_optimizer_state_are_sharded():
+  p = partitioning.Partitioner(num_partitions=2)
+  model = tiny_model()
+  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  tr = trainer_lib.Trainer(model, p, lr, optimizer=trainer_lib.make_optimizer(lr, "adamw"))
+  state = tr.create_state(SHAPES)
+  wi = state.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]  # logical (embed, mlp)
+  assert wi.shape == (16, 32)
+  assert wi.sharding.spec == P(None, "model")
+  assert {s.data.shape for s in wi.addressable_shards} == {(16, 16)}
+  emb = state.params["token_embedder"]["embedding"]  # logical (vocab, embed)
+  assert emb.sharding.spec == P("model", None)
+  assert {s.data.shape for s in emb.addressable_shards} == {(VOCAB // 2, 16)}
+  # Adam moments follow their parameters' shardings.
+  mu_wi = state.opt_state[0].mu["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+  assert mu_wi.sharding.spec == P(None, "model")
+
+
+def test_adafactor_factored_state_specs():
+  params = {"k": jax.ShapeDtypeStruct((256, 512), np.float32)}
+  specs = {"k": P(None, "model")}
+  tx = trainer_lib.make_optimizer(trainer_lib.create_learning_rate_schedule(1e-3))
+  opt_shapes = jax.eval_shape(tx.init, params)
+  opt_specs = trainer_lib.optimizer_state_specs(opt_shapes, params, specs)
+  flat = {jax.tree_util.keystr(k): (v, s) for (k, v), s in zip(
+      jax.tree_util.tree_flatten_with_path(opt_shapes)[0],
+      jax.tree_util.tree_leaves(opt_specs, is_leaf=lambda x: isinstance(x, P)))}
+  by_shape = {v.shape: s for v, s in flat.values()}
+  # v_row drops dim 1 (shape (256,)), v_col drops dim 0 (shape (512,)) and keeps "model".
+  assert by_shape[(256,)] == P(None)
+  assert by_shape[(512,)] == P("model")
+
+
+def test_losses_are_mesh_invariant():
+  """A few Adafactor steps (dropout on) give the same losses on 1 device and on 8x1/4x2/2x4."""
+  _, ref = run_steps(partitioning.Partitioner(devices=jax.devices()[:1]))
+  assert np.all(np.isfinite(ref)) and ref[2] < ref[0] and ref[3] < ref[1]
+  for num_partitions in (1, 2, 4):
+    _, losses = run_steps(partitioning.Partitioner(num_partitions=num_partitions))
+    np.testing.assert_allclose(losses, ref, rtol=2e-5, atol=0,
+                               err_msg=f"num_partitions={num_partitions}")
+
+
+def test_logical_to_mesh_sharding():
+  p = partitioning.Partitioner(num_partitions=2)
+  shardings = p.logical_to_mesh_sharding({"a": P("batch", "length", "embed"), "b": None,
+                                          "c": P("embed", "mlp")})
+  assert shardings["a"].spec == P("data", None, None)
+  assert shardings["b"].spec == P()
+  assert shardings["c"].spec == P(None, "model")
+  # nn.logical_axis_rules is active inside the partitioned function's context.
+  with p.context():
+    assert dict(nn.get_logical_axis_rules())["mlp"] == "model"

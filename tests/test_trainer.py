@@ -1,0 +1,158 @@
+"""Tests of mcwq_t5x.trainer: schedules, optimizer, microbatching, NaN handling, metric summaries."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mcwq_t5x import model as model_lib
+from mcwq_t5x import network
+from mcwq_t5x import partitioning
+from mcwq_t5x import trainer as trainer_lib
+
+VOCAB = 64
+SHAPES = {"encoder_input_tokens": (8, 12), "decoder_input_tokens": (8, 10),
+          "decoder_target_tokens": (8, 10), "decoder_loss_weights": (8, 10)}
+
+
+def tiny_model(dropout_rate=0.0):
+  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+                           mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
+                           dropout_rate=dropout_rate)
+  return model_lib.EncoderDecoderModel(network.Transformer(cfg))
+
+
+def synthetic_batch(seed, batch=8):
+  rng = np.random.default_rng(seed)
+  enc = rng.integers(2, VOCAB, size=(batch, 12)).astype(np.int32)
+  tgt = rng.integers(2, VOCAB, size=(batch, 10)).astype(np.int32)
+  for i in range(batch):  # rows of different lengths: microbatches have different token counts
+    li, lt = rng.integers(3, 12), rng.integers(2, 10)
+    enc[i, li] = 1
+    enc[i, li + 1:] = 0
+    tgt[i, lt] = 1
+    tgt[i, lt + 1:] = 0
+  dec_in = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)
+  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
+          "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+
+
+class PoisonedModel:
+  """Wraps a model; its loss is NaN for batches whose first input token is VOCAB - 1."""
+
+  def __init__(self, inner):
+    self.inner = inner
+    self.module = inner.module
+    self.loss_normalizing_factor = inner.loss_normalizing_factor
+
+  def get_initial_variables(self, *a, **k):
+    return self.inner.get_initial_variables(*a, **k)
+
+  def loss_fn(self, params, batch, rng):
+    loss, metrics = self.inner.loss_fn(params, batch, rng)
+    poison = batch["encoder_input_tokens"][0, 0] == VOCAB - 1
+    metrics = dict(metrics, loss=jnp.where(poison, jnp.nan, metrics["loss"]))
+    return loss, metrics
+
+  def eval_fn(self, params, batch):
+    return self.loss_fn(params, batch, None)
+
+
+def test_schedules():
+  const = trainer_lib.create_learning_rate_schedule(5e-4, "constant")
+  assert float(const(0)) == pytest.approx(5e-4) and float(const(10**6)) == pytest.approx(5e-4)
+  warm = trainer_lib.create_learning_rate_schedule(3e-5, "constant", warmup_steps=100)
+  assert float(warm(0)) == 0.0
+  assert float(warm(50)) == pytest.approx(1.5e-5)
+  assert float(warm(100)) == pytest.approx(3e-5)
+  lin = trainer_lib.create_learning_rate_schedule(1e-3, "linear", warmup_steps=10,
+                                                  decay_steps=110)
+  assert float(lin(10)) == pytest.approx(1e-3)
+  assert float(lin(60)) == pytest.approx(5e-4)
+  assert float(lin(110)) == pytest.approx(0.0, abs=1e-12)
+  rsqrt = trainer_lib.create_learning_rate_schedule(0.01, "rsqrt", warmup_steps=100)
+  assert float(rsqrt(100)) == pytest.approx(0.01)
+  assert float(rsqrt(400)) == pytest.approx(0.005)  # 0.01 * sqrt(100 / 400)
+  with pytest.raises(ValueError, match="unknown learning-rate schedule"):
+    trainer_lib.create_learning_rate_schedule(1e-3, "exp")
+  with pytest.raises(ValueError, match="needs decay_steps"):
+    trainer_lib.create_learning_rate_schedule(1e-3, "linear")
+
+
+def test_make_optimizer():
+  lr = trainer_lib.create_learning_rate_schedule(1e-3)
+  params = {"w": jnp.ones((256, 256))}
+  state = trainer_lib.make_optimizer(lr).init(params)
+  # Adafactor keeps factored second moments: a row and a column vector, not a full matrix.
+  shapes = sorted(x.shape for x in jax.tree_util.tree_leaves(state))
+  assert (256,) in shapes and (256, 256) not in shapes
+  with pytest.raises(ValueError, match="unknown optimizer"):
+    trainer_lib.make_optimizer(lr, name="sgd")
+
+
+def _one_step(num_microbatches, optimizer="adamw"):
+  p = partitioning.Partitioner(num_partitions=2)
+  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  tr = trainer_lib.Trainer(tiny_model(), p, lr, optimizer=trainer_lib.make_optimizer(lr, optimizer),
+                           num_microbatches=num_microbatches, seed=0)
+  state = tr.create_state(SHAPES)
+  state, metrics = tr.train_step(state, p.make_global_batch(synthetic_batch(7)))
+  return jax.device_get(state.params), jax.device_get(metrics)
+
+
+def test_microbatching_equals_one_large_batch():
+  """4 microbatches of 2 rows (different token counts) give the same update as one batch of 8."""
+  p1, m1 = _one_step(1, "adafactor")
+  p4, m4 = _one_step(4, "adafactor")
+  for k in ("loss", "num_tokens", "accuracy_numerator", "num_examples"):
+    np.testing.assert_allclose(m4[k], m1[k], rtol=1e-5, err_msg=k)
+  np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p4)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_microbatches_must_divide_batch():
+  p = partitioning.Partitioner(num_partitions=1)
+  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  tr = trainer_lib.Trainer(tiny_model(), p, lr, num_microbatches=3)
+  state = tr.create_state(SHAPES)
+  with pytest.raises(ValueError, match="not divisible by num_microbatches=3"):
+    tr.train_step(state, p.make_global_batch(synthetic_batch(0)))
+
+
+def test_nan_loss_raises_and_keeps_state():
+  p = partitioning.Partitioner(num_partitions=1)
+  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  tr = trainer_lib.Trainer(PoisonedModel(tiny_model()), p, lr)
+  state = tr.create_state(SHAPES)
+  state, _ = tr.train_step(state, p.make_global_batch(synthetic_batch(0)))
+  good = jax.device_get(state.params)
+  bad = synthetic_batch(1)
+  bad["encoder_input_tokens"][0, 0] = VOCAB - 1
+  with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss .* at step 1") as e:
+    tr.train_step(state, p.make_global_batch(bad))
+  assert int(e.value.state.step) == 1
+  for a, b in zip(jax.tree_util.tree_leaves(good),
+                  jax.tree_util.tree_leaves(jax.device_get(e.value.state.params))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_initial_params_are_used_and_checked():
+  p = partitioning.Partitioner(num_partitions=2)
+  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  tr = trainer_lib.Trainer(tiny_model(), p, lr, seed=5)
+  ref = jax.device_get(tr.create_state(SHAPES).params)
+  init = jax.tree_util.tree_map(lambda x: np.full_like(x, 0.5), ref)
+  state = tr.create_state(SHAPES, init_params=init)
+  emb = state.params["token_embedder"]["embedding"]
+  assert emb.sharding.spec == jax.sharding.PartitionSpec("model", None)
+  np.testing.assert_array_equal(np.asarray(emb), 0.5)
+  init["token_embedder"]["embedding"] = np.zeros((VOCAB + 1, 16), np.float32)
+  with pytest.raises(ValueError, match="token_embedder/embedding has shape"):
+    tr.create_state(SHAPES, init_params=init)
+
+
+def test_summarize_metrics():
+  s = trainer_lib.summarize_metrics({"loss": 30.0, "accuracy_numerator": 5.0, "num_tokens": 10.0,
+                                     "learning_rate": 5e-4})
+  assert s["loss"] == 3.0 and s["accuracy"] == 0.5 and s["learning_rate"] == 5e-4
