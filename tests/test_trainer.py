@@ -2,39 +2,21 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
 from mcwq_t5x import partitioning
 from mcwq_t5x import trainer as trainer_lib
-
-VOCAB = 64
-SHAPES = {"encoder_input_tokens": (8, 12), "decoder_input_tokens": (8, 10),
-          "decoder_target_tokens": (8, 10), "decoder_loss_weights": (8, 10)}
+import tiny_engine
+from tiny_engine import SHAPES, VOCAB
 
 
 def tiny_model(dropout_rate=0.0):
-  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
-                           mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
-                           dropout_rate=dropout_rate)
-  return model_lib.EncoderDecoderModel(network.Transformer(cfg))
+  return tiny_engine.tiny_model(dropout_rate)
 
 
 def synthetic_batch(seed, batch=8):
-  rng = np.random.default_rng(seed)
-  enc = rng.integers(2, VOCAB, size=(batch, 12)).astype(np.int32)
-  tgt = rng.integers(2, VOCAB, size=(batch, 10)).astype(np.int32)
-  for i in range(batch):  # rows of different lengths: microbatches have different token counts
-    li, lt = rng.integers(3, 12), rng.integers(2, 10)
-    enc[i, li] = 1
-    enc[i, li + 1:] = 0
-    tgt[i, lt] = 1
-    tgt[i, lt + 1:] = 0
-  dec_in = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)
-  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-          "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+  # Targets as short as 2 tokens: microbatches get clearly different token counts.
+  return tiny_engine.synthetic_batch(seed, batch, min_target_length=2)
 
 
 class PoisonedModel:
