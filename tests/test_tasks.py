@@ -26,6 +26,10 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mcwq_tasks(env):
   import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  # Another test module may have registered the tasks with its own vocabulary instance:
+  # register them again (explicit arguments win over any gin bindings left behind).
+  tasks.mcwq.register_mcwq_tasks(prefix=tasks.mcwq.DEFAULT_INPUT_PREFIX,
+                                 vocabulary=vocab.get_vocabulary(), suffix="", data_dir=None)
   return tasks.mcwq
 
 
