@@ -19,7 +19,6 @@ import logging
 import pathlib
 from typing import Any, Mapping, Optional
 
-import gin
 import jax
 import orbax.checkpoint as ocp
 
@@ -30,7 +29,6 @@ class NoUsableCheckpointError(RuntimeError):
   """Raised when checkpoints exist but none of them can be restored."""
 
 
-@gin.configurable
 class CheckpointManager:
   """Saves/restores (train state, data position) under `directory` with Orbax.
 

@@ -9,6 +9,13 @@ Flags (same names as T5X):
 
 Errors in the config (unknown configurable or parameter, a syntax error, a binding of a macro that no
 config file uses) are raised as `GinConfigError` naming the file/line or the binding.
+
+Nothing is registered with gin here or anywhere else in the library at import: the config files
+name what they configure by dynamic registration (`from __gin__ import dynamic_registration`,
+`from mcwq_t5x import network`, `network.get_config.name = 'mt5_small'`), as T5X's files do. Our
+run files name the main by its module (`from mcwq_t5x import train as train_script`), where T5X's
+say `import __main__ as train_script`; so the files of both engines parse in one process, and
+`use_main_module_as` makes the running `python -m mcwq_t5x.train` that module (no second import).
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import os
 import pathlib
 import re
 import sys
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import gin
 
@@ -70,7 +77,9 @@ def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
   seen, out, todo = set(), [], list(files)
   while todo:
     f = todo.pop()
-    p = _resolve(f, search_paths)
+    # Includes of installed packages' files (e.g. 't5x/configs/runs/finetune.gin') are found on
+    # sys.path, as gin's own resource reader finds them.
+    p = _resolve(f, list(search_paths) + [d for d in sys.path if d])
     if p is None or p in seen:
       continue
     seen.add(p)
@@ -150,41 +159,37 @@ def parse_flags(argv: Optional[Sequence[str]] = None, description: str = "",
   return args
 
 
+def use_main_module_as(name: str) -> None:
+  """Under `python -m name`, registers the running `__main__` module as `name` too.
+
+  The gin files import the main by name (`from mcwq_t5x import train as train_script`); without
+  this, that import would load a second copy of the module and gin would configure the copy's
+  function, not the one `__main__` calls. Does nothing when the module runs under another name
+  (imported by a test, say), where the import finds the module itself.
+  """
+  main = sys.modules.get("__main__")
+  if getattr(getattr(main, "__spec__", None), "name", None) == name:
+    sys.modules.setdefault(name, main)
+
+
+def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
+  """Calls `fn` with the bindings the parsed config gives it (if a file configured it by dynamic
+  registration, e.g. `partitioning.set_host_device_count.count = 4`), else plainly.
+
+  The mains use it for the set-up functions that must run before `train`/`evaluate` is called
+  (XLA host devices, `jax.distributed`), which gin would otherwise only configure when it calls
+  them itself.
+  """
+  try:
+    configured = gin.get_configurable(fn)
+  except ValueError:  # not configured by any file
+    configured = fn
+  return configured(*args, **kwargs)
+
+
 def setup_logging() -> None:
   """Console logging at INFO with timestamps (absl's handler if absl logging is active)."""
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                       force=True)
   for noisy in ("absl", "tensorflow", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-# --------------------------------------------------------------------------------------------
-# Gin names for the model side (T5X's gin files use `network.T5Config`, `models.EncoderDecoderModel`
-# ...). Registered here so that the model modules need no gin decorators. Gin files
-# `import mcwq_t5x.gin_utils` to get them.
-# --------------------------------------------------------------------------------------------
-def _register_external_configurables() -> None:
-  from mcwq_t5x import model as model_lib  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import network  # pylint: disable=g-import-not-at-top
-  for fn, module in ((model_lib.EncoderDecoderModel, "model"), (network.Transformer, "network"),
-                     (network.T5Config, "network")):
-    try:
-      gin.external_configurable(fn, module=module)
-    except ValueError:  # already registered (module reloaded)
-      pass
-
-
-with gin.config.interactive_mode():
-  _register_external_configurables()
-
-  @gin.configurable(module="vocab")
-  def get_vocabulary(path: Optional[str] = None, extra_ids: int = 0):
-    """`mcwq_t5x.vocab.get_vocabulary` (imported lazily: it needs seqio)."""
-    from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
-    return vocab.get_vocabulary(path, extra_ids)
-
-  @gin.configurable(module="vocab")
-  def mt5_vocabulary(path: Optional[str] = None):
-    """`mcwq_t5x.vocab.mt5_vocabulary` (the 250,100-piece mT5 SentencePiece model)."""
-    from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
-    return vocab.mt5_vocabulary() if path is None else vocab.mt5_vocabulary(path)

@@ -1,12 +1,13 @@
 r"""Inference main: questions (a file or stdin) -> RIR queries, or executable SPARQL with --sparql.
 
 Usage:
-  echo "Did M0 direct M1" | python -m mcwq_t5x.infer --gin_file=gin/models/tiny.gin \
-      --gin_file=gin/runs/infer.gin --gin.CHECKPOINT_PATH="'runs/tiny'" --sparql
+  echo "Did M0 direct M1" | python -m mcwq_t5x.infer --gin_file=gin/mcwq_t5x/models/tiny.gin \
+      --gin_file=gin/mcwq_t5x/runs/infer.gin --gin.CHECKPOINT_PATH="'runs/tiny'" --sparql
   python -m mcwq_t5x.infer --gin_file=... --input=questions.txt --output=queries.txt
 
-One question per input line (entity placeholders M0..M9 as in MCWQ); one output line per input
-line, in order. With --sparql the RIR is converted by `mcwq_t5x.rir.rir_to_sparql`; a prediction
+One question per input line (entity placeholders M0..M9 as in MCWQ; lines end at "\n" only, a
+trailing "\r" is dropped, so form feeds or Unicode line separators inside a question never split
+it); one output line per input line, in order. With --sparql the RIR is converted by `mcwq_t5x.rir.rir_to_sparql`; a prediction
 that is not valid RIR gives the line `ERROR: <reason>` (and a warning on stderr), so lines stay
 aligned.
 """
@@ -21,13 +22,9 @@ import gin
 import numpy as np
 
 from mcwq_t5x import gin_utils
+from mcwq_t5x import inference
 from mcwq_t5x import partitioning
-
-if __name__ == "__main__":
-  # Run the package module (one gin registration of `infer`), see mcwq_t5x/train.py.
-  from mcwq_t5x import infer as _infer_module  # pylint: disable=g-import-not-at-top
-  _infer_module.main()
-  sys.exit(0)
+from mcwq_t5x import utils
 
 
 def encode_questions(questions: Sequence[str], vocabulary: Any, input_length: int,
@@ -44,7 +41,6 @@ def encode_questions(questions: Sequence[str], vocabulary: Any, input_length: in
   return out
 
 
-@gin.configurable
 def infer(questions: Sequence[str], *,
           model: Any,
           checkpoint_path: str,
@@ -60,12 +56,12 @@ def infer(questions: Sequence[str], *,
   Args:
     questions: question strings.
     model: MODEL.
-    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.eval.load_params`).
+    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.inference.load_params`).
     vocabulary: input/output vocabulary (default the model's `input_vocabulary`).
     input_prefix: prepended to each question; must match training (tasks' `prefix`, default "").
     input_length: input tokens (EOS included; longer questions are trimmed).
     max_decode_length: output tokens.
-    batch_size: decoding batch size.
+    batch_size: decoding batch size (rounded up to a multiple of the data-parallel devices).
     predict_kwargs: `model.predict_batch` options (e.g. beam search {"num_decodes": 4}).
     partitioner: mesh.
 
@@ -75,25 +71,19 @@ def infer(questions: Sequence[str], *,
   Raises:
     ValueError: no vocabulary, or vocabulary/model size mismatch.
   """
-  from mcwq_t5x import eval as eval_lib  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import train as train_lib  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
   if vocabulary is None:
     raise ValueError("infer needs a vocabulary (gin: infer.vocabulary = %VOCABULARY)")
-  size = train_lib.model_vocab_size(model)
-  if size is not None:
-    utils.check_vocab_size(vocabulary, size, where="infer")
+  utils.check_vocab_size(vocabulary, model.module.config.vocab_size, where="infer")
   partitioner = partitioner or partitioning.Partitioner()
-  params, _, _ = eval_lib.load_params(model, partitioner, checkpoint_path)
+  params, _, _ = inference.load_params(model, partitioner, checkpoint_path)
   if not questions:
     return []
   arrays = {"encoder_input_tokens": encode_questions(questions, vocabulary, input_length,
                                                      input_prefix),
             "decoder_input_tokens": np.zeros((len(questions), max_decode_length), np.int32)}
-  predictor = train_lib.Predictor(model, partitioner, batch_size, predict_kwargs)
-  predictor.params = params
-  tokens = predictor.predict_arrays(arrays)
+  infer_fn = inference.get_infer_fn(model, partitioner, batch_size, predict_kwargs)
+  tokens = infer_fn(params, arrays)
   return [vocabulary.decode([int(t) for t in row]) for row in tokens]
 
 
@@ -110,9 +100,19 @@ def to_sparql_lines(rirs: Iterable[str]) -> list[str]:
   return out
 
 
+def read_lines(text: str) -> list[str]:
+  """Splits `text` into lines at "\n" only (a trailing "\r" of each line is dropped; a final
+  newline ends the last line rather than starting an empty one)."""
+  lines = text.split("\n")
+  if lines and lines[-1] == "":
+    lines.pop()
+  return [l[:-1] if l.endswith("\r") else l for l in lines]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> list[str]:
-  """Entry point: gin flags + --input/--output/--sparql -> `infer`."""
+  """Entry point (`python -m mcwq_t5x.infer`): gin flags + --input/--output/--sparql -> `infer`."""
   gin_utils.setup_logging()
+  gin_utils.use_main_module_as("mcwq_t5x.infer")
 
   def extra(parser: argparse.ArgumentParser):
     parser.add_argument("--input", default="-", help="questions, one per line ('-' = stdin)")
@@ -121,21 +121,25 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
                         help="print executable SPARQL (mcwq_t5x.rir.rir_to_sparql) instead of RIR")
 
   args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
-  partitioning.set_host_device_count()
-  partitioning.initialize_distributed()
+  gin_utils.call_configured(partitioning.set_host_device_count)
+  gin_utils.call_configured(partitioning.initialize_distributed)
   if args.input == "-":
-    lines = sys.stdin.read().splitlines()
+    text = sys.stdin.buffer.read().decode("utf-8")
   else:
-    with open(args.input, encoding="utf-8") as f:
-      lines = f.read().splitlines()
-  questions = [l.strip() for l in lines]
-  predictions = infer(questions)  # pylint: disable=no-value-for-parameter
+    with open(args.input, encoding="utf-8", newline="") as f:
+      text = f.read()
+  questions = [l.strip() for l in read_lines(text)]
+  predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   if args.sparql:
     predictions = to_sparql_lines(predictions)
-  text = "".join(p + "\n" for p in predictions)
+  out = "".join(" ".join(p.splitlines()) + "\n" for p in predictions)
   if args.output == "-":
-    sys.stdout.write(text)
+    sys.stdout.write(out)
   else:
     with open(args.output, "w", encoding="utf-8") as f:
-      f.write(text)
+      f.write(out)
   return predictions
+
+
+if __name__ == "__main__":
+  main()

@@ -135,7 +135,7 @@ _ACTIVATIONS = {
 # sizes (mT5: Xue et al., 2021, Table 1 / T5X gin files; T5 1.0 base: Raffel et
 # al., 2020).
 CONFIGS: dict[str, T5Config] = {
-    "tiny": T5Config(vocab_size=4096, emb_dim=128, num_heads=4,
+    "tiny": T5Config(vocab_size=2000, emb_dim=128, num_heads=4,
                      num_encoder_layers=2, num_decoder_layers=2, head_dim=32,
                      mlp_dim=512, dropout_rate=0.1),
     "mt5_small": T5Config(emb_dim=512, num_heads=6, num_encoder_layers=8,

@@ -21,7 +21,6 @@ import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
-import gin
 import jax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -34,7 +33,6 @@ DATA_AXIS = "data"
 MODEL_AXIS = "model"
 
 
-@gin.configurable
 def standard_logical_axis_rules(
     activation_partitioning_dims: int = 1,
     parameter_partitioning_dims: int = 1,
@@ -86,7 +84,6 @@ def standard_logical_axis_rules(
   return tuple(list(additional_rules or ()) + rules)
 
 
-@gin.configurable
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
                            process_id: Optional[int] = None) -> bool:
@@ -114,15 +111,14 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   return True
 
 
-@gin.configurable
 def set_host_device_count(count: Optional[int] = None) -> bool:
   """Splits the CPU into `count` XLA host devices (`--xla_force_host_platform_device_count`).
 
   On a CPU-only machine several host devices run the data-parallel shards of a step in parallel,
   which uses the cores better than one device for small models (measured ~1.7x on 2 cores with the
   tiny model). Must run before JAX initialises its backends (the mains call it right after
-  parsing gin); it does nothing if XLA_FLAGS already sets the flag, and it does not affect
-  accelerators.
+  parsing gin, through `gin_utils.call_configured`); it does nothing if XLA_FLAGS already sets
+  the flag, and it does not affect accelerators.
 
   Returns:
     True if XLA_FLAGS was changed.
@@ -169,7 +165,6 @@ def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[jax.Device]]
   return Mesh(device_array, (DATA_AXIS, MODEL_AXIS))
 
 
-@gin.configurable
 class Partitioner:
   """Mesh + logical axis rules + `jax.jit` with explicit shardings (T5X `PjitPartitioner`).
 

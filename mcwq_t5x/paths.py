@@ -4,15 +4,14 @@ The data directory is the root of an MCWQ copy, i.e. the upstream folder `mcwq/`
 repository `coastalcph/seq2sparql` (holding `official/`, `translations/`, ...), or the full
 public release (holding `dataset.json` and `splits/`). It is resolved, in this order, from
 
-1. an explicit `path` argument (also settable through gin:
-   `mcwq_t5x.paths.data_dir.path = %MCWQ_DATA_DIR`),
+1. an explicit `path` argument,
 2. the environment variable `MCWQ_DATA_DIR`,
 3. `<repository root>/../shared/mcwq` (the development/CI copy).
 
 Caches (the small offline SentencePiece model, ...) live in `MCWQ_CACHE_DIR`, else
 `~/.cache/mcwq_t5x`; never next to the data, which may be read-only.
 
-This module imports nothing from TensorFlow or seqio; gin is optional.
+This module imports nothing from TensorFlow, seqio or gin.
 """
 from __future__ import annotations
 
@@ -66,12 +65,11 @@ def not_found(path: PathLike, what: str = "MCWQ data",
       f"then point ${DATA_DIR_ENV} at that directory.")
 
 
-def _data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathlib.Path:
+def data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathlib.Path:
   """Returns the MCWQ data directory.
 
   Args:
-    path: explicit directory (takes precedence; gin-bindable as
-      `mcwq_t5x.paths.data_dir.path`).
+    path: explicit directory (takes precedence).
     must_exist: if True, raise when the directory is missing.
 
   Returns:
@@ -87,15 +85,6 @@ def _data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathl
   if must_exist and not resolved.is_dir():
     raise not_found(resolved, "MCWQ data directory", out_dir=resolved)
   return resolved
-
-
-try:  # gin is optional here (paths is shared by the TF-free side).
-  import gin  # pylint: disable=g-import-not-at-top
-
-  with gin.config.interactive_mode():  # re-import (module reload) safe
-    data_dir = gin.configurable("data_dir", module="mcwq_t5x.paths")(_data_dir)
-except ImportError:  # pragma: no cover
-  data_dir = _data_dir
 
 
 def cache_dir(create: bool = True) -> pathlib.Path:

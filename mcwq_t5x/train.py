@@ -1,8 +1,12 @@
 r"""Training main (T5X `t5x/train.py` habit): gin-configured fine-tuning / training from scratch.
 
 Usage:
-  python -m mcwq_t5x.train --gin_file=gin/mt5_base_mcd1_he.gin --gin.MODEL_DIR="'runs/mt5_base_mcd1_he'"
-  python -m mcwq_t5x.train --gin_file=gin/tiny_random_split_en.gin --gin.MODEL_DIR="'runs/tiny'"
+  python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_base_mcd1_he.gin --gin.MODEL_DIR="'runs/x'"
+  python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin --gin.MODEL_DIR="'runs/tiny'"
+
+Gin as in T5X, by dynamic registration: the run file says `from mcwq_t5x import train as
+train_script` and binds `train_script.train`; nothing is registered at import, so the same process
+can parse the real T5X's files too (see `gin_utils`).
 
 What it does (all gin-configurable through `train`):
   1. builds the device mesh (`partitioning.Partitioner`), the model and the `trainer.Trainer`;
@@ -12,8 +16,10 @@ What it does (all gin-configurable through `train`):
      if the newest is corrupt), else starts from INITIAL_CHECKPOINT_PATH (pretrained mT5) or random;
   4. trains TRAIN_STEPS steps; every `log_every_steps` logs loss, token accuracy, learning rate, step
      time, examples/s and tokens/s to the console and to TensorBoard (MODEL_DIR/train); saves
-     checkpoints every `checkpoint_period`; every `eval_period` computes the validation loss and a
-     decoding-based evaluation through `seqio.Evaluator` (exact match, BLEU: the task's metric_fns);
+     checkpoints every `checkpoint_period`; every `eval_period` computes the loss on the
+     `train_eval_dataset_cfg` split (logged as `training_eval/...`, every row of it when
+     `eval_steps` is None) and a decoding-based evaluation through `seqio.Evaluator`
+     (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.inference`);
   5. at the end decodes the `final_eval_dataset_cfgs` splits and writes
      MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
      MODEL_DIR/metrics/<task>_<split>.json.
@@ -30,9 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pathlib
-import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -43,40 +47,25 @@ import numpy as np
 
 from mcwq_t5x import checkpoints as checkpoints_lib
 from mcwq_t5x import gin_utils
+from mcwq_t5x import inference
 from mcwq_t5x import partitioning
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
 
-if __name__ == "__main__":
-  # `python -m mcwq_t5x.train`: run the package module instead of this `__main__` copy, so that gin
-  # sees a single `train` configurable (the gin files import mcwq_t5x.train).
-  from mcwq_t5x import train as _train_module  # pylint: disable=g-import-not-at-top
-  _train_module.main()
-  sys.exit(0)
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers shared with eval.py
-# --------------------------------------------------------------------------------------------
-def model_vocab_size(model: Any) -> Optional[int]:
-  """`model.module.config.vocab_size` if available."""
-  config = getattr(getattr(model, "module", None), "config", None)
-  return getattr(config, "vocab_size", None)
-
 
 def check_model_and_task(model: Any, cfg: utils.DatasetConfig) -> None:
-  """Checks the task exists and its vocabulary matches the model's `vocab_size`.
+  """Checks the task exists and its vocabulary fits the model's `vocab_size`.
 
   Raises:
-    ValueError: unknown task (lists the registered ones) or vocabulary/model size mismatch.
+    ValueError: unknown task (names the closest registered ones) or vocabulary/model size
+      mismatch (names both sizes).
   """
   vocab = utils.output_vocabulary(cfg.mixture_or_task_name, cfg.module)
-  size = model_vocab_size(model)
+  size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
   if size is not None:
     utils.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
 
 
-@gin.configurable
 def create_metric_writer(logdir: str, asynchronous: bool = True):
   """A clu metric writer: console + TensorBoard event files in `logdir` (process 0 only)."""
   from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
@@ -84,131 +73,24 @@ def create_metric_writer(logdir: str, asynchronous: bool = True):
                                               asynchronous=asynchronous)
 
 
-class Predictor:
-  """Batched, compiled decoding: `predict_fn(tf_dataset)` for `seqio.Evaluator`.
-
-  Args:
-    model: `EncoderDecoderModel` (its `predict_batch(params, batch, rng, **predict_kwargs)`).
-    partitioner: the mesh.
-    batch_size: global decoding batch size (the last batch is padded).
-    predict_kwargs: e.g. {"num_decodes": 1} (greedy) or {"num_decodes": 4, "alpha": 0.6} (beam).
-  """
-
-  def __init__(self, model: Any, partitioner: partitioning.Partitioner, batch_size: int,
-               predict_kwargs: Optional[Mapping[str, Any]] = None):
-    self.model = model
-    self.partitioner = partitioner
-    self.batch_size = int(batch_size)
-    self.predict_kwargs = dict(predict_kwargs or {})
-    self.params = None
-    self._fns: dict[Any, Callable] = {}
-    self.last_outputs: list[tuple[int, list[int]]] = []
-
-  def _fn(self, batch: Mapping[str, np.ndarray]):
-    key = tuple(sorted((k, v.shape) for k, v in batch.items()))
-    if key not in self._fns:
-      p = self.partitioner
-      param_shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.params)
-      def predict(params, b):
-        return self.model.predict_batch(params, b, **self.predict_kwargs)
-      self._fns[key] = p.partition(predict, in_shardings=(param_shardings, p.data_sharding),
-                                   out_shardings=p.replicated)
-    return self._fns[key]
-
-  def predict_arrays(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Decodes feature arrays [N, ...] (same on every process) -> int32 tokens [N, L]."""
-    n = len(next(iter(arrays.values())))
-    # Decode similar lengths together (the decoding loop stops when a whole batch has ended).
-    order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
-    outs = []
-    for start in range(0, n, self.batch_size):
-      rows = order[start:start + self.batch_size]
-      chunk = {k: v[rows] for k, v in arrays.items()
-               if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
-                        "decoder_loss_weights")}
-      chunk, real = utils.pad_batch(chunk, self.batch_size)
-      global_batch = {k: jax.device_put(v, self.partitioner.data_sharding) for k, v in chunk.items()}
-      tokens = np.asarray(jax.device_get(self._fn(chunk)(self.params, global_batch)))
-      outs.append(tokens[:real])
-    if not outs:
-      return np.zeros((0, 0), np.int32)
-    tokens = np.concatenate(outs)
-    result = np.empty_like(tokens)
-    result[order] = tokens
-    return result
-
-  def __call__(self, dataset: Any, model_feature_shapes: Any = None) -> list[tuple[int, list[int]]]:
-    """seqio `PredictFnCallable`: (index, tokens) for each example of the (unbatched) dataset."""
-    chunks: dict[str, list[np.ndarray]] = {}
-    indices: list[np.ndarray] = []
-    for batch in dataset.batch(1024).as_numpy_iterator():
-      if isinstance(batch, tuple):  # seqio's evaluator enumerates: (index, features)
-        idx, batch = batch
-        indices.append(np.asarray(idx))
-      for k, v in batch.items():
-        chunks.setdefault(k, []).append(np.asarray(v, np.int32))
-    arrays = {k: np.concatenate(v) for k, v in chunks.items()}
-    tokens = self.predict_arrays(arrays) if arrays else np.zeros((0, 0), np.int32)
-    index = np.concatenate(indices) if indices else np.arange(len(tokens))
-    self.last_outputs = [(int(i), [int(t) for t in row]) for i, row in zip(index, tokens)]
-    return self.last_outputs
-
-
-def run_decoding_eval(cfg: utils.DatasetConfig, predictor: Predictor, params: Any,
-                      num_examples: Optional[int] = None
-                      ) -> tuple[dict[str, float], list[str]]:
-  """Decoding-based evaluation of one task split through `seqio.Evaluator`.
-
-  Args:
-    cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
-    predictor: the compiled decoder.
-    params: the (sharded) parameters.
-    num_examples: first N examples only (None = all).
+def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
+                    batch_size: int, partitioner: partitioning.Partitioner) -> dict[str, float]:
+  """Loss and token accuracy over every row of `arrays` (the last batch padded with empty rows,
+  which carry no loss weight, so each row counts exactly once).
 
   Returns:
-    (metrics {name: value} from the task's metric_fns, e.g. exact_match and bleu; the predictions
-    as strings in source order).
+    {"loss", "cross_ent_loss", "accuracy"} normalised per target token (`summarize_metrics`).
   """
-  import seqio  # pylint: disable=g-import-not-at-top
-  utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
-  evaluator = seqio.Evaluator(
-      mixture_or_task_name=cfg.mixture_or_task_name,
-      feature_converter=seqio.EncDecFeatureConverter(pack=False),
-      eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
-      sequence_length=dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None,
-      num_examples=num_examples, shuffle=False, async_compute_metrics=False)
-  predictor.params = params
-  all_metrics, _ = evaluator.evaluate(compute_metrics=True, predict_fn=predictor)
-  metrics_by_task = all_metrics.result()
-  metrics: dict[str, float] = {}
-  for task_name, task_metrics in metrics_by_task.items():
-    for k, v in task_metrics.items():
-      v = getattr(v, "value", v)
-      key = k if len(metrics_by_task) == 1 else f"{task_name}/{k}"
-      metrics[key] = float(np.asarray(v))
-  task = evaluator.eval_tasks[0]
-  vocab = task.output_features["targets"].vocabulary
-  predictions = [vocab.decode(tokens) for _, tokens in sorted(predictor.last_outputs)]
-  return metrics, predictions
-
-
-def write_predictions(model_dir: str | pathlib.Path, cfg: utils.DatasetConfig,
-                      predictions: Sequence[str], metrics: Mapping[str, Any],
-                      extra: Optional[Mapping[str, Any]] = None) -> tuple[pathlib.Path, pathlib.Path]:
-  """Writes predictions (one per line, source order) and a metrics JSON; returns both paths."""
-  model_dir = pathlib.Path(model_dir)
-  name = f"{cfg.mixture_or_task_name}_{cfg.split}"
-  pred_path = model_dir / "predictions" / f"{name}.txt"
-  met_path = model_dir / "metrics" / f"{name}.json"
-  if jax.process_index() == 0:
-    pred_path.parent.mkdir(parents=True, exist_ok=True)
-    met_path.parent.mkdir(parents=True, exist_ok=True)
-    # One line per prediction, whatever characters a model emits (str.splitlines boundaries).
-    pred_path.write_text("".join(" ".join(p.splitlines()) + "\n" for p in predictions))
-    record = {"task": cfg.mixture_or_task_name, "split": cfg.split,
-              "num_examples": len(predictions), **dict(metrics), **dict(extra or {})}
-    met_path.write_text(json.dumps(utils.to_jsonable(record), indent=2, sort_keys=True) + "\n")
-  return pred_path, met_path
+  sums: dict[str, float] = {}
+  n_rows = len(next(iter(arrays.values())))
+  for start in range(0, n_rows, batch_size):
+    chunk, _ = utils.pad_batch({k: v[start:start + batch_size] for k, v in arrays.items()},
+                               batch_size)
+    batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
+    for k, v in jax.device_get(trainer.eval_step(state, batch)).items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  return {k: v for k, v in trainer_lib.summarize_metrics(sums).items()
+          if k in ("loss", "cross_ent_loss", "accuracy")}
 
 
 def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
@@ -220,7 +102,6 @@ def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # train()
 # --------------------------------------------------------------------------------------------
-@gin.configurable
 def train(*,
           model: Any,
           train_dataset_cfg: utils.DatasetConfig,
@@ -258,7 +139,7 @@ def train(*,
     final_eval_dataset_cfgs: splits decoded at the end -> predictions + metrics JSON.
     final_eval_num_examples: decode only the first N examples of those (None = all).
     eval_period: steps between evaluations (and at the end).
-    eval_steps: validation-loss batches per evaluation (None = the whole split).
+    eval_steps: training-eval loss batches per evaluation (None = every row of the split).
     infer_eval_num_examples: examples of the periodic decoding evaluation (None = all).
     infer_batch_size: decoding batch size.
     predict_kwargs: passed to `model.predict_batch` (e.g. {"num_decodes": 1} = greedy).
@@ -306,7 +187,9 @@ def train(*,
   eval_arrays = None
   if train_eval_dataset_cfg is not None:
     check_model_and_task(model, train_eval_dataset_cfg)
-    n = None if eval_steps is None else eval_steps * train_eval_dataset_cfg.batch_size
+    eval_batch_size = inference.decoding_batch_size(train_eval_dataset_cfg.batch_size,
+                                                    partitioner)
+    n = None if eval_steps is None else eval_steps * eval_batch_size
     eval_arrays = utils.load_feature_arrays(train_eval_dataset_cfg, 0, 1, num_examples=n)
 
   # --- state --------------------------------------------------------------------------------
@@ -326,9 +209,9 @@ def train(*,
       logging.warning("data seed/batch size changed since the checkpoint (%s); the data order "
                       "will differ from the interrupted run", data_state)
   elif initial_checkpoint_path:
-    from mcwq_t5x import checkpoint_import  # pylint: disable=g-import-not-at-top
-    logging.info("initialising from %s", initial_checkpoint_path)
-    params = checkpoint_import.load_pretrained(initial_checkpoint_path, model.module.config)
+    logging.info("initialising the parameters from %s (fresh optimizer state)",
+                 initial_checkpoint_path)
+    params, _, _ = inference.load_params(model, partitioner, initial_checkpoint_path)
     state = trainer.create_state(global_shapes, input_types, init_params=params)
     del params
   else:
@@ -345,29 +228,19 @@ def train(*,
 
   train_writer = create_metric_writer(str(model_dir_p / "train"))
   eval_writer = create_metric_writer(str(model_dir_p / "eval"))
-  predictor = Predictor(model, partitioner, infer_batch_size, predict_kwargs)
+  infer_fn = inference.get_infer_fn(model, partitioner, infer_batch_size, predict_kwargs)
 
   def evaluate(step):
     record: dict[str, Any] = {"step": step}
     if eval_arrays is not None:
-      eb = train_eval_dataset_cfg.batch_size
-      sums: dict[str, float] = {}
-      n_rows = len(next(iter(eval_arrays.values())))
-      for s in range(0, n_rows - eb + 1, eb):
-        b = {k: jax.device_put(v[s:s + eb], partitioner.data_sharding)
-             for k, v in eval_arrays.items()}
-        for k, v in jax.device_get(trainer.eval_step(state, b)).items():
-          sums[k] = sums.get(k, 0.0) + float(v)
-      if sums:
-        record.update({f"validation/{k}": v for k, v in
-                       trainer_lib.summarize_metrics(sums).items()
-                       if k in ("loss", "accuracy", "cross_ent_loss")})
+      losses = loss_over_split(trainer, state, eval_arrays, eval_batch_size, partitioner)
+      record.update({f"training_eval/{k}": v for k, v in losses.items()})
     if infer_eval_dataset_cfg is not None:
       t = time.time()
-      metrics, _ = run_decoding_eval(infer_eval_dataset_cfg, predictor, state.params,
-                                        infer_eval_num_examples)
-      record.update({f"decode/{k}": v for k, v in metrics.items()})
-      record["decode/time_s"] = time.time() - t
+      metrics, _ = inference.evaluate_split(infer_eval_dataset_cfg, infer_fn, state.params,
+                                            infer_eval_num_examples)
+      record.update({f"inference_eval/{k}": v for k, v in metrics.items()})
+      record["inference_eval/time_s"] = time.time() - t
     if len(record) > 1:
       eval_writer.write_scalars(step, {k: v for k, v in record.items() if k != "step"})
       eval_writer.flush()
@@ -416,7 +289,10 @@ def train(*,
         evaluate(step)
   except trainer_lib.NonFiniteLossError:
     ckpt.wait()
-    logging.error("stopping on a non-finite loss; last good checkpoint: %s", ckpt.latest_step())
+    last = ckpt.latest_step()
+    logging.error("stopping on a non-finite loss; %s", (
+        f"the last good checkpoint is step {last} in {ckpt.directory}" if last is not None
+        else "no checkpoint had been written yet, so there is nothing to resume from"))
     raise
   finally:
     train_writer.flush()
@@ -434,9 +310,9 @@ def train(*,
     evaluate(step)
   for cfg in final_eval_dataset_cfgs:
     t = time.time()
-    metrics, predictions = run_decoding_eval(cfg, predictor, state.params,
-                                                final_eval_num_examples)
-    pred_path, met_path = write_predictions(
+    metrics, predictions = inference.evaluate_split(cfg, infer_fn, state.params,
+                                                    final_eval_num_examples)
+    pred_path, met_path = inference.write_predictions(
         model_dir_p, cfg, predictions, metrics,
         extra={"step": step, "checkpoint": str(ckpt.directory / str(step)),
                "decode_time_s": time.time() - t})
@@ -452,10 +328,18 @@ def train(*,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-  """Entry point: parse the gin flags, initialise multi-host JAX if configured, run `train`."""
-  gin_utils.setup_logging()
-  gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
-  partitioning.set_host_device_count()
-  partitioning.initialize_distributed()
-  return train()  # pylint: disable=no-value-for-parameter  (gin supplies the arguments)
+  """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-host set-up, `train()`.
 
+  The run files configure `train` by dynamic registration (`train_script.train`); `main` calls it
+  with those bindings.
+  """
+  gin_utils.setup_logging()
+  gin_utils.use_main_module_as("mcwq_t5x.train")
+  gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
+  gin_utils.call_configured(partitioning.set_host_device_count)
+  gin_utils.call_configured(partitioning.initialize_distributed)
+  return gin_utils.call_configured(train)
+
+
+if __name__ == "__main__":
+  main()

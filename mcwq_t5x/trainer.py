@@ -26,7 +26,6 @@ from typing import Any, Callable, Mapping, Optional
 
 import flax
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
@@ -60,7 +59,6 @@ class TrainState:
 # --------------------------------------------------------------------------------------------
 # Learning-rate schedules and optimizers
 # --------------------------------------------------------------------------------------------
-@gin.configurable
 def create_learning_rate_schedule(base_learning_rate: float = 5e-4,
                                   schedule: str = "constant",
                                   warmup_steps: int = 0,
@@ -108,7 +106,6 @@ def create_learning_rate_schedule(base_learning_rate: float = 5e-4,
   return main
 
 
-@gin.configurable
 def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
                    name: str = "adafactor",
                    weight_decay: float = 0.0,
@@ -253,7 +250,6 @@ def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
-@gin.configurable
 class Trainer:
   """Creates the sharded train state and runs compiled train/eval steps (T5X `Trainer`).
 

@@ -4,47 +4,50 @@ Counterpart of the data half of T5X's `t5x/utils.py` (`DatasetConfig`, `get_data
 
 * `DatasetConfig`: the same fields as T5X's (mixture_or_task_name, task_feature_lengths, split,
   batch_size (global), shuffle, seed, use_cached, pack, module).
+* `get_mixture_or_task()`: imports the task module named by the config (T5X's
+  `MIXTURE_OR_TASK_MODULE` / `DatasetConfig.module`) and looks the name up in SeqIO's registries.
+  The engine knows no task of its own: which module registers the tasks is configuration.
 * `load_feature_arrays()`: reads THIS process's shard of a SeqIO task/mixture
   (`seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())`), runs the
-  `seqio.EncDecFeatureConverter` and keeps the features as numpy arrays (MCWQ splits have at most a
-  few hundred thousand short examples, so this costs little memory and takes tf.data out of the
-  training loop).
+  `seqio.EncDecFeatureConverter` and keeps the features as numpy arrays (`dataset_to_arrays`;
+  MCWQ-sized splits of at most a few hundred thousand short examples cost little memory, and
+  tf.data leaves the training loop).
 * `DeterministicBatches`: the batch of step `s` is a pure function of `(seed, s)` (epoch `e` uses
   permutation `rng(seed, e)`), so a resumed run reads exactly the batches the killed run would have.
 
-SeqIO/TensorFlow are imported lazily (only the mains call the loaders); the batch iterator is pure numpy.
+No gin registration here (gin files reach these names by dynamic registration,
+`from mcwq_t5x import utils`). SeqIO/TensorFlow are imported lazily; the batch iterator is numpy.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import logging
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
-import gin
 import numpy as np
 
-DEFAULT_TASK_MODULE = "tasks.mcwq"
 
-
-@gin.configurable
 @dataclasses.dataclass
 class DatasetConfig:
   """Which data to read and how to batch it (T5X `utils.DatasetConfig` names).
 
   Attributes:
     mixture_or_task_name: a registered SeqIO task or mixture, e.g. "mcwq_mcd1_en".
-    task_feature_lengths: {"inputs": int, "targets": int} (tokens, EOS included).
+    task_feature_lengths: {"inputs": int, "targets": int} (tokens, EOS included); None (decoding
+      evaluation) = each split's longest example.
     split: "train", "validation" or "test".
     batch_size: GLOBAL batch size (all processes together).
     shuffle: shuffle each epoch (training) or keep source order (evaluation).
     seed: data seed (None = 0).
     use_cached: read a SeqIO cache instead of preprocessing (T5X's USE_CACHED_TASKS).
     pack: pack several examples per row (seqio packing; training only).
-    module: module imported to register the tasks (default "tasks.mcwq").
+    module: module imported to register the tasks (T5X's MIXTURE_OR_TASK_MODULE, e.g.
+      "tasks.mcwq"); None when a gin file imports it.
   """
   mixture_or_task_name: str
-  task_feature_lengths: Mapping[str, int]
+  task_feature_lengths: Optional[Mapping[str, int]]
   split: str
   batch_size: int
   shuffle: bool = True
@@ -54,43 +57,38 @@ class DatasetConfig:
   module: Optional[str] = None
 
 
-_REGISTERED: dict[str, Any] = {}
+def import_task_module(module: Optional[str]) -> None:
+  """Imports the module that registers the SeqIO tasks (T5X `utils.import_module`); None = none.
 
-
-@gin.configurable
-def import_task_module(module: Optional[str] = None, vocabulary: Any = None) -> None:
-  """Imports the module that registers the SeqIO tasks (default `tasks.mcwq`).
-
-  If the module has `register_mcwq_tasks` (gin-configurable, see tasks/mcwq.py), it is called once
-  more after gin parsing so that gin bindings (input prefix, data dir) and `vocabulary` (gin:
-  `utils.import_task_module.vocabulary = %VOCABULARY`, e.g. the mT5 SentencePiece model) apply.
+  Raises:
+    ModuleNotFoundError: naming the module and the setting (MIXTURE_OR_TASK_MODULE).
   """
-  name = module or DEFAULT_TASK_MODULE
-  mod = importlib.import_module(name)
-  register = getattr(mod, "register_mcwq_tasks", None)
-  if register is not None and (name not in _REGISTERED or _REGISTERED[name] is not vocabulary):
-    if vocabulary is not None:
-      register(vocabulary=vocabulary)
-    else:
-      register()
-    _REGISTERED[name] = vocabulary
+  if not module:
+    return
+  try:
+    importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    raise ModuleNotFoundError(f"task module {module!r} (MIXTURE_OR_TASK_MODULE) cannot be "
+                              f"imported: {e}") from e
 
 
 def get_mixture_or_task(name: str, module: Optional[str] = None):
-  """Returns the registered SeqIO task or mixture `name`.
+  """Returns the registered SeqIO task or mixture `name`, importing `module` first.
 
   Raises:
-    ValueError: naming the unknown task and listing the registered MCWQ tasks.
+    ValueError: naming the unknown task and the closest registered names.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   import_task_module(module)
   try:
     return seqio.get_mixture_or_task(name)
   except ValueError as e:
-    known = sorted(n for n in list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
-                   if n.startswith("mcwq"))
-    raise ValueError(f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME); registered MCWQ "
-                     f"tasks: {', '.join(known) or 'none'}") from e
+    known = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
+    close = difflib.get_close_matches(name, known, n=8, cutoff=0.5)
+    raise ValueError(
+        f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME; task module "
+        f"{module or 'imported by the gin files'}); {len(known)} registered"
+        + (f", closest: {', '.join(close)}" if close else "")) from e
 
 
 def output_vocabulary(name: str, module: Optional[str] = None):
@@ -145,18 +143,28 @@ def load_feature_arrays(cfg: DatasetConfig, shard_index: int = 0, num_shards: in
       feature_converter=seqio.EncDecFeatureConverter(pack=cfg.pack))
   if num_examples is not None:
     ds = ds.take(num_examples)
-  chunks: dict[str, list[np.ndarray]] = {}
-  for batch in ds.batch(1024).as_numpy_iterator():
-    for k, v in batch.items():
-      chunks.setdefault(k, []).append(np.asarray(v, np.int32))
-  if not chunks:
+  arrays = dataset_to_arrays(ds.batch(1024).as_numpy_iterator())
+  if not arrays:
     raise ValueError(f"task {cfg.mixture_or_task_name!r} split {cfg.split!r} (shard {shard_index} "
                      f"of {num_shards}) has no examples")
-  arrays = {k: np.concatenate(v) for k, v in chunks.items()}
   logging.info("loaded %s/%s shard %d/%d: %d rows, features %s", cfg.mixture_or_task_name,
                cfg.split, shard_index, num_shards, len(next(iter(arrays.values()))),
                {k: v.shape[1:] for k, v in arrays.items()})
   return arrays
+
+
+def dataset_to_arrays(batches: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+  """Concatenates batches of feature dicts (e.g. `tf.data` `as_numpy_iterator()` of a batched
+  dataset) into one int32 array per feature: feature -> [N, ...]; {} when there is no batch.
+
+  Entries that are (index, features) tuples, as seqio's evaluator yields, are not accepted here;
+  see `mcwq_t5x.inference`.
+  """
+  chunks: dict[str, list[np.ndarray]] = {}
+  for batch in batches:
+    for k, v in batch.items():
+      chunks.setdefault(k, []).append(np.asarray(v, np.int32))
+  return {k: np.concatenate(v) for k, v in chunks.items()}
 
 
 class DeterministicBatches:

@@ -17,8 +17,10 @@
   it was trained on.
 
 `get_vocabulary(path=None)` returns a `seqio.SentencePieceVocabulary`: `path`, else
-`$MCWQ_VOCAB`, else the small model (trained lazily on first use, so importing `tasks` does not
-need the data). `scripts/train_vocab.py` is the command line for it.
+`$MCWQ_VOCAB`, else the small model (trained on the first call on a machine and cached; without
+data the tasks still register and using the vocabulary raises `DataNotFoundError`).
+`scripts/train_vocab.py` is the command line for it. No gin here: gin files reach these
+functions by dynamic registration (`from mcwq_t5x import vocab`).
 """
 from __future__ import annotations
 
@@ -196,69 +198,88 @@ def small_vocab_path(data_dir: Optional[PathLike] = None,
   return path
 
 
-class SmallSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-  """`seqio.SentencePieceVocabulary` over the small offline model, trained on first use.
+class _CachedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+  """A `seqio.SentencePieceVocabulary` whose model file may not exist until it is first used.
 
-  The model file is resolved (and trained if not cached) the first time the vocabulary is
-  used (encode/decode/vocab_size/...), so creating one needs neither data nor time.
+  It adds no state to its parent, so it compares equal (seqio compares `__getstate__`, i.e. the
+  model file path and options) to a plain `seqio.SentencePieceVocabulary` of the same file: T5X's
+  "Model and Task vocabularies do not match" check passes whichever of the two a gin file binds.
+  The only difference is the error when the file is missing: `DataNotFoundError` naming the
+  file, the data directory and the command that creates it.
   """
 
-  def __init__(self, data_dir: Optional[PathLike] = None,
-               config: SmallVocabConfig = SmallVocabConfig()):
-    self._data_dir = None if data_dir is None else str(data_dir)
-    self._config = config
-    super().__init__(f"<mcwq small spm, vocab_size={config.vocab_size}, not yet resolved>")
-    self._resolved = False
-
-  def _resolve(self) -> None:
-    if not self._resolved:
-      self._sentencepiece_model_file = str(small_vocab_path(self._data_dir, self._config))
-      self._resolved = True
-
   def _model_context(self):
-    if self._model:
-      return self._model
-    self._resolve()
+    if not self._model and not os.path.isfile(self._sentencepiece_model_file):
+      raise paths.not_found(
+          self._sentencepiece_model_file,
+          "small MCWQ SentencePiece model (trained from the MCWQ train/dev text by "
+          "`python scripts/train_vocab.py`; no data was found to train it)")
     return super()._model_context()
-
-  @property
-  def sentencepiece_model_file(self) -> str:
-    """Path of the `.model` file (trained and cached on first access, see `small_vocab_path`)."""
-    self._resolve()
-    return self._sentencepiece_model_file
 
 
 @functools.lru_cache(maxsize=None)
-def _vocabulary(path: Optional[str], extra_ids: int) -> seqio.SentencePieceVocabulary:
-  if path is None:
-    return SmallSentencePieceVocabulary()
-  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str, data_dir: str
+                ) -> seqio.SentencePieceVocabulary:
+  del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
+  if path is not None:
+    return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+  try:
+    model_file = small_vocab_path()
+  except paths.DataNotFoundError:
+    # No data to train (or to key) the small model: tasks still register; using the vocabulary
+    # raises DataNotFoundError.
+    model_file = paths.cache_dir(create=False) / "spm" / "mcwq_spm_untrained.model"
+  return _CachedSentencePieceVocabulary(str(model_file))
 
 
 def get_vocabulary(path: Optional[PathLike] = None,
                    extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
   """The vocabulary for inputs and targets (one instance per path, shared by all tasks).
 
+  Gin files bind it as `VOCABULARY = @vocab.get_vocabulary()` (`from mcwq_t5x import vocab`);
+  the SeqIO tasks of `tasks/mcwq.py` call it at import, so a model bound to this vocabulary and
+  the tasks always agree.
+
   Args:
     path: a SentencePiece `.model` (local or gs://); default `$MCWQ_VOCAB`, else the small
-      offline model (`SmallSentencePieceVocabulary`, trained on first use).
+      offline model (`small_vocab_path()`: trained and cached on the first call on a machine,
+      a few seconds).
     extra_ids: sentinel ids appended to an explicit model (0 for the mT5 model, which
       already contains its 100 sentinels).
 
   Returns:
-    A `seqio.SentencePieceVocabulary`.
+    A `seqio.SentencePieceVocabulary` (equal, in seqio's sense, to any other
+    `seqio.SentencePieceVocabulary` of the same file).
   """
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None
-  return _vocabulary(None if path is None else str(path), extra_ids)
+  return _vocabulary(None if path is None else str(path), extra_ids,
+                     os.environ.get(paths.CACHE_DIR_ENV, ""),
+                     os.environ.get(paths.DATA_DIR_ENV, ""))
 
 
 def clear_vocabulary_cache() -> None:
-  """Forgets the shared instances of `get_vocabulary` (e.g. after changing `$MCWQ_CACHE_DIR`,
-  which the lazily trained default vocabulary reads on first use)."""
+  """Forgets the shared instances of `get_vocabulary` (tests that switch data or cache folders)."""
   _vocabulary.cache_clear()
 
 
-def mt5_vocabulary(path: PathLike = MT5_VOCAB_PATH) -> seqio.SentencePieceVocabulary:
-  """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2)."""
+def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
+  """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2) of the paper's
+  experiments, read from `$MCWQ_VOCAB` -- the same variable the SeqIO tasks read, so that model
+  and tasks agree.
+
+  Bound by the paper experiment files of both engines (`VOCABULARY = @vocab.mt5_vocabulary()`).
+
+  Raises:
+    ValueError: `$MCWQ_VOCAB` is unset: the tasks would use the small offline vocabulary while
+      the model expects mT5's; the message says what to set (`MT5_VOCAB_PATH` or a local copy).
+  """
+  path = os.environ.get(VOCAB_ENV)
+  if not path:
+    raise ValueError(
+        f"the paper experiments use the mT5 SentencePiece model, and the MCWQ SeqIO tasks read "
+        f"their vocabulary from ${VOCAB_ENV}, which is unset (so they would use the small offline "
+        f"vocabulary). Set {VOCAB_ENV}={MT5_VOCAB_PATH} (or a local copy of that file) before "
+        f"running; for the small offline vocabulary bind VOCABULARY = @vocab.get_vocabulary() "
+        f"and network.T5Config.vocab_size = {DEFAULT_VOCAB_SIZE}")
   return get_vocabulary(path)

@@ -3,8 +3,13 @@
 Inputs are the questions (entity placeholders M0..M9), targets the queries in the reversible
 intermediate representation (RIR, `mcwq_t5x.rir`), as in the paper's mT5 experiments (§5).
 
-Registered names (all idempotent: importing or calling `register_mcwq_tasks` again replaces
-the previous registrations):
+Importing this module registers the tasks below with the vocabulary of
+`mcwq_t5x.vocab.get_vocabulary()` (`$MCWQ_VOCAB`, else the small offline SentencePiece model) and
+registers nothing with gin, so T5X can import it after parsing its flags
+(`MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`). `register_mcwq_tasks(...)` registers variants (another
+prefix, vocabulary, data folder, name suffix); calling it again replaces earlier registrations.
+
+Registered names:
 
 * `mcwq_{split}_{lang}`, split in mcd1/mcd2/mcd3/random_split, lang in en/he/kn/zh: seqio
   splits `train`, `validation` (= the MCWQ `dev` part) and `test`. A part whose files are
@@ -24,7 +29,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping, Optional, Sequence
 
-import gin
 import seqio
 import tensorflow as tf
 
@@ -145,10 +149,10 @@ def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
       metric_fns=[metrics.exact_match_metric, metrics.bleu_metric])
 
 
-def _register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
-                        vocabulary: Optional[seqio.Vocabulary] = None,
-                        suffix: str = "",
-                        data_dir: Optional[str] = None) -> list[str]:
+def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
+                       vocabulary: Optional[seqio.Vocabulary] = None,
+                       suffix: str = "",
+                       data_dir: Optional[str] = None) -> list[str]:
   """Registers all MCWQ tasks and mixtures (replacing earlier registrations of those names).
 
   Args:
@@ -191,11 +195,5 @@ def _register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
     names.append(name)
   return names
 
-
-# Gin-configurable (`mcwq_t5x.tasks.register_mcwq_tasks.prefix = "..."`; call it again after
-# parsing the gin config to apply bindings). Interactive mode makes module reloads safe.
-with gin.config.interactive_mode():
-  register_mcwq_tasks = gin.configurable(
-      "register_mcwq_tasks", module="mcwq_t5x.tasks")(_register_mcwq_tasks)
 
 REGISTERED = register_mcwq_tasks()

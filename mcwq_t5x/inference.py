@@ -1,0 +1,240 @@
+"""Decoding a dataset with given parameters: the inference library shared by the mains.
+
+Counterpart of T5X's `utils.get_infer_fn` and the decoding half of `t5x/train.py` / `t5x/eval.py`.
+Functions take the parameters and return the outputs; nothing is held between calls except the
+compiled decoding step of each batch shape.
+
+* `get_infer_fn(model, partitioner, batch_size, predict_kwargs)` -> `infer_fn(params, arrays)`:
+  decodes feature arrays [N, ...] into tokens [N, L] in batches of `batch_size` (similar lengths
+  together; the last batch is padded, and a batch size that does not divide the data-parallel
+  devices is rounded up to the next multiple, as T5X pads inference batches).
+* `seqio_predict_fn(infer_fn, params)`: the same as a `seqio.Evaluator` `predict_fn`.
+* `evaluate_split(cfg, infer_fn, params)`: decodes one task split through `seqio.Evaluator`
+  and returns the task's metrics (its `metric_fns`) and the predictions as strings, source order.
+* `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write.
+
+SeqIO/TensorFlow are imported lazily (only `evaluate_split` needs them).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+import optax
+
+from mcwq_t5x import checkpoints as checkpoints_lib
+from mcwq_t5x import partitioning
+from mcwq_t5x import trainer as trainer_lib
+from mcwq_t5x import utils
+
+# Features the decoder reads (the rest of a feature-converted batch is dropped before decoding).
+DECODE_FEATURES = ("encoder_input_tokens", "decoder_input_tokens")
+InferFn = Callable[..., np.ndarray]
+
+
+def decoding_batch_size(batch_size: int, partitioner: partitioning.Partitioner) -> int:
+  """`batch_size` rounded up to a multiple of the mesh's data-parallel size (logged if changed).
+
+  Raises:
+    ValueError: `batch_size` < 1.
+  """
+  if int(batch_size) < 1:
+    raise ValueError(f"decoding batch size must be positive, got {batch_size}")
+  dp = partitioner.data_parallel_size
+  rounded = -(-int(batch_size) // dp) * dp
+  if rounded != batch_size:
+    logging.info("decoding batch size %d rounded up to %d (a multiple of the %d data-parallel "
+                 "devices; the extra rows are padding)", batch_size, rounded, dp)
+  return rounded
+
+
+def get_infer_fn(model: Any, partitioner: partitioning.Partitioner, batch_size: int,
+                 predict_kwargs: Optional[Mapping[str, Any]] = None) -> InferFn:
+  """Returns `infer_fn(params, arrays, rng=None) -> tokens`, compiled per batch shape.
+
+  Args:
+    model: `mcwq_t5x.model.EncoderDecoderModel` (its `predict_batch(params, batch, **kwargs)`).
+    partitioner: the mesh; params are used with their own shardings, batches are sharded over
+      the data axis.
+    batch_size: global decoding batch size (rounded up to a multiple of the data-parallel size).
+    predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 1} (greedy) or
+      {"num_decodes": 4, "alpha": 0.6} (beam search).
+
+  Returns:
+    `infer_fn(params, arrays, rng=None)`: `arrays` maps feature names to int32 arrays [N, ...]
+    (at least `encoder_input_tokens` [N, input_length] and `decoder_input_tokens`
+    [N, max_decode_length]); returns int32 tokens [N, max_decode_length] in the rows' order
+    (same on every process). Rows are decoded longest-input first, so that the decoding loop,
+    which stops when a whole batch has ended, wastes little.
+  """
+  batch_size = decoding_batch_size(batch_size, partitioner)
+  kwargs = dict(predict_kwargs or {})
+  compiled: dict[Any, Callable] = {}
+
+  def compiled_for(params, batch):
+    key = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    if key not in compiled:
+      param_shardings = jax.tree_util.tree_map(lambda x: x.sharding, params)
+
+      def predict(p, b, rng):
+        return model.predict_batch(p, b, rng=rng, **kwargs)
+
+      compiled[key] = partitioner.partition(
+          predict, in_shardings=(param_shardings, partitioner.data_sharding, partitioner.replicated),
+          out_shardings=partitioner.replicated)
+    return compiled[key]
+
+  def infer_fn(params, arrays: Mapping[str, np.ndarray], rng: Optional[jax.Array] = None
+               ) -> np.ndarray:
+    n = len(arrays["encoder_input_tokens"])
+    if n == 0:
+      return np.zeros((0, arrays["decoder_input_tokens"].shape[1]), np.int32)
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
+    outs = []
+    for i, start in enumerate(range(0, n, batch_size)):
+      rows = order[start:start + batch_size]
+      chunk, real = utils.pad_batch({k: arrays[k][rows] for k in DECODE_FEATURES}, batch_size)
+      batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
+      tokens = compiled_for(params, batch)(params, batch, jax.random.fold_in(rng, i))
+      outs.append(np.asarray(jax.device_get(tokens))[:real])
+    tokens = np.concatenate(outs)
+    result = np.empty_like(tokens)
+    result[order] = tokens
+    return result
+
+  return infer_fn
+
+
+def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
+  """A `seqio.Evaluator` predict_fn: (unbatched dataset of (index, features)) -> [(index, tokens)].
+
+  Args:
+    infer_fn: from `get_infer_fn`.
+    params: the (sharded) parameters.
+  """
+  def predict_fn(dataset: Any, model_feature_shapes: Any = None) -> list[tuple[int, list[int]]]:
+    del model_feature_shapes
+    indices, features = [], []
+    for index, example in dataset.batch(1024).as_numpy_iterator():
+      indices.append(np.asarray(index))
+      features.append(example)
+    arrays = utils.dataset_to_arrays(features)
+    if not arrays:
+      return []
+    tokens = infer_fn(params, arrays)
+    return [(int(i), [int(t) for t in row]) for i, row in zip(np.concatenate(indices), tokens)]
+
+  return predict_fn
+
+
+def evaluate_split(cfg: utils.DatasetConfig, infer_fn: InferFn, params: Any,
+                   num_examples: Optional[int] = None) -> tuple[dict[str, float], list[str]]:
+  """Decoding-based evaluation of one task split through `seqio.Evaluator`.
+
+  Args:
+    cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
+    infer_fn: from `get_infer_fn`.
+    params: the (sharded) parameters.
+    num_examples: first N examples only (None = all).
+
+  Returns:
+    (metrics {name: float} from the task's metric_fns, e.g. exact_match and bleu, prefixed by
+    `<task>/` for a mixture; the predictions decoded to strings, source order).
+
+  Raises:
+    ValueError: unknown task (see `utils.get_mixture_or_task`).
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  evaluator = seqio.Evaluator(
+      mixture_or_task_name=cfg.mixture_or_task_name,
+      feature_converter=seqio.EncDecFeatureConverter(pack=False),
+      eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
+      sequence_length=dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None,
+      num_examples=num_examples, shuffle=False, async_compute_metrics=False)
+  all_metrics, all_outputs = evaluator.evaluate(compute_metrics=True,
+                                                predict_fn=seqio_predict_fn(infer_fn, params))
+  metrics_by_task = all_metrics.result()
+  metrics: dict[str, float] = {}
+  for task_name, task_metrics in metrics_by_task.items():
+    for k, v in task_metrics.items():
+      key = k if len(metrics_by_task) == 1 else f"{task_name}/{k}"
+      metrics[key] = float(np.asarray(getattr(v, "value", v)))
+  predictions = []
+  for task in evaluator.eval_tasks:
+    vocab = task.output_features["targets"].vocabulary
+    tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
+    predictions.extend(vocab.decode([int(t) for t in row]) for row in tokens)
+  return metrics, predictions
+
+
+def write_predictions(out_dir: str | pathlib.Path, cfg: utils.DatasetConfig,
+                      predictions: Sequence[str], metrics: Mapping[str, Any],
+                      extra: Optional[Mapping[str, Any]] = None
+                      ) -> tuple[pathlib.Path, pathlib.Path]:
+  """Writes `predictions/<task>_<split>.txt` and `metrics/<task>_<split>.json` under `out_dir`.
+
+  The text file has exactly one line per prediction, in source order (line breaks of any kind
+  inside a prediction become spaces); the JSON holds task, split, num_examples, the metrics and
+  `extra`. Only process 0 writes.
+
+  Returns:
+    (predictions path, metrics path).
+  """
+  out_dir = pathlib.Path(out_dir)
+  name = f"{cfg.mixture_or_task_name}_{cfg.split}"
+  pred_path = out_dir / "predictions" / f"{name}.txt"
+  met_path = out_dir / "metrics" / f"{name}.json"
+  if jax.process_index() == 0:
+    pred_path.parent.mkdir(parents=True, exist_ok=True)
+    met_path.parent.mkdir(parents=True, exist_ok=True)
+    pred_path.write_text("".join(" ".join(p.splitlines()) + "\n" for p in predictions),
+                         encoding="utf-8")
+    record = {"task": cfg.mixture_or_task_name, "split": cfg.split,
+              "num_examples": len(predictions), **dict(metrics), **dict(extra or {})}
+    met_path.write_text(json.dumps(utils.to_jsonable(record), indent=2, sort_keys=True) + "\n")
+  return pred_path, met_path
+
+
+def load_params(model: Any, partitioner: partitioning.Partitioner, checkpoint_path: str
+                ) -> tuple[Any, Optional[int], pathlib.Path]:
+  """Loads parameters (no optimizer state) from any checkpoint, sharded over the mesh.
+
+  Args:
+    model: the `EncoderDecoderModel` (its network config gives the parameter shapes).
+    partitioner: the mesh.
+    checkpoint_path: a MODEL_DIR of `mcwq_t5x.train` / its checkpoint folder / one step folder,
+      or a pretrained Hugging Face folder or T5X-native checkpoint
+      (`mcwq_t5x.checkpoint_import.load_pretrained`).
+
+  Returns:
+    (params with the model's shardings and dtypes, step or None, folder the checkpoint came
+    from).
+
+  Raises:
+    FileNotFoundError: nothing usable at `checkpoint_path` (the message names it).
+    mcwq_t5x.checkpoint_import.CheckpointMismatchError: shapes or names differ from the model.
+  """
+  tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
+  shapes = {"encoder_input_tokens": (partitioner.data_parallel_size, 8),
+            "decoder_input_tokens": (partitioner.data_parallel_size, 8)}
+  abstract = tr.state_shapes(shapes).params
+  try:
+    folder, step = checkpoints_lib.resolve_checkpoint(checkpoint_path)
+  except FileNotFoundError:
+    if not pathlib.Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
+      raise
+    from mcwq_t5x import checkpoint_import  # pylint: disable=g-import-not-at-top
+    params = checkpoint_import.load_pretrained(checkpoint_path, model.module.config)
+    params = jax.tree_util.tree_map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding),
+                                    params, abstract)
+    return params, None, pathlib.Path(checkpoint_path)
+  mgr = checkpoints_lib.CheckpointManager(folder, async_save=False)
+  params = mgr.restore_params(step, abstract)
+  logging.info("restored the parameters of %s/%d", folder, step)
+  return params, step, folder

@@ -1,0 +1,69 @@
+"""Helpers to run the mains the way users do: in a fresh process (`python -m ...`), or, for quick
+checks of configuration errors, through gin in this process with the main standing in for
+`__main__` (as under `python -m`)."""
+import contextlib
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+import gin
+
+from mcwq_t5x import gin_utils
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# A very small tiny-model shape for tests (the preset is 2+2 layers of width 128).
+SMALL_MODEL = ["network.get_config.emb_dim = 32", "network.get_config.num_heads = 2",
+               "network.get_config.head_dim = 16", "network.get_config.mlp_dim = 64",
+               "network.get_config.num_encoder_layers = 1",
+               "network.get_config.num_decoder_layers = 1"]
+
+
+def run(args: Sequence[str], *, env: Optional[dict] = None, input: Optional[str] = None,
+        check: bool = True, timeout: int = 900, cwd: pathlib.Path = REPO
+        ) -> subprocess.CompletedProcess:
+  """Runs `args` (e.g. [sys.executable, "-m", "mcwq_t5x.train", ...]) in a fresh process.
+
+  Raises:
+    AssertionError: `check` and a non-zero exit status (with the end of stdout and stderr).
+  """
+  full_env = dict(os.environ)
+  full_env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
+  full_env.update(env or {})
+  out = subprocess.run(list(args), cwd=cwd, env=full_env, input=input, capture_output=True,
+                       text=True, timeout=timeout)
+  if check:
+    assert out.returncode == 0, (f"{' '.join(map(str, args))} exited {out.returncode}\n"
+                                 f"stdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-6000:]}")
+  return out
+
+
+def python_m(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+  """`python -m module args...` in a fresh process (see `run`)."""
+  return run([sys.executable, "-m", module, *args], **kwargs)
+
+
+def gin_flags(bindings: Sequence[str]) -> list[str]:
+  """Bindings as T5X-style `--gin_bindings=...` flags."""
+  return [f"--gin_bindings={b}" for b in bindings]
+
+
+@contextlib.contextmanager
+def as_main(module):
+  """Lets `module` stand in for `__main__` (what `python -m module` does), for gin files that
+  `import __main__ as train_script`."""
+  saved = sys.modules["__main__"]
+  sys.modules["__main__"] = module
+  try:
+    yield
+  finally:
+    sys.modules["__main__"] = saved
+
+
+def configured(module, fn_name: str, files: Sequence[str], bindings: Sequence[str] = ()):
+  """Parses our engine's `files` + `bindings` and returns `module.fn_name` with its bindings (the
+  in-process equivalent of `python -m module --gin_file=...`)."""
+  gin.clear_config()
+  gin_utils.parse_gin(files, bindings)
+  return gin.get_configurable(getattr(module, fn_name))
