@@ -304,8 +304,10 @@ def test_retry_delay_and_pacing():
   assert retry.retry_delay(0.5, None) == 0.5
   assert retry.retry_delay(0.5, "") == 0.5
   assert retry.retry_delay(0.5, "7") == 7.0
-  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # HTTP-date: backoff
-  assert retry.retry_delay(0.5, "120", max_s=60.0) == 60.0
+  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # a past date: backoff
+  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:30:00 GMT", now=1445412480.0) == 120.0
+  with pytest.raises(retry.RetryAfterTooLong):  # more than the caller's maximum: no capped wait
+    retry.retry_delay(0.5, "120", max_s=60.0)
   waits = []
   start = retry.pace(0.0, 0.0, waits.append)
   assert waits == []
