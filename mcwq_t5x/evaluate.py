@@ -2,6 +2,9 @@
 
   python -m mcwq_t5x.evaluate --predictions P --targets T [--target_format {rir,sparql}]
       [--questions Q] [--depths D] [--json OUT] [--errors_out OUT.jsonl]
+  python -m mcwq_t5x.evaluate --predictions P [--targets T] --release DIR --split NAME
+      --part {train,dev,test} --execute [--endpoint {oxigraph,remote}] [--codex DIR]
+      [--ntriples F ...] [--url URL] [--rate S] [--timeout S] [--retries N] [--cache FILE]
 
 Both files hold one query per line and are line-parallel; a final line may lack its newline.
 Predictions are RIR strings (what the models of the MCWQ paper output, e.g.
@@ -10,27 +13,43 @@ Predictions are RIR strings (what the models of the MCWQ paper output, e.g.
 a line, or the `official/` lines `IN: question  OUT: query`; SPARQL targets are converted with
 `rir.sparql_to_rir` before scoring, so exact match compares RIR strings as the paper does.
 
+With `--release DIR --split NAME --part PART` the gold queries come from a release folder
+(`dataset.json` + `splits/NAME.json`, as `preprocessing.migrate` writes it): the predictions are
+line-parallel with the part's index list, i.e. with `official/NAME/PART.*.txt`. `--targets` may
+then be left out; when given, each target must be the release's query of that line (the check
+names the file and line). `--execute` adds execution accuracy (`mcwq_t5x.execution`): each
+prediction gets the example's entities substituted for its placeholders and is run next to the
+gold query on a SPARQL store, by default the embedded pyoxigraph store loaded from `--codex`
+(`../shared/wikidata/codex-m`), or `--endpoint remote` (`--url`, default the Wikidata Query
+Service, one request per `--rate` seconds, retries); `--cache FILE` keeps the answers across runs.
+
 The result is printed as JSON (and written to `--json OUT`):
   {"n": N, "exact_match": percent, "bleu": corpus BLEU, "equivalence": percent,
-   "error_categories": {category: count}, ["by_complexity": {depth: {...}}], "predictions": P,
-   "targets": T}
-See `mcwq_t5x.metrics` for the definitions (paper: Cui et al., TACL 2022, §5.2 and §6.2).
+   "error_categories": {category: count}, ["by_complexity": {depth: {...}}],
+   ["execution_accuracy": percent, "execution": {"n", "correct", "outcomes", ...}],
+   "predictions": P, "targets": T}
+See `mcwq_t5x.metrics` and `mcwq_t5x.execution` for the definitions (paper: Cui et al., TACL
+2022, §5.2 and §6.2; execution accuracy is not in the paper).
 
 Exit status: 0 on success, 2 on bad input (missing file, files of different lengths, a malformed
-target: the message names the file and line).
+target or release record: the message names the file and line). Malformed predictions and failed
+store requests for predictions are scored as wrong, never an error.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
 from typing import Any, Optional, Sequence
 
+from mcwq_t5x import execution
 from mcwq_t5x import metrics
 from mcwq_t5x import readers
 from mcwq_t5x import rir as rir_lib
 from mcwq_t5x import sparql as sparql_lib
+from preprocessing import endpoint as endpoint_lib
 
 
 class InputError(ValueError):
@@ -121,7 +140,8 @@ def load_depths(path: str | pathlib.Path) -> list[Optional[int]]:
     try:
       out.append(int(line))
     except ValueError:
-      raise InputError(f"{path}:{number}: expected an integer recursionDepth, got {line!r}") from None
+      raise InputError(
+          f"{path}:{number}: expected an integer recursionDepth, got {line!r}") from None
   return out
 
 
@@ -142,33 +162,94 @@ def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any],
                      f"{len(lines_b)} {name_b} in {path_b}; the files must be line-parallel")
 
 
-def evaluate_files(predictions: str | pathlib.Path, targets: str | pathlib.Path,
+def load_release_targets(release: str | pathlib.Path, split: str, part: str
+                         ) -> list[execution.ReleaseQuery]:
+  """Reads the gold queries (with entities) of a release part (`execution.load_release_queries`).
+
+  Raises:
+    InputError: missing files, bad JSON, bad indices or records (message `FILE:LINE: ...`).
+  """
+  try:
+    return execution.load_release_queries(release, split, part)
+  except (OSError, ValueError) as e:
+    raise InputError(str(e)) from None
+
+
+def check_targets_match_release(targets: str | pathlib.Path, gold: Sequence[str],
+                                examples: Sequence[execution.ReleaseQuery]) -> None:
+  """Checks that each target line is the release's query of that line (up to clause order).
+
+  Raises:
+    InputError: a different query (`FILE:LINE: ...`, naming the release record).
+  """
+  for number, (target, example) in enumerate(zip(gold, examples), start=1):
+    parsed = metrics.parse_query(target, metrics.RIR)
+    if parsed.canonical() != sparql_lib.parse_sparql(example.pattern).canonical():
+      raise InputError(f"{targets}:{number}: target is not the query of {example.source} record "
+                       f"{example.index} (line {example.line}): {example.pattern!r}; are the "
+                       "--split/--part right?")
+
+
+def evaluate_files(predictions: str | pathlib.Path, targets: Optional[str | pathlib.Path] = None,
                    target_format: str = metrics.RIR,
                    questions: Optional[str | pathlib.Path] = None,
                    depths: Optional[str | pathlib.Path] = None,
-                   errors_out: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
+                   errors_out: Optional[str | pathlib.Path] = None,
+                   release: Optional[str | pathlib.Path] = None,
+                   split: Optional[str] = None, part: Optional[str] = None,
+                   endpoint: Optional[Any] = None,
+                   max_answers: int = execution.DEFAULT_MAX_ANSWERS) -> dict[str, Any]:
   """Scores a prediction file against a target file (what the command line does).
 
   Args:
     predictions: RIR predictions, one per line (any bytes; junk is scored as wrong).
-    targets: gold queries, one per line (see `load_targets`).
+    targets: gold queries, one per line (see `load_targets`); may be None when `release` is given.
     target_format: "rir" or "sparql".
     questions: optional question file, line-parallel; only used in `errors_out`.
     depths: optional recursionDepth file (see `load_depths`) for accuracy by complexity.
     errors_out: optional path of a JSON-lines file with one record per example:
-      {"line", "category", "target", "prediction", ["question"], plus the set differences}.
+      {"line", "category", "target", "prediction", ["question"], plus the set differences,
+      ["execution": outcome]}.
+    release, split, part: a release folder and one of its split parts; the gold queries and
+      entities of the lines (`execution.load_release_queries`). All three or none.
+    endpoint: a `preprocessing.endpoint.Endpoint`, or a function without arguments returning
+      one (called once the other inputs are read and checked; see `execution.make_endpoint`):
+      with a release, adds execution accuracy (`execution.score_execution`).
+    max_answers: SELECT answers with more values count as truncated (never equal).
 
   Returns:
-    `metrics.evaluate`'s dict, plus "by_complexity" when depths are given, and the file names.
+    `metrics.score_predictions`'s dict, plus "by_complexity" when depths are given,
+    "execution_accuracy" and "execution" when executed, and the file names.
 
   Raises:
     InputError: missing files, length mismatch (names both counts and both files), malformed
-      target, bad depth.
+      target, bad depth, a bad release, a target that is not the release's query, a store that
+      cannot be loaded.
+    ValueError: no targets and no release, only some of release/split/part, or an endpoint
+      without a release.
   """
-  gold = load_targets(targets, target_format)
+  if (release is None) != (split is None) or (release is None) != (part is None):
+    raise ValueError("give --release, --split and --part together")
+  if targets is None and release is None:
+    raise ValueError("give --targets, or --release with --split and --part")
+  if endpoint is not None and release is None:
+    raise ValueError("--execute needs --release, --split and --part (the entities of each line)")
+  examples = None
+  if release is not None:
+    examples = load_release_targets(release, split, part)
+  if targets is not None:
+    gold = load_targets(targets, target_format)
+  else:
+    targets = pathlib.Path(release) / "splits" / f"{split}.json"
+    targets = f"{targets}:{part}Idxs"
+    gold = [rir_lib.sparql_to_rir(e.pattern) for e in examples]
   preds = read_lines(predictions, strict=False)
   check_same_length("predictions", predictions, preds, "targets", targets, gold)
-  result = metrics.evaluate(gold, preds, metrics.RIR)
+  if examples is not None:
+    check_same_length("release queries", f"{release} ({split}/{part})", examples,
+                      "targets", targets, gold)
+    check_targets_match_release(targets, gold, examples)
+  result = metrics.score_predictions(gold, preds, metrics.RIR)
   if depths is not None:
     depth_list = load_depths(depths)
     check_same_length("depths", depths, depth_list, "targets", targets, gold)
@@ -178,6 +259,21 @@ def evaluate_files(predictions: str | pathlib.Path, targets: str | pathlib.Path,
   if questions is not None:
     question_list = read_lines(questions, strict=False)
     check_same_length("questions", questions, question_list, "targets", targets, gold)
+  outcomes = None
+  if endpoint is not None:
+    if not isinstance(endpoint, endpoint_lib.Endpoint):
+      try:
+        endpoint = endpoint()
+      except (OSError, ValueError) as e:
+        raise InputError(str(e)) from None
+    try:
+      scores = execution.score_execution(examples, preds, endpoint, metrics.RIR, max_answers)
+    except ValueError as e:  # A gold query that cannot be sent (names dataset.json and line).
+      raise InputError(str(e)) from None
+    outcomes = scores.outcomes
+    result.update(scores.summary())
+    if isinstance(endpoint, endpoint_lib.CachedEndpoint):
+      result["execution"]["store_requests"] = endpoint.misses
   if errors_out is not None:
     with open(errors_out, "w", encoding="utf-8") as f:
       for i, (t, p) in enumerate(zip(gold, preds)):
@@ -190,19 +286,25 @@ def evaluate_files(predictions: str | pathlib.Path, targets: str | pathlib.Path,
                       extra_properties=list(analysis.extra_properties),
                       missing_entities=list(analysis.missing_entities),
                       extra_entities=list(analysis.extra_entities))
+        if outcomes is not None:
+          record["execution"] = outcomes[i]
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
   result["predictions"] = str(predictions)
   result["targets"] = str(targets)
   return result
 
 
+_DEFAULT_CODEX = pathlib.Path(__file__).resolve().parents[2] / "shared" / "wikidata" / "codex-m"
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.evaluate",
-      description="Exact match, BLEU, query equivalence and error categories of MCWQ "
-                  "predictions (Cui et al., TACL 2022).")
+      description="Exact match, BLEU, query equivalence, error categories and (with --execute) "
+                  "execution accuracy of MCWQ predictions (Cui et al., TACL 2022).")
   parser.add_argument("--predictions", required=True, help="predicted RIR queries, one a line")
-  parser.add_argument("--targets", required=True, help="gold queries, one a line")
+  parser.add_argument("--targets", help="gold queries, one a line (default with --release: the "
+                                        "release's queries of --split/--part)")
   parser.add_argument("--target_format", choices=metrics.FORMATS, default=metrics.RIR,
                       help="format of --targets: rir (translations/*.sparql) or sparql "
                            "(one query a line, or official/ 'IN: ...  OUT: ...' lines)")
@@ -211,19 +313,67 @@ def _parser() -> argparse.ArgumentParser:
                                        "complexity")
   parser.add_argument("--json", dest="json_out", help="write the result JSON here too")
   parser.add_argument("--errors_out", help="write per-example error categories (JSON lines)")
+  group = parser.add_argument_group(
+      "release and execution accuracy",
+      "the predictions are line-parallel with splits/SPLIT.json's PARTIdxs of the release")
+  group.add_argument("--release", help="release folder (dataset.json, splits/), e.g. the output "
+                                       "of python -m preprocessing.migrate")
+  group.add_argument("--split", help="split name (splits/SPLIT.json)")
+  group.add_argument("--part", choices=readers.PARTS, help="split part")
+  group.add_argument("--execute", action="store_true",
+                     help="run predictions and gold queries with the release's entities and "
+                          "report execution accuracy")
+  group.add_argument("--endpoint", choices=("oxigraph", "remote"), default="oxigraph",
+                     help="embedded pyoxigraph store (--codex/--ntriples) or a remote SPARQL "
+                          "endpoint (--url)")
+  group.add_argument("--codex", default=str(_DEFAULT_CODEX),
+                     help="CoDEx folder loaded into the embedded store ('' for none)")
+  group.add_argument("--ntriples", nargs="*", default=[],
+                     help="N-Triples files loaded into the embedded store")
+  group.add_argument("--url", default=endpoint_lib.WDQS_URL, help="remote SPARQL endpoint URL")
+  group.add_argument("--user_agent", default=endpoint_lib.DEFAULT_USER_AGENT)
+  group.add_argument("--rate", type=float, default=1.0,
+                     help="remote: minimum seconds between requests")
+  group.add_argument("--timeout", type=float, default=60.0, help="remote: request timeout (s)")
+  group.add_argument("--retries", type=int, default=5, help="remote: retries on 429/5xx")
+  group.add_argument("--cache", help="JSON-lines file keeping the store's answers across runs "
+                                     "(one file per store)")
+  group.add_argument("--max_answers", type=int, default=execution.DEFAULT_MAX_ANSWERS,
+                     help="SELECT answers with more values count as truncated (wrong)")
   return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Runs the command line; returns the exit status (0 ok, 2 bad input)."""
-  args = _parser().parse_args(argv)
+  parser = _parser()
+  args = parser.parse_args(argv)
+  if args.targets is None and args.release is None:
+    parser.error("give --targets, or --release with --split and --part")
+  if args.release is not None and (args.split is None or args.part is None):
+    parser.error("--release needs --split and --part")
+  if args.execute and args.release is None:
+    parser.error("--execute needs --release, --split and --part (the entities of each line)")
+  if args.max_answers < 1:
+    parser.error("--max_answers must be at least 1")
+  endpoint = None
+  if args.execute:
+    endpoint = functools.partial(
+        execution.make_endpoint, args.endpoint, codex=args.codex or None,
+        ntriples=args.ntriples, url=args.url, user_agent=args.user_agent,
+        timeout_s=args.timeout, max_retries=args.retries, min_interval_s=args.rate,
+        cache=args.cache)
   try:
     result = evaluate_files(args.predictions, args.targets, args.target_format,
                             questions=args.questions, depths=args.depths,
-                            errors_out=args.errors_out)
+                            errors_out=args.errors_out, release=args.release, split=args.split,
+                            part=args.part, endpoint=endpoint, max_answers=args.max_answers)
   except InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if args.execute:
+    result["execution"]["endpoint"] = (args.url if args.endpoint == "remote" else
+                                       f"oxigraph: {args.codex or ''} {' '.join(args.ntriples)}"
+                                       .strip())
   text = json.dumps(result, indent=2, ensure_ascii=False)
   print(text)
   if args.json_out:

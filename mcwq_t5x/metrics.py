@@ -17,8 +17,9 @@ features) and return a dict `{name: float}`:
 
 Further analyses: `analyze_error` / `classify_error` / `error_category_counts` (§6.2, Figures
 5-6; definitions in `ErrorAnalysis`), `accuracy_by_complexity` (Figure 4),
-`match_test_intersection` (test-intersection-gold vs -MT, Table 6) and `evaluate` (everything the
-`mcwq_t5x.evaluate` command line prints).
+`match_test_intersection` (test-intersection-gold vs -MT, Table 6) and `score_predictions` (every
+score the `mcwq_t5x.evaluate` command line prints but execution accuracy, which needs a SPARQL
+store: `mcwq_t5x.execution`).
 
 No metric ever raises on a malformed PREDICTION (empty line, truncated query, unbalanced
 parentheses, binary junk): it is simply wrong (category "syntax_error"). Malformed TARGETS are
@@ -405,9 +406,17 @@ def accuracy_by_complexity(targets: Sequence[Text], predictions: Sequence[Text],
           for d in sorted(n)}
 
 
-def evaluate(targets: Sequence[Text], predictions: Sequence[Text],
-             fmt: str = RIR) -> dict[str, Any]:
-  """All metrics of one prediction set, as the evaluation CLI prints them.
+def score_predictions(targets: Sequence[Text], predictions: Sequence[Text],
+                      fmt: str = RIR) -> dict[str, Any]:
+  """Scores one prediction set with every string-level metric, as the evaluation CLI prints them.
+
+  Exact match and BLEU (MCWQ paper §5.2, Table 4), query equivalence, and the error categories of
+  §6.2 (Figures 5-6). Execution accuracy needs a SPARQL store and is `mcwq_t5x.execution`'s.
+
+  Args:
+    targets: gold queries, length N, in format `fmt`.
+    predictions: predicted queries, length N (anything; malformed ones are scored as wrong).
+    fmt: "rir" or "sparql".
 
   Returns:
     {"n": N, "exact_match": percent, "bleu": BLEU, "equivalence": percent,
@@ -425,6 +434,11 @@ def evaluate(targets: Sequence[Text], predictions: Sequence[Text],
                            if targets else 0.0)
   result["error_categories"] = counts
   return result
+
+
+# Deprecated name, kept until its last caller (`mcwq_t5x/report.py`) uses `score_predictions`:
+# three things were called "evaluate" (`eval.evaluate`, the `evaluate` command line and this).
+evaluate = score_predictions
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,12 +7,18 @@ Two kinds behind one interface (`Endpoint`: `select`, `ask`, `labels`):
   `entity2types.json` (entity -> types, CoDEx takes them from Wikidata's instance-of) is loaded as
   `wdt:P31` triples; `types.{lang}.json` / `relations.{lang}.json` labels as `rdfs:label`.
   CoDEx has no labels for most entities: `labels` then returns only those it has.
-* `RemoteEndpoint`: any SPARQL 1.1 HTTP endpoint through SPARQLWrapper, by default the Wikidata
-  Query Service, with a custom User-Agent, a timeout, retries with exponential backoff on HTTP 429
-  and 5xx (honouring `Retry-After`) and a minimum interval between requests.
+  With `timeout_s`, queries run in a forked worker process that is killed when a query runs longer.
+* `RemoteEndpoint`: any SPARQL 1.1 HTTP endpoint (SPARQL 1.1 Protocol, POST with a form-encoded
+  `query`, JSON results) through `urllib.request`, by default the Wikidata Query Service, with a
+  custom User-Agent, a timeout on the whole request, retries with exponential backoff on HTTP 429
+  and 5xx (waiting at least what `Retry-After` asks, RFC 9110 §10.2.3) and a minimum interval
+  between requests.
 
-`CachedEndpoint` wraps either one and keeps every answer in an append-only JSONL file
-(`preprocessing.cache`), so a killed run resumes without repeating a request.
+Both raise `QueryTimeout` (an `EndpointError`) when a query takes longer than `timeout_s`; it is
+not retried. `CachedEndpoint` wraps either one and keeps every answer in an append-only JSONL file
+(`preprocessing.cache`), so a killed run resumes without repeating a request; a timed-out query is
+recorded as `{"timed_out_after_s": T}` and not re-run by a later run unless asked
+(`retry_timeouts=True`).
 
 Results are plain JSON-able values: `select` returns a list of {variable: term} rows where a
 Wikidata entity is written `wd:Q42`, a property `wdt:P57`, any other IRI `<…>` and a literal its
@@ -22,12 +28,18 @@ lexical form.
 from __future__ import annotations
 
 import abc
+import http.client
 import json
 import logging
+import multiprocessing
 import pathlib
 import re
+import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Any, Callable, Iterable, Sequence
 
 from preprocessing import retry
@@ -50,6 +62,22 @@ _log = logging.getLogger(__name__)
 
 class EndpointError(RuntimeError):
   """A query failed for good (after retries, or a non-retryable error)."""
+
+
+class QueryTimeout(EndpointError):
+  """A query did not finish within the endpoint's `timeout_s` (not retried).
+
+  Attributes:
+    timeout_s: the time limit it ran into, in seconds.
+  """
+
+  def __init__(self, message: str, timeout_s: float):
+    super().__init__(message)
+    self.timeout_s = timeout_s
+
+
+# A 429/503 whose Retry-After exceeds the client's maximum: the run should stop (see `retry`).
+RetryAfterTooLong = retry.RetryAfterTooLong
 
 
 def check_qid(qid: str) -> str:
@@ -131,24 +159,86 @@ class Endpoint(abc.ABC):
     return out
 
 
+def _evaluate(store: Any, text: str) -> list[dict[str, str]] | bool:
+  """Runs a query on a pyoxigraph store and materialises the answer (SELECT rows, ASK bool).
+
+  Raises:
+    SyntaxError, ValueError, OSError: from pyoxigraph (bad query, store failure), or ValueError for
+      a CONSTRUCT/DESCRIBE query.
+  """
+  import pyoxigraph  # pylint: disable=g-import-not-at-top
+  res = store.query(text)
+  if isinstance(res, pyoxigraph.QueryBoolean):
+    return bool(res)
+  if not isinstance(res, pyoxigraph.QuerySolutions):
+    raise ValueError("only SELECT and ASK queries are supported")
+  names = [v.value for v in res.variables]
+  rows = []
+  for sol in res:  # the evaluation happens here, solution by solution
+    row = {}
+    for n in names:
+      t = sol[n]
+      if t is None:
+        continue
+      row[n] = compact(t.value) if isinstance(t, pyoxigraph.NamedNode) else t.value
+    rows.append(row)
+  return rows
+
+
+def _serve(store: Any, conn: Any, parent_end: Any) -> None:
+  """Worker-process loop of `OxigraphEndpoint`: query text in, ("ok"|"error", answer) out."""
+  parent_end.close()  # else the worker never sees EOF when the parent closes its end
+  while True:
+    try:
+      text = conn.recv()
+    except (EOFError, OSError):
+      return
+    try:
+      answer: tuple[str, Any] = ("ok", _evaluate(store, text))
+    except (SyntaxError, ValueError, OSError) as e:
+      answer = ("error", f"{type(e).__name__}: {e}")
+    conn.send(answer)
+
+
 class OxigraphEndpoint(Endpoint):
   """Embedded pyoxigraph store (in memory).
 
+  A pyoxigraph query cannot be interrupted, so with `timeout_s` every query runs in a worker
+  process forked from this one (it sees the store copy-on-write, without copying it); a query
+  that runs longer than `timeout_s` gets its worker killed (CPU and memory freed), is logged and
+  counted in `num_timeouts`, and raises `QueryTimeout`; the next query forks a fresh worker. Loading
+  data stops the worker, so the next one sees it. Needs the `fork` start method (Linux, macOS).
+
   Args:
     store: a `pyoxigraph.Store`; default a new empty in-memory store.
+    timeout_s: bound of one query's evaluation (including reading all its solutions), in seconds;
+      None runs queries in this process without a bound.
+
+  Raises:
+    ValueError: `timeout_s` is not positive, or the platform cannot fork.
   """
 
-  def __init__(self, store: Any = None):
+  def __init__(self, store: Any = None, timeout_s: float | None = None):
     import pyoxigraph  # pylint: disable=g-import-not-at-top
+    if timeout_s is not None:
+      if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+      if "fork" not in multiprocessing.get_all_start_methods():
+        raise ValueError("OxigraphEndpoint(timeout_s=...) needs the 'fork' start method")
     self._ox = pyoxigraph
     self.store = store if store is not None else pyoxigraph.Store()
+    self.timeout_s = timeout_s
     self.num_queries = 0
+    self.num_timeouts = 0
     self._predicates: dict[str, int] | None = None
+    self._worker: Any = None
+    self._conn: Any = None
 
   def load_ntriples(self, path: str | pathlib.Path) -> None:
     """Adds an N-Triples file (Wikidata IRIs expected) to the store."""
     self.store.bulk_load(path=str(path), format=self._ox.RdfFormat.N_TRIPLES)
     self._predicates = None
+    self.close()
 
   def load_codex(self, codex_dir: str | pathlib.Path, languages: Iterable[str] = ("en",),
                  parts: Iterable[str] = ("train", "valid", "test")) -> dict[str, int]:
@@ -200,6 +290,7 @@ class OxigraphEndpoint(Endpoint):
     self.store.bulk_load(input="\n".join(lines).encode("utf-8"),
                          format=self._ox.RdfFormat.N_TRIPLES)
     self._predicates = None
+    self.close()
     return counts
 
   def predicate_counts(self) -> dict[str, int] | None:
@@ -208,90 +299,324 @@ class OxigraphEndpoint(Endpoint):
       self._predicates = {r["p"]: int(r["n"]) for r in rows if r.get("p", "").startswith("wdt:")}
     return self._predicates
 
-  def _run(self, query: str) -> Any:
-    self.num_queries += 1
+  def close(self) -> None:
+    """Stops the worker process, if any (the next query with `timeout_s` starts a new one)."""
+    worker, conn = self._worker, self._conn
+    self._worker = self._conn = None
+    if worker is None:
+      return
+    conn.close()  # the worker sees EOF and exits
+    worker.join(timeout=1.0)
+    if worker.is_alive():
+      worker.kill()
+      worker.join()
+
+  def _kill_worker(self) -> None:
+    worker, conn = self._worker, self._conn
+    self._worker = self._conn = None
+    if worker is not None:
+      worker.kill()
+      worker.join()
+      conn.close()
+
+  def _in_worker(self, text: str, query: str) -> list[dict[str, str]] | bool:
+    if self._worker is None or not self._worker.is_alive():
+      self._kill_worker()
+      ctx = multiprocessing.get_context("fork")
+      conn, child_end = ctx.Pipe()
+      worker = ctx.Process(target=_serve, args=(self.store, child_end, conn),
+                           name="oxigraph-query", daemon=True)
+      worker.start()
+      child_end.close()
+      self._worker, self._conn = worker, conn
+    start = time.monotonic()
     try:
-      return self.store.query(PREFIXES + query)
+      self._conn.send(text)
+      done = self._conn.poll(self.timeout_s)
+      status, value = self._conn.recv() if done else (None, None)
+    except (EOFError, OSError) as e:  # the worker died (e.g. killed for memory)
+      self._kill_worker()
+      raise EndpointError(f"query worker process died: {e!r}\n{query}") from e
+    except BaseException:  # e.g. KeyboardInterrupt: its answer must not become the next one's
+      self._kill_worker()
+      raise
+    if not done:
+      self._kill_worker()
+      self.num_timeouts += 1
+      _log.warning("query timed out after %.1f s (limit %g s); its worker process was killed:\n%s",
+                   time.monotonic() - start, self.timeout_s, query)
+      raise QueryTimeout(f"query timed out after {self.timeout_s:g} s:\n{query}", self.timeout_s)
+    if status != "ok":
+      raise EndpointError(f"query failed: {value}\n{query}")
+    return value
+
+  def _run(self, query: str) -> list[dict[str, str]] | bool:
+    self.num_queries += 1
+    text = PREFIXES + query
+    if self.timeout_s is not None:
+      return self._in_worker(text, query)
+    try:
+      return _evaluate(self.store, text)
     except (SyntaxError, ValueError, OSError) as e:
       raise EndpointError(f"query failed: {e}\n{query}") from e
 
   def select(self, query: str) -> list[dict[str, str]]:
-    res = self._run(query)
-    names = [v.value for v in res.variables]
-    rows = []
-    for sol in res:
-      row = {}
-      for n in names:
-        t = sol[n]
-        if t is None:
-          continue
-        row[n] = compact(t.value) if isinstance(t, self._ox.NamedNode) else t.value
-      rows.append(row)
+    rows = self._run(query)
+    if not isinstance(rows, list):
+      raise EndpointError(f"not a SELECT query:\n{query}")
     return rows
 
   def ask(self, query: str) -> bool:
-    return bool(self._run(query))
+    answer = self._run(query)
+    if not isinstance(answer, bool):
+      raise EndpointError(f"not an ASK query:\n{query}")
+    return answer
+
+
+def _shutdown(sock: socket.socket) -> None:
+  """Shuts a socket down at the OS level (a read blocked on it in another thread returns)."""
+  try:
+    # socket.socket's, also for an SSLSocket: its own shutdown would drop the TLS state under
+    # the thread reading it.
+    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+  except OSError:
+    pass  # already closed
+
+
+class _Deadline:
+  """Bounds one HTTP request as a whole: once `timeout_s` has passed, shuts its socket down.
+
+  A socket timeout only bounds each read (a server sending a byte every half second never trips
+  it); shutting the socket down from a timer thread ends any blocked read or write at once.
+
+  Use: `with deadline:` around the request, then `deadline.cut` after an answer (the timer shut
+  the connection: the answer may be truncated) or `deadline.timed_out()` after a failure.
+  """
+
+  def __init__(self, timeout_s: float):
+    self.timeout_s = timeout_s
+    self._start = 0.0
+    self.cut = False
+    self._expired = False
+    self._done = False
+    self._socks: list[socket.socket] = []
+    self._lock = threading.Lock()
+    self._timer = threading.Timer(timeout_s, self._expire)
+    self._timer.daemon = True
+
+  def __enter__(self) -> "_Deadline":
+    self._start = time.monotonic()
+    self._timer.start()
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._timer.cancel()
+    with self._lock:
+      self._done = True  # the sockets may be closed (and their numbers reused) from now on
+
+  def _expire(self) -> None:
+    with self._lock:
+      if self._done:
+        return
+      self._expired = True
+      self.cut = bool(self._socks)
+      for sock in self._socks:
+        _shutdown(sock)
+
+  def add(self, sock: socket.socket) -> None:
+    """Registers a connected socket; raises TimeoutError if connecting alone took all the time."""
+    with self._lock:
+      if self._expired:
+        raise TimeoutError(f"connecting took longer than {self.timeout_s:g} s")
+      self._socks.append(sock)
+
+  def timed_out(self) -> bool:
+    """Whether the time ran out once connected (the query was sent, its answer is incomplete).
+
+    The timer or, on a loaded machine, a per-read socket timeout may notice it first.
+    """
+    with self._lock:
+      return self.cut or (
+          bool(self._socks) and time.monotonic() - self._start >= self.timeout_s)
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+  """`http.client.HTTPConnection` that registers its socket with a `_Deadline`."""
+
+  def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any):
+    super().__init__(*args, **kwargs)
+    self._deadline = deadline
+
+  def connect(self) -> None:
+    super().connect()
+    self._deadline.add(self.sock)
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+  """`http.client.HTTPSConnection` that registers its socket with a `_Deadline`."""
+
+  def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any):
+    super().__init__(*args, **kwargs)
+    self._deadline = deadline
+
+  def connect(self) -> None:
+    super().connect()
+    self._deadline.add(self.sock)
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+  """Opens `http:` URLs with `_DeadlineHTTPConnection`."""
+
+  def __init__(self, deadline: _Deadline):
+    super().__init__()
+    self._deadline = deadline
+
+  def http_open(self, req: urllib.request.Request) -> Any:
+    return self.do_open(_DeadlineHTTPConnection, req, deadline=self._deadline)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+  """Opens `https:` URLs with `_DeadlineHTTPSConnection` (default TLS context and checks)."""
+
+  def __init__(self, deadline: _Deadline):
+    super().__init__()
+    self._deadline = deadline
+
+  def https_open(self, req: urllib.request.Request) -> Any:
+    return self.do_open(_DeadlineHTTPSConnection, req, context=self._context,
+                        deadline=self._deadline)
 
 
 class RemoteEndpoint(Endpoint):
-  """A SPARQL 1.1 HTTP endpoint through SPARQLWrapper (default: the Wikidata Query Service).
+  """A SPARQL 1.1 HTTP endpoint (default: the Wikidata Query Service).
+
+  Each query is one POST (SPARQL 1.1 Protocol §2.1.2: form-encoded `query`, JSON results,
+  https://www.w3.org/TR/sparql11-protocol/) through `urllib.request`, so proxies set in the
+  environment are used.
 
   Args:
     url: endpoint URL.
     user_agent: sent as User-Agent (WDQS requires a descriptive one).
-    timeout_s: per-request timeout in seconds.
-    max_retries: retries after a retryable failure (HTTP 429, 5xx, timeouts, connection errors).
-    backoff_s: first backoff; doubles after each retry, unless the server sends `Retry-After`.
-    max_backoff_s: cap of one wait.
+    timeout_s: bound of one request as a whole (connecting, sending, waiting, reading the whole
+      answer), in seconds. A request whose answer is not complete by then raises `QueryTimeout`
+      and is not retried; connecting alone taking that long is a retryable network error.
+    max_retries: retries after a retryable failure (HTTP 429, 5xx, connection errors).
+    backoff_s: first backoff, in seconds; doubles after each retry, up to `max_backoff_s`.
+    max_backoff_s: cap of the backoff, in seconds (not of a wait the server asks for).
     min_interval_s: minimum time between two requests (rate limit; 1.0 = one request a second).
     sleep: injectable for tests.
+    max_retry_after_s: the longest wait the server may ask for (`Retry-After`, both the
+      delay-seconds and the HTTP-date form, RFC 9110 §10.2.3), in seconds; a longer one raises
+      `RetryAfterTooLong` at once instead of retrying.
+    clock: the wall clock (POSIX seconds) an HTTP-date `Retry-After` is compared to; injectable.
+
+  Waits are at least what the server asks: after giving up on a query that got a `Retry-After`,
+  the next request still waits for the rest of that time.
+
+  `select` and `ask` raise `QueryTimeout` (see `timeout_s`), `EndpointError` for an HTTP error
+  other than 429/5xx or after the last retry, and `RetryAfterTooLong` (not an `EndpointError`, so
+  that a run stops) as described at `max_retry_after_s`.
+
+  Raises:
+    ValueError: `timeout_s` is not positive.
   """
 
   def __init__(self, url: str = WDQS_URL, user_agent: str = DEFAULT_USER_AGENT,
                timeout_s: float = 60.0, max_retries: int = 5, backoff_s: float = 1.0,
                max_backoff_s: float = 120.0, min_interval_s: float = 1.0,
-               sleep: Callable[[float], None] = time.sleep):
-    import SPARQLWrapper  # pylint: disable=g-import-not-at-top
-    self._sw = SPARQLWrapper
+               sleep: Callable[[float], None] = time.sleep, max_retry_after_s: float = 600.0,
+               clock: Callable[[], float] = time.time):
+    if not timeout_s > 0:
+      raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
     self.url = url
     self.user_agent = user_agent
     self.timeout_s = timeout_s
     self.max_retries = max_retries
     self.backoff_s = backoff_s
     self.max_backoff_s = max_backoff_s
+    self.max_retry_after_s = max_retry_after_s
     self.min_interval_s = min_interval_s
     self._sleep = sleep
+    self._clock = clock
     self._last = 0.0
+    self._hold_until = 0.0  # time.monotonic() before which the server asked us not to come back
     self.num_requests = 0
 
+  def _post(self, query: str) -> tuple[int, Any, bytes]:
+    """One POST, bounded as a whole by `timeout_s`.
+
+    Returns:
+      (HTTP status, headers, body) of the answer, whatever the status.
+
+    Raises:
+      QueryTimeout: the answer was not complete within `timeout_s`.
+      OSError, http.client.HTTPException: network failures.
+    """
+    deadline = _Deadline(self.timeout_s)
+    opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline),
+                                         _DeadlineHTTPSHandler(deadline))
+    req = urllib.request.Request(
+        self.url, data=urllib.parse.urlencode({"query": PREFIXES + query}).encode("utf-8"),
+        headers={"User-Agent": self.user_agent, "Accept": "application/sparql-results+json",
+                 "Content-Type": "application/x-www-form-urlencoded"}, method="POST")
+    try:
+      with deadline:
+        try:
+          with opener.open(req, timeout=self.timeout_s) as resp:
+            answer = (resp.status, resp.headers, resp.read())
+        except urllib.error.HTTPError as e:
+          try:
+            answer = (e.code, e.headers, e.read())
+          finally:
+            e.close()
+    except (OSError, http.client.HTTPException) as e:
+      if deadline.timed_out():
+        raise QueryTimeout(f"{self.url}: no complete answer within {self.timeout_s:g} s "
+                           f"for query:\n{query}", self.timeout_s) from e
+      raise
+    if deadline.cut:  # e.g. an answer without Content-Length cut short
+      raise QueryTimeout(f"{self.url}: no complete answer within {self.timeout_s:g} s "
+                         f"for query:\n{query}", self.timeout_s)
+    return answer
+
   def _request(self, query: str) -> dict[str, Any]:
-    from SPARQLWrapper import SPARQLExceptions  # pylint: disable=g-import-not-at-top
     delay = self.backoff_s
     for attempt in range(self.max_retries + 1):
+      hold = self._hold_until - time.monotonic()
+      if hold > 0:
+        self._sleep(hold)
       self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
-      sw = self._sw.SPARQLWrapper(self.url, agent=self.user_agent)
-      sw.setReturnFormat(self._sw.JSON)
-      sw.setTimeout(int(max(1, self.timeout_s)))
-      sw.setMethod(self._sw.POST)
-      sw.setQuery(PREFIXES + query)
       self.num_requests += 1
       retry_after = None
+      cause: Exception | None = None
       try:
-        return sw.query().convert()
-      except urllib.error.HTTPError as e:
-        if e.code != 429 and e.code < 500:
-          raise EndpointError(f"{self.url}: HTTP {e.code} for query:\n{query}") from e
-        retry_after = e.headers.get("Retry-After") if e.headers else None
-        err: Exception = e
-      except SPARQLExceptions.EndPointInternalError as e:
-        err = e
-      except SPARQLExceptions.SPARQLWrapperException as e:
-        raise EndpointError(f"{self.url}: {e}\nquery:\n{query}") from e
-      except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-        err = e
+        status, headers, body = self._post(query)
+      except (OSError, http.client.HTTPException) as e:
+        err, cause = f"{type(e).__name__}: {e}", e
+      else:
+        if status == 200:
+          try:
+            return json.loads(body.decode("utf-8"))
+          except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise EndpointError(f"{self.url}: answer is not SPARQL JSON results ({e}): "
+                                f"{body[:200]!r}") from e
+        if status != 429 and status < 500:
+          raise EndpointError(f"{self.url}: HTTP {status}: "
+                              f"{body[:300].decode('utf-8', 'replace')}\nquery:\n{query}")
+        retry_after = headers.get("Retry-After") if headers else None
+        err = f"HTTP {status}"
+      now = self._clock()
+      try:
+        wait_s = retry.retry_delay(delay, retry_after, self.max_retry_after_s, now=now)
+      except retry.RetryAfterTooLong as e:
+        raise retry.RetryAfterTooLong(f"{self.url}: {err}: {e}; stopping rather than retrying "
+                                      "(raise max_retry_after_s to wait that long)",
+                                      e.wait_s, e.max_s) from e
       if attempt == self.max_retries:
-        raise EndpointError(f"{self.url}: giving up after {attempt + 1} attempts: {err}") from err
-      wait_s = retry.retry_delay(delay, retry_after, self.max_backoff_s)
+        asked = retry.parse_retry_after(retry_after, now)
+        if asked:
+          self._hold_until = time.monotonic() + asked
+        raise EndpointError(f"{self.url}: giving up after {attempt + 1} attempts: {err}") from cause
       _log.warning("%s: %s; retrying in %.1fs", self.url, err, wait_s)
       self._sleep(wait_s)
       delay = min(delay * 2, self.max_backoff_s)
@@ -312,30 +637,54 @@ class RemoteEndpoint(Endpoint):
     return bool(res["boolean"])
 
 
+TIMED_OUT = "timed_out_after_s"  # cache value {TIMED_OUT: seconds} of a query that timed out
+
+
 class CachedEndpoint(Endpoint):
   """Caches another endpoint's answers on disk (append-only JSONL, flushed per answer).
+
+  A query that raised `QueryTimeout` is recorded as `{"timed_out_after_s": T}`; asked again (in
+  this run or a later one on the same file), it raises `QueryTimeout` without running, unless
+  `retry_timeouts` is set, when it runs again (and its new answer or timeout replaces the record).
 
   Args:
     inner: the endpoint asked on a cache miss.
     path: the cache file; None keeps the cache in memory.
+    retry_timeouts: re-run queries recorded as timed out.
 
   Attributes:
-    hits, misses: counts for the report.
+    hits, misses: counts for the report (a recorded timeout that is not re-run is a hit).
+    timeouts: queries that raised `QueryTimeout` (fresh or recorded).
   """
 
-  def __init__(self, inner: Endpoint, path: str | pathlib.Path | None):
+  def __init__(self, inner: Endpoint, path: str | pathlib.Path | None,
+               retry_timeouts: bool = False):
     self.inner = inner
     self.cache = JsonlCache(path)
+    self.retry_timeouts = retry_timeouts
     self.hits = 0
     self.misses = 0
+    self.timeouts = 0
 
   def _get(self, kind: str, query: str, fn: Callable[[str], Any]) -> Any:
     key = make_key(kind, query)
     if key in self.cache:
-      self.hits += 1
-      return self.cache[key]
+      value = self.cache[key]
+      if not (isinstance(value, dict) and TIMED_OUT in value):
+        self.hits += 1
+        return value
+      if not self.retry_timeouts:
+        self.hits += 1
+        self.timeouts += 1
+        raise QueryTimeout(f"recorded in the cache as timed out after {value[TIMED_OUT]:g} s, not "
+                           f"re-run (retry_timeouts=True re-runs it):\n{query}", value[TIMED_OUT])
     self.misses += 1
-    value = fn(query)
+    try:
+      value = fn(query)
+    except QueryTimeout as e:
+      self.timeouts += 1
+      self.cache.put(key, {TIMED_OUT: e.timeout_s}, kind=kind, query=query)
+      raise
     self.cache.put(key, value, kind=kind, query=query)
     return value
 

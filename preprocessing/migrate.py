@@ -11,7 +11,7 @@ Output folder:
   official/{NAME}/{part}.en.txt   `IN: question  OUT: sparql` (read by mcwq_t5x.readers)
   negatives.json          verified negatives of yes/no questions (same keys, expectedResponse False)
   report.json             counts (records read, malformed, migrated, skipped by reason, assigned,
-                          negatives, endpoint requests and cache hits)
+                          negatives, endpoint requests, cache hits and timeouts)
   cache/endpoint.jsonl    every endpoint answer as it arrives (append-only; a rerun resumes)
 
 dataset.json keys: questionIdx (CFQ's), cfqFile, questionPatternModEntities,
@@ -25,8 +25,10 @@ adds a split per CFQ split file (`{"trainIdxs": [...], ...}` indexing the concat
 records), induced onto the migrated subset.
 
 Endpoints: `--endpoint oxigraph` (default; an embedded pyoxigraph store loaded from --codex and/or
---ntriples), `--endpoint remote` (SPARQLWrapper; --url defaults to the Wikidata Query Service), or
-`--endpoint none` (migration only).
+--ntriples), `--endpoint remote` (SPARQL 1.1 over HTTP; --url defaults to the Wikidata Query
+Service), or `--endpoint none` (migration only). --timeout bounds every query of either kind; a
+query that runs into it is reported as an endpoint error, recorded in the cache and not re-run by a
+later run on the same cache unless --retry-timeouts is given.
 
 Example:
   python -m preprocessing.migrate --out /tmp/mcwq_sample
@@ -98,9 +100,9 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
   if args.endpoint == "remote":
     inner: ep.Endpoint = ep.RemoteEndpoint(
         url=args.url, user_agent=args.user_agent, timeout_s=args.timeout,
-        max_retries=args.retries, min_interval_s=args.rate)
+        max_retries=args.retries, max_retry_after_s=args.max_retry_after, min_interval_s=args.rate)
   else:
-    ox = ep.OxigraphEndpoint()
+    ox = ep.OxigraphEndpoint(timeout_s=args.timeout)
     if args.codex:
       counts = ox.load_codex(args.codex)
       _log.info("loaded CoDEx %s: %s", args.codex, counts)
@@ -108,7 +110,7 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
       ox.load_ntriples(path)
     inner = ox
   cache = args.cache or os.path.join(args.out, "cache", "endpoint.jsonl")
-  return ep.CachedEndpoint(inner, cache)
+  return ep.CachedEndpoint(inner, cache, retry_timeouts=args.retry_timeouts)
 
 
 def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[str, Any]:
@@ -205,8 +207,15 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
   if endpoint is not None:
     for i, m in enumerate(tqdm(migrated, desc="answers", unit="query", disable=args.quiet)):
       if m.get("assignment") is not None and m["q"].prefix != "ASK WHERE":
-        rows = endpoint.select(sb.answers_query(m["q"], m["assignment"],
-                                               counts=endpoint.predicate_counts()))
+        try:
+          rows = endpoint.select(sb.answers_query(m["q"], m["assignment"],
+                                                 counts=endpoint.predicate_counts()))
+        except ep.EndpointError as e:  # e.g. a timeout: written without assignment, not unanswered
+          counts["endpoint errors"] += 1
+          counts["assigned"] -= 1
+          m["assignment"] = None
+          _log.warning("questionIdx=%s: %s", m["rec"]["questionIdx"], e)
+          continue
         answers[i] = sb.qids(r.get("x0", "") for r in rows)
     want = set()
     for i, m in enumerate(migrated):
@@ -291,6 +300,7 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
   if isinstance(endpoint, ep.CachedEndpoint):
     report["endpoint_cache_hits"] = endpoint.hits
     report["endpoint_requests"] = endpoint.misses
+    report["endpoint_timeouts"] = endpoint.timeouts
   report["splits"] = {n: {k: len(v) for k, v in sp.items()} for n, sp in splits.items()}
   _write_json(out / "report.json", report)
   return report
@@ -317,8 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--ntriples", nargs="*", help="N-Triples files loaded into the embedded store")
   ap.add_argument("--url", default=ep.WDQS_URL, help="remote SPARQL endpoint URL")
   ap.add_argument("--user-agent", default=ep.DEFAULT_USER_AGENT)
-  ap.add_argument("--timeout", type=float, default=60.0, help="remote request timeout (s)")
-  ap.add_argument("--retries", type=int, default=5, help="retries on 429/5xx/timeouts")
+  ap.add_argument("--timeout", type=float, default=60.0,
+                  help="bound of one query, remote (whole request) or embedded (s)")
+  ap.add_argument("--retry-timeouts", action="store_true",
+                  help="re-run queries the cache records as timed out")
+  ap.add_argument("--retries", type=int, default=5, help="retries on 429/5xx/connection errors")
+  ap.add_argument("--max-retry-after", type=float, default=600.0,
+                  help="longest Retry-After wait accepted from the remote endpoint (s); a longer "
+                       "one stops the run")
   ap.add_argument("--rate", type=float, default=1.0,
                   help="minimum seconds between remote requests")
   ap.add_argument("--cache", help="endpoint cache JSONL (default OUT/cache/endpoint.jsonl)")

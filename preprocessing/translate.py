@@ -18,11 +18,26 @@ source must survive (a translation that loses or invents one is flagged and repo
 translation is cached on disk as it arrives (append-only JSONL), so a killed run resumes without
 re-translating.
 
+A run always finishes. Texts without a usable translation are collected, not fatal: "missing"
+(the file backend has no entry), "failed" (a remote request was refused or failed after its
+retries; after 3 failed requests in a row the rest is not sent) and "placeholders" (the output
+lost or invented a placeholder; it is cached, so it is not requested again, but not written).
+Everything else is written; the report gives the counts and first examples, and
+`RELEASE/translation_problems.{lang}.jsonl` lists every problem text, one JSON object a line
+(`{"lang", "problem", "source", "target": null, "output", "detail", "uses"}`): fill in `target`
+and pass the file back with `--backend file --file` to complete the release. A rerun translates
+only what the release lacks (translations already in dataset.json are kept unless --overwrite;
+what the cache holds is not requested again).
+
 Command line (adds `questionPatternModEntities_{lang}` / `questionWithBrackets_{lang}` to a
-dataset.json written by `preprocessing.migrate` and the matching `official/*/{part}.{lang}.txt`):
+dataset.json written by `preprocessing.migrate`, and `official/*/{part}.{lang}.txt` for each part
+whose questions are all translated):
   python -m preprocessing.translate --release OUT --lang he kn zh --backend google --api-key KEY
   python -m preprocessing.translate --release OUT --lang he --backend hf --model /path/to/opus-mt-en-he
   python -m preprocessing.translate --release OUT --lang he --backend file --file he.tsv
+Exit status: 0 when the release is complete for every language asked for, 3 when some text has no
+usable translation (the rest is written; rerun to fill the gaps), 2 on bad input (a malformed
+translation file or release, naming file and line).
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import abc
 import argparse
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -55,7 +71,37 @@ NLLB_CODES = {"en": "eng_Latn", "he": "heb_Hebr", "kn": "kan_Knda", "zh": "zho_H
 
 
 class TranslationError(RuntimeError):
-  """A backend failed for good (after retries) or a text has no pre-translation."""
+  """A backend request failed for good (refused, or still failing after its retries)."""
+
+
+MISSING = "missing"
+FAILED = "failed"
+PLACEHOLDERS = "placeholders"
+#: The kinds of `Problem`, in report order.
+PROBLEM_KINDS = (MISSING, FAILED, PLACEHOLDERS)
+FIELDS = ("questionPatternModEntities", "questionWithBrackets")
+#: Exit status of the command line when some text has no usable translation.
+EXIT_INCOMPLETE = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """A text without a usable translation.
+
+  Attributes:
+    kind: "missing" (the file backend has no entry), "failed" (the request was refused or failed
+      after its retries, or was not sent after repeated failures) or "placeholders" (the
+      translation's placeholders M0…M9 differ from the source's).
+    language: the target language.
+    source: the English text (without the "?" added for MT).
+    detail: what happened (the backend's error, the placeholders of both sides).
+    output: the unusable translation ("placeholders" only).
+  """
+  kind: str
+  language: str
+  source: str
+  detail: str
+  output: str | None = None
 
 
 def check_language(code: str) -> str:
@@ -69,24 +115,37 @@ class Backend(abc.ABC):
   """A machine translation system."""
 
   name = "backend"
+  #: Whether `Translator` keeps this backend's translations in its on-disk cache (False for the
+  #: file backend: its file is already on disk, and a lookup costs nothing).
+  cacheable = True
 
   @abc.abstractmethod
-  def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str]:
+  def translate(self, texts: Sequence[str], target: str, source: str = "en"
+                ) -> list[str | None]:
     """Translates each text; returns one translation per text, in order.
 
+    None stands for a text the backend has no translation for (the file backend); the other
+    texts are still translated.
+
     Raises:
-      TranslationError: the backend failed.
+      TranslationError: the request failed (refused, or failing after retries): no text of
+        `texts` is translated.
     """
 
 
 class FileBackend(Backend):
   """Pre-translated texts from a TSV or JSONL file (see module docstring).
 
+  A JSONL line whose `target` is null or empty, like a TSV line with an empty translation, is no
+  translation (the text counts as missing): the problem files `translation_problems.{lang}.jsonl`
+  can be filled in and read back. `translate` returns None for a text without an entry.
+
   Raises:
     ValueError: `FILE:LINE: problem` for a malformed line.
   """
 
   name = "file"
+  cacheable = False
 
   def __init__(self, path: str | os.PathLike, language: str | None = None):
     self.path = pathlib.Path(path)
@@ -102,23 +161,29 @@ class FileBackend(Backend):
             src, tgt, lang = obj["source"], obj["target"], obj.get("lang", language)
           except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{self.path}:{n}: expected {{'source', 'target'}} JSON: {e}") from e
+          if not isinstance(src, str) or not (tgt is None or isinstance(tgt, str)):
+            raise ValueError(f"{self.path}:{n}: 'source' must be a string and 'target' a string "
+                             "or null")
         else:
           parts = line.split("\t")
           if len(parts) != 2:
             raise ValueError(f"{self.path}:{n}: expected 'source<TAB>translation'")
           (src, tgt), lang = parts, language
-        self.table[(lang, src)] = tgt
+        if tgt is not None and tgt.strip():
+          self.table[(lang, src)] = tgt
     self.name = f"file:{self.path.name}"
 
-  def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str]:
-    out = []
+  def translate(self, texts: Sequence[str], target: str, source: str = "en"
+                ) -> list[str | None]:
+    out: list[str | None] = []
     for t in texts:
-      for key in ((target, t), (None, t), (target, t.rstrip("?").rstrip()), (None, t.rstrip("?").rstrip())):
+      bare = t.rstrip("?").rstrip()
+      for key in ((target, t), (None, t), (target, bare), (None, bare)):
         if key in self.table:
           out.append(self.table[key])
           break
       else:
-        raise TranslationError(f"{self.path}: no {target} translation for {t!r}")
+        out.append(None)
     return out
 
 
@@ -241,22 +306,30 @@ class Translator:
 
   Args:
     backend: the MT system.
-    cache_path: JSONL cache file (None = memory only).
+    cache_path: JSONL cache file (None = memory only; unused for a backend that is not
+      `cacheable`).
     batch_size: texts sent to the backend at a time (each batch is cached before the next).
     add_question_mark: append "?" before and strip it after translating (§4.1).
+    max_consecutive_failures: after this many failed requests in a row, the remaining texts are
+      not sent (they are "failed" problems; a rerun tries them again).
 
   Attributes:
     flagged: [(source, target language, translation)] whose placeholders differ from the source.
+    failures: {(target language, source): Problem} of the texts left untranslated ("missing" or
+      "failed") by the latest `translate` call that asked for them.
     backend_calls: number of backend.translate calls made by this object.
   """
 
   def __init__(self, backend: Backend, cache_path: str | os.PathLike | None = None,
-               batch_size: int = 32, add_question_mark: bool = True):
+               batch_size: int = 32, add_question_mark: bool = True,
+               max_consecutive_failures: int = 3):
     self.backend = backend
-    self.cache = JsonlCache(cache_path)
+    self.cache = JsonlCache(cache_path if backend.cacheable else None)
     self.batch_size = batch_size
     self.add_question_mark = add_question_mark
+    self.max_consecutive_failures = max_consecutive_failures
     self.flagged: list[tuple[str, str, str]] = []
+    self.failures: dict[tuple[str, str], Problem] = {}
     self.backend_calls = 0
 
   def _key(self, text: str, target: str, source: str) -> str:
@@ -271,63 +344,178 @@ class Translator:
     return text
 
   def translate(self, texts: Sequence[str], target: str, source: str = "en",
-                progress: bool = False) -> list[str]:
+                progress: bool = False) -> list[str | None]:
     """Translates texts (cached ones are not sent again); flags placeholder mismatches.
+
+    A failed request (TranslationError) does not stop the run: the texts of that batch are
+    recorded in `failures` and the next batch is sent, until `max_consecutive_failures` requests
+    in a row have failed. Texts the backend has no translation for are recorded likewise.
+
+    Returns:
+      One translation per text, None for a text in `failures`. Translations whose placeholders
+      differ from the source's are returned (and cached) and appended to `flagged`.
 
     Raises:
       ValueError: malformed language code.
-      TranslationError: from the backend.
     """
     check_language(target)
     check_language(source)
     todo = []
     for t in dict.fromkeys(texts):
+      self.failures.pop((target, t), None)
       if self._key(t, target, source) not in self.cache:
         todo.append(t)
     bar = tqdm(total=len(todo), desc=f"translate {source}->{target}", unit="q", disable=not progress)
+    failed_in_a_row, last_error = 0, ""
     for i in range(0, len(todo), self.batch_size):
       batch = todo[i:i + self.batch_size]
+      if failed_in_a_row >= self.max_consecutive_failures:
+        for t in batch:
+          self.failures[(target, t)] = Problem(
+              FAILED, target, t, f"not sent: the last {failed_in_a_row} requests failed "
+                                 f"(last error: {last_error})")
+        bar.update(len(batch))
+        continue
       sent = [t + "?" if self.add_question_mark else t for t in batch]
       self.backend_calls += 1
-      got = self.backend.translate(sent, target, source)
+      try:
+        got = self.backend.translate(sent, target, source)
+        if len(got) != len(batch):
+          raise TranslationError(f"{self.backend.name}: {len(got)} translations for "
+                                 f"{len(batch)} texts")
+      except TranslationError as e:
+        failed_in_a_row, last_error = failed_in_a_row + 1, str(e)
+        _log.warning("%s", e)
+        for t in batch:
+          self.failures[(target, t)] = Problem(FAILED, target, t, str(e))
+        bar.update(len(batch))
+        continue
+      failed_in_a_row = 0
       for src, tr in zip(batch, got):
+        if tr is None:
+          self.failures[(target, src)] = Problem(
+              MISSING, target, src, f"{self.backend.name} has no {target} translation")
+          continue
         tr = self._strip_q(tr) if self.add_question_mark else tr
         self.cache.put(self._key(src, target, source), tr, source=src, target_lang=target)
       bar.update(len(batch))
     bar.close()
-    out = [self.cache[self._key(t, target, source)] for t in texts]
+    out = [self.cache.get(self._key(t, target, source)) for t in texts]
     for src, tr in zip(texts, out):
-      if placeholders(src) != placeholders(tr):
+      if tr is not None and placeholders(src) != placeholders(tr):
         self.flagged.append((src, target, tr))
     return out
 
 
-def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
-                      translator: Translator, progress: bool = True) -> dict[str, Any]:
-  """Adds translations to `dataset.json` (+ `negatives.json`) of a release folder.
+def _problem_record(problem: Problem, uses: list[dict[str, Any]]) -> dict[str, Any]:
+  """One line of a problem file: readable by `FileBackend` once `target` is filled in."""
+  return {"lang": problem.language, "problem": problem.kind, "source": problem.source,
+          "target": None, "output": problem.output, "detail": problem.detail, "uses": uses}
 
-  Question patterns and bracketed questions are translated separately (§4.1). Official files
-  `official/{split}/{part}.{lang}.txt` are written next to the English ones.
+
+def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
+                      translator: Translator, progress: bool = True, overwrite: bool = False,
+                      problems_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+  """Adds translations to `dataset.json` (+ `negatives.json`) of a release folder (§4.1).
+
+  Question patterns and bracketed questions are translated (the distinct texts of both fields,
+  each once). Texts without a usable translation ("missing", "failed", "placeholders": see
+  `Problem`) are not written; everything else is. `official/{split}/{part}.{lang}.txt` is written
+  next to the English file for each part whose questions are all translated (a stale file of an
+  incomplete part is removed, so that the official files stay line-parallel).
+
+  Args:
+    release_dir: folder written by `preprocessing.migrate`.
+    languages: target language codes.
+    translator: the `Translator` (backend, cache).
+    progress: show progress bars.
+    overwrite: translate again what the release already has (else it is kept: a rerun only
+      fills the gaps).
+    problems_dir: where `translation_problems.{lang}.jsonl` go (default: the release folder).
+      Each lists every problem text of that language, one JSON object a line (empty when the
+      language is complete); fill in `target` and read it back with `FileBackend`.
 
   Returns:
-    {"translated": {lang: n}, "flagged": {lang: n}, "flagged_examples": [...], "backend_calls": n}.
+    {"complete": bool, "languages": {lang: {"texts", "kept", "translated", "missing", "failed",
+    "placeholders", "records", "records_complete"}}, "problem_examples": [first 5 per language],
+    "problem_files": {lang: path}, "official_written": [paths], "official_incomplete":
+    {path: lines without translation}, "backend_calls": n}. Counts of texts are of distinct
+    texts; "kept" were already in the release.
+
+  Raises:
+    FileNotFoundError: no dataset.json in `release_dir`.
+    ValueError: a release file that is not a JSON array of records (names file and line), or a
+      malformed language code.
   """
   root = pathlib.Path(release_dir)
-  report: dict[str, Any] = {"translated": {}, "flagged": {}, "flagged_examples": []}
-  files = [p for p in (root / "dataset.json", root / "negatives.json") if p.exists()]
-  data = {p: json.loads(p.read_text(encoding="utf-8")) for p in files}
+  problems_root = pathlib.Path(problems_dir) if problems_dir is not None else root
+  if not (root / "dataset.json").is_file():
+    raise FileNotFoundError(f"{root / 'dataset.json'}: no such file (a folder written by "
+                            "`python -m preprocessing.migrate --out DIR` is expected)")
   for lang in languages:
-    before = len(translator.flagged)
+    check_language(lang)
+  files = [p for p in (root / "dataset.json", root / "negatives.json") if p.exists()]
+  data: dict[pathlib.Path, list[dict[str, Any]]] = {}
+  for p in files:
+    try:
+      recs = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{p}:{e.lineno}: bad JSON ({e.msg})") from None
+    if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
+      raise ValueError(f"{p}:1: expected a JSON array of records")
+    data[p] = recs
+  report: dict[str, Any] = {"complete": True, "languages": {}, "problem_examples": [],
+                            "problem_files": {}, "official_written": [],
+                            "official_incomplete": {}}
+  for lang in languages:
+    uses: dict[str, list[dict[str, Any]]] = {}  # text -> where it is needed
+    kept: set[str] = set()
     for p, recs in data.items():
-      for field in ("questionPatternModEntities", "questionWithBrackets"):
-        idx = [i for i, r in enumerate(recs) if r.get(field)]
-        trs = translator.translate([recs[i][field] for i in idx], lang, progress=progress)
-        for i, tr in zip(idx, trs):
-          recs[i][f"{field}_{lang}"] = tr
-    new = translator.flagged[before:]
-    report["translated"][lang] = sum(len(r) for r in data.values())
-    report["flagged"][lang] = len({s for s, _, _ in new if PLACEHOLDER_RE.search(s)})
-    report["flagged_examples"].extend(new[:5])
+      for i, r in enumerate(recs):
+        for field in FIELDS:
+          text = r.get(field)
+          if not isinstance(text, str) or not text:
+            continue
+          if overwrite:
+            r.pop(f"{field}_{lang}", None)
+          if isinstance(r.get(f"{field}_{lang}"), str):
+            kept.add(text)
+          else:
+            uses.setdefault(text, []).append({"file": p.name, "index": i, "field": field})
+    texts = list(uses)
+    translations = translator.translate(texts, lang, progress=progress) if texts else []
+    problems: list[Problem] = []
+    for text, tr in zip(texts, translations):
+      if tr is None:
+        problems.append(translator.failures.get(
+            (lang, text), Problem(FAILED, lang, text, "no translation")))
+      elif placeholders(text) != placeholders(tr):
+        problems.append(Problem(
+            PLACEHOLDERS, lang, text, f"placeholders {sorted(placeholders(text).elements())} "
+                                      f"became {sorted(placeholders(tr).elements())}", tr))
+      else:
+        for use in uses[text]:
+          data[root / use["file"]][use["index"]][f"{use['field']}_{lang}"] = tr
+    kinds = collections.Counter(pr.kind for pr in problems)
+    n_records = sum(len(recs) for recs in data.values())
+    records_complete = sum(
+        1 for recs in data.values() for r in recs
+        if all(isinstance(r.get(f"{f}_{lang}"), str) for f in FIELDS
+               if isinstance(r.get(f), str) and r.get(f)))
+    report["languages"][lang] = {
+        "texts": len(texts) + len(kept - set(texts)), "kept": len(kept - set(texts)),
+        "translated": len(texts) - len(problems), **{k: kinds[k] for k in PROBLEM_KINDS},
+        "records": n_records, "records_complete": records_complete}
+    report["complete"] = report["complete"] and not problems
+    report["problem_examples"].extend(dataclasses.asdict(pr) for pr in problems[:5])
+    problems_root.mkdir(parents=True, exist_ok=True)
+    problem_file = problems_root / f"translation_problems.{lang}.jsonl"
+    tmp = problem_file.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+      for pr in problems:
+        f.write(json.dumps(_problem_record(pr, uses[pr.source]), ensure_ascii=False) + "\n")
+    os.replace(tmp, problem_file)
+    report["problem_files"][lang] = str(problem_file)
   for p, recs in data.items():
     tmp = p.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(recs, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -342,13 +530,41 @@ def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
       d = root / "official" / split_file.stem
       d.mkdir(parents=True, exist_ok=True)
       for lang in languages:
-        with open(d / f"{part}.{lang}.txt", "w", encoding="utf-8") as f:
+        path = d / f"{part}.{lang}.txt"
+        field = f"questionPatternModEntities_{lang}"
+        gaps = sum(1 for k in idxs if not isinstance(dataset[k].get(field), str))
+        if gaps:
+          report["official_incomplete"][str(path)] = gaps
+          path.unlink(missing_ok=True)
+          continue
+        with open(path, "w", encoding="utf-8") as f:
           for k in idxs:
             f.write(readers.format_official_line(
-                dataset[k][f"questionPatternModEntities_{lang}"],
-                dataset[k]["sparqlPatternModEntities"]) + "\n")
+                dataset[k][field], dataset[k]["sparqlPatternModEntities"]) + "\n")
+        report["official_written"].append(str(path))
   report["backend_calls"] = translator.backend_calls
   return report
+
+
+def summary(report: dict[str, Any]) -> str:
+  """A human-readable account of an incomplete `translate_release` report (for stderr)."""
+  lines = []
+  for lang, c in report["languages"].items():
+    bad = sum(c[k] for k in PROBLEM_KINDS)
+    if not bad:
+      continue
+    lines.append(
+        f"{lang}: {bad} of {c['texts']} texts have no usable translation ("
+        + ", ".join(f"{c[k]} {k}" for k in PROBLEM_KINDS) + f"); {c['kept'] + c['translated']} "
+        f"done, {c['records_complete']} of {c['records']} records complete; every one is listed "
+        f"in {report['problem_files'][lang]}")
+  for ex in report["problem_examples"]:
+    lines.append(f"  {ex['language']} {ex['kind']}: {ex['source']!r}: {ex['detail']}")
+  for path, gaps in report["official_incomplete"].items():
+    lines.append(f"not written: {path} ({gaps} questions untranslated)")
+  lines.append("the release is incomplete; rerun to fill the gaps (what is done is kept), e.g. "
+               "with --backend file --file on a problem file whose 'target' fields are filled in")
+  return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,14 +583,25 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--rate", type=float, default=0.1, help="google: min seconds between requests")
   ap.add_argument("--batch-size", type=int, default=32)
   ap.add_argument("--cache", help="translation cache JSONL (default RELEASE/cache/translations.jsonl)")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="translate again what the release already has (default: keep it)")
+  ap.add_argument("--problems-dir",
+                  help="where translation_problems.{lang}.jsonl go (default RELEASE)")
   ap.add_argument("--quiet", action="store_true")
   args = ap.parse_args(argv)
   for lang in args.lang:
-    check_language(lang)
+    try:
+      check_language(lang)
+    except ValueError as e:
+      ap.error(str(e))
   if args.backend == "file":
     if not args.file:
       ap.error("--backend file needs --file")
-    backend: Backend = FileBackend(args.file)
+    try:
+      backend: Backend = FileBackend(args.file)
+    except (OSError, ValueError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   elif args.backend == "hf":
     if not args.model:
       ap.error("--backend hf needs --model")
@@ -385,8 +612,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = GoogleBackend(args.api_key, url=args.url, min_interval_s=args.rate)
   cache = args.cache or os.path.join(args.release, "cache", "translations.jsonl")
   tr = Translator(backend, cache, batch_size=args.batch_size)
-  report = translate_release(args.release, args.lang, tr, progress=not args.quiet)
+  try:
+    report = translate_release(args.release, args.lang, tr, progress=not args.quiet,
+                               overwrite=args.overwrite, problems_dir=args.problems_dir)
+  except (OSError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print(json.dumps(report, indent=1, ensure_ascii=False))
+  if not report["complete"]:
+    print(summary(report), file=sys.stderr)
+    return EXIT_INCOMPLETE
   return 0
 
 

@@ -197,7 +197,7 @@ def test_malformed_predictions_never_crash(bad):
   assert metrics.accuracy_by_complexity(targets, preds, [10, 12]) == {
       10: {"n": 1, "correct": 0, "exact_match": 0.0},
       12: {"n": 1, "correct": 1, "exact_match": 100.0}}
-  assert metrics.evaluate(targets, preds)["error_categories"]["syntax_error"] == 1
+  assert metrics.score_predictions(targets, preds)["error_categories"]["syntax_error"] == 1
   assert metrics.parse_query(bad) is None
   if not (isinstance(bad, str) and bad.startswith("ASK WHERE {")):  # valid SPARQL
     assert metrics.classify_error("ASK WHERE { M0 wdt:P26 ?x0 }", bad, fmt="sparql") == (

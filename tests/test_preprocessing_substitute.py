@@ -174,6 +174,34 @@ def test_malformed_records_are_reported_and_skipped(store, tmp_path, shared_dir)
   assert report["splits"]["cfq_sample"]["devIdxs"] == report["written"]
 
 
+class TimingOutAnswers(CountingEndpoint):
+  """Raises QueryTimeout for every answers query (`SELECT DISTINCT ?x0 …`), listed in `refused`."""
+
+  def __init__(self, inner):
+    super().__init__(inner)
+    self.refused = []
+
+  def select(self, q):
+    if q.startswith("SELECT DISTINCT ?x0 "):
+      self.refused.append(q)
+      raise ep.QueryTimeout(f"timed out:\n{q}", 1.0)
+    return super().select(q)
+
+
+def test_migrate_reports_answer_query_timeouts_instead_of_failing(store, tmp_path, caplog):
+  inner = TimingOutAnswers(store)
+  cached = ep.CachedEndpoint(inner, None)
+  report = migrate.run(args_for(tmp_path, max_records=400, no_negatives=True), cached)
+  refused = len(inner.refused)
+  assert sum("timed out:" in r.getMessage() for r in caplog.records) == refused
+  assert refused > 0 and report["endpoint errors"] == report["endpoint_timeouts"] == refused
+  dataset = json.loads((tmp_path / "dataset.json").read_text())
+  with_sparql = [r for r in dataset if r["sparql"]]
+  # The wh- records whose answers timed out are written without an assignment, not unanswered.
+  assert with_sparql and all(r["sparql"].startswith("ASK") for r in with_sparql)
+  assert report["assigned"] == len(with_sparql)
+
+
 def test_cache_survives_torn_line(tmp_path):
   from preprocessing.cache import JsonlCache
   path = tmp_path / "c.jsonl"
@@ -187,7 +215,7 @@ def test_cache_survives_torn_line(tmp_path):
   assert JsonlCache(path).get("b") is True
 
 
-# ---- Remote endpoint (SPARQLWrapper) against a real local SPARQL server and a flaky one ----
+# ---- Remote endpoint (SPARQL 1.1 over HTTP) against a real local SPARQL server and a flaky one ----
 
 def free_port():
   with socket.socket() as s:

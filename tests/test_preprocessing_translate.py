@@ -3,6 +3,9 @@
 import collections
 import http.server
 import json
+import pathlib
+import subprocess
+import sys
 import threading
 import urllib.parse
 
@@ -10,6 +13,8 @@ import pytest
 
 from mcwq_t5x import readers, rir
 from preprocessing import gold, migrate, stats, translate as tr
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------- helpers
@@ -97,20 +102,34 @@ def test_official_files_of_a_release_with_multiline_queries(tmp_path):
 
 def test_file_backend_end_to_end(release, tmp_path):
   data = json.loads((release / "dataset.json").read_text())
+  first = data[0]["questionPatternModEntities"]
+  assert first == "Who did M1 star"
+  broken = "HE Who did X star"  # M1 lost
   tsv = tmp_path / "he.tsv"
   with open(tsv, "w") as f:
     for r in data:
       q = r["questionPatternModEntities"]
-      f.write(f"{q}\t{'HE ' + q.replace('M0', 'M9') if r is data[0] else 'HE ' + q}\n")
+      f.write(f"{q}\t{broken if q == first else 'HE ' + q}\n")
   t = tr.Translator(tr.FileBackend(tsv, "he"), tmp_path / "c.jsonl")
   report = tr.translate_release(release, ["he"], t, progress=False)
-  assert report["flagged"]["he"] == (1 if "M0" in data[0]["questionPatternModEntities"] else 0)
-  dev = readers.read_release(release, "cfq_sample", "train", "he")
-  en = readers.read_release(release, "cfq_sample", "train", "en")
-  assert [d.question for d in dev[1:]] == ["HE " + e.question for e in en[1:]]
-  assert readers.read_official(release / "official" / "cfq_sample" / "train.he.txt")[1].question == dev[1].question
-  with pytest.raises(tr.TranslationError, match="no kn translation"):
-    tr.FileBackend(tsv, "he").translate(["unknown question"], "kn")
+  # The translation that lost M1 is reported, not written: the train part stays incomplete.
+  assert not report["complete"]
+  assert report["languages"]["he"]["placeholders"] == 1
+  assert report["languages"]["he"]["missing"] == report["languages"]["he"]["failed"] == 0
+  problems = [json.loads(l) for l in (release / "translation_problems.he.jsonl").open()]
+  assert [(p["problem"], p["source"], p["output"]) for p in problems] == [
+      ("placeholders", first, broken)]
+  data = json.loads((release / "dataset.json").read_text())
+  assert "questionPatternModEntities_he" not in data[0]
+  assert [r["questionPatternModEntities_he"] for r in data[1:]] == [
+      "HE " + r["questionPatternModEntities"] for r in data[1:]]
+  assert not (release / "official" / "cfq_sample" / "train.he.txt").exists()
+  assert report["official_incomplete"] == {
+      str(release / "official" / "cfq_sample" / "train.he.txt"): 1}
+  assert not (tmp_path / "c.jsonl").exists()  # the file backend is not cached
+  backend, q = tr.FileBackend(tsv, "he"), data[1]["questionPatternModEntities"]
+  assert backend.translate(["unknown question", q + "?"], "he") == [None, "HE " + q]
+  assert backend.translate([q], "kn") == [None]  # the file's entries are Hebrew
 
 
 # ---------------------------------------------------------------- Hugging Face backend
@@ -169,18 +188,27 @@ def test_hf_backend_end_to_end_cli(tiny_marian, release, tmp_path):
   import shutil
   rel = tmp_path / "rel"
   shutil.copytree(release, rel)
-  assert tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
-                  str(tiny_marian), "--batch-size", "32", "--quiet"]) == 0
+  status = tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
+                     str(tiny_marian), "--batch-size", "32", "--quiet"])
   data = json.loads((rel / "dataset.json").read_text())
-  assert all(isinstance(r["questionPatternModEntities_zh"], str) for r in data)
-  zh = readers.read_release(rel, "cfq_sample", "train", "zh")
-  assert len(zh) == len(readers.read_release(rel, "cfq_sample", "train", "en"))
-  cache_lines = (rel / "cache" / "translations.jsonl").read_text().splitlines()
-  assert len(cache_lines) == len({r["questionPatternModEntities"] for r in data})
-  # Rerun: everything comes from the cache (the model would give the same output anyway).
+  cache = [json.loads(l) for l in (rel / "cache" / "translations.jsonl").open()]
+  sources = {r["questionPatternModEntities"] for r in data}
+  assert sorted(c["source"] for c in cache) == sorted(sources)  # each text translated once
+  # A random model does not copy placeholders: those translations are reported, not written.
+  lost = {c["source"] for c in cache if tr.placeholders(c["source"]) != tr.placeholders(c["value"])}
+  assert lost
+  problems = [json.loads(l) for l in (rel / "translation_problems.zh.jsonl").open()]
+  assert {p["source"] for p in problems} == lost
+  assert {p["problem"] for p in problems} == {"placeholders"}
+  assert status == tr.EXIT_INCOMPLETE
+  by_source = {c["source"]: c["value"] for c in cache}
+  for r in data:
+    q = r["questionPatternModEntities"]
+    assert r.get("questionPatternModEntities_zh") == (None if q in lost else by_source[q])
+  # Rerun: the gaps come from the cache (no new translation), and are still reported.
   assert tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
-                  str(tiny_marian), "--quiet"]) == 0
-  assert (rel / "cache" / "translations.jsonl").read_text().splitlines() == cache_lines
+                  str(tiny_marian), "--quiet"]) == tr.EXIT_INCOMPLETE
+  assert len((rel / "cache" / "translations.jsonl").read_text().splitlines()) == len(cache)
 
 
 # ---------------------------------------------------------------- Google REST v2 against a local server
@@ -235,6 +263,188 @@ def test_google_backend_against_local_server(tmp_path):
       bad.translate(["x"], "he")
   finally:
     srv.shutdown()
+
+
+# ---------------------------------------------------------------- runs that finish (issue 14)
+
+def _texts(release):
+  """Distinct texts to translate in a release: question patterns and bracketed questions."""
+  recs = (json.loads((release / "dataset.json").read_text())
+          + json.loads((release / "negatives.json").read_text()))
+  return sorted({r[f] for r in recs for f in tr.FIELDS if r.get(f)})
+
+
+def test_translate_cli_partial_file_reports_gaps_and_rerun_completes(migrated_cfq_sample, tmp_path):
+  """`python -m preprocessing.translate --backend file` with a file covering part of the migrated
+  CFQ sample: the run finishes, writes what it has, lists every gap, exits 3; a rerun with the
+  rest completes the release."""
+  import shutil
+  rel = tmp_path / "rel"
+  shutil.copytree(migrated_cfq_sample, rel)
+  texts = _texts(rel)
+  data = json.loads((rel / "dataset.json").read_text())
+  split = json.loads((rel / "splits" / "cfq_sample.json").read_text())
+  dev_questions = {data[k]["questionPatternModEntities"] for k in split["devIdxs"]}
+  missing = {t for i, t in enumerate(texts) if i % 4 == 0 and t not in dev_questions}
+  broken = next(t for t in texts if "M1" in t and t not in missing and t not in dev_questions)
+  with open(tmp_path / "part.he.tsv", "w") as f:
+    for t in texts:
+      if t not in missing:
+        f.write(f"{t}\t{'HE ' + t.replace('M1', 'X') if t == broken else 'HE ' + t}\n")
+
+  def run(file):
+    return subprocess.run([sys.executable, "-m", "preprocessing.translate", "--release", str(rel),
+                           "--lang", "he", "--backend", "file", "--file", str(file), "--quiet"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=300)
+
+  proc = run(tmp_path / "part.he.tsv")
+  assert proc.returncode == tr.EXIT_INCOMPLETE, proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert len(texts) == 2038 and len(missing) == 459
+  bad = len(missing) + 1
+  assert (f"he: {bad} of 2038 texts have no usable translation ({len(missing)} missing, 0 failed, "
+          f"1 placeholders); {2038 - bad} done") in proc.stderr
+  report = json.loads(proc.stdout)
+  assert report["complete"] is False
+  assert report["languages"]["he"] == {
+      "texts": 2038, "kept": 0, "translated": 2038 - bad, "missing": len(missing), "failed": 0,
+      "placeholders": 1, "records": 1896,
+      "records_complete": report["languages"]["he"]["records_complete"]}
+  assert len(report["problem_examples"]) == 5
+  problems = [json.loads(l) for l in (rel / "translation_problems.he.jsonl").open()]
+  assert {p["source"] for p in problems if p["problem"] == "missing"} == missing
+  assert [(p["source"], p["output"]) for p in problems if p["problem"] == "placeholders"] == [
+      (broken, "HE " + broken.replace("M1", "X"))]
+  # What was translated is written; the gaps are absent.
+  recs = (json.loads((rel / "dataset.json").read_text())
+          + json.loads((rel / "negatives.json").read_text()))
+  for r in recs:
+    for field in tr.FIELDS:
+      if r.get(field):
+        gap = r[field] in missing or r[field] == broken
+        assert r.get(f"{field}_he") == (None if gap else "HE " + r[field])
+  complete = sum(1 for r in recs if all(f"{f}_he" in r for f in tr.FIELDS if r.get(f)))
+  assert report["languages"]["he"]["records_complete"] == complete < 1896
+  official = rel / "official" / "cfq_sample"
+  dev = readers.read_official(official / "dev.he.txt")
+  assert [e.question for e in dev] == ["HE " + e.question
+                                       for e in readers.read_official(official / "dev.en.txt")]
+  assert not (official / "train.he.txt").exists()
+  assert report["official_incomplete"] == {str(official / "train.he.txt"): sum(
+      1 for k in split["trainIdxs"] if data[k]["questionPatternModEntities"] in missing | {broken})}
+
+  # The rest of the translations: the problem file with its targets filled in.
+  with open(tmp_path / "rest.he.jsonl", "w") as f:
+    for p in problems:
+      f.write(json.dumps({**p, "target": "HE " + p["source"]}, ensure_ascii=False) + "\n")
+  proc = run(tmp_path / "rest.he.jsonl")
+  assert proc.returncode == 0, proc.stderr
+  report = json.loads(proc.stdout)
+  assert report["complete"] is True
+  assert report["languages"]["he"] == {
+      "texts": 2038, "kept": 2038 - bad, "translated": bad, "missing": 0, "failed": 0,
+      "placeholders": 0, "records": 1896, "records_complete": 1896}
+  assert (rel / "translation_problems.he.jsonl").read_text() == ""
+  for part, n in (("train", 1598), ("dev", 220)):
+    he = readers.read_release(rel, "cfq_sample", part, "he")
+    en = readers.read_release(rel, "cfq_sample", part, "en")
+    assert len(he) == n and [e.question for e in he] == ["HE " + e.question for e in en]
+    assert [e.question for e in readers.read_official(official / f"{part}.he.txt")] == [
+        e.question for e in he]
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+  """Cloud Translation v2 that refuses (400) texts with a `refuse` word and is unavailable (503)
+  for texts with an `unavailable` word."""
+  requests, refuse, unavailable = [], (), ()
+
+  def do_POST(self):  # noqa: N802
+    form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+    _Flaky.requests.append(form["q"])
+    status = 200
+    if any(w in q for q in form["q"] for w in _Flaky.refuse):
+      status = 400
+    elif any(w in q for q in form["q"] for w in _Flaky.unavailable):
+      status = 503
+    body = json.dumps({"data": {"translations": [
+        {"translatedText": f"[{form['target'][0]}] {q}"} for q in form["q"]]}}).encode()
+    self.send_response(status)
+    self.send_header("Content-Length", str(len(body) if status == 200 else 0))
+    self.end_headers()
+    if status == 200:
+      self.wfile.write(body)
+
+  def log_message(self, *a):
+    pass
+
+
+def test_translate_remote_failures_are_collected_and_rerun_requests_only_gaps(release, tmp_path):
+  import shutil
+  rel = tmp_path / "rel"
+  shutil.copytree(release, rel)
+  texts = _texts(rel)
+  refused = {t for t in texts if "star" in t}
+  unavailable = {t for t in texts if "influence" in t and t not in refused}
+  assert refused and unavailable
+  srv = http.server.HTTPServer(("127.0.0.1", 0), _Flaky)
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  try:
+    _Flaky.requests, _Flaky.refuse, _Flaky.unavailable = [], ("star",), ("influence",)
+    waits = []
+    google = tr.GoogleBackend("k", url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
+                              batch_size=1, min_interval_s=0.0, max_retries=2, sleep=waits.append)
+    cache = tmp_path / "c.jsonl"
+    report = tr.translate_release(rel, ["kn"], tr.Translator(google, cache, batch_size=1),
+                                  progress=False)
+    assert not report["complete"]
+    c = report["languages"]["kn"]
+    assert (c["failed"], c["missing"], c["translated"]) == (
+        len(refused) + len(unavailable), 0, len(texts) - len(refused) - len(unavailable))
+    problems = {p["source"]: p
+                for p in map(json.loads, (rel / "translation_problems.kn.jsonl").open())}
+    assert set(problems) == refused | unavailable
+    assert all("HTTP 400" in problems[t]["detail"] for t in refused)
+    assert all("giving up after 3 attempts" in problems[t]["detail"] for t in unavailable)
+    assert len(_Flaky.requests) == len(texts) + 2 * len(unavailable)  # 503s retried twice
+    data = json.loads((rel / "dataset.json").read_text())
+    assert all(r.get("questionPatternModEntities_kn") == (
+        None if r["questionPatternModEntities"] in problems else
+        "[kn] " + r["questionPatternModEntities"]) for r in data)
+    # Rerun with the service back: only the gaps are requested.
+    _Flaky.requests, _Flaky.refuse, _Flaky.unavailable = [], (), ()
+    report = tr.translate_release(rel, ["kn"], tr.Translator(google, cache, batch_size=1),
+                                  progress=False)
+    assert report["complete"]
+    assert sorted(q for (q,) in _Flaky.requests) == sorted(t + "?" for t in problems)
+    assert report["languages"]["kn"]["kept"] == len(texts) - len(problems)
+    assert len(readers.read_release(rel, "cfq_sample", "train", "kn")) == len(data)
+  finally:
+    srv.shutdown()
+  # --overwrite translates everything again.
+  counting = CountingBackend()
+  report = tr.translate_release(rel, ["kn"], tr.Translator(counting), progress=False,
+                                overwrite=True)
+  assert sorted(counting.sent) == sorted(t + "?" for t in texts)
+  assert report["complete"] and report["languages"]["kn"]["kept"] == 0
+  assert [e.question for e in readers.read_official(rel / "official" / "cfq_sample" / "train.kn.txt")
+          ] == ["<kn> " + e.question for e in readers.read_release(rel, "cfq_sample", "train", "en")]
+
+
+def test_translate_stops_sending_after_repeated_failures(tmp_path):
+  class Down(tr.Backend):
+    name, calls = "down", 0
+
+    def translate(self, texts, target, source="en"):
+      Down.calls += 1
+      raise tr.TranslationError("HTTP 403: API key not valid")
+
+  t = tr.Translator(Down(), tmp_path / "c.jsonl", batch_size=2, max_consecutive_failures=3)
+  texts = [f"Did M0 edit film {i}" for i in range(10)]
+  assert t.translate(texts, "zh") == [None] * 10
+  assert Down.calls == 3
+  assert [t.failures[("zh", x)].detail for x in texts] == ["HTTP 403: API key not valid"] * 6 + [
+      "not sent: the last 3 requests failed (last error: HTTP 403: API key not valid)"] * 4
+  assert not (tmp_path / "c.jsonl").exists()
 
 
 # ---------------------------------------------------------------- gold set, BLEU, statistics
@@ -304,8 +514,10 @@ def test_retry_delay_and_pacing():
   assert retry.retry_delay(0.5, None) == 0.5
   assert retry.retry_delay(0.5, "") == 0.5
   assert retry.retry_delay(0.5, "7") == 7.0
-  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # HTTP-date: backoff
-  assert retry.retry_delay(0.5, "120", max_s=60.0) == 60.0
+  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # a past date: backoff
+  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:30:00 GMT", now=1445412480.0) == 120.0
+  with pytest.raises(retry.RetryAfterTooLong):  # more than the caller's maximum: no capped wait
+    retry.retry_delay(0.5, "120", max_s=60.0)
   waits = []
   start = retry.pace(0.0, 0.0, waits.append)
   assert waits == []

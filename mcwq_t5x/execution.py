@@ -1,0 +1,561 @@
+"""Execution accuracy: a predicted query is right when it has the gold query's answers.
+
+Exact match and query equivalence (`mcwq_t5x.metrics`) compare query strings; two different
+queries can still have the same answers (a redundant type triple, renamed variables, a
+different but equivalent path). Execution accuracy runs both on a SPARQL store. It is not a
+metric of the MCWQ paper (Cui et al., TACL 2022, which reports exact match, §5.2); it needs what
+only a release with entity substitution has (§3.2): for each example the assignment
+`{"M0": "Q42", ...}` of its placeholders, written by `preprocessing.migrate` into `dataset.json`
+(fields `sparqlPatternModEntities`, `entities`, `sparql`, `expectedResponse`).
+
+For one example:
+  1. The gold query is `sparqlPatternModEntities` with the record's entities substituted.
+  2. The prediction (RIR, or SPARQL) is parsed with the project's parser (`metrics.parse_query`);
+     one that does not parse is wrong ("syntax_error").
+  3. The SPARQL text sent to the store is built term by term from the parsed query, never by
+     pasting prediction text: variables must match `?name`, placeholders `M<k>` are replaced by
+     the example's validated Q-id (a placeholder the example has no entity for makes the
+     prediction wrong), constants must be `wd:Q<n>` and predicates `wdt:P<n>` or alternatives
+     `wdt:P<n>|wdt:P<m>` (the id patterns of `preprocessing.endpoint`); anything else makes
+     the prediction wrong ("invalid_term").
+  4. Both are executed (W3C SPARQL 1.1 Query §16.3 ASK, §16.1 SELECT DISTINCT): an ASK answer is
+     a boolean, a SELECT answer the set of values of the selected variable (an unbound value
+     counts as a value of its own). The prediction is correct when the query forms agree and the
+     answers are equal ("correct"); else "wrong_answer". A failed request for the prediction
+     counts as wrong ("endpoint_error").
+
+Examples whose record has no entity assignment (`entities` null: no satisfying assignment was
+found, §3.2) cannot be executed and are left out of the denominator ("not_executable"), as are
+those whose gold query fails on the store ("gold_error"). Predictions equivalent to the gold query
+(`sparql.Query.canonical`) are correct without a request.
+
+Execution plan: the triple patterns are split into connected components (variables shared by
+triples or filters connect them); each component without the selected variable is asked as ASK
+(if one is false, there are no answers), and the triples of a component are ordered by predicate
+frequency when the store knows it (`preprocessing.substitute.order_triples`; pyoxigraph joins in
+the written order). The answers are those of the unsplit query; the split keeps a prediction made
+of two unconnected patterns from enumerating their cross product. A SELECT answer with more than
+`max_answers` values is truncated and never equal to another answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import pathlib
+import re
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from mcwq_t5x import metrics
+from mcwq_t5x import readers
+from mcwq_t5x import sparql as sparql_lib
+from preprocessing import endpoint as ep
+from preprocessing import substitute
+
+PathLike = Union[str, pathlib.Path]
+
+# Per-example outcomes; the first three are scored, the last two are left out of the denominator.
+CORRECT = "correct"
+WRONG_ANSWER = "wrong_answer"
+SYNTAX_ERROR = "syntax_error"
+INVALID_TERM = "invalid_term"
+ENDPOINT_ERROR = "endpoint_error"
+NOT_EXECUTABLE = "not_executable"
+GOLD_ERROR = "gold_error"
+SCORED_OUTCOMES = (CORRECT, WRONG_ANSWER, SYNTAX_ERROR, INVALID_TERM, ENDPOINT_ERROR)
+OUTCOMES = SCORED_OUTCOMES + (NOT_EXECUTABLE, GOLD_ERROR)
+
+DEFAULT_MAX_ANSWERS = 10000
+
+_VARIABLE_RE = re.compile(r"^\?[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_PLACEHOLDER_RE = re.compile(r"^M[0-9]+$")
+
+
+def _qid(value: Any) -> str:
+  """`value` if it is exactly a Wikidata item id `Q<n>` (no trailing newline), else ValueError."""
+  if not isinstance(value, str) or not ep.QID_RE.fullmatch(value):
+    raise ValueError(f"not a Wikidata item id: {value!r}")
+  return value
+
+
+def _pid(value: str) -> str:
+  """`value` if it is exactly a Wikidata property id `P<n>`, else ValueError."""
+  if not isinstance(value, str) or not ep.PID_RE.fullmatch(value):
+    raise ValueError(f"not a Wikidata property id: {value!r}")
+  return value
+
+
+class UnsafeQueryError(ValueError):
+  """A parsed query has a term that may not be sent to a store (see the module docstring)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseQuery:
+  """The gold query of one example of a release, with its entity assignment.
+
+  Attributes:
+    pattern: `sparqlPatternModEntities`, the query with placeholders (one line).
+    entities: placeholder -> Q-id (`{"M0": "Q42"}`), validated; None when the record has no
+      assignment (the example cannot be executed).
+    source: the dataset.json file.
+    index: 0-based position of the record in dataset.json.
+    line: 1-based line of the record in dataset.json (for messages).
+  """
+  pattern: str
+  entities: Optional[dict[str, str]]
+  source: str = ""
+  index: int = 0
+  line: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+  """The answer of one query.
+
+  Attributes:
+    form: "ask" or "select".
+    value: a bool (ASK) or a frozenset of values of the selected variable (SELECT; `wd:Q42` for
+      items, the lexical form for literals, None for an unbound value).
+    truncated: SELECT only: the store had more than `max_answers` values (`value` holds some).
+  """
+  form: str
+  value: Union[bool, frozenset]
+  truncated: bool = False
+
+  def same_as(self, other: "Answer") -> bool:
+    """True iff both are complete answers of the same form with equal values."""
+    return (self.form == other.form and not self.truncated and not other.truncated
+            and self.value == other.value)
+
+  def to_json(self) -> Any:
+    """The answer as JSON: a bool, or a sorted list of values (None last)."""
+    if self.form == "ask":
+      return bool(self.value)
+    return sorted(self.value, key=lambda v: (v is None, v or ""))
+
+
+def _record_line(path: pathlib.Path, index: int) -> int:
+  """1-based line of record `index` of a dataset.json array (1 when it cannot tell)."""
+  return readers._array_element_line(path, None, index)  # pylint: disable=protected-access
+
+
+def _index_line(path: pathlib.Path, key: str, index: int) -> int:
+  """1-based line of element `index` of the array `key` of a split file (1 when unknown)."""
+  return readers._array_element_line(path, key, index)  # pylint: disable=protected-access
+
+
+def _load_json(path: pathlib.Path) -> Any:
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: no such file (a release folder as written by "
+                            "`python -m preprocessing.migrate --out DIR` is expected)")
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except json.JSONDecodeError as e:
+    raise readers.DataFormatError(path, e.lineno, f"bad JSON ({e.msg} at column {e.colno})") from e
+  except UnicodeDecodeError as e:
+    raise readers.DataFormatError(path, 1, f"not valid UTF-8 ({e.reason})") from e
+
+
+def check_entities(entities: Any) -> dict[str, str]:
+  """Validates an entity assignment `{"M0": "Q42", ...}` (values may also be `wd:Q42`).
+
+  Returns:
+    {placeholder: Q-id}, values without the `wd:` prefix.
+
+  Raises:
+    ValueError: not a mapping, a key that is not a placeholder `M<k>`, or a value that is not a
+      Wikidata item id.
+  """
+  if not isinstance(entities, dict):
+    raise ValueError(f"entities must be an object {{\"M0\": \"Q42\"}}, got {entities!r}")
+  out = {}
+  for m, q in entities.items():
+    if not isinstance(m, str) or not _PLACEHOLDER_RE.fullmatch(m):
+      raise ValueError(f"entity key {m!r} is not a placeholder M0, M1, ...")
+    if not isinstance(q, str):
+      raise ValueError(f"entity {m} is {q!r}, not a Wikidata item id")
+    out[m] = _qid(q.removeprefix("wd:"))
+  return out
+
+
+def load_release_queries(release_dir: PathLike, split: str, part: str) -> list[ReleaseQuery]:
+  """Reads the gold queries and entity assignments of one split/part of a release.
+
+  The release is the folder `preprocessing.migrate` writes (or the full MCWQ release layout):
+  `dataset.json` (records with `sparqlPatternModEntities` and, when substituted, `entities`) and
+  `splits/{split}.json` (`{"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]}`).
+
+  Args:
+    release_dir: the release folder.
+    split: a split name with a file `splits/{split}.json`.
+    part: "train", "dev" or "test".
+
+  Returns:
+    One `ReleaseQuery` per index of `{part}Idxs`, in that order (the order of the
+    `official/{split}/{part}.*.txt` lines).
+
+  Raises:
+    FileNotFoundError: dataset.json or the split file is missing.
+    readers.DataFormatError: bad JSON, a missing index list or a bad index (names the split file),
+      a record without a string `sparqlPatternModEntities`, with a pattern the parser rejects, or
+      with malformed `entities` (names dataset.json and the record's line).
+    ValueError: unknown part.
+  """
+  if part not in readers.PARTS:
+    raise ValueError(f"unknown part {part!r}; expected one of {readers.PARTS}")
+  root = pathlib.Path(release_dir)
+  dataset_path, split_path = root / "dataset.json", root / "splits" / f"{split}.json"
+  split_obj = _load_json(split_path)
+  key = f"{part}Idxs"
+  if not isinstance(split_obj, dict) or not isinstance(split_obj.get(key), list):
+    raise readers.DataFormatError(split_path, 1, f"expected an object with an index list {key!r}")
+  dataset = _load_json(dataset_path)
+  if not isinstance(dataset, list):
+    raise readers.DataFormatError(dataset_path, 1, "expected a JSON array of records")
+  out = []
+  for k, idx in enumerate(split_obj[key]):
+    if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < len(dataset):
+      raise readers.DataFormatError(
+          split_path, _index_line(split_path, key, k),
+          f"{key}[{k}] = {idx!r} is not an index into {dataset_path} ({len(dataset)} records)")
+    record = dataset[idx]
+    pattern = record.get("sparqlPatternModEntities") if isinstance(record, dict) else None
+    if not isinstance(pattern, str):
+      raise readers.DataFormatError(dataset_path, _record_line(dataset_path, idx),
+                                    f"record {idx} has no string 'sparqlPatternModEntities'")
+    pattern = " ".join(pattern.split())
+    entities = record.get("entities")
+    try:
+      sparql_lib.parse_sparql(pattern)
+      if entities is not None:
+        entities = check_entities(entities)
+    except ValueError as e:
+      raise readers.DataFormatError(dataset_path, _record_line(dataset_path, idx),
+                                    f"record {idx}: {e}") from None
+    out.append(ReleaseQuery(pattern, entities, str(dataset_path), idx, idx + 1))
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Building safe SPARQL from a parsed query.
+
+
+def _term(term: str, entities: Mapping[str, str]) -> str:
+  """A subject/object/filter term as sent to the store (see the module docstring)."""
+  if _VARIABLE_RE.fullmatch(term):
+    return term
+  if _PLACEHOLDER_RE.fullmatch(term):
+    if term not in entities:
+      raise UnsafeQueryError(f"placeholder {term} has no entity in this example")
+    return "wd:" + _qid(entities[term])
+  if term.startswith("wd:"):
+    try:
+      return "wd:" + _qid(term[3:])
+    except ValueError:
+      pass
+  raise UnsafeQueryError(f"refusing to send term {term!r} (expected ?var, M<k> or wd:Q<n>)")
+
+
+def _predicate(predicate: str) -> str:
+  """A predicate `wdt:P<n>` or alternative path `wdt:P<n>|wdt:P<m>`, validated."""
+  parts = predicate.split("|")
+  for p in parts:
+    try:
+      if not p.startswith("wdt:"):
+        raise ValueError(p)
+      _pid(p[4:])
+    except ValueError:
+      raise UnsafeQueryError(f"refusing to send predicate {predicate!r} "
+                             "(expected wdt:P<n> or wdt:P<n>|wdt:P<m>)") from None
+  return "|".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """A query split into connected components (validated SPARQL terms only)."""
+  form: str
+  variable: Optional[str]
+  components: tuple[tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]], ...]
+  unsatisfiable: bool
+
+
+def _plan(query: sparql_lib.Query, entities: Mapping[str, str]) -> _Plan:
+  """Validates `query`, binds its placeholders and splits it into connected components.
+
+  Raises:
+    UnsafeQueryError: an invalid term, a placeholder without entity, or an unsupported form.
+  """
+  if query.prefix == sparql_lib.ASK:
+    form, variable = "ask", None
+  else:
+    match = re.fullmatch(r"SELECT DISTINCT (\?[A-Za-z_][A-Za-z0-9_]*) WHERE", query.prefix)
+    if match is None:
+      raise UnsafeQueryError(f"unsupported query form {query.prefix!r} (ASK or SELECT DISTINCT)")
+    form, variable = "select", _term(match.group(1), entities)
+  triples = [(_term(t.subject, entities), _predicate(t.predicate), _term(t.object, entities))
+             for t in query.triples]
+  filters = [(_term(f.left, entities), _term(f.right, entities)) for f in query.filters]
+  for f in query.filters:
+    if f.op != "!=":
+      raise UnsafeQueryError(f"unsupported filter operator {f.op!r}")
+  # Union-find over variables; triples and filters join the variables they mention.
+  parent: dict[str, str] = {}
+
+  def find(x: str) -> str:
+    while parent.setdefault(x, x) != x:
+      parent[x] = parent[parent[x]]
+      x = parent[x]
+    return x
+
+  def variables(terms: Sequence[str]) -> list[str]:
+    return [t for t in terms if t.startswith("?")]
+
+  triple_vars = {v for s, _, o in triples for v in variables((s, o))}
+  unsatisfiable = False
+  for clause in [(s, o) for s, _, o in triples] + filters:
+    vs = variables(clause)
+    for v in vs[1:]:
+      parent[find(vs[0])] = find(v)
+  groups: dict[Any, tuple[list, list]] = collections.OrderedDict()
+  for n, (s, p, o) in enumerate(triples):
+    vs = variables((s, o))
+    groups.setdefault(find(vs[0]) if vs else ("ground triple", n), ([], []))[0].append((s, p, o))
+  for n, (a, b) in enumerate(filters):
+    vs = variables((a, b))
+    if any(v not in triple_vars for v in vs):
+      unsatisfiable = True  # An unbound variable in a filter: an error, so no solution (§17.2).
+      continue
+    groups.setdefault(find(vs[0]) if vs else ("ground filter", n), ([], []))[1].append(
+        f"FILTER ( {a} != {b} )")
+  components = tuple((tuple(ts), tuple(fs)) for ts, fs in groups.values())
+  return _Plan(form, variable, components, unsatisfiable)
+
+
+def _body(triples: Sequence[tuple[str, str, str]], filters: Sequence[str],
+          counts: Optional[dict[str, int]]) -> str:
+  ordered = substitute.order_triples(list(triples), counts)
+  return " . ".join([" ".join(t) for t in ordered] + list(filters))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Requests:
+  """What `execute` sends for one query: ASKs of the components without the selected variable,
+  then (SELECT) the query of the component with it (None when no triple has it)."""
+  form: str
+  variable: Optional[str]
+  asks: tuple[str, ...]
+  select: Optional[str]
+  unsatisfiable: bool
+
+
+def _requests(query: sparql_lib.Query, entities: Mapping[str, str],
+              counts: Optional[dict[str, int]], max_answers: int) -> _Requests:
+  plan = _plan(query, entities)
+  asks, select = [], None
+  for ts, fs in plan.components:
+    if plan.variable is not None and any(plan.variable in (s, o) for s, _, o in ts):
+      select = (f"SELECT DISTINCT {plan.variable} WHERE {{ {_body(ts, fs, counts)} }} "
+                f"LIMIT {int(max_answers) + 1}")
+    else:
+      asks.append(f"ASK WHERE {{ {_body(ts, fs, counts)} }}")
+  return _Requests(plan.form, plan.variable, tuple(asks), select, plan.unsatisfiable)
+
+
+def component_queries(query: sparql_lib.Query, entities: Mapping[str, str],
+                      counts: Optional[dict[str, int]] = None,
+                      max_answers: int = DEFAULT_MAX_ANSWERS) -> list[str]:
+  """The SPARQL texts (without PREFIX lines) that `execute` sends for `query`, for inspection.
+
+  Returns:
+    The ASK queries of the components without the selected variable, then (SELECT) the query of
+    the component with it; [] when a filter has a variable no triple binds (no solution).
+
+  Raises:
+    UnsafeQueryError: see `execute`.
+  """
+  req = _requests(query, entities, counts, max_answers)
+  if req.unsatisfiable:
+    return []
+  return list(req.asks) + ([req.select] if req.select else [])
+
+
+def execute(query: sparql_lib.Query, entities: Mapping[str, str], endpoint: ep.Endpoint,
+            max_answers: int = DEFAULT_MAX_ANSWERS) -> Answer:
+  """Runs a parsed query with its placeholders bound to `entities` (module docstring).
+
+  Args:
+    query: a parsed CFQ/MCWQ query (`sparql.parse_sparql`, `rir.rir_to_query`).
+    entities: placeholder -> Q-id (`{"M0": "Q42"}`, see `check_entities`).
+    endpoint: where to run it (`preprocessing.endpoint`: embedded pyoxigraph store or remote,
+      possibly wrapped in a `CachedEndpoint`).
+    max_answers: SELECT answers with more values are truncated.
+
+  Returns:
+    The `Answer`.
+
+  Raises:
+    UnsafeQueryError: a term that is not a variable, a placeholder with an entity, `wd:Q<n>` or a
+      `wdt:P<n>` path, or a query form other than ASK / SELECT DISTINCT ?var.
+    preprocessing.endpoint.EndpointError: the store failed.
+  """
+  req = _requests(query, entities, endpoint.predicate_counts(), max_answers)
+  empty = Answer(req.form, False if req.form == "ask" else frozenset())
+  if req.unsatisfiable:
+    return empty
+  for ask in req.asks:
+    if not endpoint.ask(ask):
+      return empty
+  if req.form == "ask":
+    return Answer("ask", True)
+  if req.select is None:  # The selected variable is in no triple: one solution, unbound.
+    return Answer("select", frozenset({None}))
+  rows = endpoint.select(req.select)
+  name = req.variable[1:]
+  values = frozenset(r.get(name) for r in rows[:max_answers])
+  return Answer("select", values, truncated=len(rows) > max_answers)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scoring.
+
+
+@dataclasses.dataclass
+class ExecutionScores:
+  """Per-example execution outcomes of one prediction set.
+
+  Attributes:
+    outcomes: one of `OUTCOMES` per example, in input order.
+    endpoint_errors: (1-based example number, message) of the failed requests.
+  """
+  outcomes: list[str]
+  endpoint_errors: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+  def summary(self) -> dict[str, Any]:
+    """{"execution_accuracy": percent, "execution": {"n", "correct", "outcomes", ...}}.
+
+    `execution_accuracy` is 100 * correct / n, where n counts the examples with a gold answer
+    (outcomes in `SCORED_OUTCOMES`); 0.0 when n == 0.
+    """
+    counts = collections.Counter(self.outcomes)
+    n = sum(counts[o] for o in SCORED_OUTCOMES)
+    return {"execution_accuracy": 100.0 * counts[CORRECT] / n if n else 0.0,
+            "execution": {"n": n, "correct": counts[CORRECT],
+                          "outcomes": {o: counts[o] for o in OUTCOMES},
+                          "endpoint_errors": [f"example {i}: {m}"
+                                              for i, m in self.endpoint_errors[:5]]}}
+
+
+def score_execution(examples: Sequence[ReleaseQuery], predictions: Sequence[metrics.Text],
+                    endpoint: ep.Endpoint, fmt: str = metrics.RIR,
+                    max_answers: int = DEFAULT_MAX_ANSWERS) -> ExecutionScores:
+  """Executes each prediction and its gold query and compares the answers (module docstring).
+
+  Args:
+    examples: the gold queries with their entities (`load_release_queries`), length N.
+    predictions: line-parallel predicted queries in format `fmt` (anything; malformed ones are
+      wrong, never an exception).
+    endpoint: the SPARQL store. Wrap it in `preprocessing.endpoint.CachedEndpoint` to run each
+      distinct query once.
+    fmt: "rir" (model output) or "sparql".
+    max_answers: SELECT answers with more values are truncated (and then never equal).
+
+  Returns:
+    `ExecutionScores` (outcomes in input order; `.summary()` for the figures).
+
+  Raises:
+    ValueError: lengths differ, unknown `fmt`, or a gold query with a term that cannot be sent
+      (names dataset.json and the record's line).
+  """
+  if len(examples) != len(predictions):
+    raise ValueError(f"{len(predictions)} predictions but {len(examples)} gold queries: "
+                     "they must be line-parallel")
+  if fmt not in metrics.FORMATS:
+    raise ValueError(f"unknown query format {fmt!r}; expected one of {metrics.FORMATS}")
+  scores = ExecutionScores([])
+  gold_answers: dict[tuple, Any] = {}
+  for number, (example, prediction) in enumerate(zip(examples, predictions), start=1):
+    if example.entities is None:
+      scores.outcomes.append(NOT_EXECUTABLE)
+      continue
+    gold = sparql_lib.parse_sparql(example.pattern)
+    key = (gold.canonical(), tuple(sorted(example.entities.items())))
+    if key not in gold_answers:
+      try:
+        gold_answers[key] = execute(gold, example.entities, endpoint, max_answers)
+      except UnsafeQueryError as e:
+        raise ValueError(f"{example.source}:{example.line}: gold query of record {example.index} "
+                         f"cannot be executed: {e}") from None
+      except ep.EndpointError as e:
+        gold_answers[key] = e
+    gold_answer = gold_answers[key]
+    if isinstance(gold_answer, ep.EndpointError):
+      scores.outcomes.append(GOLD_ERROR)
+      scores.endpoint_errors.append((number, f"gold: {gold_answer}"))
+      continue
+    parsed = metrics.parse_query(prediction, fmt)
+    if parsed is None:
+      scores.outcomes.append(SYNTAX_ERROR)
+      continue
+    if parsed.canonical() == gold.canonical():
+      scores.outcomes.append(CORRECT)
+      continue
+    try:
+      answer = execute(parsed, example.entities, endpoint, max_answers)
+    except UnsafeQueryError:
+      scores.outcomes.append(INVALID_TERM)
+      continue
+    except ep.EndpointError as e:
+      scores.outcomes.append(ENDPOINT_ERROR)
+      scores.endpoint_errors.append((number, str(e)))
+      continue
+    scores.outcomes.append(CORRECT if answer.same_as(gold_answer) else WRONG_ANSWER)
+  return scores
+
+
+def make_endpoint(kind: str = "oxigraph", codex: Optional[PathLike] = None,
+                  ntriples: Sequence[PathLike] = (), url: str = ep.WDQS_URL,
+                  user_agent: str = ep.DEFAULT_USER_AGENT, timeout_s: float = 60.0,
+                  max_retries: int = 5, min_interval_s: float = 1.0,
+                  cache: Optional[PathLike] = None) -> ep.CachedEndpoint:
+  """Builds the store to execute on, wrapped in a `CachedEndpoint` (each query runs once).
+
+  Args:
+    kind: "oxigraph" (embedded pyoxigraph store loaded from `codex` and/or `ntriples`, as
+      `preprocessing.migrate` builds it) or "remote" (SPARQL 1.1 HTTP endpoint at `url`, with
+      rate limiting and retries: `preprocessing.endpoint.RemoteEndpoint`).
+    codex: a CoDEx folder (`{train,valid,test}.txt`, `entity2types.json`), e.g.
+      `../shared/wikidata/codex-m`.
+    ntriples: N-Triples files with Wikidata IRIs.
+    url, user_agent, timeout_s, max_retries, min_interval_s: remote endpoint settings.
+    cache: JSON-lines file keeping every answer across runs (keyed by query text only: use one
+      file per store); None keeps answers in memory for this run.
+
+  Returns:
+    The endpoint.
+
+  Raises:
+    ValueError: unknown kind, an embedded store with no data, or a malformed CoDEx line
+      (`FILE:LINE: ...`).
+    FileNotFoundError: a missing CoDEx folder or N-Triples file.
+  """
+  if kind == "remote":
+    inner: ep.Endpoint = ep.RemoteEndpoint(url=url, user_agent=user_agent, timeout_s=timeout_s,
+                                           max_retries=max_retries, min_interval_s=min_interval_s)
+  elif kind == "oxigraph":
+    if not codex and not ntriples:
+      raise ValueError("the embedded store needs --codex DIR or --ntriples FILE")
+    store = ep.OxigraphEndpoint()
+    if codex:
+      if not pathlib.Path(codex, "train.txt").is_file():
+        raise FileNotFoundError(f"{pathlib.Path(codex, 'train.txt')}: no such file "
+                                "(expected a CoDEx folder)")
+      store.load_codex(codex)
+    for path in ntriples:
+      if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+      store.load_ntriples(path)
+    inner = store
+  else:
+    raise ValueError(f"unknown endpoint kind {kind!r}; expected 'oxigraph' or 'remote'")
+  return ep.CachedEndpoint(inner, cache)

@@ -1,0 +1,290 @@
+"""Tests of the endpoints' time bounds: Retry-After (RFC 9110 §10.2.3), whole-request timeouts of
+the remote endpoint, and query timeouts of the embedded pyoxigraph store and their caching.
+
+Every server here is a local one on 127.0.0.1 started by the test; no test sleeps for the waits a
+server asks (the sleep and the clock are injected).
+"""
+
+import email.utils
+import http.server
+import json
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+from preprocessing import endpoint as ep, migrate, retry
+
+NOW = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT, the injected wall clock
+ASK_TRUE = json.dumps({"head": {}, "boolean": True}).encode()
+
+
+def http_date(t):
+  return email.utils.formatdate(t, usegmt=True)
+
+
+# ---- 10. Retry-After: both forms, at least what the server asks, a maximum ----
+
+def test_parse_retry_after_reads_delay_seconds_and_all_three_http_date_forms():
+  assert retry.parse_retry_after("300") == 300.0
+  assert retry.parse_retry_after(" 0 ") == 0.0
+  assert http_date(NOW + 300) == "Wed, 21 Oct 2015 07:33:00 GMT"
+  assert retry.parse_retry_after("Wed, 21 Oct 2015 07:33:00 GMT", now=NOW) == 300.0  # IMF-fixdate
+  assert retry.parse_retry_after("Wednesday, 21-Oct-15 07:33:00 GMT", now=NOW) == 300.0  # RFC 850
+  assert retry.parse_retry_after("Wed Oct 21 07:33:00 2015", now=NOW) == 300.0  # asctime, UTC
+  assert retry.parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=NOW) == 0.0  # in the past
+  for junk in (None, "", "soon", "1.5", "-3", "inf", "nan"):
+    assert retry.parse_retry_after(junk, now=NOW) is None, junk
+
+
+def test_retry_delay_waits_at_least_what_the_server_asks_and_refuses_more_than_the_maximum():
+  assert retry.retry_delay(2.0, None, max_s=120.0) == 2.0
+  assert retry.retry_delay(500.0, None, max_s=120.0) == 120.0  # the backoff is capped
+  assert retry.retry_delay(2.0, "300", max_s=600.0) == 300.0  # not capped at a backoff cap
+  assert retry.retry_delay(2.0, http_date(NOW + 300), max_s=600.0, now=NOW) == 300.0
+  assert retry.retry_delay(8.0, "1", max_s=600.0) == 8.0  # never less than the backoff
+  with pytest.raises(retry.RetryAfterTooLong, match="3600 s.*maximum of 600 s") as e:
+    retry.retry_delay(2.0, "3600", max_s=600.0)
+  assert (e.value.wait_s, e.value.max_s) == (3600.0, 600.0)
+  with pytest.raises(retry.RetryAfterTooLong):
+    retry.retry_delay(2.0, http_date(NOW + 3600), max_s=600.0, now=NOW)
+
+
+class _Scripted(http.server.BaseHTTPRequestHandler):
+  """Answers the server's `script` of (status, headers) in turn, then 200 with ASK true."""
+
+  def do_POST(self):  # noqa: N802
+    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    self.server.requests += 1
+    script = self.server.script
+    status, headers = script.pop(0) if script else (200, {})
+    body = ASK_TRUE if status == 200 else b"busy"
+    self.send_response(status)
+    for k, v in headers.items():
+      self.send_header(k, v)
+    self.send_header("Content-Type", "application/sparql-results+json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *a):
+    pass
+
+
+@pytest.fixture
+def scripted():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+  srv.daemon_threads = True
+  srv.script, srv.requests = [], 0
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  srv.url = f"http://127.0.0.1:{srv.server_port}/sparql"
+  yield srv
+  srv.shutdown()
+  srv.server_close()
+
+
+def test_remote_endpoint_waits_the_full_retry_after_in_both_forms(scripted):
+  scripted.script = [(429, {"Retry-After": "300"}),
+                     (503, {"Retry-After": http_date(NOW + 90)}),
+                     (429, {})]
+  waits = []
+  remote = ep.RemoteEndpoint(scripted.url, backoff_s=2.0, max_backoff_s=120.0, min_interval_s=0.0,
+                             sleep=waits.append, clock=lambda: NOW)
+  assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
+  # 300 s as asked (not the 120 s backoff cap), 90 s from the date (not the 4 s backoff), then the
+  # backoff (8 s) when the server asks nothing.
+  assert waits == [300.0, 90.0, 8.0]
+  assert scripted.requests == remote.num_requests == 4
+
+
+@pytest.mark.parametrize("form", ["delay-seconds", "HTTP-date"])
+def test_remote_endpoint_stops_when_retry_after_exceeds_the_maximum(scripted, form):
+  value = "3600" if form == "delay-seconds" else http_date(NOW + 3600)
+  scripted.script = [(429, {"Retry-After": value})] * 10
+  waits = []
+  remote = ep.RemoteEndpoint(scripted.url, max_retry_after_s=600.0, min_interval_s=0.0,
+                             sleep=waits.append, clock=lambda: NOW)
+  with pytest.raises(ep.RetryAfterTooLong, match=r"HTTP 429.*3600 s.*600 s.*stopping") as e:
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  assert e.value.wait_s == 3600.0
+  assert not isinstance(e.value, ep.EndpointError)  # the migration stops instead of going on
+  assert waits == [] and scripted.requests == 1
+
+
+def test_remote_endpoint_next_query_still_waits_after_giving_up(scripted):
+  scripted.script = [(429, {"Retry-After": "30"})] * 2
+  waits = []
+  remote = ep.RemoteEndpoint(scripted.url, max_retries=0, min_interval_s=0.0, sleep=waits.append)
+  with pytest.raises(ep.EndpointError, match="giving up after 1 attempts: HTTP 429"):
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  assert waits == []
+  with pytest.raises(ep.EndpointError):
+    remote.ask("ASK WHERE { ?x ?y ?z }")  # another query, but the server said: not for 30 s
+  assert len(waits) == 1 and 29.0 < waits[0] <= 30.0
+  assert scripted.requests == 2
+
+
+# ---- 11. The remote timeout bounds the whole request ----
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+  """Sends its answer one byte every `server.interval` seconds (about 6 s in all).
+
+  `server.phase`: "status-line" trickles from the first byte, "body-with-length" sends the headers
+  at once and trickles a body of known length, "body-to-close" one read until the connection
+  closes (no Content-Length). Sets `server.disconnected` when the client has hung up.
+  """
+
+  def do_POST(self):  # noqa: N802
+    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    self.server.requests += 1
+    body = ASK_TRUE.ljust(30)
+    head = "HTTP/1.0 200 OK\r\nContent-Type: application/sparql-results+json\r\n"
+    if self.server.phase != "body-to-close":
+      head += f"Content-Length: {len(body)}\r\n"
+    raw = (head + "\r\n").encode() + body
+    try:
+      if self.server.phase != "status-line":
+        cut = len(head) + 2
+        self.wfile.write(raw[:cut])
+        self.wfile.flush()
+        raw = raw[cut:]
+      for i in range(len(raw)):
+        self.wfile.write(raw[i:i + 1])
+        self.wfile.flush()
+        time.sleep(self.server.interval)
+    except OSError:  # broken pipe / reset: the client hung up
+      self.server.disconnected.set()
+    self.close_connection = True
+
+  def log_message(self, *a):
+    pass
+
+
+@pytest.mark.parametrize("phase", ["status-line", "body-with-length", "body-to-close"])
+def test_remote_timeout_bounds_the_whole_request_against_a_trickling_server(phase):
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+  srv.daemon_threads = True
+  srv.phase, srv.interval, srv.requests, srv.disconnected = phase, 0.2, 0, threading.Event()
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  try:
+    waits = []
+    remote = ep.RemoteEndpoint(f"http://127.0.0.1:{srv.server_port}/sparql", timeout_s=1.0,
+                               min_interval_s=0.0, sleep=waits.append)
+    start = time.monotonic()
+    with pytest.raises(ep.QueryTimeout, match="no complete answer within 1 s") as e:
+      remote.ask("ASK WHERE { ?s ?p ?o }")
+    elapsed = time.monotonic() - start
+    assert 1.0 <= elapsed < 2.0, elapsed  # not ~6 s (the whole trickle), nor 6 tries of it
+    assert e.value.timeout_s == 1.0
+    assert srv.requests == 1 and waits == []  # a timeout is final: not retried
+    assert srv.disconnected.wait(2.0)  # the connection was dropped, not left trickling
+  finally:
+    srv.shutdown()
+    srv.server_close()
+
+
+# ---- 12. Embedded store queries are bounded too, and a timeout is cached ----
+
+N = 300  # a 300-triple store; a three-way cross product of it is 27 million solutions
+SLOW = ("SELECT (COUNT(*) AS ?n) WHERE { ?a wdt:P1 ?b . ?c wdt:P1 ?d . ?e wdt:P1 ?f . "
+        "FILTER ( CONCAT(STR(?a), STR(?c)) != STR(?e) ) }")  # takes > 10 s
+
+
+@pytest.fixture
+def small_store():
+  import pyoxigraph  # pylint: disable=g-import-not-at-top
+  store = pyoxigraph.Store()
+  lines = "\n".join(f"<{ep.WD}Q{i + 1}> <{ep.WDT}P1> <{ep.WD}Q{i % 7 + 1}> ." for i in range(N))
+  store.bulk_load(input=lines.encode(), format=pyoxigraph.RdfFormat.N_TRIPLES)
+  return store
+
+
+def pid_exists(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+def test_embedded_query_timeout_kills_the_worker_and_raises(small_store, caplog):
+  ox = ep.OxigraphEndpoint(small_store, timeout_s=0.5)
+  try:
+    count = "SELECT (COUNT(*) AS ?n) WHERE { ?s wdt:P1 ?o }"
+    assert ox.select(count) == [{"n": str(N)}]
+    assert ox.select(count) == ep.OxigraphEndpoint(small_store).select(count)  # same answers
+    assert ox.ask("ASK WHERE { wd:Q8 wdt:P1 wd:Q1 }") is True
+    with pytest.raises(ep.EndpointError, match="query failed: SyntaxError"):
+      ox.select("SELECT WHERE { broken")
+    worker = ox._worker.pid  # pylint: disable=protected-access
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=ep.__name__):
+      with pytest.raises(ep.QueryTimeout, match="timed out after 0.5 s") as e:
+        ox.select(SLOW)
+    elapsed = time.monotonic() - start
+    assert 0.5 <= elapsed < 2.0, elapsed  # the query alone takes > 10 s
+    assert e.value.timeout_s == 0.5 and ox.num_timeouts == 1
+    assert "worker process was killed" in caplog.text
+    assert not pid_exists(worker)  # killed and reaped, not left burning a core
+    assert ox.ask("ASK WHERE { wd:Q8 wdt:P1 wd:Q1 }") is True  # a fresh worker answers
+    assert ox._worker.pid != worker  # pylint: disable=protected-access
+  finally:
+    ox.close()
+
+
+class _Fake(ep.Endpoint):
+  """Answers every SELECT with `rows`, recording the queries."""
+
+  def __init__(self, rows):
+    self.rows, self.asked = rows, []
+
+  def select(self, query):
+    self.asked.append(query)
+    return self.rows
+
+  def ask(self, query):
+    raise AssertionError("not used")
+
+
+def test_cached_endpoint_records_a_timeout_and_does_not_rerun_it(small_store, tmp_path):
+  path = tmp_path / "endpoint.jsonl"
+  ox = ep.OxigraphEndpoint(small_store, timeout_s=0.5)
+  try:
+    first = ep.CachedEndpoint(ox, path)
+    with pytest.raises(ep.QueryTimeout):
+      first.select(SLOW)
+    assert (first.misses, first.timeouts) == (1, 1)
+  finally:
+    ox.close()
+  lines = [json.loads(line) for line in path.read_text().splitlines()]
+  assert [(r["value"], r["kind"], r["query"]) for r in lines] == [
+      ({"timed_out_after_s": 0.5}, "select", SLOW)]
+
+  # A rerun on the cache does not run it again.
+  fake = _Fake([{"n": "1"}])
+  rerun = ep.CachedEndpoint(fake, path)
+  start = time.monotonic()
+  with pytest.raises(ep.QueryTimeout, match="recorded in the cache as timed out after 0.5 s") as e:
+    rerun.select(SLOW)
+  assert time.monotonic() - start < 0.2 and e.value.timeout_s == 0.5
+  assert fake.asked == [] and (rerun.hits, rerun.misses, rerun.timeouts) == (1, 0, 1)
+
+  # Unless asked: then it runs again, and the new answer replaces the record.
+  asked = ep.CachedEndpoint(fake, path, retry_timeouts=True)
+  assert asked.select(SLOW) == [{"n": "1"}]
+  assert fake.asked == [SLOW] and (asked.misses, asked.timeouts) == (1, 0)
+  assert ep.CachedEndpoint(_Fake([]), path).select(SLOW) == [{"n": "1"}]
+
+
+def test_migrate_bounds_embedded_queries_with_timeout_and_passes_retry_timeouts(tmp_path):
+  args = migrate.build_parser().parse_args(
+      ["--out", str(tmp_path), "--codex", "", "--timeout", "7.5", "--retry-timeouts"])
+  endpoint = migrate.make_endpoint(args)
+  assert isinstance(endpoint.inner, ep.OxigraphEndpoint)
+  assert endpoint.inner.timeout_s == 7.5 and endpoint.retry_timeouts is True
+  remote = migrate.make_endpoint(migrate.build_parser().parse_args(
+      ["--out", str(tmp_path), "--endpoint", "remote", "--max-retry-after", "90"]))
+  assert (remote.inner.timeout_s, remote.inner.max_retry_after_s) == (60.0, 90.0)
+  assert remote.retry_timeouts is False
