@@ -58,6 +58,17 @@ def _check_lengths(targets: Sequence[Text], predictions: Sequence[Text]) -> None
         f"{len(predictions)} predictions but {len(targets)} targets: they must be line-parallel")
 
 
+def _stripped_pairs(targets: Sequence[Text], predictions: Sequence[Text]
+                    ) -> tuple[list[str], list[str]]:
+  """(targets, predictions) decoded to str and whitespace-stripped, after the length check.
+
+  Raises:
+    ValueError: the sequences differ in length.  TypeError: an element is not str/bytes.
+  """
+  _check_lengths(targets, predictions)
+  return [_to_str(t).strip() for t in targets], [_to_str(p).strip() for p in predictions]
+
+
 def exact_match_metric(targets: Sequence[Text],
                        predictions: Sequence[Text]) -> dict[str, float]:
   """Exact-match accuracy of the MCWQ paper (§5.2, Table 4).
@@ -77,12 +88,10 @@ def exact_match_metric(targets: Sequence[Text],
     ValueError: if the two sequences differ in length.
     TypeError: if an element is neither str nor bytes.
   """
-  _check_lengths(targets, predictions)
-  if not targets:
+  refs, hyps = _stripped_pairs(targets, predictions)
+  if not refs:
     return {"exact_match": 0.0}
-  correct = sum(_to_str(t).strip() == _to_str(p).strip()
-                for t, p in zip(targets, predictions))
-  return {"exact_match": 100.0 * correct / len(targets)}
+  return {"exact_match": 100.0 * sum(r == h for r, h in zip(refs, hyps)) / len(refs)}
 
 
 def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
@@ -104,11 +113,9 @@ def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[st
     ValueError: if the two sequences differ in length.
     TypeError: if an element is neither str nor bytes.
   """
-  _check_lengths(targets, predictions)
-  if not targets:
+  refs, hyps = _stripped_pairs(targets, predictions)
+  if not refs:
     return {"bleu": 0.0}
-  refs = [_to_str(t).strip() for t in targets]
-  hyps = [_to_str(p).strip() for p in predictions]
   return {"bleu": float(sacrebleu.corpus_bleu(hyps, [refs]).score)}
 
 

@@ -267,17 +267,28 @@ def _read_rir_pair(question_path: PathLike, sparql_path: PathLike, language: str
         shorter, n + 1,
         f"parallel files have unequal line counts: {question_path} has {len(questions)} lines, "
         f"{sparql_path} has {len(queries)}")
-  examples = []
-  for i, (q, r) in enumerate(zip(questions, queries), start=1):
-    q, r = q.strip(), " ".join(r.split())
-    if not q:
-      raise DataFormatError(question_path, i, "empty question line")
-    if not r:
-      raise DataFormatError(sparql_path, i, "empty query line")
-    examples.append(Example(
-        question=q, sparql=_rir_to_sparql(r, sparql_path, i) if with_sparql else None, rir=r,
-        language=language, source=str(question_path), line=i))
-  return tuple(examples)
+  return tuple(
+      _rir_example(q, r, language, with_sparql, (question_path, i, "empty question line"),
+                   (sparql_path, i, "empty query line"), source=question_path, line=i)
+      for i, (q, r) in enumerate(zip(questions, queries), start=1))
+
+
+def _rir_example(question: str, rir: str, language: str, with_sparql: bool,
+                 question_where: tuple[PathLike, int, str], rir_where: tuple[PathLike, int, str],
+                 source: PathLike, line: int) -> Example:
+  """One Example from a question and its RIR query (whitespace normalised).
+
+  Raises:
+    DataFormatError: an empty question or query (at `question_where` / `rir_where`: file, line,
+      message), or (with_sparql) a malformed RIR query.
+  """
+  q, r = question.strip(), " ".join(rir.split())
+  if not q:
+    raise DataFormatError(*question_where)
+  if not r:
+    raise DataFormatError(*rir_where)
+  return Example(question=q, sparql=_rir_to_sparql(r, rir_where[0], rir_where[1]) if with_sparql
+                 else None, rir=r, language=language, source=str(source), line=line)
 
 
 def read_rir_pair(question_path: PathLike, sparql_path: PathLike,
@@ -318,14 +329,10 @@ def _read_translation_jsonl(path: PathLike, language: str,
         tr.get("tgt"), str):
       raise DataFormatError(
           path, i, 'expected {"translation": {"src": <question>, "tgt": <RIR query>}}')
-    q, r = tr["src"].strip(), " ".join(tr["tgt"].split())
-    if not q:
-      raise DataFormatError(path, i, "empty question (`translation.src`)")
-    if not r:
-      raise DataFormatError(path, i, "empty query (`translation.tgt`)")
-    examples.append(Example(
-        question=q, sparql=_rir_to_sparql(r, path, i) if with_sparql else None, rir=r,
-        language=language, source=str(path), line=i))
+    examples.append(_rir_example(
+        tr["src"], tr["tgt"], language, with_sparql,
+        (path, i, "empty question (`translation.src`)"),
+        (path, i, "empty query (`translation.tgt`)"), source=path, line=i))
   return tuple(examples)
 
 

@@ -315,20 +315,16 @@ def test_official_layout_preferred_and_translations_layout(release_dir):
 # --- paths ----------------------------------------------------------------------------------
 
 
-def test_paths_env_and_gin(tmp_path, monkeypatch, mcwq_dir):
-  import gin  # pylint: disable=g-import-not-at-top
+def test_paths_argument_env_and_default(tmp_path, monkeypatch, mcwq_dir):
   monkeypatch.delenv("MCWQ_DATA_DIR", raising=False)
   assert paths.data_dir() == mcwq_dir.absolute()
   monkeypatch.setenv("MCWQ_DATA_DIR", str(tmp_path))
   assert paths.data_dir() == tmp_path
   other = tmp_path / "other"
   other.mkdir()
-  try:
-    gin.parse_config([f"MCWQ_DATA_DIR = '{other}'",
-                      "mcwq_t5x.paths.data_dir.path = %MCWQ_DATA_DIR"])
-    assert paths.data_dir() == other
-  finally:
-    gin.clear_config()
+  assert paths.data_dir(other) == other  # an explicit path wins over the environment
+  with pytest.raises(paths.DataNotFoundError, match="missing"):
+    paths.data_dir(tmp_path / "missing")
   monkeypatch.setenv("MCWQ_CACHE_DIR", str(tmp_path / "cache"))
   assert paths.cache_dir() == tmp_path / "cache" and (tmp_path / "cache").is_dir()
 

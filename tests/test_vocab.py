@@ -109,7 +109,36 @@ def test_vocabulary_from_env_and_path(small_model, monkeypatch):
   assert type(v) is seqio.SentencePieceVocabulary  # pylint: disable=unidiomatic-typecheck
   assert v.sentencepiece_model_file == str(small_model)
   assert v.encode("ASK WHERE") == vocab.get_vocabulary(small_model).encode("ASK WHERE")
-  assert vocab.mt5_vocabulary().sentencepiece_model_file == vocab.MT5_VOCAB_PATH
+  # The paper files' vocabulary is the same variable's file (the tasks read it too) ...
+  assert vocab.mt5_vocabulary() is v
+  # ... and without the variable they say what to set instead of silently disagreeing.
+  monkeypatch.delenv("MCWQ_VOCAB")
+  with pytest.raises(ValueError, match=r"MCWQ_VOCAB=gs://t5-data/vocabs/mc4.250000.100extra"):
+    vocab.mt5_vocabulary()
+
+
+def test_task_and_model_vocabularies_pass_t5x_check(small_model, monkeypatch, tmp_path):
+  """T5X compares the model's and the task's vocabulary with `!=` (seqio: same class state). The
+  default small vocabulary and a vocabulary named by MCWQ_VOCAB (as for mT5's model file) both
+  equal a plain `seqio.SentencePieceVocabulary` of the same file, which T5X's files bind."""
+  default = vocab.get_vocabulary()
+  assert default == seqio.SentencePieceVocabulary(str(small_model))
+  assert not default != seqio.SentencePieceVocabulary(str(small_model))
+  assert default != seqio.SentencePieceVocabulary(str(small_model), extra_ids=100)
+  copy = tmp_path / "sentencepiece.model"  # stands in for the mT5 model file
+  copy.write_bytes(small_model.read_bytes())
+  monkeypatch.setenv("MCWQ_VOCAB", str(copy))
+  assert vocab.mt5_vocabulary() == seqio.SentencePieceVocabulary(str(copy))
+
+
+def test_default_vocabulary_without_data_fails_on_use(monkeypatch, tmp_path):
+  monkeypatch.setenv("MCWQ_DATA_DIR", str(tmp_path / "no_data"))
+  monkeypatch.setenv("MCWQ_CACHE_DIR", str(tmp_path / "cache"))
+  monkeypatch.delenv("MCWQ_VOCAB", raising=False)
+  v = vocab.get_vocabulary()  # registering tasks needs no data ...
+  from mcwq_t5x import paths  # pylint: disable=g-import-not-at-top
+  with pytest.raises(paths.DataNotFoundError, match="train_vocab.py"):
+    v.encode("ASK")  # ... using the vocabulary does
 
 
 def test_train_vocab_script(tmp_path, mcwq_dir, capsys, small_model):

@@ -1,0 +1,30 @@
+"""Units of the training main that need no data: the periodic training-eval loss covers every row
+of the split (the last, short batch is padded with rows that carry no loss weight)."""
+import jax
+import numpy as np
+import optax
+
+from mcwq_t5x import partitioning
+from mcwq_t5x import train as train_lib
+from mcwq_t5x import trainer as trainer_lib
+import tiny_engine
+
+
+def test_loss_over_split_scores_every_row_once():
+  partitioner = partitioning.Partitioner(devices=jax.devices()[:2])
+  model = tiny_engine.tiny_model(0.0)
+  tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
+  state = tr.create_state(tiny_engine.SHAPES)
+  rows = tiny_engine.synthetic_batch(0, batch=11)  # 11 rows: batches of 4, 4 and 3 (+1 padding)
+  chunked = train_lib.loss_over_split(tr, state, rows, 4, partitioner)
+  whole = train_lib.loss_over_split(tr, state, {k: v[:10] for k, v in rows.items()}, 10,
+                                    partitioner)
+  last = train_lib.loss_over_split(tr, state, {k: v[10:] for k, v in rows.items()}, 2,
+                                   partitioner)
+  n_whole = float(rows["decoder_loss_weights"][:10].sum())
+  n_last = float(rows["decoder_loss_weights"][10:].sum())
+  expected = (whole["loss"] * n_whole + last["loss"] * n_last) / (n_whole + n_last)
+  np.testing.assert_allclose(chunked["loss"], expected, rtol=1e-5)
+  # A batch larger than the split still gives a loss (it is one padded batch).
+  single = train_lib.loss_over_split(tr, state, rows, 16, partitioner)
+  np.testing.assert_allclose(single["loss"], chunked["loss"], rtol=1e-5)
