@@ -21,14 +21,33 @@ A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`:
   entropy of the smoothed distribution subtracted (so a perfect model has loss
   0), auxiliary z-loss `z_loss * log(Z)^2` per token (Chowdhery et al. 2022 /
   Mesh TF) added to the loss, per-token weights from `decoder_loss_weights`,
-  and the summed loss divided by a loss normalizing factor (a constant such as
-  T5X's pre-training batch x length, or by default the number of target
-  tokens of the batch). Metrics are unnormalised SUMS over tokens, so a
-  trainer can add them over microbatches and normalise once.
-* `predict_batch` / `predict_batch_with_aux`: greedy decoding or beam search
-  with the flax `cache` collection (one decoder position per step) through
-  `mcwq_t5x.decoding`, inside `jax.jit`.
+  and the summed loss divided by the loss normalizing factor (see "Loss
+  contract" below). Metrics are unnormalised SUMS over tokens.
+* `predict_batch` / `predict_batch_with_aux`: greedy decoding, temperature
+  sampling or beam search with the flax `cache` collection (one decoder
+  position per step) through `mcwq_t5x.decoding`, inside `jax.jit`; options
+  with T5X's names (`num_decodes`, `return_all_decodes`, `decoder_params`,
+  `prompt_with_targets`).
 * `score_batch`: sum of target token log-probabilities.
+
+Loss contract (the model is the one owner of the loss normalisation; the
+trainer only sums):
+
+* `loss_normalizer(batch)` is the denominator `D(batch)`, a float32 scalar:
+  the number of target tokens (sum of `decoder_loss_weights`, at least 1) for
+  `loss_normalizing_factor=None` or `'NUM_REAL_TARGET_TOKENS'`;
+  batch x target length for `'NUM_TOTAL_TARGET_TOKENS'`; the number of
+  target sequences (rows, or segments when packed) for
+  `'AVERAGE_PER_SEQUENCE'`; the number itself for a number.
+* `loss_fn(params, batch, dropout_rng, normalizer=None)` returns
+  `(sum_t w_t * loss_t / D, metrics)` with `D = normalizer` if given, else
+  `loss_normalizer(batch)`; `w` = `decoder_loss_weights`, divided by the
+  token count of their sequence for `'AVERAGE_PER_SEQUENCE'`. The numerator
+  of a row depends on that row only, so for a batch split by rows into
+  microbatches (or data-parallel shards) `m`,
+  `sum_m loss_fn(p, m, r, normalizer=loss_normalizer(batch))[0]` equals
+  `loss_fn(p, batch, r)[0]`: summed microbatch gradients are exactly the
+  batch gradient. Metrics are sums over tokens/rows and add up the same way.
 
 Batches use the keys of seqio's `EncDecFeatureConverter`:
 `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`,
@@ -39,7 +58,7 @@ EOS = 1, decoder BOS = 0 (T5 convention).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import flax.linen as nn
 import jax
@@ -55,6 +74,16 @@ PyTree = Any
 
 _PACKING_KEYS = ("encoder_segment_ids", "decoder_segment_ids",
                  "encoder_positions", "decoder_positions")
+
+# T5X's `losses.SpecialLossNormalizingFactor` names.
+SPECIAL_LOSS_NORMALIZING_FACTORS = ("NUM_REAL_TARGET_TOKENS",
+                                    "NUM_TOTAL_TARGET_TOKENS",
+                                    "AVERAGE_PER_SEQUENCE")
+
+# Decoding methods of `predict_batch_with_aux` and the `decoder_params` keys
+# each one takes (the keyword arguments of the `mcwq_t5x.decoding` function).
+DECODER_PARAMS = {"greedy": (), "beam_search": ("alpha",),
+                  "temperature_sample": ("temperature", "topk")}
 
 
 def cross_entropy_with_logits(logits: Array, targets: Array,
@@ -112,6 +141,19 @@ def compute_weighted_cross_entropy(
   return total, z_term, total - z_term
 
 
+def _sum_per_sequence(weights: Array, segment_ids: Optional[Array]) -> Array:
+  """Each token's total weight over its sequence, float32 [batch, len].
+
+  A sequence is a row, or a segment of a packed row (T5X
+  `losses._sum_weights_per_segment`).
+  """
+  if segment_ids is None:
+    return jnp.broadcast_to(jnp.sum(weights, axis=-1, keepdims=True),
+                            weights.shape)
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return jnp.einsum("blm,bm->bl", same.astype(jnp.float32), weights)
+
+
 class EncoderDecoderModel:
   """T5X-style wrapper of a `network.Transformer` (see module docstring).
 
@@ -121,35 +163,51 @@ class EncoderDecoderModel:
       (only `output_vocabulary.eos_id` is used; default EOS id 1).
     label_smoothing: label smoothing mass (T5X default 0).
     z_loss: z-loss coefficient (T5X default 1e-4).
-    loss_normalizing_factor: None = number of target tokens (sum of
-      `decoder_loss_weights`) of the batch; a float = that constant (T5X's
-      pre-training batch x target length, e.g. 2048 * 114 = 233472).
+    loss_normalizing_factor: None (default) or 'NUM_REAL_TARGET_TOKENS' =
+      the number of target tokens of the batch; 'NUM_TOTAL_TARGET_TOKENS' =
+      batch x target length; 'AVERAGE_PER_SEQUENCE' = each sequence's loss
+      averaged over its tokens, then averaged over the sequences; a positive
+      number = that constant (T5X's pre-training batch x target length, e.g.
+      2048 * 114 = 233472). Names as T5X's `SpecialLossNormalizingFactor`
+      (case-insensitive; stored upper-case), numbers stored as float. Unlike
+      T5X, None does not mean "no normalisation" (pass 1.0 for that).
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any = None,
                output_vocabulary: Any = None, label_smoothing: float = 0.0,
                z_loss: float = 1e-4,
-               loss_normalizing_factor: Optional[float] = None):
+               loss_normalizing_factor: Union[None, float, str] = None):
+    """Checks and stores the arguments (see the class docstring).
+
+    Raises:
+      ValueError: `label_smoothing` outside [0, 1), or a
+        `loss_normalizing_factor` that is neither None, a positive number nor
+        one of `SPECIAL_LOSS_NORMALIZING_FACTORS`.
+    """
     if not 0.0 <= label_smoothing < 1.0:
       raise ValueError(f"label_smoothing must be in [0, 1), got "
                        f"{label_smoothing}")
-    if loss_normalizing_factor is not None and (
-        isinstance(loss_normalizing_factor, bool) or
-        not isinstance(loss_normalizing_factor, (int, float)) or
-        loss_normalizing_factor <= 0):
-      raise ValueError("loss_normalizing_factor must be None or a positive "
-                       f"number, got {loss_normalizing_factor!r}")
+    factor = loss_normalizing_factor
+    if isinstance(factor, str) and (
+        factor.upper() in SPECIAL_LOSS_NORMALIZING_FACTORS):
+      factor = factor.upper()
+    elif factor is not None and (
+        isinstance(factor, (bool, str)) or
+        not isinstance(factor, (int, float)) or factor <= 0):
+      raise ValueError(
+          "loss_normalizing_factor must be None, a positive number or one of "
+          f"{SPECIAL_LOSS_NORMALIZING_FACTORS}, got {loss_normalizing_factor!r}")
+    elif factor is not None:
+      factor = float(factor)
     self.module = module
     self.input_vocabulary = input_vocabulary
     self.output_vocabulary = output_vocabulary
     self.label_smoothing = float(label_smoothing)
     self.z_loss = float(z_loss)
-    self.loss_normalizing_factor = (None if loss_normalizing_factor is None
-                                    else float(loss_normalizing_factor))
+    self.loss_normalizing_factor = factor
     self._predict_jit = jax.jit(
         self._predict_impl,
-        static_argnames=("num_decodes", "alpha", "max_decode_length",
-                         "method"))
+        static_argnames=("num_decodes", "method", "decoder_params"))
 
   @property
   def eos_id(self) -> int:
@@ -208,61 +266,92 @@ class EncoderDecoderModel:
 
   @staticmethod
   def _weights(batch: Batch) -> Array:
-    if "decoder_loss_weights" in batch and batch[
-        "decoder_loss_weights"] is not None:
+    """Token weights: `decoder_loss_weights`, else targets != 0; float32."""
+    if batch.get("decoder_loss_weights") is not None:
       return batch["decoder_loss_weights"].astype(jnp.float32)
     return (batch["decoder_target_tokens"] > 0).astype(jnp.float32)
 
-  def _loss_and_metrics(self, logits: Array, batch: Batch
-                        ) -> tuple[Array, dict[str, Array]]:
-    targets = batch["decoder_target_tokens"]
+  def _loss_weights(self, batch: Batch) -> Array:
+    """Weights of the loss numerator, float32 [batch, len]: the token weights,
+    divided by their sequence's total for 'AVERAGE_PER_SEQUENCE'."""
     weights = self._weights(batch)
+    if self.loss_normalizing_factor != "AVERAGE_PER_SEQUENCE":
+      return weights
+    total = _sum_per_sequence(weights, batch.get("decoder_segment_ids"))
+    return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0),
+                     0.0)
+
+  def loss_normalizer(self, batch: Batch) -> Array:
+    """The loss denominator of `batch` (see the module's loss contract).
+
+    Args:
+      batch: feature-converter batch (only targets, weights and segment ids
+        are read; no forward pass).
+
+    Returns:
+      float32 scalar: the constant `loss_normalizing_factor`; batch x length
+      for 'NUM_TOTAL_TARGET_TOKENS'; otherwise the sum of the loss weights
+      (target tokens, or sequences for 'AVERAGE_PER_SEQUENCE'), at least 1.
+    """
+    factor = self.loss_normalizing_factor
+    if isinstance(factor, float):
+      return jnp.float32(factor)
+    if factor == "NUM_TOTAL_TARGET_TOKENS":
+      return jnp.float32(np.prod(batch["decoder_target_tokens"].shape))
+    return jnp.maximum(jnp.sum(self._loss_weights(batch)), 1.0)
+
+  def loss_fn(self, params: PyTree, batch: Batch,
+              dropout_rng: Optional[Array],
+              normalizer: Optional[Array] = None
+              ) -> tuple[Array, dict[str, Array]]:
+    """Teacher-forced loss (dropout on iff `dropout_rng` is given).
+
+    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` is this
+    project's addition for exact microbatching (module docstring).
+
+    Args:
+      params: unboxed params.
+      batch: feature-converter batch (see module docstring).
+      dropout_rng: PRNG key for dropout, or None for a deterministic pass.
+      normalizer: the loss denominator, float scalar; default
+        `loss_normalizer(batch)`. A trainer splitting a batch into
+        microbatches passes the whole batch's.
+
+    Returns:
+      (loss, metrics): loss = sum of the token losses (cross-entropy +
+      z-loss) times the loss weights / normalizer, float32 scalar; metrics =
+      float32 SUMS over the batch with the plain token weights (whatever the
+      normalising factor): "loss" (token loss incl. z-loss), "cross_ent_loss",
+      "z_loss", "accuracy_numerator" (correct argmax tokens), "num_tokens"
+      (sum of weights), "num_examples" (non-empty rows, or segments when
+      packed).
+    """
+    logits = self._compute_logits(params, batch, dropout_rng)
+    targets = batch["decoder_target_tokens"]
     total, z_term, ce = compute_weighted_cross_entropy(
-        logits, targets, weights, self.label_smoothing, self.z_loss)
-    num_tokens = jnp.sum(weights)
-    if self.loss_normalizing_factor is None:
-      factor = jnp.maximum(num_tokens, 1.0)
-    else:
-      factor = jnp.float32(self.loss_normalizing_factor)
-    loss_sum = jnp.sum(total)
+        logits, targets, None, self.label_smoothing, self.z_loss)
+    if normalizer is None:
+      normalizer = self.loss_normalizer(batch)
+    loss = jnp.sum(total * self._loss_weights(batch)) / normalizer
+    weights = self._weights(batch)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     if "decoder_segment_ids" in batch:
       num_examples = jnp.sum(jnp.max(batch["decoder_segment_ids"], axis=-1))
     else:
       num_examples = jnp.sum(jnp.any(weights > 0, axis=-1))
     metrics = {
-        "loss": loss_sum,
-        "cross_ent_loss": jnp.sum(ce),
-        "z_loss": jnp.sum(z_term),
+        "loss": jnp.sum(total * weights),
+        "cross_ent_loss": jnp.sum(ce * weights),
+        "z_loss": jnp.sum(z_term * weights),
         "accuracy_numerator": jnp.sum(correct * weights),
-        "num_tokens": num_tokens,
+        "num_tokens": jnp.sum(weights),
         "num_examples": num_examples.astype(jnp.float32),
     }
-    return loss_sum / factor, metrics
-
-  def loss_fn(self, params: PyTree, batch: Batch,
-              dropout_rng: Optional[Array]) -> tuple[Array, dict[str, Array]]:
-    """Teacher-forced loss (dropout on iff `dropout_rng` is given).
-
-    Args:
-      params: unboxed params.
-      batch: feature-converter batch (see module docstring).
-      dropout_rng: PRNG key for dropout, or None for a deterministic pass.
-
-    Returns:
-      (loss, metrics): loss = summed weighted token loss (cross-entropy +
-      z-loss) / loss normalizing factor, float32 scalar; metrics = SUMS over
-      the batch's tokens: "loss" (summed token loss incl. z-loss, not
-      normalised), "cross_ent_loss", "z_loss", "accuracy_numerator" (correct
-      argmax tokens, weighted), "num_tokens" (sum of weights),
-      "num_examples" (non-empty rows, or segments when packed).
-    """
-    logits = self._compute_logits(params, batch, dropout_rng)
-    return self._loss_and_metrics(logits, batch)
+    return loss, metrics
 
   def eval_fn(self, params: PyTree, batch: Batch
               ) -> tuple[Array, dict[str, Array]]:
-    """`loss_fn` without dropout."""
+    """`loss_fn` without dropout, normalised by `loss_normalizer(batch)`."""
     return self.loss_fn(params, batch, None)
 
   # ------------------------------------------------------------------------
@@ -288,18 +377,15 @@ class EncoderDecoderModel:
   # Decoding.
   # ------------------------------------------------------------------------
   def _predict_impl(self, params: PyTree, encoder_input_tokens: Array,
-                    decoder_input_tokens: Array, rng: Optional[Array], *,
-                    num_decodes: int, alpha: float, max_decode_length: int,
-                    method: str) -> tuple[Array, Array]:
-    batch_size = encoder_input_tokens.shape[0]
-    target_shape = (batch_size, max_decode_length)
+                    prompt: Array, rng: Optional[Array], *, num_decodes: int,
+                    method: str, decoder_params: tuple[tuple[str, Any], ...]
+                    ) -> tuple[Array, Array]:
+    max_decode_length = prompt.shape[1]
     # Zero cache of the right shapes, without running the network.
     cache_shapes = jax.eval_shape(
         lambda: self.module.apply(
-            {"params": params}, encoder_input_tokens,
-            jnp.ones(target_shape, jnp.int32),
-            jnp.ones(target_shape, jnp.int32), decode=True,
-            enable_dropout=False, mutable=["cache"])[1]["cache"])
+            {"params": params}, encoder_input_tokens, prompt, prompt,
+            decode=True, enable_dropout=False, mutable=["cache"])[1]["cache"])
     cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
                                    cache_shapes)
     encoded = self.module.apply({"params": params}, encoder_input_tokens,
@@ -318,80 +404,138 @@ class EncoderDecoderModel:
           method=self.module.decode)
       return logits[:, 0, :], new_vars["cache"]
 
-    prompt = jnp.zeros(target_shape, decoder_input_tokens.dtype)
-    if method == "beam":
+    kwargs = dict(decoder_params)
+    if method == "beam_search":
       return decoding.beam_search(prompt, cache, tokens_to_logits,
                                   self.eos_id, num_decodes=num_decodes,
-                                  alpha=alpha)
+                                  **kwargs)
     if method == "greedy":
-      return decoding.temperature_sample(
-          prompt, cache, tokens_to_logits, self.eos_id,
-          num_decodes=num_decodes, temperature=0.0, topk=1)
-    raise ValueError(f"unknown decoding method {method!r}")
+      kwargs = {"temperature": 0.0}
+    return decoding.temperature_sample(
+        prompt, cache, tokens_to_logits, self.eos_id, decode_rng=rng,
+        num_decodes=num_decodes, **kwargs)
 
   def predict_batch_with_aux(
       self, params: PyTree, batch: Batch, rng: Optional[Array] = None, *,
-      num_decodes: int = 1, alpha: float = 0.6,
-      max_decode_length: Optional[int] = None,
-      return_all_decodes: bool = False, method: Optional[str] = None
+      decoder_params: Optional[Mapping[str, Any]] = None,
+      return_all_decodes: bool = False, num_decodes: int = 1,
+      prompt_with_targets: bool = False, method: Optional[str] = None,
+      max_decode_length: Optional[int] = None
   ) -> tuple[Array, dict[str, Array]]:
     """Decodes a batch with the KV cache; returns tokens and scores.
+
+    Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument
+    names). T5X picks the decoding function when building the model
+    (`decode_fn`); here `method` picks it per call, so that every option is a
+    plain value (e.g. the mains' `predict_kwargs`).
 
     Args:
       params: unboxed params.
       batch: needs "encoder_input_tokens" [B, in_len]; "decoder_input_tokens"
-        [B, L] is optional (only its length is used, as the default decode
-        length).
-      rng: unused (greedy and beam search are deterministic).
-      num_decodes: beam size (1 = greedy).
-      alpha: beam-search length penalty exponent ((5+len)/6)^alpha.
-      max_decode_length: decode length (default L).
-      return_all_decodes: return all beams [B, num_decodes, len] (ascending
-        score, best last) instead of the best [B, len].
-      method: "greedy" or "beam"; default greedy if num_decodes == 1 else
-        beam.
+        [B, L] gives the decode length L (unless `max_decode_length`) and,
+        with `prompt_with_targets`, the prompt.
+      rng: PRNG key of `temperature_sample` (required when it samples);
+        ignored by greedy decoding and beam search.
+      decoder_params: keyword arguments of the decoding function, T5X names:
+        beam_search {"alpha": length-penalty exponent, default 0.6};
+        temperature_sample {"temperature": float >= 0, default 1.0 (0 =
+        greedy), "topk": int >= 0, default 0 = all tokens (T5X's default is
+        1, i.e. greedy)}; greedy {}.
+      return_all_decodes: return all `num_decodes` sequences
+        [B, num_decodes, L] (ascending score, best last) instead of the best
+        [B, L].
+      num_decodes: beam size, or number of samples.
+      prompt_with_targets: force the decoder prompt to `decoder_input_tokens`
+        with EOS removed (T5X): non-zero tokens are kept as they are, the
+        rest is decoded; their log-probs are not in the scores.
+      method: "greedy", "beam_search" or "temperature_sample"; default
+        "greedy" if `num_decodes == 1`, else "beam_search".
+      max_decode_length: decode length L when the batch has no
+        "decoder_input_tokens" (or to override its length); with
+        `prompt_with_targets` it must be None or the prompt's length.
 
     Returns:
-      (tokens int32, {"scores": float32}): tokens after EOS are 0 and the
-      BOS is not included. Greedy scores are summed log-probs; beam scores
-      are summed log-probs / brevity penalty.
+      (tokens int32 [B, L] or [B, num_decodes, L], {"scores": float32 [B] or
+      [B, num_decodes]}): tokens after EOS are 0 and the BOS is not
+      included. Greedy and sampling scores are the summed model log-probs of
+      the decoded tokens (untempered: T5X's `rescale_log_probs=False`); beam
+      scores are summed log-probs / brevity penalty
+      (`decoding.length_penalized_score`).
 
     Raises:
-      ValueError: packed batches (segment ids) or bad arguments.
+      ValueError: packed batches (segment ids), an unknown method, greedy
+        with `num_decodes > 1`, `decoder_params` keys the method does not
+        take, sampling without `rng`, no decode length, or
+        `prompt_with_targets` without "decoder_input_tokens" or with another
+        `max_decode_length`.
     """
-    del rng
     if "encoder_segment_ids" in batch:
       raise ValueError("predict_batch: packed batches are not supported")
     if num_decodes < 1:
       raise ValueError(f"num_decodes must be >= 1, got {num_decodes}")
     if method is None:
-      method = "greedy" if num_decodes == 1 else "beam"
-    if max_decode_length is None and "decoder_input_tokens" not in batch:
-      raise ValueError("predict_batch: give max_decode_length or a batch with "
-                       "decoder_input_tokens (whose length is the default)")
-    length = int(max_decode_length or batch["decoder_input_tokens"].shape[1])
+      method = "greedy" if num_decodes == 1 else "beam_search"
+    if method not in DECODER_PARAMS:
+      raise ValueError(f"predict_batch: unknown method {method!r}; expected "
+                       f"one of {sorted(DECODER_PARAMS)}")
+    if method == "greedy" and num_decodes != 1:
+      raise ValueError("predict_batch: greedy decoding gives one sequence; "
+                       "use num_decodes=1, or method='beam_search' or "
+                       "'temperature_sample'")
+    decoder_params = dict(decoder_params or {})
+    unknown = sorted(set(decoder_params) - set(DECODER_PARAMS[method]))
+    if unknown:
+      raise ValueError(
+          f"predict_batch: decoder_params {unknown} are not taken by method "
+          f"{method!r} (it takes {list(DECODER_PARAMS[method])}; methods: "
+          f"{DECODER_PARAMS})")
+    if "topk" in decoder_params:
+      decoder_params["topk"] = int(decoder_params["topk"])
+    for key in ("alpha", "temperature"):
+      if key in decoder_params:
+        decoder_params[key] = float(decoder_params[key])
+    samples = method == "temperature_sample" and (
+        decoder_params.get("temperature", 1.0) != 0.0 and
+        decoder_params.get("topk", 0) != 1)
+    if samples and rng is None:
+      raise ValueError("predict_batch: method 'temperature_sample' samples; "
+                       "pass rng=jax.random.PRNGKey(...)")
     encoder_input_tokens = jnp.asarray(batch["encoder_input_tokens"],
                                        jnp.int32)
+    batch_size = encoder_input_tokens.shape[0]
+    if prompt_with_targets:
+      if "decoder_input_tokens" not in batch:
+        raise ValueError("predict_batch: prompt_with_targets needs "
+                         "decoder_input_tokens")
+      prompt = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
+      if max_decode_length not in (None, prompt.shape[1]):
+        raise ValueError(
+            f"predict_batch: max_decode_length={max_decode_length} differs "
+            f"from the prompt length {prompt.shape[1]}")
+      prompt = jnp.where(prompt == self.eos_id, 0, prompt)
+    else:
+      if max_decode_length is None and "decoder_input_tokens" not in batch:
+        raise ValueError("predict_batch: give max_decode_length or a batch "
+                         "with decoder_input_tokens (whose length is the "
+                         "default)")
+      length = int(max_decode_length or batch["decoder_input_tokens"].shape[1])
+      prompt = jnp.zeros((batch_size, length), jnp.int32)
     decodes, scores = self._predict_jit(
-        params, encoder_input_tokens,
-        jnp.zeros((encoder_input_tokens.shape[0], length), jnp.int32), None,
-        num_decodes=int(num_decodes), alpha=float(alpha),
-        max_decode_length=length, method=method)
+        params, encoder_input_tokens, prompt, rng if samples else None,
+        num_decodes=int(num_decodes), method=method,
+        decoder_params=tuple(sorted(decoder_params.items())))
     if return_all_decodes:
       return decodes, {"scores": scores}
     return decodes[:, -1, :], {"scores": scores[:, -1]}
 
   def predict_batch(self, params: PyTree, batch: Batch,
-                    rng: Optional[Array] = None, *, num_decodes: int = 1,
-                    alpha: float = 0.6,
-                    max_decode_length: Optional[int] = None,
-                    return_all_decodes: bool = False,
-                    method: Optional[str] = None) -> Array:
-    """Tokens of `predict_batch_with_aux` (int32 [B, L] or [B, n, L])."""
-    return self.predict_batch_with_aux(
-        params, batch, rng, num_decodes=num_decodes, alpha=alpha,
-        max_decode_length=max_decode_length,
-        return_all_decodes=return_all_decodes, method=method)[0]
+                    rng: Optional[Array] = None, **kwargs: Any) -> Array:
+    """Tokens of `predict_batch_with_aux(params, batch, rng, **kwargs)`.
+
+    Returns:
+      int32 [B, L], or [B, num_decodes, L] with `return_all_decodes=True`.
+    """
+    return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
 
 
 def unbox(variables: PyTree) -> PyTree:
@@ -399,5 +543,6 @@ def unbox(variables: PyTree) -> PyTree:
   return nn.unbox(variables)
 
 
-__all__ = ["EncoderDecoderModel", "compute_weighted_cross_entropy",
+__all__ = ["DECODER_PARAMS", "EncoderDecoderModel",
+           "SPECIAL_LOSS_NORMALIZING_FACTORS", "compute_weighted_cross_entropy",
            "cross_entropy_with_logits", "unbox"]

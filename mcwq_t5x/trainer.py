@@ -7,20 +7,21 @@ Lean counterpart of T5X's `t5x/trainer.py` + `t5x/utils.py` (train-state creatio
 * `create_learning_rate_schedule()`: constant, linear decay, rsqrt decay and cosine, each with linear warm-up.
   The MCWQ paper (Cui et al., TACL 2022, Sec. 5) fine-tunes mT5 with learning rate 5e-4 and the other
   baselines with 3e-5; both are gin settings of the experiment files.
-* `Trainer`: creates the state SHARDED (`jax.jit` of init with `out_shardings`: parameters are never
-  materialised whole on one device), compiles `train_step` (gradient accumulation over `num_microbatches`
-  with `jax.lax.scan`; the model's `loss_fn` returns SUMS in its metrics, which are accumulated and then
-  normalised by the total number of target tokens, so microbatching gives the same update as one large
-  batch), dropout RNG = `fold_in(fold_in(seed_rng, step), microbatch)`, and `eval_step`.
+* `Trainer`: creates the state SHARDED (`jax.jit` of init with `out_shardings`: parameters are
+  never materialised whole on one device), compiles `train_step` (gradient accumulation over
+  `num_microbatches` with `jax.lax.scan`: each microbatch's `model.loss_fn` is normalised by the
+  model's `loss_normalizer` of the WHOLE batch and the gradients and metric sums are added, so
+  microbatching gives the same update as one large batch; the normalisation itself is the model's,
+  see the loss contract in `mcwq_t5x.model`), dropout RNG =
+  `fold_in(fold_in(seed_rng, step), microbatch)`, and `eval_step`.
 * Non-finite loss or gradients: the step leaves the state unchanged and `Trainer.train_step` raises
-  `NonFiniteLossError` naming the step, so the last good checkpoint stays the latest one.
+  `NonFiniteLossError` with the step and the unchanged state; whether a checkpoint of an earlier
+  step exists is for the caller (which saves them) to say.
 
 Nothing here imports TensorFlow or SeqIO.
 """
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
 from typing import Any, Callable, Mapping, Optional
 
@@ -39,7 +40,27 @@ Batch = Mapping[str, jax.Array]
 
 
 class NonFiniteLossError(FloatingPointError):
-  """Raised when a train step produced a NaN/Inf loss or gradient (the state is left unchanged)."""
+  """A train step produced a NaN/Inf loss or gradient; the train state was not updated.
+
+  Raised by `Trainer.train_step`. The message names the step and says nothing about checkpoints:
+  the caller, which saves them, knows whether one exists.
+
+  Attributes:
+    step: int, the step of the failed update: the number of updates applied so far, i.e.
+      `int(state.step)`.
+    state: the unchanged (last good) `TrainState`.
+    loss: float, the step's summed token loss (`metrics["loss"]`; may be finite when only the
+      gradient is not).
+    grad_norm: float, the global gradient norm.
+  """
+
+  def __init__(self, step: int, state: "TrainState", loss: float, grad_norm: float):
+    self.step = int(step)
+    self.state = state
+    self.loss = float(loss)
+    self.grad_norm = float(grad_norm)
+    super().__init__(f"non-finite loss or gradient at step {self.step} (loss sum={self.loss}, "
+                     f"grad norm={self.grad_norm}); the train state was not updated")
 
 
 @flax.struct.dataclass
@@ -255,9 +276,11 @@ class Trainer:
 
   Args:
     model: object with `get_initial_variables(rng, input_shapes, input_types)` returning
-      {"params": nn.LogicallyPartitioned-boxed tree}, `loss_fn(params, batch, dropout_rng) ->
-      (loss, metric_sums)` and `eval_fn(params, batch)` (the `mcwq_t5x.model.EncoderDecoderModel`
-      contract); `loss_normalizing_factor` (None or float) is honoured.
+      {"params": nn.LogicallyPartitioned-boxed tree}, `loss_normalizer(batch) -> float32 scalar`,
+      `loss_fn(params, batch, dropout_rng, normalizer=None) -> (loss, metric_sums)` and
+      `eval_fn(params, batch)` (the `mcwq_t5x.model.EncoderDecoderModel` loss contract: the
+      differentiated loss of a batch split into microbatches m is
+      `sum_m loss_fn(params, m, rng_m, normalizer=loss_normalizer(batch))[0]`).
     partitioner: `partitioning.Partitioner`.
     optimizer: optax transformation (default: `make_optimizer(learning_rate_fn)`).
     learning_rate_fn: schedule (logged as "learning_rate").
@@ -375,51 +398,41 @@ class Trainer:
     return fn(params)
 
   # --- steps --------------------------------------------------------------------------------
-  def _loss_normalizer(self, batch: Batch) -> jax.Array:
-    factor = getattr(self.model, "loss_normalizing_factor", None)
-    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
-      return jnp.asarray(float(factor), jnp.float32)
-    weights = batch.get("decoder_loss_weights")
-    if weights is None:
-      weights = (batch["decoder_target_tokens"] > 0)
-    return jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
+  def _loss_grads_and_metrics(self, params, batch, rng):
+    """The batch's loss, its gradient and the metric sums, accumulated over microbatches.
 
-  def _grad_and_metric_sums(self, params, batch, rng):
-    """Summed loss gradient and summed metrics over the microbatches of `batch`."""
-    def loss_sum(p, mb, r):
-      _, metrics = self.model.loss_fn(p, mb, r)
-      return metrics["loss"], metrics
-    grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+    Every microbatch is normalised by the model's `loss_normalizer` of the whole batch, so the sums
+    over microbatches are the whole batch's loss and gradient (the model's loss contract).
+    """
+    normalizer = self.model.loss_normalizer(batch)
+
+    def loss_fn(p, mb, r):
+      return self.model.loss_fn(p, mb, r, normalizer=normalizer)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if self.num_microbatches <= 1:
-      (_, metrics), grads = grad_fn(params, batch, jax.random.fold_in(rng, 0))
-      return grads, metrics
+      (loss, metrics), grads = grad_fn(params, batch, jax.random.fold_in(rng, 0))
+      return loss, grads, metrics
     mbs = _split_microbatches(batch, self.num_microbatches)
 
     def body(carry, xs):
-      acc_g, acc_m = carry
       i, mb = xs
-      (_, metrics), grads = grad_fn(params, mb, jax.random.fold_in(rng, i))
-      acc_g = jax.tree_util.tree_map(jnp.add, acc_g, grads)
-      acc_m = jax.tree_util.tree_map(jnp.add, acc_m, metrics)
-      return (acc_g, acc_m), None
+      (loss, metrics), grads = grad_fn(params, mb, jax.random.fold_in(rng, i))
+      return jax.tree_util.tree_map(jnp.add, carry, (loss, grads, metrics)), None
 
     first = jax.tree_util.tree_map(lambda x: x[0], mbs)
-    m_shapes = jax.eval_shape(lambda: grad_fn(params, first, rng)[0][1])
-    zeros_m = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), m_shapes)
-    zeros_g = jax.tree_util.tree_map(jnp.zeros_like, params)
-    (grads, metrics), _ = jax.lax.scan(
-        body, (zeros_g, zeros_m), (jnp.arange(self.num_microbatches), mbs))
-    return grads, metrics
+    (loss_shape, m_shapes), _ = jax.eval_shape(lambda: grad_fn(params, first, rng))
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, m_shapes))
+    init = (zeros[0], jax.tree_util.tree_map(jnp.zeros_like, params), zeros[1])
+    totals, _ = jax.lax.scan(body, init, (jnp.arange(self.num_microbatches), mbs))
+    return totals
 
   def _train_step(self, state: TrainState, batch: Batch, base_rng: jax.Array):
     rng = jax.random.fold_in(base_rng, state.step)
-    grad_sums, metrics = self._grad_and_metric_sums(state.params, batch, rng)
-    norm = self._loss_normalizer(batch)
-    grads = jax.tree_util.tree_map(lambda g: g / norm, grad_sums)
+    loss, grads, metrics = self._loss_grads_and_metrics(state.params, batch, rng)
     updates, new_opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    finite = jnp.isfinite(loss) & jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
     new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
     # Keep the old state when the step is not finite: the caller raises, nothing bad is saved.
     new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_state, state)
@@ -444,8 +457,8 @@ class Trainer:
       (new_state, metric sums as device scalars; "learning_rate", "grad_norm", "is_finite" added).
 
     Raises:
-      NonFiniteLossError: if the loss or the gradient norm is NaN/Inf (the state is NOT updated;
-        the exception's `state` attribute holds it).
+      NonFiniteLossError: if the loss or the gradient norm is NaN/Inf; the state is NOT updated
+        (the exception's `state`), `step` is `int(state.step)`.
     """
     if self._train_step_fn is None:
       shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
@@ -453,12 +466,8 @@ class Trainer:
     step = int(state.step)
     new_state, metrics = self._train_step_fn(state, dict(batch), self.dropout_rng)
     if not bool(metrics["is_finite"]):
-      err = NonFiniteLossError(
-          f"non-finite loss or gradient at step {step} (loss sum={float(metrics['loss'])}, "
-          f"grad norm={float(metrics['grad_norm'])}); training stopped, the state was not updated "
-          "and the latest checkpoint is the last good one")
-      err.state = new_state  # the unchanged (last good) state
-      raise err
+      raise NonFiniteLossError(step, new_state, float(metrics["loss"]),
+                               float(metrics["grad_norm"]))
     return new_state, metrics
 
   def _eval_step(self, params, batch):
@@ -480,6 +489,10 @@ class StepTimer:
   """Wall-clock throughput between two log points (step time, examples/s, tokens/s)."""
 
   def __init__(self):
+    self.reset()
+
+  def reset(self) -> None:
+    """Starts a new measurement: now, with no steps."""
     self._t = time.perf_counter()
     self._examples = 0.0
     self._tokens = 0.0
@@ -497,5 +510,5 @@ class StepTimer:
     dt = max(now - self._t, 1e-9)
     out = {"step_time_s": dt / max(self._steps, 1), "examples_per_s": self._examples / dt,
            "tokens_per_s": self._tokens / dt}
-    self.__init__()
+    self.reset()
     return out

@@ -211,10 +211,6 @@ def test_beam_dim_helpers():
   assert int(gathered["i"]) == 7
   top = decoding.gather_topk_beams(y, jnp.array([[0.1, 0.9, 0.5], [3.0, 2.0, 1.0]]), 2, 2)
   np.testing.assert_array_equal(top, [[10, 20], [30, 40]])
-  # Scanned-layer layout: batch on axis 1.
-  z = jnp.arange(2 * 2 * 3).reshape(2, 2, 3)  # [layers, batch, beam]
-  g = decoding.gather_beams(z, jnp.array([[2, 0], [1, 1]]), 2, 2, offset=1)
-  np.testing.assert_array_equal(g[1], [[8, 6], [10, 10]])
   with pytest.raises(ValueError, match="unflatten_beam_dim"):
     decoding.unflatten_beam_dim(jnp.zeros((5, 2)), 2, 3)
 
@@ -238,18 +234,14 @@ def test_greedy_matches_python_loop():
                              rtol=1e-5, atol=1e-5)
   assert len({tuple(e) for e in expected}) > 1, "examples should decode differently"
   _assert_valid(seqs, log_probs)
-  # topk=1 with a temperature is greedy too, and greedy_decode is the same function.
-  seqs_topk1, _ = decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits,
-                                              EOS, temperature=0.7, topk=1)
+  # topk=1 with a temperature is greedy too (no rng needed), with the same log-probs.
+  seqs_topk1, lp_topk1 = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, temperature=0.7, topk=1)
   np.testing.assert_array_equal(seqs_topk1, seqs)
-  # T5X's rescale_log_probs: log-probs of the (degenerate) greedy distribution, i.e. 0.
-  seqs_g, lp_g = decoding.greedy_decode(inputs, model.init_cache(), model.tokens_to_logits, EOS,
-                                        rescale_log_probs=True)
-  np.testing.assert_array_equal(seqs_g, seqs)
-  np.testing.assert_array_equal(lp_g, 0.0)
+  np.testing.assert_array_equal(lp_topk1, log_probs)
 
 
-def test_greedy_with_prompt_and_initial_index():
+def test_greedy_with_prompt():
   batch, length = 2, 6
   model = ToyModel(seed=11, batch=batch, max_len=length)
   prompt = np.zeros((batch, length), np.int32)
@@ -264,35 +256,24 @@ def test_greedy_with_prompt_and_initial_index():
     np.testing.assert_array_equal(seqs[b, 0], expected)
     np.testing.assert_allclose(log_probs[b, 0], model.ref_score(b, expected, prompt[b]),
                                rtol=1e-5, atol=1e-5)
-  # Prefill the cache with positions 0 and 1 (BOS and the first prompt token), then start at 2.
-  cache = model.init_cache()
-  for i in range(2):
-    _, cache = model.tokens_to_logits(decoding.DecodingState(
-        cur_index=jnp.full((batch,), i, jnp.int32), sequences=inputs, cur_token=inputs[:, i],
-        cache=cache))
-  seqs2, log_probs2 = decoding.temperature_sample(
-      inputs, cache, model.tokens_to_logits, EOS, temperature=0.0,
-      initial_index=jnp.full((batch,), 2, jnp.int32))
-  np.testing.assert_array_equal(seqs2, seqs)
-  # Log-probs of the prompt tokens are excluded: the prefilled run scores the same tokens.
-  np.testing.assert_allclose(log_probs2, log_probs, rtol=1e-5, atol=1e-5)
 
 
-def test_max_decode_steps_and_length():
-  batch, length = 2, 6
-  model = ToyModel(seed=16, batch=batch, max_len=length)
-  full = np.array([ref_greedy(model, b, length) for b in range(batch)])
-  assert np.all(np.any(full[:, 2:] != 0, axis=1)), "the test needs tokens after position 2"
-  short, _ = decoding.temperature_sample(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
-                                         model.tokens_to_logits, EOS, temperature=0.0,
-                                         max_decode_steps=2)
-  np.testing.assert_array_equal(short[:, 0, :2], full[:, :2])
-  np.testing.assert_array_equal(short[:, :, 2:], 0)
-  # max_decode_len zero-pads a shorter prompt array to the decode length.
-  padded, _ = decoding.temperature_sample(jnp.zeros((batch, 3), jnp.int32), model.init_cache(),
-                                          model.tokens_to_logits, EOS, temperature=0.0,
-                                          max_decode_len=length)
-  np.testing.assert_array_equal(padded[:, 0], full)
+def test_prompt_after_a_decoded_eos_is_zeroed():
+  """Only a decoded EOS ends a row; prompt tokens after it become padding (both decoders)."""
+  def always_eos(state):
+    logits = jnp.where(jnp.arange(V) == EOS, 5.0, 0.0)
+    return jnp.tile(logits, (state.cur_token.shape[0], 1)), state.cache
+
+  cache = {"cache_index": jnp.array(0, jnp.int32)}
+  # Row 0: prompt 4 at returned position 1, after the EOS decoded at 0. Row 1: 3 forced, then EOS.
+  inputs = jnp.array([[0, 0, 4, 0], [0, 3, 0, 0]], jnp.int32)
+  eos_log_prob = 5.0 - np.log(np.exp(5.0) + V - 1)
+  seqs, log_probs = decoding.temperature_sample(inputs, cache, always_eos, EOS, temperature=0.0)
+  np.testing.assert_array_equal(seqs[:, 0], [[1, 0, 0, 0], [3, 1, 0, 0]])
+  np.testing.assert_allclose(log_probs[:, 0], [eos_log_prob] * 2, rtol=1e-6)
+  beams, scores = decoding.beam_search(inputs, cache, always_eos, EOS, num_decodes=2, alpha=0.0)
+  np.testing.assert_array_equal(beams[:, -1], [[1, 0, 0, 0], [3, 1, 0, 0]])
+  np.testing.assert_allclose(scores[:, -1], [eos_log_prob] * 2, rtol=1e-6)
 
 
 def test_sampling_distribution_topk_and_log_probs():
@@ -330,12 +311,6 @@ def test_sampling_distribution_topk_and_log_probs():
           break
         fed.append(int(t))
   assert len(seen) > 2
-  # Nucleus: with topp tiny only the argmax survives, i.e. greedy.
-  seqs3, _ = decoding.temperature_sample(
-      inputs, model.init_cache(), model.tokens_to_logits, EOS, decode_rng=jax.random.PRNGKey(2),
-      num_decodes=4, temperature=1.0, topk=0, topp=1e-6)
-  for b in range(batch):
-    np.testing.assert_array_equal(seqs3[b], [ref_greedy(model, b, length)] * 4)
 
 
 def test_temperature_sample_errors():
@@ -344,9 +319,14 @@ def test_temperature_sample_errors():
   with pytest.raises(ValueError, match="decode_rng"):
     decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
                                 temperature=1.0, topk=0)
-  with pytest.raises(ValueError, match="topk and topp"):
+  with pytest.raises(ValueError, match="temperature must be >= 0"):
     decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
-                                decode_rng=jax.random.PRNGKey(0), topk=3, topp=0.9)
+                                decode_rng=jax.random.PRNGKey(0), temperature=-1.0)
+  with pytest.raises(ValueError, match="topk must be >= 0"):
+    decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
+                                decode_rng=jax.random.PRNGKey(0), topk=-2)
+  with pytest.raises(ValueError, match="num_decodes must be >= 1"):
+    decoding.beam_search(inputs, model.init_cache(), model.tokens_to_logits, EOS, num_decodes=0)
   bad_cache = model.init_cache()
   bad_cache["decoder"]["history"] = jnp.zeros((3, 3), jnp.int32)
   with pytest.raises(ValueError, match=r"\['decoder'\]\['history'\].*batch size 2"):
@@ -397,43 +377,15 @@ def test_beam_search_matches_reference(beam, alpha):
   assert len(set(best)) > 1, "examples should decode differently"
 
 
-def test_scanned_cache_layout():
-  """cache_offset=1: cache leaves are [layers, batch, ...] as with scanned layers in T5X."""
-  batch, length, beam, alpha, layers = 2, 5, 3, 0.6, 2
-  model = ToyModel(seed=8, batch=batch, max_len=length)
-
-  def stack(x):
-    return x if x.ndim == 0 else jnp.stack([x] * layers)
-
-  def tokens_to_logits(state):
-    unstacked = jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[layers - 1], state.cache)
-    logits, new_cache = model.tokens_to_logits(state.replace(cache=unstacked))
-    return logits, jax.tree_util.tree_map(stack, new_cache)
-
-  cache = jax.tree_util.tree_map(stack, model.init_cache())
-  seqs, scores = decoding.beam_search(jnp.zeros((batch, length), jnp.int32), cache,
-                                      tokens_to_logits, EOS, num_decodes=beam, alpha=alpha,
-                                      cache_offset=1)
-  for b in range(batch):
-    expected = ref_beam_search(model, b, beam, alpha, length)
-    np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
-    np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
-  with pytest.raises(ValueError, match="axis 1"):
-    decoding.temperature_sample(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
-                                model.tokens_to_logits, EOS, cache_offset=1)
-
-
 def test_beam_search_with_prompt():
   batch, length, beam, alpha = 2, 5, 3, 0.6
   model = ToyModel(seed=21, batch=batch, max_len=length)
   prompt = np.zeros((batch, length), np.int32)
   prompt[0, :2] = [2, 3]
   prompt[1, :1] = [4]
-  # The prompt array may be shorter than the decode length (max_decode_len pads it).
   inputs = _decoder_inputs(prompt).at[:, 0].set(3)  # The BOS slot inputs[:, 0] is ignored.
-  seqs, scores = decoding.beam_search(inputs[:, :3], model.init_cache(),
-                                      model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha,
-                                      max_decode_len=length)
+  seqs, scores = decoding.beam_search(inputs, model.init_cache(), model.tokens_to_logits, EOS,
+                                      num_decodes=beam, alpha=alpha)
   assert seqs.shape == (batch, beam, length)
   _assert_valid(seqs, scores)
   for b in range(batch):
@@ -479,14 +431,14 @@ def test_under_jit():
     np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
   sample = jax.jit(functools.partial(decoding.temperature_sample,
                                      tokens_to_logits=model.tokens_to_logits, eos_id=EOS,
-                                     num_decodes=8, topk=0))
-  # A traced per-example temperature: example 0 is decoded greedily (temperature 0).
-  seqs, log_probs = sample(inputs, model.init_cache(), decode_rng=jax.random.PRNGKey(4),
-                           temperature=jnp.array([0.0, 1.0]))
+                                     num_decodes=8, temperature=2.0, topk=0))
+  seqs, log_probs = sample(inputs, model.init_cache(), decode_rng=jax.random.PRNGKey(4))
   _assert_valid(seqs, log_probs)
   seqs, log_probs = np.asarray(seqs), np.asarray(log_probs)
-  np.testing.assert_array_equal(seqs[0], [ref_greedy(model, 0, length)] * 8)
-  assert len({tuple(s) for s in seqs[1]}) > 2
+  assert all(len({tuple(s) for s in seqs[b]}) > 2 for b in range(batch))
+  # The same key gives the same samples.
+  again, _ = sample(inputs, model.init_cache(), decode_rng=jax.random.PRNGKey(4))
+  np.testing.assert_array_equal(again, seqs)
   for b in range(batch):
     np.testing.assert_allclose(log_probs[b], [model.ref_score(b, s) for s in seqs[b]], atol=1e-4)
 
@@ -534,7 +486,7 @@ def test_flax_kv_cache_model():
 
   reference = Reference()
   inputs = jnp.zeros((batch, length), jnp.int32)
-  seqs, _ = decoding.greedy_decode(inputs, cache, tokens_to_logits, EOS)
+  seqs, _ = decoding.temperature_sample(inputs, cache, tokens_to_logits, EOS, temperature=0.0)
   np.testing.assert_array_equal(seqs[:, 0], [ref_greedy(reference, 0, length)] * batch)
   seqs, scores = decoding.beam_search(inputs, cache, tokens_to_logits, EOS, num_decodes=beam,
                                       alpha=alpha)

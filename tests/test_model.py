@@ -1,17 +1,14 @@
-"""Tests of EncoderDecoderModel (loss, packing, decoding, scoring).
+"""Tests of EncoderDecoderModel (loss and its normalisation, packing, decoding, scoring).
 
-Real MCWQ questions -> RIR targets from ../shared, tokenised with a small
-SentencePiece model trained here on a few hundred MCWQ lines.
+The inputs are built here: four synthetic (input, target) token sequences of different lengths
+(no ../shared data), short enough that two fit in one packed row.
 """
-
-import io
 
 import flax.linen as nn
 import jax
 import numpy as np
 import optax
 import pytest
-import sentencepiece as spm
 
 from mcwq_t5x import decoding
 from mcwq_t5x import model as model_lib
@@ -19,9 +16,12 @@ from mcwq_t5x import network
 
 
 VOCAB = 160
+EOS = 1
 CFG = network.T5Config(vocab_size=VOCAB, emb_dim=48, num_heads=4,
                        num_encoder_layers=2, num_decoder_layers=2, head_dim=12,
                        mlp_dim=96, dropout_rate=0.0)
+FACTORS = (None, "NUM_REAL_TARGET_TOKENS", "num_total_target_tokens",
+           "AVERAGE_PER_SEQUENCE", 7.0)
 
 
 def _pad(rows, length):
@@ -44,22 +44,11 @@ def _batch(inputs, targets, in_len, tgt_len):
 
 
 @pytest.fixture(scope="module")
-def examples(mcwq_dir):
-  """Token ids (with EOS) of 4 (question, RIR) pairs of mcd1 dev (en)."""
-  base = mcwq_dir / "translations" / "mcd1"
-  questions = (base / "dev.en.txt").read_text().splitlines()[:300]
-  rirs = (base / "dev.en.sparql").read_text().splitlines()[:300]
-  proto = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(questions + rirs), model_writer=proto,
-      vocab_size=VOCAB, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-      character_coverage=1.0, minloglevel=2)
-  sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
-  # Short examples, so that two fit in one packed row.
-  order = sorted(range(300), key=lambda i: len(sp.encode(rirs[i])))[:4]
-  inputs = [sp.encode(questions[i]) + [1] for i in order]
-  targets = [sp.encode(rirs[i]) + [1] for i in order]
-  assert sp.decode(targets[0][:-1]) == rirs[order[0]]
+def examples():
+  """Token ids (EOS last) of 4 synthetic (input, target) pairs, lengths 5-10."""
+  rng = np.random.default_rng(0)
+  inputs = [list(rng.integers(2, VOCAB, n)) + [EOS] for n in (6, 9, 5, 8)]
+  targets = [list(rng.integers(2, VOCAB, n)) + [EOS] for n in (4, 7, 9, 5)]
   return inputs, targets
 
 
@@ -81,7 +70,8 @@ def params():
   return nn.unbox(variables["params"])
 
 
-def _numpy_losses(logits, targets, weights, label_smoothing, z_loss):
+def _numpy_losses(logits, targets, label_smoothing, z_loss):
+  """Per-token (cross-entropy, z-loss) float64 [batch, len], unweighted (T5X formulas)."""
   logits = np.asarray(logits, np.float64)
   v = logits.shape[-1]
   log_z = np.log(np.exp(logits).sum(-1))
@@ -90,9 +80,15 @@ def _numpy_losses(logits, targets, weights, label_smoothing, z_loss):
   soft = np.full(logits.shape, low)
   np.put_along_axis(soft, targets[..., None], conf, axis=-1)
   const = -(conf * np.log(conf) + (v - 1) * low * np.log(low + 1e-20))
-  ce = (-(soft * log_p).sum(-1) - const) * weights
-  z = z_loss * log_z ** 2 * weights
-  return ce.sum(), z.sum()
+  return -(soft * log_p).sum(-1) - const, z_loss * log_z ** 2
+
+
+def _logits(params, batch):
+  return np.asarray(jax.jit(network.Transformer(CFG).apply,
+                            static_argnames="enable_dropout")(
+      {"params": params}, batch["encoder_input_tokens"],
+      batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+      enable_dropout=False))
 
 
 @pytest.mark.parametrize("label_smoothing,factor", [(0.0, None), (0.1, 233472.0)])
@@ -101,14 +97,11 @@ def test_loss_matches_t5x_formula(params, batch, label_smoothing, factor):
       network.Transformer(CFG), label_smoothing=label_smoothing, z_loss=1e-3,
       loss_normalizing_factor=factor)
   loss, metrics = jax.jit(model.eval_fn)(params, batch)
-  logits = jax.jit(network.Transformer(CFG).apply,
-                   static_argnames="enable_dropout")(
-      {"params": params}, batch["encoder_input_tokens"],
-      batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-      enable_dropout=False)
+  logits = _logits(params, batch)
   weights = batch["decoder_loss_weights"]
-  ce, z = _numpy_losses(logits, batch["decoder_target_tokens"], weights,
-                        label_smoothing, 1e-3)
+  ce, z = _numpy_losses(logits, batch["decoder_target_tokens"], label_smoothing,
+                        1e-3)
+  ce, z = (ce * weights).sum(), (z * weights).sum()
   n = weights.sum()
   np.testing.assert_allclose(metrics["cross_ent_loss"], ce, rtol=1e-5)
   np.testing.assert_allclose(metrics["z_loss"], z, rtol=1e-4)
@@ -122,15 +115,58 @@ def test_loss_matches_t5x_formula(params, batch, label_smoothing, factor):
   assert abs(ce / n - np.log(VOCAB)) < 1.0
 
 
-def test_metric_sums_add_over_microbatches(params, batch):
-  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
-  eval_fn = jax.jit(model.eval_fn)
-  _, full = eval_fn(params, batch)
-  halves = [eval_fn(params, {k: v[s] for k, v in batch.items()})[1]
-            for s in (slice(0, 2), slice(2, 4))]
-  for key in full:
-    np.testing.assert_allclose(halves[0][key] + halves[1][key], full[key],
-                               rtol=1e-5, err_msg=key)
+def _models(factors):
+  return {str(f): model_lib.EncoderDecoderModel(network.Transformer(CFG),
+                                                loss_normalizing_factor=f)
+          for f in factors}
+
+
+def test_loss_normalizing_factors(params, batch):
+  """T5X's `loss_normalizing_factor` options, against NumPy (metrics do not depend on them)."""
+  models = _models(FACTORS)
+  out = jax.jit(lambda p, b: {k: m.eval_fn(p, b) for k, m in models.items()})(
+      params, batch)
+  total = sum(_numpy_losses(_logits(params, batch),
+                            batch["decoder_target_tokens"], 0.0, 1e-4))
+  weights = batch["decoder_loss_weights"]
+  row_sums = (total * weights).sum(1)
+  row_tokens = weights.sum(1)
+  assert len(set(row_tokens)) == 4, "rows of different lengths"
+  expected = {
+      "None": row_sums.sum() / weights.sum(),
+      "NUM_REAL_TARGET_TOKENS": row_sums.sum() / weights.sum(),
+      "num_total_target_tokens": row_sums.sum() / weights.size,
+      "AVERAGE_PER_SEQUENCE": np.mean(row_sums / row_tokens),
+      "7.0": row_sums.sum() / 7.0,
+  }
+  for key, (loss, metrics) in out.items():
+    np.testing.assert_allclose(loss, expected[key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(metrics["loss"], row_sums.sum(), rtol=1e-5)
+  assert models["num_total_target_tokens"].loss_normalizing_factor == (
+      "NUM_TOTAL_TARGET_TOKENS")
+  assert float(models["AVERAGE_PER_SEQUENCE"].loss_normalizer(batch)) == 4.0
+  assert float(models["None"].loss_normalizer(batch)) == weights.sum()
+
+
+def test_microbatch_losses_add_up_to_the_batch_loss(params, batch):
+  """Rows split in two, each normalised by the whole batch's normalizer: losses
+  and metric sums add up to the whole batch's (the loss contract; the trainer
+  test checks the gradients)."""
+  models = _models((None, "AVERAGE_PER_SEQUENCE", "NUM_TOTAL_TARGET_TOKENS", 3.0))
+  halves = [{k: v[s] for k, v in batch.items()} for s in (slice(0, 1), slice(1, 4))]
+
+  def losses(p):
+    return {key: (m.loss_fn(p, batch, None),
+                  [m.loss_fn(p, h, None, normalizer=m.loss_normalizer(batch))
+                   for h in halves])
+            for key, m in models.items()}
+
+  for key, ((full, full_m), parts) in jax.jit(losses)(params).items():
+    np.testing.assert_allclose(parts[0][0] + parts[1][0], full, rtol=1e-5,
+                               err_msg=key)
+    for m in full_m:
+      np.testing.assert_allclose(parts[0][1][m] + parts[1][1][m], full_m[m],
+                                 rtol=1e-5, err_msg=f"{key} {m}")
 
 
 def _pack(examples, pairs, in_len, tgt_len):
@@ -178,8 +214,15 @@ def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch,
       in_segment = packed["decoder_segment_ids"][row] == seg
       np.testing.assert_allclose(token_scores[row][in_segment].sum(),
                                  unpacked_scores[i], rtol=1e-5, atol=1e-4)
-  _, m_packed = jax.jit(model.eval_fn)(params, packed)
-  _, m_unpacked = jax.jit(model.eval_fn)(params, batch)
+  # The loss and its metrics; AVERAGE_PER_SEQUENCE averages over segments.
+  models = _models((None, "AVERAGE_PER_SEQUENCE"))
+  evals = jax.jit(lambda p, b: {k: m.eval_fn(p, b) for k, m in models.items()})
+  out_packed, out_unpacked = evals(params, packed), evals(params, batch)
+  for key in models:
+    np.testing.assert_allclose(out_packed[key][0], out_unpacked[key][0],
+                               rtol=1e-5, err_msg=key)
+  assert float(models["AVERAGE_PER_SEQUENCE"].loss_normalizer(packed)) == 4.0
+  m_packed, m_unpacked = out_packed["None"][1], out_unpacked["None"][1]
   for key in ("loss", "cross_ent_loss", "z_loss"):
     np.testing.assert_allclose(m_packed[key], m_unpacked[key], rtol=1e-5)
   for key in ("num_tokens", "num_examples", "accuracy_numerator"):
@@ -193,9 +236,9 @@ def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch,
 
 @pytest.fixture(scope="module")
 def trained(params, batch):
-  """The tiny model fitted to the 4 examples (Adam, 150 steps)."""
+  """The tiny model fitted to the 4 examples (Adam, 200 steps)."""
   model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
-  opt = optax.adam(optax.cosine_decay_schedule(1e-2, 150, alpha=0.05))
+  opt = optax.adam(optax.cosine_decay_schedule(1e-2, 200, alpha=0.05))
 
   @jax.jit
   def step(p, state, rng):
@@ -206,25 +249,10 @@ def trained(params, batch):
 
   p, state = params, opt.init(params)
   losses = []
-  for i in range(150):
+  for i in range(200):
     p, state, loss = step(p, state, jax.random.PRNGKey(i))
     losses.append(float(loss))
   return model, p, losses
-
-
-def test_training_reduces_loss_and_greedy_reproduces_targets(trained, batch):
-  model, p, losses = trained
-  assert losses[-1] < 0.2 * losses[0]
-  tokens, aux = model.predict_batch_with_aux(p, batch)
-  assert tokens.shape == batch["decoder_target_tokens"].shape
-  # The memorised targets come back (EOS included, zeros after it).
-  matches = (np.asarray(tokens) == batch["decoder_target_tokens"]).all(1)
-  assert matches.sum() >= 3
-  # Greedy scores are the summed log-probs of the decoded tokens.
-  decoded = np.asarray(tokens)
-  scored = _batch_from_tokens(batch, decoded)
-  np.testing.assert_allclose(aux["scores"], jax.jit(model.score_batch)(p, scored),
-                             rtol=1e-4, atol=1e-4)
 
 
 def _batch_from_tokens(batch, tokens):
@@ -234,19 +262,33 @@ def _batch_from_tokens(batch, tokens):
               decoder_loss_weights=(tokens > 0).astype(np.float32))
 
 
+def test_training_reduces_loss_and_greedy_reproduces_targets(trained, batch):
+  model, p, losses = trained
+  assert losses[-1] < 0.05 * losses[0]
+  tokens, aux = model.predict_batch_with_aux(p, batch)
+  assert tokens.shape == batch["decoder_target_tokens"].shape
+  # The memorised targets come back (EOS included, zeros after it).
+  np.testing.assert_array_equal(tokens, batch["decoder_target_tokens"])
+  # Greedy scores are the summed log-probs of the decoded tokens.
+  scored = _batch_from_tokens(batch, np.asarray(tokens))
+  np.testing.assert_allclose(aux["scores"], jax.jit(model.score_batch)(p, scored),
+                             rtol=1e-4, atol=1e-4)
+
+
 def test_beam_search(trained, batch):
   model, p, _ = trained
   length = batch["decoder_target_tokens"].shape[1]
   greedy, g_aux = model.predict_batch_with_aux(p, batch)
-  beam1, b_aux = model.predict_batch_with_aux(p, batch, num_decodes=1,
-                                              method="beam", alpha=0.0)
+  beam1, b_aux = model.predict_batch_with_aux(
+      p, batch, num_decodes=1, method="beam_search",
+      decoder_params={"alpha": 0.0})
   np.testing.assert_array_equal(beam1, greedy)
   np.testing.assert_allclose(b_aux["scores"], g_aux["scores"], rtol=1e-5)
 
   alpha = 0.6
-  beams, aux = model.predict_batch_with_aux(p, batch, num_decodes=4,
-                                            alpha=alpha,
-                                            return_all_decodes=True)
+  beams, aux = model.predict_batch_with_aux(
+      p, batch, num_decodes=4, decoder_params={"alpha": alpha},
+      return_all_decodes=True)
   beams, scores = np.asarray(beams), np.asarray(aux["scores"])
   assert beams.shape == (4, 4, length) and scores.shape == (4, 4)
   assert (np.diff(scores, axis=1) >= 0).all(), "ascending, best last"
@@ -254,7 +296,7 @@ def test_beam_search(trained, batch):
   flat = beams.reshape(16, length)
   rep = {k: np.repeat(v, 4, axis=0) for k, v in batch.items()}
   log_probs = jax.jit(model.score_batch)(p, _batch_from_tokens(rep, flat))
-  expected = decoding.length_penalized_score(log_probs, flat, 1, alpha,
+  expected = decoding.length_penalized_score(log_probs, flat, EOS, alpha,
                                              max_len=length)
   np.testing.assert_allclose(scores.ravel(), expected, rtol=1e-4, atol=1e-4)
   # The 4 beams of an example are distinct sequences.
@@ -263,24 +305,106 @@ def test_beam_search(trained, batch):
   # The best beam is at least as good as greedy under the beam score.
   g = np.asarray(greedy)
   greedy_scores = decoding.length_penalized_score(
-      jax.jit(model.score_batch)(p, _batch_from_tokens(batch, g)), g, 1, alpha,
+      jax.jit(model.score_batch)(p, _batch_from_tokens(batch, g)), g, EOS, alpha,
       max_len=length)
   assert (scores[:, -1] >= np.asarray(greedy_scores) - 1e-4).all()
-  assert np.asarray(model.predict_batch(p, batch, num_decodes=4)).shape == (
-      4, length)
+  best = model.predict_batch(p, batch, num_decodes=4,
+                             decoder_params={"alpha": alpha})
+  np.testing.assert_array_equal(best, beams[:, -1])
 
 
-def test_bad_arguments():
+def test_temperature_sample(params, batch):
+  """Sampling through predict_batch: T5X's temperature/topk/num_decodes, scores =
+  the model's log-probs, top-k respected, reproducible per rng."""
+  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
+  length = batch["decoder_target_tokens"].shape[1]
+  n, topk = 6, 3
+  kwargs = dict(method="temperature_sample", num_decodes=n,
+                decoder_params={"temperature": 1.0, "topk": topk},
+                return_all_decodes=True)
+  samples, aux = model.predict_batch_with_aux(
+      params, batch, rng=jax.random.PRNGKey(0), **kwargs)
+  samples, scores = np.asarray(samples), np.asarray(aux["scores"])
+  assert samples.shape == (4, n, length) and scores.shape == (4, n)
+  assert (np.diff(scores, axis=1) >= 0).all(), "ascending, best last"
+  # An untrained model: the samples of an example differ.
+  assert all(len({tuple(s) for s in samples[b]}) > n // 2 for b in range(4))
+  flat = samples.reshape(4 * n, length)
+  rep = {k: np.repeat(v, n, axis=0) for k, v in batch.items()}
+  scored = _batch_from_tokens(rep, flat)
+  np.testing.assert_allclose(scores.ravel(),
+                             jax.jit(model.score_batch)(params, scored),
+                             rtol=1e-4, atol=1e-4)
+  # Every sampled token (EOS included) is among the topk most likely given its
+  # prefix: rank < topk under the teacher-forced logits of the sample itself.
+  logits = np.asarray(jax.jit(model._compute_logits)(params, scored))
+  target_logit = np.take_along_axis(logits, flat[..., None], -1)
+  rank = (logits > target_logit).sum(-1)
+  assert rank[flat > 0].max() < topk
+  assert rank[flat > 0].max() > 0, "sampling, not greedy"
+  # The same rng gives the same samples, another rng others.
+  again = model.predict_batch(params, batch, rng=jax.random.PRNGKey(0), **kwargs)
+  np.testing.assert_array_equal(again, samples)
+  other = model.predict_batch(params, batch, rng=jax.random.PRNGKey(1), **kwargs)
+  assert not np.array_equal(other, samples)
+  # Temperature 0 is greedy decoding (no rng needed).
+  greedy = model.predict_batch(params, batch)
+  cold = model.predict_batch(params, batch, method="temperature_sample",
+                             decoder_params={"temperature": 0.0})
+  np.testing.assert_array_equal(cold, greedy)
+
+
+def test_prompt_with_targets(trained, batch):
+  """Forced prefixes (T5X `prompt_with_targets`): the first two tokens of another
+  example's target; the rest is decoded, and only it is scored."""
+  model, p, _ = trained
+  targets = batch["decoder_target_tokens"]
+  prefix = np.zeros_like(targets)
+  prefix[:, :2] = np.roll(targets, 1, axis=0)[:, :2]
+  prompted = dict(batch, decoder_input_tokens=_shift_right(prefix))
+  tokens, aux = model.predict_batch_with_aux(p, prompted,
+                                             prompt_with_targets=True)
+  tokens = np.asarray(tokens)
+  np.testing.assert_array_equal(tokens[:, :2], prefix[:, :2])
+  assert (tokens[:, 2:] > 0).any()
+  token_scores = np.asarray(jax.jit(model.token_scores)(
+      p, _batch_from_tokens(batch, tokens)))
+  np.testing.assert_allclose(aux["scores"], token_scores[:, 2:].sum(1),
+                             rtol=1e-4, atol=1e-4)
+  # EOS in decoder_input_tokens is dropped from the prompt (T5X): the full
+  # targets as a prompt leave the EOS position to be decoded.
+  full, _ = model.predict_batch_with_aux(p, batch, prompt_with_targets=True)
+  np.testing.assert_array_equal(full, targets)
+
+
+def test_bad_arguments(params, batch):
   with pytest.raises(ValueError, match="label_smoothing"):
     model_lib.EncoderDecoderModel(network.Transformer(CFG),
                                   label_smoothing=1.0)
-  with pytest.raises(ValueError, match="loss_normalizing_factor"):
-    model_lib.EncoderDecoderModel(network.Transformer(CFG),
-                                  loss_normalizing_factor="tokens")
+  for bad in ("tokens", 0.0, -1, True):
+    with pytest.raises(ValueError, match="loss_normalizing_factor"):
+      model_lib.EncoderDecoderModel(network.Transformer(CFG),
+                                    loss_normalizing_factor=bad)
   model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
   with pytest.raises(KeyError, match="decoder_input_tokens"):
     model.get_initial_variables(jax.random.PRNGKey(0),
                                 {"encoder_input_tokens": (1, 4)})
-
-
-
+  bad_calls = [
+      (dict(method="nucleus"), "unknown method 'nucleus'"),
+      (dict(num_decodes=2, method="greedy"), "greedy decoding gives one"),
+      (dict(num_decodes=0), "num_decodes must be >= 1"),
+      (dict(decoder_params={"alpha": 0.6}), r"\['alpha'\] are not taken by"),
+      (dict(num_decodes=4, decoder_params={"temperature": 0.5}),
+       r"\['temperature'\] are not taken by method 'beam_search'"),
+      (dict(method="temperature_sample"), "pass rng="),
+      (dict(prompt_with_targets=True, max_decode_length=3), "differs"),
+  ]
+  for kwargs, message in bad_calls:
+    with pytest.raises(ValueError, match=message):
+      model.predict_batch(params, batch, **kwargs)
+  with pytest.raises(ValueError, match="give max_decode_length"):
+    model.predict_batch(params, {"encoder_input_tokens": batch[
+        "encoder_input_tokens"]})
+  with pytest.raises(ValueError, match="packed"):
+    model.predict_batch(params, dict(batch, encoder_segment_ids=batch[
+        "encoder_input_tokens"]))

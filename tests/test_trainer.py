@@ -25,16 +25,18 @@ class PoisonedModel:
   def __init__(self, inner):
     self.inner = inner
     self.module = inner.module
-    self.loss_normalizing_factor = inner.loss_normalizing_factor
 
   def get_initial_variables(self, *a, **k):
     return self.inner.get_initial_variables(*a, **k)
 
-  def loss_fn(self, params, batch, rng):
-    loss, metrics = self.inner.loss_fn(params, batch, rng)
+  def loss_normalizer(self, batch):
+    return self.inner.loss_normalizer(batch)
+
+  def loss_fn(self, params, batch, rng, normalizer=None):
+    loss, metrics = self.inner.loss_fn(params, batch, rng, normalizer)
     poison = batch["encoder_input_tokens"][0, 0] == VOCAB - 1
     metrics = dict(metrics, loss=jnp.where(poison, jnp.nan, metrics["loss"]))
-    return loss, metrics
+    return jnp.where(poison, jnp.nan, loss), metrics
 
   def eval_fn(self, params, batch):
     return self.loss_fn(params, batch, None)
@@ -83,12 +85,16 @@ def _one_step(num_microbatches, optimizer="adamw"):
 
 
 def test_microbatching_equals_one_large_batch():
-  """4 microbatches of 2 rows (different token counts) give the same update as one batch of 8."""
+  """4 microbatches of 2 rows (different token counts) give the same update as one batch of 8.
+
+  The trainer does not depend on the loss normalizing factor (test_model checks the model's
+  contract for every factor)."""
   p1, m1 = _one_step(1, "adafactor")
   p4, m4 = _one_step(4, "adafactor")
   for k in ("loss", "num_tokens", "accuracy_numerator", "num_examples"):
     np.testing.assert_allclose(m4[k], m1[k], rtol=1e-5, err_msg=k)
   np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-5)
+  assert m1["grad_norm"] > 0
   for a, b in zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p4)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
@@ -111,9 +117,13 @@ def test_nan_loss_raises_and_keeps_state():
   good = jax.device_get(state.params)
   bad = synthetic_batch(1)
   bad["encoder_input_tokens"][0, 0] = VOCAB - 1
-  with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss .* at step 1") as e:
+  # The poisoned loss is a constant NaN: its gradient is 0, the loss alone stops the step.
+  message = (r"^non-finite loss or gradient at step 1 \(loss sum=nan, grad norm=0.0\); "
+             r"the train state was not updated$")
+  with pytest.raises(trainer_lib.NonFiniteLossError, match=message) as e:
     tr.train_step(state, p.make_global_batch(bad))
-  assert int(e.value.state.step) == 1
+  assert e.value.step == 1 and int(e.value.state.step) == 1
+  assert np.isnan(e.value.loss) and e.value.grad_norm == 0.0
   for a, b in zip(jax.tree_util.tree_leaves(good),
                   jax.tree_util.tree_leaves(jax.device_get(e.value.state.params))):
     np.testing.assert_array_equal(a, b)
@@ -132,6 +142,20 @@ def test_initial_params_are_used_and_checked():
   init["token_embedder"]["embedding"] = np.zeros((VOCAB + 1, 16), np.float32)
   with pytest.raises(ValueError, match="token_embedder/embedding has shape"):
     tr.create_state(SHAPES, init_params=init)
+
+
+def test_step_timer_reset():
+  timer = trainer_lib.StepTimer()
+  timer.add(8, 80)
+  timer.add(8, 40)
+  first = timer.read_and_reset()
+  assert first["examples_per_s"] > 0 and first["tokens_per_s"] == pytest.approx(
+      first["examples_per_s"] * 120 / 16)
+  second = timer.read_and_reset()  # reset: no steps since
+  assert second["examples_per_s"] == 0.0 and second["tokens_per_s"] == 0.0
+  timer.add(4, 10)
+  timer.reset()
+  assert timer.read_and_reset()["examples_per_s"] == 0.0
 
 
 def test_summarize_metrics():
