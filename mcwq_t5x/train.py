@@ -287,10 +287,10 @@ def train(*,
       ckpt.save(step, state, data_state(step), force=(step == stop_at))
       if eval_period and step % eval_period == 0 and step < total_steps:
         evaluate(step)
-  except trainer_lib.NonFiniteLossError:
+  except trainer_lib.NonFiniteLossError as e:
     ckpt.wait()
     last = ckpt.latest_step()
-    logging.error("stopping on a non-finite loss; %s", (
+    logging.error("stopping on a non-finite loss at step %d; %s", e.step, (
         f"the last good checkpoint is step {last} in {ckpt.directory}" if last is not None
         else "no checkpoint had been written yet, so there is nothing to resume from"))
     raise

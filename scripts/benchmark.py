@@ -225,7 +225,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     modes = [("greedy", 1)] + ([("beam", args.beam)] if args.beam else [])
     for name, n in modes:
       fn = lambda n=n: model.predict_batch_with_aux(
-          params, batch, num_decodes=n, alpha=args.alpha,
+          params, batch, num_decodes=n,
+          decoder_params={"alpha": args.alpha} if n > 1 else None,
           max_decode_length=decode_len)
       first, per = _time(fn, max(1, args.steps // 2))
       tokens, _ = fn()
