@@ -3,12 +3,9 @@ in README order (later commands read what earlier ones wrote), with small overri
 size: fewer steps, a tiny network, the small offline vocabulary instead of the mT5 one and no
 pretrained checkpoint (neither can be downloaded here). The test command itself is what CI runs
 (`.ci/run` runs it verbatim), so it is checked against `.ci/run`, not run again."""
-import os
-import pathlib
 import re
 import shlex
 import shutil
-import sys
 import time
 
 import pytest
@@ -90,9 +87,8 @@ def with_overrides(command: str) -> str:
 
 
 def test_readme_commands_are_covered():
-  assert (heading_command := ("Set-up and the two commands", TEST_COMMAND)) in COMMANDS
+  assert ("Set-up and the two commands", TEST_COMMAND) in COMMANDS
   assert TEST_COMMAND in (REPO / ".ci/run").read_text()  # CI runs the README's test command
-  del heading_command
   assert len(COMMANDS) >= 15
   for _, command in COMMANDS:
     assert command.startswith(("pip ", "python ", "echo ", "export ")), command
@@ -135,4 +131,4 @@ def test_readme_command(index, workspace):
     assert (REPO / "runs/tiny_random_split_en/predictions/mcwq_random_split_en_test.txt").is_file()
   if command.startswith("echo"):
     assert len(out.stdout.splitlines()) == 1
-  del heading, os, sys
+  del heading

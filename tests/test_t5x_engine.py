@@ -7,7 +7,6 @@ here): T5X trains on real MCWQ text, writes an inference evaluation with exact m
 CI installs T5X (scripts/install_t5x.sh, from ../shared/wheels); elsewhere these tests are skipped
 with that message."""
 import json
-import os
 
 import pytest
 
@@ -105,4 +104,3 @@ def test_paper_files_ask_for_the_mt5_vocabulary(tmp_path):
                        f"--gin.MODEL_DIR='{tmp_path}'", env=env, check=False)
   assert out.returncode != 0
   assert "MCWQ_VOCAB" in out.stderr and "mc4.250000.100extra" in out.stderr
-  del os
