@@ -1,40 +1,397 @@
-"""Orbax checkpointing of the train state and the data position, with resume and fallback.
+"""Checkpoints in T5X's layout: save/resume our train state, read T5X's, let T5X read ours.
 
-Counterpart of T5X's `t5x/checkpoints.py`, built on `orbax.checkpoint.CheckpointManager`:
+Layout (the one `t5x.train` writes by default, `t5x.checkpoints.OrbaxCheckpointManagerInterface`):
 
-* periodic saves (`save_interval_steps`), keep the last `max_to_keep`, atomic (Orbax writes into a
-  temporary folder and renames it when complete, so a killed run never leaves a half checkpoint
-  that looks finished);
-* each checkpoint `MODEL_DIR/checkpoints/<step>/` holds `state/` (the `TrainState`, sharded arrays)
-  and `data/` (JSON: step, data seed, batch size: the data iterator is a function of (seed, step),
-  so this is the complete data position);
-* `restore_latest()` restores the newest readable checkpoint; if the newest is corrupt (unreadable
-  files) it logs a warning and falls back to the previous one.
+    MODEL_DIR/checkpoint_<step>/          one finished checkpoint (written under a temporary name
+      _CHECKPOINT_METADATA                and renamed when complete: Orbax atomicity)
+      state/      Orbax PyTree (OCDBT):  {'target': params, 'state': {'step': int32 scalar}}
+      optimizer/  ours, Orbax PyTree:    the optax optimizer state (its description and
+                                         fingerprint in the item's custom metadata)
+      data/       ours, JSON:            the data position {"step", "data_seed", ...}
 
-Nothing here imports TensorFlow or SeqIO.
+`state/` is exactly what T5X's `InferenceState.state_dict()` holds (T5X's `FlaxOptimTrainState`
+adds `state/param_states`, its Adafactor statistics). T5X ignores `optimizer/` and `data/`: its
+restore only asks for the `state` item (and `dataset` when `restore_dataset=True`, which ours do not
+have) and intersects the `state` tree with the train state it restores. So:
+
+* `t5x.eval` / `t5x.infer` (`RestoreCheckpointConfig(path=MODEL_DIR/checkpoint_<step>,
+  mode='specific')`, or `path=MODEL_DIR, mode='latest'`) read our checkpoints directly.
+* `t5x.train` initialising from ours needs a fresh optimizer state, the T5X way:
+  `RestoreCheckpointConfig(..., assignment_map=((r'state/param_states.*', None),),
+  fallback_to_scratch=True)` (tested in tests/test_t5x_interop.py).
+
+Reading (`CheckpointManager.restore*`, `restore_params`) accepts three formats per step folder:
+ours, T5X's Orbax one (the same `state/` tree; T5X's optimizer state is not optax's, so the
+optimizer state is created fresh and a log line says so) and T5X's legacy one (a msgpack file
+`checkpoint` + TensorStore zarr arrays, read with `checkpoint_import.load_t5x_checkpoint`).
+
+Counterpart of T5X's `t5x/checkpoints.py` (`OrbaxCheckpointManagerInterface`, `Checkpointer`,
+`find_checkpoint`) and of `RestoreCheckpointConfig`'s `strict` / `fallback_to_scratch` semantics in
+`t5x/utils.py`; no T5X code is imported here. Nothing here imports TensorFlow or SeqIO.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import pathlib
+import re
 from typing import Any, Mapping, Optional
 
+from flax import serialization
+from flax import traverse_util
+import flax.core
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+from mcwq_t5x import checkpoint_import
 
 PyTree = Any
 
+CHECKPOINT_PREFIX = "checkpoint"   # T5X: `checkpoints_utils.get_checkpoint_prefix()`
+STATE_ITEM = "state"               # T5X's item name (`checkpoints._STATE_KEY`)
+OPTIMIZER_ITEM = "optimizer"       # ours
+DATA_ITEM = "data"                 # ours
+T5X_MSGPACK_FILE = "checkpoint"    # legacy T5X: the msgpack file in the step folder
+
+FORMAT_MCWQ = "mcwq_t5x"
+FORMAT_T5X_ORBAX = "t5x-orbax"
+FORMAT_T5X_MSGPACK = "t5x-msgpack"
+
+_STEP_DIR_RE = re.compile(rf"^{CHECKPOINT_PREFIX}_(\d+)$")
+_OPT_METADATA_KEY = "mcwq_t5x_optimizer_state"
+
+CheckpointMismatchError = checkpoint_import.CheckpointMismatchError
+
 
 class NoUsableCheckpointError(RuntimeError):
-  """Raised when checkpoints exist but none of them can be restored."""
+  """Checkpoints exist but every one of them is unreadable (corrupt or incomplete files)."""
 
 
-class CheckpointManager:
-  """Saves/restores (train state, data position) under `directory` with Orbax.
+class NotACheckpointError(FileNotFoundError):
+  """A path holds no finished checkpoint of ours or of T5X."""
+
+
+class OptimizerStateMismatchError(ValueError):
+  """The checkpoint's optimizer state was written by a different optimizer than the run's."""
+
+
+class MissingOptimizerError(ValueError):
+  """A fresh optimizer state is needed but no optax optimizer was given to create it."""
+
+
+# Errors that say "this checkpoint does not fit this run" rather than "this checkpoint is
+# corrupt": `restore_latest` raises them at once instead of falling back to an older checkpoint.
+_INCOMPATIBLE = (CheckpointMismatchError, OptimizerStateMismatchError, MissingOptimizerError)
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding checkpoints
+# ------------------------------------------------------------------------------------------------
+def checkpoint_dir(directory: str | pathlib.Path, step: int) -> pathlib.Path:
+  """`directory/checkpoint_<step>` (T5X `checkpoints_utils.get_checkpoint_dir`)."""
+  return pathlib.Path(directory) / f"{CHECKPOINT_PREFIX}_{int(step)}"
+
+
+def checkpoint_format(folder: str | pathlib.Path) -> str:
+  """Format of a finished step folder `.../checkpoint_<step>`.
+
+  Returns:
+    FORMAT_MCWQ (ours: `state/` plus our `data/` item), FORMAT_T5X_ORBAX (`state/` only, as
+    `t5x.train` writes it) or FORMAT_T5X_MSGPACK (a `checkpoint` msgpack file, T5X's legacy
+    `Checkpointer`).
+
+  Raises:
+    NotACheckpointError: none of these is there (e.g. an unfinished Orbax temporary folder).
+  """
+  folder = pathlib.Path(folder)
+  if (folder / STATE_ITEM).is_dir():
+    if (folder / DATA_ITEM).is_dir() or (folder / OPTIMIZER_ITEM).is_dir():
+      return FORMAT_MCWQ
+    return FORMAT_T5X_ORBAX
+  if (folder / T5X_MSGPACK_FILE).is_file():
+    return FORMAT_T5X_MSGPACK
+  raise NotACheckpointError(
+      f"{folder}: not a finished checkpoint (expected a '{STATE_ITEM}/' Orbax item or a "
+      f"'{T5X_MSGPACK_FILE}' msgpack file)")
+
+
+def _is_finished(folder: pathlib.Path) -> bool:
+  try:
+    checkpoint_format(folder)
+    return True
+  except NotACheckpointError:
+    return False
+
+
+def finished_steps(directory: str | pathlib.Path) -> list[int]:
+  """Ascending steps of the finished `checkpoint_<step>` folders in `directory` (any format).
+
+  Orbax's temporary folders (`checkpoint_<step>.orbax-checkpoint-tmp-*`) and T5X's
+  (`checkpoint_<step>.tmp-*`) do not match the name, so a half-written checkpoint is never listed.
+  """
+  d = pathlib.Path(directory)
+  if not d.is_dir():
+    return []
+  steps = []
+  for child in d.iterdir():
+    m = _STEP_DIR_RE.match(child.name)
+    if m and child.is_dir() and _is_finished(child):
+      steps.append(int(m.group(1)))
+  return sorted(steps)
+
+
+def resolve_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, int]:
+  """(directory holding `checkpoint_<step>/`, step) for any way of naming a checkpoint.
+
+  Accepted (ours and T5X's alike, T5X `checkpoints.find_checkpoint`):
+    * `MODEL_DIR`: its newest finished checkpoint (also found in `MODEL_DIR/checkpoints/`, where
+      managers constructed with MODEL_DIR/checkpoints put them);
+    * `MODEL_DIR/checkpoint_<step>`;
+    * `MODEL_DIR/checkpoint_<step>/state` (the Orbax item) or `.../checkpoint` (the legacy msgpack).
+
+  Returns:
+    (MODEL_DIR, step); the step folder is `checkpoint_dir(MODEL_DIR, step)`.
+
+  Raises:
+    NotACheckpointError: (a FileNotFoundError) nothing of the above at `path`; callers that also
+      accept Hugging Face folders fall back to `checkpoint_import.load_pretrained` on it.
+  """
+  p = pathlib.Path(path).absolute()
+  if p.name in (STATE_ITEM, T5X_MSGPACK_FILE) and _STEP_DIR_RE.match(p.parent.name):
+    p = p.parent
+  m = _STEP_DIR_RE.match(p.name)
+  if m and p.is_dir():
+    checkpoint_format(p)  # raises NotACheckpointError for an unfinished folder
+    return p.parent, int(m.group(1))
+  for folder in (p, p / "checkpoints"):  # MODEL_DIR/checkpoints: mains that predate MODEL_DIR
+    steps = finished_steps(folder)
+    if steps:
+      return folder, steps[-1]
+  hint = ""
+  if (p / "checkpoints").is_dir() and any(c.name.isdigit() for c in (p / "checkpoints").iterdir()):
+    hint = (" (MODEL_DIR/checkpoints/<step>/ is the layout of mcwq_t5x before it adopted T5X's "
+            "checkpoint_<step>/; it is no longer read)")
+  raise NotACheckpointError(
+      f"{p}: no checkpoint: expected MODEL_DIR holding {CHECKPOINT_PREFIX}_<step>/ folders, a "
+      f"{CHECKPOINT_PREFIX}_<step>/ folder or its '{STATE_ITEM}' item, written by mcwq_t5x.train "
+      f"or T5X (Orbax or msgpack+zarr){hint}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters
+# ------------------------------------------------------------------------------------------------
+def _flat(tree: Mapping[str, Any]) -> dict[tuple[str, ...], Any]:
+  return traverse_util.flatten_dict(flax.core.unfreeze(tree))
+
+
+def _name(key: tuple[str, ...]) -> str:
+  return "/".join(key)
+
+
+def _place(value: Any, abstract: Any) -> Any:
+  """`value` as an array of `abstract`'s dtype, on `abstract.sharding` when it has one."""
+  sharding = getattr(abstract, "sharding", None)
+  arr = np.asarray(value, dtype=abstract.dtype) if not isinstance(value, jax.Array) else value
+  if sharding is None:
+    return jnp.asarray(arr, abstract.dtype)
+  return jax.device_put(jnp.asarray(arr, abstract.dtype), sharding)
+
+
+def _restore_args(abstract: Any) -> ocp.RestoreArgs:
+  sharding = getattr(abstract, "sharding", None)
+  if sharding is None:
+    return ocp.RestoreArgs(restore_type=np.ndarray, dtype=abstract.dtype)
+  return ocp.ArrayRestoreArgs(sharding=sharding, dtype=abstract.dtype)
+
+
+def _check_params(folder: pathlib.Path, ckpt_shapes: Mapping[tuple[str, ...], tuple],
+                  flat_abstract: Mapping[tuple[str, ...], Any], allow_missing: bool
+                  ) -> list[tuple[str, ...]]:
+  """Compares names/shapes; returns the missing keys (only when `allow_missing`)."""
+  missing = sorted(set(flat_abstract) - set(ckpt_shapes))
+  extra = sorted(set(ckpt_shapes) - set(flat_abstract))
+  for key in sorted(set(flat_abstract) & set(ckpt_shapes)):
+    want = tuple(flat_abstract[key].shape)
+    if tuple(ckpt_shapes[key]) != want:
+      raise CheckpointMismatchError(
+          f"{folder}: parameter {_name(key)} has shape {tuple(ckpt_shapes[key])} in the "
+          f"checkpoint, the model expects {want}")
+  if missing and not allow_missing:
+    raise CheckpointMismatchError(
+        f"{folder}: parameter {_name(missing[0])} (shape {tuple(flat_abstract[missing[0]].shape)}) "
+        f"is missing from the checkpoint ({len(missing)} missing: "
+        f"{[_name(k) for k in missing[:5]]}); give fallback_params to initialise missing "
+        "parameters from scratch (T5X fallback_to_scratch)")
+  if extra:
+    logging.warning("%s: ignoring %d checkpoint parameter(s) the model does not have: %s", folder,
+                    len(extra), [_name(k) for k in extra[:5]])
+  return missing
+
+
+def _read_t5x_msgpack(folder: pathlib.Path) -> dict[str, Any]:
+  """The msgpack tree of a legacy T5X checkpoint, `optimizer` level removed."""
+  f = folder / T5X_MSGPACK_FILE
+  try:
+    tree = serialization.msgpack_restore(f.read_bytes())
+  except Exception as e:  # msgpack raises several error types
+    raise ValueError(f"{f}: cannot read T5X msgpack: {e}") from e
+  if isinstance(tree, dict) and "optimizer" in tree:
+    tree = tree["optimizer"]
+  return tree
+
+
+def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
+                    fallback_params: Optional[PyTree]) -> tuple[dict, Optional[int]]:
+  """(params placed like `abstract_params`, the checkpoint's step or None)."""
+  flat_abstract = _flat(abstract_params)
+  if fmt == FORMAT_T5X_MSGPACK:
+    arrays = _flat(checkpoint_import.load_t5x_checkpoint(folder))
+    missing = _check_params(folder, {k: np.shape(v) for k, v in arrays.items()}, flat_abstract,
+                            fallback_params is not None)
+    flat = {k: _place(arrays[k], a) for k, a in flat_abstract.items() if k in arrays}
+    step = _read_t5x_msgpack(folder).get("state", {}).get("step")
+    step = None if step is None else int(np.asarray(step))
+  else:
+    item_dir = folder / STATE_ITEM
+    meta = ocp.PyTreeCheckpointHandler().metadata(item_dir).tree
+    if not isinstance(meta, Mapping) or "target" not in meta:
+      keys = sorted(meta) if isinstance(meta, Mapping) else type(meta).__name__
+      raise CheckpointMismatchError(f"{item_dir}: no 'target' parameter tree (top-level keys: "
+                                    f"{keys})")
+    ckpt_shapes = {k: tuple(v.shape) for k, v in _flat(meta["target"]).items()}
+    missing = _check_params(folder, ckpt_shapes, flat_abstract, fallback_params is not None)
+    present = {k: a for k, a in flat_abstract.items() if k in ckpt_shapes}
+    item = {"target": traverse_util.unflatten_dict(present)}
+    has_step = isinstance(meta.get("state"), Mapping) and "step" in meta["state"]
+    if has_step:
+      item["state"] = {"step": jax.ShapeDtypeStruct((), np.int32)}
+    restore_args = jax.tree_util.tree_map(_restore_args, item)
+    restored = ocp.PyTreeCheckpointer().restore(
+        item_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                              partial_restore=True))
+    flat = _flat(restored["target"])
+    step = int(np.asarray(restored["state"]["step"])) if has_step else None
+  if missing:
+    flat_fallback = _flat(fallback_params)
+    for key in missing:
+      if key not in flat_fallback:
+        raise CheckpointMismatchError(f"{folder}: parameter {_name(key)} is missing from both the "
+                                      "checkpoint and fallback_params")
+      flat[key] = _place(flat_fallback[key], flat_abstract[key])
+    logging.warning("%s: %d parameter(s) missing from the checkpoint initialised from "
+                    "fallback_params (T5X fallback_to_scratch): %s", folder, len(missing),
+                    [_name(k) for k in missing])
+  return traverse_util.unflatten_dict(flat), step
+
+
+def restore_params(path: str | pathlib.Path, abstract_params: PyTree, *,
+                   fallback_params: Optional[PyTree] = None) -> dict:
+  """Parameters of a checkpoint of ours or of T5X, whatever optimizer wrote it.
+
+  For evaluation, inference and INITIAL_CHECKPOINT_PATH: only the `target` tree is read (T5X's
+  `RestoreCheckpointConfig(strict=False)` as `t5x.eval` uses it); the optimizer state, whatever it
+  is, is not touched. Builds no CheckpointManager, so it is safe while a training job writes into
+  the same MODEL_DIR.
 
   Args:
-    directory: folder for the checkpoints (created if missing), e.g. MODEL_DIR/checkpoints.
-    save_interval_steps: save only on steps that are multiples of this (forced saves always happen).
+    path: anything `resolve_checkpoint` accepts (MODEL_DIR, `checkpoint_<step>/`, its `state/`).
+    abstract_params: nested dict of `jax.ShapeDtypeStruct` with T5X names (e.g.
+      `Trainer.state_shapes(...).params`); each leaf's `sharding` (if set) and dtype are those of
+      the result (float32 checkpoints are cast to the given dtype).
+    fallback_params: optional tree of arrays like `abstract_params` (e.g. a fresh init): parameters
+      missing from the checkpoint are taken from it, each named in a warning (T5X
+      `fallback_to_scratch`). Parameters the model does not have are ignored with a warning.
+
+  Returns:
+    Nested dict of jax arrays (T5X names) with `abstract_params`' shardings and dtypes.
+
+  Raises:
+    NotACheckpointError: no checkpoint of ours/T5X at `path` (Hugging Face folders: use
+      `checkpoint_import.load_pretrained`).
+    CheckpointMismatchError: a parameter has another shape, or is missing without fallback.
+  """
+  directory, step = resolve_checkpoint(path)
+  folder = checkpoint_dir(directory, step)
+  params, _ = _restore_target(folder, checkpoint_format(folder), abstract_params, fallback_params)
+  logging.info("restored the parameters of %s", folder)
+  return params
+
+
+# ------------------------------------------------------------------------------------------------
+# Optimizer state
+# ------------------------------------------------------------------------------------------------
+def _describe(node: Any, params_def: Any) -> str:
+  """Short structural description of an optax state: namedtuple types and field names."""
+  if isinstance(node, tuple) and hasattr(node, "_fields"):
+    fields = ", ".join(node._fields)
+    return f"{type(node).__name__}({fields})" if fields else type(node).__name__
+  if isinstance(node, (tuple, list)):
+    return "(" + ", ".join(_describe(c, params_def) for c in node) + ")"
+  if isinstance(node, Mapping):
+    if jax.tree_util.tree_structure(node) == params_def:
+      return "{params}"
+    return "{" + ", ".join(f"{k}: {_describe(v, params_def)}" for k, v in node.items()) + "}"
+  return "*"
+
+
+def optimizer_state_signature(opt_state: PyTree, params: PyTree) -> dict[str, Any]:
+  """{"description", "num_arrays", "fingerprint"} of an optax state (arrays or ShapeDtypeStructs).
+
+  `description` names the optax state types, e.g. adafactor's
+  "(FactoredState(count, v_row, v_col, v), EmptyState, ...)"; `fingerprint` is a SHA-256 over
+  the tree structure and every leaf's shape and dtype, so two states restore into each other
+  exactly when their fingerprints are equal.
+  """
+  params_def = jax.tree_util.tree_structure(params)
+  leaves, treedef = jax.tree_util.tree_flatten(opt_state)
+  h = hashlib.sha256(str(treedef).encode())
+  for leaf in leaves:
+    h.update(f"{tuple(np.shape(leaf))}:{np.dtype(leaf.dtype).name};".encode())
+  return {"description": _describe(opt_state, params_def), "num_arrays": len(leaves),
+          "fingerprint": h.hexdigest()}
+
+
+def _signature_text(sig: Mapping[str, Any]) -> str:
+  return f"{sig['description']} with {sig['num_arrays']} arrays"
+
+
+def _fresh_opt_state(optimizer: Any, params: PyTree, abstract_opt_state: PyTree,
+                     folder: pathlib.Path, why: str) -> PyTree:
+  if optimizer is None:
+    raise MissingOptimizerError(
+        f"{folder}: {why}, so a fresh optimizer state is needed: pass the run's optax optimizer "
+        "(optimizer=trainer.optimizer) to create it")
+  shardings = [getattr(a, "sharding", None) for a in jax.tree_util.tree_leaves(abstract_opt_state)]
+  treedef = jax.tree_util.tree_structure(abstract_opt_state)
+  if shardings and all(s is not None for s in shardings):
+    init = jax.jit(optimizer.init, out_shardings=jax.tree_util.tree_unflatten(treedef, shardings))
+  else:
+    init = jax.jit(optimizer.init)
+  opt_state = init(params)
+  if jax.tree_util.tree_structure(opt_state) != treedef:
+    raise ValueError(f"{folder}: the optimizer given to create a fresh optimizer state makes "
+                     f"{jax.tree_util.tree_structure(opt_state)}, the run's state is {treedef}")
+  return opt_state
+
+
+# ------------------------------------------------------------------------------------------------
+# Manager
+# ------------------------------------------------------------------------------------------------
+class CheckpointManager:
+  """Saves/restores (train state, data position) as `directory/checkpoint_<step>/` with Orbax.
+
+  Mirrors T5X's `OrbaxCheckpointManagerInterface` (`t5x/checkpoints.py`): periodic saves
+  (`save_interval_steps`, forced saves always happen), keep the last `max_to_keep`, asynchronous
+  writes, atomic finalisation (temporary folder + rename; leftovers of a killed run are removed on
+  start, `cleanup_tmp_directories`), plus what T5X lacks: fallback to an older checkpoint when the
+  newest is corrupt, a clear error when the optimizer changed, and params-only restores.
+
+  Args:
+    directory: MODEL_DIR itself (checkpoints are `MODEL_DIR/checkpoint_<step>/`, as T5X).
+    save_interval_steps: save only on steps that are multiples of this (forced saves always happen;
+      the first save of a manager always happens, Orbax's rule).
     max_to_keep: number of most recent checkpoints to keep (None = all).
     async_save: write in a background thread (call `wait()`/`close()` before exiting).
   """
@@ -42,105 +399,184 @@ class CheckpointManager:
   def __init__(self, directory: str | pathlib.Path, save_interval_steps: int = 1000,
                max_to_keep: Optional[int] = 3, async_save: bool = True):
     self.directory = pathlib.Path(directory).absolute()
+    self._async = bool(async_save)
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(int(save_interval_steps), 1),
         max_to_keep=max_to_keep,
+        step_prefix=CHECKPOINT_PREFIX,
         create=True,
-        enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=True,
+        enable_async_checkpointing=self._async,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def all_steps(self) -> list[int]:
-    """Steps of the finished checkpoints, ascending."""
-    self._manager.reload()
-    return sorted(self._manager.all_steps())
+    """Steps of the finished checkpoints (ours and T5X's), ascending."""
+    return finished_steps(self.directory)
 
   def latest_step(self) -> Optional[int]:
     """Newest finished checkpoint step, or None."""
     steps = self.all_steps()
     return steps[-1] if steps else None
 
-  def save(self, step: int, state: PyTree, data_state: Optional[Mapping[str, Any]] = None,
+  def save(self, step: int, state: Any, data_state: Optional[Mapping[str, Any]] = None,
            force: bool = False) -> bool:
-    """Saves `state` (any pytree of jax arrays) and the JSON-able `data_state` at `step`.
+    """Writes `checkpoint_<step>/` (see the module docstring for the tree).
+
+    Args:
+      step: the step; stored as `state/step` (int32) and in the folder name.
+      state: a `trainer.TrainState` (anything with `.params`, a nested dict with T5X names, and
+        `.opt_state`, an optax state; `.step` is not read).
+      data_state: JSON-able data position (e.g. {"data_seed": 0, "global_batch_size": 128});
+        "step" is added when missing.
+      force: save even when `step` is not on the interval.
 
     Returns:
       True if a checkpoint was (started to be) written, False when skipped by the interval.
+
+    Raises:
+      TypeError: `state` has no `params`/`opt_state`.
     """
-    data_state = dict(data_state or {})
-    data_state.setdefault("step", int(step))
-    saved = self._manager.save(
-        int(step),
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                data=ocp.args.JsonSave(data_state)),
-        force=force)
+    if not (hasattr(state, "params") and hasattr(state, "opt_state")):
+      raise TypeError(f"CheckpointManager.save needs a TrainState (params, opt_state), got "
+                      f"{type(state).__name__}")
+    data = dict(data_state or {})
+    data.setdefault("step", int(step))
+    items = {
+        STATE_ITEM: ocp.args.PyTreeSave({"target": flax.core.unfreeze(state.params),
+                                         "state": {"step": jnp.asarray(int(step), jnp.int32)}}),
+        DATA_ITEM: ocp.args.JsonSave(data),
+    }
+    if jax.tree_util.tree_leaves(state.opt_state):
+      sig = optimizer_state_signature(state.opt_state, state.params)
+      items[OPTIMIZER_ITEM] = ocp.args.StandardSave(state.opt_state,
+                                                    custom_metadata={_OPT_METADATA_KEY: sig})
+    saved = self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
     if saved:
-      logging.info("checkpoint for step %d %s in %s", step,
-                   "being written" if self._manager._options.enable_async_checkpointing
-                   else "written", self.directory)
+      logging.info("checkpoint %s %s", checkpoint_dir(self.directory, step),
+                   "being written" if self._async else "written")
     return bool(saved)
 
-  def restore(self, step: int, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]]:
+  def _check_optimizer(self, folder: pathlib.Path, abstract_state: Any) -> bool:
+    """True if the checkpoint holds an optax state that fits; raises when it holds another one."""
+    run_sig = optimizer_state_signature(abstract_state.opt_state, abstract_state.params)
+    item_dir = folder / OPTIMIZER_ITEM
+    if not item_dir.is_dir():
+      if run_sig["num_arrays"] == 0:
+        return True
+      raise OptimizerStateMismatchError(
+          f"{folder}: the optimizer state differs (checkpoint has none, the run uses "
+          f"{_signature_text(run_sig)}); restore with params_only=True to continue from this "
+          "checkpoint with a fresh optimizer state")
+    meta = ocp.PyTreeCheckpointHandler().metadata(item_dir).custom_metadata or {}
+    ckpt_sig = meta.get(_OPT_METADATA_KEY)
+    if ckpt_sig is None or ckpt_sig.get("fingerprint") == run_sig["fingerprint"]:
+      return True
+    same = ckpt_sig.get("description") == run_sig["description"]
+    raise OptimizerStateMismatchError(
+        f"{folder}: the optimizer state differs (checkpoint has {_signature_text(ckpt_sig)}, the "
+        f"run uses {_signature_text(run_sig)}"
+        + ("; same optax state types, other array shapes, dtypes or parameter tree" if same else "")
+        + "); restore with params_only=True (and optimizer=) to continue from this checkpoint's "
+        "parameters with a fresh optimizer state")
+
+  def restore(self, step: int, abstract_state: Any, *, params_only: bool = False,
+              optimizer: Any = None, fallback_params: Optional[PyTree] = None
+              ) -> tuple[Any, dict[str, Any]]:
     """Restores checkpoint `step` into the shardings/dtypes of `abstract_state`.
 
     Args:
-      step: checkpoint step.
-      abstract_state: pytree of `jax.ShapeDtypeStruct` with `sharding` (e.g. `Trainer.state_shapes`).
+      step: checkpoint step (folder `checkpoint_<step>`, ours or T5X's).
+      abstract_state: `TrainState` of `jax.ShapeDtypeStruct` with `sharding`
+        (`Trainer.state_shapes`).
+      params_only: restore params, step and data position only and create a fresh optimizer state
+        with `optimizer` (T5X: restoring with `state/param_states` unassigned + fallback).
+      optimizer: the run's optax transformation; needed for a fresh optimizer state
+        (`params_only`, or a checkpoint written by T5X, whose Adafactor state is not optax's).
+      fallback_params: see `restore_params`.
 
     Returns:
-      (state, data_state).
+      (state, data_state): state like `abstract_state` (step from the checkpoint); data_state the
+      saved JSON ({"step": step} for T5X's checkpoints).
 
     Raises:
+      OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's (full
+        restore only); its message names both.
+      MissingOptimizerError: a fresh optimizer state is needed and `optimizer` is None.
+      CheckpointMismatchError: parameter names/shapes differ from the model.
+      NotACheckpointError: no finished checkpoint at that step.
       Any Orbax/TensorStore error for unreadable files.
     """
-    restored = self._manager.restore(
-        int(step),
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                data=ocp.args.JsonRestore()))
-    return restored["state"], dict(restored["data"] or {})
+    folder = checkpoint_dir(self.directory, step)
+    fmt = checkpoint_format(folder)
+    restore_opt = fmt == FORMAT_MCWQ and not params_only
+    if restore_opt:
+      self._check_optimizer(folder, abstract_state)
+    params, ckpt_step = _restore_target(folder, fmt, abstract_state.params, fallback_params)
+    if restore_opt:
+      if jax.tree_util.tree_leaves(abstract_state.opt_state):
+        restored = ocp.Checkpointer(ocp.StandardCheckpointHandler()).restore(
+            folder / OPTIMIZER_ITEM, args=ocp.args.StandardRestore(abstract_state.opt_state))
+        opt_state = restored
+      else:
+        opt_state = abstract_state.opt_state
+    else:
+      why = ("params_only=True" if params_only else
+             f"it was written by T5X ({fmt}): its Adafactor state is not optax's")
+      opt_state = _fresh_opt_state(optimizer, params, abstract_state.opt_state, folder, why)
+      logging.warning("%s: restored the parameters and step only; the optimizer state is created "
+                      "fresh (%s)", folder, why)
+    if fmt == FORMAT_MCWQ and (folder / DATA_ITEM).is_dir():
+      data = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
+          folder / DATA_ITEM, args=ocp.args.JsonRestore())
+      data = dict(data or {})
+    else:
+      data = {}
+    step_value = int(step) if ckpt_step is None else ckpt_step
+    data.setdefault("step", step_value)
+    state = abstract_state.replace(step=_place(np.int32(step_value), abstract_state.step),
+                                   params=params, opt_state=opt_state)
+    return state, data
 
-  def restore_params(self, step: int, abstract_params: PyTree) -> PyTree:
-    """Restores only the parameters (`state.params`) of checkpoint `step` (evaluation/inference:
-    no optimizer state needed, whatever optimizer trained it).
+  def restore_params(self, step: int, abstract_params: PyTree) -> dict:
+    """Parameters of checkpoint `step` only (see the module-level `restore_params`)."""
+    return restore_params(checkpoint_dir(self.directory, step), abstract_params)
 
-    Args:
-      step: checkpoint step.
-      abstract_params: pytree of `jax.ShapeDtypeStruct` with `sharding`.
-    """
-    item = {"params": abstract_params}
-    restore_args = jax.tree_util.tree_map(
-        lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype), item)
-    restored = self._manager.restore(
-        int(step),
-        args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=item, restore_args=restore_args, partial_restore=True)))
-    return restored["state"]["params"]
-
-  def restore_latest(self, abstract_state: PyTree
-                     ) -> Optional[tuple[int, PyTree, dict[str, Any]]]:
+  def restore_latest(self, abstract_state: Any, *, params_only: bool = False,
+                     optimizer: Any = None, fallback_params: Optional[PyTree] = None
+                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
     """Restores the newest readable checkpoint, falling back to older ones if it is corrupt.
+
+    Args: as `restore`.
 
     Returns:
       (step, state, data_state), or None when there is no checkpoint at all.
 
     Raises:
-      NoUsableCheckpointError: if checkpoints exist but none can be read.
+      OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError: the newest
+        checkpoint does not fit the run (raised at once: older checkpoints would not fit either).
+      NoUsableCheckpointError: checkpoints exist but none can be read.
     """
     steps = self.all_steps()
     errors = []
     for step in reversed(steps):
       try:
-        state, data_state = self.restore(step, abstract_state)
-        # Force reading every array now so that corrupt chunks fail here, not later.
+        state, data_state = self.restore(step, abstract_state, params_only=params_only,
+                                         optimizer=optimizer, fallback_params=fallback_params)
+        # Read every array now so that corrupt chunks fail here, not later.
         jax.block_until_ready(state)
-        if errors:
-          logging.warning("resumed from checkpoint %d after skipping corrupt newer checkpoint(s): %s",
-                          step, "; ".join(errors))
-        return step, state, data_state
+      except _INCOMPATIBLE:
+        raise
       except Exception as e:  # pylint: disable=broad-except
-        msg = f"checkpoint {self.directory / str(step)} is unreadable ({type(e).__name__}: {e})"
+        msg = (f"checkpoint {checkpoint_dir(self.directory, step)} is unreadable "
+               f"({type(e).__name__}: {e})")
         logging.warning("%s; falling back to the previous checkpoint", msg)
         errors.append(msg)
+        continue
+      if errors:
+        logging.warning("resumed from checkpoint %d after skipping corrupt newer checkpoint(s): "
+                        "%s", step, "; ".join(errors))
+      return step, state, data_state
     if steps:
       raise NoUsableCheckpointError("no checkpoint in %s could be restored:\n%s"
                                     % (self.directory, "\n".join(errors)))
@@ -154,25 +590,3 @@ class CheckpointManager:
     """Waits for pending saves and releases the manager."""
     self._manager.wait_until_finished()
     self._manager.close()
-
-
-def resolve_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, int]:
-  """Finds (checkpoints folder, step) for a MODEL_DIR, a checkpoints folder or a step folder.
-
-  Accepted: `MODEL_DIR` (newest step of MODEL_DIR/checkpoints), `MODEL_DIR/checkpoints` (newest
-  step), `MODEL_DIR/checkpoints/<step>`.
-
-  Raises:
-    FileNotFoundError: when no finished checkpoint is found at `path`.
-  """
-  p = pathlib.Path(path).absolute()
-  if p.name.isdigit() and (p / "state").is_dir():
-    return p.parent, int(p.name)
-  for folder in (p / "checkpoints", p):
-    if folder.is_dir():
-      steps = sorted(int(d.name) for d in folder.iterdir()
-                     if d.is_dir() and d.name.isdigit() and (d / "state").is_dir())
-      if steps:
-        return folder, steps[-1]
-  raise FileNotFoundError(f"no checkpoint found at {p} (expected MODEL_DIR, MODEL_DIR/checkpoints "
-                          "or MODEL_DIR/checkpoints/<step> written by mcwq_t5x.train)")

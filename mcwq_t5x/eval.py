@@ -12,8 +12,8 @@ Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>):
   predictions/<task>_<split>.txt   one prediction per line, in source order
   metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
 
-CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train`, its checkpoints folder or one step folder
-(only the parameters are read), or a pretrained Hugging Face / T5X-native checkpoint
+CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` or one `checkpoint_<step>`
+folder (only the parameters are read), or a pretrained Hugging Face / T5X-native checkpoint
 (`mcwq_t5x.inference.load_params`).
 """
 from __future__ import annotations
@@ -63,8 +63,7 @@ def evaluate(*,
                          where=f"task {dataset_cfg.mixture_or_task_name}")
   params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
-    model_dir = folder.parent if folder.name == "checkpoints" else folder
-    output_dir = str(model_dir / (f"eval_{step}" if step is not None else "eval"))
+    output_dir = str(folder / (f"eval_{step}" if step is not None else "eval"))
   infer_fn = inference.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
   metrics, predictions = inference.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
   pred_path, met_path = inference.write_predictions(

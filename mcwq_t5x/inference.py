@@ -201,40 +201,41 @@ def write_predictions(out_dir: str | pathlib.Path, cfg: utils.DatasetConfig,
   return pred_path, met_path
 
 
-def load_params(model: Any, partitioner: partitioning.Partitioner, checkpoint_path: str
-                ) -> tuple[Any, Optional[int], pathlib.Path]:
+def load_params(model: Any, partitioner: partitioning.Partitioner, checkpoint_path: str,
+                abstract_params: Any = None) -> tuple[Any, Optional[int], pathlib.Path]:
   """Loads parameters (no optimizer state) from any checkpoint, sharded over the mesh.
 
   Args:
     model: the `EncoderDecoderModel` (its network config gives the parameter shapes).
     partitioner: the mesh.
-    checkpoint_path: a MODEL_DIR of `mcwq_t5x.train` / its checkpoint folder / one step folder,
-      or a pretrained Hugging Face folder or T5X-native checkpoint
-      (`mcwq_t5x.checkpoint_import.load_pretrained`).
+    checkpoint_path: a MODEL_DIR or `checkpoint_<step>` folder written by `mcwq_t5x.train` or by
+      `t5x.train` (`checkpoints.restore_params`), or a pretrained Hugging Face folder or
+      T5X-native checkpoint (`checkpoint_import.load_pretrained`).
+    abstract_params: the parameters' `jax.ShapeDtypeStruct`s with shardings (default: derived
+      from the model and the mesh).
 
   Returns:
-    (params with the model's shardings and dtypes, step or None, folder the checkpoint came
-    from).
+    (params with the model's shardings and dtypes, step or None, the MODEL_DIR-like folder the
+    checkpoint came from).
 
   Raises:
     FileNotFoundError: nothing usable at `checkpoint_path` (the message names it).
     mcwq_t5x.checkpoint_import.CheckpointMismatchError: shapes or names differ from the model.
   """
-  tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
-  shapes = {"encoder_input_tokens": (partitioner.data_parallel_size, 8),
-            "decoder_input_tokens": (partitioner.data_parallel_size, 8)}
-  abstract = tr.state_shapes(shapes).params
+  if abstract_params is None:
+    tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
+    shapes = {"encoder_input_tokens": (partitioner.data_parallel_size, 8),
+              "decoder_input_tokens": (partitioner.data_parallel_size, 8)}
+    abstract_params = tr.state_shapes(shapes).params
   try:
     folder, step = checkpoints_lib.resolve_checkpoint(checkpoint_path)
-  except FileNotFoundError:
+  except checkpoints_lib.NotACheckpointError:
     if not pathlib.Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
       raise
     from mcwq_t5x import checkpoint_import  # pylint: disable=g-import-not-at-top
     params = checkpoint_import.load_pretrained(checkpoint_path, model.module.config)
     params = jax.tree_util.tree_map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding),
-                                    params, abstract)
+                                    params, abstract_params)
     return params, None, pathlib.Path(checkpoint_path)
-  mgr = checkpoints_lib.CheckpointManager(folder, async_save=False)
-  params = mgr.restore_params(step, abstract)
-  logging.info("restored the parameters of %s/%d", folder, step)
+  params = checkpoints_lib.restore_params(checkpoint_path, abstract_params)
   return params, step, folder

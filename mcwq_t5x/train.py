@@ -26,7 +26,8 @@ What it does (all gin-configurable through `train`):
 
 Output layout of MODEL_DIR:
   config.gin                    the operative gin config
-  checkpoints/<step>/           orbax checkpoints (train state + data position), last K kept
+  checkpoint_<step>/            T5X's layout (orbax `state/` = {target: params, state: {step}},
+                                plus our `optimizer/` and `data/`), last K kept (checkpoints.py)
   train/, eval/                 TensorBoard event files
   train_metrics.jsonl           one JSON line per log step (the loss/accuracy curve)
   eval_metrics.jsonl            one JSON line per evaluation
@@ -122,6 +123,7 @@ def train(*,
           checkpoint_period: int = 1000,
           keep_checkpoints: Optional[int] = 3,
           initial_checkpoint_path: Optional[str] = None,
+          resume_params_only: bool = False,
           random_seed: int = 0,
           stop_after_steps: Optional[int] = None,
           run_note: Optional[str] = None) -> dict[str, Any]:
@@ -146,8 +148,13 @@ def train(*,
     log_every_steps: steps between metric logs.
     checkpoint_period: steps between checkpoints (a final one is always written).
     keep_checkpoints: keep the last K checkpoints.
-    initial_checkpoint_path: INITIAL_CHECKPOINT_PATH (HF folder or T5X checkpoint) for fine-tuning;
-      ignored when MODEL_DIR already holds a checkpoint (resume wins).
+    initial_checkpoint_path: INITIAL_CHECKPOINT_PATH for fine-tuning: parameters only, with a fresh
+      optimizer state, from a checkpoint of ours or of `t5x.train` (MODEL_DIR or
+      `checkpoint_<step>`), a T5X-native or a Hugging Face checkpoint; ignored when MODEL_DIR
+      already holds a checkpoint (resume wins).
+    resume_params_only: RESUME_PARAMS_ONLY: resume from MODEL_DIR's newest checkpoint with its
+      parameters and step but a fresh optimizer state (after changing OPTIMIZER; a full resume
+      then stops with "the optimizer state differs").
     random_seed: parameter-init / dropout / data-order seed (the data seed defaults to it).
     stop_after_steps: stop (after checkpointing) once this step is reached, without the final
       evaluation: a "killed" run for resume tests.
@@ -197,13 +204,15 @@ def train(*,
   example = batches.batch(0)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
-  ckpt = checkpoints_lib.CheckpointManager(model_dir_p / "checkpoints",
-                                           save_interval_steps=checkpoint_period,
+  ckpt = checkpoints_lib.CheckpointManager(model_dir_p, save_interval_steps=checkpoint_period,
                                            max_to_keep=keep_checkpoints)
-  restored = ckpt.restore_latest(trainer.state_shapes(global_shapes, input_types))
+  abstract_state = trainer.state_shapes(global_shapes, input_types)
+  restored = ckpt.restore_latest(abstract_state, optimizer=trainer.optimizer,
+                                 params_only=resume_params_only)
   if restored is not None:
     step, state, data_state = restored
-    logging.info("resumed from %s/%d (data position: %s)", ckpt.directory, step, data_state)
+    logging.info("resumed from %s (data position: %s)",
+                 checkpoints_lib.checkpoint_dir(ckpt.directory, step), data_state)
     if data_state.get("data_seed", data_seed) != data_seed or data_state.get(
         "global_batch_size", train_dataset_cfg.batch_size) != train_dataset_cfg.batch_size:
       logging.warning("data seed/batch size changed since the checkpoint (%s); the data order "
@@ -211,7 +220,8 @@ def train(*,
   elif initial_checkpoint_path:
     logging.info("initialising the parameters from %s (fresh optimizer state)",
                  initial_checkpoint_path)
-    params, _, _ = inference.load_params(model, partitioner, initial_checkpoint_path)
+    params = inference.load_params(model, partitioner, initial_checkpoint_path,
+                                   abstract_params=abstract_state.params)[0]
     state = trainer.create_state(global_shapes, input_types, init_params=params)
     del params
   else:
@@ -314,7 +324,8 @@ def train(*,
                                                     final_eval_num_examples)
     pred_path, met_path = inference.write_predictions(
         model_dir_p, cfg, predictions, metrics,
-        extra={"step": step, "checkpoint": str(ckpt.directory / str(step)),
+        extra={"step": step, "checkpoint": str(checkpoints_lib.checkpoint_dir(ckpt.directory,
+                                                                              step)),
                "decode_time_s": time.time() - t})
     logging.info("final %s/%s (%d examples, %.1fs): %s -> %s", cfg.mixture_or_task_name,
                  cfg.split, len(predictions), time.time() - t, metrics, pred_path)

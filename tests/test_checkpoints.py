@@ -75,7 +75,7 @@ def test_save_restore_roundtrip_keeps_sharding(tmp_path):
   p = partitioning.Partitioner(num_partitions=2)
   tr = make_trainer(p)
   state = tr.create_state(shapes())
-  mgr = checkpoints.CheckpointManager(tmp_path / "ckpt", save_interval_steps=1, async_save=False)
+  mgr = checkpoints.CheckpointManager(tmp_path / "model", save_interval_steps=1, async_save=False)
   assert mgr.restore_latest(tr.state_shapes(shapes())) is None
   assert mgr.save(0, state, {"data_seed": 5})
   step, restored, data = mgr.restore_latest(tr.state_shapes(shapes()))
@@ -90,13 +90,14 @@ def test_save_restore_roundtrip_keeps_sharding(tmp_path):
 def test_keep_last_k_and_interval(tmp_path):
   mgr = checkpoints.CheckpointManager(tmp_path, save_interval_steps=2, max_to_keep=2,
                                       async_save=False)
-  tree = {"w": np.arange(6.0)}
+  tree = trainer_lib.TrainState(step=np.int32(0), params={"w": np.arange(6.0)}, opt_state={})
   saved = [mgr.save(s, tree) for s in range(1, 8)]
   assert saved == [True, True, False, True, False, True, False]  # the first save always happens
   assert mgr.save(7, tree, force=True)
   assert mgr.all_steps() == [6, 7]
   # Atomicity: only finished checkpoints are listed (no temporary folders left behind).
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["6", "7"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_6", "checkpoint_7"]
+  assert checkpoints.resolve_checkpoint(tmp_path) == (tmp_path, 7)
 
 
 def _corrupt(step_dir: pathlib.Path):
@@ -115,14 +116,15 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path):
   state, _ = train_losses(tr, state, batches, 0, 2, ckpt=mgr)
   assert mgr.all_steps() == [1, 2]
   state1 = jax.device_get(mgr.restore(1, tr.state_shapes(shapes()))[0])
-  _corrupt(tmp_path / "2")
+  _corrupt(tmp_path / "checkpoint_2")
   step, restored, data = mgr.restore_latest(tr.state_shapes(shapes()))
   assert step == 1 and data["step"] == 1 and int(restored.step) == 1
   for a, b in zip(jax.tree_util.tree_leaves(state1),
                   jax.tree_util.tree_leaves(jax.device_get(restored))):
     np.testing.assert_array_equal(a, b)
-  _corrupt(tmp_path / "1")
-  with pytest.raises(checkpoints.NoUsableCheckpointError, match="no checkpoint .* could be restored"):
+  _corrupt(tmp_path / "checkpoint_1")
+  with pytest.raises(checkpoints.NoUsableCheckpointError,
+                     match="no checkpoint .* could be restored"):
     mgr.restore_latest(tr.state_shapes(shapes()))
 
 
@@ -166,3 +168,110 @@ def test_initial_checkpoint_import_into_sharded_state(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(
       jax.device_get(state.params))):
     np.testing.assert_array_equal(a, b)
+
+
+# --- Params-only restores, optimizer changes, paths (issue 11 item 4) ---------------------------
+def _train_and_save(tmp_path, steps=2):
+  """Adafactor run of `steps` updates, a checkpoint after each; returns (model_dir, params)."""
+  tr = make_trainer(partitioning.Partitioner(num_partitions=2))
+  batches = utils.DeterministicBatches(synthetic_arrays(), 8, seed=2)
+  mgr = checkpoints.CheckpointManager(tmp_path / "model", save_interval_steps=1, async_save=False)
+  state, _ = train_losses(tr, tr.create_state(shapes()), batches, 0, steps, ckpt=mgr)
+  mgr.close()
+  return tmp_path / "model", jax.device_get(state.params)
+
+
+def _assert_same(a, b):
+  for x, y in zip(jax.tree_util.tree_leaves(jax.device_get(a)), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_optimizer_change_clear_error_then_params_only_restore(tmp_path):
+  model_dir, params = _train_and_save(tmp_path)
+  p = partitioning.Partitioner(num_partitions=2)
+  lr = trainer_lib.create_learning_rate_schedule(0.05, "constant")
+  adamw = trainer_lib.Trainer(tiny_model(), p, lr, seed=1,
+                              optimizer=trainer_lib.make_optimizer(lr, name="adamw"))
+  abstract = adamw.state_shapes(shapes())
+  mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
+  # A full restore names the cause (not "unreadable", not NoUsableCheckpointError).
+  with pytest.raises(checkpoints.OptimizerStateMismatchError,
+                     match=r"checkpoint_2: the optimizer state differs \(checkpoint has "
+                           r"\(FactoredState\(count, v_row, v_col, v\).* the run uses "
+                           r"\(ScaleByAdamState\(count, mu, nu\).*params_only=True"):
+    mgr.restore_latest(abstract)
+  with pytest.raises(checkpoints.MissingOptimizerError, match="params_only=True"):
+    mgr.restore_latest(abstract, params_only=True)
+  step, state, data = mgr.restore_latest(abstract, params_only=True, optimizer=adamw.optimizer)
+  assert step == 2 and int(state.step) == 2 and data == {"step": 2, "data_seed": 2}
+  _assert_same(state.params, params)
+  adam_state = state.opt_state[0]
+  assert int(adam_state.count) == 0
+  assert all(float(np.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(
+      jax.device_get((adam_state.mu, adam_state.nu))))
+  emb = state.opt_state[0].mu["token_embedder"]["embedding"]
+  assert emb.sharding.spec == jax.sharding.PartitionSpec("model", None)
+  # Training goes on with the new optimizer.
+  new_state, m = adamw.train_step(state, p.make_global_batch(synthetic_arrays(8, seed=3)))
+  assert np.isfinite(float(m["loss"])) and int(new_state.step) == 3
+  assert int(new_state.opt_state[0].count) == 1
+  # The unchanged optimizer still restores everything, optimizer state included.
+  ada = make_trainer(p)
+  step, full, _ = mgr.restore_latest(ada.state_shapes(shapes()))
+  assert step == 2 and int(full.opt_state[0].count) == 2
+
+
+def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
+  model_dir, params = _train_and_save(tmp_path)
+  tr = make_trainer(partitioning.Partitioner(num_partitions=2))
+  abstract = tr.state_shapes(shapes()).params
+  for path in (model_dir, model_dir / "checkpoint_2", model_dir / "checkpoint_2" / "state",
+               str(model_dir / "checkpoint_1")):
+    restored = checkpoints.restore_params(path, abstract)
+    wi = restored["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert wi.sharding.spec == jax.sharding.PartitionSpec(None, "model")
+    if str(path).endswith("checkpoint_1"):
+      final_wi = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+      assert not np.array_equal(np.asarray(wi), final_wi)  # step 1, not step 2
+    else:
+      _assert_same(restored, params)
+  # INITIAL_CHECKPOINT_PATH: params of our own run start a new state at step 0.
+  state = tr.create_state(shapes(), init_params=checkpoints.restore_params(model_dir, abstract))
+  assert int(state.step) == 0
+  _assert_same(state.params, params)
+  # A parameter the checkpoint lacks: an error naming it, or fallback_to_scratch semantics.
+  extra = dict(abstract, extra={"kernel": jax.ShapeDtypeStruct((3,), np.float32)})
+  with pytest.raises(checkpoints.CheckpointMismatchError,
+                     match=r"checkpoint_2: parameter extra/kernel \(shape \(3,\)\) is missing"):
+    checkpoints.restore_params(model_dir, extra)
+  fallback = {"extra": {"kernel": np.array([1.0, 2.0, 3.0], np.float32)}}
+  restored = checkpoints.restore_params(model_dir, extra, fallback_params=fallback)
+  np.testing.assert_array_equal(np.asarray(restored["extra"]["kernel"]), [1.0, 2.0, 3.0])
+  _assert_same({k: v for k, v in restored.items() if k != "extra"}, params)
+  # Another model size: named at once by restore_latest (no fall back to older checkpoints).
+  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+                           mlp_dim=48, num_encoder_layers=1, num_decoder_layers=1)
+  wider = trainer_lib.Trainer(model_lib.EncoderDecoderModel(network.Transformer(cfg)),
+                              partitioning.Partitioner(num_partitions=2),
+                              trainer_lib.create_learning_rate_schedule(0.05), seed=1)
+  mgr = checkpoints.CheckpointManager(model_dir, async_save=False)
+  with pytest.raises(checkpoints.CheckpointMismatchError,
+                     match=r"checkpoint_2: parameter decoder/layers_0/mlp/wi_0/kernel has shape "
+                           r"\(16, 32\) in the checkpoint, the model expects \(16, 48\)"):
+    mgr.restore_latest(wider.state_shapes(shapes()), params_only=True, optimizer=wider.optimizer)
+
+
+def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text("{}")
+  with pytest.raises(checkpoints.NotACheckpointError, match=r"hf: no checkpoint: expected"):
+    checkpoints.resolve_checkpoint(tmp_path / "hf")
+  # An unfinished folder (as left by a killed writer) is not a checkpoint.
+  (tmp_path / "m" / "checkpoint_5").mkdir(parents=True)
+  with pytest.raises(checkpoints.NotACheckpointError, match="checkpoint_5: not a finished"):
+    checkpoints.resolve_checkpoint(tmp_path / "m" / "checkpoint_5")
+  with pytest.raises(FileNotFoundError):
+    checkpoints.resolve_checkpoint(tmp_path / "m")
+  (tmp_path / "old" / "checkpoints" / "100" / "state").mkdir(parents=True)
+  with pytest.raises(checkpoints.NotACheckpointError, match="no longer read"):
+    checkpoints.resolve_checkpoint(tmp_path / "old")

@@ -47,7 +47,7 @@ def trained(tmp_path_factory, mcwq_dir):
 
 def test_train_output_layout(trained):
   model_dir = trained
-  assert checkpoints.CheckpointManager(model_dir / "checkpoints").all_steps()[-1] == 4
+  assert checkpoints.finished_steps(model_dir)[-1] == 4
   assert list((model_dir / "train").glob("events.out.tfevents.*"))
   assert "mcwq_gold_he" in (model_dir / "config.gin").read_text()
   curve = losses(model_dir)
@@ -135,7 +135,7 @@ def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
   with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss"):
     configured_train(tmp_path, "OPTIMIZER = 'adamw'", "LEARNING_RATE = 1e30", "WARMUP_STEPS = 0",
                      "CHECKPOINT_PERIOD = 1", "LR_SCHEDULE = 'constant'", "EVAL_PERIOD = 0")()
-  steps = checkpoints.CheckpointManager(tmp_path / "checkpoints").all_steps()
+  steps = checkpoints.finished_steps(tmp_path)
   assert steps and steps[-1] < 4
   assert f"the last good checkpoint is step {steps[-1]}" in caplog.text
   curve = losses(tmp_path) if (tmp_path / "train_metrics.jsonl").exists() else {}
