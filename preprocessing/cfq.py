@@ -347,7 +347,8 @@ def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
                         context_model: ContextModel | None = None) -> ParsedQuery:
   """CFQ's `sparqlPatternModEntities`: the query with question entities replaced by `Mk`.
 
-  Types and special entities (constants not mentioned in the question) stay as Freebase constants.
+  The clauses are sorted by their text, as CFQ sorts them (MCWQ keeps CFQ's clause order). Types
+  and special entities (constants not mentioned in the question) stay as Freebase constants.
 
   Raises:
     CfqFormatError: see `placeholder_constants`, or a question placeholder absent from the query.
@@ -360,8 +361,8 @@ def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
   back = {consts[m]: m for m in qph}
   q = parse_query(record["sparql"], where)
   sub = lambda t: back.get(t, t)  # noqa: E731
-  return ParsedQuery(q.prefix, tuple(Clause(sub(c.subject), c.predicate, sub(c.object))
-                                     for c in q.clauses))
+  clauses = [Clause(sub(c.subject), c.predicate, sub(c.object)) for c in q.clauses]
+  return ParsedQuery(q.prefix, tuple(sorted(clauses, key=Clause.text)))
 
 
 def entity_mids(record: dict[str, Any], where: str = "<record>",
