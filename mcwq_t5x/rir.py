@@ -7,12 +7,19 @@ the same object list become one group `( S ( r1 , r2 ) ( o1 , o2 ) )`, which sta
 `S ri oj`. Filters stay as `( FILTER ( a != b ) )`. MCWQ (Cui et al., TACL 2022, §5) trains and scores
 its models on this form; the published targets are `translations/mcd1/*.sparql` of the MCWQ release.
 
-Grouping, as reproduced byte for byte on the published files:
+Grouping, as reproduced byte for byte on the published files (all 188,672 dev/test lines of the
+four splits, `translations/{split}/{part}.{lang}.sparql` of the MCWQ release):
   * units (subject groups and filters) appear in the order of their first clause in the query;
-  * a repeated filter or triple is written once;
-  * inside a subject, each predicate collects its objects in order of appearance (duplicates
-    dropped); predicates with the same object list (compared as sets) are merged, in order of first
-    appearance, and the group lists the objects in the order of its first predicate.
+  * a repeated filter is written once, but a repeated triple is not: inside a subject, each
+    predicate collects its objects in order of appearance, repetitions included, so
+    `M2 wdt:P108 M1 . M2 wdt:P108 M1` gives `( M2 ( wdt:P108 ) ( M1 , M1 ) )` (random_split/test,
+    line 388: `( M2 ( wdt:P108 ) ( M1 , M1 ) ) . ( M3 ( wdt:P108 ) ( M1 ) )`);
+  * predicates with the same object list, compared as multisets (order ignored, repetitions
+    counted), are merged, in order of first appearance, and the group lists the objects in the
+    order of its first predicate. Expanding a group therefore gives back exactly the triples of its
+    predicates, repetitions included. (The release never merges two predicates of which one has a
+    repeated object, so counting repetitions there is our choice: the one that keeps
+    `rir_to_clauses` the exact inverse on triples.)
 
 Example:
   ASK WHERE { M0 wdt:P57 ?x0 . M0 wdt:P58 ?x0 . ?x0 wdt:P27 wd:Q30 . FILTER ( ?x0 != M1 ) }
@@ -27,6 +34,7 @@ line number on stderr for a line that cannot be converted):
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 from typing import Sequence
 
@@ -43,29 +51,34 @@ class RIRError(ValueError):
 def _subject_groups(subject: str, triples: Sequence[tuple[int, sparql_lib.Triple]]
                     ) -> list[tuple[int, str]]:
   """RIR groups of one subject's (position, triple) pairs, as (position of the group's first
-  triple, `( S ( r1 , r2 ) ( o1 , o2 ) )`)."""
+  triple, `( S ( r1 , r2 ) ( o1 , o2 ) )`); a repeated triple repeats its object (see the module
+  docstring)."""
   objects_of: dict[str, list[str]] = {}
   first_of: dict[str, int] = {}
   for position, t in triples:
-    objs = objects_of.setdefault(t.predicate, [])
+    objects_of.setdefault(t.predicate, []).append(t.object)
     first_of.setdefault(t.predicate, position)
-    if t.object not in objs:
-      objs.append(t.object)
-  groups: list[tuple[int, list[str], list[str]]] = []  # (first position, predicates, objects)
+  # (first position, predicates, objects, objects as a multiset)
+  groups: list[tuple[int, list[str], list[str], collections.Counter]] = []
   for predicate, objs in objects_of.items():
-    for i, (first, preds, group_objs) in enumerate(groups):
-      if set(group_objs) == set(objs):
+    counts = collections.Counter(objs)
+    for i, (first, preds, group_objs, group_counts) in enumerate(groups):
+      if group_counts == counts:
         preds.append(predicate)
-        groups[i] = (min(first, first_of[predicate]), preds, group_objs)
+        groups[i] = (min(first, first_of[predicate]), preds, group_objs, group_counts)
         break
     else:
-      groups.append((first_of[predicate], [predicate], objs))
+      groups.append((first_of[predicate], [predicate], objs, counts))
   return [(first, f"( {subject} ( {' , '.join(preds)} ) ( {' , '.join(objs)} ) )")
-          for first, preds, objs in groups]
+          for first, preds, objs, _ in groups]
 
 
 def query_to_rir(prefix: str, clauses: Sequence[sparql_lib.Clause]) -> str:
-  """RIR of a query given as its prefix and ordered clauses (see `sparql.parse_clauses`)."""
+  """RIR of a query given as its prefix and ordered clauses (see `sparql.parse_clauses`).
+
+  Grouping rules in the module docstring: a repeated filter is written once, a repeated triple
+  repeats its object inside its group.
+  """
   units: list[tuple[int, str]] = []  # (position of the unit's first clause, RIR text)
   triples_of: dict[str, list[tuple[int, sparql_lib.Triple]]] = {}
   seen_filters: set[sparql_lib.Filter] = set()
@@ -195,9 +208,11 @@ def rir_to_query(rir: str) -> sparql_lib.Query:
 
 
 def rir_to_sparql(rir: str) -> str:
-  """Converts RIR back to SPARQL (the inverse of `sparql_to_rir` up to clause order/duplicates).
+  """Converts RIR back to SPARQL (the inverse of `sparql_to_rir` up to clause order and repeated
+  filters: the triples come back with their repetitions, a repeated filter once).
 
-  Groups expand in order: for each predicate, for each object. Filters keep their position.
+  Groups expand in order: for each predicate, for each object (a repeated object gives a repeated
+  triple). Filters keep their position.
 
   Raises:
     RIRError: malformed RIR (see `rir_to_clauses`).

@@ -3,13 +3,18 @@
 CFQ (Keysers et al., ICLR 2020) publishes `dataset.json`, a JSON array of records with the keys
 `questionIdx`, `questionWithBrackets`, `questionPatternModEntities`, `sparql` (Freebase SPARQL with
 MIDs such as `ns:m.0hhkf7k`), `sparqlPattern` (the same query with constants abstracted as `M0`…
-and properties as `P0`…), `recursionDepth` and `expectedResponse`. The sample in
-`../shared/cfq/cfq_sample_{train,dev}.json` has the same form.
+and properties as `P0`…), `recursionDepth` and `expectedResponse`, and in the full release also
+`questionWithMids` (the question with MIDs where the pattern has `Mk`) and
+`sparqlPatternModEntities` (the query with only the question entities abstracted as `Mk`). The
+sample in `../shared/cfq/cfq_sample_{train,dev}.json` has the same form without these two keys.
 
 The M indices of `sparqlPattern` are the ones of `questionPatternModEntities` (MCWQ §3.2 relies on
 this): aligning `sparql` and `sparqlPattern` clause by clause gives, for each placeholder, the
 Freebase constant it stands for. Placeholders that occur in the question pattern are entities;
 the others are types (`?x0 a ns:film.director`) or special entities (genders, nationalities).
+`sparqlPattern` does not always say which entity goes with which property; `questionWithMids` and
+`sparqlPatternModEntities` do, and are used when present (`exact_entity_constants`); without
+them `ContextModel` chooses from the question's words.
 
 Everything here is plain Python (no TensorFlow).
 """
@@ -37,7 +42,14 @@ CFQ_PREFIXES = ("SELECT count(*) WHERE", "SELECT DISTINCT ?x0 WHERE", "ASK WHERE
 #: Freebase properties whose object is a special entity (gender, nationality; MCWQ §3.1).
 SPECIAL_ENTITY_PREDICATES = ("ns:people.person.gender", "ns:people.person.nationality")
 
+#: Optional keys of the full CFQ release that state which constant each question entity is.
+EXACT_KEYS = ("questionWithMids", "sparqlPatternModEntities")
+
 _VARIABLE_RE = re.compile(r"^\?x\d+$")
+#: A Freebase MID as `questionWithMids` writes it (`m.04lhs01`, `g.1yxkhhbn3`), `ns:` optional.
+_MID_RE = re.compile(r"(?<![\w.:])(?:ns:)?([mg]\.[0-9a-z_]+)")
+#: Tokens that join the members of a list ("M1 , M2 , and M3") or coordinated phrases.
+_LIST_JOINERS = frozenset({",", "and"})
 
 
 class CfqFormatError(ValueError):
@@ -145,12 +157,108 @@ def parse_query(text: str, where: str = "<query>") -> ParsedQuery:
   return ParsedQuery(prefix, tuple(clauses))
 
 
+def _exact_field(record: dict[str, Any], key: str, where: str) -> str | None:
+  """The text of an optional key of the full CFQ release (`EXACT_KEYS`); None when absent or null.
+
+  Raises:
+    CfqFormatError: the key holds something other than a string or null.
+  """
+  value = record.get(key)
+  if value is not None and not isinstance(value, str):
+    raise CfqFormatError(f"{where}: {key} is {type(value).__name__}, not a string")
+  return value
+
+
+def question_mids(record: dict[str, Any], where: str = "<record>") -> dict[str, str] | None:
+  """The Freebase constant of each question placeholder, as CFQ's `questionWithMids` states it.
+
+  The full CFQ release writes each question with placeholders (`questionPatternModEntities`,
+  "Did M0 executive produce M1") and with MIDs (`questionWithMids`, "Did m.04lhs01 executive
+  produce m.0gx0plf"; Keysers et al., ICLR 2020, appendix A): the k-th placeholder occurrence and
+  the k-th MID name the same entity (a repeated placeholder repeats its MID).
+
+  Args:
+    record: a CFQ record.
+    where: names the record in error messages.
+
+  Returns:
+    {"M0": "ns:m.04lhs01", "M1": "ns:m.0gx0plf"} (MIDs spelled as in `sparql`), or None when the
+    record has no `questionWithMids` (the sample in ../shared/cfq has none).
+
+  Raises:
+    CfqFormatError: not as many MIDs as placeholder occurrences, a placeholder with two MIDs, two
+      placeholders with one MID, or a MID that `sparql` does not mention.
+  """
+  text = _exact_field(record, "questionWithMids", where)
+  if text is None:
+    return None
+  occurrences = [t for t in record["questionPatternModEntities"].split() if is_placeholder(t)]
+  mids = ["ns:" + m for m in _MID_RE.findall(text)]
+  if len(mids) != len(occurrences):
+    raise CfqFormatError(f"{where}: questionWithMids names {len(mids)} MIDs but "
+                         f"questionPatternModEntities has {len(occurrences)} placeholders")
+  out: dict[str, str] = {}
+  for m, mid in zip(occurrences, mids):
+    if out.setdefault(m, mid) != mid:
+      raise CfqFormatError(f"{where}: questionWithMids gives {m} two MIDs, {out[m]} and {mid}")
+  if len(set(out.values())) < len(out):
+    raise CfqFormatError(f"{where}: questionWithMids gives two placeholders the same MID")
+  terms = {t for c in parse_query(record["sparql"], where).clauses for t in (c.subject, c.object)}
+  absent = sorted(mid for mid in out.values() if mid not in terms)
+  if absent:
+    raise CfqFormatError(f"{where}: questionWithMids names {absent}, absent from sparql")
+  return out
+
+
+def exact_entity_constants(record: dict[str, Any], where: str = "<record>"
+                           ) -> dict[str, str] | None:
+  """Each question placeholder's Freebase constant, when the record says it (full CFQ release).
+
+  Read from `questionWithMids` (`question_mids`) or, without it, by aligning
+  `sparqlPatternModEntities` (the query with question entities as `Mk`, types and special entities
+  kept) with `sparql`. When both are present, they must agree with `sparql` together.
+
+  Returns:
+    {"M0": "ns:m.04lhs01", ...} for every placeholder of `questionPatternModEntities`, or None when
+    the record has neither key (then `ContextModel` chooses among `placeholder_candidates`).
+
+  Raises:
+    CfqFormatError: a key is malformed, or the keys contradict each other or `sparql`.
+  """
+  pins = question_mids(record, where)
+  text = _exact_field(record, "sparqlPatternModEntities", where)
+  if text is None:
+    return pins
+  mod = parse_query(text, where + " (sparqlPatternModEntities)")
+  q = parse_query(record["sparql"], where)
+  qph = question_placeholders(record["questionPatternModEntities"])
+  extra = sorted(_pattern_placeholders(mod) - set(qph))
+  if extra:
+    raise CfqFormatError(f"{where}: sparqlPatternModEntities has placeholders {extra} that the "
+                         "question does not")
+  forbid = {m: (lambda c, mid=mid: c != mid) for m, mid in (pins or {}).items()}
+  if mod.prefix == q.prefix and len(mod.clauses) == len(q.clauses):
+    for solution in _match_clauses(list(mod.clauses), list(q.clauses), {}, set(), forbid):
+      missing = [m for m in qph if m not in solution]
+      if missing:
+        raise CfqFormatError(f"{where}: question placeholders {missing} not in "
+                             "sparqlPatternModEntities")
+      return pins if pins is not None else {m: solution[m] for m in qph}
+  also = " and questionWithMids" if pins is not None else ""
+  raise CfqFormatError(f"{where}: sparqlPatternModEntities{also} do not align with sparql")
+
+
 def placeholder_candidates(record: dict[str, Any], where: str = "<record>",
                            limit: int = 64) -> list[dict[str, str]]:
-  """All distinct alignments of `sparqlPattern` placeholders with the constants of `sparql`.
+  """The distinct alignments of `sparqlPattern` placeholders with the constants of `sparql`.
 
-  CFQ's `sparqlPattern` is canonicalised (clauses sorted, variables renumbered), so symmetric
-  patterns such as `?x0 P0 M0 . ?x0 P1 M1` align in several ways; see `ContextModel` for choosing.
+  CFQ's `sparqlPattern` is canonicalised (clauses sorted, variables renumbered, properties as
+  `P0`…), so symmetric patterns such as `?x0 P0 M0 . ?x0 P1 M1` align in several ways; see
+  `ContextModel` for choosing. When the record states its entities (`exact_entity_constants`),
+  every candidate gives the question placeholders exactly those constants. Otherwise alignments
+  that differ only by exchanging interchangeable constants of `sparql` (the objects of
+  `?x0 ns:film.film.produced_by ns:m.A . ?x0 ns:film.film.produced_by ns:m.B`) are listed once:
+  they give the same query.
 
   Args:
     record: a CFQ record with `sparql`, `sparqlPattern` and `questionPatternModEntities`.
@@ -161,21 +269,31 @@ def placeholder_candidates(record: dict[str, Any], where: str = "<record>",
     A non-empty list of {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
 
   Raises:
-    CfqFormatError: the two queries do not align.
+    CfqFormatError: the two queries do not align, or see `exact_entity_constants`.
   """
+  return _candidates(record, where, limit)[0]
+
+
+def _candidates(record: dict[str, Any], where: str, limit: int = 64
+                ) -> tuple[list[dict[str, str]], dict[str, str] | None]:
+  """(`placeholder_candidates`, `exact_entity_constants`) of a record."""
   q = parse_query(record["sparql"], where)
   p = parse_query(record["sparqlPattern"], where + " (sparqlPattern)")
   if len(q.clauses) != len(p.clauses) or q.prefix != p.prefix:
     raise CfqFormatError(f"{where}: sparql and sparqlPattern do not align")
   qph = set(question_placeholders(record["questionPatternModEntities"]))
   special = special_constants(q)
+  exact = exact_entity_constants(record, where)
   # A question placeholder never stands for a type or a special entity, and a placeholder absent
   # from the question always does; this removes the ambiguity of patterns such as
   # `?x1 P2 M1 . ?x1 P3 M2` ("M2 's Mexican director").
   forbid = {m: (lambda c: c in special) if m in qph else (lambda c: c not in special)
             for m in _pattern_placeholders(p)}
+  if exact is not None:
+    forbid.update({m: (lambda c, mid=mid: c != mid) for m, mid in exact.items()})
+  twins = None if exact is not None else _twin_classes(q)
   out: list[dict[str, str]] = []
-  for solution in _match_clauses(list(p.clauses), list(q.clauses), {}, set(), forbid):
+  for solution in _match_clauses(list(p.clauses), list(q.clauses), {}, set(), forbid, twins):
     ph = {k: v for k, v in solution.items() if is_placeholder(k)}
     if ph not in out:
       out.append(ph)
@@ -183,26 +301,43 @@ def placeholder_candidates(record: dict[str, Any], where: str = "<record>",
         break
   if not out:
     raise CfqFormatError(f"{where}: sparql and sparqlPattern do not align")
-  return out
+  return out, exact
+
+
+def alignment_source(record: dict[str, Any], where: str = "<record>") -> str:
+  """How `placeholder_constants` knows the record's entities: "exact" (`questionWithMids` or
+  `sparqlPatternModEntities`), "unique" (one alignment of `sparqlPattern`) or "context model"
+  (several, chosen by `ContextModel`).
+
+  Raises:
+    CfqFormatError: see `placeholder_candidates`.
+  """
+  if exact_entity_constants(record, where) is not None:
+    return "exact"
+  return "unique" if len(placeholder_candidates(record, where)) == 1 else "context model"
 
 
 def placeholder_constants(record: dict[str, Any], where: str = "<record>",
                           context_model: "ContextModel | None" = None) -> dict[str, str]:
   """Maps each placeholder `Mk` of `sparqlPattern` to the Freebase constant it stands for.
 
+  Exact when the record has `questionWithMids` or `sparqlPatternModEntities` (full CFQ release);
+  otherwise `context_model` chooses among `placeholder_candidates`.
+
   Args:
     record: a CFQ record with `sparql` and `sparqlPattern`.
     where: names the record in error messages.
-    context_model: chooses among several alignments (default: the first one).
+    context_model: chooses among several alignments when the record does not say (default: the
+      first one).
 
   Returns:
     {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
 
   Raises:
-    CfqFormatError: the two queries do not align.
+    CfqFormatError: the two queries do not align, or see `exact_entity_constants`.
   """
-  cands = placeholder_candidates(record, where)
-  if len(cands) == 1 or context_model is None:
+  cands, exact = _candidates(record, where)
+  if len(cands) == 1 or context_model is None or exact is not None:
     return cands[0]
   return context_model.choose(record, cands)
 
@@ -210,35 +345,69 @@ def placeholder_constants(record: dict[str, Any], where: str = "<record>",
 class ContextModel:
   """Chooses among ambiguous placeholder alignments by the words around each placeholder.
 
-  CFQ's `sparqlPattern` loses which entity of `?x0 P0 M0 . ?x0 P1 M1` goes with which property.
-  The question says it ("executive produce M0", "M1 's costume designer"), so this model counts,
-  on the records whose alignment is unique, how often a context feature of a placeholder (the one
-  and two words before it, the two words after it) co-occurs with the placeholder being subject or
-  object of a Freebase predicate, and picks the alignment with the highest smoothed
-  log-probability. This is our reconstruction (CFQ publishes `sparqlPatternModEntities`
-  in its full release, which makes it unnecessary there).
+  Needed only for records without `questionWithMids` and `sparqlPatternModEntities` (such as the
+  sample in ../shared/cfq), which state the alignment exactly (`exact_entity_constants`). CFQ's
+  `sparqlPattern` loses which entity of `?x0 P0 M0 . ?x0 P1 M1` goes with which property. The
+  question says it ("executive produce M0", "M1 's costume designer"), so this model counts, on the
+  records whose alignment is known (unique, or stated by the record), how often a context feature
+  of a placeholder (the one and two words before it, the two words after it) co-occurs with the
+  placeholder being subject or object of a Freebase predicate, and picks the alignment with the
+  highest smoothed log-probability (`score`). Two rules make it hold when several entity lists
+  follow different verbs ("Did M0 marry M1 , M2 , and M3 and influence M4 and M5"): the context
+  stops at a joiner ("," or "and"), since the words beyond it belong to the neighbouring phrase
+  ("M3 and influence" would tie M3 to "influence"), and "executive" forms one word with the next
+  ("executive produced by M0" vs "produced by M0"). The other members of a list share the
+  pattern's property slot with the member that follows the verb, which decides for them. This is
+  our reconstruction, not CFQ's.
   """
+
+  #: Weight of the prior in the smoothed estimate (in observations; `score`).
+  PRIOR_WEIGHT = 10.0
 
   def __init__(self) -> None:
     self.counts: dict[tuple[str, str], int] = collections.Counter()
     self.totals: dict[str, int] = collections.Counter()
+    self.event_counts: dict[str, int] = collections.Counter()
 
   @staticmethod
-  def _features(question: str, m: str) -> list[str]:
-    toks = question.split()
+  def _tokens(question: str) -> list[str]:
+    """The question's words, "executive" joined to the next one ("executive produced" is one
+    verb: without this, "executive produced by M0" and "produced by M0" have the same two words
+    before M0)."""
+    toks: list[str] = []
+    for t in question.split():
+      if toks and toks[-1] == "executive":
+        toks[-1] += " " + t
+      else:
+        toks.append(t)
+    return toks
+
+  @classmethod
+  def _features(cls, question: str, m: str) -> list[str]:
+    """Context features of each occurrence of placeholder `m` in the question: "L1 w" (word
+    before), "L2 w w" (two words before), "R2 w w" (two words after), none reaching past a joiner
+    ("L1 ," and "R2 and" alone next to one), e.g. ["L1 marry", "L2 M0 marry", "R2 ,"] for M1 in
+    "Did M0 marry M1 , M2"."""
+    toks = cls._tokens(question)
     feats = []
     for i, t in enumerate(toks):
       if t == m:
-        feats.append("L1 " + " ".join(toks[max(0, i - 1):i]))
-        feats.append("L2 " + " ".join(toks[max(0, i - 2):i]))
-        feats.append("R2 " + " ".join(toks[i + 1:i + 3]))
+        before, after = toks[max(0, i - 2):i], toks[i + 1:i + 3]
+        # Past a joiner the words belong to another phrase: in "marry M1 , M2 , and M3 and
+        # influence M4", "M3 and influence" says nothing about M3, whose verb is "marry".
+        feats.append("L1 " + " ".join(before[-1:]))
+        if not before or before[-1] not in _LIST_JOINERS:
+          feats.append("L2 " + " ".join(before))
+        if after and after[0] in _LIST_JOINERS:
+          after = after[:1]
+        feats.append("R2 " + " ".join(after))
     return feats
 
   @staticmethod
-  def _events(record: dict[str, Any], consts: dict[str, str], m: str) -> list[str]:
+  def _events(query: ParsedQuery, consts: dict[str, str], m: str) -> list[str]:
     c = consts[m]
     out = []
-    for cl in parse_query(record["sparql"]).clauses:
+    for cl in query.clauses:
       if cl.subject == c:
         out.append("s " + cl.predicate)
       if cl.object == c:
@@ -246,30 +415,44 @@ class ContextModel:
     return out
 
   def fit(self, records: Iterable[dict[str, Any]]) -> "ContextModel":
-    """Counts features on records with a unique alignment (malformed records are ignored)."""
+    """Counts features and events on the records whose question placeholders have one alignment
+    (unique, or stated by `questionWithMids`/`sparqlPatternModEntities`); malformed records are
+    ignored. Returns the model itself."""
     for rec in records:
       try:
         cands = placeholder_candidates(rec)
+        qph = question_placeholders(rec["questionPatternModEntities"])
+        query = parse_query(rec["sparql"])
       except (CfqFormatError, KeyError, TypeError, AttributeError):
         continue
-      if len(cands) != 1:
+      if len({tuple(c.get(m) for m in qph) for c in cands}) != 1:
         continue
-      qp = rec["questionPatternModEntities"]
-      for m in question_placeholders(qp):
-        for f in self._features(qp, m):
-          for e in self._events(rec, cands[0], m):
+      for m in qph:
+        if m not in cands[0]:
+          continue
+        events = self._events(query, cands[0], m)
+        self.event_counts.update(events)
+        for f in self._features(rec["questionPatternModEntities"], m):
+          for e in events:
             self.counts[(f, e)] += 1
             self.totals[f] += 1
     return self
 
   def score(self, record: dict[str, Any], consts: dict[str, str]) -> float:
-    """Smoothed log-probability of an alignment (higher is better)."""
+    """Log-probability of an alignment (higher is better): the sum over the question placeholders'
+    features f and events e of log P(e | f), estimated as (count(f, e) + w P(e)) / (count(f) + w)
+    with the events' overall frequency P(e) as prior and w = `PRIOR_WEIGHT`, so that a feature
+    seen a few times does not veto an event it happened not to meet."""
     qp = record["questionPatternModEntities"]
+    query = parse_query(record["sparql"])
+    seen = sum(self.event_counts.values())
+    w = self.PRIOR_WEIGHT
     total = 0.0
     for m in question_placeholders(qp):
       for f in self._features(qp, m):
-        for e in self._events(record, consts, m):
-          total += math.log((self.counts.get((f, e), 0) + 0.01) / (self.totals.get(f, 0) + 1.0))
+        for e in self._events(query, consts, m):
+          prior = (self.event_counts.get(e, 0) + 1.0) / (seen + 1.0)
+          total += math.log((self.counts.get((f, e), 0) + w * prior) / (self.totals.get(f, 0) + w))
     return total
 
   def choose(self, record: dict[str, Any], candidates: list[dict[str, str]]) -> dict[str, str]:
@@ -292,8 +475,40 @@ def _pattern_placeholders(p: ParsedQuery) -> set[str]:
   return {t for c in p.clauses for t in (c.subject, c.object) if is_placeholder(t)}
 
 
+def _twin_classes(q: ParsedQuery) -> dict[str, tuple[str, ...]]:
+  """Interchangeable tokens of a query: for each term or predicate that has a twin, its class.
+
+  Two tokens are twins when exchanging them everywhere leaves the multiset of clauses unchanged
+  (`M1` and `M2` in `?x0 P M1 . ?x0 P M2`); twins form classes, listed in sorted order. Alignments
+  that differ by exchanging twins give the same query, so `_match_clauses` keeps only the one that
+  uses each class in sorted order.
+  """
+  clauses = collections.Counter(q.clauses)
+  tokens = sorted({t for c in q.clauses for t in (c.subject, c.object)}
+                  | {c.predicate for c in q.clauses if c.predicate not in ("a", "!=")})
+  out: dict[str, tuple[str, ...]] = {}
+  for i, a in enumerate(tokens):
+    if a in out:
+      continue
+    cls = [a]
+    for b in tokens[i + 1:]:
+      if b in out:
+        continue
+      swap = {a: b, b: a}
+      s = lambda t: swap.get(t, t)  # noqa: E731
+      swapped = collections.Counter(Clause(s(c.subject), s(c.predicate), s(c.object))
+                                    for c in q.clauses)
+      if swapped == clauses:
+        cls.append(b)
+    if len(cls) > 1:
+      for t in cls:
+        out[t] = tuple(cls)
+  return out
+
+
 def _match_term(pat: str, term: str, binding: dict[str, str], used: set[str],
-                forbid: dict[str, Any]) -> list[tuple[str, str]] | None:
+                forbid: dict[str, Any], twins: dict[str, tuple[str, ...]] | None = None
+                ) -> list[tuple[str, str]] | None:
   """Binding additions making pattern term `pat` match `term` (None = no match)."""
   if is_variable(pat) != is_variable(term):
     return None
@@ -304,26 +519,34 @@ def _match_term(pat: str, term: str, binding: dict[str, str], used: set[str],
     return [] if binding[pat] == term else None
   if term in used or (pat in forbid and forbid[pat](term)):
     return None
+  if twins and term in twins:  # Only the first unused twin: the others give the same query.
+    if any(t not in used for t in twins[term][:twins[term].index(term)]):
+      return None
   return [(pat, term)]
 
 
 def _match_clauses(pats: list[Clause], terms: list[Clause], binding: dict[str, str], used: set[str],
-                   forbid: dict[str, Any]) -> Iterator[dict[str, str]]:
+                   forbid: dict[str, Any], twins: dict[str, tuple[str, ...]] | None = None
+                   ) -> Iterator[dict[str, str]]:
   """Yields every bijection between pattern clauses and query clauses (as a binding).
 
   CFQ's `sparqlPattern` sorts clauses and may number variables differently from `sparql`, so
-  placeholders, property slots and variables are all matched up to a consistent renaming.
+  placeholders, property slots and variables are all matched up to a consistent renaming. With
+  `twins` (`_twin_classes` of the query), bijections that differ only by exchanging twins are
+  yielded once; a repeated query clause is tried once per pattern clause.
   """
   if not pats:
     yield binding
     return
   pat, rest = pats[0], pats[1:]
+  tried: set[Clause] = set()
   for i, c in enumerate(terms):
-    if c.is_filter != pat.is_filter:
+    if c.is_filter != pat.is_filter or c in tried:
       continue
+    tried.add(c)
     b, u, ok = dict(binding), set(used), True
     for tp, tq in ((pat.subject, c.subject), (pat.predicate, c.predicate), (pat.object, c.object)):
-      new = _match_term(tp, tq, b, u, forbid)
+      new = _match_term(tp, tq, b, u, forbid, twins)
       if new is None:
         ok = False
         break
@@ -331,7 +554,7 @@ def _match_clauses(pats: list[Clause], terms: list[Clause], binding: dict[str, s
         b[k] = v
         u.add(v)
     if ok:
-      yield from _match_clauses(rest, terms[:i] + terms[i + 1:], b, u, forbid)
+      yield from _match_clauses(rest, terms[:i] + terms[i + 1:], b, u, forbid, twins)
 
 
 def question_placeholders(question_pattern: str) -> list[str]:
@@ -347,11 +570,20 @@ def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
                         context_model: ContextModel | None = None) -> ParsedQuery:
   """CFQ's `sparqlPatternModEntities`: the query with question entities replaced by `Mk`.
 
-  Types and special entities (constants not mentioned in the question) stay as Freebase constants.
+  The record's own `sparqlPatternModEntities` when it has one (full CFQ release; checked against
+  `sparql` and `questionWithMids` by `exact_entity_constants`). Otherwise it is rebuilt from
+  `sparql` and `placeholder_constants` (exact with `questionWithMids`, else chosen by
+  `context_model`), with the clauses sorted by their text as CFQ sorts them, so that both ways
+  give the same query in the same order (MCWQ keeps CFQ's clause order). Types and special entities
+  (constants not mentioned in the question) stay as Freebase constants.
 
   Raises:
     CfqFormatError: see `placeholder_constants`, or a question placeholder absent from the query.
   """
+  text = _exact_field(record, "sparqlPatternModEntities", where)
+  if text is not None:
+    exact_entity_constants(record, where)
+    return parse_query(text, where + " (sparqlPatternModEntities)")
   consts = placeholder_constants(record, where, context_model)
   qph = question_placeholders(record["questionPatternModEntities"])
   missing = [m for m in qph if m not in consts]
@@ -360,13 +592,17 @@ def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
   back = {consts[m]: m for m in qph}
   q = parse_query(record["sparql"], where)
   sub = lambda t: back.get(t, t)  # noqa: E731
-  return ParsedQuery(q.prefix, tuple(Clause(sub(c.subject), c.predicate, sub(c.object))
-                                     for c in q.clauses))
+  clauses = [Clause(sub(c.subject), c.predicate, sub(c.object)) for c in q.clauses]
+  return ParsedQuery(q.prefix, tuple(sorted(clauses, key=Clause.text)))
 
 
 def entity_mids(record: dict[str, Any], where: str = "<record>",
                 context_model: ContextModel | None = None) -> dict[str, str]:
-  """Maps each question placeholder to its Freebase MID (`M1` -> `ns:m.0abc`)."""
+  """Maps each question placeholder to its Freebase MID (`M1` -> `ns:m.0abc`); exact when the
+  record has `questionWithMids` or `sparqlPatternModEntities`, else see `placeholder_constants`."""
+  exact = exact_entity_constants(record, where)
+  if exact is not None:
+    return dict(exact)
   consts = placeholder_constants(record, where, context_model)
   return {m: consts[m] for m in question_placeholders(record["questionPatternModEntities"])}
 
@@ -377,7 +613,8 @@ def bracket_names(question_with_brackets: str) -> list[str]:
 
 
 def validate_record(record: Any, where: str) -> None:
-  """Checks that a CFQ record has the keys and types the migration needs.
+  """Checks that a CFQ record has the keys and types the migration needs (`REQUIRED_KEYS` strings;
+  `EXACT_KEYS`, when present, strings or null).
 
   Raises:
     CfqFormatError: naming `where` and the problem.
@@ -390,6 +627,8 @@ def validate_record(record: Any, where: str) -> None:
   for k in REQUIRED_KEYS[1:]:
     if not isinstance(record[k], str):
       raise CfqFormatError(f"{where}: {k} is not a string")
+  for k in EXACT_KEYS:
+    _exact_field(record, k, where)
 
 
 def load_records(paths: Sequence[str | pathlib.Path]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -10,7 +10,8 @@ Output folder:
   splits/{NAME}.json      {"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]} into dataset.json
   official/{NAME}/{part}.en.txt   `IN: question  OUT: sparql` (read by mcwq_t5x.readers)
   negatives.json          verified negatives of yes/no questions (same keys, expectedResponse False)
-  report.json             counts (records read, malformed, migrated, skipped by reason, assigned,
+  report.json             counts (records read, malformed, migrated, skipped by reason, how the
+                          entities were aligned (`cfq.alignment_source`), assigned,
                           negatives, endpoint requests, cache hits and timeouts)
   cache/endpoint.jsonl    every endpoint answer as it arrives (append-only; a rerun resumes)
 
@@ -146,6 +147,7 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
   # 2. Migrate.
   migrated: list[dict[str, Any]] = []
   skipped: collections.Counter = collections.Counter()
+  alignment: collections.Counter = collections.Counter()
   for pos, fname, where, rec in tqdm(good, desc="migrate", unit="rec", disable=args.quiet):
     try:
       qp, q = mp.migrate_record(rec, mapping, where, model)
@@ -156,6 +158,7 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
       malformed.append(str(e))
       continue
     migrated.append({"pos": pos, "file": fname, "rec": rec, "qp": qp, "q": q})
+    alignment[cfq.alignment_source(rec, where)] += 1
   counts["migrated"] = len(migrated)
 
   # 3. Entity substitution.
@@ -295,6 +298,7 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
 
   report.update(counts)
   report["skipped"] = dict(skipped)
+  report["alignment"] = dict(alignment)
   report["malformed"] = len(malformed)
   report["malformed_records"] = malformed
   if isinstance(endpoint, ep.CachedEndpoint):

@@ -95,17 +95,40 @@ def test_ambiguous_pattern_alignment_resolved_by_question(records, model):
 
 
 def test_conformance_with_mcwq(records, mapping, model, mcwq_queries):
-  """Every sample record whose question pattern is in MCWQ migrates to MCWQ's query."""
+  """Every sample record whose question pattern is in MCWQ migrates to MCWQ's query, string for
+  string (CFQ's clause order, as MCWQ keeps it)."""
   counts = collections.Counter()
   for idx, rec in records.items():
     if rec["questionPatternModEntities"] not in mcwq_queries:
       continue
     counts["matched"] += 1
+    counts["context model"] += cfq.alignment_source(rec) == "context model"
     _, q = mp.migrate_record(rec, mapping, str(idx), model)
     ok, renaming = mp.equal_up_to_renaming(q.to_sparql(), mcwq_queries[rec["questionPatternModEntities"]])
     counts["equal"] += ok
     counts["identity"] += ok and all(k == v for k, v in renaming.items())
-  assert counts == {"matched": 228, "equal": 228, "identity": 228}
+    counts["same string"] += q.to_sparql() == mcwq_queries[rec["questionPatternModEntities"]]
+  assert counts == {"matched": 228, "context model": 17, "equal": 228, "identity": 228,
+                    "same string": 228}
+
+
+def test_repeated_clauses_are_kept_as_mcwq_keeps_them(records, mapping, model, mcwq_queries):
+  # CFQ repeats the filter of "sibling and spouse"; MCWQ keeps both ("Who was M0 's sibling and
+  # spouse", mcd1/dev.en.txt line 5065), so the migration keeps every clause.
+  rec = records[138310]
+  assert rec["questionPatternModEntities"] == "What character was M0 's sibling and spouse"
+  assert rec["sparql"].count("FILTER ( ?x0 != ns:m.026dx0b )") == 2
+  _, q = mp.migrate_record(rec, mapping, "138310", model)
+  assert q.to_sparql() == mcwq_queries["Who was M0 's sibling and spouse"].replace(
+      "wd:Q5", "wd:Q95074") == ("SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q95074 . "
+                                "?x0 wdt:P3373 M0 . ?x0 wdt:P26 M0 . FILTER ( ?x0 != M0 ) . "
+                                "FILTER ( ?x0 != M0 ) }")
+  repeated = [i for i, r in records.items() if "^" not in r["sparql"] and len(set(
+      cfq.parse_query(r["sparql"]).clauses)) < len(cfq.parse_query(r["sparql"]).clauses)]
+  assert len(repeated) == 12
+  for i in repeated:
+    _, q = mp.migrate_record(records[i], mapping, str(i), model)
+    assert len(q.clauses) == len(cfq.parse_query(records[i]["sparql"]).clauses)
 
 
 def test_derived_mapping_agrees_with_file(cfq_files, mcwq_dir):

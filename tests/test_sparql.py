@@ -27,6 +27,23 @@ def test_canonical_ignores_order_duplicates_and_filter_direction():
   assert not sparql.queries_equivalent(a, "garbage")
 
 
+def test_repeated_triple_and_repeated_filter_are_treated_alike():
+  # random_split/test.en.txt line 388 repeats `M2 wdt:P108 M1` (its RIR repeats the object).
+  text = ("ASK WHERE { ?x0 wdt:P3373 ?x1 . ?x1 wdt:P106 wd:Q36834 . FILTER ( ?x0 != ?x1 ) . "
+          "?x0 wdt:P108 M1 . M2 wdt:P108 M1 . M2 wdt:P108 M1 . M3 wdt:P108 M1 . M4 wdt:P108 M1 . "
+          "M5 wdt:P108 M1 }")
+  q = sparql.parse_sparql(text)
+  assert len(q.triples) == 8 and len(set(q.triples)) == 7  # the parse keeps the repetition
+  assert q.properties().count("wdt:P108") == 6
+  assert q.entities().count("M2") == 2
+  once = text.replace("M2 wdt:P108 M1 . M2 wdt:P108 M1", "M2 wdt:P108 M1")
+  twice_filtered = text.replace("FILTER ( ?x0 != ?x1 )",
+                                "FILTER ( ?x0 != ?x1 ) . FILTER ( ?x1 != ?x0 )")
+  assert sparql.queries_equivalent(text, once)
+  assert sparql.queries_equivalent(once, twice_filtered)
+  assert not sparql.queries_equivalent(text, once.replace("M2 wdt:P108 M1", "M2 wdt:P108 M3"))
+
+
 def test_count_form_parses():
   q = sparql.parse_sparql("SELECT count ( * ) WHERE { ?x0 ns:film.film.directed_by ns:m.0abc }")
   assert q.prefix == sparql.COUNT
