@@ -144,7 +144,8 @@ def evaluate_split(cfg: utils.DatasetConfig, infer_fn: InferFn, params: Any,
 
   Returns:
     (metrics {name: float} from the task's metric_fns, e.g. exact_match and bleu, prefixed by
-    `<task>/` for a mixture; the predictions decoded to strings, source order).
+    `<task>/` for a mixture; the predictions decoded to strings and postprocessed by the task,
+    as the metrics saw them and as T5X writes them, in source order).
 
   Raises:
     ValueError: unknown task (see `utils.get_mixture_or_task`).
@@ -169,7 +170,10 @@ def evaluate_split(cfg: utils.DatasetConfig, infer_fn: InferFn, params: Any,
   for task in evaluator.eval_tasks:
     vocab = task.output_features["targets"].vocabulary
     tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
-    predictions.extend(vocab.decode([int(t) for t in row]) for row in tokens)
+    for row in tokens:  # what the metrics scored: the task's postprocessing, as T5X writes it
+      text = vocab.decode([int(t) for t in row])
+      predictions.append(task.postprocess_fn(text, example=None, is_target=False)
+                         if task.postprocess_fn else text)
   return metrics, predictions
 
 

@@ -534,6 +534,30 @@ def _dropout(cfg: T5Config, x: Array, deterministic: bool) -> Array:
       x, deterministic=deterministic)
 
 
+def _attention(cfg: T5Config, name: str) -> "MultiHeadDotProductAttention":
+  """The attention sublayer `name` of a block (T5X parameter name)."""
+  return MultiHeadDotProductAttention(cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
+                                      float32_logits=cfg.float32_attention_logits, name=name)
+
+
+def _mlp(cfg: T5Config) -> "MlpBlock":
+  """The MLP sublayer `mlp` of a block."""
+  return MlpBlock(cfg.mlp_dim, cfg.mlp_activations, intermediate_dropout_rate=cfg.dropout_rate,
+                  dtype=cfg.dtype, name="mlp")
+
+
+def _residual(cfg: T5Config, inputs: Array, norm_name: str, deterministic: bool,
+              sublayer: Callable[[Array], Array]) -> Array:
+  """T5.1.1's pre-norm residual: `inputs + dropout(sublayer(LayerNorm(inputs)))`.
+
+  Called inside a module's compact `__call__` (the LayerNorm `norm_name` and the sublayer's
+  modules belong to that module). Activations [batch, length, embed] keep their logical axes.
+  """
+  x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name=norm_name)(inputs)
+  x = sublayer(_constrain(x, ("batch", "length", "embed")))
+  return _constrain(_dropout(cfg, x, deterministic) + inputs, ("batch", "length", "embed"))
+
+
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention + MLP block of the encoder."""
   config: T5Config
@@ -546,23 +570,11 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     length = inputs.shape[-2]
     bias = self.relative_embedding(length, length, True, positions, positions)
-    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
-                  name="pre_attention_layer_norm")(inputs)
-    x = _constrain(x, ("batch", "length", "embed"))
-    x = MultiHeadDotProductAttention(
-        cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
-        float32_logits=cfg.float32_attention_logits, name="attention")(
-            x, x, encoder_mask, bias, deterministic=deterministic)
-    x = _dropout(cfg, x, deterministic) + inputs
-    x = _constrain(x, ("batch", "length", "embed"))
-    y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
-                  name="pre_mlp_layer_norm")(x)
-    y = _constrain(y, ("batch", "length", "embed"))
-    y = MlpBlock(cfg.mlp_dim, cfg.mlp_activations,
-                 intermediate_dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
-                 name="mlp")(y, deterministic=deterministic)
-    y = _dropout(cfg, y, deterministic) + x
-    return _constrain(y, ("batch", "length", "embed"))
+    x = _residual(cfg, inputs, "pre_attention_layer_norm", deterministic,
+                  lambda h: _attention(cfg, "attention")(
+                      h, h, encoder_mask, bias, deterministic=deterministic))
+    return _residual(cfg, x, "pre_mlp_layer_norm", deterministic,
+                     lambda h: _mlp(cfg)(h, deterministic=deterministic))
 
 
 class DecoderLayer(nn.Module):
@@ -585,34 +597,14 @@ class DecoderLayer(nn.Module):
                                      positions)
     else:
       bias = self.relative_embedding(length, length, False)
-    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
-                  name="pre_self_attention_layer_norm")(inputs)
-    x = _constrain(x, ("batch", "length", "embed"))
-    x = MultiHeadDotProductAttention(
-        cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
-        float32_logits=cfg.float32_attention_logits, name="self_attention")(
-            x, x, decoder_mask, bias, deterministic=deterministic,
-            decode=decode)
-    x = _dropout(cfg, x, deterministic) + inputs
-    x = _constrain(x, ("batch", "length", "embed"))
-    y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
-                  name="pre_cross_attention_layer_norm")(x)
-    y = _constrain(y, ("batch", "length", "embed"))
-    y = MultiHeadDotProductAttention(
-        cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
-        float32_logits=cfg.float32_attention_logits,
-        name="encoder_decoder_attention")(
-            y, encoded, encoder_decoder_mask, deterministic=deterministic)
-    y = _dropout(cfg, y, deterministic) + x
-    y = _constrain(y, ("batch", "length", "embed"))
-    z = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype,
-                  name="pre_mlp_layer_norm")(y)
-    z = _constrain(z, ("batch", "length", "embed"))
-    z = MlpBlock(cfg.mlp_dim, cfg.mlp_activations,
-                 intermediate_dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
-                 name="mlp")(z, deterministic=deterministic)
-    z = _dropout(cfg, z, deterministic) + y
-    return _constrain(z, ("batch", "length", "embed"))
+    x = _residual(cfg, inputs, "pre_self_attention_layer_norm", deterministic,
+                  lambda h: _attention(cfg, "self_attention")(
+                      h, h, decoder_mask, bias, deterministic=deterministic, decode=decode))
+    y = _residual(cfg, x, "pre_cross_attention_layer_norm", deterministic,
+                  lambda h: _attention(cfg, "encoder_decoder_attention")(
+                      h, encoded, encoder_decoder_mask, deterministic=deterministic))
+    return _residual(cfg, y, "pre_mlp_layer_norm", deterministic,
+                     lambda h: _mlp(cfg)(h, deterministic=deterministic))
 
 
 class Encoder(nn.Module):
