@@ -14,7 +14,8 @@
 
 """Import pre-trained T5/mT5 weights into the `network.Transformer` tree.
 
-Two formats are read, both returning the same nested dict of float32 numpy
+Three formats are read (`load_params` picks the one a path holds, see
+`CHECKPOINT_FORMATS`), all returning the same nested dict of float32 numpy
 arrays keyed by T5X's parameter names (`token_embedder/embedding`,
 `encoder/layers_0/attention/query/kernel`, ...):
 
@@ -32,20 +33,31 @@ arrays keyed by T5X's parameter names (`token_embedder/embedding`,
   The reference is either a TensorStore spec dict (T5X's own writer; the
   kvstore path is relative to the checkpoint directory) or a string
   `PLACEHOLDER://target.encoder...` (Orbax-style writer). Only `target` is
-  read; the optimizer state is ignored.
+  read; the optimizer state is ignored. An array without a fill value must
+  have every chunk file: a missing one raises `IncompleteCheckpointError`
+  (TensorStore would otherwise read zeros there).
+* This engine's Orbax checkpoints (`mcwq_t5x.checkpoints`):
+  `MODEL_DIR/checkpoints/<step>/state/` holds the train state as an Orbax
+  PyTree whose parameters are under the top-level key `params` (today's
+  `{params, opt_state, step}`) or `target` (T5X's `{target, state}` layout),
+  see `ORBAX_PARAMS_KEYS`. Only the parameters are read.
 
 Every import is checked against the parameter shapes of
-`network.Transformer(config)`: a missing, unexpected or mis-shaped parameter
-raises `CheckpointMismatchError` naming it.
+`network.Transformer(config)`: missing, unexpected or mis-shaped parameters
+raise `CheckpointMismatchError` naming every one of them. The Hugging Face
+name table `hf_name_map` serves both directions (`mcwq_t5x.export_hf` writes
+with it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import logging
 import os
 import pathlib
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from flax import serialization
 from flax import traverse_util
@@ -65,6 +77,18 @@ T5X_CHECKPOINT_FILE = "checkpoint"
 
 class CheckpointMismatchError(ValueError):
   """A checkpoint's parameter names or shapes do not match the model."""
+
+
+class IncompleteCheckpointError(ValueError):
+  """A checkpoint array lacks stored data (e.g. a deleted TensorStore chunk file)."""
+
+
+def _name_all(names: list[str], limit: int = 50) -> str:
+  """'a, b, c' for up to `limit` names, then '... and N more'."""
+  shown = ", ".join(names[:limit])
+  if len(names) > limit:
+    shown += f", ... and {len(names) - limit} more"
+  return shown
 
 
 # ---------------------------------------------------------------------------
@@ -97,30 +121,51 @@ def check_params(params: Mapping[str, Any], config: network.T5Config,
     params: nested dict of arrays (T5X names).
     config: the model config.
     source: file/dir name used in error messages.
+
+  Raises:
+    CheckpointMismatchError: naming every missing, unexpected and mis-shaped
+      parameter (the first 50 of each kind, then a count).
   """
   expected = expected_param_shapes(config)
   got = {k: tuple(np.shape(v))
          for k, v in traverse_util.flatten_dict(dict(params), sep="/").items()}
   missing = sorted(set(expected) - set(got))
   extra = sorted(set(got) - set(expected))
+  wrong = [f"{name} has shape {got[name]}, the model expects {expected[name]}"
+           for name in sorted(set(expected) & set(got))
+           if expected[name] != got[name]]
+  problems = []
   if missing:
-    raise CheckpointMismatchError(
-        f"{source}: parameter {missing[0]} (shape {expected[missing[0]]}) is "
-        f"missing ({len(missing)} missing in all: {missing[:5]})")
+    problems.append(f"{len(missing)} parameter(s) missing: " + _name_all(
+        [f"{name} (shape {expected[name]})" for name in missing]))
   if extra:
-    raise CheckpointMismatchError(
-        f"{source}: unexpected parameter {extra[0]} with shape "
-        f"{got[extra[0]]} ({len(extra)} unexpected in all: {extra[:5]})")
-  for name in sorted(expected):
-    if expected[name] != got[name]:
-      raise CheckpointMismatchError(
-          f"{source}: parameter {name} has shape {got[name]}, the model "
-          f"expects {expected[name]}")
+    problems.append(f"{len(extra)} unexpected parameter(s): " + _name_all(
+        [f"{name} (shape {got[name]})" for name in extra]))
+  if wrong:
+    problems.append(f"{len(wrong)} parameter(s) of the wrong shape: "
+                    + _name_all(wrong))
+  if problems:
+    raise CheckpointMismatchError(f"{source}: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------
 # Hugging Face.
 # ---------------------------------------------------------------------------
+# `model_type` values of Hugging Face configs this network reproduces.
+HF_MODEL_TYPES = frozenset({"t5", "mt5"})
+
+# Tensors a Hugging Face T5/mT5 state dict may hold besides the parameters:
+# copies of `shared.weight` (torch `.bin` files save the tied embeddings of both
+# stacks) and the cross-attention relative position table that old T5
+# checkpoints carry but never use. {key: key it must equal, or None}.
+HF_REDUNDANT_TENSORS = {
+    "encoder.embed_tokens.weight": "shared.weight",
+    "decoder.embed_tokens.weight": "shared.weight",
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight":
+        None,
+}
+
+
 def config_from_hf(config: PathLike | Mapping[str, Any],
                    **overrides: Any) -> network.T5Config:
   """T5Config from a Hugging Face T5/mT5 `config.json` (path or dict).
@@ -135,7 +180,9 @@ def config_from_hf(config: PathLike | Mapping[str, Any],
   mT5 always has a separate output layer.
 
   Raises:
-    ValueError: unreadable file, missing field or unsupported activation.
+    ValueError: unreadable file, missing field, unsupported activation, or a
+      `model_type` other than "t5"/"mt5" (another architecture, e.g. BART or
+      UMT5, whose per-layer relative position tables this network lacks).
   """
   if isinstance(config, (str, os.PathLike)):
     path = pathlib.Path(config)
@@ -149,6 +196,12 @@ def config_from_hf(config: PathLike | Mapping[str, Any],
   else:
     cfg = dict(config)
     source = "config"
+  model_type = cfg.get("model_type", "t5")
+  if model_type not in HF_MODEL_TYPES:
+    archs = cfg.get("architectures") or []
+    raise ValueError(
+        f"{source}: model_type {model_type!r} ({', '.join(archs) or 'no architectures'}) is "
+        f"not a T5/mT5 encoder-decoder; supported model types: {sorted(HF_MODEL_TYPES)}")
   proj = cfg.get("feed_forward_proj", "relu")
   acts = {"gated-gelu": ("gelu", "linear"), "gated-gelu_new": ("gelu", "linear"),
           "relu": ("relu",), "gated-silu": ("silu", "linear"),
@@ -156,7 +209,6 @@ def config_from_hf(config: PathLike | Mapping[str, Any],
           "gelu_new": ("gelu",)}
   if proj not in acts:
     raise ValueError(f"{source}: unsupported feed_forward_proj {proj!r}")
-  model_type = cfg.get("model_type", "t5")
   if model_type == "mt5":
     tied = False
   elif "scale_decoder_outputs" in cfg:
@@ -185,8 +237,22 @@ def config_from_hf(config: PathLike | Mapping[str, Any],
   return network.T5Config(**kwargs)
 
 
-def _hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
-  """{T5X flat name: (HF state-dict key, transpose?)} for `config`."""
+def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
+  """{T5X flat name: (HF state-dict key, transpose?)} for `config`.
+
+  The one table between this network's parameters and the state dict of
+  Hugging Face `T5ForConditionalGeneration` / `MT5ForConditionalGeneration`
+  (transformers `modeling_t5.py` module names), used by the import here and by
+  the export (`mcwq_t5x.export_hf`). Torch `Linear` weights are [out, in] and
+  T5X kernels [in, out], so kernels are transposed (`transpose=True`); the HF
+  relative position table [buckets, heads] is transposed to T5X's
+  [heads, buckets]. Embedding [vocab, embed] and layer-norm scales [embed] are
+  stored alike. A tied config (`logits_via_embedding`) has no `lm_head.weight`.
+
+  Returns:
+    One entry per parameter of `network.Transformer(config)`; keys of the
+    returned dict equal `expected_param_shapes(config)`'s.
+  """
   m: dict[str, tuple[str, bool]] = {
       "token_embedder/embedding": ("shared.weight", False),
       "encoder/relpos_bias/rel_embedding": (
@@ -232,6 +298,9 @@ def _hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
   return m
 
 
+_hf_name_map = hf_name_map  # the name before the export used it
+
+
 def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray],
                                                           str]:
   """Reads model.safetensors (or shards, or pytorch_model.bin) as numpy."""
@@ -268,6 +337,16 @@ def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray],
                    "model.safetensors.index.json or pytorch_model.bin")
 
 
+def _hf_config_ties_embeddings(directory: pathlib.Path) -> bool:
+  """True iff `directory/config.json` says `tie_word_embeddings: true` (transformers 5 writes
+  it for every T5/mT5; transformers 4 wrote false for untied models)."""
+  try:
+    return json.loads((directory / "config.json").read_text()).get(
+        "tie_word_embeddings") is True
+  except (OSError, json.JSONDecodeError):
+    return False
+
+
 def load_hf_checkpoint(path: PathLike,
                        config: Optional[network.T5Config] = None) -> Params:
   """Params from a Hugging Face T5/mT5 directory (save_pretrained layout).
@@ -281,30 +360,71 @@ def load_hf_checkpoint(path: PathLike,
     Nested dict of float32 numpy arrays in T5X layout.
 
   Raises:
-    CheckpointMismatchError: a tensor is missing or has the wrong shape
-      (message names the T5X parameter and the HF key).
-    ValueError: unreadable files.
+    CheckpointMismatchError: naming every tensor that is missing (e.g. the
+      `lm_head.weight` of an untied config: `shared.weight` stands in for it
+      only when `config.json` says `tie_word_embeddings: true`, as
+      transformers does), has the wrong shape, is not a
+      parameter of the model (e.g. `encoder.block.8` for an 8-layer config), or
+      is a stored copy of the embedding (`lm_head.weight` of a tied config,
+      `*.embed_tokens.weight`) that differs from `shared.weight`. Each message
+      names the HF key and the T5X parameter.
+    ValueError: unreadable files; `config.json` of another architecture.
   """
   directory = pathlib.Path(path)
   if config is None:
     config = config_from_hf(directory / "config.json")
   state, source = _read_hf_state_dict(directory)
   expected = expected_param_shapes(config)
-  flat = {}
-  for name, (key, transpose) in _hf_name_map(config).items():
-    if key not in state and key == "lm_head.weight" and "shared.weight" in state:
-      key = "shared.weight"  # HF ties lm_head to shared when it is not saved.
+  name_map = hf_name_map(config)
+  flat, missing, wrong = {}, [], []
+  for name, (key, transpose) in name_map.items():
+    if (key == "lm_head.weight" and key not in state and "shared.weight" in state
+        and _hf_config_ties_embeddings(directory)):
+      # transformers ties `lm_head` to `shared` (unscaled, for mT5 / T5.1.1) when the config
+      # says `tie_word_embeddings: true` and the file has no lm_head.weight.
+      logging.info("%s: no lm_head.weight and tie_word_embeddings is true: the output layer "
+                   "is shared.weight, as transformers loads it", source)
+      key = "shared.weight"
     if key not in state:
-      raise CheckpointMismatchError(
-          f"{source}: tensor {key} for parameter {name} is missing")
+      missing.append(f"{key} (parameter {name}, shape {expected[name]})")
+      continue
     value = np.asarray(state[key], dtype=np.float32)
     if transpose:
       value = value.T
     if tuple(value.shape) != expected[name]:
-      raise CheckpointMismatchError(
-          f"{source}: parameter {name} (from {key}) has shape {value.shape}, "
-          f"the model expects {expected[name]}")
+      wrong.append(f"{key} -> {name} has shape {value.shape}, the model "
+                   f"expects {expected[name]}")
+      continue
     flat[name] = np.ascontiguousarray(value)
+  copies = dict(HF_REDUNDANT_TENSORS)
+  if config.logits_via_embedding:
+    copies["lm_head.weight"] = "shared.weight"  # ignored by HF when tied
+  used = {key for key, _ in name_map.values()}
+  unexpected, differing = [], []
+  for key in sorted(set(state) - used):
+    if key not in copies:
+      unexpected.append(f"{key} (shape {tuple(np.shape(state[key]))})")
+    elif (copies[key] is not None and copies[key] in state and
+          not np.array_equal(state[key], state[copies[key]])):
+      differing.append(key)
+  problems = []
+  if missing:
+    problems.append(f"{len(missing)} tensor(s) missing: " + _name_all(missing))
+  if wrong:
+    problems.append(f"{len(wrong)} tensor(s) of the wrong shape: " +
+                    _name_all(wrong))
+  if unexpected:
+    problems.append(
+        f"{len(unexpected)} tensor(s) the model has no parameter for (a "
+        f"config with {config.num_encoder_layers}+{config.num_decoder_layers} "
+        f"layers, {'tied' if config.logits_via_embedding else 'untied'} "
+        "output layer): " + _name_all(unexpected))
+  if differing:
+    problems.append(
+        "tensor(s) that should be copies of shared.weight differ from it "
+        f"(the model would not use them): {_name_all(differing)}")
+  if problems:
+    raise CheckpointMismatchError(f"{source}: " + "; ".join(problems))
   params = traverse_util.unflatten_dict(flat, sep="/")
   check_params(params, config, source)
   return params
@@ -313,12 +433,54 @@ def load_hf_checkpoint(path: PathLike,
 # ---------------------------------------------------------------------------
 # T5X native (msgpack + TensorStore zarr).
 # ---------------------------------------------------------------------------
-def _ts_read(spec: dict[str, Any], source: str) -> np.ndarray:
+def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
+  """Reads a TensorStore array, failing on chunks that are not stored.
+
+  TensorStore reads a missing chunk as the fill value (zeros when the zarr
+  metadata has `fill_value: null`, as T5X and `save_t5x_checkpoint` write).
+  Writers store every chunk of such an array, so a missing one means lost
+  data: it is read with `fill_missing_data_reads: false` and the error names
+  the array and the chunk file. An array with an explicit fill value may omit
+  chunks equal to it (TensorStore's writer does), so those read as usual. The
+  shape is checked against the `metadata.shape` the checkpoint's own msgpack
+  recorded, when it did.
+
+  Args:
+    spec: TensorStore spec (driver + kvstore, optional metadata).
+    source: the array's path, for messages.
+    name: the array's dotted name in the checkpoint (`target.encoder...`).
+
+  Returns:
+    The array as numpy (its stored dtype).
+
+  Raises:
+    IncompleteCheckpointError: a chunk file is missing, or the stored shape
+      differs from the shape the checkpoint recorded.
+    ValueError: unreadable array.
+  """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  recorded = (spec.get("metadata") or {}).get("shape")
+  open_spec = {k: v for k, v in spec.items() if k != "metadata"}
   try:
-    return np.asarray(ts.open(spec, open=True).result().read().result())
+    store = ts.open(open_spec, open=True).result()
+    metadata = store.spec().to_json().get("metadata", {})
+    if "fill_value" in metadata and metadata["fill_value"] is None:
+      store = ts.open({**open_spec, "fill_missing_data_reads": False},
+                      open=True).result()
+    if recorded is not None and list(store.shape) != list(recorded):
+      raise IncompleteCheckpointError(
+          f"{source}: array {name} has shape {tuple(store.shape)}, the "
+          f"checkpoint recorded {tuple(recorded)}")
+    return np.asarray(store.read().result())
+  except IncompleteCheckpointError:
+    raise
   except Exception as e:  # tensorstore raises ValueError/OSError variants.
-    raise ValueError(f"{source}: cannot read TensorStore array: {e}") from e
+    if "NOT_FOUND" in str(e) and "chunk" in str(e):
+      raise IncompleteCheckpointError(
+          f"{source}: array {name} is incomplete, a chunk file is missing "
+          f"({e})") from e
+    raise ValueError(f"{source}: cannot read TensorStore array {name}: "
+                     f"{e}") from e
 
 
 def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
@@ -327,7 +489,7 @@ def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
     rel = leaf[len(_PLACEHOLDER):]
     spec = {"driver": "zarr",
             "kvstore": {"driver": "file", "path": str(directory / rel)}}
-    return _ts_read(spec, str(directory / rel))
+    return _ts_read(spec, str(directory / rel), name)
   if isinstance(leaf, dict) and "kvstore" in leaf and "driver" in leaf:
     spec = json.loads(json.dumps(leaf))  # deep copy of plain data
     kv = spec["kvstore"]
@@ -337,7 +499,7 @@ def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
     if kv.get("driver") in ("gcs", "gfile", "file"):
       kv = {"driver": "file", "path": str(directory / rel)}
     spec["kvstore"] = kv
-    return _ts_read(spec, str(directory / rel))
+    return _ts_read(spec, str(directory / rel), name)
   return leaf
 
 
@@ -359,6 +521,8 @@ def load_t5x_checkpoint(path: PathLike,
 
   Raises:
     CheckpointMismatchError: names/shapes differ from the model.
+    IncompleteCheckpointError: an array misses a chunk file or has another
+      shape than the msgpack recorded (message names the array).
     ValueError: unreadable msgpack, no `target` tree, unreadable arrays.
   """
   path = pathlib.Path(path)
@@ -445,44 +609,221 @@ def save_t5x_checkpoint(params: Mapping[str, Any], path: PathLike, *,
 
 
 # ---------------------------------------------------------------------------
-# Format detection.
+# This engine's Orbax checkpoints.
 # ---------------------------------------------------------------------------
+# Top-level keys of the saved train state under which the parameters live:
+# `params` in today's `TrainState(step, params, opt_state)`, `target` in T5X's
+# `{"target": params, "state": {"step", "param_states"}}` layout.
+ORBAX_PARAMS_KEYS = ("params", "target")
+# Sub-directory of a step folder holding the train state (the item name given
+# to `ocp.args.Composite` by `mcwq_t5x.checkpoints.CheckpointManager.save`).
+ORBAX_STATE_ITEM = "state"
+_ORBAX_METADATA_FILES = ("_METADATA", "_CHECKPOINT_METADATA", "manifest.ocdbt")
+
+
+def _is_orbax_item(p: pathlib.Path) -> bool:
+  return p.is_dir() and any((p / f).is_file() for f in _ORBAX_METADATA_FILES)
+
+
+def _step_of(folder: pathlib.Path) -> Optional[int]:
+  """N for a step folder named `N` (Orbax `CheckpointManager`) or
+  `checkpoint_N` (T5X); None otherwise, e.g. for Orbax's temporary
+  `N.orbax-checkpoint-tmp-*` folders of unfinished saves."""
+  name = folder.name
+  if name.startswith("checkpoint_"):
+    name = name[len("checkpoint_"):]
+  return int(name) if name.isdigit() else None
+
+
+def _orbax_steps(folder: pathlib.Path) -> list[pathlib.Path]:
+  """Finished step folders holding a state item, ascending by step."""
+  if not folder.is_dir():
+    return []
+  steps = [d for d in folder.iterdir() if _step_of(d) is not None
+           and _is_orbax_item(d / ORBAX_STATE_ITEM)]
+  return sorted(steps, key=_step_of)
+
+
+def locate_orbax_state(path: PathLike) -> Optional[pathlib.Path]:
+  """The Orbax train-state folder a path designates, or None.
+
+  Accepted (newest step when several): `MODEL_DIR`, `MODEL_DIR/checkpoints`,
+  `MODEL_DIR/checkpoints/<step>`, `MODEL_DIR/checkpoints/<step>/state`, and
+  the same with T5X's step folders `MODEL_DIR/checkpoint_<step>/state`.
+  """
+  p = pathlib.Path(path)
+  if p.name == ORBAX_STATE_ITEM and _is_orbax_item(p):
+    return p
+  if _is_orbax_item(p / ORBAX_STATE_ITEM):
+    return p / ORBAX_STATE_ITEM
+  for folder in (p / "checkpoints", p):
+    steps = _orbax_steps(folder)
+    if steps:
+      return steps[-1] / ORBAX_STATE_ITEM
+  return None
+
+
+def load_orbax_params(path: PathLike,
+                      config: Optional[network.T5Config] = None) -> Params:
+  """Parameters of an Orbax train-state checkpoint written by this engine.
+
+  Only the parameter subtree is restored (partial restore, as numpy on the
+  host), whatever optimizer state sits next to it.
+
+  Args:
+    path: any path `locate_orbax_state` accepts.
+    config: if given, names and shapes are checked against the model.
+
+  Returns:
+    Nested dict of float32 numpy arrays in T5X layout.
+
+  Raises:
+    CheckpointMismatchError: names/shapes differ from the model.
+    ValueError: no Orbax state at `path`, no `ORBAX_PARAMS_KEYS` key in it, or
+      unreadable files (message names the folder).
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  state_dir = locate_orbax_state(path)
+  if state_dir is None:
+    raise ValueError(f"{path}: no Orbax checkpoint (expected MODEL_DIR, "
+                     "MODEL_DIR/checkpoints or MODEL_DIR/checkpoints/<step> "
+                     f"with a '{ORBAX_STATE_ITEM}' folder)")
+  checkpointer = ocp.PyTreeCheckpointer()
+  try:
+    metadata = checkpointer.metadata(state_dir).item_metadata
+    keys = list(metadata.keys())
+  except Exception as e:  # orbax raises many error types.
+    raise ValueError(f"{state_dir}: cannot read Orbax metadata: {e}") from e
+  key = next((k for k in ORBAX_PARAMS_KEYS if k in keys), None)
+  if key is None:
+    raise ValueError(f"{state_dir}: no parameters in the Orbax train state "
+                     f"(top-level keys {sorted(keys)}; expected one of "
+                     f"{list(ORBAX_PARAMS_KEYS)})")
+  item = {key: jax.tree_util.tree_map(
+      lambda m: np.zeros((0,), np.float32), metadata[key])}
+  restore_args = jax.tree_util.tree_map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+  try:
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=True))[key]
+  except Exception as e:  # orbax/tensorstore raise many error types.
+    raise ValueError(f"{state_dir}: cannot restore '{key}' from the Orbax "
+                     f"checkpoint: {e}") from e
+  flat = traverse_util.flatten_dict(nn.unbox(dict(restored)), sep="/")
+  params = traverse_util.unflatten_dict(
+      {k: np.asarray(v, dtype=np.float32) for k, v in flat.items()}, sep="/")
+  if config is not None:
+    check_params(params, config, str(state_dir))
+  return params
+
+
+# ---------------------------------------------------------------------------
+# Format detection and the one entry point.
+# ---------------------------------------------------------------------------
+def _locate_hf(p: pathlib.Path) -> Optional[pathlib.Path]:
+  if p.is_dir() and any((p / f).is_file() for f in (
+      "model.safetensors", "model.safetensors.index.json",
+      "pytorch_model.bin")):
+    return p
+  return None
+
+
+def _locate_t5x(p: pathlib.Path) -> Optional[pathlib.Path]:
+  """`checkpoint_N/` (or its msgpack file), or a T5X MODEL_DIR (newest N)."""
+  if p.is_file() and p.name == T5X_CHECKPOINT_FILE:
+    return p.parent
+  if p.is_dir():
+    if (p / T5X_CHECKPOINT_FILE).is_file():
+      return p
+    steps = [d for d in p.iterdir()
+             if d.name.startswith("checkpoint_") and d.name[11:].isdigit()
+             and (d / T5X_CHECKPOINT_FILE).is_file()]
+    if steps:
+      return max(steps, key=lambda d: int(d.name[11:]))
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFormat:
+  """A checkpoint layout `load_params` reads.
+
+  Attributes:
+    name: short name ("hf", "t5x", "orbax"), returned by `detect_format`.
+    locate: path -> the location `load` takes, or None if the path does not
+      hold this format. Must not raise for paths of other formats.
+    load: (location, config or None) -> nested dict of float32 numpy arrays
+      (T5X names), checked against the config when one is given.
+    description: what the format looks like, for error messages.
+  """
+  name: str
+  locate: Callable[[pathlib.Path], Optional[pathlib.Path]]
+  load: Callable[[pathlib.Path, Optional[network.T5Config]], Params]
+  description: str
+
+
+# Tried in order; the first whose `locate` answers wins. A new layout is one
+# more entry (or, for the Orbax train state, one more `ORBAX_PARAMS_KEYS`).
+CHECKPOINT_FORMATS: list[CheckpointFormat] = [
+    CheckpointFormat(
+        "hf", _locate_hf, load_hf_checkpoint,
+        "a Hugging Face directory with model.safetensors / pytorch_model.bin"),
+    CheckpointFormat(
+        "t5x", _locate_t5x, load_t5x_checkpoint,
+        "a T5X checkpoint_N directory with a 'checkpoint' msgpack file"),
+    CheckpointFormat(
+        "orbax", locate_orbax_state, load_orbax_params,
+        "an Orbax checkpoint of this engine (MODEL_DIR, MODEL_DIR/checkpoints "
+        "or MODEL_DIR/checkpoints/<step> with a 'state' folder)"),
+]
+
+
+def locate_checkpoint(path: PathLike) -> tuple[CheckpointFormat, pathlib.Path]:
+  """(format, location) of the checkpoint at `path` (first match in order).
+
+  Raises:
+    ValueError: no format matches (message lists what was looked for).
+  """
+  p = pathlib.Path(path)
+  for fmt in CHECKPOINT_FORMATS:
+    where = fmt.locate(p)
+    if where is not None:
+      return fmt, where
+  looked_for = "; or ".join(f.description for f in CHECKPOINT_FORMATS)
+  raise ValueError(f"{p}: not a checkpoint: expected {looked_for}")
+
+
 def detect_format(path: PathLike) -> str:
-  """'hf' or 't5x' for a checkpoint path.
+  """'hf', 't5x' or 'orbax' (the `name` of the matching `CheckpointFormat`).
 
   Raises:
     ValueError: neither layout found (message lists what was looked for).
   """
-  p = pathlib.Path(path)
-  if p.is_file() and p.name == T5X_CHECKPOINT_FILE:
-    return "t5x"
-  if p.is_dir():
-    if (p / T5X_CHECKPOINT_FILE).is_file():
-      return "t5x"
-    if any((p / f).is_file() for f in ("model.safetensors",
-                                       "model.safetensors.index.json",
-                                       "pytorch_model.bin")):
-      return "hf"
-  raise ValueError(
-      f"{p}: not a checkpoint: expected a T5X directory with a 'checkpoint' "
-      "msgpack file, or a Hugging Face directory with model.safetensors / "
-      "pytorch_model.bin")
+  return locate_checkpoint(path)[0].name
 
 
-def load_pretrained(path: PathLike, config: network.T5Config) -> Params:
-  """Params from a HF or T5X-native checkpoint, checked against `config`.
+def load_params(path: PathLike, config: network.T5Config) -> Params:
+  """Params of any checkpoint `CHECKPOINT_FORMATS` reads, checked against `config`.
 
   Args:
-    path: checkpoint directory (format detected by `detect_format`).
+    path: a Hugging Face directory, a T5X `checkpoint_N` directory (or T5X
+      MODEL_DIR: newest), or an Orbax checkpoint of this engine (MODEL_DIR,
+      MODEL_DIR/checkpoints, .../<step>; newest step when not given).
     config: model config the params must fit.
 
   Returns:
-    Nested dict of float32 numpy arrays (plain, unboxed; T5X names).
+    Nested dict of float32 numpy arrays (plain, unboxed; T5X names), shapes of
+    `expected_param_shapes(config)`.
 
   Raises:
-    CheckpointMismatchError, ValueError: see the format-specific loaders.
+    ValueError: not a checkpoint, or unreadable (message names the path).
+    CheckpointMismatchError: names/shapes differ from the model (every
+      offending parameter named).
+    IncompleteCheckpointError: stored data missing (names the array).
   """
-  fmt = detect_format(path)
-  if fmt == "hf":
-    return load_hf_checkpoint(path, config)
-  return load_t5x_checkpoint(path, config)
+  fmt, where = locate_checkpoint(path)
+  return fmt.load(where, config)
+
+
+def load_pretrained(path: PathLike, config: network.T5Config) -> Params:
+  """`load_params` (the name `train`/`eval` use for INITIAL_CHECKPOINT_PATH)."""
+  return load_params(path, config)

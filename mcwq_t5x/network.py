@@ -68,8 +68,9 @@ class T5Config:
 
   Attributes:
     vocab_size: rows of the token embedding (and columns of the logits).
-    dtype: dtype of activations (`jnp.float32` or `jnp.bfloat16`; the strings
-      "float32"/"bfloat16" are accepted and converted). Params are float32.
+    dtype: dtype of activations (`jnp.float32`, `jnp.bfloat16` or `jnp.float16`; the strings
+      "float32"/"bfloat16"/"float16" are accepted and converted). Params are float32. Masked
+      attention logits get `mask_value(dtype)`, finite in every one of them.
     emb_dim: model width d_model.
     num_heads: attention heads.
     num_encoder_layers: encoder blocks.
@@ -223,6 +224,40 @@ def make_decoder_mask(decoder_target_tokens: Array, dtype: DType,
     segment = make_attention_mask(decoder_segment_ids, decoder_segment_ids,
                                   jnp.equal, dtype)
   return combine_masks(causal, padding, segment, dtype=dtype)
+
+
+def mask_value(dtype: DType) -> Array:
+  """The logit given to masked attention positions: the most negative finite value of `dtype`.
+
+  As Flax (`nn.dot_product_attention_weights`): `jnp.finfo(dtype).min` is finite in every float
+  dtype, whereas a fixed constant such as T5X's -1e10 overflows to -inf in float16 (max 65504), and
+  a row whose keys are all masked (a padding query) then becomes NaN after the softmax.
+
+  Args:
+    dtype: a floating dtype (float32, bfloat16, float16).
+
+  Returns:
+    A scalar of `dtype`.
+  """
+  return jnp.asarray(jnp.finfo(dtype).min, dtype)
+
+
+def mask_logits(logits: Array, mask: Array) -> Array:
+  """Replaces masked attention logits by `mask_value(logits.dtype)`.
+
+  The value is put in place (`jnp.where`), not added as a bias: adding it to a negative relative
+  position bias would overflow to -inf in float16. Masked keys then get weight exactly 0 after the
+  softmax (exp(min - max) underflows to 0) and a fully masked row gets uniform weights, finite in
+  every dtype.
+
+  Args:
+    logits: [batch, heads, q_len, kv_len] float attention logits (any float dtype).
+    mask: broadcastable to `logits`, e.g. [batch or 1, 1, q_len, kv_len]; > 0 = attend.
+
+  Returns:
+    `logits` with masked entries replaced, same shape and dtype.
+  """
+  return jnp.where(mask > 0, logits, mask_value(logits.dtype))
 
 
 # ---------------------------------------------------------------------------
@@ -413,7 +448,8 @@ class MultiHeadDotProductAttention(nn.Module):
     Args:
       inputs_q: queries' inputs.
       inputs_kv: keys'/values' inputs.
-      mask: [b or 1, 1 or heads, q, k] (1 = attend) or None.
+      mask: [b or 1, 1 or heads, q, k] (1 = attend) or None; masked logits are set to
+        `mask_value` of the logits' dtype (see `mask_logits`).
       bias: [b or 1, heads, q, k] additive bias (relative positions) or None.
       decode: use and update the cache (one query position per call once the
         cache exists; the first call with decode=True only creates it).
@@ -471,22 +507,15 @@ class MultiHeadDotProductAttention(nn.Module):
         if bias is not None:
           bias = lax.dynamic_slice_in_dim(bias, cur_index, 1, axis=-2)
 
-    attention_bias = None
-    if mask is not None:
-      attention_bias = lax.select(
-          mask > 0, jnp.full(mask.shape, 0.0).astype(self.dtype),
-          jnp.full(mask.shape, -1e10).astype(self.dtype))
-    if bias is not None:
-      attention_bias = (bias if attention_bias is None
-                        else attention_bias + bias)
-
     if self.float32_logits:
       query = query.astype(jnp.float32)
       key = key.astype(jnp.float32)
     # [b, heads, q, k]
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
-    if attention_bias is not None:
-      logits = logits + attention_bias.astype(logits.dtype)
+    if bias is not None:
+      logits = logits + bias.astype(logits.dtype)
+    if mask is not None:
+      logits = mask_logits(logits, mask)
     weights = jax.nn.softmax(logits).astype(self.dtype)
     if not deterministic and self.dropout_rate > 0.0:
       keep_prob = 1.0 - self.dropout_rate

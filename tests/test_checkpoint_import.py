@@ -227,3 +227,170 @@ def test_mismatch_names_the_parameter(hf_model, tmp_path):
     ci.load_pretrained(t5x_path, config)
   with pytest.raises(ValueError, match="not a checkpoint"):
     ci.load_pretrained(tmp_path, config)
+
+
+def _copy_hf(path, tmp_path, edit, **config_changes):
+  """A copy of the HF folder `path` whose state dict is passed through `edit(dict)` and whose
+  config.json gets `config_changes`."""
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  copy = tmp_path / f"edited_{path.name}"
+  copy.mkdir()
+  raw = json.loads((path / "config.json").read_text())
+  (copy / "config.json").write_text(json.dumps({**raw, **config_changes}))
+  state = load_file(str(path / "model.safetensors"))
+  save_file(edit(dict(state)), str(copy / "model.safetensors"), metadata={"format": "pt"})
+  return copy
+
+
+def test_missing_hf_tensors_are_all_named(hf_model, tmp_path):
+  """Issue 11: an untied folder without lm_head.weight imported with shared.weight as the
+  output layer; now every missing tensor is named and nothing is substituted."""
+  kind, _, path, config, params = hf_model
+  drop = ["lm_head.weight" if kind == "mt5" else "decoder.final_layer_norm.weight",
+          "encoder.block.1.layer.1.DenseReluDense.wo.weight"]
+
+  def remove(state):
+    for key in drop:
+      del state[key]
+    return state
+
+  # As transformers 4 / the published mT5 configs write it (transformers 5 writes true).
+  edited = _copy_hf(path, tmp_path, remove, tie_word_embeddings=False)
+  assert not config.logits_via_embedding or kind == "t5_1_0"
+  with pytest.raises(ci.CheckpointMismatchError) as e:
+    ci.load_pretrained(edited, config)
+  message = str(e.value)
+  assert "2 tensor(s) missing" in message
+  for key in drop:
+    assert key in message
+  assert "encoder/layers_1/mlp/wo/kernel" in message
+  if kind == "mt5":
+    assert "decoder/logits_dense/kernel" in message
+
+
+def test_tied_mt5_without_lm_head_loads_as_transformers_does(hf_model, tmp_path):
+  """`tie_word_embeddings: true` and no lm_head.weight: transformers ties lm_head to shared
+  (unscaled); the import does the same instead of failing."""
+  kind, _, path, config, params = hf_model
+  if kind != "mt5":  # the tied T5 1.0 layout has no output layer to store
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    assert "lm_head.weight" not in load_file(str(path / "model.safetensors"))
+    assert "decoder" in params and "logits_dense" not in params["decoder"]
+    return
+
+  def remove(state):
+    del state["lm_head.weight"]
+    return state
+
+  edited = _copy_hf(path, tmp_path, remove, tie_word_embeddings=True)
+  loaded = ci.load_pretrained(edited, config)
+  np.testing.assert_array_equal(loaded["decoder"]["logits_dense"]["kernel"],
+                                params["token_embedder"]["embedding"].T)
+  hf = transformers.MT5ForConditionalGeneration.from_pretrained(str(edited))
+  np.testing.assert_array_equal(hf.lm_head.weight.detach().numpy(),
+                                params["token_embedder"]["embedding"])
+
+
+def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
+  kind, _, path, config, params = hf_model
+  # A config with fewer layers than the checkpoint no longer drops the extra blocks silently.
+  shallower = network.T5Config(**{**config.__dict__, "num_encoder_layers": 1})
+  with pytest.raises(ci.CheckpointMismatchError,
+                     match=r"tensor\(s\) the model has no parameter for .*encoder\.block\.1\."):
+    ci.load_pretrained(path, shallower)
+  # Stored copies of the embedding must equal it; an unknown tensor is named.
+  def add(state):
+    state["encoder.embed_tokens.weight"] = state["shared.weight"].copy()
+    state["decoder.embed_tokens.weight"] = state["shared.weight"] + 1.0
+    state["encoder.block.0.layer.0.SelfAttention.extra.weight"] = np.zeros((2, 2), np.float32)
+    if kind == "t5_1_0":  # tied: a stored lm_head that is not the embedding
+      state["lm_head.weight"] = state["shared.weight"] * 2.0
+    return state
+
+  edited = _copy_hf(path, tmp_path, add)
+  with pytest.raises(ci.CheckpointMismatchError) as e:
+    ci.load_pretrained(edited, config)
+  message = str(e.value)
+  assert "encoder.block.0.layer.0.SelfAttention.extra.weight (shape (2, 2))" in message
+  assert "decoder.embed_tokens.weight" in message
+  assert "encoder.embed_tokens.weight" not in message  # an equal copy is fine
+  assert ("lm_head.weight" in message) == (kind == "t5_1_0")
+  # Equal copies (as torch .bin files store them) import unchanged.
+  def add_equal(state):
+    state["encoder.embed_tokens.weight"] = state["shared.weight"].copy()
+    state["decoder.embed_tokens.weight"] = state["shared.weight"].copy()
+    return state
+
+  (tmp_path / "equal").mkdir()
+  loaded = ci.load_pretrained(_copy_hf(path, tmp_path / "equal", add_equal), config)
+  np.testing.assert_array_equal(loaded["token_embedder"]["embedding"],
+                                params["token_embedder"]["embedding"])
+
+
+def test_hf_config_of_another_architecture_is_rejected(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({
+      "model_type": "bart", "architectures": ["BartForConditionalGeneration"],
+      "d_model": 16, "vocab_size": 64}))
+  with pytest.raises(ValueError, match=r"model_type 'bart' \(BartForConditionalGeneration\) "
+                                       r"is not a T5/mT5"):
+    ci.config_from_hf(tmp_path)
+  with pytest.raises(ValueError, match="model_type 'umt5'"):
+    ci.config_from_hf({"model_type": "umt5", "d_model": 16})
+
+
+def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
+  """Issue 11: a TensorStore array with a deleted chunk file loaded as zeros in that block."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  kind, _, _, config, params = hf_model
+  path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_1")
+  # Rewrite one array with 4 chunks, as T5X writes large arrays.
+  name = "target.decoder.layers_1.mlp.wo.kernel"
+  value = params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]
+  chunks = [(n + 1) // 2 for n in value.shape]
+  ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)},
+           "metadata": {"shape": list(value.shape), "dtype": "<f4", "chunks": chunks,
+                        "compressor": {"id": "gzip"}},
+           "create": True, "delete_existing": True}).result().write(value).result()
+  assert sorted(f.name for f in (path / name).iterdir()) == [".zarray", "0.0", "0.1", "1.0",
+                                                             "1.1"]
+  loaded = ci.load_pretrained(path, config)  # complete: loads unchanged
+  np.testing.assert_array_equal(loaded["decoder"]["layers_1"]["mlp"]["wo"]["kernel"], value)
+  (path / name / "1.0").unlink()
+  with pytest.raises(ci.IncompleteCheckpointError,
+                     match=rf"array {name} is incomplete, a chunk file is missing.*1\.0"):
+    ci.load_pretrained(path, config)
+  # A single-chunk array (our writer) without its chunk: named as well.
+  path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_2", reference="spec")
+  single = "target.encoder.layers_0.attention.query.kernel"
+  (path / single / "0").unlink() if (path / single / "0").exists() else (
+      path / single / "0.0").unlink()
+  with pytest.raises(ci.IncompleteCheckpointError, match=rf"array {single} is incomplete"):
+    ci.load_t5x_checkpoint(path)
+
+
+def test_t5x_array_shape_differs_from_recorded_metadata(hf_model, tmp_path):
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  _, _, _, config, params = hf_model
+  path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_1", reference="spec")
+  name = "target.encoder.encoder_norm.scale"
+  ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)},
+           "metadata": {"shape": [3], "dtype": "<f4", "chunks": [3]},
+           "create": True, "delete_existing": True}).result().write(
+               np.ones(3, np.float32)).result()
+  with pytest.raises(ci.IncompleteCheckpointError,
+                     match=rf"array {name} has shape \(3,\), the checkpoint recorded "
+                           rf"\({config.emb_dim},\)"):
+    ci.load_pretrained(path, config)
+
+
+def test_arrays_with_a_fill_value_may_omit_chunks(tmp_path):
+  """TensorStore's writer skips chunks equal to an explicit fill value: not an error."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "a")},
+          "metadata": {"shape": [4, 6], "dtype": "<f4", "chunks": [2, 3], "fill_value": 0}}
+  value = np.zeros((4, 6), np.float32)
+  value[0, 0] = 5.0
+  ts.open({**spec, "create": True}).result().write(value).result()
+  assert sorted(f.name for f in (tmp_path / "a").iterdir()) == [".zarray", "0.0"]
+  read = ci._ts_read({"driver": "zarr", "kvstore": spec["kvstore"]}, "a", "target.a")
+  np.testing.assert_array_equal(read, value)

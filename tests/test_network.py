@@ -243,3 +243,55 @@ def test_sharded_apply_matches_single_device(params, batch):
     out = jax.jit(lambda p_, a, b, c: module.apply(
         {"params": p_}, a, b, c, enable_dropout=False))(p, enc, dec, tgt)
   np.testing.assert_allclose(np.asarray(out), base, atol=1e-5)
+
+
+def test_mask_value_fits_every_dtype():
+  assert float(network.mask_value(jnp.float16)) == -65504.0
+  assert float(network.mask_value(jnp.float32)) == float(np.finfo(np.float32).min)
+  assert network.mask_value(jnp.bfloat16).dtype == jnp.bfloat16
+  # A row with every key masked (a padding query) stays finite: uniform weights, no NaN, and
+  # masked keys get weight exactly 0 in the other rows, as with T5X's -1e10 in float32.
+  for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+    logits = jnp.asarray([[[[3.0, -2.0, 7.0], [-60000.0, 1.0, 2.0], [1.0, 2.0, 3.0]]]], dtype)
+    mask = jnp.asarray([[[[1, 1, 0], [0, 1, 1], [0, 0, 0]]]], dtype)
+    masked = network.mask_logits(logits, mask)
+    assert masked.dtype == dtype
+    weights = np.asarray(jax.nn.softmax(masked).astype(jnp.float32))[0, 0]
+    assert np.isfinite(weights).all(), dtype
+    np.testing.assert_allclose(weights[2], [1 / 3] * 3, rtol=1e-2)
+    assert weights[0, 2] == 0 and weights[1, 0] == 0
+    np.testing.assert_allclose(weights[0, :2], jax.nn.softmax(jnp.asarray([3.0, -2.0])),
+                               rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype,float32_logits", [("float16", True), ("float16", False),
+                                                  ("bfloat16", True)])
+def test_half_precision_padded_batch_has_finite_loss_and_logits(params, batch, dtype,
+                                                                float32_logits):
+  """Issue 11: in float16 the -1e10 mask bias overflowed to -inf, so every padded batch gave NaN
+  logits at padding queries (all keys masked) and a NaN loss at step 0."""
+  from mcwq_t5x import model as model_lib  # pylint: disable=g-import-not-at-top
+  enc, dec, tgt = batch
+  assert (enc == 0).any() and (tgt == 0).any()  # the batch is padded
+  p = nn.unbox(params["params"])
+  base = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
+  cfg = dataclasses.replace(CFG, dtype=dtype, float32_attention_logits=float32_logits)
+  half = _logits(cfg, p, enc, dec, tgt, enable_dropout=False)
+  assert np.isfinite(half).all()  # padded positions included
+  valid = tgt > 0
+  err = np.abs(half[valid] - base[valid]).max()
+  assert 0 < err < 0.05 * np.abs(base[valid]).max(), err
+  full_batch = {"encoder_input_tokens": enc, "decoder_input_tokens": dec,
+                "decoder_target_tokens": tgt, "decoder_loss_weights": valid.astype(np.float32)}
+  model = model_lib.EncoderDecoderModel(network.Transformer(cfg), z_loss=0.0)
+  loss, grads = jax.jit(jax.value_and_grad(lambda q: model.loss_fn(q, full_batch, None)[0]))(p)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))
+  # The float32 loss from the float32 logits: mean token cross-entropy.
+  log_z = np.log(np.exp(base - base.max(-1, keepdims=True)).sum(-1)) + base.max(-1)
+  token_ce = log_z - np.take_along_axis(base, tgt[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(loss), token_ce[valid].mean(), rtol=1e-2)
+  if dtype == "float16" and float32_logits:
+    # Cached decoding builds its own masks (cache positions not yet written are masked).
+    tokens, aux = model.predict_batch_with_aux(p, full_batch, max_decode_length=12)
+    assert np.isfinite(np.asarray(aux["scores"])).all()
+    assert np.asarray(tokens).shape == (3, 12)

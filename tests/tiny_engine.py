@@ -9,9 +9,9 @@ SHAPES = {"encoder_input_tokens": (8, 12), "decoder_input_tokens": (8, 10),
           "decoder_target_tokens": (8, 10), "decoder_loss_weights": (8, 10)}
 
 
-def tiny_model(dropout_rate: float) -> model_lib.EncoderDecoderModel:
-  """A 1+1-layer, width-16 mT5-architecture model over a 64-token vocabulary."""
-  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+def tiny_model(dropout_rate: float, vocab_size: int = VOCAB) -> model_lib.EncoderDecoderModel:
+  """A 1+1-layer, width-16 mT5-architecture model over a 64-token (or `vocab_size`) vocabulary."""
+  cfg = network.get_config("tiny", vocab_size=vocab_size, emb_dim=16, num_heads=2, head_dim=8,
                            mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
                            dropout_rate=dropout_rate)
   return model_lib.EncoderDecoderModel(network.Transformer(cfg))
