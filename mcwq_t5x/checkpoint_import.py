@@ -609,112 +609,47 @@ def save_t5x_checkpoint(params: Mapping[str, Any], path: PathLike, *,
 
 
 # ---------------------------------------------------------------------------
-# This engine's Orbax checkpoints.
+# Orbax checkpoints (this engine's and `t5x.train`'s): read by `mcwq_t5x.checkpoints`.
 # ---------------------------------------------------------------------------
-# Top-level keys of the saved train state under which the parameters live:
-# `params` in today's `TrainState(step, params, opt_state)`, `target` in T5X's
-# `{"target": params, "state": {"step", "param_states"}}` layout.
-ORBAX_PARAMS_KEYS = ("params", "target")
-# Sub-directory of a step folder holding the train state (the item name given
-# to `ocp.args.Composite` by `mcwq_t5x.checkpoints.CheckpointManager.save`).
-ORBAX_STATE_ITEM = "state"
-_ORBAX_METADATA_FILES = ("_METADATA", "_CHECKPOINT_METADATA", "manifest.ocdbt")
-
-
-def _is_orbax_item(p: pathlib.Path) -> bool:
-  return p.is_dir() and any((p / f).is_file() for f in _ORBAX_METADATA_FILES)
-
-
-def _step_of(folder: pathlib.Path) -> Optional[int]:
-  """N for a step folder named `N` (Orbax `CheckpointManager`) or
-  `checkpoint_N` (T5X); None otherwise, e.g. for Orbax's temporary
-  `N.orbax-checkpoint-tmp-*` folders of unfinished saves."""
-  name = folder.name
-  if name.startswith("checkpoint_"):
-    name = name[len("checkpoint_"):]
-  return int(name) if name.isdigit() else None
-
-
-def _orbax_steps(folder: pathlib.Path) -> list[pathlib.Path]:
-  """Finished step folders holding a state item, ascending by step."""
-  if not folder.is_dir():
-    return []
-  steps = [d for d in folder.iterdir() if _step_of(d) is not None
-           and _is_orbax_item(d / ORBAX_STATE_ITEM)]
-  return sorted(steps, key=_step_of)
-
-
 def locate_orbax_state(path: PathLike) -> Optional[pathlib.Path]:
-  """The Orbax train-state folder a path designates, or None.
+  """The `checkpoint_<step>` folder (ours or `t5x.train`'s, Orbax) `path` designates, or None.
 
-  Accepted (newest step when several): `MODEL_DIR`, `MODEL_DIR/checkpoints`,
-  `MODEL_DIR/checkpoints/<step>`, `MODEL_DIR/checkpoints/<step>/state`, and
-  the same with T5X's step folders `MODEL_DIR/checkpoint_<step>/state`.
+  Accepted: whatever `mcwq_t5x.checkpoints.resolve_checkpoint` accepts (MODEL_DIR: newest step,
+  `checkpoint_<step>/`, its `state/`).
   """
-  p = pathlib.Path(path)
-  if p.name == ORBAX_STATE_ITEM and _is_orbax_item(p):
-    return p
-  if _is_orbax_item(p / ORBAX_STATE_ITEM):
-    return p / ORBAX_STATE_ITEM
-  for folder in (p / "checkpoints", p):
-    steps = _orbax_steps(folder)
-    if steps:
-      return steps[-1] / ORBAX_STATE_ITEM
-  return None
+  from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top  (imports this module)
+  try:
+    directory, step = checkpoints.resolve_checkpoint(path)
+  except checkpoints.NotACheckpointError:
+    return None
+  folder = checkpoints.checkpoint_dir(directory, step)
+  return None if checkpoints.checkpoint_format(folder) == checkpoints.FORMAT_T5X_MSGPACK else folder
 
 
-def load_orbax_params(path: PathLike,
-                      config: Optional[network.T5Config] = None) -> Params:
-  """Parameters of an Orbax train-state checkpoint written by this engine.
-
-  Only the parameter subtree is restored (partial restore, as numpy on the
-  host), whatever optimizer state sits next to it.
+def load_orbax_params(path: PathLike, config: network.T5Config) -> Params:
+  """Parameters of an Orbax checkpoint of this engine or of `t5x.train` (its `target` tree only,
+  whatever optimizer state sits next to it), through `mcwq_t5x.checkpoints.restore_params`.
 
   Args:
     path: any path `locate_orbax_state` accepts.
-    config: if given, names and shapes are checked against the model.
+    config: the model config; names and shapes are checked against it.
 
   Returns:
     Nested dict of float32 numpy arrays in T5X layout.
 
   Raises:
-    CheckpointMismatchError: names/shapes differ from the model.
-    ValueError: no Orbax state at `path`, no `ORBAX_PARAMS_KEYS` key in it, or
-      unreadable files (message names the folder).
+    CheckpointMismatchError: names/shapes differ from the model (every one named).
+    ValueError: no Orbax checkpoint at `path`.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  state_dir = locate_orbax_state(path)
-  if state_dir is None:
-    raise ValueError(f"{path}: no Orbax checkpoint (expected MODEL_DIR, "
-                     "MODEL_DIR/checkpoints or MODEL_DIR/checkpoints/<step> "
-                     f"with a '{ORBAX_STATE_ITEM}' folder)")
-  checkpointer = ocp.PyTreeCheckpointer()
+  from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top  (imports this module)
+  abstract = traverse_util.unflatten_dict(
+      {k: jax.ShapeDtypeStruct(shape, jnp.float32)
+       for k, shape in expected_param_shapes(config).items()}, sep="/")
   try:
-    metadata = checkpointer.metadata(state_dir).item_metadata
-    keys = list(metadata.keys())
-  except Exception as e:  # orbax raises many error types.
-    raise ValueError(f"{state_dir}: cannot read Orbax metadata: {e}") from e
-  key = next((k for k in ORBAX_PARAMS_KEYS if k in keys), None)
-  if key is None:
-    raise ValueError(f"{state_dir}: no parameters in the Orbax train state "
-                     f"(top-level keys {sorted(keys)}; expected one of "
-                     f"{list(ORBAX_PARAMS_KEYS)})")
-  item = {key: jax.tree_util.tree_map(
-      lambda m: np.zeros((0,), np.float32), metadata[key])}
-  restore_args = jax.tree_util.tree_map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-  try:
-    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=restore_args, partial_restore=True))[key]
-  except Exception as e:  # orbax/tensorstore raise many error types.
-    raise ValueError(f"{state_dir}: cannot restore '{key}' from the Orbax "
-                     f"checkpoint: {e}") from e
-  flat = traverse_util.flatten_dict(nn.unbox(dict(restored)), sep="/")
-  params = traverse_util.unflatten_dict(
-      {k: np.asarray(v, dtype=np.float32) for k, v in flat.items()}, sep="/")
-  if config is not None:
-    check_params(params, config, str(state_dir))
-  return params
+    params = checkpoints.restore_params(path, abstract)
+  except checkpoints.NotACheckpointError as e:
+    raise ValueError(f"{path}: no Orbax checkpoint: {e}") from e
+  return jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
 
 
 # ---------------------------------------------------------------------------
@@ -772,8 +707,8 @@ CHECKPOINT_FORMATS: list[CheckpointFormat] = [
         "a T5X checkpoint_N directory with a 'checkpoint' msgpack file"),
     CheckpointFormat(
         "orbax", locate_orbax_state, load_orbax_params,
-        "an Orbax checkpoint of this engine (MODEL_DIR, MODEL_DIR/checkpoints "
-        "or MODEL_DIR/checkpoints/<step> with a 'state' folder)"),
+        "an Orbax checkpoint of this engine or of t5x.train (MODEL_DIR or "
+        "MODEL_DIR/checkpoint_<step>)"),
 ]
 
 

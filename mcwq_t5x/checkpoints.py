@@ -212,18 +212,19 @@ def _check_params(folder: pathlib.Path, ckpt_shapes: Mapping[tuple[str, ...], tu
   """Compares names/shapes; returns the missing keys (only when `allow_missing`)."""
   missing = sorted(set(flat_abstract) - set(ckpt_shapes))
   extra = sorted(set(ckpt_shapes) - set(flat_abstract))
-  for key in sorted(set(flat_abstract) & set(ckpt_shapes)):
-    want = tuple(flat_abstract[key].shape)
-    if tuple(ckpt_shapes[key]) != want:
-      raise CheckpointMismatchError(
-          f"{folder}: parameter {_name(key)} has shape {tuple(ckpt_shapes[key])} in the "
-          f"checkpoint, the model expects {want}")
+  wrong = [f"{_name(key)} has shape {tuple(ckpt_shapes[key])}, the model expects "
+           f"{tuple(flat_abstract[key].shape)}"
+           for key in sorted(set(flat_abstract) & set(ckpt_shapes))
+           if tuple(ckpt_shapes[key]) != tuple(flat_abstract[key].shape)]
+  if wrong:
+    raise CheckpointMismatchError(f"{folder}: {len(wrong)} parameter(s) differ from the model "
+                                  f"(checkpoint vs model): " + "; ".join(wrong))
   if missing and not allow_missing:
     raise CheckpointMismatchError(
-        f"{folder}: parameter {_name(missing[0])} (shape {tuple(flat_abstract[missing[0]].shape)}) "
-        f"is missing from the checkpoint ({len(missing)} missing: "
-        f"{[_name(k) for k in missing[:5]]}); give fallback_params to initialise missing "
-        "parameters from scratch (T5X fallback_to_scratch)")
+        f"{folder}: {len(missing)} parameter(s) missing from the checkpoint: "
+        + ", ".join(f"{_name(k)} (shape {tuple(flat_abstract[k].shape)})" for k in missing)
+        + "; give fallback_params to initialise missing parameters from scratch (T5X "
+        "fallback_to_scratch)")
   if extra:
     logging.warning("%s: ignoring %d checkpoint parameter(s) the model does not have: %s", folder,
                     len(extra), [_name(k) for k in extra[:5]])

@@ -91,7 +91,7 @@ Transformer.config = @network.T5Config()
 @pytest.fixture(scope="module")
 def small_vocab():
   """The project's small SentencePiece vocabulary (trained on first use, then cached)."""
-  vocabulary = vocab_lib.SmallSentencePieceVocabulary()
+  vocabulary = vocab_lib.get_vocabulary(vocab_lib.small_vocab_path())
   assert vocabulary.vocab_size == SMALL_VOCAB_ROWS
   return vocabulary
 
@@ -213,8 +213,8 @@ def _random_params(config, seed):
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, mcwq_batch):
-  """(config, params, MODEL_DIR): 8 training steps on the 32 examples, an Orbax checkpoint in
-  MODEL_DIR/checkpoints and the run's config.gin."""
+  """(config, params, MODEL_DIR): 8 training steps on the 32 examples, an Orbax checkpoint
+  MODEL_DIR/checkpoint_8 and the run's config.gin."""
   model = tiny_engine.tiny_model(0.0, vocab_size=SMALL_VOCAB_ROWS)
   partitioner = partitioning.Partitioner(num_partitions=1)
   lr = trainer_lib.create_learning_rate_schedule(0.01, "constant")
@@ -226,7 +226,7 @@ def tiny_run(tmp_path_factory, mcwq_batch):
     losses.append(float(metrics["loss"]) / float(metrics["num_tokens"]))
   assert losses[-1] < losses[0] - 0.5, losses
   model_dir = tmp_path_factory.mktemp("run")
-  manager = checkpoints.CheckpointManager(model_dir / "checkpoints", save_interval_steps=1,
+  manager = checkpoints.CheckpointManager(model_dir, save_interval_steps=1,
                                           async_save=False)
   manager.save(8, state, {"step": 8})
   manager.close()
@@ -454,7 +454,7 @@ def test_export_output_folder_checks(tiny_run, spm_path, tmp_path):
   assert (out / "keep.txt").is_file()
   export_hf.export_params(params, config, out, spm_path, overwrite=True)
   assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)
-  step_dir = ci.locate_orbax_state(model_dir).parent
+  step_dir = ci.locate_orbax_state(model_dir)
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):
     export_hf.export_checkpoint(model_dir, step_dir / "hf", vocab=spm_path)
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):

@@ -149,7 +149,8 @@ def test_our_checkpoint_evaluated_by_t5x_eval_as_by_ours(tmp_path, small_vocab_e
                      "TRAIN_STEPS = 20", "BATCH_SIZE = 8", "LEARNING_RATE = 3e-3",
                      "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "EVAL_PERIOD = 0",
                      "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'",
-                     "FINAL_EVAL_SPLIT = 'test'", "FINAL_EVAL_NUM_EXAMPLES = 8"]),
+                     "EVAL_SPLIT = 'test'", "FINAL_EVAL_SPLIT = 'test'",
+                     "FINAL_EVAL_NUM_EXAMPLES = 8"]),
                  env=small_vocab_env)
   assert (model_dir / "checkpoint_20" / "state").is_dir()
   theirs = t5x_gold_predictions(model_dir, tmp_path / "t5x", small_vocab_env)
