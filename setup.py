@@ -9,8 +9,9 @@ _HERE = pathlib.Path(__file__).parent
 
 def _requirements(name):
   lines = (_HERE / name).read_text().splitlines()
-  return [l.split("#")[0].strip() for l in lines
-          if l.split("#")[0].strip() and not l.startswith("-r")]
+  return [
+      l.split("#")[0].strip() for l in lines if l.split("#")[0].strip() and not l.startswith("-r")
+  ]
 
 
 setuptools.setup(
@@ -20,17 +21,20 @@ setuptools.setup(
     long_description=(_HERE / "README.md").read_text() if (_HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["mcwq_t5x", "mcwq_t5x.*", "tasks", "tasks.*",
-                                               "preprocessing", "preprocessing.*"]),
+    packages=setuptools.find_packages(
+        include=["mcwq_t5x", "mcwq_t5x.*", "tasks", "tasks.*", "preprocessing", "preprocessing.*"]),
     package_data={"": ["*.json", "*.tsv", "*.gin"]},
     include_package_data=True,
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        "test": _requirements("requirements-test.txt"),
+        "test":
+            _requirements("requirements-test.txt"),
         # Runtime dependencies of the real T5X; T5X itself is not on the package index: install
         # it with scripts/install_t5x.sh (or `pip install --no-deps -r requirements-t5x.txt`).
-        "t5x": ["cached_property==2.0.1", "chex==0.1.92", "fiddle==0.3.1", "jaxtyping==0.3.11",
-                "grain==0.2.12"],
+        "t5x": [
+            "cached_property==2.0.1", "chex==0.1.92", "fiddle==0.3.1", "jaxtyping==0.3.11",
+            "grain==0.2.12"
+        ],
     },
     license="Apache-2.0",
 )

@@ -11,7 +11,6 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-
 """Import pre-trained T5/mT5 weights into the `network.Transformer` tree.
 
 Three formats are read (`load_params` picks the one a path holds, see
@@ -106,14 +105,14 @@ def expected_param_shapes(config: network.T5Config) -> dict[str, tuple]:
 def _expected_param_shapes(config: network.T5Config) -> tuple:
   module = network.Transformer(config)
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-  shapes = jax.eval_shape(
-      lambda rng, x: module.init(rng, x, x, x, enable_dropout=False),
-      jax.random.PRNGKey(0), tokens)
+  shapes = jax.eval_shape(lambda rng, x: module.init(rng, x, x, x, enable_dropout=False),
+                          jax.random.PRNGKey(0), tokens)
   flat = traverse_util.flatten_dict(nn.unbox(shapes["params"]), sep="/")
   return tuple((k, tuple(v.shape)) for k, v in flat.items())
 
 
-def check_params(params: Mapping[str, Any], config: network.T5Config,
+def check_params(params: Mapping[str, Any],
+                 config: network.T5Config,
                  source: str = "checkpoint") -> None:
   """Raises CheckpointMismatchError unless params match the model exactly.
 
@@ -127,23 +126,23 @@ def check_params(params: Mapping[str, Any], config: network.T5Config,
       parameter (the first 50 of each kind, then a count).
   """
   expected = expected_param_shapes(config)
-  got = {k: tuple(np.shape(v))
-         for k, v in traverse_util.flatten_dict(dict(params), sep="/").items()}
+  got = {k: tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(dict(params), sep="/").items()}
   missing = sorted(set(expected) - set(got))
   extra = sorted(set(got) - set(expected))
-  wrong = [f"{name} has shape {got[name]}, the model expects {expected[name]}"
-           for name in sorted(set(expected) & set(got))
-           if expected[name] != got[name]]
+  wrong = [
+      f"{name} has shape {got[name]}, the model expects {expected[name]}"
+      for name in sorted(set(expected) & set(got))
+      if expected[name] != got[name]
+  ]
   problems = []
   if missing:
-    problems.append(f"{len(missing)} parameter(s) missing: " + _name_all(
-        [f"{name} (shape {expected[name]})" for name in missing]))
+    problems.append(f"{len(missing)} parameter(s) missing: " +
+                    _name_all([f"{name} (shape {expected[name]})" for name in missing]))
   if extra:
-    problems.append(f"{len(extra)} unexpected parameter(s): " + _name_all(
-        [f"{name} (shape {got[name]})" for name in extra]))
+    problems.append(f"{len(extra)} unexpected parameter(s): " +
+                    _name_all([f"{name} (shape {got[name]})" for name in extra]))
   if wrong:
-    problems.append(f"{len(wrong)} parameter(s) of the wrong shape: "
-                    + _name_all(wrong))
+    problems.append(f"{len(wrong)} parameter(s) of the wrong shape: " + _name_all(wrong))
   if problems:
     raise CheckpointMismatchError(f"{source}: " + "; ".join(problems))
 
@@ -161,13 +160,11 @@ HF_MODEL_TYPES = frozenset({"t5", "mt5"})
 HF_REDUNDANT_TENSORS = {
     "encoder.embed_tokens.weight": "shared.weight",
     "decoder.embed_tokens.weight": "shared.weight",
-    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight":
-        None,
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight": None,
 }
 
 
-def config_from_hf(config: PathLike | Mapping[str, Any],
-                   **overrides: Any) -> network.T5Config:
+def config_from_hf(config: PathLike | Mapping[str, Any], **overrides: Any) -> network.T5Config:
   """T5Config from a Hugging Face T5/mT5 `config.json` (path or dict).
 
   Mapping: d_model->emb_dim, num_heads, num_layers->num_encoder_layers,
@@ -203,10 +200,15 @@ def config_from_hf(config: PathLike | Mapping[str, Any],
         f"{source}: model_type {model_type!r} ({', '.join(archs) or 'no architectures'}) is "
         f"not a T5/mT5 encoder-decoder; supported model types: {sorted(HF_MODEL_TYPES)}")
   proj = cfg.get("feed_forward_proj", "relu")
-  acts = {"gated-gelu": ("gelu", "linear"), "gated-gelu_new": ("gelu", "linear"),
-          "relu": ("relu",), "gated-silu": ("silu", "linear"),
-          "gated-relu": ("relu", "linear"), "gelu": ("gelu",),
-          "gelu_new": ("gelu",)}
+  acts = {
+      "gated-gelu": ("gelu", "linear"),
+      "gated-gelu_new": ("gelu", "linear"),
+      "relu": ("relu",),
+      "gated-silu": ("silu", "linear"),
+      "gated-relu": ("relu", "linear"),
+      "gelu": ("gelu",),
+      "gelu_new": ("gelu",)
+  }
   if proj not in acts:
     raise ValueError(f"{source}: unsupported feed_forward_proj {proj!r}")
   if model_type == "mt5":
@@ -217,19 +219,18 @@ def config_from_hf(config: PathLike | Mapping[str, Any],
     tied = bool(cfg.get("tie_word_embeddings", True))
   try:
     kwargs = dict(
-        vocab_size=int(cfg["vocab_size"]), emb_dim=int(cfg["d_model"]),
+        vocab_size=int(cfg["vocab_size"]),
+        emb_dim=int(cfg["d_model"]),
         num_heads=int(cfg["num_heads"]),
         num_encoder_layers=int(cfg["num_layers"]),
-        num_decoder_layers=int(cfg.get("num_decoder_layers") or
-                               cfg["num_layers"]),
-        head_dim=int(cfg["d_kv"]), mlp_dim=int(cfg["d_ff"]),
+        num_decoder_layers=int(cfg.get("num_decoder_layers") or cfg["num_layers"]),
+        head_dim=int(cfg["d_kv"]),
+        mlp_dim=int(cfg["d_ff"]),
         mlp_activations=acts[proj],
         dropout_rate=float(cfg.get("dropout_rate", 0.1)),
         logits_via_embedding=tied,
-        relative_attention_num_buckets=int(
-            cfg.get("relative_attention_num_buckets", 32)),
-        relative_attention_max_distance=int(
-            cfg.get("relative_attention_max_distance", 128)),
+        relative_attention_num_buckets=int(cfg.get("relative_attention_num_buckets", 32)),
+        relative_attention_max_distance=int(cfg.get("relative_attention_max_distance", 128)),
         layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-6)))
   except KeyError as e:
     raise ValueError(f"{source}: missing field {e.args[0]!r}") from e
@@ -255,12 +256,12 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
   """
   m: dict[str, tuple[str, bool]] = {
       "token_embedder/embedding": ("shared.weight", False),
-      "encoder/relpos_bias/rel_embedding": (
-          "encoder.block.0.layer.0.SelfAttention.relative_attention_bias"
-          ".weight", True),
-      "decoder/relpos_bias/rel_embedding": (
-          "decoder.block.0.layer.0.SelfAttention.relative_attention_bias"
-          ".weight", True),
+      "encoder/relpos_bias/rel_embedding":
+          ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias"
+           ".weight", True),
+      "decoder/relpos_bias/rel_embedding":
+          ("decoder.block.0.layer.0.SelfAttention.relative_attention_bias"
+           ".weight", True),
       "encoder/encoder_norm/scale": ("encoder.final_layer_norm.weight", False),
       "decoder/decoder_norm/scale": ("decoder.final_layer_norm.weight", False),
   }
@@ -270,8 +271,7 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
          [f"wi_{i}" for i in range(len(config.mlp_activations))])
 
   def attn(t5x: str, hf: str):
-    for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"),
-                         ("out", "o")):
+    for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o")):
       m[f"{t5x}/{ours}/kernel"] = (f"{hf}.{theirs}.weight", True)
 
   def mlp(t5x: str, hf: str):
@@ -281,18 +281,15 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
   for i in range(config.num_encoder_layers):
     t, h = f"encoder/layers_{i}", f"encoder.block.{i}.layer"
     attn(f"{t}/attention", f"{h}.0.SelfAttention")
-    m[f"{t}/pre_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight",
-                                                False)
+    m[f"{t}/pre_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight", False)
     mlp(f"{t}/mlp", f"{h}.1")
     m[f"{t}/pre_mlp_layer_norm/scale"] = (f"{h}.1.layer_norm.weight", False)
   for i in range(config.num_decoder_layers):
     t, h = f"decoder/layers_{i}", f"decoder.block.{i}.layer"
     attn(f"{t}/self_attention", f"{h}.0.SelfAttention")
-    m[f"{t}/pre_self_attention_layer_norm/scale"] = (
-        f"{h}.0.layer_norm.weight", False)
+    m[f"{t}/pre_self_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight", False)
     attn(f"{t}/encoder_decoder_attention", f"{h}.1.EncDecAttention")
-    m[f"{t}/pre_cross_attention_layer_norm/scale"] = (
-        f"{h}.1.layer_norm.weight", False)
+    m[f"{t}/pre_cross_attention_layer_norm/scale"] = (f"{h}.1.layer_norm.weight", False)
     mlp(f"{t}/mlp", f"{h}.2")
     m[f"{t}/pre_mlp_layer_norm/scale"] = (f"{h}.2.layer_norm.weight", False)
   return m
@@ -301,8 +298,7 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
 _hf_name_map = hf_name_map  # the name before the export used it
 
 
-def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray],
-                                                          str]:
+def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
   """Reads model.safetensors (or shards, or pytorch_model.bin) as numpy."""
   single = directory / "model.safetensors"
   index = directory / "model.safetensors.index.json"
@@ -341,14 +337,12 @@ def _hf_config_ties_embeddings(directory: pathlib.Path) -> bool:
   """True iff `directory/config.json` says `tie_word_embeddings: true` (transformers 5 writes
   it for every T5/mT5; transformers 4 wrote false for untied models)."""
   try:
-    return json.loads((directory / "config.json").read_text()).get(
-        "tie_word_embeddings") is True
+    return json.loads((directory / "config.json").read_text()).get("tie_word_embeddings") is True
   except (OSError, json.JSONDecodeError):
     return False
 
 
-def load_hf_checkpoint(path: PathLike,
-                       config: Optional[network.T5Config] = None) -> Params:
+def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
   """Params from a Hugging Face T5/mT5 directory (save_pretrained layout).
 
   Args:
@@ -378,12 +372,13 @@ def load_hf_checkpoint(path: PathLike,
   name_map = hf_name_map(config)
   flat, missing, wrong = {}, [], []
   for name, (key, transpose) in name_map.items():
-    if (key == "lm_head.weight" and key not in state and "shared.weight" in state
-        and _hf_config_ties_embeddings(directory)):
+    if (key == "lm_head.weight" and key not in state and "shared.weight" in state and
+        _hf_config_ties_embeddings(directory)):
       # transformers ties `lm_head` to `shared` (unscaled, for mT5 / T5.1.1) when the config
       # says `tie_word_embeddings: true` and the file has no lm_head.weight.
-      logging.info("%s: no lm_head.weight and tie_word_embeddings is true: the output layer "
-                   "is shared.weight, as transformers loads it", source)
+      logging.info(
+          "%s: no lm_head.weight and tie_word_embeddings is true: the output layer "
+          "is shared.weight, as transformers loads it", source)
       key = "shared.weight"
     if key not in state:
       missing.append(f"{key} (parameter {name}, shape {expected[name]})")
@@ -411,18 +406,15 @@ def load_hf_checkpoint(path: PathLike,
   if missing:
     problems.append(f"{len(missing)} tensor(s) missing: " + _name_all(missing))
   if wrong:
-    problems.append(f"{len(wrong)} tensor(s) of the wrong shape: " +
-                    _name_all(wrong))
+    problems.append(f"{len(wrong)} tensor(s) of the wrong shape: " + _name_all(wrong))
   if unexpected:
-    problems.append(
-        f"{len(unexpected)} tensor(s) the model has no parameter for (a "
-        f"config with {config.num_encoder_layers}+{config.num_decoder_layers} "
-        f"layers, {'tied' if config.logits_via_embedding else 'untied'} "
-        "output layer): " + _name_all(unexpected))
+    problems.append(f"{len(unexpected)} tensor(s) the model has no parameter for (a "
+                    f"config with {config.num_encoder_layers}+{config.num_decoder_layers} "
+                    f"layers, {'tied' if config.logits_via_embedding else 'untied'} "
+                    "output layer): " + _name_all(unexpected))
   if differing:
-    problems.append(
-        "tensor(s) that should be copies of shared.weight differ from it "
-        f"(the model would not use them): {_name_all(differing)}")
+    problems.append("tensor(s) that should be copies of shared.weight differ from it "
+                    f"(the model would not use them): {_name_all(differing)}")
   if problems:
     raise CheckpointMismatchError(f"{source}: " + "; ".join(problems))
   params = traverse_util.unflatten_dict(flat, sep="/")
@@ -465,12 +457,10 @@ def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
     store = ts.open(open_spec, open=True).result()
     metadata = store.spec().to_json().get("metadata", {})
     if "fill_value" in metadata and metadata["fill_value"] is None:
-      store = ts.open({**open_spec, "fill_missing_data_reads": False},
-                      open=True).result()
+      store = ts.open({**open_spec, "fill_missing_data_reads": False}, open=True).result()
     if recorded is not None and list(store.shape) != list(recorded):
-      raise IncompleteCheckpointError(
-          f"{source}: array {name} has shape {tuple(store.shape)}, the "
-          f"checkpoint recorded {tuple(recorded)}")
+      raise IncompleteCheckpointError(f"{source}: array {name} has shape {tuple(store.shape)}, the "
+                                      f"checkpoint recorded {tuple(recorded)}")
     return np.asarray(store.read().result())
   except IncompleteCheckpointError:
     raise
@@ -487,8 +477,7 @@ def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
   """Turns a msgpack leaf (array, spec dict or placeholder) into an array."""
   if isinstance(leaf, str) and leaf.startswith(_PLACEHOLDER):
     rel = leaf[len(_PLACEHOLDER):]
-    spec = {"driver": "zarr",
-            "kvstore": {"driver": "file", "path": str(directory / rel)}}
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(directory / rel)}}
     return _ts_read(spec, str(directory / rel), name)
   if isinstance(leaf, dict) and "kvstore" in leaf and "driver" in leaf:
     spec = json.loads(json.dumps(leaf))  # deep copy of plain data
@@ -504,12 +493,11 @@ def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
 
 
 def _is_ref(x: Any) -> bool:
-  return (isinstance(x, str) and x.startswith(_PLACEHOLDER)) or (
-      isinstance(x, dict) and "kvstore" in x and "driver" in x)
+  return (isinstance(x, str) and x.startswith(_PLACEHOLDER)) or (isinstance(x, dict) and
+                                                                 "kvstore" in x and "driver" in x)
 
 
-def load_t5x_checkpoint(path: PathLike,
-                        config: Optional[network.T5Config] = None) -> Params:
+def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
   """Params (`target`) of a T5X native checkpoint directory.
 
   Args:
@@ -551,10 +539,12 @@ def load_t5x_checkpoint(path: PathLike,
   return params
 
 
-def save_t5x_checkpoint(params: Mapping[str, Any], path: PathLike, *,
-                        step: int = 0, reference: str = "placeholder",
-                        optimizer_state: Optional[Mapping[str, Any]] = None
-                        ) -> pathlib.Path:
+def save_t5x_checkpoint(params: Mapping[str, Any],
+                        path: PathLike,
+                        *,
+                        step: int = 0,
+                        reference: str = "placeholder",
+                        optimizer_state: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
   """Writes params in the T5X native layout (msgpack + TensorStore zarr).
 
   Each parameter goes to the zarr array `path/target.<dotted name>`; the
@@ -586,25 +576,47 @@ def save_t5x_checkpoint(params: Mapping[str, Any], path: PathLike, *,
   for key, value in flat.items():
     value = np.asarray(value, dtype=np.float32)
     rel = "target." + ".".join(key)
-    spec = {"driver": "zarr",
-            "kvstore": {"driver": "file", "path": str(directory / rel)},
-            "metadata": {"shape": list(value.shape), "dtype": "<f4",
-                         "chunks": list(value.shape) or [1],
-                         "compressor": {"id": "gzip"}},
-            "create": True, "delete_existing": True}
+    spec = {
+        "driver": "zarr",
+        "kvstore": {
+            "driver": "file",
+            "path": str(directory / rel)
+        },
+        "metadata": {
+            "shape": list(value.shape),
+            "dtype": "<f4",
+            "chunks": list(value.shape) or [1],
+            "compressor": {
+                "id": "gzip"
+            }
+        },
+        "create": True,
+        "delete_existing": True
+    }
     ts.open(spec).result().write(value).result()
     if reference == "placeholder":
       refs[key] = _PLACEHOLDER + rel
     else:
-      refs[key] = {"driver": "zarr", "kvstore": {"driver": "file",
-                                                 "path": rel},
-                   "metadata": {"shape": list(value.shape), "dtype": "<f4"}}
-  tree = {"version": 3,
-          "target": traverse_util.unflatten_dict(refs),
-          "state": {"step": np.asarray(step, np.int64),
-                    "param_states": dict(optimizer_state or {})}}
-  (directory / T5X_CHECKPOINT_FILE).write_bytes(
-      serialization.msgpack_serialize(tree))
+      refs[key] = {
+          "driver": "zarr",
+          "kvstore": {
+              "driver": "file",
+              "path": rel
+          },
+          "metadata": {
+              "shape": list(value.shape),
+              "dtype": "<f4"
+          }
+      }
+  tree = {
+      "version": 3,
+      "target": traverse_util.unflatten_dict(refs),
+      "state": {
+          "step": np.asarray(step, np.int64),
+          "param_states": dict(optimizer_state or {})
+      }
+  }
+  (directory / T5X_CHECKPOINT_FILE).write_bytes(serialization.msgpack_serialize(tree))
   return directory
 
 
@@ -643,8 +655,11 @@ def load_orbax_params(path: PathLike, config: network.T5Config) -> Params:
   """
   from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top  (imports this module)
   abstract = traverse_util.unflatten_dict(
-      {k: jax.ShapeDtypeStruct(shape, jnp.float32)
-       for k, shape in expected_param_shapes(config).items()}, sep="/")
+      {
+          k: jax.ShapeDtypeStruct(shape, jnp.float32)
+          for k, shape in expected_param_shapes(config).items()
+      },
+      sep="/")
   try:
     params = checkpoints.restore_params(path, abstract)
   except checkpoints.NotACheckpointError as e:
@@ -656,9 +671,9 @@ def load_orbax_params(path: PathLike, config: network.T5Config) -> Params:
 # Format detection and the one entry point.
 # ---------------------------------------------------------------------------
 def _locate_hf(p: pathlib.Path) -> Optional[pathlib.Path]:
-  if p.is_dir() and any((p / f).is_file() for f in (
-      "model.safetensors", "model.safetensors.index.json",
-      "pytorch_model.bin")):
+  if p.is_dir() and any(
+      (p / f).is_file()
+      for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
     return p
   return None
 
@@ -670,9 +685,10 @@ def _locate_t5x(p: pathlib.Path) -> Optional[pathlib.Path]:
   if p.is_dir():
     if (p / T5X_CHECKPOINT_FILE).is_file():
       return p
-    steps = [d for d in p.iterdir()
-             if d.name.startswith("checkpoint_") and d.name[11:].isdigit()
-             and (d / T5X_CHECKPOINT_FILE).is_file()]
+    steps = [
+        d for d in p.iterdir() if d.name.startswith("checkpoint_") and d.name[11:].isdigit() and
+        (d / T5X_CHECKPOINT_FILE).is_file()
+    ]
     if steps:
       return max(steps, key=lambda d: int(d.name[11:]))
   return None
@@ -699,12 +715,10 @@ class CheckpointFormat:
 # Tried in order; the first whose `locate` answers wins. A new layout is one
 # more entry (or, for the Orbax train state, one more `ORBAX_PARAMS_KEYS`).
 CHECKPOINT_FORMATS: list[CheckpointFormat] = [
-    CheckpointFormat(
-        "hf", _locate_hf, load_hf_checkpoint,
-        "a Hugging Face directory with model.safetensors / pytorch_model.bin"),
-    CheckpointFormat(
-        "t5x", _locate_t5x, load_t5x_checkpoint,
-        "a T5X checkpoint_N directory with a 'checkpoint' msgpack file"),
+    CheckpointFormat("hf", _locate_hf, load_hf_checkpoint,
+                     "a Hugging Face directory with model.safetensors / pytorch_model.bin"),
+    CheckpointFormat("t5x", _locate_t5x, load_t5x_checkpoint,
+                     "a T5X checkpoint_N directory with a 'checkpoint' msgpack file"),
     CheckpointFormat(
         "orbax", locate_orbax_state, load_orbax_params,
         "an Orbax checkpoint of this engine or of t5x.train (MODEL_DIR or "

@@ -49,11 +49,11 @@ from mcwq_t5x import checkpoint_import
 
 PyTree = Any
 
-CHECKPOINT_PREFIX = "checkpoint"   # T5X: `checkpoints_utils.get_checkpoint_prefix()`
-STATE_ITEM = "state"               # T5X's item name (`checkpoints._STATE_KEY`)
-OPTIMIZER_ITEM = "optimizer"       # ours
-DATA_ITEM = "data"                 # ours
-T5X_MSGPACK_FILE = "checkpoint"    # legacy T5X: the msgpack file in the step folder
+CHECKPOINT_PREFIX = "checkpoint"  # T5X: `checkpoints_utils.get_checkpoint_prefix()`
+STATE_ITEM = "state"  # T5X's item name (`checkpoints._STATE_KEY`)
+OPTIMIZER_ITEM = "optimizer"  # ours
+DATA_ITEM = "data"  # ours
+T5X_MSGPACK_FILE = "checkpoint"  # legacy T5X: the msgpack file in the step folder
 
 FORMAT_MCWQ = "mcwq_t5x"
 FORMAT_T5X_ORBAX = "t5x-orbax"
@@ -207,23 +207,25 @@ def _restore_args(abstract: Any) -> ocp.RestoreArgs:
 
 
 def _check_params(folder: pathlib.Path, ckpt_shapes: Mapping[tuple[str, ...], tuple],
-                  flat_abstract: Mapping[tuple[str, ...], Any], allow_missing: bool
-                  ) -> list[tuple[str, ...]]:
+                  flat_abstract: Mapping[tuple[str, ...],
+                                         Any], allow_missing: bool) -> list[tuple[str, ...]]:
   """Compares names/shapes; returns the missing keys (only when `allow_missing`)."""
   missing = sorted(set(flat_abstract) - set(ckpt_shapes))
   extra = sorted(set(ckpt_shapes) - set(flat_abstract))
-  wrong = [f"{_name(key)} has shape {tuple(ckpt_shapes[key])}, the model expects "
-           f"{tuple(flat_abstract[key].shape)}"
-           for key in sorted(set(flat_abstract) & set(ckpt_shapes))
-           if tuple(ckpt_shapes[key]) != tuple(flat_abstract[key].shape)]
+  wrong = [
+      f"{_name(key)} has shape {tuple(ckpt_shapes[key])}, the model expects "
+      f"{tuple(flat_abstract[key].shape)}"
+      for key in sorted(set(flat_abstract) & set(ckpt_shapes))
+      if tuple(ckpt_shapes[key]) != tuple(flat_abstract[key].shape)
+  ]
   if wrong:
     raise CheckpointMismatchError(f"{folder}: {len(wrong)} parameter(s) differ from the model "
                                   f"(checkpoint vs model): " + "; ".join(wrong))
   if missing and not allow_missing:
     raise CheckpointMismatchError(
-        f"{folder}: {len(missing)} parameter(s) missing from the checkpoint: "
-        + ", ".join(f"{_name(k)} (shape {tuple(flat_abstract[k].shape)})" for k in missing)
-        + "; give fallback_params to initialise missing parameters from scratch (T5X "
+        f"{folder}: {len(missing)} parameter(s) missing from the checkpoint: " +
+        ", ".join(f"{_name(k)} (shape {tuple(flat_abstract[k].shape)})" for k in missing) +
+        "; give fallback_params to initialise missing parameters from scratch (T5X "
         "fallback_to_scratch)")
   if extra:
     logging.warning("%s: ignoring %d checkpoint parameter(s) the model does not have: %s", folder,
@@ -249,8 +251,9 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
   flat_abstract = _flat(abstract_params)
   if fmt == FORMAT_T5X_MSGPACK:
     arrays = _flat(checkpoint_import.load_t5x_checkpoint(folder))
-    missing = _check_params(folder, {k: np.shape(v) for k, v in arrays.items()}, flat_abstract,
-                            fallback_params is not None)
+    missing = _check_params(folder, {
+        k: np.shape(v) for k, v in arrays.items()
+    }, flat_abstract, fallback_params is not None)
     flat = {k: _place(arrays[k], a) for k, a in flat_abstract.items() if k in arrays}
     step = _read_t5x_msgpack(folder).get("state", {}).get("step")
     step = None if step is None else int(np.asarray(step))
@@ -270,8 +273,8 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
       item["state"] = {"step": jax.ShapeDtypeStruct((), np.int32)}
     restore_args = jax.tree_util.tree_map(_restore_args, item)
     restored = ocp.PyTreeCheckpointer().restore(
-        item_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
-                                              partial_restore=True))
+        item_dir,
+        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True))
     flat = _flat(restored["target"])
     step = int(np.asarray(restored["state"]["step"])) if has_step else None
   if missing:
@@ -281,13 +284,16 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
         raise CheckpointMismatchError(f"{folder}: parameter {_name(key)} is missing from both the "
                                       "checkpoint and fallback_params")
       flat[key] = _place(flat_fallback[key], flat_abstract[key])
-    logging.warning("%s: %d parameter(s) missing from the checkpoint initialised from "
-                    "fallback_params (T5X fallback_to_scratch): %s", folder, len(missing),
-                    [_name(k) for k in missing])
+    logging.warning(
+        "%s: %d parameter(s) missing from the checkpoint initialised from "
+        "fallback_params (T5X fallback_to_scratch): %s", folder, len(missing),
+        [_name(k) for k in missing])
   return traverse_util.unflatten_dict(flat), step
 
 
-def restore_params(path: str | pathlib.Path, abstract_params: PyTree, *,
+def restore_params(path: str | pathlib.Path,
+                   abstract_params: PyTree,
+                   *,
                    fallback_params: Optional[PyTree] = None) -> dict:
   """Parameters of a checkpoint of ours or of T5X, whatever optimizer wrote it.
 
@@ -350,8 +356,11 @@ def optimizer_state_signature(opt_state: PyTree, params: PyTree) -> dict[str, An
   h = hashlib.sha256(str(treedef).encode())
   for leaf in leaves:
     h.update(f"{tuple(np.shape(leaf))}:{np.dtype(leaf.dtype).name};".encode())
-  return {"description": _describe(opt_state, params_def), "num_arrays": len(leaves),
-          "fingerprint": h.hexdigest()}
+  return {
+      "description": _describe(opt_state, params_def),
+      "num_arrays": len(leaves),
+      "fingerprint": h.hexdigest()
+  }
 
 
 def _signature_text(sig: Mapping[str, Any]) -> str:
@@ -397,8 +406,11 @@ class CheckpointManager:
     async_save: write in a background thread (call `wait()`/`close()` before exiting).
   """
 
-  def __init__(self, directory: str | pathlib.Path, save_interval_steps: int = 1000,
-               max_to_keep: Optional[int] = 3, async_save: bool = True):
+  def __init__(self,
+               directory: str | pathlib.Path,
+               save_interval_steps: int = 1000,
+               max_to_keep: Optional[int] = 3,
+               async_save: bool = True):
     self.directory = pathlib.Path(directory).absolute()
     self._async = bool(async_save)
     options = ocp.CheckpointManagerOptions(
@@ -420,7 +432,10 @@ class CheckpointManager:
     steps = self.all_steps()
     return steps[-1] if steps else None
 
-  def save(self, step: int, state: Any, data_state: Optional[Mapping[str, Any]] = None,
+  def save(self,
+           step: int,
+           state: Any,
+           data_state: Optional[Mapping[str, Any]] = None,
            force: bool = False) -> bool:
     """Writes `checkpoint_<step>/` (see the module docstring for the tree).
 
@@ -444,14 +459,20 @@ class CheckpointManager:
     data = dict(data_state or {})
     data.setdefault("step", int(step))
     items = {
-        STATE_ITEM: ocp.args.PyTreeSave({"target": flax.core.unfreeze(state.params),
-                                         "state": {"step": jnp.asarray(int(step), jnp.int32)}}),
-        DATA_ITEM: ocp.args.JsonSave(data),
+        STATE_ITEM:
+            ocp.args.PyTreeSave({
+                "target": flax.core.unfreeze(state.params),
+                "state": {
+                    "step": jnp.asarray(int(step), jnp.int32)
+                }
+            }),
+        DATA_ITEM:
+            ocp.args.JsonSave(data),
     }
     if jax.tree_util.tree_leaves(state.opt_state):
       sig = optimizer_state_signature(state.opt_state, state.params)
-      items[OPTIMIZER_ITEM] = ocp.args.StandardSave(state.opt_state,
-                                                    custom_metadata={_OPT_METADATA_KEY: sig})
+      items[OPTIMIZER_ITEM] = ocp.args.StandardSave(
+          state.opt_state, custom_metadata={_OPT_METADATA_KEY: sig})
     saved = self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
     if saved:
       logging.info("checkpoint %s %s", checkpoint_dir(self.directory, step),
@@ -476,14 +497,18 @@ class CheckpointManager:
     same = ckpt_sig.get("description") == run_sig["description"]
     raise OptimizerStateMismatchError(
         f"{folder}: the optimizer state differs (checkpoint has {_signature_text(ckpt_sig)}, the "
-        f"run uses {_signature_text(run_sig)}"
-        + ("; same optax state types, other array shapes, dtypes or parameter tree" if same else "")
-        + "); restore with params_only=True (and optimizer=) to continue from this checkpoint's "
+        f"run uses {_signature_text(run_sig)}" +
+        ("; same optax state types, other array shapes, dtypes or parameter tree" if same else "") +
+        "); restore with params_only=True (and optimizer=) to continue from this checkpoint's "
         "parameters with a fresh optimizer state")
 
-  def restore(self, step: int, abstract_state: Any, *, params_only: bool = False,
-              optimizer: Any = None, fallback_params: Optional[PyTree] = None
-              ) -> tuple[Any, dict[str, Any]]:
+  def restore(self,
+              step: int,
+              abstract_state: Any,
+              *,
+              params_only: bool = False,
+              optimizer: Any = None,
+              fallback_params: Optional[PyTree] = None) -> tuple[Any, dict[str, Any]]:
     """Restores checkpoint `step` into the shardings/dtypes of `abstract_state`.
 
     Args:
@@ -525,8 +550,9 @@ class CheckpointManager:
       why = ("params_only=True" if params_only else
              f"it was written by T5X ({fmt}): its Adafactor state is not optax's")
       opt_state = _fresh_opt_state(optimizer, params, abstract_state.opt_state, folder, why)
-      logging.warning("%s: restored the parameters and step only; the optimizer state is created "
-                      "fresh (%s)", folder, why)
+      logging.warning(
+          "%s: restored the parameters and step only; the optimizer state is created "
+          "fresh (%s)", folder, why)
     if fmt == FORMAT_MCWQ and (folder / DATA_ITEM).is_dir():
       data = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
           folder / DATA_ITEM, args=ocp.args.JsonRestore())
@@ -535,17 +561,21 @@ class CheckpointManager:
       data = {}
     step_value = int(step) if ckpt_step is None else ckpt_step
     data.setdefault("step", step_value)
-    state = abstract_state.replace(step=_place(np.int32(step_value), abstract_state.step),
-                                   params=params, opt_state=opt_state)
+    state = abstract_state.replace(
+        step=_place(np.int32(step_value), abstract_state.step), params=params, opt_state=opt_state)
     return state, data
 
   def restore_params(self, step: int, abstract_params: PyTree) -> dict:
     """Parameters of checkpoint `step` only (see the module-level `restore_params`)."""
     return restore_params(checkpoint_dir(self.directory, step), abstract_params)
 
-  def restore_latest(self, abstract_state: Any, *, params_only: bool = False,
-                     optimizer: Any = None, fallback_params: Optional[PyTree] = None
-                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
+  def restore_latest(
+      self,
+      abstract_state: Any,
+      *,
+      params_only: bool = False,
+      optimizer: Any = None,
+      fallback_params: Optional[PyTree] = None) -> Optional[tuple[int, Any, dict[str, Any]]]:
     """Restores the newest readable checkpoint, falling back to older ones if it is corrupt.
 
     Args: as `restore`.
@@ -562,8 +592,12 @@ class CheckpointManager:
     errors = []
     for step in reversed(steps):
       try:
-        state, data_state = self.restore(step, abstract_state, params_only=params_only,
-                                         optimizer=optimizer, fallback_params=fallback_params)
+        state, data_state = self.restore(
+            step,
+            abstract_state,
+            params_only=params_only,
+            optimizer=optimizer,
+            fallback_params=fallback_params)
         # Read every array now so that corrupt chunks fail here, not later.
         jax.block_until_ready(state)
       except _INCOMPATIBLE:
@@ -575,12 +609,13 @@ class CheckpointManager:
         errors.append(msg)
         continue
       if errors:
-        logging.warning("resumed from checkpoint %d after skipping corrupt newer checkpoint(s): "
-                        "%s", step, "; ".join(errors))
+        logging.warning(
+            "resumed from checkpoint %d after skipping corrupt newer checkpoint(s): "
+            "%s", step, "; ".join(errors))
       return step, state, data_state
     if steps:
-      raise NoUsableCheckpointError("no checkpoint in %s could be restored:\n%s"
-                                    % (self.directory, "\n".join(errors)))
+      raise NoUsableCheckpointError("no checkpoint in %s could be restored:\n%s" %
+                                    (self.directory, "\n".join(errors)))
     return None
 
   def wait(self) -> None:

@@ -145,7 +145,9 @@ def brevity_penalty(alpha: Union[float, Array], length: Union[int, float, Array]
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, jnp.asarray(alpha, jnp.float32))
 
 
-def sequence_lengths(sequences: Array, eos_id: int, max_len: Optional[int] = None,
+def sequence_lengths(sequences: Array,
+                     eos_id: int,
+                     max_len: Optional[int] = None,
                      inputs: Optional[Array] = None) -> Array:
   """Length used by the beam-search length penalty: tokens up to and including the first EOS.
 
@@ -177,7 +179,10 @@ def sequence_lengths(sequences: Array, eos_id: int, max_len: Optional[int] = Non
   return jnp.where(has_eos, first + 1, max_len).astype(jnp.int32)
 
 
-def length_penalized_score(log_probs: Array, sequences: Array, eos_id: int, alpha: float,
+def length_penalized_score(log_probs: Array,
+                           sequences: Array,
+                           eos_id: int,
+                           alpha: float,
                            max_len: Optional[int] = None,
                            inputs: Optional[Array] = None) -> Array:
   """The beam-search score of a sequence: `log_probs / brevity_penalty(alpha, length)`.
@@ -265,8 +270,8 @@ def gather_beams(nested: PyTree, beam_indices: Array, batch_size: int,
     raise ValueError(f"gather_beams: beam_indices has shape {beam_indices.shape}, expected "
                      f"{(batch_size, new_beam_size)}")
   batch_indices = jnp.arange(batch_size)[:, None]
-  return jax.tree_util.tree_map(
-      lambda x: x if x.ndim == 0 else x[batch_indices, beam_indices], nested)
+  return jax.tree_util.tree_map(lambda x: x
+                                if x.ndim == 0 else x[batch_indices, beam_indices], nested)
 
 
 def gather_topk_beams(nested: PyTree, score_or_log_prob: Array, batch_size: int,
@@ -402,11 +407,12 @@ def temperature_sample(inputs: Array,
   def body_fn(state: SamplingLoopState) -> SamplingLoopState:
     index = state.cur_index
     rng, step_rng = jax.random.split(state.rng)
-    logits, new_cache = tokens_to_logits(DecodingState(
-        cur_index=jnp.full((flat_batch,), index, jnp.int32),
-        sequences=state.sequences[:, :-1],
-        cur_token=lax.dynamic_index_in_dim(state.sequences, index, axis=1, keepdims=False),
-        cache=state.cache))
+    logits, new_cache = tokens_to_logits(
+        DecodingState(
+            cur_index=jnp.full((flat_batch,), index, jnp.int32),
+            sequences=state.sequences[:, :-1],
+            cur_token=lax.dynamic_index_in_dim(state.sequences, index, axis=1, keepdims=False),
+            cache=state.cache))
     logits = logits.astype(jnp.float32)
     if greedy:
       token = jnp.argmax(logits, axis=-1)
@@ -419,8 +425,8 @@ def temperature_sample(inputs: Array,
     prompt_token = lax.dynamic_index_in_dim(state.sequences, index + 1, axis=1, keepdims=False)
     in_prompt = prompt_token != 0
     token = jnp.where(in_prompt, prompt_token, token.astype(prompt_token.dtype))
-    token_log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
-                                         token[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    token_log_prob = jnp.take_along_axis(
+        jax.nn.log_softmax(logits, axis=-1), token[:, None].astype(jnp.int32), axis=-1)[:, 0]
     active = ~state.ended
     decoded = active & ~in_prompt
     # Ended rows keep their column (0, or a prompt token that is zeroed at the end).
@@ -439,8 +445,8 @@ def temperature_sample(inputs: Array,
   sequences = sequences.reshape(batch_size, num_decodes, length)
   log_probs = final.log_prob.reshape(batch_size, num_decodes)
   order = jnp.argsort(log_probs, axis=-1, stable=True)
-  return (jnp.take_along_axis(sequences, order[:, :, None], axis=1),
-          jnp.take_along_axis(log_probs, order, axis=-1))
+  return (jnp.take_along_axis(sequences, order[:, :, None],
+                              axis=1), jnp.take_along_axis(log_probs, order, axis=-1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -518,8 +524,8 @@ def beam_search(inputs: Array,
     # penalty over the remaining lengths [index + 1, length] is at one of the ends.
     largest_penalty = jnp.maximum(brevity_penalty(alpha, index + 1), max_penalty_len)
     best_live = jnp.max(state.live_logprobs, axis=1) / largest_penalty
-    worst_finished = jnp.where(jnp.all(state.finished_flags, axis=1),
-                               jnp.min(state.finished_scores, axis=1), NEG_INF)
+    worst_finished = jnp.where(
+        jnp.all(state.finished_flags, axis=1), jnp.min(state.finished_scores, axis=1), NEG_INF)
     search_done = jnp.all(worst_finished > best_live)
     return (index < length) & ~search_done
 
@@ -527,11 +533,12 @@ def beam_search(inputs: Array,
     index = state.cur_index
     live_seqs = state.live_seqs
     flat_seqs = flatten_beam_dim(live_seqs)
-    flat_logits, new_flat_cache = tokens_to_logits(DecodingState(
-        cur_index=jnp.full((batch_size * beam_size,), index, jnp.int32),
-        sequences=flat_seqs[:, :-1],
-        cur_token=lax.dynamic_index_in_dim(flat_seqs, index, axis=1, keepdims=False),
-        cache=cache_map(flatten_beam_dim, state.cache)))
+    flat_logits, new_flat_cache = tokens_to_logits(
+        DecodingState(
+            cur_index=jnp.full((batch_size * beam_size,), index, jnp.int32),
+            sequences=flat_seqs[:, :-1],
+            cur_token=lax.dynamic_index_in_dim(flat_seqs, index, axis=1, keepdims=False),
+            cache=cache_map(flatten_beam_dim, state.cache)))
     vocab_size = flat_logits.shape[-1]
     log_probs = jax.nn.log_softmax(
         unflatten_beam_dim(flat_logits.astype(jnp.float32), batch_size, beam_size), axis=-1)
@@ -567,14 +574,19 @@ def beam_search(inputs: Array,
     all_flags = jnp.concatenate([state.finished_flags, new_flags], axis=1)
     finished_scores, finished_seqs, finished_flags = gather_topk_beams(
         (all_scores, all_seqs, all_flags), all_scores, batch_size, beam_size)
-    return BeamState(cur_index=index + 1, live_logprobs=new_live_logprobs,
-                     finished_scores=finished_scores, live_seqs=new_live_seqs,
-                     finished_seqs=finished_seqs, finished_flags=finished_flags, cache=new_cache)
+    return BeamState(
+        cur_index=index + 1,
+        live_logprobs=new_live_logprobs,
+        finished_scores=finished_scores,
+        live_seqs=new_live_seqs,
+        finished_seqs=finished_seqs,
+        finished_flags=finished_flags,
+        cache=new_cache)
 
   final = lax.while_loop(cond_fn, body_fn, state0)
   # [:, :, 1:] drops the BOS. Positions after the EOS were never written (0), except a prompt
   # that would continue after it; zero them for the documented invariant.
-  sequences = _zero_after_eos(final.finished_seqs[:, :, 1:], _output_layout(inputs)[:, None],
-                              eos_id)
+  sequences = _zero_after_eos(final.finished_seqs[:, :, 1:],
+                              _output_layout(inputs)[:, None], eos_id)
   # top_k order is descending; T5X returns ascending (best last).
   return jnp.flip(sequences, axis=1), jnp.flip(final.finished_scores, axis=1)

@@ -59,17 +59,23 @@ def evaluate(*,
   """
   partitioner = partitioner or partitioning.Partitioner()
   vocab = utils.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
-  utils.check_vocab_size(vocab, model.module.config.vocab_size,
-                         where=f"task {dataset_cfg.mixture_or_task_name}")
+  utils.check_vocab_size(
+      vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
   params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
     output_dir = str(folder / (f"eval_{step}" if step is not None else "eval"))
   infer_fn = inference.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
   metrics, predictions = inference.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
   pred_path, met_path = inference.write_predictions(
-      output_dir, dataset_cfg, predictions, metrics,
-      extra={"step": step, "checkpoint": str(checkpoint_path),
-             "predict_kwargs": dict(predict_kwargs or {})})
+      output_dir,
+      dataset_cfg,
+      predictions,
+      metrics,
+      extra={
+          "step": step,
+          "checkpoint": str(checkpoint_path),
+          "predict_kwargs": dict(predict_kwargs or {})
+      })
   logging.info("%s/%s: %s (%d predictions) -> %s, %s", dataset_cfg.mixture_or_task_name,
                dataset_cfg.split, metrics, len(predictions), pred_path, met_path)
   return {"metrics": metrics, "predictions_path": str(pred_path), "metrics_path": str(met_path)}

@@ -145,8 +145,8 @@ def load_depths(path: str | pathlib.Path) -> list[Optional[int]]:
   return out
 
 
-def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any],
-                      name_b: str, path_b: Any, lines_b: Sequence[Any]) -> None:
+def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any], name_b: str, path_b: Any,
+                      lines_b: Sequence[Any]) -> None:
   """Checks that two line lists read from files are line-parallel.
 
   Args:
@@ -162,8 +162,8 @@ def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any],
                      f"{len(lines_b)} {name_b} in {path_b}; the files must be line-parallel")
 
 
-def load_release_targets(release: str | pathlib.Path, split: str, part: str
-                         ) -> list[execution.ReleaseQuery]:
+def load_release_targets(release: str | pathlib.Path, split: str,
+                         part: str) -> list[execution.ReleaseQuery]:
   """Reads the gold queries (with entities) of a release part (`execution.load_release_queries`).
 
   Raises:
@@ -190,13 +190,15 @@ def check_targets_match_release(targets: str | pathlib.Path, gold: Sequence[str]
                        "--split/--part right?")
 
 
-def evaluate_files(predictions: str | pathlib.Path, targets: Optional[str | pathlib.Path] = None,
+def evaluate_files(predictions: str | pathlib.Path,
+                   targets: Optional[str | pathlib.Path] = None,
                    target_format: str = metrics.RIR,
                    questions: Optional[str | pathlib.Path] = None,
                    depths: Optional[str | pathlib.Path] = None,
                    errors_out: Optional[str | pathlib.Path] = None,
                    release: Optional[str | pathlib.Path] = None,
-                   split: Optional[str] = None, part: Optional[str] = None,
+                   split: Optional[str] = None,
+                   part: Optional[str] = None,
                    endpoint: Optional[Any] = None,
                    max_answers: int = execution.DEFAULT_MAX_ANSWERS) -> dict[str, Any]:
   """Scores a prediction file against a target file (what the command line does).
@@ -246,15 +248,16 @@ def evaluate_files(predictions: str | pathlib.Path, targets: Optional[str | path
   preds = read_lines(predictions, strict=False)
   check_same_length("predictions", predictions, preds, "targets", targets, gold)
   if examples is not None:
-    check_same_length("release queries", f"{release} ({split}/{part})", examples,
-                      "targets", targets, gold)
+    check_same_length("release queries", f"{release} ({split}/{part})", examples, "targets",
+                      targets, gold)
     check_targets_match_release(targets, gold, examples)
   result = metrics.score_predictions(gold, preds, metrics.RIR)
   if depths is not None:
     depth_list = load_depths(depths)
     check_same_length("depths", depths, depth_list, "targets", targets, gold)
     result["by_complexity"] = {
-        str(d): v for d, v in metrics.accuracy_by_complexity(gold, preds, depth_list).items()}
+        str(d): v for d, v in metrics.accuracy_by_complexity(gold, preds, depth_list).items()
+    }
   question_list = None
   if questions is not None:
     question_list = read_lines(questions, strict=False)
@@ -281,11 +284,13 @@ def evaluate_files(predictions: str | pathlib.Path, targets: Optional[str | path
         record: dict[str, Any] = {"line": i + 1, "category": analysis.category}
         if question_list is not None:
           record["question"] = question_list[i]
-        record.update(target=t, prediction=p,
-                      missing_properties=list(analysis.missing_properties),
-                      extra_properties=list(analysis.extra_properties),
-                      missing_entities=list(analysis.missing_entities),
-                      extra_entities=list(analysis.extra_entities))
+        record.update(
+            target=t,
+            prediction=p,
+            missing_properties=list(analysis.missing_properties),
+            extra_properties=list(analysis.extra_properties),
+            missing_entities=list(analysis.missing_entities),
+            extra_entities=list(analysis.extra_entities))
         if outcomes is not None:
           record["execution"] = outcomes[i]
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -301,45 +306,65 @@ def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.evaluate",
       description="Exact match, BLEU, query equivalence, error categories and (with --execute) "
-                  "execution accuracy of MCWQ predictions (Cui et al., TACL 2022).")
+      "execution accuracy of MCWQ predictions (Cui et al., TACL 2022).")
   parser.add_argument("--predictions", required=True, help="predicted RIR queries, one a line")
-  parser.add_argument("--targets", help="gold queries, one a line (default with --release: the "
-                                        "release's queries of --split/--part)")
-  parser.add_argument("--target_format", choices=metrics.FORMATS, default=metrics.RIR,
-                      help="format of --targets: rir (translations/*.sparql) or sparql "
-                           "(one query a line, or official/ 'IN: ...  OUT: ...' lines)")
+  parser.add_argument(
+      "--targets",
+      help="gold queries, one a line (default with --release: the "
+      "release's queries of --split/--part)")
+  parser.add_argument(
+      "--target_format",
+      choices=metrics.FORMATS,
+      default=metrics.RIR,
+      help="format of --targets: rir (translations/*.sparql) or sparql "
+      "(one query a line, or official/ 'IN: ...  OUT: ...' lines)")
   parser.add_argument("--questions", help="line-parallel questions (shown in --errors_out)")
-  parser.add_argument("--depths", help="line-parallel recursionDepth values, for accuracy by "
-                                       "complexity")
+  parser.add_argument(
+      "--depths", help="line-parallel recursionDepth values, for accuracy by "
+      "complexity")
   parser.add_argument("--json", dest="json_out", help="write the result JSON here too")
   parser.add_argument("--errors_out", help="write per-example error categories (JSON lines)")
   group = parser.add_argument_group(
       "release and execution accuracy",
       "the predictions are line-parallel with splits/SPLIT.json's PARTIdxs of the release")
-  group.add_argument("--release", help="release folder (dataset.json, splits/), e.g. the output "
-                                       "of python -m preprocessing.migrate")
+  group.add_argument(
+      "--release",
+      help="release folder (dataset.json, splits/), e.g. the output "
+      "of python -m preprocessing.migrate")
   group.add_argument("--split", help="split name (splits/SPLIT.json)")
   group.add_argument("--part", choices=readers.PARTS, help="split part")
-  group.add_argument("--execute", action="store_true",
-                     help="run predictions and gold queries with the release's entities and "
-                          "report execution accuracy")
-  group.add_argument("--endpoint", choices=("oxigraph", "remote"), default="oxigraph",
-                     help="embedded pyoxigraph store (--codex/--ntriples) or a remote SPARQL "
-                          "endpoint (--url)")
-  group.add_argument("--codex", default=str(_DEFAULT_CODEX),
-                     help="CoDEx folder loaded into the embedded store ('' for none)")
-  group.add_argument("--ntriples", nargs="*", default=[],
-                     help="N-Triples files loaded into the embedded store")
+  group.add_argument(
+      "--execute",
+      action="store_true",
+      help="run predictions and gold queries with the release's entities and "
+      "report execution accuracy")
+  group.add_argument(
+      "--endpoint",
+      choices=("oxigraph", "remote"),
+      default="oxigraph",
+      help="embedded pyoxigraph store (--codex/--ntriples) or a remote SPARQL "
+      "endpoint (--url)")
+  group.add_argument(
+      "--codex",
+      default=str(_DEFAULT_CODEX),
+      help="CoDEx folder loaded into the embedded store ('' for none)")
+  group.add_argument(
+      "--ntriples", nargs="*", default=[], help="N-Triples files loaded into the embedded store")
   group.add_argument("--url", default=endpoint_lib.WDQS_URL, help="remote SPARQL endpoint URL")
   group.add_argument("--user_agent", default=endpoint_lib.DEFAULT_USER_AGENT)
-  group.add_argument("--rate", type=float, default=1.0,
-                     help="remote: minimum seconds between requests")
+  group.add_argument(
+      "--rate", type=float, default=1.0, help="remote: minimum seconds between requests")
   group.add_argument("--timeout", type=float, default=60.0, help="remote: request timeout (s)")
   group.add_argument("--retries", type=int, default=5, help="remote: retries on 429/5xx")
-  group.add_argument("--cache", help="JSON-lines file keeping the store's answers across runs "
-                                     "(one file per store)")
-  group.add_argument("--max_answers", type=int, default=execution.DEFAULT_MAX_ANSWERS,
-                     help="SELECT answers with more values count as truncated (wrong)")
+  group.add_argument(
+      "--cache",
+      help="JSON-lines file keeping the store's answers across runs "
+      "(one file per store)")
+  group.add_argument(
+      "--max_answers",
+      type=int,
+      default=execution.DEFAULT_MAX_ANSWERS,
+      help="SELECT answers with more values count as truncated (wrong)")
   return parser
 
 
@@ -358,22 +383,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   endpoint = None
   if args.execute:
     endpoint = functools.partial(
-        execution.make_endpoint, args.endpoint, codex=args.codex or None,
-        ntriples=args.ntriples, url=args.url, user_agent=args.user_agent,
-        timeout_s=args.timeout, max_retries=args.retries, min_interval_s=args.rate,
+        execution.make_endpoint,
+        args.endpoint,
+        codex=args.codex or None,
+        ntriples=args.ntriples,
+        url=args.url,
+        user_agent=args.user_agent,
+        timeout_s=args.timeout,
+        max_retries=args.retries,
+        min_interval_s=args.rate,
         cache=args.cache)
   try:
-    result = evaluate_files(args.predictions, args.targets, args.target_format,
-                            questions=args.questions, depths=args.depths,
-                            errors_out=args.errors_out, release=args.release, split=args.split,
-                            part=args.part, endpoint=endpoint, max_answers=args.max_answers)
+    result = evaluate_files(
+        args.predictions,
+        args.targets,
+        args.target_format,
+        questions=args.questions,
+        depths=args.depths,
+        errors_out=args.errors_out,
+        release=args.release,
+        split=args.split,
+        part=args.part,
+        endpoint=endpoint,
+        max_answers=args.max_answers)
   except InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if args.execute:
-    result["execution"]["endpoint"] = (args.url if args.endpoint == "remote" else
-                                       f"oxigraph: {args.codex or ''} {' '.join(args.ntriples)}"
-                                       .strip())
+    result["execution"]["endpoint"] = (
+        args.url if args.endpoint == "remote" else
+        f"oxigraph: {args.codex or ''} {' '.join(args.ntriples)}".strip())
   text = json.dumps(result, indent=2, ensure_ascii=False)
   print(text)
   if args.json_out:

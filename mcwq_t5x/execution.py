@@ -125,8 +125,8 @@ class Answer:
 
   def same_as(self, other: "Answer") -> bool:
     """True iff both are complete answers of the same form with equal values."""
-    return (self.form == other.form and not self.truncated and not other.truncated
-            and self.value == other.value)
+    return (self.form == other.form and not self.truncated and not other.truncated and
+            self.value == other.value)
 
   def to_json(self) -> Any:
     """The answer as JSON: a bool, or a sorted list of values (None last)."""
@@ -326,8 +326,8 @@ def _plan(query: sparql_lib.Query, entities: Mapping[str, str]) -> _Plan:
     if any(v not in triple_vars for v in vs):
       unsatisfiable = True  # An unbound variable in a filter: an error, so no solution (§17.2).
       continue
-    groups.setdefault(find(vs[0]) if vs else ("ground filter", n), ([], []))[1].append(
-        f"FILTER ( {a} != {b} )")
+    groups.setdefault(find(vs[0]) if vs else ("ground filter", n),
+                      ([], []))[1].append(f"FILTER ( {a} != {b} )")
   components = tuple((tuple(ts), tuple(fs)) for ts, fs in groups.values())
   return _Plan(form, variable, components, unsatisfiable)
 
@@ -362,7 +362,8 @@ def _requests(query: sparql_lib.Query, entities: Mapping[str, str],
   return _Requests(plan.form, plan.variable, tuple(asks), select, plan.unsatisfiable)
 
 
-def component_queries(query: sparql_lib.Query, entities: Mapping[str, str],
+def component_queries(query: sparql_lib.Query,
+                      entities: Mapping[str, str],
                       counts: Optional[dict[str, int]] = None,
                       max_answers: int = DEFAULT_MAX_ANSWERS) -> list[str]:
   """The SPARQL texts (without PREFIX lines) that `execute` sends for `query`, for inspection.
@@ -380,7 +381,9 @@ def component_queries(query: sparql_lib.Query, entities: Mapping[str, str],
   return list(req.asks) + ([req.select] if req.select else [])
 
 
-def execute(query: sparql_lib.Query, entities: Mapping[str, str], endpoint: ep.Endpoint,
+def execute(query: sparql_lib.Query,
+            entities: Mapping[str, str],
+            endpoint: ep.Endpoint,
             max_answers: int = DEFAULT_MAX_ANSWERS) -> Answer:
   """Runs a parsed query with its placeholders bound to `entities` (module docstring).
 
@@ -439,15 +442,23 @@ class ExecutionScores:
     """
     counts = collections.Counter(self.outcomes)
     n = sum(counts[o] for o in SCORED_OUTCOMES)
-    return {"execution_accuracy": 100.0 * counts[CORRECT] / n if n else 0.0,
-            "execution": {"n": n, "correct": counts[CORRECT],
-                          "outcomes": {o: counts[o] for o in OUTCOMES},
-                          "endpoint_errors": [f"example {i}: {m}"
-                                              for i, m in self.endpoint_errors[:5]]}}
+    return {
+        "execution_accuracy": 100.0 * counts[CORRECT] / n if n else 0.0,
+        "execution": {
+            "n": n,
+            "correct": counts[CORRECT],
+            "outcomes": {
+                o: counts[o] for o in OUTCOMES
+            },
+            "endpoint_errors": [f"example {i}: {m}" for i, m in self.endpoint_errors[:5]]
+        }
+    }
 
 
-def score_execution(examples: Sequence[ReleaseQuery], predictions: Sequence[metrics.Text],
-                    endpoint: ep.Endpoint, fmt: str = metrics.RIR,
+def score_execution(examples: Sequence[ReleaseQuery],
+                    predictions: Sequence[metrics.Text],
+                    endpoint: ep.Endpoint,
+                    fmt: str = metrics.RIR,
                     max_answers: int = DEFAULT_MAX_ANSWERS) -> ExecutionScores:
   """Executes each prediction and its gold query and compares the answers (module docstring).
 
@@ -513,10 +524,14 @@ def score_execution(examples: Sequence[ReleaseQuery], predictions: Sequence[metr
   return scores
 
 
-def make_endpoint(kind: str = "oxigraph", codex: Optional[PathLike] = None,
-                  ntriples: Sequence[PathLike] = (), url: str = ep.WDQS_URL,
-                  user_agent: str = ep.DEFAULT_USER_AGENT, timeout_s: float = 60.0,
-                  max_retries: int = 5, min_interval_s: float = 1.0,
+def make_endpoint(kind: str = "oxigraph",
+                  codex: Optional[PathLike] = None,
+                  ntriples: Sequence[PathLike] = (),
+                  url: str = ep.WDQS_URL,
+                  user_agent: str = ep.DEFAULT_USER_AGENT,
+                  timeout_s: float = 60.0,
+                  max_retries: int = 5,
+                  min_interval_s: float = 1.0,
                   cache: Optional[PathLike] = None) -> ep.CachedEndpoint:
   """Builds the store to execute on, wrapped in a `CachedEndpoint` (each query runs once).
 
@@ -540,8 +555,12 @@ def make_endpoint(kind: str = "oxigraph", codex: Optional[PathLike] = None,
     FileNotFoundError: a missing CoDEx folder or N-Triples file.
   """
   if kind == "remote":
-    inner: ep.Endpoint = ep.RemoteEndpoint(url=url, user_agent=user_agent, timeout_s=timeout_s,
-                                           max_retries=max_retries, min_interval_s=min_interval_s)
+    inner: ep.Endpoint = ep.RemoteEndpoint(
+        url=url,
+        user_agent=user_agent,
+        timeout_s=timeout_s,
+        max_retries=max_retries,
+        min_interval_s=min_interval_s)
   elif kind == "oxigraph":
     if not codex and not ntriples:
       raise ValueError("the embedded store needs --codex DIR or --ntriples FILE")

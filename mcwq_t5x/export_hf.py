@@ -11,7 +11,6 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-
 r"""Export a checkpoint to a Hugging Face Transformers folder (inverse of `checkpoint_import`).
 
 Usage:
@@ -107,8 +106,7 @@ def hf_config(config: network.T5Config) -> dict[str, Any]:
                      f"exportable: {sorted(_FEED_FORWARD_PROJ)}")
   tied = bool(config.logits_via_embedding)
   return {
-      "architectures": ["T5ForConditionalGeneration" if tied else
-                        "MT5ForConditionalGeneration"],
+      "architectures": ["T5ForConditionalGeneration" if tied else "MT5ForConditionalGeneration"],
       "model_type": "t5" if tied else "mt5",
       "vocab_size": int(config.vocab_size),
       "d_model": int(config.emb_dim),
@@ -133,7 +131,8 @@ def hf_config(config: network.T5Config) -> dict[str, Any]:
   }
 
 
-def to_hf_state_dict(params: Mapping[str, Any], config: network.T5Config,
+def to_hf_state_dict(params: Mapping[str, Any],
+                     config: network.T5Config,
                      source: str = "params") -> dict[str, np.ndarray]:
   """Hugging Face T5/mT5 state dict of `network.Transformer(config)` params.
 
@@ -323,8 +322,8 @@ def read_gin_config(path: PathLike) -> RunConfig:
     raise ValueError(f"{path}: the model config does not fit network.T5Config: {e}") from e
 
   # --- vocabulary ---
-  vocab_ref = resolve(bindings.get(("EncoderDecoderModel", "output_vocabulary"),
-                                   macros.get("VOCABULARY")))
+  vocab_ref = resolve(
+      bindings.get(("EncoderDecoderModel", "output_vocabulary"), macros.get("VOCABULARY")))
   vocabulary = None
   if isinstance(vocab_ref, _Ref):
     fn = _short(vocab_ref.name)
@@ -338,8 +337,8 @@ def read_gin_config(path: PathLike) -> RunConfig:
     elif fn == "SentencePieceVocabulary":
       if "sentencepiece_model_file" not in args:
         raise ValueError(f"{source}: no sentencepiece_model_file bound")
-      vocabulary = VocabularySpec(args["sentencepiece_model_file"],
-                                  int(args.get("extra_ids", 0)), source)
+      vocabulary = VocabularySpec(args["sentencepiece_model_file"], int(args.get("extra_ids", 0)),
+                                  source)
     else:
       raise ValueError(f"{source}: unknown vocabulary configurable {vocab_ref.name!r} "
                        "(expected get_vocabulary, mt5_vocabulary or SentencePieceVocabulary)")
@@ -472,8 +471,7 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
   if tokenizer is None:
     raise ValueError(f"{spm_path}: transformers could not convert this SentencePiece model")
   sentinels = [f"<extra_id_{extra_ids - 1 - k}>" for k in range(extra_ids)]
-  tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False)
-                                for s in sentinels])
+  tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in sentinels])
   for k, s in enumerate(sentinels):
     if tokenizer.token_to_id(s) != num_pieces + k:
       raise ValueError(f"{spm_path}: sentinel {s} would get id {tokenizer.token_to_id(s)}, "
@@ -486,8 +484,11 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
   special = {"eos_token": eos, "pad_token": pad, "unk_token": unk}
   if sentinels:
     special["additional_special_tokens"] = sentinels[::-1]  # <extra_id_0> first
-  tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
-                      "clean_up_tokenization_spaces": False, "model_max_length": 1 << 30}
+  tokenizer_config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      **special, "clean_up_tokenization_spaces": False,
+      "model_max_length": 1 << 30
+  }
   _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
   _write_json(out_dir / "special_tokens_map.json", special)
   return size
@@ -500,8 +501,12 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
 # ------------------------------------------------------------------------------------------------
 # Export
 # ------------------------------------------------------------------------------------------------
-def export_params(params: Mapping[str, Any], config: network.T5Config, out_dir: PathLike,
-                  spm_path: PathLike, extra_ids: int = 0, *,
+def export_params(params: Mapping[str, Any],
+                  config: network.T5Config,
+                  out_dir: PathLike,
+                  spm_path: PathLike,
+                  extra_ids: int = 0,
+                  *,
                   overwrite: bool = False) -> pathlib.Path:
   """Writes a Hugging Face folder for `params` of `network.Transformer(config)`.
 
@@ -538,8 +543,10 @@ def export_params(params: Mapping[str, Any], config: network.T5Config, out_dir: 
     del state
     _write_json(tmp / "config.json", config_json)
     _write_json(tmp / "generation_config.json", {
-        "decoder_start_token_id": DECODER_START_ID, "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID})
+        "decoder_start_token_id": DECODER_START_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID
+    })
     if out_dir.exists():
       shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
     os.replace(tmp, out_dir)
@@ -549,10 +556,13 @@ def export_params(params: Mapping[str, Any], config: network.T5Config, out_dir: 
   return out_dir
 
 
-def resolve_sources(checkpoint: PathLike, *, gin_file: Optional[PathLike] = None,
-                    model_config: Optional[str] = None, vocab: Optional[PathLike] = None,
-                    extra_ids: Optional[int] = None
-                    ) -> tuple[network.T5Config, pathlib.Path, int, str]:
+def resolve_sources(
+    checkpoint: PathLike,
+    *,
+    gin_file: Optional[PathLike] = None,
+    model_config: Optional[str] = None,
+    vocab: Optional[PathLike] = None,
+    extra_ids: Optional[int] = None) -> tuple[network.T5Config, pathlib.Path, int, str]:
   """(model config, SentencePiece file, extra ids, where they came from) for a checkpoint.
 
   Order (see the module docstring): explicit arguments; the Hugging Face folder's own files;
@@ -565,8 +575,9 @@ def resolve_sources(checkpoint: PathLike, *, gin_file: Optional[PathLike] = None
   """
   fmt, where = checkpoint_import.locate_checkpoint(checkpoint)
   # A Hugging Face folder describes itself; other checkpoints need the run's gin config.
-  gin_path = (pathlib.Path(gin_file) if gin_file is not None
-              else None if fmt.name == "hf" else find_run_gin(where))
+  gin_path = (
+      pathlib.Path(gin_file)
+      if gin_file is not None else None if fmt.name == "hf" else find_run_gin(where))
   run = read_gin_config(gin_path) if gin_path is not None else None
   gin_note = f"{gin_path} says nothing about it" if gin_path else (
       f"no {RUN_GIN_FILE} at or up to 3 folders above the checkpoint")
@@ -604,16 +615,19 @@ def resolve_sources(checkpoint: PathLike, *, gin_file: Optional[PathLike] = None
     n_extra = run.vocabulary.extra_ids if extra_ids is None else extra_ids
     notes.append(f"vocabulary {spm_path} (from {run.vocabulary.source})")
   else:
-    where_looked = ("the Hugging Face folder has no spiece.model" if fmt.name == "hf"
-                    else gin_note)
+    where_looked = ("the Hugging Face folder has no spiece.model" if fmt.name == "hf" else gin_note)
     raise ValueError(f"{checkpoint}: no vocabulary found ({where_looked}); pass --vocab PATH, "
                      "the SentencePiece model the checkpoint was trained with")
   return config, spm_path, int(n_extra or 0), "; ".join(notes)
 
 
-def export_checkpoint(checkpoint: PathLike, out_dir: PathLike, *,
-                      gin_file: Optional[PathLike] = None, model_config: Optional[str] = None,
-                      vocab: Optional[PathLike] = None, extra_ids: Optional[int] = None,
+def export_checkpoint(checkpoint: PathLike,
+                      out_dir: PathLike,
+                      *,
+                      gin_file: Optional[PathLike] = None,
+                      model_config: Optional[str] = None,
+                      vocab: Optional[PathLike] = None,
+                      extra_ids: Optional[int] = None,
                       overwrite: bool = False) -> pathlib.Path:
   """Exports any checkpoint `checkpoint_import.load_params` reads to a Hugging Face folder.
 
@@ -640,15 +654,14 @@ def export_checkpoint(checkpoint: PathLike, out_dir: PathLike, *,
     raise ValueError(f"--out {out_dir}: must not be, contain or lie inside the checkpoint "
                      f"{src}")
   config, spm_path, n_extra, notes = resolve_sources(
-      checkpoint, gin_file=gin_file, model_config=model_config, vocab=vocab,
-      extra_ids=extra_ids)
+      checkpoint, gin_file=gin_file, model_config=model_config, vocab=vocab, extra_ids=extra_ids)
   logging.info("exporting %s checkpoint %s: %s", fmt.name, where, notes)
   params = checkpoint_import.load_params(where, config)
   out = export_params(params, config, out_dir, spm_path, n_extra, overwrite=overwrite)
-  logging.info("wrote %s (%s, %d parameters)", out,
-               hf_config(config)["architectures"][0],
-               sum(int(np.prod(s)) for s in
-                   checkpoint_import.expected_param_shapes(config).values()))
+  logging.info(
+      "wrote %s (%s, %d parameters)", out,
+      hf_config(config)["architectures"][0],
+      sum(int(np.prod(s)) for s in checkpoint_import.expected_param_shapes(config).values()))
   return out
 
 
@@ -657,26 +670,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.export_hf",
       description="Export a checkpoint to a Hugging Face Transformers folder.")
-  parser.add_argument("--checkpoint", required=True,
-                      help="MODEL_DIR, an Orbax step folder, a T5X checkpoint_N folder or a "
-                           "Hugging Face folder")
+  parser.add_argument(
+      "--checkpoint",
+      required=True,
+      help="MODEL_DIR, an Orbax step folder, a T5X checkpoint_N folder or a "
+      "Hugging Face folder")
   parser.add_argument("--out", required=True, help="folder to write")
-  parser.add_argument("--vocab", default=None, help="SentencePiece .model file (default: "
-                      "the Hugging Face folder's spiece.model or the run's gin config)")
-  parser.add_argument("--extra_ids", type=int, default=None,
-                      help="sentinel ids after the vocabulary's pieces (default: from the "
-                           "gin config / tokenizer_config.json, else 0)")
-  parser.add_argument("--gin_file", default=None,
-                      help="gin config with the model (default: MODEL_DIR/config.gin)")
-  parser.add_argument("--model_config", default=None, choices=sorted(network.CONFIGS),
-                      help="a preset of network.CONFIGS instead of a gin config")
+  parser.add_argument(
+      "--vocab",
+      default=None,
+      help="SentencePiece .model file (default: "
+      "the Hugging Face folder's spiece.model or the run's gin config)")
+  parser.add_argument(
+      "--extra_ids",
+      type=int,
+      default=None,
+      help="sentinel ids after the vocabulary's pieces (default: from the "
+      "gin config / tokenizer_config.json, else 0)")
+  parser.add_argument(
+      "--gin_file", default=None, help="gin config with the model (default: MODEL_DIR/config.gin)")
+  parser.add_argument(
+      "--model_config",
+      default=None,
+      choices=sorted(network.CONFIGS),
+      help="a preset of network.CONFIGS instead of a gin config")
   parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   try:
-    export_checkpoint(args.checkpoint, args.out, gin_file=args.gin_file,
-                      model_config=args.model_config, vocab=args.vocab,
-                      extra_ids=args.extra_ids, overwrite=args.overwrite)
+    export_checkpoint(
+        args.checkpoint,
+        args.out,
+        gin_file=args.gin_file,
+        model_config=args.model_config,
+        vocab=args.vocab,
+        extra_ids=args.extra_ids,
+        overwrite=args.overwrite)
   except ValueError as e:  # includes CheckpointMismatchError / IncompleteCheckpointError
     print(f"export_hf: error: {e}", file=sys.stderr)
     return 1

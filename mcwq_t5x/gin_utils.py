@@ -89,8 +89,10 @@ def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
   return "\n".join(out)
 
 
-def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
-              gin_search_paths: Sequence[str] = (), finalize: bool = True,
+def parse_gin(gin_files: Sequence[str],
+              gin_bindings: Sequence[str] = (),
+              gin_search_paths: Sequence[str] = (),
+              finalize: bool = True,
               skip_unknown: bool = False) -> None:
   """Clears gin, then parses the files and bindings (bindings override the files).
 
@@ -119,14 +121,15 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
       raise GinConfigError(f"binding {b.strip()!r}: macro {name} is not used by any of the gin "
                            f"files {list(gin_files)} (typo?)")
   try:
-    gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
-                                        finalize_config=finalize, skip_unknown=skip_unknown)
+    gin.parse_config_files_and_bindings(
+        list(gin_files), list(gin_bindings), finalize_config=finalize, skip_unknown=skip_unknown)
   except (ValueError, SyntaxError, KeyError, TypeError, OSError) as e:
     raise GinConfigError(f"invalid gin configuration (files {list(gin_files)}, bindings "
                          f"{list(gin_bindings)}): {e}") from e
 
 
-def parse_flags(argv: Optional[Sequence[str]] = None, description: str = "",
+def parse_flags(argv: Optional[Sequence[str]] = None,
+                description: str = "",
                 extra_args: Optional[callable] = None) -> argparse.Namespace:
   """Parses the T5X-style gin flags of `argv` (default `sys.argv[1:]`) and configures gin.
 
@@ -144,12 +147,15 @@ def parse_flags(argv: Optional[Sequence[str]] = None, description: str = "",
   argv = list(sys.argv[1:] if argv is None else argv)
   argv, dotted = rewrite_gin_args(argv)
   parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--gin_file", action="append", default=[],
-                      help="gin config file (repeatable)")
-  parser.add_argument("--gin_bindings", action="append", default=[],
-                      help="raw gin binding 'NAME = VALUE' (repeatable)")
-  parser.add_argument("--gin_search_paths", default="",
-                      help="comma-separated folders searched for gin files")
+  parser.add_argument(
+      "--gin_file", action="append", default=[], help="gin config file (repeatable)")
+  parser.add_argument(
+      "--gin_bindings",
+      action="append",
+      default=[],
+      help="raw gin binding 'NAME = VALUE' (repeatable)")
+  parser.add_argument(
+      "--gin_search_paths", default="", help="comma-separated folders searched for gin files")
   if extra_args is not None:
     extra_args(parser)
   args = parser.parse_args(argv)
@@ -189,7 +195,7 @@ def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
 
 def setup_logging() -> None:
   """Console logging at INFO with timestamps (absl's handler if absl logging is active)."""
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                      force=True)
+  logging.basicConfig(
+      level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
   for noisy in ("absl", "tensorflow", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -27,7 +27,9 @@ from mcwq_t5x import partitioning
 from mcwq_t5x import utils
 
 
-def encode_questions(questions: Sequence[str], vocabulary: Any, input_length: int,
+def encode_questions(questions: Sequence[str],
+                     vocabulary: Any,
+                     input_length: int,
                      input_prefix: str = "") -> np.ndarray:
   """Tokenizes questions like the SeqIO task: prefix + question, EOS appended, trimmed, padded.
 
@@ -41,7 +43,8 @@ def encode_questions(questions: Sequence[str], vocabulary: Any, input_length: in
   return out
 
 
-def infer(questions: Sequence[str], *,
+def infer(questions: Sequence[str],
+          *,
           model: Any,
           checkpoint_path: str,
           vocabulary: Any = None,
@@ -79,9 +82,10 @@ def infer(questions: Sequence[str], *,
   params, _, _ = inference.load_params(model, partitioner, checkpoint_path)
   if not questions:
     return []
-  arrays = {"encoder_input_tokens": encode_questions(questions, vocabulary, input_length,
-                                                     input_prefix),
-            "decoder_input_tokens": np.zeros((len(questions), max_decode_length), np.int32)}
+  arrays = {
+      "encoder_input_tokens": encode_questions(questions, vocabulary, input_length, input_prefix),
+      "decoder_input_tokens": np.zeros((len(questions), max_decode_length), np.int32)
+  }
   infer_fn = inference.get_infer_fn(model, partitioner, batch_size, predict_kwargs)
   tokens = infer_fn(params, arrays)
   return [vocabulary.decode([int(t) for t in row]) for row in tokens]
@@ -117,8 +121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   def extra(parser: argparse.ArgumentParser):
     parser.add_argument("--input", default="-", help="questions, one per line ('-' = stdin)")
     parser.add_argument("--output", default="-", help="output file ('-' = stdout)")
-    parser.add_argument("--sparql", action="store_true",
-                        help="print executable SPARQL (mcwq_t5x.rir.rir_to_sparql) instead of RIR")
+    parser.add_argument(
+        "--sparql",
+        action="store_true",
+        help="print executable SPARQL (mcwq_t5x.rir.rir_to_sparql) instead of RIR")
 
   args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
   gin_utils.call_configured(partitioning.set_host_device_count)

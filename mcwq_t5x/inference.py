@@ -47,12 +47,15 @@ def decoding_batch_size(batch_size: int, partitioner: partitioning.Partitioner) 
   dp = partitioner.data_parallel_size
   rounded = -(-int(batch_size) // dp) * dp
   if rounded != batch_size:
-    logging.info("decoding batch size %d rounded up to %d (a multiple of the %d data-parallel "
-                 "devices; the extra rows are padding)", batch_size, rounded, dp)
+    logging.info(
+        "decoding batch size %d rounded up to %d (a multiple of the %d data-parallel "
+        "devices; the extra rows are padding)", batch_size, rounded, dp)
   return rounded
 
 
-def get_infer_fn(model: Any, partitioner: partitioning.Partitioner, batch_size: int,
+def get_infer_fn(model: Any,
+                 partitioner: partitioning.Partitioner,
+                 batch_size: int,
                  predict_kwargs: Optional[Mapping[str, Any]] = None) -> InferFn:
   """Returns `infer_fn(params, arrays, rng=None) -> tokens`, compiled per batch shape.
 
@@ -84,12 +87,14 @@ def get_infer_fn(model: Any, partitioner: partitioning.Partitioner, batch_size: 
         return model.predict_batch(p, b, rng=rng, **kwargs)
 
       compiled[key] = partitioner.partition(
-          predict, in_shardings=(param_shardings, partitioner.data_sharding, partitioner.replicated),
+          predict,
+          in_shardings=(param_shardings, partitioner.data_sharding, partitioner.replicated),
           out_shardings=partitioner.replicated)
     return compiled[key]
 
-  def infer_fn(params, arrays: Mapping[str, np.ndarray], rng: Optional[jax.Array] = None
-               ) -> np.ndarray:
+  def infer_fn(params,
+               arrays: Mapping[str, np.ndarray],
+               rng: Optional[jax.Array] = None) -> np.ndarray:
     n = len(arrays["encoder_input_tokens"])
     if n == 0:
       return np.zeros((0, arrays["decoder_input_tokens"].shape[1]), np.int32)
@@ -117,6 +122,7 @@ def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
     infer_fn: from `get_infer_fn`.
     params: the (sharded) parameters.
   """
+
   def predict_fn(dataset: Any, model_feature_shapes: Any = None) -> list[tuple[int, list[int]]]:
     del model_feature_shapes
     indices, features = [], []
@@ -132,7 +138,9 @@ def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
   return predict_fn
 
 
-def evaluate_split(cfg: utils.DatasetConfig, infer_fn: InferFn, params: Any,
+def evaluate_split(cfg: utils.DatasetConfig,
+                   infer_fn: InferFn,
+                   params: Any,
                    num_examples: Optional[int] = None) -> tuple[dict[str, float], list[str]]:
   """Decoding-based evaluation of one task split through `seqio.Evaluator`.
 
@@ -155,11 +163,15 @@ def evaluate_split(cfg: utils.DatasetConfig, infer_fn: InferFn, params: Any,
   evaluator = seqio.Evaluator(
       mixture_or_task_name=cfg.mixture_or_task_name,
       feature_converter=seqio.EncDecFeatureConverter(pack=False),
-      eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
+      eval_split=cfg.split,
+      use_cached=cfg.use_cached,
+      seed=cfg.seed,
       sequence_length=dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None,
-      num_examples=num_examples, shuffle=False, async_compute_metrics=False)
-  all_metrics, all_outputs = evaluator.evaluate(compute_metrics=True,
-                                                predict_fn=seqio_predict_fn(infer_fn, params))
+      num_examples=num_examples,
+      shuffle=False,
+      async_compute_metrics=False)
+  all_metrics, all_outputs = evaluator.evaluate(
+      compute_metrics=True, predict_fn=seqio_predict_fn(infer_fn, params))
   metrics_by_task = all_metrics.result()
   metrics: dict[str, float] = {}
   for task_name, task_metrics in metrics_by_task.items():
@@ -172,15 +184,17 @@ def evaluate_split(cfg: utils.DatasetConfig, infer_fn: InferFn, params: Any,
     tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
     for row in tokens:  # what the metrics scored: the task's postprocessing, as T5X writes it
       text = vocab.decode([int(t) for t in row])
-      predictions.append(task.postprocess_fn(text, example=None, is_target=False)
-                         if task.postprocess_fn else text)
+      predictions.append(
+          task.postprocess_fn(text, example=None, is_target=False) if task.postprocess_fn else text)
   return metrics, predictions
 
 
-def write_predictions(out_dir: str | pathlib.Path, cfg: utils.DatasetConfig,
-                      predictions: Sequence[str], metrics: Mapping[str, Any],
-                      extra: Optional[Mapping[str, Any]] = None
-                      ) -> tuple[pathlib.Path, pathlib.Path]:
+def write_predictions(
+    out_dir: str | pathlib.Path,
+    cfg: utils.DatasetConfig,
+    predictions: Sequence[str],
+    metrics: Mapping[str, Any],
+    extra: Optional[Mapping[str, Any]] = None) -> tuple[pathlib.Path, pathlib.Path]:
   """Writes `predictions/<task>_<split>.txt` and `metrics/<task>_<split>.json` under `out_dir`.
 
   The text file has exactly one line per prediction, in source order (line breaks of any kind
@@ -197,15 +211,22 @@ def write_predictions(out_dir: str | pathlib.Path, cfg: utils.DatasetConfig,
   if jax.process_index() == 0:
     pred_path.parent.mkdir(parents=True, exist_ok=True)
     met_path.parent.mkdir(parents=True, exist_ok=True)
-    pred_path.write_text("".join(" ".join(p.splitlines()) + "\n" for p in predictions),
-                         encoding="utf-8")
-    record = {"task": cfg.mixture_or_task_name, "split": cfg.split,
-              "num_examples": len(predictions), **dict(metrics), **dict(extra or {})}
+    pred_path.write_text(
+        "".join(" ".join(p.splitlines()) + "\n" for p in predictions), encoding="utf-8")
+    record = {
+        "task": cfg.mixture_or_task_name,
+        "split": cfg.split,
+        "num_examples": len(predictions),
+        **dict(metrics),
+        **dict(extra or {})
+    }
     met_path.write_text(json.dumps(utils.to_jsonable(record), indent=2, sort_keys=True) + "\n")
   return pred_path, met_path
 
 
-def load_params(model: Any, partitioner: partitioning.Partitioner, checkpoint_path: str,
+def load_params(model: Any,
+                partitioner: partitioning.Partitioner,
+                checkpoint_path: str,
                 abstract_params: Any = None) -> tuple[Any, Optional[int], pathlib.Path]:
   """Loads parameters (no optimizer state) from any checkpoint, sharded over the mesh.
 
@@ -228,8 +249,10 @@ def load_params(model: Any, partitioner: partitioning.Partitioner, checkpoint_pa
   """
   if abstract_params is None:
     tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
-    shapes = {"encoder_input_tokens": (partitioner.data_parallel_size, 8),
-              "decoder_input_tokens": (partitioner.data_parallel_size, 8)}
+    shapes = {
+        "encoder_input_tokens": (partitioner.data_parallel_size, 8),
+        "decoder_input_tokens": (partitioner.data_parallel_size, 8)
+    }
     abstract_params = tr.state_shapes(shapes).params
   try:
     folder, step = checkpoints_lib.resolve_checkpoint(checkpoint_path)

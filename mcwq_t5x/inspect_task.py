@@ -39,8 +39,8 @@ def get_task(name: str):
   if name not in names:
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
     mcwq = [n for n in names if n.startswith("mcwq_")]
-    hint = (f"did you mean: {', '.join(close)}?" if close else
-            f"registered MCWQ tasks include: {', '.join(mcwq[:8])}, ...")
+    hint = (f"did you mean: {', '.join(close)}?"
+            if close else f"registered MCWQ tasks include: {', '.join(mcwq[:8])}, ...")
     raise UnknownTaskError(f"unknown task or mixture {name!r}; {hint}")
   return seqio.get_mixture_or_task(name)
 
@@ -55,8 +55,11 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
   return out
 
 
-def inspect(name: str, split: str = "validation", num_examples: int = 5,
-            max_examples: Optional[int] = None, out=sys.stdout) -> dict[str, Any]:
+def inspect(name: str,
+            split: str = "validation",
+            num_examples: int = 5,
+            max_examples: Optional[int] = None,
+            out=sys.stdout) -> dict[str, Any]:
   """Prints `num_examples` preprocessed examples and the length statistics of `split`.
 
   Args:
@@ -87,13 +90,16 @@ def inspect(name: str, split: str = "validation", num_examples: int = 5,
       _print_example(i, ex, features, out)
   stats = {k: length_stats(v) for k, v in lengths.items()}
   print(f"\nlength statistics ({name}, {split}; tokens incl. EOS):", file=out)
-  print(f"{'feature':>8} {'count':>7} {'mean':>7} " +
-        " ".join(f"{'p' + str(p):>6}" for p in PERCENTILES) + f" {'max':>6}", file=out)
+  print(
+      f"{'feature':>8} {'count':>7} {'mean':>7} " +
+      " ".join(f"{'p' + str(p):>6}" for p in PERCENTILES) + f" {'max':>6}",
+      file=out)
   for k, s in stats.items():
     if s.get("count"):
-      print(f"{k:>8} {s['count']:>7} {s['mean']:>7.1f} " +
-            " ".join(f"{s['p' + str(p)]:>6.0f}" for p in PERCENTILES) + f" {s['max']:>6}",
-            file=out)
+      print(
+          f"{k:>8} {s['count']:>7} {s['mean']:>7.1f} " +
+          " ".join(f"{s['p' + str(p)]:>6.0f}" for p in PERCENTILES) + f" {s['max']:>6}",
+          file=out)
   suggestion = {k: int(-(-s["max"] // 8) * 8) for k, s in stats.items() if s.get("count")}
   print(f"TASK_FEATURE_LENGTHS covering every example (rounded up to 8): {suggestion}", file=out)
   return stats
@@ -124,8 +130,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("task", help="seqio task or mixture name, e.g. mcwq_mcd1_he")
   parser.add_argument("--split", default="validation", help="train, validation or test")
   parser.add_argument("-n", "--num-examples", type=int, default=5)
-  parser.add_argument("--max-examples", type=int, default=0,
-                      help="limit the statistics to this many examples (0: all)")
+  parser.add_argument(
+      "--max-examples",
+      type=int,
+      default=0,
+      help="limit the statistics to this many examples (0: all)")
   args = parser.parse_args(argv)
   try:
     inspect(args.task, args.split, args.num_examples, args.max_examples)

@@ -58,8 +58,8 @@ def _check_lengths(targets: Sequence[Text], predictions: Sequence[Text]) -> None
         f"{len(predictions)} predictions but {len(targets)} targets: they must be line-parallel")
 
 
-def _stripped_pairs(targets: Sequence[Text], predictions: Sequence[Text]
-                    ) -> tuple[list[str], list[str]]:
+def _stripped_pairs(targets: Sequence[Text],
+                    predictions: Sequence[Text]) -> tuple[list[str], list[str]]:
   """(targets, predictions) decoded to str and whitespace-stripped, after the length check.
 
   Raises:
@@ -69,8 +69,7 @@ def _stripped_pairs(targets: Sequence[Text], predictions: Sequence[Text]
   return [_to_str(t).strip() for t in targets], [_to_str(p).strip() for p in predictions]
 
 
-def exact_match_metric(targets: Sequence[Text],
-                       predictions: Sequence[Text]) -> dict[str, float]:
+def exact_match_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
   """Exact-match accuracy of the MCWQ paper (§5.2, Table 4).
 
   An example counts as correct when the prediction equals the target after stripping
@@ -200,7 +199,8 @@ def _parse_gold(text: Text, fmt: str, index: Optional[int] = None) -> sparql_lib
   return query
 
 
-def equivalence_metric(targets: Sequence[Text], predictions: Sequence[Text],
+def equivalence_metric(targets: Sequence[Text],
+                       predictions: Sequence[Text],
                        fmt: str = RIR) -> dict[str, float]:
   """Query-equivalence accuracy: a more lenient measure than exact match (not in the paper).
 
@@ -320,9 +320,9 @@ def analyze_error(target: Text, prediction: Text, fmt: str = RIR) -> ErrorAnalys
   gold_props, pred_props = set(gold.properties()), set(pred.properties())
   gold_ents = set(gold.entities(include_filters=True))
   pred_ents = set(pred.entities(include_filters=True))
-  kinds = (_set_error_kinds(gold_props, pred_props, MISSING_PROPERTY, EXTRA_PROPERTY,
-                            WRONG_PROPERTY) +
-           _set_error_kinds(gold_ents, pred_ents, MISSING_ENTITY, EXTRA_ENTITY, WRONG_ENTITY))
+  kinds = (
+      _set_error_kinds(gold_props, pred_props, MISSING_PROPERTY, EXTRA_PROPERTY, WRONG_PROPERTY) +
+      _set_error_kinds(gold_ents, pred_ents, MISSING_ENTITY, EXTRA_ENTITY, WRONG_ENTITY))
   if not kinds:
     category = WRONG_STRUCTURE
   elif len(kinds) == 1:
@@ -330,7 +330,8 @@ def analyze_error(target: Text, prediction: Text, fmt: str = RIR) -> ErrorAnalys
   else:
     category = MULTIPLE_ERRORS
   return ErrorAnalysis(
-      category, tuple(kinds),
+      category,
+      tuple(kinds),
       missing_properties=tuple(sorted(gold_props - pred_props)),
       extra_properties=tuple(sorted(pred_props - gold_props)),
       missing_entities=tuple(sorted(gold_ents - pred_ents)),
@@ -342,7 +343,8 @@ def classify_error(target: Text, prediction: Text, fmt: str = RIR) -> str:
   return analyze_error(target, prediction, fmt).category
 
 
-def error_categories(targets: Sequence[Text], predictions: Sequence[Text],
+def error_categories(targets: Sequence[Text],
+                     predictions: Sequence[Text],
                      fmt: str = RIR) -> list[str]:
   """Per-example error categories (`classify_error`) of line-parallel targets and predictions.
 
@@ -360,7 +362,8 @@ def error_categories(targets: Sequence[Text], predictions: Sequence[Text],
   return out
 
 
-def error_category_counts(targets: Sequence[Text], predictions: Sequence[Text],
+def error_category_counts(targets: Sequence[Text],
+                          predictions: Sequence[Text],
                           fmt: str = RIR) -> dict[str, int]:
   """How many predictions fall into each category of `ERROR_CATEGORIES` (zeros included).
 
@@ -409,11 +412,17 @@ def accuracy_by_complexity(targets: Sequence[Text], predictions: Sequence[Text],
     d = int(d)
     n[d] += 1
     correct[d] += _to_str(t).strip() == _to_str(p).strip()
-  return {d: {"n": n[d], "correct": correct[d], "exact_match": 100.0 * correct[d] / n[d]}
-          for d in sorted(n)}
+  return {
+      d: {
+          "n": n[d],
+          "correct": correct[d],
+          "exact_match": 100.0 * correct[d] / n[d]
+      } for d in sorted(n)
+  }
 
 
-def score_predictions(targets: Sequence[Text], predictions: Sequence[Text],
+def score_predictions(targets: Sequence[Text],
+                      predictions: Sequence[Text],
                       fmt: str = RIR) -> dict[str, Any]:
   """Scores one prediction set with every string-level metric, as the evaluation CLI prints them.
 
@@ -437,8 +446,8 @@ def score_predictions(targets: Sequence[Text], predictions: Sequence[Text],
   result.update(bleu_metric(targets, predictions))
   counts = error_category_counts(targets, predictions, fmt)
   # Exact matches and "equivalent" predictions are exactly the equivalent ones.
-  result["equivalence"] = (100.0 * (counts[CORRECT] + counts[EQUIVALENT]) / len(targets)
-                           if targets else 0.0)
+  result["equivalence"] = (100.0 * (counts[CORRECT] + counts[EQUIVALENT]) /
+                           len(targets) if targets else 0.0)
   result["error_categories"] = counts
   return result
 
@@ -447,11 +456,9 @@ def score_predictions(targets: Sequence[Text], predictions: Sequence[Text],
 # three things were called "evaluate" (`eval.evaluate`, the `evaluate` command line and this).
 evaluate = score_predictions
 
-
 # ----------------------------------------------------------------------------------------------
 # Test-intersection: the gold test set and its machine-translated counterpart (§4.3, Table 6).
 # ----------------------------------------------------------------------------------------------
-
 
 QuestionColumns = Union[Sequence[str], Mapping[str, Sequence[str]]]
 
@@ -464,10 +471,10 @@ def _as_columns(questions: Optional[QuestionColumns]) -> Optional[dict[str, Sequ
   return {"": questions}
 
 
-def match_test_intersection(gold_targets: Sequence[str], mcd_targets: Sequence[str],
+def match_test_intersection(gold_targets: Sequence[str],
+                            mcd_targets: Sequence[str],
                             gold_questions: Optional[QuestionColumns] = None,
-                            mcd_questions: Optional[QuestionColumns] = None
-                            ) -> list[Optional[int]]:
+                            mcd_questions: Optional[QuestionColumns] = None) -> list[Optional[int]]:
   """Finds the examples of the gold test set (test-intersection-gold) in an MCD test set.
 
   The gold set holds 155 test questions common to the MCD test sets, translated by humans; the
@@ -532,12 +539,14 @@ def match_test_intersection(gold_targets: Sequence[str], mcd_targets: Sequence[s
       matches.append(None)
       continue
     if languages:
+
       def score(j: int) -> float:
         total = 0.0
         for l in languages:
           a, b = gold_cols[l][i].strip(), mcd_cols[l][j].strip()
           total += 1.0 if a == b else difflib.SequenceMatcher(None, a, b).ratio()
         return total / len(languages)
+
       best = max(candidates, key=lambda j: (score(j), -j))
     else:
       best = candidates[0]

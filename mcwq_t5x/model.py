@@ -11,7 +11,6 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-
 """`EncoderDecoderModel`: loss, decoding and scoring around `network.Transformer`.
 
 A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`:
@@ -72,22 +71,23 @@ Array = jax.Array
 Batch = Mapping[str, Array]
 PyTree = Any
 
-_PACKING_KEYS = ("encoder_segment_ids", "decoder_segment_ids",
-                 "encoder_positions", "decoder_positions")
+_PACKING_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
+                 "decoder_positions")
 
 # T5X's `losses.SpecialLossNormalizingFactor` names.
-SPECIAL_LOSS_NORMALIZING_FACTORS = ("NUM_REAL_TARGET_TOKENS",
-                                    "NUM_TOTAL_TARGET_TOKENS",
+SPECIAL_LOSS_NORMALIZING_FACTORS = ("NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS",
                                     "AVERAGE_PER_SEQUENCE")
 
 # Decoding methods of `predict_batch_with_aux` and the `decoder_params` keys
 # each one takes (the keyword arguments of the `mcwq_t5x.decoding` function).
-DECODER_PARAMS = {"greedy": (), "beam_search": ("alpha",),
-                  "temperature_sample": ("temperature", "topk")}
+DECODER_PARAMS = {
+    "greedy": (),
+    "beam_search": ("alpha",),
+    "temperature_sample": ("temperature", "topk")
+}
 
 
-def cross_entropy_with_logits(logits: Array, targets: Array,
-                              z_loss: float) -> tuple[Array, Array]:
+def cross_entropy_with_logits(logits: Array, targets: Array, z_loss: float) -> tuple[Array, Array]:
   """Per-token soft-target cross-entropy plus z-loss (T5X `losses.py`).
 
   Args:
@@ -107,10 +107,11 @@ def cross_entropy_with_logits(logits: Array, targets: Array,
   return loss + z_term, z_term
 
 
-def compute_weighted_cross_entropy(
-    logits: Array, targets: Array, weights: Optional[Array],
-    label_smoothing: float = 0.0, z_loss: float = 0.0
-) -> tuple[Array, Array, Array]:
+def compute_weighted_cross_entropy(logits: Array,
+                                   targets: Array,
+                                   weights: Optional[Array],
+                                   label_smoothing: float = 0.0,
+                                   z_loss: float = 0.0) -> tuple[Array, Array, Array]:
   """Token-level losses with label smoothing, T5X conventions, NOT summed.
 
   Args:
@@ -148,8 +149,7 @@ def _sum_per_sequence(weights: Array, segment_ids: Optional[Array]) -> Array:
   `losses._sum_weights_per_segment`).
   """
   if segment_ids is None:
-    return jnp.broadcast_to(jnp.sum(weights, axis=-1, keepdims=True),
-                            weights.shape)
+    return jnp.broadcast_to(jnp.sum(weights, axis=-1, keepdims=True), weights.shape)
   same = segment_ids[:, :, None] == segment_ids[:, None, :]
   return jnp.einsum("blm,bm->bl", same.astype(jnp.float32), weights)
 
@@ -173,8 +173,11 @@ class EncoderDecoderModel:
       T5X, None does not mean "no normalisation" (pass 1.0 for that).
   """
 
-  def __init__(self, module: network.Transformer, input_vocabulary: Any = None,
-               output_vocabulary: Any = None, label_smoothing: float = 0.0,
+  def __init__(self,
+               module: network.Transformer,
+               input_vocabulary: Any = None,
+               output_vocabulary: Any = None,
+               label_smoothing: float = 0.0,
                z_loss: float = 1e-4,
                loss_normalizing_factor: Union[None, float, str] = None):
     """Checks and stores the arguments (see the class docstring).
@@ -188,15 +191,12 @@ class EncoderDecoderModel:
       raise ValueError(f"label_smoothing must be in [0, 1), got "
                        f"{label_smoothing}")
     factor = loss_normalizing_factor
-    if isinstance(factor, str) and (
-        factor.upper() in SPECIAL_LOSS_NORMALIZING_FACTORS):
+    if isinstance(factor, str) and (factor.upper() in SPECIAL_LOSS_NORMALIZING_FACTORS):
       factor = factor.upper()
-    elif factor is not None and (
-        isinstance(factor, (bool, str)) or
-        not isinstance(factor, (int, float)) or factor <= 0):
-      raise ValueError(
-          "loss_normalizing_factor must be None, a positive number or one of "
-          f"{SPECIAL_LOSS_NORMALIZING_FACTORS}, got {loss_normalizing_factor!r}")
+    elif factor is not None and (isinstance(factor, (bool, str)) or
+                                 not isinstance(factor, (int, float)) or factor <= 0):
+      raise ValueError("loss_normalizing_factor must be None, a positive number or one of "
+                       f"{SPECIAL_LOSS_NORMALIZING_FACTORS}, got {loss_normalizing_factor!r}")
     elif factor is not None:
       factor = float(factor)
     self.module = module
@@ -206,8 +206,7 @@ class EncoderDecoderModel:
     self.z_loss = float(z_loss)
     self.loss_normalizing_factor = factor
     self._predict_jit = jax.jit(
-        self._predict_impl,
-        static_argnames=("num_decodes", "method", "decoder_params"))
+        self._predict_impl, static_argnames=("num_decodes", "method", "decoder_params"))
 
   @property
   def eos_id(self) -> int:
@@ -218,10 +217,10 @@ class EncoderDecoderModel:
   # ------------------------------------------------------------------------
   # Initialisation.
   # ------------------------------------------------------------------------
-  def get_initial_variables(self, rng: Array,
+  def get_initial_variables(self,
+                            rng: Array,
                             input_shapes: Mapping[str, tuple],
-                            input_types: Optional[Mapping[str, Any]] = None
-                            ) -> dict[str, Any]:
+                            input_types: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Initial variables {"params": LogicallyPartitioned-boxed tree}.
 
     Args:
@@ -245,24 +244,34 @@ class EncoderDecoderModel:
     extra = {}
     for key in _PACKING_KEYS:
       if key in input_shapes:
-        extra[key] = jnp.ones(input_shapes[key],
-                              input_types.get(key, jnp.int32))
-    variables = self.module.init(
-        {"params": rng, "dropout": jax.random.fold_in(rng, 1)}, enc, dec, dec,
-        enable_dropout=False, **extra)
+        extra[key] = jnp.ones(input_shapes[key], input_types.get(key, jnp.int32))
+    variables = self.module.init({
+        "params": rng,
+        "dropout": jax.random.fold_in(rng, 1)
+    },
+                                 enc,
+                                 dec,
+                                 dec,
+                                 enable_dropout=False,
+                                 **extra)
     return {"params": variables["params"]}
 
   # ------------------------------------------------------------------------
   # Loss.
   # ------------------------------------------------------------------------
-  def _compute_logits(self, params: PyTree, batch: Batch,
+  def _compute_logits(self,
+                      params: PyTree,
+                      batch: Batch,
                       dropout_rng: Optional[Array] = None) -> Array:
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     extra = {k: batch[k] for k in _PACKING_KEYS if k in batch}
-    return self.module.apply(
-        {"params": params}, batch["encoder_input_tokens"],
-        batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-        enable_dropout=dropout_rng is not None, rngs=rngs, **extra)
+    return self.module.apply({"params": params},
+                             batch["encoder_input_tokens"],
+                             batch["decoder_input_tokens"],
+                             batch["decoder_target_tokens"],
+                             enable_dropout=dropout_rng is not None,
+                             rngs=rngs,
+                             **extra)
 
   @staticmethod
   def _weights(batch: Batch) -> Array:
@@ -278,8 +287,7 @@ class EncoderDecoderModel:
     if self.loss_normalizing_factor != "AVERAGE_PER_SEQUENCE":
       return weights
     total = _sum_per_sequence(weights, batch.get("decoder_segment_ids"))
-    return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0),
-                     0.0)
+    return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
 
   def loss_normalizer(self, batch: Batch) -> Array:
     """The loss denominator of `batch` (see the module's loss contract).
@@ -300,10 +308,11 @@ class EncoderDecoderModel:
       return jnp.float32(np.prod(batch["decoder_target_tokens"].shape))
     return jnp.maximum(jnp.sum(self._loss_weights(batch)), 1.0)
 
-  def loss_fn(self, params: PyTree, batch: Batch,
+  def loss_fn(self,
+              params: PyTree,
+              batch: Batch,
               dropout_rng: Optional[Array],
-              normalizer: Optional[Array] = None
-              ) -> tuple[Array, dict[str, Array]]:
+              normalizer: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
     """Teacher-forced loss (dropout on iff `dropout_rng` is given).
 
     Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` is this
@@ -328,8 +337,8 @@ class EncoderDecoderModel:
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
-    total, z_term, ce = compute_weighted_cross_entropy(
-        logits, targets, None, self.label_smoothing, self.z_loss)
+    total, z_term, ce = compute_weighted_cross_entropy(logits, targets, None, self.label_smoothing,
+                                                       self.z_loss)
     if normalizer is None:
       normalizer = self.loss_normalizer(batch)
     loss = jnp.sum(total * self._loss_weights(batch)) / normalizer
@@ -349,8 +358,7 @@ class EncoderDecoderModel:
     }
     return loss, metrics
 
-  def eval_fn(self, params: PyTree, batch: Batch
-              ) -> tuple[Array, dict[str, Array]]:
+  def eval_fn(self, params: PyTree, batch: Batch) -> tuple[Array, dict[str, Array]]:
     """`loss_fn` without dropout, normalised by `loss_normalizer(batch)`."""
     return self.loss_fn(params, batch, None)
 
@@ -365,8 +373,7 @@ class EncoderDecoderModel:
     logits = self._compute_logits(params, batch).astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     targets = batch["decoder_target_tokens"]
-    token_lp = jnp.take_along_axis(log_probs, targets[..., None].astype(
-        jnp.int32), axis=-1)[..., 0]
+    token_lp = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return token_lp * self._weights(batch)
 
   def score_batch(self, params: PyTree, batch: Batch) -> Array:
@@ -376,52 +383,70 @@ class EncoderDecoderModel:
   # ------------------------------------------------------------------------
   # Decoding.
   # ------------------------------------------------------------------------
-  def _predict_impl(self, params: PyTree, encoder_input_tokens: Array,
-                    prompt: Array, rng: Optional[Array], *, num_decodes: int,
-                    method: str, decoder_params: tuple[tuple[str, Any], ...]
-                    ) -> tuple[Array, Array]:
+  def _predict_impl(self, params: PyTree, encoder_input_tokens: Array, prompt: Array,
+                    rng: Optional[Array], *, num_decodes: int, method: str,
+                    decoder_params: tuple[tuple[str, Any], ...]) -> tuple[Array, Array]:
     max_decode_length = prompt.shape[1]
     # Zero cache of the right shapes, without running the network.
-    cache_shapes = jax.eval_shape(
-        lambda: self.module.apply(
-            {"params": params}, encoder_input_tokens, prompt, prompt,
-            decode=True, enable_dropout=False, mutable=["cache"])[1]["cache"])
-    cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                   cache_shapes)
-    encoded = self.module.apply({"params": params}, encoder_input_tokens,
+    cache_shapes = jax.eval_shape(lambda: self.module.apply({"params": params},
+                                                            encoder_input_tokens,
+                                                            prompt,
+                                                            prompt,
+                                                            decode=True,
+                                                            enable_dropout=False,
+                                                            mutable=["cache"])[1]["cache"])
+    cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
+    encoded = self.module.apply({"params": params},
+                                encoder_input_tokens,
                                 enable_dropout=False,
                                 method=self.module.encode)
     encoded = decoding.flat_batch_beam_expand(encoded, num_decodes)
-    raw_inputs = decoding.flat_batch_beam_expand(encoder_input_tokens,
-                                                 num_decodes)
+    raw_inputs = decoding.flat_batch_beam_expand(encoder_input_tokens, num_decodes)
 
     def tokens_to_logits(state: decoding.DecodingState):
       ids = state.cur_token[:, None].astype(jnp.int32)
-      logits, new_vars = self.module.apply(
-          {"params": params, "cache": state.cache}, encoded, raw_inputs, ids,
-          ids, enable_dropout=False, decode=True,
-          max_decode_length=max_decode_length, mutable=["cache"],
-          method=self.module.decode)
+      logits, new_vars = self.module.apply({
+          "params": params,
+          "cache": state.cache
+      },
+                                           encoded,
+                                           raw_inputs,
+                                           ids,
+                                           ids,
+                                           enable_dropout=False,
+                                           decode=True,
+                                           max_decode_length=max_decode_length,
+                                           mutable=["cache"],
+                                           method=self.module.decode)
       return logits[:, 0, :], new_vars["cache"]
 
     kwargs = dict(decoder_params)
     if method == "beam_search":
-      return decoding.beam_search(prompt, cache, tokens_to_logits,
-                                  self.eos_id, num_decodes=num_decodes,
-                                  **kwargs)
+      return decoding.beam_search(
+          prompt, cache, tokens_to_logits, self.eos_id, num_decodes=num_decodes, **kwargs)
     if method == "greedy":
       kwargs = {"temperature": 0.0}
     return decoding.temperature_sample(
-        prompt, cache, tokens_to_logits, self.eos_id, decode_rng=rng,
-        num_decodes=num_decodes, **kwargs)
+        prompt,
+        cache,
+        tokens_to_logits,
+        self.eos_id,
+        decode_rng=rng,
+        num_decodes=num_decodes,
+        **kwargs)
 
   def predict_batch_with_aux(
-      self, params: PyTree, batch: Batch, rng: Optional[Array] = None, *,
+      self,
+      params: PyTree,
+      batch: Batch,
+      rng: Optional[Array] = None,
+      *,
       decoder_params: Optional[Mapping[str, Any]] = None,
-      return_all_decodes: bool = False, num_decodes: int = 1,
-      prompt_with_targets: bool = False, method: Optional[str] = None,
-      max_decode_length: Optional[int] = None
-  ) -> tuple[Array, dict[str, Array]]:
+      return_all_decodes: bool = False,
+      num_decodes: int = 1,
+      prompt_with_targets: bool = False,
+      method: Optional[str] = None,
+      max_decode_length: Optional[int] = None) -> tuple[Array, dict[str, Array]]:
     """Decodes a batch with the KV cache; returns tokens and scores.
 
     Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument
@@ -485,23 +510,20 @@ class EncoderDecoderModel:
     decoder_params = dict(decoder_params or {})
     unknown = sorted(set(decoder_params) - set(DECODER_PARAMS[method]))
     if unknown:
-      raise ValueError(
-          f"predict_batch: decoder_params {unknown} are not taken by method "
-          f"{method!r} (it takes {list(DECODER_PARAMS[method])}; methods: "
-          f"{DECODER_PARAMS})")
+      raise ValueError(f"predict_batch: decoder_params {unknown} are not taken by method "
+                       f"{method!r} (it takes {list(DECODER_PARAMS[method])}; methods: "
+                       f"{DECODER_PARAMS})")
     if "topk" in decoder_params:
       decoder_params["topk"] = int(decoder_params["topk"])
     for key in ("alpha", "temperature"):
       if key in decoder_params:
         decoder_params[key] = float(decoder_params[key])
-    samples = method == "temperature_sample" and (
-        decoder_params.get("temperature", 1.0) != 0.0 and
-        decoder_params.get("topk", 0) != 1)
+    samples = method == "temperature_sample" and (decoder_params.get("temperature", 1.0) != 0.0 and
+                                                  decoder_params.get("topk", 0) != 1)
     if samples and rng is None:
       raise ValueError("predict_batch: method 'temperature_sample' samples; "
                        "pass rng=jax.random.PRNGKey(...)")
-    encoder_input_tokens = jnp.asarray(batch["encoder_input_tokens"],
-                                       jnp.int32)
+    encoder_input_tokens = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
     batch_size = encoder_input_tokens.shape[0]
     if prompt_with_targets:
       if "decoder_input_tokens" not in batch:
@@ -509,9 +531,8 @@ class EncoderDecoderModel:
                          "decoder_input_tokens")
       prompt = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
       if max_decode_length not in (None, prompt.shape[1]):
-        raise ValueError(
-            f"predict_batch: max_decode_length={max_decode_length} differs "
-            f"from the prompt length {prompt.shape[1]}")
+        raise ValueError(f"predict_batch: max_decode_length={max_decode_length} differs "
+                         f"from the prompt length {prompt.shape[1]}")
       prompt = jnp.where(prompt == self.eos_id, 0, prompt)
     else:
       if max_decode_length is None and "decoder_input_tokens" not in batch:
@@ -521,15 +542,22 @@ class EncoderDecoderModel:
       length = int(max_decode_length or batch["decoder_input_tokens"].shape[1])
       prompt = jnp.zeros((batch_size, length), jnp.int32)
     decodes, scores = self._predict_jit(
-        params, encoder_input_tokens, prompt, rng if samples else None,
-        num_decodes=int(num_decodes), method=method,
+        params,
+        encoder_input_tokens,
+        prompt,
+        rng if samples else None,
+        num_decodes=int(num_decodes),
+        method=method,
         decoder_params=tuple(sorted(decoder_params.items())))
     if return_all_decodes:
       return decodes, {"scores": scores}
     return decodes[:, -1, :], {"scores": scores[:, -1]}
 
-  def predict_batch(self, params: PyTree, batch: Batch,
-                    rng: Optional[Array] = None, **kwargs: Any) -> Array:
+  def predict_batch(self,
+                    params: PyTree,
+                    batch: Batch,
+                    rng: Optional[Array] = None,
+                    **kwargs: Any) -> Array:
     """Tokens of `predict_batch_with_aux(params, batch, rng, **kwargs)`.
 
     Returns:
@@ -543,6 +571,7 @@ def unbox(variables: PyTree) -> PyTree:
   return nn.unbox(variables)
 
 
-__all__ = ["DECODER_PARAMS", "EncoderDecoderModel",
-           "SPECIAL_LOSS_NORMALIZING_FACTORS", "compute_weighted_cross_entropy",
-           "cross_entropy_with_logits", "unbox"]
+__all__ = [
+    "DECODER_PARAMS", "EncoderDecoderModel", "SPECIAL_LOSS_NORMALIZING_FACTORS",
+    "compute_weighted_cross_entropy", "cross_entropy_with_logits", "unbox"
+]

@@ -11,7 +11,6 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-
 """T5.1.1 / mT5 / T5 1.0 encoder-decoder Transformer in Flax linen.
 
 The architecture, parameter tree and logical axis names follow T5X's
@@ -58,8 +57,7 @@ Array = jax.Array
 DType = Any
 Initializer = Callable[..., Array]
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-           "float16": jnp.float16}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +116,8 @@ class T5Config:
       if act not in _ACTIVATIONS:
         raise ValueError(f"T5Config.mlp_activations: unknown activation "
                          f"{act!r}; expected one of {sorted(_ACTIVATIONS)}")
-    for name in ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
-                 "num_decoder_layers", "head_dim", "mlp_dim"):
+    for name in ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
+                 "head_dim", "mlp_dim"):
       if int(getattr(self, name)) <= 0:
         raise ValueError(f"T5Config.{name} must be positive, got "
                          f"{getattr(self, name)}")
@@ -136,19 +134,51 @@ _ACTIVATIONS = {
 # sizes (mT5: Xue et al., 2021, Table 1 / T5X gin files; T5 1.0 base: Raffel et
 # al., 2020).
 CONFIGS: dict[str, T5Config] = {
-    "tiny": T5Config(vocab_size=2000, emb_dim=128, num_heads=4,
-                     num_encoder_layers=2, num_decoder_layers=2, head_dim=32,
-                     mlp_dim=512, dropout_rate=0.1),
-    "mt5_small": T5Config(emb_dim=512, num_heads=6, num_encoder_layers=8,
-                          num_decoder_layers=8, head_dim=64, mlp_dim=1024),
-    "mt5_base": T5Config(emb_dim=768, num_heads=12, num_encoder_layers=12,
-                         num_decoder_layers=12, head_dim=64, mlp_dim=2048),
-    "mt5_large": T5Config(emb_dim=1024, num_heads=16, num_encoder_layers=24,
-                          num_decoder_layers=24, head_dim=64, mlp_dim=2816),
-    "t5_base": T5Config(vocab_size=32128, emb_dim=768, num_heads=12,
-                        num_encoder_layers=12, num_decoder_layers=12,
-                        head_dim=64, mlp_dim=3072, mlp_activations=("relu",),
-                        logits_via_embedding=True),
+    "tiny":
+        T5Config(
+            vocab_size=2000,
+            emb_dim=128,
+            num_heads=4,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            head_dim=32,
+            mlp_dim=512,
+            dropout_rate=0.1),
+    "mt5_small":
+        T5Config(
+            emb_dim=512,
+            num_heads=6,
+            num_encoder_layers=8,
+            num_decoder_layers=8,
+            head_dim=64,
+            mlp_dim=1024),
+    "mt5_base":
+        T5Config(
+            emb_dim=768,
+            num_heads=12,
+            num_encoder_layers=12,
+            num_decoder_layers=12,
+            head_dim=64,
+            mlp_dim=2048),
+    "mt5_large":
+        T5Config(
+            emb_dim=1024,
+            num_heads=16,
+            num_encoder_layers=24,
+            num_decoder_layers=24,
+            head_dim=64,
+            mlp_dim=2816),
+    "t5_base":
+        T5Config(
+            vocab_size=32128,
+            emb_dim=768,
+            num_heads=12,
+            num_encoder_layers=12,
+            num_decoder_layers=12,
+            head_dim=64,
+            mlp_dim=3072,
+            mlp_activations=("relu",),
+            logits_via_embedding=True),
 }
 
 
@@ -171,7 +201,8 @@ def _constrain(x: Array, names: tuple[str, ...]) -> Array:
 # ---------------------------------------------------------------------------
 # Masks (T5X layers.make_attention_mask / make_decoder_mask semantics).
 # ---------------------------------------------------------------------------
-def make_attention_mask(query_input: Array, key_input: Array,
+def make_attention_mask(query_input: Array,
+                        key_input: Array,
                         pairwise_fn: Callable[..., Any] = jnp.multiply,
                         dtype: DType = jnp.float32) -> Array:
   """Mask [batch, 1, q_len, kv_len] = pairwise_fn(query[:, :, None], key[:, None, :]).
@@ -204,7 +235,8 @@ def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32):
   return mask.astype(dtype)
 
 
-def make_decoder_mask(decoder_target_tokens: Array, dtype: DType,
+def make_decoder_mask(decoder_target_tokens: Array,
+                      dtype: DType,
                       decoder_segment_ids: Optional[Array] = None) -> Array:
   """Decoder self-attention mask: causal AND non-padding AND same segment.
 
@@ -217,12 +249,10 @@ def make_decoder_mask(decoder_target_tokens: Array, dtype: DType,
     [batch, 1, len, len] mask.
   """
   causal = make_causal_mask(decoder_target_tokens, dtype)
-  padding = make_attention_mask(decoder_target_tokens > 0,
-                                decoder_target_tokens > 0, dtype=dtype)
+  padding = make_attention_mask(decoder_target_tokens > 0, decoder_target_tokens > 0, dtype=dtype)
   segment = None
   if decoder_segment_ids is not None:
-    segment = make_attention_mask(decoder_segment_ids, decoder_segment_ids,
-                                  jnp.equal, dtype)
+    segment = make_attention_mask(decoder_segment_ids, decoder_segment_ids, jnp.equal, dtype)
   return combine_masks(causal, padding, segment, dtype=dtype)
 
 
@@ -279,22 +309,18 @@ class DenseGeneral(nn.Module):
   features: int | Sequence[int]
   axis: int | Sequence[int] = -1
   dtype: DType = jnp.float32
-  kernel_init: Initializer = nn.initializers.variance_scaling(
-      1.0, "fan_in", "truncated_normal")
+  kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
   kernel_axes: tuple[str, ...] = ()
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
-    features = ((self.features,) if isinstance(self.features, int)
-                else tuple(self.features))
+    features = ((self.features,) if isinstance(self.features, int) else tuple(self.features))
     axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
     inputs = jnp.asarray(inputs, self.dtype)
     axis = tuple(a % inputs.ndim for a in axis)
     in_dims = tuple(inputs.shape[a] for a in axis)
-    kernel = self.param(
-        "kernel", nn.with_logical_partitioning(self.kernel_init,
-                                               self.kernel_axes),
-        (int(np.prod(in_dims)), int(np.prod(features))), jnp.float32)
+    kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
+                        (int(np.prod(in_dims)), int(np.prod(features))), jnp.float32)
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
     contract = tuple(range(len(axis)))
     return lax.dot_general(inputs, kernel, ((axis, contract), ((), ())))
@@ -314,10 +340,8 @@ class LayerNorm(nn.Module):
     features = x.shape[-1]
     mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
     y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
-    scale = self.param(
-        "scale", nn.with_logical_partitioning(nn.initializers.ones,
-                                              ("embed",)),
-        (features,), jnp.float32)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                       (features,), jnp.float32)
     return y * jnp.asarray(scale, self.dtype)
 
 
@@ -330,8 +354,7 @@ class Embed(nn.Module):
   def setup(self):
     self.embedding = self.param(
         "embedding",
-        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
-                                     ("vocab", "embed")),
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
         (self.num_embeddings, self.features), jnp.float32)
 
   def __call__(self, inputs: Array) -> Array:
@@ -347,8 +370,8 @@ class Embed(nn.Module):
     return jnp.dot(query, jnp.asarray(self.embedding, jnp.float32).T)
 
 
-def relative_position_bucket(relative_position: Array, bidirectional: bool,
-                             num_buckets: int, max_distance: int) -> Array:
+def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> Array:
   """T5 relative position bucket (Raffel et al. 2020, Sec. 2.1; T5X/mesh TF).
 
   Args:
@@ -372,9 +395,8 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool,
   max_exact = num_buckets // 2
   is_small = n < max_exact
   val_if_large = max_exact + (
-      jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps)
-      / np.log(max_distance / max_exact) * (num_buckets - max_exact)
-  ).astype(jnp.int32)
+      jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps) /
+      np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(jnp.int32)
   val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
   return ret + jnp.where(is_small, n, val_if_large)
 
@@ -392,7 +414,10 @@ class RelativePositionBiases(nn.Module):
   dtype: DType = jnp.float32
 
   @nn.compact
-  def __call__(self, qlen: int, klen: int, bidirectional: bool = True,
+  def __call__(self,
+               qlen: int,
+               klen: int,
+               bidirectional: bool = True,
                query_positions: Optional[Array] = None,
                key_positions: Optional[Array] = None) -> Array:
     """Bias [1 or batch, heads, qlen, klen].
@@ -403,19 +428,18 @@ class RelativePositionBiases(nn.Module):
     unpacked (cross-segment pairs are masked separately).
     """
     if query_positions is None:
-      relative = (jnp.arange(klen, dtype=jnp.int32)[None, :]
-                  - jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
+      relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
+                  jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
     else:
-      relative = (key_positions[:, None, :].astype(jnp.int32)
-                  - query_positions[:, :, None].astype(jnp.int32))
-    buckets = relative_position_bucket(relative, bidirectional,
-                                       self.num_buckets, self.max_distance)
+      relative = (
+          key_positions[:, None, :].astype(jnp.int32) -
+          query_positions[:, :, None].astype(jnp.int32))
+    buckets = relative_position_bucket(relative, bidirectional, self.num_buckets, self.max_distance)
     table = self.param(
         "rel_embedding",
         nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-            ("heads", "relpos_buckets")),
-        (self.num_heads, self.num_buckets), jnp.float32)
+            ("heads", "relpos_buckets")), (self.num_heads, self.num_buckets), jnp.float32)
     table = jnp.asarray(table, self.dtype)
     # [b, q, k, heads] -> [b, heads, q, k]
     values = jnp.take(table.T, buckets, axis=0)
@@ -435,14 +459,18 @@ class MultiHeadDotProductAttention(nn.Module):
   head_dim: int
   dtype: DType = jnp.float32
   dropout_rate: float = 0.0
-  kernel_init: Initializer = nn.initializers.variance_scaling(
-      1.0, "fan_in", "normal")
+  kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
   float32_logits: bool = True
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array,
-               mask: Optional[Array] = None, bias: Optional[Array] = None, *,
-               decode: bool = False, deterministic: bool = False) -> Array:
+  def __call__(self,
+               inputs_q: Array,
+               inputs_kv: Array,
+               mask: Optional[Array] = None,
+               bias: Optional[Array] = None,
+               *,
+               decode: bool = False,
+               deterministic: bool = False) -> Array:
     """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed].
 
     Args:
@@ -463,8 +491,11 @@ class MultiHeadDotProductAttention(nn.Module):
         the cached batch size.
     """
     projection = functools.partial(
-        DenseGeneral, axis=-1, features=(self.num_heads, self.head_dim),
-        kernel_axes=("embed", "joined_kv"), dtype=self.dtype)
+        DenseGeneral,
+        axis=-1,
+        features=(self.num_heads, self.head_dim),
+        kernel_axes=("embed", "joined_kv"),
+        dtype=self.dtype)
     depth_scaling = jnp.sqrt(self.head_dim).astype(self.dtype)
 
     def query_init(*args):
@@ -480,12 +511,10 @@ class MultiHeadDotProductAttention(nn.Module):
     if decode:
       is_initialized = self.has_variable("cache", "cached_key")
       swap = lambda s: s[:-3] + (s[-2], s[-1], s[-3])
-      cached_key = self.variable("cache", "cached_key", jnp.zeros,
-                                 swap(key.shape), key.dtype)
-      cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                   swap(value.shape), value.dtype)
-      cache_index = self.variable("cache", "cache_index",
-                                  lambda: jnp.array(0, dtype=jnp.int32))
+      cached_key = self.variable("cache", "cached_key", jnp.zeros, swap(key.shape), key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros, swap(value.shape),
+                                   value.dtype)
+      cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
       if is_initialized:
         batch, num_heads, head_dim, length = cached_key.value.shape
         expected = (batch, 1, num_heads, head_dim)
@@ -502,8 +531,7 @@ class MultiHeadDotProductAttention(nn.Module):
         key = jnp.moveaxis(key, -1, -3)
         value = jnp.moveaxis(value, -1, -3)
         mask = combine_masks(
-            mask, jnp.broadcast_to(jnp.arange(length) <= cur_index,
-                                   (batch, 1, 1, length)))
+            mask, jnp.broadcast_to(jnp.arange(length) <= cur_index, (batch, 1, 1, length)))
         if bias is not None:
           bias = lax.dynamic_slice_in_dim(bias, cur_index, 1, axis=-2)
 
@@ -522,21 +550,25 @@ class MultiHeadDotProductAttention(nn.Module):
       shape = list(weights.shape)
       shape[-2] = 1  # T5 broadcasts attention dropout along the query axis.
       keep = jax.random.bernoulli(self.make_rng("dropout"), keep_prob, shape)
-      weights = weights * (jnp.broadcast_to(keep, weights.shape).astype(
-          self.dtype) / jnp.asarray(keep_prob, self.dtype))
+      weights = weights * (
+          jnp.broadcast_to(keep, weights.shape).astype(self.dtype) /
+          jnp.asarray(keep_prob, self.dtype))
     x = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(self.dtype))
-    return DenseGeneral(features=inputs_q.shape[-1], axis=(-2, -1),
-                        kernel_init=self.kernel_init,
-                        kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
-                        name="out")(x)
+    return DenseGeneral(
+        features=inputs_q.shape[-1],
+        axis=(-2, -1),
+        kernel_init=self.kernel_init,
+        kernel_axes=("joined_kv", "embed"),
+        dtype=self.dtype,
+        name="out")(
+            x)
 
 
 class MlpBlock(nn.Module):
   """T5 MLP: prod_i act_i(x @ wi_i) -> dropout -> @ wo (`wi` if one act)."""
   intermediate_dim: int
   activations: Sequence[str] = ("gelu", "linear")
-  kernel_init: Initializer = nn.initializers.variance_scaling(
-      1.0, "fan_in", "truncated_normal")
+  kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
   intermediate_dropout_rate: float = 0.1
   dtype: DType = jnp.float32
 
@@ -545,34 +577,51 @@ class MlpBlock(nn.Module):
     hidden = []
     for idx, act in enumerate(self.activations):
       name = "wi" if len(self.activations) == 1 else f"wi_{idx}"
-      x = DenseGeneral(self.intermediate_dim, dtype=self.dtype,
-                       kernel_init=self.kernel_init,
-                       kernel_axes=("embed", "mlp"), name=name)(inputs)
+      x = DenseGeneral(
+          self.intermediate_dim,
+          dtype=self.dtype,
+          kernel_init=self.kernel_init,
+          kernel_axes=("embed", "mlp"),
+          name=name)(
+              inputs)
       hidden.append(_ACTIVATIONS[act](x))
     x = functools.reduce(operator.mul, hidden)
-    x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
-        x, deterministic=deterministic)
+    x = nn.Dropout(
+        rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
+            x, deterministic=deterministic)
     x = _constrain(x, ("batch", "length", "mlp"))
-    return DenseGeneral(inputs.shape[-1], dtype=self.dtype,
-                        kernel_init=self.kernel_init,
-                        kernel_axes=("mlp", "embed"), name="wo")(x)
+    return DenseGeneral(
+        inputs.shape[-1],
+        dtype=self.dtype,
+        kernel_init=self.kernel_init,
+        kernel_axes=("mlp", "embed"),
+        name="wo")(
+            x)
 
 
 def _dropout(cfg: T5Config, x: Array, deterministic: bool) -> Array:
-  return nn.Dropout(rate=cfg.dropout_rate, broadcast_dims=(-2,))(
-      x, deterministic=deterministic)
+  return nn.Dropout(rate=cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
 
 def _attention(cfg: T5Config, name: str) -> "MultiHeadDotProductAttention":
   """The attention sublayer `name` of a block (T5X parameter name)."""
-  return MultiHeadDotProductAttention(cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.dropout_rate,
-                                      float32_logits=cfg.float32_attention_logits, name=name)
+  return MultiHeadDotProductAttention(
+      cfg.num_heads,
+      cfg.head_dim,
+      cfg.dtype,
+      cfg.dropout_rate,
+      float32_logits=cfg.float32_attention_logits,
+      name=name)
 
 
 def _mlp(cfg: T5Config) -> "MlpBlock":
   """The MLP sublayer `mlp` of a block."""
-  return MlpBlock(cfg.mlp_dim, cfg.mlp_activations, intermediate_dropout_rate=cfg.dropout_rate,
-                  dtype=cfg.dtype, name="mlp")
+  return MlpBlock(
+      cfg.mlp_dim,
+      cfg.mlp_activations,
+      intermediate_dropout_rate=cfg.dropout_rate,
+      dtype=cfg.dtype,
+      name="mlp")
 
 
 def _residual(cfg: T5Config, inputs: Array, norm_name: str, deterministic: bool,
@@ -593,17 +642,20 @@ class EncoderLayer(nn.Module):
   relative_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, inputs: Array, encoder_mask: Optional[Array] = None,
+  def __call__(self,
+               inputs: Array,
+               encoder_mask: Optional[Array] = None,
                deterministic: bool = False,
                positions: Optional[Array] = None) -> Array:
     cfg = self.config
     length = inputs.shape[-2]
     bias = self.relative_embedding(length, length, True, positions, positions)
-    x = _residual(cfg, inputs, "pre_attention_layer_norm", deterministic,
-                  lambda h: _attention(cfg, "attention")(
-                      h, h, encoder_mask, bias, deterministic=deterministic))
-    return _residual(cfg, x, "pre_mlp_layer_norm", deterministic,
-                     lambda h: _mlp(cfg)(h, deterministic=deterministic))
+    x = _residual(
+        cfg, inputs, "pre_attention_layer_norm", deterministic,
+        lambda h: _attention(cfg, "attention")
+        (h, h, encoder_mask, bias, deterministic=deterministic))
+    return _residual(cfg, x, "pre_mlp_layer_norm", deterministic, lambda h: _mlp(cfg)
+                     (h, deterministic=deterministic))
 
 
 class DecoderLayer(nn.Module):
@@ -612,28 +664,54 @@ class DecoderLayer(nn.Module):
   relative_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, inputs: Array, encoded: Array,
+  def __call__(self,
+               inputs: Array,
+               encoded: Array,
                decoder_mask: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None,
-               deterministic: bool = False, decode: bool = False,
+               deterministic: bool = False,
+               decode: bool = False,
                max_decode_length: Optional[int] = None,
                positions: Optional[Array] = None) -> Array:
     cfg = self.config
-    length = (max_decode_length if decode and max_decode_length
-              else inputs.shape[-2])
+    length = (max_decode_length if decode and max_decode_length else inputs.shape[-2])
     if positions is not None and not decode:
-      bias = self.relative_embedding(length, length, False, positions,
-                                     positions)
+      bias = self.relative_embedding(length, length, False, positions, positions)
     else:
       bias = self.relative_embedding(length, length, False)
-    x = _residual(cfg, inputs, "pre_self_attention_layer_norm", deterministic,
-                  lambda h: _attention(cfg, "self_attention")(
-                      h, h, decoder_mask, bias, deterministic=deterministic, decode=decode))
-    y = _residual(cfg, x, "pre_cross_attention_layer_norm", deterministic,
-                  lambda h: _attention(cfg, "encoder_decoder_attention")(
-                      h, encoded, encoder_decoder_mask, deterministic=deterministic))
-    return _residual(cfg, y, "pre_mlp_layer_norm", deterministic,
-                     lambda h: _mlp(cfg)(h, deterministic=deterministic))
+    x = _residual(
+        cfg, inputs, "pre_self_attention_layer_norm", deterministic,
+        lambda h: _attention(cfg, "self_attention")
+        (h, h, decoder_mask, bias, deterministic=deterministic, decode=decode))
+    y = _residual(
+        cfg, x, "pre_cross_attention_layer_norm", deterministic,
+        lambda h: _attention(cfg, "encoder_decoder_attention")
+        (h, encoded, encoder_decoder_mask, deterministic=deterministic))
+    return _residual(cfg, y, "pre_mlp_layer_norm", deterministic, lambda h: _mlp(cfg)
+                     (h, deterministic=deterministic))
+
+
+def _embed(cfg: T5Config, shared_embedding: nn.Module, tokens: Array,
+           deterministic: bool) -> tuple[nn.Module, Array]:
+  """The stack's relative position biases (`relpos_bias`) and its embedded, dropped-out input.
+
+  Called inside the encoder's or decoder's compact `__call__`.
+
+  Args:
+    tokens: int [batch, length] token ids.
+
+  Returns:
+    (RelativePositionBiases module, activations [batch, length, emb_dim] in `cfg.dtype`).
+  """
+  rel_emb = RelativePositionBiases(
+      cfg.relative_attention_num_buckets,
+      cfg.relative_attention_max_distance,
+      cfg.num_heads,
+      cfg.dtype,
+      name="relpos_bias")
+  x = shared_embedding(tokens.astype(jnp.int32))
+  x = _dropout(cfg, x, deterministic).astype(cfg.dtype)
+  return rel_emb, _constrain(x, ("batch", "length", "embed"))
 
 
 class Encoder(nn.Module):
@@ -642,21 +720,16 @@ class Encoder(nn.Module):
   shared_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, encoder_input_tokens: Array,
+  def __call__(self,
+               encoder_input_tokens: Array,
                encoder_mask: Optional[Array] = None,
                deterministic: bool = False,
                encoder_positions: Optional[Array] = None) -> Array:
     cfg = self.config
-    rel_emb = RelativePositionBiases(cfg.relative_attention_num_buckets,
-                                     cfg.relative_attention_max_distance,
-                                     cfg.num_heads, cfg.dtype,
-                                     name="relpos_bias")
-    x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
-    x = _dropout(cfg, x, deterministic).astype(cfg.dtype)
-    x = _constrain(x, ("batch", "length", "embed"))
+    rel_emb, x = _embed(cfg, self.shared_embedding, encoder_input_tokens, deterministic)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, rel_emb, name=f"layers_{i}")(
-          x, encoder_mask, deterministic, encoder_positions)
+      x = EncoderLayer(
+          cfg, rel_emb, name=f"layers_{i}")(x, encoder_mask, deterministic, encoder_positions)
     x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, deterministic)
 
@@ -667,35 +740,36 @@ class Decoder(nn.Module):
   shared_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, encoded: Array, decoder_input_tokens: Array,
+  def __call__(self,
+               encoded: Array,
+               decoder_input_tokens: Array,
                decoder_positions: Optional[Array] = None,
                decoder_mask: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None,
-               deterministic: bool = False, decode: bool = False,
+               deterministic: bool = False,
+               decode: bool = False,
                max_decode_length: Optional[int] = None) -> Array:
     cfg = self.config
-    rel_emb = RelativePositionBiases(cfg.relative_attention_num_buckets,
-                                     cfg.relative_attention_max_distance,
-                                     cfg.num_heads, cfg.dtype,
-                                     name="relpos_bias")
-    y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
-    y = _dropout(cfg, y, deterministic).astype(cfg.dtype)
-    y = _constrain(y, ("batch", "length", "embed"))
+    rel_emb, y = _embed(cfg, self.shared_embedding, decoder_input_tokens, deterministic)
     for i in range(cfg.num_decoder_layers):
-      y = DecoderLayer(cfg, rel_emb, name=f"layers_{i}")(
-          y, encoded, decoder_mask=decoder_mask,
-          encoder_decoder_mask=encoder_decoder_mask,
-          deterministic=deterministic, decode=decode,
-          max_decode_length=max_decode_length, positions=decoder_positions)
+      y = DecoderLayer(
+          cfg, rel_emb, name=f"layers_{i}")(
+              y,
+              encoded,
+              decoder_mask=decoder_mask,
+              encoder_decoder_mask=encoder_decoder_mask,
+              deterministic=deterministic,
+              decode=decode,
+              max_decode_length=max_decode_length,
+              positions=decoder_positions)
     y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg, y, deterministic)
     if cfg.logits_via_embedding:
-      logits = self.shared_embedding.attend(y) / jnp.sqrt(
-          jnp.float32(y.shape[-1]))
+      logits = self.shared_embedding.attend(y) / jnp.sqrt(jnp.float32(y.shape[-1]))
     else:
-      logits = DenseGeneral(cfg.vocab_size, dtype=jnp.float32,
-                            kernel_axes=("embed", "vocab"),
-                            name="logits_dense")(y)
+      logits = DenseGeneral(
+          cfg.vocab_size, dtype=jnp.float32, kernel_axes=("embed", "vocab"), name="logits_dense")(
+              y)
     return _constrain(logits, ("batch", "length", "vocab"))
 
 
@@ -713,9 +787,11 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def encode(self, encoder_input_tokens: Array,
+  def encode(self,
+             encoder_input_tokens: Array,
              encoder_segment_ids: Optional[Array] = None,
-             encoder_positions: Optional[Array] = None, *,
+             encoder_positions: Optional[Array] = None,
+             *,
              enable_dropout: bool = True) -> Array:
     """Encodes [batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed].
 
@@ -723,22 +799,29 @@ class Transformer(nn.Module):
     (`encoder_segment_ids`), relative positions from `encoder_positions`.
     """
     cfg = self.config
-    mask = make_attention_mask(encoder_input_tokens > 0,
-                               encoder_input_tokens > 0, dtype=cfg.dtype)
+    mask = make_attention_mask(encoder_input_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
-      mask = combine_masks(mask, make_attention_mask(
-          encoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
-                           dtype=cfg.dtype)
-    return self.encoder(encoder_input_tokens, mask,
-                        deterministic=not enable_dropout,
-                        encoder_positions=encoder_positions)
+      mask = combine_masks(
+          mask,
+          make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
+          dtype=cfg.dtype)
+    return self.encoder(
+        encoder_input_tokens,
+        mask,
+        deterministic=not enable_dropout,
+        encoder_positions=encoder_positions)
 
-  def decode(self, encoded: Array, encoder_input_tokens: Array,
-             decoder_input_tokens: Array, decoder_target_tokens: Array,
+  def decode(self,
+             encoded: Array,
+             encoder_input_tokens: Array,
+             decoder_input_tokens: Array,
+             decoder_target_tokens: Array,
              encoder_segment_ids: Optional[Array] = None,
              decoder_segment_ids: Optional[Array] = None,
-             decoder_positions: Optional[Array] = None, *,
-             enable_dropout: bool = True, decode: bool = False,
+             decoder_positions: Optional[Array] = None,
+             *,
+             enable_dropout: bool = True,
+             decode: bool = False,
              max_decode_length: Optional[int] = None) -> Array:
     """Decoder logits [batch, tgt_len, vocab] float32.
 
@@ -754,36 +837,41 @@ class Transformer(nn.Module):
         raise ValueError("packed (segment id) inputs are not supported with "
                          "decode=True")
       decoder_mask = None
-      enc_dec_mask = make_attention_mask(jnp.ones_like(decoder_target_tokens),
-                                         encoder_input_tokens > 0,
-                                         dtype=cfg.dtype)
+      enc_dec_mask = make_attention_mask(
+          jnp.ones_like(decoder_target_tokens), encoder_input_tokens > 0, dtype=cfg.dtype)
     else:
-      decoder_mask = make_decoder_mask(decoder_target_tokens, cfg.dtype,
-                                       decoder_segment_ids)
-      enc_dec_mask = make_attention_mask(decoder_target_tokens > 0,
-                                         encoder_input_tokens > 0,
-                                         dtype=cfg.dtype)
+      decoder_mask = make_decoder_mask(decoder_target_tokens, cfg.dtype, decoder_segment_ids)
+      enc_dec_mask = make_attention_mask(
+          decoder_target_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
       if encoder_segment_ids is not None:
         if decoder_segment_ids is None:
           raise ValueError("encoder_segment_ids given without "
                            "decoder_segment_ids")
-        enc_dec_mask = combine_masks(enc_dec_mask, make_attention_mask(
-            decoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
-                                     dtype=cfg.dtype)
-    return self.decoder(encoded, decoder_input_tokens,
-                        decoder_positions=decoder_positions,
-                        decoder_mask=decoder_mask,
-                        encoder_decoder_mask=enc_dec_mask,
-                        deterministic=not enable_dropout, decode=decode,
-                        max_decode_length=max_decode_length)
+        enc_dec_mask = combine_masks(
+            enc_dec_mask,
+            make_attention_mask(decoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
+            dtype=cfg.dtype)
+    return self.decoder(
+        encoded,
+        decoder_input_tokens,
+        decoder_positions=decoder_positions,
+        decoder_mask=decoder_mask,
+        encoder_decoder_mask=enc_dec_mask,
+        deterministic=not enable_dropout,
+        decode=decode,
+        max_decode_length=max_decode_length)
 
-  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+  def __call__(self,
+               encoder_input_tokens: Array,
+               decoder_input_tokens: Array,
                decoder_target_tokens: Array,
                encoder_segment_ids: Optional[Array] = None,
                decoder_segment_ids: Optional[Array] = None,
                encoder_positions: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
+               decoder_positions: Optional[Array] = None,
+               *,
+               enable_dropout: bool = True,
+               decode: bool = False,
                max_decode_length: Optional[int] = None) -> Array:
     """Teacher-forced logits [batch, tgt_len, vocab] float32.
 
@@ -800,10 +888,16 @@ class Transformer(nn.Module):
       decode: cached decoding mode (the first call creates the cache).
       max_decode_length: cache length for `decode`.
     """
-    encoded = self.encode(encoder_input_tokens, encoder_segment_ids,
-                          encoder_positions, enable_dropout=enable_dropout)
-    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                       decoder_target_tokens, encoder_segment_ids,
-                       decoder_segment_ids, decoder_positions,
-                       enable_dropout=enable_dropout, decode=decode,
-                       max_decode_length=max_decode_length)
+    encoded = self.encode(
+        encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout=enable_dropout)
+    return self.decode(
+        encoded,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        decoder_target_tokens,
+        encoder_segment_ids,
+        decoder_segment_ids,
+        decoder_positions,
+        enable_dropout=enable_dropout,
+        decode=decode,
+        max_decode_length=max_decode_length)

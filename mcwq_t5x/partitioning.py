@@ -104,8 +104,8 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   if coordinator_address == "auto":
     jax.distributed.initialize()
   else:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
   logging.info("jax.distributed initialised: process %d of %d", jax.process_index(),
                jax.process_count())
   return True
@@ -186,8 +186,8 @@ class Partitioner:
     """
     self.num_partitions = num_partitions
     self.mesh = create_mesh(num_partitions, devices)
-    self.logical_axis_rules = tuple(logical_axis_rules if logical_axis_rules is not None
-                                    else standard_logical_axis_rules())
+    self.logical_axis_rules = tuple(
+        logical_axis_rules if logical_axis_rules is not None else standard_logical_axis_rules())
 
   # --- sizes --------------------------------------------------------------------------------
   @property
@@ -227,13 +227,14 @@ class Partitioner:
 
   def logical_to_mesh_sharding(self, logical_specs: PyTree) -> PyTree:
     """Maps a tree of logical `PartitionSpec`s (None leaves = replicated) to `NamedSharding`s."""
+
     def to_sharding(spec):
       if spec is None:
         spec = PartitionSpec()
       return NamedSharding(self.mesh, nn.logical_to_mesh_axes(spec, self.logical_axis_rules))
+
     return jax.tree_util.tree_map(
-        to_sharding, logical_specs,
-        is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
+        to_sharding, logical_specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
 
   @property
   def replicated(self) -> NamedSharding:
@@ -258,16 +259,20 @@ class Partitioner:
     Returns:
       feature -> `jax.Array` of shape `[per_process_batch * process_count, ...]`, sharded over `data`.
     """
-    return {k: jax.make_array_from_process_local_data(self.data_sharding, np.asarray(v))
-            for k, v in local_batch.items()}
+    return {
+        k: jax.make_array_from_process_local_data(self.data_sharding, np.asarray(v))
+        for k, v in local_batch.items()
+    }
 
   # --- compilation --------------------------------------------------------------------------
-  def partition(self,
-                fn: Callable[..., Any],
-                in_shardings: Any,
-                out_shardings: Any,
-                static_argnums: Sequence[int] = (),
-                donate_argnums: Sequence[int] = ()) -> "PartitionedFunction":
+  def partition(
+      self,
+      fn: Callable[..., Any],
+      in_shardings: Any,
+      out_shardings: Any,
+      static_argnums: Sequence[int] = (),
+      donate_argnums: Sequence[int] = ()
+  ) -> "PartitionedFunction":
     """`jax.jit` with explicit shardings; tracing happens inside the mesh/rules context.
 
     Args:
@@ -278,8 +283,12 @@ class Partitioner:
     Returns:
       A callable running the compiled function under the mesh context.
     """
-    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
-                     static_argnums=tuple(static_argnums), donate_argnums=tuple(donate_argnums))
+    jitted = jax.jit(
+        fn,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+        static_argnums=tuple(static_argnums),
+        donate_argnums=tuple(donate_argnums))
     return PartitionedFunction(jitted, self)
 
 

@@ -46,7 +46,8 @@ def fetch_command(out_dir: Optional[PathLike] = None) -> str:
   return f"python scripts/download_mcwq.py --out {out_dir}"
 
 
-def not_found(path: PathLike, what: str = "MCWQ data",
+def not_found(path: PathLike,
+              what: str = "MCWQ data",
               out_dir: Optional[PathLike] = None) -> DataNotFoundError:
   """Builds the DataNotFoundError for a missing `path` (expected path + fetch command).
 

@@ -119,8 +119,8 @@ def read_lines(path: PathLike, strict: bool = True) -> list[str]:
   try:
     text = raw.decode("utf-8", errors="strict" if strict else "replace")
   except UnicodeDecodeError as e:
-    raise DataFormatError(path, raw.count(b"\n", 0, e.start) + 1,
-                          f"not valid UTF-8 ({e.reason})") from e
+    raise DataFormatError(path,
+                          raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from e
   if not text:
     return []
   lines = text.split("\n")
@@ -227,14 +227,19 @@ def _read_official(path: PathLike, language: str, with_rir: bool) -> tuple[Examp
       raise DataFormatError(path, i, "empty question")
     if not sparql:
       raise DataFormatError(path, i, "empty SPARQL query after `OUT:`")
-    examples.append(Example(
-        question=question, sparql=sparql,
-        rir=_sparql_to_rir(sparql, path, i) if with_rir else None,
-        language=language, source=str(path), line=i))
+    examples.append(
+        Example(
+            question=question,
+            sparql=sparql,
+            rir=_sparql_to_rir(sparql, path, i) if with_rir else None,
+            language=language,
+            source=str(path),
+            line=i))
   return tuple(examples)
 
 
-def read_official(path: PathLike, language: Optional[str] = None,
+def read_official(path: PathLike,
+                  language: Optional[str] = None,
                   with_rir: bool = False) -> list[Example]:
   """Reads an `official/{split}/{part}.{lang}.txt` file (`IN: question  OUT: sparql` lines).
 
@@ -261,16 +266,21 @@ def _read_rir_pair(question_path: PathLike, sparql_path: PathLike, language: str
   questions = read_lines(question_path)
   queries = read_lines(sparql_path)
   if len(questions) != len(queries):
-    shorter, n = ((question_path, len(questions)) if len(questions) < len(queries)
-                  else (sparql_path, len(queries)))
+    shorter, n = ((question_path, len(questions)) if len(questions) < len(queries) else
+                  (sparql_path, len(queries)))
     raise DataFormatError(
         shorter, n + 1,
         f"parallel files have unequal line counts: {question_path} has {len(questions)} lines, "
         f"{sparql_path} has {len(queries)}")
   return tuple(
-      _rir_example(q, r, language, with_sparql, (question_path, i, "empty question line"),
-                   (sparql_path, i, "empty query line"), source=question_path, line=i)
-      for i, (q, r) in enumerate(zip(questions, queries), start=1))
+      _rir_example(
+          q,
+          r,
+          language,
+          with_sparql, (question_path, i, "empty question line"), (sparql_path, i,
+                                                                   "empty query line"),
+          source=question_path,
+          line=i) for i, (q, r) in enumerate(zip(questions, queries), start=1))
 
 
 def _rir_example(question: str, rir: str, language: str, with_sparql: bool,
@@ -287,12 +297,19 @@ def _rir_example(question: str, rir: str, language: str, with_sparql: bool,
     raise DataFormatError(*question_where)
   if not r:
     raise DataFormatError(*rir_where)
-  return Example(question=q, sparql=_rir_to_sparql(r, rir_where[0], rir_where[1]) if with_sparql
-                 else None, rir=r, language=language, source=str(source), line=line)
+  return Example(
+      question=q,
+      sparql=_rir_to_sparql(r, rir_where[0], rir_where[1]) if with_sparql else None,
+      rir=r,
+      language=language,
+      source=str(source),
+      line=line)
 
 
-def read_rir_pair(question_path: PathLike, sparql_path: PathLike,
-                  language: Optional[str] = None, with_sparql: bool = False) -> list[Example]:
+def read_rir_pair(question_path: PathLike,
+                  sparql_path: PathLike,
+                  language: Optional[str] = None,
+                  with_sparql: bool = False) -> list[Example]:
   """Reads line-parallel question (`*.txt`) and RIR query (`*.sparql`) files.
 
   Args:
@@ -327,16 +344,22 @@ def _read_translation_jsonl(path: PathLike, language: str,
     tr = record.get("translation") if isinstance(record, dict) else None
     if not isinstance(tr, dict) or not isinstance(tr.get("src"), str) or not isinstance(
         tr.get("tgt"), str):
-      raise DataFormatError(
-          path, i, 'expected {"translation": {"src": <question>, "tgt": <RIR query>}}')
-    examples.append(_rir_example(
-        tr["src"], tr["tgt"], language, with_sparql,
-        (path, i, "empty question (`translation.src`)"),
-        (path, i, "empty query (`translation.tgt`)"), source=path, line=i))
+      raise DataFormatError(path, i,
+                            'expected {"translation": {"src": <question>, "tgt": <RIR query>}}')
+    examples.append(
+        _rir_example(
+            tr["src"],
+            tr["tgt"],
+            language,
+            with_sparql, (path, i, "empty question (`translation.src`)"),
+            (path, i, "empty query (`translation.tgt`)"),
+            source=path,
+            line=i))
   return tuple(examples)
 
 
-def read_translation_jsonl(path: PathLike, language: Optional[str] = None,
+def read_translation_jsonl(path: PathLike,
+                           language: Optional[str] = None,
                            with_sparql: bool = False) -> list[Example]:
   """Reads a JSON-lines file of `{"translation": {"src": question, "tgt": RIR}}` records.
 
@@ -360,8 +383,6 @@ def read_translation_jsonl(path: PathLike, language: Optional[str] = None,
 
 
 # --- full release: dataset.json + splits/{split}.json -------------------------------------
-
-
 
 
 @functools.lru_cache(maxsize=8)
@@ -411,7 +432,10 @@ def _question_field(language: str) -> str:
   return "questionPatternModEntities" + ("" if language == "en" else f"_{language}")
 
 
-def read_release(data_dir: PathLike, split: str, part: str, language: str,
+def read_release(data_dir: PathLike,
+                 split: str,
+                 part: str,
+                 language: str,
                  with_rir: bool = True) -> list[Example]:
   """Reads one split/part/language from the full release (`dataset.json` + `splits/`).
 
@@ -478,14 +502,16 @@ def _read_release(dataset_path: str, split_path: str, part: str, language: str,
                               f"record {idx} has no string field {field!r}")
     sparql = " ".join(record["sparqlPatternModEntities"].split())
     depth = record.get("recursionDepth")
-    examples.append(Example(
-        question=" ".join(record[q_field].split()),
-        sparql=sparql,
-        rir=_sparql_to_rir(sparql, dataset_path, idx + 1) if with_rir else None,
-        language=language,
-        recursionDepth=int(depth) if depth is not None else None,
-        expectedResponse=record.get("expectedResponse"),
-        source=str(dataset_path), line=idx + 1))
+    examples.append(
+        Example(
+            question=" ".join(record[q_field].split()),
+            sparql=sparql,
+            rir=_sparql_to_rir(sparql, dataset_path, idx + 1) if with_rir else None,
+            language=language,
+            recursionDepth=int(depth) if depth is not None else None,
+            expectedResponse=record.get("expectedResponse"),
+            source=str(dataset_path),
+            line=idx + 1))
   return tuple(examples)
 
 
@@ -507,7 +533,9 @@ def _check_args(split: str, part: str, language: str) -> None:
     raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
 
 
-def split_files(split: str, part: str, language: str,
+def split_files(split: str,
+                part: str,
+                language: str,
                 data_dir: Optional[PathLike] = None) -> tuple[str, tuple[pathlib.Path, ...]]:
   """Finds the files that hold one split/part/language, whichever layout exists.
 
@@ -559,10 +587,13 @@ def split_files(split: str, part: str, language: str,
     return "release", (dataset, split_json)
   raise paths.not_found(
       official, f"MCWQ {split}/{part}/{language} (neither {official}, nor {txt} + .sparql, nor "
-      f"{dataset} + {split_json})", out_dir=root)
+      f"{dataset} + {split_json})",
+      out_dir=root)
 
 
-def read_split(split: str, part: str, language: str,
+def read_split(split: str,
+               part: str,
+               language: str,
                data_dir: Optional[PathLike] = None) -> list[Example]:
   """Reads one split/part/language of MCWQ from whichever layout exists (see `split_files`).
 
@@ -596,7 +627,8 @@ def read_split(split: str, part: str, language: str,
   return read_release(files[0].parent, split, part, language, with_rir=True)
 
 
-def available_parts(split: str, language: str,
+def available_parts(split: str,
+                    language: str,
                     data_dir: Optional[PathLike] = None) -> tuple[str, ...]:
   """The parts (of PARTS) of `split`/`language` that exist under `data_dir`, in PARTS order."""
   out = []

@@ -70,18 +70,26 @@ GOLD_LANGUAGES = readers.GOLD_LANGUAGES
 MODES = ("monolingual", "zeroshot")
 GOLD = readers.GOLD_SPLIT
 MCD_MEAN = "MCD mean"
-SPLIT_TITLES = {"mcd1": "MCD1", "mcd2": "MCD2", "mcd3": "MCD3", MCD_MEAN: "MCD mean",
-                "random_split": "Random"}
+SPLIT_TITLES = {
+    "mcd1": "MCD1",
+    "mcd2": "MCD2",
+    "mcd3": "MCD3",
+    MCD_MEAN: "MCD mean",
+    "random_split": "Random"
+}
 SCORES = ("exact_match", "bleu", "equivalence")
-SCORE_TITLES = {"exact_match": "exact match (%)", "bleu": "BLEU",
-                "equivalence": "query equivalence (%)"}
+SCORE_TITLES = {
+    "exact_match": "exact match (%)",
+    "bleu": "BLEU",
+    "equivalence": "query equivalence (%)"
+}
 
 _UPSTREAM_RE = re.compile(r"^generated_predictions_(?P<lang>en|he|kn|zh)(?P<gold>-gold)?\.txt$")
-_TRAIN_RE = re.compile(
-    r"^mcwq_(?P<split>mcd1|mcd2|mcd3|random_split|gold)(?P<zeroshot>_zeroshot)?_"
-    r"(?P<lang>en|he|kn|zh)_test\.txt$")
+_TRAIN_RE = re.compile(r"^mcwq_(?P<split>mcd1|mcd2|mcd3|random_split|gold)(?P<zeroshot>_zeroshot)?_"
+                       r"(?P<lang>en|he|kn|zh)_test\.txt$")
 _OWN_RE = re.compile(
-    r"^predictions_(?P<split>mcd1|mcd2|mcd3|random_split)_(?P<lang>en|he|kn|zh)(?P<gold>-gold)?\.txt$")
+    r"^predictions_(?P<split>mcd1|mcd2|mcd3|random_split)_(?P<lang>en|he|kn|zh)(?P<gold>-gold)?\.txt$"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,11 +252,11 @@ def _intersection_index(loader: _GoldLoader, split: str, gold_set: GoldSet, mcd_
   gold_questions, mcd_questions = {}, {}
   for lang in GOLD_LANGUAGES:
     g, m = loader.get(GOLD, lang), loader.get(split, lang)
-    if (g is not None and m is not None and g.questions is not None and m.questions is not None
-        and g.targets == gold_set.targets and m.targets == mcd_set.targets):
+    if (g is not None and m is not None and g.questions is not None and m.questions is not None and
+        g.targets == gold_set.targets and m.targets == mcd_set.targets):
       gold_questions[lang], mcd_questions[lang] = g.questions, m.questions
-  index = metrics.match_test_intersection(
-      gold_set.targets, mcd_set.targets, gold_questions or None, mcd_questions or None)
+  index = metrics.match_test_intersection(gold_set.targets, mcd_set.targets, gold_questions or None,
+                                          mcd_questions or None)
   found = sum(j is not None for j in index)
   loader.messages.append(
       f"test-intersection: {found} of {len(index)} gold examples found in the {split} test set "
@@ -261,7 +269,8 @@ def _scores(result: dict[str, Any]) -> dict[str, float]:
   return {k: result[k] for k in SCORES}
 
 
-def build(results_dir: str | pathlib.Path, targets_dir: str | pathlib.Path,
+def build(results_dir: str | pathlib.Path,
+          targets_dir: str | pathlib.Path,
           data_dir: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
   """Scores every prediction file under `results_dir` and assembles the paper's analyses.
 
@@ -294,15 +303,24 @@ def build(results_dir: str | pathlib.Path, targets_dir: str | pathlib.Path,
       loader.messages.append(f"skipped {pf.path}: no gold queries")
       continue
     preds = evaluate_lib.read_lines(pf.path, strict=False)
-    evaluate_lib.check_same_length(
-        "predictions", pf.path, preds, "targets", gold_set.source, gold_set.targets)
+    evaluate_lib.check_same_length("predictions", pf.path, preds, "targets", gold_set.source,
+                                   gold_set.targets)
     result = metrics.evaluate(gold_set.targets, preds)
     by_complexity = None
     if gold_set.depths is not None:
       by_complexity = metrics.accuracy_by_complexity(gold_set.targets, preds, gold_set.depths)
-    runs.append(dict(model=pf.model, mode=pf.mode, split=pf.split, language=pf.language,
-                     gold=pf.gold, path=str(pf.path), n=result["n"], **_scores(result),
-                     error_categories=result["error_categories"], by_complexity=by_complexity))
+    runs.append(
+        dict(
+            model=pf.model,
+            mode=pf.mode,
+            split=pf.split,
+            language=pf.language,
+            gold=pf.gold,
+            path=str(pf.path),
+            n=result["n"],
+            **_scores(result),
+            error_categories=result["error_categories"],
+            by_complexity=by_complexity))
     predictions_of[(pf.model, pf.mode, pf.split, pf.language, pf.gold)] = preds
 
   intersection = []
@@ -314,9 +332,15 @@ def build(results_dir: str | pathlib.Path, targets_dir: str | pathlib.Path,
     mt_preds = predictions_of.get(key + (False,))
     gold_set = loader.get(GOLD, run["language"])
     mcd_set = loader.get(run["split"], run["language"])
-    entry = dict(model=run["model"], mode=run["mode"], split=run["split"],
-                 language=run["language"], n_gold=run["n"],
-                 gold={k: run[k] for k in SCORES}, matched=0, mt=None)
+    entry = dict(
+        model=run["model"],
+        mode=run["mode"],
+        split=run["split"],
+        language=run["language"],
+        n_gold=run["n"],
+        gold={k: run[k] for k in SCORES},
+        matched=0,
+        mt=None)
     if mt_preds is None or mcd_set is None:
       loader.messages.append(
           f"test-intersection-MT for {'/'.join(key)}: no predictions on the {run['split']} "
@@ -326,8 +350,8 @@ def build(results_dir: str | pathlib.Path, targets_dir: str | pathlib.Path,
       lines = [j for j in index if j is not None]
       entry["matched"] = len(lines)
       if lines:
-        entry["mt"] = _scores(metrics.evaluate([mcd_set.targets[j] for j in lines],
-                                               [mt_preds[j] for j in lines]))
+        entry["mt"] = _scores(
+            metrics.evaluate([mcd_set.targets[j] for j in lines], [mt_preds[j] for j in lines]))
     intersection.append(entry)
   return {"runs": runs, "intersection": intersection, "messages": loader.messages}
 
@@ -336,10 +360,14 @@ def build(results_dir: str | pathlib.Path, targets_dir: str | pathlib.Path,
 # Tables.
 
 
-def _split_rows(runs: Sequence[dict], model: str, mode: str, score: str,
-                languages: Sequence[str], fallback_en: Optional[Sequence[dict]] = None
-                ) -> list[list[Any]]:
+def _split_rows(runs: Sequence[dict],
+                model: str,
+                mode: str,
+                score: str,
+                languages: Sequence[str],
+                fallback_en: Optional[Sequence[dict]] = None) -> list[list[Any]]:
   """Rows [model, split, value per language] incl. "MCD mean" (mean over MCD splits present)."""
+
   def value(split, lang, pool):
     for r in pool:
       if (r["model"], r["split"], r["language"], r["gold"]) == (model, split, lang, False):
@@ -398,18 +426,23 @@ def tables(report: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]
   rows = []
   for e in report["intersection"]:
     mt = e["mt"] or {}
-    rows.append([e["model"], e["mode"], SPLIT_TITLES.get(e["split"], e["split"]), e["language"],
-                 e["n_gold"], e["matched"], mt.get("exact_match"), e["gold"]["exact_match"],
-                 mt.get("bleu"), e["gold"]["bleu"]])
+    rows.append([
+        e["model"], e["mode"],
+        SPLIT_TITLES.get(e["split"], e["split"]), e["language"], e["n_gold"], e["matched"],
+        mt.get("exact_match"), e["gold"]["exact_match"],
+        mt.get("bleu"), e["gold"]["bleu"]
+    ])
   if rows:
-    out["table6_gold_test"] = (
-        ["model", "mode", "split", "language", "n", "matched in test", "EM MT", "EM gold",
-         "BLEU MT", "BLEU gold"], rows)
+    out["table6_gold_test"] = ([
+        "model", "mode", "split", "language", "n", "matched in test", "EM MT", "EM gold", "BLEU MT",
+        "BLEU gold"
+    ], rows)
   rows = []
   for r in runs:
-    rows.append([r["model"], r["mode"], SPLIT_TITLES[r["split"]] + (" gold" if r["gold"] else ""),
-                 r["language"], r["n"]] + [r["error_categories"][c] for c in
-                                           metrics.ERROR_CATEGORIES])
+    rows.append([
+        r["model"], r["mode"], SPLIT_TITLES[r["split"]] +
+        (" gold" if r["gold"] else ""), r["language"], r["n"]
+    ] + [r["error_categories"][c] for c in metrics.ERROR_CATEGORIES])
   if rows:
     out["error_categories"] = (["model", "mode", "test set", "language", "n"] +
                                list(metrics.ERROR_CATEGORIES), rows)
@@ -438,8 +471,8 @@ def write_csv(path: pathlib.Path, header: Sequence[str], rows: Sequence[Sequence
     writer = csv.writer(f)
     writer.writerow(header)
     for row in rows:
-      writer.writerow(["" if v is None else (f"{v:.4f}" if isinstance(v, float) else v)
-                       for v in row])
+      writer.writerow(
+          ["" if v is None else (f"{v:.4f}" if isinstance(v, float) else v) for v in row])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -480,8 +513,10 @@ def plot_complexity(runs: Sequence[dict], title: str, path: pathlib.Path) -> Non
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for r in runs:
     depths = sorted(r["by_complexity"])
-    ax.plot(depths, [r["by_complexity"][d]["exact_match"] for d in depths], marker="o",
-            label=r["language"])
+    ax.plot(
+        depths, [r["by_complexity"][d]["exact_match"] for d in depths],
+        marker="o",
+        label=r["language"])
   ax.set_xlabel("complexity (recursionDepth)")
   ax.set_ylabel("exact match (%)")
   ax.set_ylim(0, 100)
@@ -555,27 +590,32 @@ def write_report(report: dict[str, Any], out_dir: str | pathlib.Path) -> dict[st
   md += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
   md += ["## Files read", ""] + [
       f"- `{r['path']}`: {r['model']} {r['mode']} {r['split']} {r['language']}"
-      f"{' gold' if r['gold'] else ''}, n={r['n']}" for r in report["runs"]] + [""]
+      f"{' gold' if r['gold'] else ''}, n={r['n']}" for r in report["runs"]
+  ] + [""]
   if report["messages"]:
     md += ["## Notes", ""] + [f"- {m}" for m in report["messages"]] + [""]
   md_path = out_dir / "report.md"
   md_path.write_text("\n".join(md), encoding="utf-8")
-  (out_dir / "results.json").write_text(json.dumps(report, indent=2, ensure_ascii=False,
-                                                   default=str) + "\n", encoding="utf-8")
+  (out_dir / "results.json").write_text(
+      json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
   return {"tables": all_tables, "figures": pngs, "markdown": md_path}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Runs the command line; returns the exit status (0 ok, 2 bad input)."""
-  parser = argparse.ArgumentParser(prog="python -m mcwq_t5x.report",
-                                   description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(
+      prog="python -m mcwq_t5x.report", description=__doc__.split("\n")[0])
   parser.add_argument("results_dir", help="directory of prediction files")
-  parser.add_argument("--targets_dir", default=None,
-                      help="translations/ directory (default: <data dir>/translations, data "
-                           "dir = $MCWQ_DATA_DIR or ../shared/mcwq)")
-  parser.add_argument("--data_dir", default=None,
-                      help="MCWQ directory for official/ fallbacks and the full release's "
-                           "recursionDepth (default: parent of --targets_dir)")
+  parser.add_argument(
+      "--targets_dir",
+      default=None,
+      help="translations/ directory (default: <data dir>/translations, data "
+      "dir = $MCWQ_DATA_DIR or ../shared/mcwq)")
+  parser.add_argument(
+      "--data_dir",
+      default=None,
+      help="MCWQ directory for official/ fallbacks and the full release's "
+      "recursionDepth (default: parent of --targets_dir)")
   parser.add_argument("--out", default="mcwq_report", help="output directory")
   args = parser.parse_args(argv)
   targets_dir = args.targets_dir

@@ -48,8 +48,8 @@ class RIRError(ValueError):
   """A string that is not a well-formed RIR query (typically a malformed model prediction)."""
 
 
-def _subject_groups(subject: str, triples: Sequence[tuple[int, sparql_lib.Triple]]
-                    ) -> list[tuple[int, str]]:
+def _subject_groups(subject: str,
+                    triples: Sequence[tuple[int, sparql_lib.Triple]]) -> list[tuple[int, str]]:
   """RIR groups of one subject's (position, triple) pairs, as (position of the group's first
   triple, `( S ( r1 , r2 ) ( o1 , o2 ) )`); a repeated triple repeats its object (see the module
   docstring)."""
@@ -240,9 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   A line that cannot be converted becomes an empty output line (so outputs stay line-parallel), an
   error naming its line number goes to stderr and the exit status is 1.
   """
-  parser = argparse.ArgumentParser(prog="python -m mcwq_t5x.rir", description=__doc__.split("\n")[0])
-  parser.add_argument("direction", choices=["to-rir", "to-sparql"],
-                      help="to-rir: SPARQL -> RIR; to-sparql: RIR -> SPARQL")
+  parser = argparse.ArgumentParser(
+      prog="python -m mcwq_t5x.rir", description=__doc__.split("\n")[0])
+  parser.add_argument(
+      "direction",
+      choices=["to-rir", "to-sparql"],
+      help="to-rir: SPARQL -> RIR; to-sparql: RIR -> SPARQL")
   args = parser.parse_args(argv)
   convert = sparql_to_rir if args.direction == "to-rir" else rir_to_sparql
   return _convert_stream(convert, sys.stdin, sys.stdout, sys.stderr)

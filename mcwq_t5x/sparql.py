@@ -195,8 +195,8 @@ def parse_clause(tokens: Sequence[str]) -> Clause:
   """
   tokens = list(tokens)
   if tokens and tokens[0] == "FILTER":
-    if (len(tokens) != 6 or tokens[1] != "(" or tokens[5] != ")" or tokens[3] != "!="
-        or not is_term(tokens[2]) or not is_term(tokens[4])):
+    if (len(tokens) != 6 or tokens[1] != "(" or tokens[5] != ")" or tokens[3] != "!=" or
+        not is_term(tokens[2]) or not is_term(tokens[4])):
       raise SparqlParseError(f"malformed filter {' '.join(tokens)!r}; expected 'FILTER ( a != b )'")
     return Filter(tokens[2], tokens[3], tokens[4])
   if len(tokens) != 3:

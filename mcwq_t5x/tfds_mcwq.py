@@ -62,8 +62,10 @@ def upstream_files(split: str, language: str) -> dict[str, tuple[str, ...]]:
     `translations/...` for train and for the gold set.
   """
   if split == readers.GOLD_SPLIT:
-    return {"test": (f"translations/gold/test.{language}.txt",
-                     f"translations/gold/test.{language}.sparql")}
+    return {
+        "test":
+            (f"translations/gold/test.{language}.txt", f"translations/gold/test.{language}.sparql")
+    }
   return {
       "train": (f"translations/{split}/train.{language}.txt",
                 f"translations/{split}/train.{language}.sparql"),
@@ -88,12 +90,19 @@ def _configs() -> list[McwqConfig]:
   configs = []
   for split in readers.SPLITS:
     for language in readers.LANGUAGES:
-      configs.append(McwqConfig(name=f"{split}_{language}", split=split, language=language,
-                                description=f"MCWQ {split}, {language} questions."))
+      configs.append(
+          McwqConfig(
+              name=f"{split}_{language}",
+              split=split,
+              language=language,
+              description=f"MCWQ {split}, {language} questions."))
   for language in readers.GOLD_LANGUAGES:
-    configs.append(McwqConfig(
-        name=f"gold_{language}", split=readers.GOLD_SPLIT, language=language,
-        description=f"MCWQ human-translated gold test set, {language} (test only)."))
+    configs.append(
+        McwqConfig(
+            name=f"gold_{language}",
+            split=readers.GOLD_SPLIT,
+            language=language,
+            description=f"MCWQ human-translated gold test set, {language} (test only)."))
   return configs
 
 
@@ -102,9 +111,11 @@ def _has_data(root: Optional[pathlib.Path]) -> bool:
       (root / p).exists() for p in ("official", "translations", "dataset.json"))
 
 
-def generate_examples(split: str, part: str, language: str,
-                      data_dir: Optional[paths.PathLike] = None
-                      ) -> Iterator[tuple[str, dict[str, object]]]:
+def generate_examples(
+    split: str,
+    part: str,
+    language: str,
+    data_dir: Optional[paths.PathLike] = None) -> Iterator[tuple[str, dict[str, object]]]:
   """Yields (key, features) for one split/part/language of a local copy.
 
   Args:
@@ -181,8 +192,10 @@ class Mcwq(tfds.core.GeneratorBasedBuilder):
           if part in readers.available_parts(cfg.split, cfg.language, local)
       }
     files = upstream_files(cfg.split, cfg.language)
-    urls = {f"{part}{i}": f"{UPSTREAM_BASE_URL}/{p}"
-            for part, ps in files.items() for i, p in enumerate(ps)}
+    urls = {
+        f"{part}{i}": f"{UPSTREAM_BASE_URL}/{p}" for part, ps in files.items()
+        for i, p in enumerate(ps)
+    }
     downloaded = dl_manager.download(urls)
     generators = {}
     for tfds_split, part in TFDS_TO_PART.items():

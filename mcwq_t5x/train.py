@@ -70,8 +70,8 @@ def check_model_and_task(model: Any, cfg: utils.DatasetConfig) -> None:
 def create_metric_writer(logdir: str, asynchronous: bool = True):
   """A clu metric writer: console + TensorBoard event files in `logdir` (process 0 only)."""
   from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  return metric_writers.create_default_writer(logdir, just_logging=jax.process_index() > 0,
-                                              asynchronous=asynchronous)
+  return metric_writers.create_default_writer(
+      logdir, just_logging=jax.process_index() > 0, asynchronous=asynchronous)
 
 
 def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
@@ -85,13 +85,17 @@ def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[st
   sums: dict[str, float] = {}
   n_rows = len(next(iter(arrays.values())))
   for start in range(0, n_rows, batch_size):
-    chunk, _ = utils.pad_batch({k: v[start:start + batch_size] for k, v in arrays.items()},
-                               batch_size)
+    chunk, _ = utils.pad_batch({
+        k: v[start:start + batch_size] for k, v in arrays.items()
+    }, batch_size)
     batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
     for k, v in jax.device_get(trainer.eval_step(state, batch)).items():
       sums[k] = sums.get(k, 0.0) + float(v)
-  return {k: v for k, v in trainer_lib.summarize_metrics(sums).items()
-          if k in ("loss", "cross_ent_loss", "accuracy")}
+  return {
+      k: v
+      for k, v in trainer_lib.summarize_metrics(sums).items()
+      if k in ("loss", "cross_ent_loss", "accuracy")
+  }
 
 
 def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
@@ -179,7 +183,8 @@ def train(*,
     (model_dir_p / "config.gin").write_text(gin.config_str())
   partitioner = partitioner or partitioning.Partitioner()
   logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
-               jax.device_count(), jax.devices()[0].platform, jax.process_count())
+               jax.device_count(),
+               jax.devices()[0].platform, jax.process_count())
 
   # --- data ---------------------------------------------------------------------------------
   check_model_and_task(model, train_dataset_cfg)
@@ -188,14 +193,13 @@ def train(*,
   t0 = time.time()
   train_arrays = utils.load_feature_arrays(train_dataset_cfg, shard.index, shard.num_shards)
   data_seed = random_seed if train_dataset_cfg.seed is None else train_dataset_cfg.seed
-  batches = utils.DeterministicBatches(train_arrays, per_process_batch, seed=data_seed,
-                                       shuffle=train_dataset_cfg.shuffle)
+  batches = utils.DeterministicBatches(
+      train_arrays, per_process_batch, seed=data_seed, shuffle=train_dataset_cfg.shuffle)
   logging.info("training data: %d rows in this shard (%.1fs)", batches.num_rows, time.time() - t0)
   eval_arrays = None
   if train_eval_dataset_cfg is not None:
     check_model_and_task(model, train_eval_dataset_cfg)
-    eval_batch_size = inference.decoding_batch_size(train_eval_dataset_cfg.batch_size,
-                                                    partitioner)
+    eval_batch_size = inference.decoding_batch_size(train_eval_dataset_cfg.batch_size, partitioner)
     n = None if eval_steps is None else eval_steps * eval_batch_size
     eval_arrays = utils.load_feature_arrays(train_eval_dataset_cfg, 0, 1, num_examples=n)
 
@@ -204,24 +208,25 @@ def train(*,
   example = batches.batch(0)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
-  ckpt = checkpoints_lib.CheckpointManager(model_dir_p, save_interval_steps=checkpoint_period,
-                                           max_to_keep=keep_checkpoints)
+  ckpt = checkpoints_lib.CheckpointManager(
+      model_dir_p, save_interval_steps=checkpoint_period, max_to_keep=keep_checkpoints)
   abstract_state = trainer.state_shapes(global_shapes, input_types)
-  restored = ckpt.restore_latest(abstract_state, optimizer=trainer.optimizer,
-                                 params_only=resume_params_only)
+  restored = ckpt.restore_latest(
+      abstract_state, optimizer=trainer.optimizer, params_only=resume_params_only)
   if restored is not None:
     step, state, data_state = restored
     logging.info("resumed from %s (data position: %s)",
                  checkpoints_lib.checkpoint_dir(ckpt.directory, step), data_state)
     if data_state.get("data_seed", data_seed) != data_seed or data_state.get(
         "global_batch_size", train_dataset_cfg.batch_size) != train_dataset_cfg.batch_size:
-      logging.warning("data seed/batch size changed since the checkpoint (%s); the data order "
-                      "will differ from the interrupted run", data_state)
+      logging.warning(
+          "data seed/batch size changed since the checkpoint (%s); the data order "
+          "will differ from the interrupted run", data_state)
   elif initial_checkpoint_path:
     logging.info("initialising the parameters from %s (fresh optimizer state)",
                  initial_checkpoint_path)
-    params = inference.load_params(model, partitioner, initial_checkpoint_path,
-                                   abstract_params=abstract_state.params)[0]
+    params = inference.load_params(
+        model, partitioner, initial_checkpoint_path, abstract_params=abstract_state.params)[0]
     state = trainer.create_state(global_shapes, input_types, init_params=params)
     del params
   else:
@@ -232,9 +237,13 @@ def train(*,
                total_steps)
 
   def data_state(step):
-    return {"step": int(step), "data_seed": int(data_seed),
-            "global_batch_size": int(train_dataset_cfg.batch_size),
-            "task": train_dataset_cfg.mixture_or_task_name, "split": train_dataset_cfg.split}
+    return {
+        "step": int(step),
+        "data_seed": int(data_seed),
+        "global_batch_size": int(train_dataset_cfg.batch_size),
+        "task": train_dataset_cfg.mixture_or_task_name,
+        "split": train_dataset_cfg.split
+    }
 
   train_writer = create_metric_writer(str(model_dir_p / "train"))
   eval_writer = create_metric_writer(str(model_dir_p / "eval"))
@@ -254,8 +263,9 @@ def train(*,
     if len(record) > 1:
       eval_writer.write_scalars(step, {k: v for k, v in record.items() if k != "step"})
       eval_writer.flush()
-      logging.info("eval step %d: %s", step, {k: round(v, 4) for k, v in record.items()
-                                               if k != "step"})
+      logging.info("eval step %d: %s", step, {
+          k: round(v, 4) for k, v in record.items() if k != "step"
+      })
       _append_jsonl(model_dir_p / "eval_metrics.jsonl", record)
     return record
 
@@ -278,19 +288,20 @@ def train(*,
         if k in host:
           sums[k] = sums.get(k, 0.0) + float(host[k])
       sums["learning_rate"] = float(host["learning_rate"])
-      timer.add(float(host.get("num_examples", train_dataset_cfg.batch_size)),
-                float(host.get("num_tokens", 0.0)))
+      timer.add(
+          float(host.get("num_examples", train_dataset_cfg.batch_size)),
+          float(host.get("num_tokens", 0.0)))
       if step % log_every_steps == 0 or step == stop_at:
         summary = trainer_lib.summarize_metrics(sums)
         summary.update(timer.read_and_reset())
         summary.pop("num_tokens", None)
         summary.pop("num_examples", None)
         train_writer.write_scalars(step, summary)
-        logging.info("step %d/%d (%.0f%%): loss %.4f  acc %.4f  lr %.2e  %.3fs/step  %.1f ex/s  "
-                     "%.0f tok/s", step, total_steps, 100.0 * step / total_steps,
-                     summary["loss"], summary.get("accuracy", float("nan")),
-                     summary["learning_rate"], summary["step_time_s"], summary["examples_per_s"],
-                     summary["tokens_per_s"])
+        logging.info(
+            "step %d/%d (%.0f%%): loss %.4f  acc %.4f  lr %.2e  %.3fs/step  %.1f ex/s  "
+            "%.0f tok/s", step, total_steps, 100.0 * step / total_steps, summary["loss"],
+            summary.get("accuracy", float("nan")), summary["learning_rate"], summary["step_time_s"],
+            summary["examples_per_s"], summary["tokens_per_s"])
         last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
         _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
         sums = {}
@@ -300,16 +311,21 @@ def train(*,
   except trainer_lib.NonFiniteLossError as e:
     ckpt.wait()
     last = ckpt.latest_step()
-    logging.error("stopping on a non-finite loss at step %d; %s", e.step, (
-        f"the last good checkpoint is step {last} in {ckpt.directory}" if last is not None
-        else "no checkpoint had been written yet, so there is nothing to resume from"))
+    logging.error(
+        "stopping on a non-finite loss at step %d; %s", e.step,
+        (f"the last good checkpoint is step {last} in {ckpt.directory}" if last is not None else
+         "no checkpoint had been written yet, so there is nothing to resume from"))
     raise
   finally:
     train_writer.flush()
     ckpt.wait()
   train_time = time.time() - t_train
-  result: dict[str, Any] = {"step": step, "train_metrics": last_logged,
-                            "train_time_s": train_time, "final_eval": {}}
+  result: dict[str, Any] = {
+      "step": step,
+      "train_metrics": last_logged,
+      "train_time_s": train_time,
+      "final_eval": {}
+  }
   if step < total_steps:  # stopped early on purpose (stop_after_steps)
     ckpt.close()
     result["wall_s"] = time.time() - t_start
@@ -323,12 +339,18 @@ def train(*,
     metrics, predictions = inference.evaluate_split(cfg, infer_fn, state.params,
                                                     final_eval_num_examples)
     pred_path, met_path = inference.write_predictions(
-        model_dir_p, cfg, predictions, metrics,
-        extra={"step": step, "checkpoint": str(checkpoints_lib.checkpoint_dir(ckpt.directory,
-                                                                              step)),
-               "decode_time_s": time.time() - t})
-    logging.info("final %s/%s (%d examples, %.1fs): %s -> %s", cfg.mixture_or_task_name,
-                 cfg.split, len(predictions), time.time() - t, metrics, pred_path)
+        model_dir_p,
+        cfg,
+        predictions,
+        metrics,
+        extra={
+            "step": step,
+            "checkpoint": str(checkpoints_lib.checkpoint_dir(ckpt.directory, step)),
+            "decode_time_s": time.time() - t
+        })
+    logging.info("final %s/%s (%d examples, %.1fs): %s -> %s", cfg.mixture_or_task_name, cfg.split,
+                 len(predictions),
+                 time.time() - t, metrics, pred_path)
     result["final_eval"][f"{cfg.mixture_or_task_name}_{cfg.split}"] = metrics
   ckpt.close()
   train_writer.close()

@@ -80,12 +80,13 @@ class TrainState:
 # --------------------------------------------------------------------------------------------
 # Learning-rate schedules and optimizers
 # --------------------------------------------------------------------------------------------
-def create_learning_rate_schedule(base_learning_rate: float = 5e-4,
-                                  schedule: str = "constant",
-                                  warmup_steps: int = 0,
-                                  decay_steps: Optional[int] = None,
-                                  end_learning_rate_factor: float = 0.0,
-                                  ) -> Callable[[jax.Array], jax.Array]:
+def create_learning_rate_schedule(
+    base_learning_rate: float = 5e-4,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    decay_steps: Optional[int] = None,
+    end_learning_rate_factor: float = 0.0,
+) -> Callable[[jax.Array], jax.Array]:
   """Learning rate as a function of the step (an optax schedule).
 
   Args:
@@ -116,6 +117,7 @@ def create_learning_rate_schedule(base_learning_rate: float = 5e-4,
       main = optax.cosine_decay_schedule(peak, n, alpha=end_learning_rate_factor)
   elif schedule == "rsqrt":
     w = float(max(warmup_steps, 1))
+
     def main(count):  # count is relative to the end of warm-up.
       return peak * jnp.sqrt(w / jnp.maximum(count + w, w))
   else:
@@ -152,13 +154,15 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
     ValueError: for an unknown optimizer name.
   """
   if name == "adafactor":
-    tx = optax.adafactor(learning_rate=learning_rate_fn, decay_rate=adafactor_decay_rate,
-                         multiply_by_parameter_scale=adafactor_multiply_by_parameter_scale,
-                         clipping_threshold=adafactor_clipping_threshold,
-                         weight_decay_rate=weight_decay or None)
+    tx = optax.adafactor(
+        learning_rate=learning_rate_fn,
+        decay_rate=adafactor_decay_rate,
+        multiply_by_parameter_scale=adafactor_multiply_by_parameter_scale,
+        clipping_threshold=adafactor_clipping_threshold,
+        weight_decay_rate=weight_decay or None)
   elif name == "adamw":
-    tx = optax.adamw(learning_rate=learning_rate_fn, b1=adam_b1, b2=adam_b2,
-                     weight_decay=weight_decay)
+    tx = optax.adamw(
+        learning_rate=learning_rate_fn, b1=adam_b1, b2=adam_b2, weight_decay=weight_decay)
   else:
     raise ValueError(f"unknown optimizer {name!r}; expected 'adafactor' or 'adamw'")
   if grad_clip_norm:
@@ -240,11 +244,13 @@ def optimizer_state_specs(opt_state_shapes: PyTree, params_shapes: PyTree,
 # --------------------------------------------------------------------------------------------
 def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
   """[B, ...] -> [num_microbatches, B // num_microbatches, ...] (contiguous split, as T5X)."""
+
   def split(x):
     b = x.shape[0]
     if b % num_microbatches:
       raise ValueError(f"batch size {b} is not divisible by num_microbatches={num_microbatches}")
     return x.reshape((num_microbatches, b // num_microbatches) + x.shape[1:])
+
   return jax.tree_util.tree_map(split, dict(batch))
 
 
@@ -308,14 +314,17 @@ class Trainer:
 
   # --- state --------------------------------------------------------------------------------
   def _init_fn(self, input_shapes, input_types):
+
     def init(rng):
       variables = self.model.get_initial_variables(rng, input_shapes, input_types)
       params = nn.unbox(variables["params"])
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=self.optimizer.init(params))
+      return TrainState(
+          step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
+
     return init
 
-  def state_shardings(self, input_shapes: Mapping[str, tuple[int, ...]],
+  def state_shardings(self,
+                      input_shapes: Mapping[str, tuple[int, ...]],
                       input_types: Optional[Mapping[str, Any]] = None) -> TrainState:
     """NamedShardings of the train state (params from their logical axes, optimizer derived)."""
     if self._state_shardings is not None:
@@ -328,15 +337,21 @@ class Trainer:
       state_shapes = jax.eval_shape(self._init_fn(input_shapes, input_types), rng)
     logical = nn.get_partition_spec(boxed)
     mesh_specs = jax.tree_util.tree_map(
-        lambda s: PartitionSpec() if s is None else nn.logical_to_mesh_axes(s, p.logical_axis_rules),
-        logical, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
+        lambda s: PartitionSpec()
+        if s is None else nn.logical_to_mesh_axes(s, p.logical_axis_rules),
+        logical,
+        is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
     mesh_specs = jax.tree_util.tree_map(
-        lambda s, a: _fit_spec_to_mesh(s, a.shape, p.mesh), mesh_specs, state_shapes.params,
+        lambda s, a: _fit_spec_to_mesh(s, a.shape, p.mesh),
+        mesh_specs,
+        state_shapes.params,
         is_leaf=lambda x: isinstance(x, PartitionSpec))
     opt_specs = optimizer_state_specs(state_shapes.opt_state, state_shapes.params, mesh_specs)
     opt_specs = jax.tree_util.tree_map(
-        lambda s, a: _fit_spec_to_mesh(s, getattr(a, "shape", ()), p.mesh), opt_specs,
-        state_shapes.opt_state, is_leaf=lambda x: isinstance(x, PartitionSpec))
+        lambda s, a: _fit_spec_to_mesh(s, getattr(a, "shape", ()), p.mesh),
+        opt_specs,
+        state_shapes.opt_state,
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
     to_sharding = lambda s: jax.sharding.NamedSharding(p.mesh, s)
     is_spec = lambda x: isinstance(x, PartitionSpec)
     self._state_shardings = TrainState(
@@ -349,11 +364,11 @@ class Trainer:
   def state_shapes(self, input_shapes, input_types=None) -> TrainState:
     """`jax.ShapeDtypeStruct` tree of the train state, each leaf carrying its sharding."""
     shardings = self.state_shardings(input_shapes, input_types)
-    return jax.tree_util.tree_map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self._state_shapes,
-        shardings)
+    return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  self._state_shapes, shardings)
 
-  def create_state(self, input_shapes: Mapping[str, tuple[int, ...]],
+  def create_state(self,
+                   input_shapes: Mapping[str, tuple[int, ...]],
                    input_types: Optional[Mapping[str, Any]] = None,
                    init_params: Optional[PyTree] = None) -> TrainState:
     """Initialises the train state directly in its sharded layout.
@@ -374,8 +389,10 @@ class Trainer:
     shardings = self.state_shardings(input_shapes, input_types)
     p = self.partitioner
     if init_params is None:
-      init = p.partition(self._init_fn(input_shapes, input_types), in_shardings=p.replicated,
-                         out_shardings=shardings)
+      init = p.partition(
+          self._init_fn(input_shapes, input_types),
+          in_shardings=p.replicated,
+          out_shardings=shardings)
       return init(jax.random.PRNGKey(self.seed))
     expected = self._state_shapes.params
     exp_struct = jax.tree_util.tree_structure(expected)
@@ -383,17 +400,18 @@ class Trainer:
     if exp_struct != got_struct:
       raise ValueError("initial checkpoint parameters do not match the model's parameter tree:\n"
                        f"expected {exp_struct}\n got {got_struct}")
-    for (path, e), g in zip(jax.tree_util.tree_flatten_with_path(expected)[0],
-                            jax.tree_util.tree_leaves(init_params)):
+    for (path, e), g in zip(
+        jax.tree_util.tree_flatten_with_path(expected)[0], jax.tree_util.tree_leaves(init_params)):
       if tuple(e.shape) != tuple(np.shape(g)):
         raise ValueError(f"initial checkpoint parameter {'/'.join(_path_keys(path))} has shape "
                          f"{tuple(np.shape(g))}, the model expects {tuple(e.shape)}")
-    params = jax.tree_util.tree_map(
-        lambda g, e, s: jax.device_put(jnp.asarray(g, e.dtype), s), init_params, expected,
-        shardings.params)
+    params = jax.tree_util.tree_map(lambda g, e, s: jax.device_put(jnp.asarray(g, e.dtype), s),
+                                    init_params, expected, shardings.params)
+
     def init_opt(params):
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=self.optimizer.init(params))
+      return TrainState(
+          step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
+
     fn = p.partition(init_opt, in_shardings=(shardings.params,), out_shardings=shardings)
     return fn(params)
 
@@ -408,6 +426,7 @@ class Trainer:
 
     def loss_fn(p, mb, r):
       return self.model.loss_fn(p, mb, r, normalizer=normalizer)
+
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if self.num_microbatches <= 1:
       (loss, metrics), grads = grad_fn(params, batch, jax.random.fold_in(rng, 0))
@@ -445,10 +464,11 @@ class Trainer:
   def compile_train_step(self, state_shardings: TrainState, batch: Batch):
     """Compiles the train step for `batch`'s features (donates the old state)."""
     p = self.partitioner
-    return p.partition(self._train_step,
-                       in_shardings=(state_shardings, p.batch_shardings(batch), p.replicated),
-                       out_shardings=(state_shardings, p.replicated),
-                       donate_argnums=(0,))
+    return p.partition(
+        self._train_step,
+        in_shardings=(state_shardings, p.batch_shardings(batch), p.replicated),
+        out_shardings=(state_shardings, p.replicated),
+        donate_argnums=(0,))
 
   def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update on a global batch (already sharded or plain numpy on one host).
@@ -466,8 +486,7 @@ class Trainer:
     step = int(state.step)
     new_state, metrics = self._train_step_fn(state, dict(batch), self.dropout_rng)
     if not bool(metrics["is_finite"]):
-      raise NonFiniteLossError(step, new_state, float(metrics["loss"]),
-                               float(metrics["grad_norm"]))
+      raise NonFiniteLossError(step, new_state, float(metrics["loss"]), float(metrics["grad_norm"]))
     return new_state, metrics
 
   def _eval_step(self, params, batch):
@@ -479,9 +498,10 @@ class Trainer:
     if self._eval_step_fn is None:
       p = self.partitioner
       shardings = jax.tree_util.tree_map(lambda x: x.sharding, state.params)
-      self._eval_step_fn = p.partition(self._eval_step,
-                                       in_shardings=(shardings, p.batch_shardings(batch)),
-                                       out_shardings=p.replicated)
+      self._eval_step_fn = p.partition(
+          self._eval_step,
+          in_shardings=(shardings, p.batch_shardings(batch)),
+          out_shardings=p.replicated)
     return self._eval_step_fn(state.params, dict(batch))
 
 
@@ -508,7 +528,10 @@ class StepTimer:
     """{"step_time_s", "examples_per_s", "tokens_per_s"} since the last call."""
     now = time.perf_counter()
     dt = max(now - self._t, 1e-9)
-    out = {"step_time_s": dt / max(self._steps, 1), "examples_per_s": self._examples / dt,
-           "tokens_per_s": self._tokens / dt}
+    out = {
+        "step_time_s": dt / max(self._steps, 1),
+        "examples_per_s": self._examples / dt,
+        "tokens_per_s": self._tokens / dt
+    }
     self.reset()
     return out

@@ -85,10 +85,9 @@ def get_mixture_or_task(name: str, module: Optional[str] = None):
   except ValueError as e:
     known = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
     close = difflib.get_close_matches(name, known, n=8, cutoff=0.5)
-    raise ValueError(
-        f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME; task module "
-        f"{module or 'imported by the gin files'}); {len(known)} registered"
-        + (f", closest: {', '.join(close)}" if close else "")) from e
+    raise ValueError(f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME; task module "
+                     f"{module or 'imported by the gin files'}); {len(known)} registered" +
+                     (f", closest: {', '.join(close)}" if close else "")) from e
 
 
 def output_vocabulary(name: str, module: Optional[str] = None):
@@ -116,7 +115,9 @@ def check_vocab_size(vocabulary: Any, model_vocab_size: int, where: str = "") ->
         "network.T5Config.vocab_size or the vocabulary (MCWQ_VOCAB) so that they agree")
 
 
-def load_feature_arrays(cfg: DatasetConfig, shard_index: int = 0, num_shards: int = 1,
+def load_feature_arrays(cfg: DatasetConfig,
+                        shard_index: int = 0,
+                        num_shards: int = 1,
                         num_examples: Optional[int] = None) -> dict[str, np.ndarray]:
   """Reads one process's shard of `cfg`'s split, feature-converted, as numpy arrays.
 
@@ -137,9 +138,14 @@ def load_feature_arrays(cfg: DatasetConfig, shard_index: int = 0, num_shards: in
   import seqio  # pylint: disable=g-import-not-at-top
   get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
   ds = seqio.get_dataset(
-      cfg.mixture_or_task_name, task_feature_lengths=dict(cfg.task_feature_lengths),
-      dataset_split=cfg.split, shuffle=False, num_epochs=1, use_cached=cfg.use_cached,
-      seed=cfg.seed, shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
+      cfg.mixture_or_task_name,
+      task_feature_lengths=dict(cfg.task_feature_lengths),
+      dataset_split=cfg.split,
+      shuffle=False,
+      num_epochs=1,
+      use_cached=cfg.use_cached,
+      seed=cfg.seed,
+      shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
       feature_converter=seqio.EncDecFeatureConverter(pack=cfg.pack))
   if num_examples is not None:
     ds = ds.take(num_examples)
@@ -148,8 +154,9 @@ def load_feature_arrays(cfg: DatasetConfig, shard_index: int = 0, num_shards: in
     raise ValueError(f"task {cfg.mixture_or_task_name!r} split {cfg.split!r} (shard {shard_index} "
                      f"of {num_shards}) has no examples")
   logging.info("loaded %s/%s shard %d/%d: %d rows, features %s", cfg.mixture_or_task_name,
-               cfg.split, shard_index, num_shards, len(next(iter(arrays.values()))),
-               {k: v.shape[1:] for k, v in arrays.items()})
+               cfg.split, shard_index, num_shards, len(next(iter(arrays.values()))), {
+                   k: v.shape[1:] for k, v in arrays.items()
+               })
   return arrays
 
 
@@ -181,7 +188,10 @@ class DeterministicBatches:
     shuffle: False = source order (epochs repeat in the same order).
   """
 
-  def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int = 0,
+  def __init__(self,
+               arrays: Mapping[str, np.ndarray],
+               batch_size: int,
+               seed: int = 0,
                shuffle: bool = True):
     self.arrays = dict(arrays)
     self.num_rows = len(next(iter(self.arrays.values())))
@@ -196,8 +206,9 @@ class DeterministicBatches:
     if epoch not in self._perms:
       if len(self._perms) > 4:
         self._perms.clear()
-      self._perms[epoch] = (np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
-                            if self.shuffle else np.arange(self.num_rows))
+      self._perms[epoch] = (
+          np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+          if self.shuffle else np.arange(self.num_rows))
     return self._perms[epoch]
 
   def indices(self, step: int) -> np.ndarray:
@@ -219,13 +230,16 @@ class DeterministicBatches:
       step += 1
 
 
-def pad_batch(batch: Mapping[str, np.ndarray], batch_size: int) -> tuple[dict[str, np.ndarray], int]:
+def pad_batch(batch: Mapping[str, np.ndarray],
+              batch_size: int) -> tuple[dict[str, np.ndarray], int]:
   """Pads a (last, short) batch with zero rows to `batch_size`; returns (batch, number of real rows)."""
   n = len(next(iter(batch.values())))
   if n == batch_size:
     return dict(batch), n
-  return {k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
-          for k, v in batch.items()}, n
+  return {
+      k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
+      for k, v in batch.items()
+  }, n
 
 
 def to_jsonable(x: Any) -> Any:

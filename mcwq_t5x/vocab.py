@@ -81,8 +81,9 @@ class SmallVocabConfig:
       raise ValueError(f"vocab_size={self.vocab_size} is too small (256 byte pieces + specials)")
 
 
-def corpus_files(data_dir: Optional[PathLike] = None,
-                 parts: Sequence[str] = ("train", "dev")) -> list[pathlib.Path]:
+def corpus_files(
+    data_dir: Optional[PathLike] = None,
+    parts: Sequence[str] = ("train", "dev")) -> list[pathlib.Path]:
   """The data files the small model is trained on (for the cache key), sorted, deduplicated.
 
   Raises:
@@ -124,8 +125,9 @@ def training_corpus(data_dir: Optional[PathLike] = None,
   return list(questions) + list(queries)
 
 
-def train_sentencepiece(sentences: Sequence[str], model_path: PathLike,
-                        config: SmallVocabConfig = SmallVocabConfig()) -> pathlib.Path:
+def train_sentencepiece(
+    sentences: Sequence[str], model_path: PathLike,
+    config: SmallVocabConfig = SmallVocabConfig()) -> pathlib.Path:
   """Trains a SentencePiece model on `sentences` and writes it to `model_path` atomically.
 
   Same sentences + same config -> byte-identical model file (one thread, fixed seed).
@@ -149,13 +151,24 @@ def train_sentencepiece(sentences: Sequence[str], model_path: PathLike,
     prefix = pathlib.Path(tmp) / "spm"
     spm.set_random_generator_seed(config.seed)
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(prefix), vocab_size=config.vocab_size,
-        model_type=config.model_type, character_coverage=config.character_coverage,
-        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-        byte_fallback=True, normalization_rule_name="identity", split_by_number=False,
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=config.vocab_size,
+        model_type=config.model_type,
+        character_coverage=config.character_coverage,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        split_by_number=False,
         split_by_unicode_script=False,
-        user_defined_symbols=list(config.user_defined_symbols), num_threads=1,
-        input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
+        user_defined_symbols=list(config.user_defined_symbols),
+        num_threads=1,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        minloglevel=2)
     # The trainer records the (random) temporary paths in the model; blank them so the
     # same input gives the same bytes.
     proto = sentencepiece_model_pb2.ModelProto.FromString(
@@ -218,8 +231,8 @@ class _CachedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
 
 
 @functools.lru_cache(maxsize=None)
-def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str, data_dir: str
-                ) -> seqio.SentencePieceVocabulary:
+def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
+                data_dir: str) -> seqio.SentencePieceVocabulary:
   del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
   if path is not None:
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)

@@ -210,8 +210,8 @@ def question_mids(record: dict[str, Any], where: str = "<record>") -> dict[str, 
   return out
 
 
-def exact_entity_constants(record: dict[str, Any], where: str = "<record>"
-                           ) -> dict[str, str] | None:
+def exact_entity_constants(record: dict[str, Any],
+                           where: str = "<record>") -> dict[str, str] | None:
   """Each question placeholder's Freebase constant, when the record says it (full CFQ release).
 
   Read from `questionWithMids` (`question_mids`) or, without it, by aligning
@@ -248,7 +248,8 @@ def exact_entity_constants(record: dict[str, Any], where: str = "<record>"
   raise CfqFormatError(f"{where}: sparqlPatternModEntities{also} do not align with sparql")
 
 
-def placeholder_candidates(record: dict[str, Any], where: str = "<record>",
+def placeholder_candidates(record: dict[str, Any],
+                           where: str = "<record>",
                            limit: int = 64) -> list[dict[str, str]]:
   """The distinct alignments of `sparqlPattern` placeholders with the constants of `sparql`.
 
@@ -274,8 +275,9 @@ def placeholder_candidates(record: dict[str, Any], where: str = "<record>",
   return _candidates(record, where, limit)[0]
 
 
-def _candidates(record: dict[str, Any], where: str, limit: int = 64
-                ) -> tuple[list[dict[str, str]], dict[str, str] | None]:
+def _candidates(record: dict[str, Any],
+                where: str,
+                limit: int = 64) -> tuple[list[dict[str, str]], dict[str, str] | None]:
   """(`placeholder_candidates`, `exact_entity_constants`) of a record."""
   q = parse_query(record["sparql"], where)
   p = parse_query(record["sparqlPattern"], where + " (sparqlPattern)")
@@ -287,8 +289,10 @@ def _candidates(record: dict[str, Any], where: str, limit: int = 64
   # A question placeholder never stands for a type or a special entity, and a placeholder absent
   # from the question always does; this removes the ambiguity of patterns such as
   # `?x1 P2 M1 . ?x1 P3 M2` ("M2 's Mexican director").
-  forbid = {m: (lambda c: c in special) if m in qph else (lambda c: c not in special)
-            for m in _pattern_placeholders(p)}
+  forbid = {
+      m: (lambda c: c in special) if m in qph else (lambda c: c not in special)
+      for m in _pattern_placeholders(p)
+  }
   if exact is not None:
     forbid.update({m: (lambda c, mid=mid: c != mid) for m, mid in exact.items()})
   twins = None if exact is not None else _twin_classes(q)
@@ -317,7 +321,8 @@ def alignment_source(record: dict[str, Any], where: str = "<record>") -> str:
   return "unique" if len(placeholder_candidates(record, where)) == 1 else "context model"
 
 
-def placeholder_constants(record: dict[str, Any], where: str = "<record>",
+def placeholder_constants(record: dict[str, Any],
+                          where: str = "<record>",
                           context_model: "ContextModel | None" = None) -> dict[str, str]:
   """Maps each placeholder `Mk` of `sparqlPattern` to the Freebase constant it stands for.
 
@@ -496,8 +501,8 @@ def _twin_classes(q: ParsedQuery) -> dict[str, tuple[str, ...]]:
         continue
       swap = {a: b, b: a}
       s = lambda t: swap.get(t, t)  # noqa: E731
-      swapped = collections.Counter(Clause(s(c.subject), s(c.predicate), s(c.object))
-                                    for c in q.clauses)
+      swapped = collections.Counter(
+          Clause(s(c.subject), s(c.predicate), s(c.object)) for c in q.clauses)
       if swapped == clauses:
         cls.append(b)
     if len(cls) > 1:
@@ -506,9 +511,12 @@ def _twin_classes(q: ParsedQuery) -> dict[str, tuple[str, ...]]:
   return out
 
 
-def _match_term(pat: str, term: str, binding: dict[str, str], used: set[str],
-                forbid: dict[str, Any], twins: dict[str, tuple[str, ...]] | None = None
-                ) -> list[tuple[str, str]] | None:
+def _match_term(pat: str,
+                term: str,
+                binding: dict[str, str],
+                used: set[str],
+                forbid: dict[str, Any],
+                twins: dict[str, tuple[str, ...]] | None = None) -> list[tuple[str, str]] | None:
   """Binding additions making pattern term `pat` match `term` (None = no match)."""
   if is_variable(pat) != is_variable(term):
     return None
@@ -525,9 +533,12 @@ def _match_term(pat: str, term: str, binding: dict[str, str], used: set[str],
   return [(pat, term)]
 
 
-def _match_clauses(pats: list[Clause], terms: list[Clause], binding: dict[str, str], used: set[str],
-                   forbid: dict[str, Any], twins: dict[str, tuple[str, ...]] | None = None
-                   ) -> Iterator[dict[str, str]]:
+def _match_clauses(pats: list[Clause],
+                   terms: list[Clause],
+                   binding: dict[str, str],
+                   used: set[str],
+                   forbid: dict[str, Any],
+                   twins: dict[str, tuple[str, ...]] | None = None) -> Iterator[dict[str, str]]:
   """Yields every bijection between pattern clauses and query clauses (as a binding).
 
   CFQ's `sparqlPattern` sorts clauses and may number variables differently from `sparql`, so
@@ -566,7 +577,8 @@ def question_placeholders(question_pattern: str) -> list[str]:
   return seen
 
 
-def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
+def sparql_mod_entities(record: dict[str, Any],
+                        where: str = "<record>",
                         context_model: ContextModel | None = None) -> ParsedQuery:
   """CFQ's `sparqlPatternModEntities`: the query with question entities replaced by `Mk`.
 
@@ -596,7 +608,8 @@ def sparql_mod_entities(record: dict[str, Any], where: str = "<record>",
   return ParsedQuery(q.prefix, tuple(sorted(clauses, key=Clause.text)))
 
 
-def entity_mids(record: dict[str, Any], where: str = "<record>",
+def entity_mids(record: dict[str, Any],
+                where: str = "<record>",
                 context_model: ContextModel | None = None) -> dict[str, str]:
   """Maps each question placeholder to its Freebase MID (`M1` -> `ns:m.0abc`); exact when the
   record has `questionWithMids` or `sparqlPatternModEntities`, else see `placeholder_constants`."""

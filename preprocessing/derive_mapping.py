@@ -34,13 +34,15 @@ from preprocessing import cfq
 from preprocessing.cfq import ContextModel
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_CFQ = [str(_REPO.parent / "shared" / "cfq" / f"cfq_sample_{p}.json") for p in ("train", "dev")]
+DEFAULT_CFQ = [
+    str(_REPO.parent / "shared" / "cfq" / f"cfq_sample_{p}.json") for p in ("train", "dev")
+]
 DEFAULT_MCWQ = str(_REPO.parent / "shared" / "mcwq" / "official")
 DEFAULT_MAPPING = str(pathlib.Path(__file__).resolve().parent / "data" / "property_mapping.json")
 
 
-def matched_pairs(records: Iterable[tuple[str, dict[str, Any]]], mcwq: dict[str, str]
-                  ) -> list[tuple[str, dict[str, Any], str]]:
+def matched_pairs(records: Iterable[tuple[str, dict[str, Any]]],
+                  mcwq: dict[str, str]) -> list[tuple[str, dict[str, Any], str]]:
   """CFQ records whose question pattern has an MCWQ query: [(where, record, mcwq_sparql)]."""
   out = []
   for where, rec in records:
@@ -80,12 +82,14 @@ def align(pairs: list[tuple[str, dict[str, Any], str]],
       if c.predicate == "a":
         key = c.object
         occ[("type", key)] += 1
-        types[key].update({(t.predicate, t.object) for t in wd
+        types[key].update({(t.predicate, t.object)
+                           for t in wd
                            if t.subject == c.subject and t.object.startswith("wd:")})
       elif c.object.startswith("ns:"):
         occ[("prop", c.predicate)] += 1
         occ[("entity", c.object)] += 1
-        cands = {(t.predicate, t.object) for t in wd
+        cands = {(t.predicate, t.object)
+                 for t in wd
                  if t.subject == c.subject and t.object.startswith("wd:")}
         props[c.predicate].update({(p, False) for p, _ in cands})
         ents[c.object].update({o for _, o in cands})
@@ -94,20 +98,30 @@ def align(pairs: list[tuple[str, dict[str, Any], str]],
         cands = {(t.predicate, False) for t in wd if (t.subject, t.object) == (c.subject, c.object)}
         cands |= {(t.predicate, True) for t in wd if (t.subject, t.object) == (c.object, c.subject)}
         props[c.predicate].update(cands)
-  return {"properties": props, "types": types, "entities": ents, "occurrences": occ,
-          "skipped": skipped}
+  return {
+      "properties": props,
+      "types": types,
+      "entities": ents,
+      "occurrences": occ,
+      "skipped": skipped
+  }
 
 
-def decide(votes: dict[str, collections.Counter], occ: collections.Counter, kind: str
-           ) -> dict[str, Any]:
+def decide(votes: dict[str, collections.Counter], occ: collections.Counter,
+           kind: str) -> dict[str, Any]:
   """Keeps, per key, the candidates present in every occurrence (None if none or ambiguous)."""
   out = {}
   for key, counter in votes.items():
     n = occ[(kind, key)]
     full = [c for c, v in counter.items() if v == n]
-    out[key] = {"n": n, "derived": full[0] if len(full) == 1 else None,
-                "candidates": [[list(c) if isinstance(c, tuple) else c, v]
-                               for c, v in counter.most_common(4)]}
+    out[key] = {
+        "n":
+            n,
+        "derived":
+            full[0] if len(full) == 1 else None,
+        "candidates":
+            [[list(c) if isinstance(c, tuple) else c, v] for c, v in counter.most_common(4)]
+    }
   return out
 
 
@@ -117,10 +131,13 @@ def derive(cfq_files: list[str], mcwq_dir: str) -> dict[str, Any]:
   pairs = matched_pairs(cfq.load_records(cfq_files), mcwq)
   model = cfq.ContextModel().fit(rec for _, rec in cfq.load_records(cfq_files))
   v = align(pairs, model)
-  return {"matched": len(pairs), "skipped_reverse_marks": v["skipped"],
-          "properties": decide(v["properties"], v["occurrences"], "prop"),
-          "types": decide(v["types"], v["occurrences"], "type"),
-          "entities": decide(v["entities"], v["occurrences"], "entity")}
+  return {
+      "matched": len(pairs),
+      "skipped_reverse_marks": v["skipped"],
+      "properties": decide(v["properties"], v["occurrences"], "prop"),
+      "types": decide(v["types"], v["occurrences"], "type"),
+      "entities": decide(v["entities"], v["occurrences"], "entity")
+  }
 
 
 def compare(derived: dict[str, Any], mapping: dict[str, Any]) -> list[str]:
@@ -152,7 +169,8 @@ def compare(derived: dict[str, Any], mapping: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
   """Command line: prints the derived table and the comparison with the mapping file."""
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--cfq", nargs="+", default=DEFAULT_CFQ, help="CFQ dataset JSON files")
   ap.add_argument("--mcwq", default=DEFAULT_MCWQ, help="MCWQ official/ folder")
   ap.add_argument("--mapping", default=DEFAULT_MAPPING, help="curated mapping file to check")
@@ -164,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
   for kind in ("properties", "types", "entities"):
     print(f"== {kind}")
     for key, e in sorted(d[kind].items()):
-      print(f"  {e['n']:4d} {key} -> {e['derived']}   {e['candidates'] if e['derived'] is None else ''}")
+      print(
+          f"  {e['n']:4d} {key} -> {e['derived']}   {e['candidates'] if e['derived'] is None else ''}"
+      )
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(d, indent=1, default=list), encoding="utf-8")
   if os.path.exists(args.mapping):

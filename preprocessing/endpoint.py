@@ -240,8 +240,12 @@ class OxigraphEndpoint(Endpoint):
     self._predicates = None
     self.close()
 
-  def load_codex(self, codex_dir: str | pathlib.Path, languages: Iterable[str] = ("en",),
-                 parts: Iterable[str] = ("train", "valid", "test")) -> dict[str, int]:
+  def load_codex(
+      self,
+      codex_dir: str | pathlib.Path,
+      languages: Iterable[str] = ("en",),
+      parts: Iterable[str] = ("train", "valid", "test")
+  ) -> dict[str, int]:
     """Loads a CoDEx folder (see module docstring).
 
     Returns:
@@ -262,8 +266,8 @@ class OxigraphEndpoint(Endpoint):
           fields = line.rstrip("\n").split("\t")
           if fields == [""]:
             continue
-          if (len(fields) != 3 or not QID_RE.match(fields[0]) or not PID_RE.match(fields[1])
-              or not QID_RE.match(fields[2])):
+          if (len(fields) != 3 or not QID_RE.match(fields[0]) or not PID_RE.match(fields[1]) or
+              not QID_RE.match(fields[2])):
             raise ValueError(f"{path}:{n}: expected 'Q<TAB>P<TAB>Q', got {line.strip()!r}")
           lines.append(f"<{WD}{fields[0]}> <{WDT}{fields[1]}> <{WD}{fields[2]}> .")
           counts["triples"] += 1
@@ -287,8 +291,8 @@ class OxigraphEndpoint(Endpoint):
           if QID_RE.match(e) and isinstance(label, str) and label:
             lines.append(f"<{WD}{e}> <{RDFS_LABEL}> {json.dumps(label)}@{lang} .")
             counts["labels"] += 1
-    self.store.bulk_load(input="\n".join(lines).encode("utf-8"),
-                         format=self._ox.RdfFormat.N_TRIPLES)
+    self.store.bulk_load(
+        input="\n".join(lines).encode("utf-8"), format=self._ox.RdfFormat.N_TRIPLES)
     self._predicates = None
     self.close()
     return counts
@@ -324,8 +328,8 @@ class OxigraphEndpoint(Endpoint):
       self._kill_worker()
       ctx = multiprocessing.get_context("fork")
       conn, child_end = ctx.Pipe()
-      worker = ctx.Process(target=_serve, args=(self.store, child_end, conn),
-                           name="oxigraph-query", daemon=True)
+      worker = ctx.Process(
+          target=_serve, args=(self.store, child_end, conn), name="oxigraph-query", daemon=True)
       worker.start()
       child_end.close()
       self._worker, self._conn = worker, conn
@@ -436,8 +440,7 @@ class _Deadline:
     The timer or, on a loaded machine, a per-read socket timeout may notice it first.
     """
     with self._lock:
-      return self.cut or (
-          bool(self._socks) and time.monotonic() - self._start >= self.timeout_s)
+      return self.cut or (bool(self._socks) and time.monotonic() - self._start >= self.timeout_s)
 
 
 class _DeadlineHTTPConnection(http.client.HTTPConnection):
@@ -483,8 +486,8 @@ class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
     self._deadline = deadline
 
   def https_open(self, req: urllib.request.Request) -> Any:
-    return self.do_open(_DeadlineHTTPSConnection, req, context=self._context,
-                        deadline=self._deadline)
+    return self.do_open(
+        _DeadlineHTTPSConnection, req, context=self._context, deadline=self._deadline)
 
 
 class RemoteEndpoint(Endpoint):
@@ -521,10 +524,16 @@ class RemoteEndpoint(Endpoint):
     ValueError: `timeout_s` is not positive.
   """
 
-  def __init__(self, url: str = WDQS_URL, user_agent: str = DEFAULT_USER_AGENT,
-               timeout_s: float = 60.0, max_retries: int = 5, backoff_s: float = 1.0,
-               max_backoff_s: float = 120.0, min_interval_s: float = 1.0,
-               sleep: Callable[[float], None] = time.sleep, max_retry_after_s: float = 600.0,
+  def __init__(self,
+               url: str = WDQS_URL,
+               user_agent: str = DEFAULT_USER_AGENT,
+               timeout_s: float = 60.0,
+               max_retries: int = 5,
+               backoff_s: float = 1.0,
+               max_backoff_s: float = 120.0,
+               min_interval_s: float = 1.0,
+               sleep: Callable[[float], None] = time.sleep,
+               max_retry_after_s: float = 600.0,
                clock: Callable[[], float] = time.time):
     if not timeout_s > 0:
       raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
@@ -553,12 +562,19 @@ class RemoteEndpoint(Endpoint):
       OSError, http.client.HTTPException: network failures.
     """
     deadline = _Deadline(self.timeout_s)
-    opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline),
-                                         _DeadlineHTTPSHandler(deadline))
+    opener = urllib.request.build_opener(
+        _DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
     req = urllib.request.Request(
-        self.url, data=urllib.parse.urlencode({"query": PREFIXES + query}).encode("utf-8"),
-        headers={"User-Agent": self.user_agent, "Accept": "application/sparql-results+json",
-                 "Content-Type": "application/x-www-form-urlencoded"}, method="POST")
+        self.url,
+        data=urllib.parse.urlencode({
+            "query": PREFIXES + query
+        }).encode("utf-8"),
+        headers={
+            "User-Agent": self.user_agent,
+            "Accept": "application/sparql-results+json",
+            "Content-Type": "application/x-www-form-urlencoded"
+        },
+        method="POST")
     try:
       with deadline:
         try:
@@ -571,12 +587,14 @@ class RemoteEndpoint(Endpoint):
             e.close()
     except (OSError, http.client.HTTPException) as e:
       if deadline.timed_out():
-        raise QueryTimeout(f"{self.url}: no complete answer within {self.timeout_s:g} s "
-                           f"for query:\n{query}", self.timeout_s) from e
+        raise QueryTimeout(
+            f"{self.url}: no complete answer within {self.timeout_s:g} s "
+            f"for query:\n{query}", self.timeout_s) from e
       raise
     if deadline.cut:  # e.g. an answer without Content-Length cut short
-      raise QueryTimeout(f"{self.url}: no complete answer within {self.timeout_s:g} s "
-                         f"for query:\n{query}", self.timeout_s)
+      raise QueryTimeout(
+          f"{self.url}: no complete answer within {self.timeout_s:g} s "
+          f"for query:\n{query}", self.timeout_s)
     return answer
 
   def _request(self, query: str) -> dict[str, Any]:
@@ -609,9 +627,9 @@ class RemoteEndpoint(Endpoint):
       try:
         wait_s = retry.retry_delay(delay, retry_after, self.max_retry_after_s, now=now)
       except retry.RetryAfterTooLong as e:
-        raise retry.RetryAfterTooLong(f"{self.url}: {err}: {e}; stopping rather than retrying "
-                                      "(raise max_retry_after_s to wait that long)",
-                                      e.wait_s, e.max_s) from e
+        raise retry.RetryAfterTooLong(
+            f"{self.url}: {err}: {e}; stopping rather than retrying "
+            "(raise max_retry_after_s to wait that long)", e.wait_s, e.max_s) from e
       if attempt == self.max_retries:
         asked = retry.parse_retry_after(retry_after, now)
         if asked:
@@ -626,8 +644,9 @@ class RemoteEndpoint(Endpoint):
     res = self._request(query)
     rows = []
     for b in res.get("results", {}).get("bindings", []):
-      rows.append({k: compact(v["value"]) if v.get("type") == "uri" else v["value"]
-                   for k, v in b.items()})
+      rows.append({
+          k: compact(v["value"]) if v.get("type") == "uri" else v["value"] for k, v in b.items()
+      })
     return rows
 
   def ask(self, query: str) -> bool:
@@ -657,7 +676,9 @@ class CachedEndpoint(Endpoint):
     timeouts: queries that raised `QueryTimeout` (fresh or recorded).
   """
 
-  def __init__(self, inner: Endpoint, path: str | pathlib.Path | None,
+  def __init__(self,
+               inner: Endpoint,
+               path: str | pathlib.Path | None,
                retry_timeouts: bool = False):
     self.inner = inner
     self.cache = JsonlCache(path)
@@ -676,8 +697,9 @@ class CachedEndpoint(Endpoint):
       if not self.retry_timeouts:
         self.hits += 1
         self.timeouts += 1
-        raise QueryTimeout(f"recorded in the cache as timed out after {value[TIMED_OUT]:g} s, not "
-                           f"re-run (retry_timeouts=True re-runs it):\n{query}", value[TIMED_OUT])
+        raise QueryTimeout(
+            f"recorded in the cache as timed out after {value[TIMED_OUT]:g} s, not "
+            f"re-run (retry_timeouts=True re-runs it):\n{query}", value[TIMED_OUT])
     self.misses += 1
     try:
       value = fn(query)

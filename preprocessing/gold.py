@@ -35,8 +35,8 @@ def canonical(query: str) -> tuple:
   return sparql_lib.parse_sparql(query).canonical()
 
 
-def mcd_test_intersection(split_examples: Sequence[Sequence[readers.Example]]
-                          ) -> list[readers.Example]:
+def mcd_test_intersection(
+    split_examples: Sequence[Sequence[readers.Example]]) -> list[readers.Example]:
   """Examples of the first split whose query occurs in every split (first occurrence per query).
 
   Args:
@@ -69,7 +69,9 @@ def complexity(example: readers.Example) -> int:
   return len(q.triples) + len(q.filters)
 
 
-def sample_gold(examples: Sequence[readers.Example], seed: int = 0, per_kind: int = 2,
+def sample_gold(examples: Sequence[readers.Example],
+                seed: int = 0,
+                per_kind: int = 2,
                 level_fn: Callable[[readers.Example], int] = complexity) -> list[readers.Example]:
   """Samples `per_kind` yes/no and `per_kind` wh- questions per complexity level (§4.2).
 
@@ -115,10 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   Raises:
     paths.DataNotFoundError / readers.DataFormatError: missing or malformed input files.
   """
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("sample", help="sample the gold set from the MCD test intersection")
-  s.add_argument("--data-dir", default=None, help="MCWQ folder (default: mcwq_t5x.paths.data_dir())")
+  s.add_argument(
+      "--data-dir", default=None, help="MCWQ folder (default: mcwq_t5x.paths.data_dir())")
   s.add_argument("--language", default="en")
   s.add_argument("--seed", type=int, default=0)
   s.add_argument("--out", required=True, help="output in the official `IN: …  OUT: …` format")

@@ -138,7 +138,9 @@ class Migrated:
     return sparql_lib.parse_sparql(self.to_sparql())
 
 
-def migrate_query(q: cfq.ParsedQuery, mapping: PropertyMapping, where: str = "<record>") -> Migrated:
+def migrate_query(q: cfq.ParsedQuery,
+                  mapping: PropertyMapping,
+                  where: str = "<record>") -> Migrated:
   """Migrates a CFQ query (question entities already replaced by `Mk`) to Wikidata.
 
   Args:
@@ -183,7 +185,9 @@ def migrate_query(q: cfq.ParsedQuery, mapping: PropertyMapping, where: str = "<r
   return Migrated(prefix, tuple(out))
 
 
-def migrate_record(record: dict[str, Any], mapping: PropertyMapping, where: str = "<record>",
+def migrate_record(record: dict[str, Any],
+                   mapping: PropertyMapping,
+                   where: str = "<record>",
                    context_model: cfq.ContextModel | None = None) -> tuple[str, Migrated]:
   """Migrates one CFQ record: returns (rewritten question pattern, Wikidata query).
 
@@ -195,7 +199,8 @@ def migrate_record(record: dict[str, Any], mapping: PropertyMapping, where: str 
   if "^" in record["sparql"]:
     raise SkipRecord("reverse mark", where)
   q = cfq.sparql_mod_entities(record, where, context_model)
-  return rewrite_question(record["questionPatternModEntities"], mapping), migrate_query(q, mapping, where)
+  return rewrite_question(record["questionPatternModEntities"],
+                          mapping), migrate_query(q, mapping, where)
 
 
 def equal_up_to_renaming(a: str, b: str) -> tuple[bool, dict[str, str] | None]:
@@ -216,10 +221,10 @@ def equal_up_to_renaming(a: str, b: str) -> tuple[bool, dict[str, str] | None]:
   for perm in itertools.permutations(pb):
     ren = dict(zip(pa, perm))
     r = lambda t: ren.get(t, t)  # noqa: E731
-    qr = sparql_lib.Query(qa.prefix,
-                          tuple(sparql_lib.Triple(r(t.subject), t.predicate, r(t.object))
-                                for t in qa.triples),
-                          tuple(sparql_lib.Filter(r(f.left), f.op, r(f.right)) for f in qa.filters))
+    qr = sparql_lib.Query(
+        qa.prefix,
+        tuple(sparql_lib.Triple(r(t.subject), t.predicate, r(t.object)) for t in qa.triples),
+        tuple(sparql_lib.Filter(r(f.left), f.op, r(f.right)) for f in qa.filters))
     if qr.canonical() == target:
       return True, ren
   return False, None

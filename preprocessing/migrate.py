@@ -56,7 +56,9 @@ from mcwq_t5x import sparql as sparql_lib
 from preprocessing import cfq, endpoint as ep, mapping as mp, substitute as sb
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_CFQ = [str(_REPO.parent / "shared" / "cfq" / f"cfq_sample_{p}.json") for p in ("train", "dev")]
+DEFAULT_CFQ = [
+    str(_REPO.parent / "shared" / "cfq" / f"cfq_sample_{p}.json") for p in ("train", "dev")
+]
 DEFAULT_CODEX = str(_REPO.parent / "shared" / "wikidata" / "codex-m")
 PARTS = ("train", "dev", "test")
 
@@ -100,8 +102,12 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
     return None
   if args.endpoint == "remote":
     inner: ep.Endpoint = ep.RemoteEndpoint(
-        url=args.url, user_agent=args.user_agent, timeout_s=args.timeout,
-        max_retries=args.retries, max_retry_after_s=args.max_retry_after, min_interval_s=args.rate)
+        url=args.url,
+        user_agent=args.user_agent,
+        timeout_s=args.timeout,
+        max_retries=args.retries,
+        max_retry_after_s=args.max_retry_after,
+        min_interval_s=args.rate)
   else:
     ox = ep.OxigraphEndpoint(timeout_s=args.timeout)
     if args.codex:
@@ -186,7 +192,8 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
     for i, m in enumerate(migrated):
       if m.get("assignment"):
         pool.add(i, m["q"], m["assignment"])
-    asks = [(i, m) for i, m in enumerate(migrated)
+    asks = [(i, m)
+            for i, m in enumerate(migrated)
             if m.get("assignment") is not None and m["q"].prefix == "ASK WHERE"]
     for i, m in tqdm(asks, desc="negatives", unit="query", disable=args.quiet):
       try:
@@ -200,8 +207,8 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
       if neg is not None:
         m["negative"] = neg[0]
         negatives.append(m)
-  counts["yes/no with assignment"] = sum(1 for m in migrated if m.get("assignment") is not None
-                                         and m["q"].prefix == "ASK WHERE")
+  counts["yes/no with assignment"] = sum(
+      1 for m in migrated if m.get("assignment") is not None and m["q"].prefix == "ASK WHERE")
   counts["negatives"] = len(negatives)
 
   # 5. Labels and answers.
@@ -211,8 +218,8 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
     for i, m in enumerate(tqdm(migrated, desc="answers", unit="query", disable=args.quiet)):
       if m.get("assignment") is not None and m["q"].prefix != "ASK WHERE":
         try:
-          rows = endpoint.select(sb.answers_query(m["q"], m["assignment"],
-                                                 counts=endpoint.predicate_counts()))
+          rows = endpoint.select(
+              sb.answers_query(m["q"], m["assignment"], counts=endpoint.predicate_counts()))
         except ep.EndpointError as e:  # e.g. a timeout: written without assignment, not unanswered
           counts["endpoint errors"] += 1
           counts["assigned"] -= 1
@@ -229,24 +236,38 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
     if want:
       labels = endpoint.labels(sorted(want), args.label_language)
   counts["entities without label"] = sum(
-      1 for q in {x for m in migrated for a in (m.get("assignment"), m.get("negative")) if a
-                  for x in sb.qids(a.values())} if q not in labels)
+      1 for q in {
+          x for m in migrated for a in (m.get("assignment"), m.get("negative"))
+          if a for x in sb.qids(a.values())
+      } if q not in labels)
 
   # 6. Write.
-  def record(i: int, m: dict[str, Any], assignment: dict[str, str] | None, response: Any
-             ) -> dict[str, Any]:
+  def record(i: int, m: dict[str, Any], assignment: dict[str, str] | None,
+             response: Any) -> dict[str, Any]:
     rec, q = m["rec"], m["q"]
-    r = {"questionIdx": rec["questionIdx"], "cfqFile": m["file"],
-         "questionPatternModEntities": m["qp"], "sparqlPatternModEntities": q.to_sparql(),
-         "sparqlPattern": sparql_pattern(q), "recursionDepth": rec.get("recursionDepth"),
-         "questionWithMids": None, "questionWithBrackets": None, "sparql": None,
-         "entities": None, "expectedResponse": None}
+    r = {
+        "questionIdx": rec["questionIdx"],
+        "cfqFile": m["file"],
+        "questionPatternModEntities": m["qp"],
+        "sparqlPatternModEntities": q.to_sparql(),
+        "sparqlPattern": sparql_pattern(q),
+        "recursionDepth": rec.get("recursionDepth"),
+        "questionWithMids": None,
+        "questionWithBrackets": None,
+        "sparql": None,
+        "entities": None,
+        "expectedResponse": None
+    }
     if assignment is not None:
       mids, br = sb.fill_question(m["qp"], assignment, labels)
-      r.update(questionWithMids=mids, questionWithBrackets=br,
-               sparql=sb.substituted_sparql(q, assignment),
-               entities={k: v.removeprefix("wd:") for k, v in assignment.items()},
-               expectedResponse=response)
+      r.update(
+          questionWithMids=mids,
+          questionWithBrackets=br,
+          sparql=sb.substituted_sparql(q, assignment),
+          entities={
+              k: v.removeprefix("wd:") for k, v in assignment.items()
+          },
+          expectedResponse=response)
     return r
 
   records = []
@@ -278,8 +299,10 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
   for path in args.cfq_split or ():
     obj = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     splits[pathlib.Path(path).stem] = {
-        f"{p}Idxs": [index_of_pos[int(k)] for k in obj.get(f"{p}Idxs", []) if int(k) in index_of_pos]
-        for p in PARTS}
+        f"{p}Idxs": [
+            index_of_pos[int(k)] for k in obj.get(f"{p}Idxs", []) if int(k) in index_of_pos
+        ] for p in PARTS
+    }
 
   _write_json(out / "dataset.json", records)
   _write_json(out / "negatives.json", negs)
@@ -293,8 +316,9 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
       d.mkdir(parents=True, exist_ok=True)
       with open(d / f"{p}.en.txt", "w", encoding="utf-8") as f:
         for k in idxs:
-          f.write(readers.format_official_line(records[k]["questionPatternModEntities"],
-                                               records[k]["sparqlPatternModEntities"]) + "\n")
+          f.write(
+              readers.format_official_line(records[k]["questionPatternModEntities"], records[k]
+                                           ["sparqlPatternModEntities"]) + "\n")
 
   report.update(counts)
   report["skipped"] = dict(skipped)
@@ -320,34 +344,45 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
   """The command line (documented in the module docstring)."""
-  ap = argparse.ArgumentParser(prog="python -m preprocessing.migrate", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      prog="python -m preprocessing.migrate",
+      description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--cfq", nargs="+", default=DEFAULT_CFQ, help="CFQ dataset JSON file(s)")
   ap.add_argument("--out", required=True, help="output folder")
   ap.add_argument("--mapping", default=str(mp.DEFAULT_MAPPING), help="property mapping JSON")
   ap.add_argument("--endpoint", choices=("oxigraph", "remote", "none"), default="oxigraph")
-  ap.add_argument("--codex", default=DEFAULT_CODEX,
-                  help="CoDEx folder loaded into the embedded store ('' for none)")
+  ap.add_argument(
+      "--codex",
+      default=DEFAULT_CODEX,
+      help="CoDEx folder loaded into the embedded store ('' for none)")
   ap.add_argument("--ntriples", nargs="*", help="N-Triples files loaded into the embedded store")
   ap.add_argument("--url", default=ep.WDQS_URL, help="remote SPARQL endpoint URL")
   ap.add_argument("--user-agent", default=ep.DEFAULT_USER_AGENT)
-  ap.add_argument("--timeout", type=float, default=60.0,
-                  help="bound of one query, remote (whole request) or embedded (s)")
-  ap.add_argument("--retry-timeouts", action="store_true",
-                  help="re-run queries the cache records as timed out")
+  ap.add_argument(
+      "--timeout",
+      type=float,
+      default=60.0,
+      help="bound of one query, remote (whole request) or embedded (s)")
+  ap.add_argument(
+      "--retry-timeouts", action="store_true", help="re-run queries the cache records as timed out")
   ap.add_argument("--retries", type=int, default=5, help="retries on 429/5xx/connection errors")
-  ap.add_argument("--max-retry-after", type=float, default=600.0,
-                  help="longest Retry-After wait accepted from the remote endpoint (s); a longer "
-                       "one stops the run")
-  ap.add_argument("--rate", type=float, default=1.0,
-                  help="minimum seconds between remote requests")
+  ap.add_argument(
+      "--max-retry-after",
+      type=float,
+      default=600.0,
+      help="longest Retry-After wait accepted from the remote endpoint (s); a longer "
+      "one stops the run")
+  ap.add_argument("--rate", type=float, default=1.0, help="minimum seconds between remote requests")
   ap.add_argument("--cache", help="endpoint cache JSONL (default OUT/cache/endpoint.jsonl)")
   ap.add_argument("--limit", type=int, default=100, help="LIMIT of the assignment query")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--negative-tries", type=int, default=10, help="ASK queries per negative")
   ap.add_argument("--no-negatives", action="store_true")
-  ap.add_argument("--require-assignment", action="store_true",
-                  help="drop records without a satisfying assignment (as MCWQ does)")
+  ap.add_argument(
+      "--require-assignment",
+      action="store_true",
+      help="drop records without a satisfying assignment (as MCWQ does)")
   ap.add_argument("--label-language", default="en")
   ap.add_argument("--split-name", default="cfq_sample", help="name of the file-derived split")
   ap.add_argument("--cfq-split", nargs="*", help="CFQ split files to induce onto the output")

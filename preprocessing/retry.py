@@ -83,7 +83,9 @@ def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Opti
   return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def retry_delay(backoff_s: float, retry_after: Optional[str], max_s: float = math.inf,
+def retry_delay(backoff_s: float,
+                retry_after: Optional[str],
+                max_s: float = math.inf,
                 now: Optional[float] = None) -> float:
   """Seconds to wait before retrying a failed request.
 
@@ -106,7 +108,8 @@ def retry_delay(backoff_s: float, retry_after: Optional[str], max_s: float = mat
   asked = parse_retry_after(retry_after, now)
   if asked is not None:
     if asked > max_s:
-      raise RetryAfterTooLong(f"the server asks to wait {asked:.0f} s (Retry-After: "
-                              f"{retry_after}), more than the maximum of {max_s:g} s", asked, max_s)
+      raise RetryAfterTooLong(
+          f"the server asks to wait {asked:.0f} s (Retry-After: "
+          f"{retry_after}), more than the maximum of {max_s:g} s", asked, max_s)
     wait_s = max(wait_s, asked)
   return wait_s

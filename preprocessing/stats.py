@@ -69,16 +69,27 @@ def compute(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
       q = sparql_lib.parse_sparql(pattern_q)
       level = len(q.triples) + len(q.filters)
     hist[int(level)]["yes_no" if is_yn else "wh"] += 1
-  return {"examples": len(recs), "unique_questions": len(uq), "question_patterns": len(qp),
-          "unique_queries": len(uqu), "query_patterns": len(qpat), "yes_no": yn,
-          "wh": len(recs) - yn,
-          "complexity": {k: dict(hist[k]) for k in sorted(hist)}}
+  return {
+      "examples": len(recs),
+      "unique_questions": len(uq),
+      "question_patterns": len(qp),
+      "unique_queries": len(uqu),
+      "query_patterns": len(qpat),
+      "yes_no": yn,
+      "wh": len(recs) - yn,
+      "complexity": {
+          k: dict(hist[k]) for k in sorted(hist)
+      }
+  }
 
 
 def from_examples(examples: Iterable[readers.Example]) -> list[dict[str, Any]]:
   """Records for `compute` from `readers.Example`s (official files: patterns only)."""
-  return [{"questionPatternModEntities": e.question, "sparqlPatternModEntities": e.sparql,
-           "recursionDepth": e.recursionDepth} for e in examples]
+  return [{
+      "questionPatternModEntities": e.question,
+      "sparqlPatternModEntities": e.sparql,
+      "recursionDepth": e.recursionDepth
+  } for e in examples]
 
 
 def plot_complexity(stats: dict[str, Any], path: str | pathlib.Path, title: str = "") -> None:
@@ -104,7 +115,8 @@ def plot_complexity(stats: dict[str, Any], path: str | pathlib.Path, title: str 
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line `python -m preprocessing.stats` (module docstring); prints the statistics as
   JSON and returns the exit status."""
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--dataset", help="a dataset.json produced by preprocessing.migrate")
   ap.add_argument("--official", nargs="*", help="official `IN: …  OUT: …` files")
   ap.add_argument("--png", help="write the complexity histogram here")

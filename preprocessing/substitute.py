@@ -52,8 +52,8 @@ def placeholders(q: Migrated) -> list[str]:
   return seen
 
 
-def order_triples(triples: list[tuple[str, str, str]], counts: dict[str, int] | None
-                  ) -> list[tuple[str, str, str]]:
+def order_triples(triples: list[tuple[str, str, str]],
+                  counts: dict[str, int] | None) -> list[tuple[str, str, str]]:
   """Greedy join order: next the triple with the smallest estimated cardinality.
 
   Estimate = triples of the predicate (sum over `|` alternatives; 10^6 when unknown), times 0.01
@@ -79,7 +79,9 @@ def order_triples(triples: list[tuple[str, str, str]], counts: dict[str, int] | 
   return out
 
 
-def body(q: Migrated, binding: dict[str, str], distinct: Sequence[str] = (),
+def body(q: Migrated,
+         binding: dict[str, str],
+         distinct: Sequence[str] = (),
          counts: dict[str, int] | None = None) -> str:
   """The query body with placeholders bound (`Mk` -> `wd:Q…` or `?mk`), validated.
 
@@ -93,6 +95,7 @@ def body(q: Migrated, binding: dict[str, str], distinct: Sequence[str] = (),
   Raises:
     ValueError: an unbound placeholder or a term/predicate that is not a safe SPARQL term.
   """
+
   def term(t: str) -> str:
     if cfq.is_placeholder(t):
       if t not in binding:
@@ -101,7 +104,8 @@ def body(q: Migrated, binding: dict[str, str], distinct: Sequence[str] = (),
     return _checked(t)
 
   triples = [(term(c.subject), _checked_pred(c.predicate), term(c.object))
-             for c in q.clauses if not c.is_filter]
+             for c in q.clauses
+             if not c.is_filter]
   filters = [f"FILTER ( {term(c.subject)} != {term(c.object)} )" for c in q.clauses if c.is_filter]
   if counts is not None:
     parts = [" ".join(t) for t in order_triples(triples, counts)] + filters
@@ -135,8 +139,9 @@ def substituted_sparql(q: Migrated, assignment: dict[str, str]) -> str:
   for m, e in assignment.items():
     _checked(e)
   sub = lambda t: assignment.get(t, t)  # noqa: E731
-  return cfq.ParsedQuery(q.prefix, tuple(cfq.Clause(sub(c.subject), c.predicate, sub(c.object))
-                                         for c in q.clauses)).to_sparql()
+  return cfq.ParsedQuery(
+      q.prefix,
+      tuple(cfq.Clause(sub(c.subject), c.predicate, sub(c.object)) for c in q.clauses)).to_sparql()
 
 
 def ask_query(q: Migrated, assignment: dict[str, str], counts: dict[str, int] | None = None) -> str:
@@ -144,7 +149,9 @@ def ask_query(q: Migrated, assignment: dict[str, str], counts: dict[str, int] | 
   return f"ASK WHERE {{ {body(q, assignment, (), counts)} }}"
 
 
-def answers_query(q: Migrated, assignment: dict[str, str], limit: int = 1000,
+def answers_query(q: Migrated,
+                  assignment: dict[str, str],
+                  limit: int = 1000,
                   counts: dict[str, int] | None = None) -> str:
   """`SELECT DISTINCT ?x0 WHERE { … }` of a wh- query with entities (its expected response)."""
   return f"SELECT DISTINCT ?x0 WHERE {{ {body(q, assignment, (), counts)} }} LIMIT {int(limit)}"
@@ -160,8 +167,8 @@ def find_assignments(q: Migrated, endpoint: Endpoint, limit: int = 100) -> list[
   """
   phs = placeholders(q)
   counts = endpoint.predicate_counts()
-  if counts is not None and not all(any(p in counts for p in c.predicate.split("|"))
-                                    for c in q.clauses if not c.is_filter):
+  if counts is not None and not all(
+      any(p in counts for p in c.predicate.split("|")) for c in q.clauses if not c.is_filter):
     return []  # a property without any triple: no solution, no need to ask
   out = []
   for row in endpoint.select(assignment_query(q, limit, counts)):
@@ -174,8 +181,8 @@ def find_assignments(q: Migrated, endpoint: Endpoint, limit: int = 100) -> list[
 def satisfiable(q: Migrated, endpoint: Endpoint) -> bool:
   """Whether a query without placeholders has a solution (ASK of its body)."""
   counts = endpoint.predicate_counts()
-  if counts is not None and not all(any(p in counts for p in c.predicate.split("|"))
-                                    for c in q.clauses if not c.is_filter):
+  if counts is not None and not all(
+      any(p in counts for p in c.predicate.split("|")) for c in q.clauses if not c.is_filter):
     return False
   return endpoint.ask(ask_query(q, {}, counts))
 
@@ -187,8 +194,8 @@ def choose(assignments: Sequence[dict[str, str]], seed: int) -> dict[str, str] |
   return assignments[random.Random(seed).randrange(len(assignments))]
 
 
-def fill_question(pattern: str, assignment: dict[str, str], labels: dict[str, str]
-                  ) -> tuple[str, str]:
+def fill_question(pattern: str, assignment: dict[str, str], labels: dict[str,
+                                                                         str]) -> tuple[str, str]:
   """(questionWithMids, questionWithBrackets) of a question pattern.
 
   `Mk` becomes the Q-id in the first and `[label]` in the second (the Q-id when no label).
@@ -240,9 +247,13 @@ class EntityPool:
     return sorted(e for e, rids in self.by_key.get(key, {}).items() if rids - {rid})
 
 
-def sample_negative(rid: Any, q: Migrated, assignment: dict[str, str], pool: EntityPool,
-                    endpoint: Endpoint, seed: int, max_tries: int = 10
-                    ) -> tuple[dict[str, str], str] | None:
+def sample_negative(rid: Any,
+                    q: Migrated,
+                    assignment: dict[str, str],
+                    pool: EntityPool,
+                    endpoint: Endpoint,
+                    seed: int,
+                    max_tries: int = 10) -> tuple[dict[str, str], str] | None:
   """A verified negative for a yes/no query (§3.2), or None when none was found.
 
   Args:
@@ -264,8 +275,9 @@ def sample_negative(rid: Any, q: Migrated, assignment: dict[str, str], pool: Ent
   tries = 0
   for m in phs:
     key = keys[m][0]
-    cands = [e for e in pool.candidates(rid, key)
-             if e != assignment[m] and e not in assignment.values()]
+    cands = [
+        e for e in pool.candidates(rid, key) if e != assignment[m] and e not in assignment.values()
+    ]
     rng.shuffle(cands)
     for e in cands:
       if tries >= max_tries:

@@ -120,8 +120,7 @@ class Backend(abc.ABC):
   cacheable = True
 
   @abc.abstractmethod
-  def translate(self, texts: Sequence[str], target: str, source: str = "en"
-                ) -> list[str | None]:
+  def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str | None]:
     """Translates each text; returns one translation per text, in order.
 
     None stands for a text the backend has no translation for (the file backend); the other
@@ -173,8 +172,7 @@ class FileBackend(Backend):
           self.table[(lang, src)] = tgt
     self.name = f"file:{self.path.name}"
 
-  def translate(self, texts: Sequence[str], target: str, source: str = "en"
-                ) -> list[str | None]:
+  def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str | None]:
     out: list[str | None] = []
     for t in texts:
       bare = t.rstrip("?").rstrip()
@@ -197,8 +195,11 @@ class HFBackend(Backend):
     num_beams: beam size.
   """
 
-  def __init__(self, model_path: str | os.PathLike, batch_size: int = 16,
-               max_new_tokens: int = 128, num_beams: int = 4):
+  def __init__(self,
+               model_path: str | os.PathLike,
+               batch_size: int = 16,
+               max_new_tokens: int = 128,
+               num_beams: int = 4):
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
     self.torch = torch
@@ -226,8 +227,11 @@ class HFBackend(Backend):
       batch = list(texts[i:i + self.batch_size])
       enc = self.tokenizer(batch, return_tensors="pt", padding=True, truncation=True)
       with self.torch.no_grad():
-        gen = self.model.generate(**enc, max_new_tokens=self.max_new_tokens,
-                                  num_beams=self.num_beams, **self._forced_bos(target))
+        gen = self.model.generate(
+            **enc,
+            max_new_tokens=self.max_new_tokens,
+            num_beams=self.num_beams,
+            **self._forced_bos(target))
       out.extend(self.tokenizer.batch_decode(gen, skip_special_tokens=True))
     return out
 
@@ -248,9 +252,15 @@ class GoogleBackend(Backend):
 
   name = "google-v2"
 
-  def __init__(self, api_key: str, url: str = GOOGLE_URL, batch_size: int = 64,
-               min_interval_s: float = 0.1, max_retries: int = 5, backoff_s: float = 1.0,
-               timeout_s: float = 30.0, sleep: Callable[[float], None] = time.sleep):
+  def __init__(self,
+               api_key: str,
+               url: str = GOOGLE_URL,
+               batch_size: int = 64,
+               min_interval_s: float = 0.1,
+               max_retries: int = 5,
+               backoff_s: float = 1.0,
+               timeout_s: float = 30.0,
+               sleep: Callable[[float], None] = time.sleep):
     import requests  # pylint: disable=g-import-not-at-top
     self.requests = requests
     self.api_key, self.url = api_key, url
@@ -267,9 +277,16 @@ class GoogleBackend(Backend):
       self.num_requests += 1
       retry_after = None
       try:
-        r = self.requests.post(self.url, data={"q": texts, "target": target, "source": source,
-                                               "format": "text", "key": self.api_key},
-                               timeout=self.timeout_s)
+        r = self.requests.post(
+            self.url,
+            data={
+                "q": texts,
+                "target": target,
+                "source": source,
+                "format": "text",
+                "key": self.api_key
+            },
+            timeout=self.timeout_s)
         if r.status_code == 200:
           items = r.json()["data"]["translations"]
           if len(items) != len(texts):
@@ -320,8 +337,11 @@ class Translator:
     backend_calls: number of backend.translate calls made by this object.
   """
 
-  def __init__(self, backend: Backend, cache_path: str | os.PathLike | None = None,
-               batch_size: int = 32, add_question_mark: bool = True,
+  def __init__(self,
+               backend: Backend,
+               cache_path: str | os.PathLike | None = None,
+               batch_size: int = 32,
+               add_question_mark: bool = True,
                max_consecutive_failures: int = 3):
     self.backend = backend
     self.cache = JsonlCache(cache_path if backend.cacheable else None)
@@ -343,7 +363,10 @@ class Translator:
         return text[:-len(q)].rstrip()
     return text
 
-  def translate(self, texts: Sequence[str], target: str, source: str = "en",
+  def translate(self,
+                texts: Sequence[str],
+                target: str,
+                source: str = "en",
                 progress: bool = False) -> list[str | None]:
     """Translates texts (cached ones are not sent again); flags placeholder mismatches.
 
@@ -365,7 +388,8 @@ class Translator:
       self.failures.pop((target, t), None)
       if self._key(t, target, source) not in self.cache:
         todo.append(t)
-    bar = tqdm(total=len(todo), desc=f"translate {source}->{target}", unit="q", disable=not progress)
+    bar = tqdm(
+        total=len(todo), desc=f"translate {source}->{target}", unit="q", disable=not progress)
     failed_in_a_row, last_error = 0, ""
     for i in range(0, len(todo), self.batch_size):
       batch = todo[i:i + self.batch_size]
@@ -373,7 +397,7 @@ class Translator:
         for t in batch:
           self.failures[(target, t)] = Problem(
               FAILED, target, t, f"not sent: the last {failed_in_a_row} requests failed "
-                                 f"(last error: {last_error})")
+              f"(last error: {last_error})")
         bar.update(len(batch))
         continue
       sent = [t + "?" if self.add_question_mark else t for t in batch]
@@ -393,8 +417,9 @@ class Translator:
       failed_in_a_row = 0
       for src, tr in zip(batch, got):
         if tr is None:
-          self.failures[(target, src)] = Problem(
-              MISSING, target, src, f"{self.backend.name} has no {target} translation")
+          self.failures[(target,
+                         src)] = Problem(MISSING, target, src,
+                                         f"{self.backend.name} has no {target} translation")
           continue
         tr = self._strip_q(tr) if self.add_question_mark else tr
         self.cache.put(self._key(src, target, source), tr, source=src, target_lang=target)
@@ -409,12 +434,22 @@ class Translator:
 
 def _problem_record(problem: Problem, uses: list[dict[str, Any]]) -> dict[str, Any]:
   """One line of a problem file: readable by `FileBackend` once `target` is filled in."""
-  return {"lang": problem.language, "problem": problem.kind, "source": problem.source,
-          "target": None, "output": problem.output, "detail": problem.detail, "uses": uses}
+  return {
+      "lang": problem.language,
+      "problem": problem.kind,
+      "source": problem.source,
+      "target": None,
+      "output": problem.output,
+      "detail": problem.detail,
+      "uses": uses
+  }
 
 
-def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
-                      translator: Translator, progress: bool = True, overwrite: bool = False,
+def translate_release(release_dir: str | os.PathLike,
+                      languages: Sequence[str],
+                      translator: Translator,
+                      progress: bool = True,
+                      overwrite: bool = False,
                       problems_dir: str | os.PathLike | None = None) -> dict[str, Any]:
   """Adds translations to `dataset.json` (+ `negatives.json`) of a release folder (§4.1).
 
@@ -464,9 +499,14 @@ def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
     if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
       raise ValueError(f"{p}:1: expected a JSON array of records")
     data[p] = recs
-  report: dict[str, Any] = {"complete": True, "languages": {}, "problem_examples": [],
-                            "problem_files": {}, "official_written": [],
-                            "official_incomplete": {}}
+  report: dict[str, Any] = {
+      "complete": True,
+      "languages": {},
+      "problem_examples": [],
+      "problem_files": {},
+      "official_written": [],
+      "official_incomplete": {}
+  }
   for lang in languages:
     uses: dict[str, list[dict[str, Any]]] = {}  # text -> where it is needed
     kept: set[str] = set()
@@ -487,25 +527,30 @@ def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
     problems: list[Problem] = []
     for text, tr in zip(texts, translations):
       if tr is None:
-        problems.append(translator.failures.get(
-            (lang, text), Problem(FAILED, lang, text, "no translation")))
+        problems.append(
+            translator.failures.get((lang, text), Problem(FAILED, lang, text, "no translation")))
       elif placeholders(text) != placeholders(tr):
-        problems.append(Problem(
-            PLACEHOLDERS, lang, text, f"placeholders {sorted(placeholders(text).elements())} "
-                                      f"became {sorted(placeholders(tr).elements())}", tr))
+        problems.append(
+            Problem(
+                PLACEHOLDERS, lang, text, f"placeholders {sorted(placeholders(text).elements())} "
+                f"became {sorted(placeholders(tr).elements())}", tr))
       else:
         for use in uses[text]:
           data[root / use["file"]][use["index"]][f"{use['field']}_{lang}"] = tr
     kinds = collections.Counter(pr.kind for pr in problems)
     n_records = sum(len(recs) for recs in data.values())
-    records_complete = sum(
-        1 for recs in data.values() for r in recs
-        if all(isinstance(r.get(f"{f}_{lang}"), str) for f in FIELDS
-               if isinstance(r.get(f), str) and r.get(f)))
+    records_complete = sum(1 for recs in data.values() for r in recs if all(
+        isinstance(r.get(f"{f}_{lang}"), str) for f in FIELDS
+        if isinstance(r.get(f), str) and r.get(f)))
     report["languages"][lang] = {
-        "texts": len(texts) + len(kept - set(texts)), "kept": len(kept - set(texts)),
-        "translated": len(texts) - len(problems), **{k: kinds[k] for k in PROBLEM_KINDS},
-        "records": n_records, "records_complete": records_complete}
+        "texts": len(texts) + len(kept - set(texts)),
+        "kept": len(kept - set(texts)),
+        "translated": len(texts) - len(problems),
+        **{
+            k: kinds[k] for k in PROBLEM_KINDS
+        }, "records": n_records,
+        "records_complete": records_complete
+    }
     report["complete"] = report["complete"] and not problems
     report["problem_examples"].extend(dataclasses.asdict(pr) for pr in problems[:5])
     problems_root.mkdir(parents=True, exist_ok=True)
@@ -539,8 +584,9 @@ def translate_release(release_dir: str | os.PathLike, languages: Sequence[str],
           continue
         with open(path, "w", encoding="utf-8") as f:
           for k in idxs:
-            f.write(readers.format_official_line(
-                dataset[k][field], dataset[k]["sparqlPatternModEntities"]) + "\n")
+            f.write(
+                readers.format_official_line(dataset[k][field], dataset[k]
+                                             ["sparqlPatternModEntities"]) + "\n")
         report["official_written"].append(str(path))
   report["backend_calls"] = translator.backend_calls
   return report
@@ -554,8 +600,8 @@ def summary(report: dict[str, Any]) -> str:
     if not bad:
       continue
     lines.append(
-        f"{lang}: {bad} of {c['texts']} texts have no usable translation ("
-        + ", ".join(f"{c[k]} {k}" for k in PROBLEM_KINDS) + f"); {c['kept'] + c['translated']} "
+        f"{lang}: {bad} of {c['texts']} texts have no usable translation (" +
+        ", ".join(f"{c[k]} {k}" for k in PROBLEM_KINDS) + f"); {c['kept'] + c['translated']} "
         f"done, {c['records_complete']} of {c['records']} records complete; every one is listed "
         f"in {report['problem_files'][lang]}")
   for ex in report["problem_examples"]:
@@ -570,23 +616,30 @@ def summary(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line `python -m preprocessing.translate` (module docstring); returns the exit status."""
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-  ap = argparse.ArgumentParser(prog="python -m preprocessing.translate", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      prog="python -m preprocessing.translate",
+      description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--release", required=True, help="folder written by preprocessing.migrate")
   ap.add_argument("--lang", nargs="+", required=True, help="target language codes")
   ap.add_argument("--backend", choices=("file", "hf", "google"), required=True)
   ap.add_argument("--file", help="file backend: TSV or JSONL of translations")
   ap.add_argument("--model", help="hf backend: model folder")
-  ap.add_argument("--api-key", default=os.environ.get("GOOGLE_TRANSLATE_API_KEY"),
-                  help="google backend: API key (default $GOOGLE_TRANSLATE_API_KEY)")
+  ap.add_argument(
+      "--api-key",
+      default=os.environ.get("GOOGLE_TRANSLATE_API_KEY"),
+      help="google backend: API key (default $GOOGLE_TRANSLATE_API_KEY)")
   ap.add_argument("--url", default=GOOGLE_URL, help="google backend: REST v2 endpoint")
   ap.add_argument("--rate", type=float, default=0.1, help="google: min seconds between requests")
   ap.add_argument("--batch-size", type=int, default=32)
-  ap.add_argument("--cache", help="translation cache JSONL (default RELEASE/cache/translations.jsonl)")
-  ap.add_argument("--overwrite", action="store_true",
-                  help="translate again what the release already has (default: keep it)")
-  ap.add_argument("--problems-dir",
-                  help="where translation_problems.{lang}.jsonl go (default RELEASE)")
+  ap.add_argument(
+      "--cache", help="translation cache JSONL (default RELEASE/cache/translations.jsonl)")
+  ap.add_argument(
+      "--overwrite",
+      action="store_true",
+      help="translate again what the release already has (default: keep it)")
+  ap.add_argument(
+      "--problems-dir", help="where translation_problems.{lang}.jsonl go (default RELEASE)")
   ap.add_argument("--quiet", action="store_true")
   args = ap.parse_args(argv)
   for lang in args.lang:
@@ -613,8 +666,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   cache = args.cache or os.path.join(args.release, "cache", "translations.jsonl")
   tr = Translator(backend, cache, batch_size=args.batch_size)
   try:
-    report = translate_release(args.release, args.lang, tr, progress=not args.quiet,
-                               overwrite=args.overwrite, problems_dir=args.problems_dir)
+    report = translate_release(
+        args.release,
+        args.lang,
+        tr,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        problems_dir=args.problems_dir)
   except (OSError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -12,7 +12,6 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-
 r"""Speed benchmark of the T5/mT5 network: a training step and decoding.
 
 Builds `network.Transformer` at a preset size with random params, then times
@@ -44,8 +43,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -57,12 +55,19 @@ from mcwq_t5x import model as model_lib  # noqa: E402
 from mcwq_t5x import network  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip (vendor data sheets).
-_PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "V100": 125.0,
-                "L4": 121.0, "A10": 125.0, "TPU v4": 275.0, "TPU v5": 197.0}
+_PEAK_TFLOPS = {
+    "H200": 989.4,
+    "H100": 989.4,
+    "A100": 312.0,
+    "V100": 125.0,
+    "L4": 121.0,
+    "A10": 125.0,
+    "TPU v4": 275.0,
+    "TPU v5": 197.0
+}
 
 
-def model_flops(cfg: network.T5Config, batch: int, in_len: int,
-                tgt_len: int) -> dict[str, float]:
+def model_flops(cfg: network.T5Config, batch: int, in_len: int, tgt_len: int) -> dict[str, float]:
   """Analytic FLOPs (2 per multiply-add) of the forward pass of one batch.
 
   Counts every matmul: Q/K/V/O projections, attention scores and weighted
@@ -111,40 +116,44 @@ def _time(fn: Callable[[], Any], steps: int) -> tuple[float, float]:
   return first, (time.perf_counter() - t0) / steps
 
 
-def synthetic_batch(rng: np.random.Generator, vocab: int, batch: int,
-                    in_len: int, tgt_len: int) -> dict[str, jax.Array]:
+def synthetic_batch(rng: np.random.Generator, vocab: int, batch: int, in_len: int,
+                    tgt_len: int) -> dict[str, jax.Array]:
   """Random full-length batch in EncDecFeatureConverter layout (EOS last)."""
   enc = rng.integers(2, vocab, (batch, in_len), dtype=np.int32)
   tgt = rng.integers(2, vocab, (batch, tgt_len), dtype=np.int32)
   enc[:, -1] = 1
   tgt[:, -1] = 1
   dec = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], 1)
-  return {"encoder_input_tokens": jnp.asarray(enc),
-          "decoder_input_tokens": jnp.asarray(dec),
-          "decoder_target_tokens": jnp.asarray(tgt),
-          "decoder_loss_weights": jnp.ones((batch, tgt_len), jnp.float32)}
+  return {
+      "encoder_input_tokens": jnp.asarray(enc),
+      "decoder_input_tokens": jnp.asarray(dec),
+      "decoder_target_tokens": jnp.asarray(tgt),
+      "decoder_loss_weights": jnp.ones((batch, tgt_len), jnp.float32)
+  }
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   """Command line (module docstring): prints the timings and returns them as a dict."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="tiny", choices=sorted(network.CONFIGS))
-  parser.add_argument("--dtype", default="bfloat16",
-                      choices=("bfloat16", "float32"))
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--input_length", type=int, default=64)
   parser.add_argument("--target_length", type=int, default=128)
-  parser.add_argument("--decode_length", type=int, default=None,
-                      help="decode length (default: --target_length)")
-  parser.add_argument("--beam", type=int, default=4,
-                      help="beam size for the beam-search timing (0: skip)")
+  parser.add_argument(
+      "--decode_length", type=int, default=None, help="decode length (default: --target_length)")
+  parser.add_argument(
+      "--beam", type=int, default=4, help="beam size for the beam-search timing (0: skip)")
   parser.add_argument("--alpha", type=float, default=0.6)
   parser.add_argument("--vocab_size", type=int, default=None)
-  parser.add_argument("--steps", type=int, default=5,
-                      help="timed iterations after the compiling one")
+  parser.add_argument(
+      "--steps", type=int, default=5, help="timed iterations after the compiling one")
   parser.add_argument("--skip_decode", action="store_true")
-  parser.add_argument("--peak_tflops", type=float, default=None,
-                      help="peak FLOP/s of one device in TFLOP/s for MFU")
+  parser.add_argument(
+      "--peak_tflops",
+      type=float,
+      default=None,
+      help="peak FLOP/s of one device in TFLOP/s for MFU")
   parser.add_argument("--json", default=None, help="also write results here")
   args = parser.parse_args(argv)
 
@@ -156,30 +165,29 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   device = jax.devices()[0]
   print(f"device: {device.platform} {device.device_kind} "
         f"(timing uses 1 of {jax.device_count()} devices)")
-  shapes = {"encoder_input_tokens": (1, args.input_length),
-            "decoder_input_tokens": (1, args.target_length)}
-  params = jax.jit(lambda r: nn.unbox(
-      model.get_initial_variables(r, shapes)["params"]))(jax.random.PRNGKey(0))
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(
-      params))
+  shapes = {
+      "encoder_input_tokens": (1, args.input_length),
+      "decoder_input_tokens": (1, args.target_length)
+  }
+  params = jax.jit(lambda r: nn.unbox(model.get_initial_variables(r, shapes)["params"]))(
+      jax.random.PRNGKey(0))
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
   print(f"model: {args.model} {cfg}\nparameters: {n_params:,}")
 
-  batch = synthetic_batch(np.random.default_rng(0), cfg.vocab_size,
-                          args.batch_size, args.input_length,
-                          args.target_length)
+  batch = synthetic_batch(
+      np.random.default_rng(0), cfg.vocab_size, args.batch_size, args.input_length,
+      args.target_length)
   optimizer = optax.adafactor(1e-3)
   opt_state = optimizer.init(params)
 
   def train_step(p, s, b, rng):
-    (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
-        p, b, rng)
+    (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(p, b, rng)
     updates, s = optimizer.update(grads, s, p)
     return optax.apply_updates(p, updates), s, loss
 
   step = jax.jit(train_step, donate_argnums=(0, 1))
   t0 = time.perf_counter()
-  compiled = step.lower(params, opt_state, batch,
-                        jax.random.PRNGKey(1)).compile()
+  compiled = step.lower(params, opt_state, batch, jax.random.PRNGKey(1)).compile()
   compile_s = time.perf_counter() - t0
   xla_flops = None
   try:
@@ -197,14 +205,17 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return loss
 
   _, step_s = _time(run_step, args.steps)
-  flops = model_flops(cfg, args.batch_size, args.input_length,
-                      args.target_length)
+  flops = model_flops(cfg, args.batch_size, args.input_length, args.target_length)
   results: dict[str, Any] = {
-      "model": args.model, "dtype": args.dtype, "params": n_params,
+      "model": args.model,
+      "dtype": args.dtype,
+      "params": n_params,
       "device": f"{device.platform}:{device.device_kind}",
-      "batch_size": args.batch_size, "input_length": args.input_length,
+      "batch_size": args.batch_size,
+      "input_length": args.input_length,
       "target_length": args.target_length,
-      "train_compile_s": compile_s, "train_step_s": step_s,
+      "train_compile_s": compile_s,
+      "train_step_s": step_s,
       "train_examples_per_s": args.batch_size / step_s,
       "train_target_tokens_per_s": args.batch_size * args.target_length / step_s,
       "model_tflops_per_step": flops["train_step"] / 1e12,
@@ -213,8 +224,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   }
   peak = args.peak_tflops
   if peak is None and device.platform in ("gpu", "tpu"):
-    peak = next((v for k, v in _PEAK_TFLOPS.items()
-                 if k.lower() in device.device_kind.lower()), None)
+    peak = next((v for k, v in _PEAK_TFLOPS.items() if k.lower() in device.device_kind.lower()),
+                None)
   if peak and device.platform in ("gpu", "tpu") or args.peak_tflops:
     results["peak_tflops"] = peak
     results["mfu"] = flops["train_step"] / step_s / (peak * 1e12)
@@ -225,7 +236,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     modes = [("greedy", 1)] + ([("beam", args.beam)] if args.beam else [])
     for name, n in modes:
       fn = lambda n=n: model.predict_batch_with_aux(
-          params, batch, num_decodes=n,
+          params,
+          batch,
+          num_decodes=n,
           decoder_params={"alpha": args.alpha} if n > 1 else None,
           max_decode_length=decode_len)
       first, per = _time(fn, max(1, args.steps // 2))

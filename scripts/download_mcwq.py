@@ -38,10 +38,14 @@ from mcwq_t5x import readers  # noqa: E402  pylint: disable=g-import-not-at-top
 BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
 # Published example counts (dev, test) per split, identical for the four languages.
 KNOWN_COUNTS = {
-    ("mcd1", "dev"): 5408, ("mcd1", "test"): 5310,
-    ("mcd2", "dev"): 5929, ("mcd2", "test"): 5891,
-    ("mcd3", "dev"): 6034, ("mcd3", "test"): 6151,
-    ("random_split", "dev"): 6163, ("random_split", "test"): 6282,
+    ("mcd1", "dev"): 5408,
+    ("mcd1", "test"): 5310,
+    ("mcd2", "dev"): 5929,
+    ("mcd2", "test"): 5891,
+    ("mcd3", "dev"): 6034,
+    ("mcd3", "test"): 6151,
+    ("random_split", "dev"): 6163,
+    ("random_split", "test"): 6282,
     ("gold", "test"): 155,
 }
 COPY_ITEMS = ("official", "translations", "splits", "dataset.json", "gold_test.json")
@@ -65,9 +69,11 @@ def upstream_files(splits: Sequence[str] = readers.SPLITS,
   return files
 
 
-def download(out: pathlib.Path, base_url: str = BASE_URL,
+def download(out: pathlib.Path,
+             base_url: str = BASE_URL,
              splits: Sequence[str] = readers.SPLITS,
-             languages: Sequence[str] = readers.LANGUAGES, timeout: float = 60.0) -> list[str]:
+             languages: Sequence[str] = readers.LANGUAGES,
+             timeout: float = 60.0) -> list[str]:
   """Downloads the public files into `out` (skipping files already there).
 
   Returns:
@@ -132,7 +138,8 @@ def copy_local(src: pathlib.Path, out: pathlib.Path) -> list[str]:
   return copied
 
 
-def verify(root: pathlib.Path, splits: Sequence[str] = readers.SPLITS,
+def verify(root: pathlib.Path,
+           splits: Sequence[str] = readers.SPLITS,
            languages: Sequence[str] = readers.LANGUAGES) -> tuple[list[str], list[str]]:
   """Checks the files under `root` for `splits` x `languages` (see module docstring).
 
@@ -141,8 +148,8 @@ def verify(root: pathlib.Path, splits: Sequence[str] = readers.SPLITS,
   """
   report, problems = [], []
   for split in tuple(splits) + (readers.GOLD_SPLIT,):
-    langs = tuple(l for l in languages
-                  if split != readers.GOLD_SPLIT or l in readers.GOLD_LANGUAGES)
+    langs = tuple(
+        l for l in languages if split != readers.GOLD_SPLIT or l in readers.GOLD_LANGUAGES)
     parts = ("test",) if split == readers.GOLD_SPLIT else readers.PARTS
     for part in parts:
       counts = {}
@@ -190,13 +197,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Command line (module docstring); returns the exit status (0: every file fetched)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, type=pathlib.Path, help="target data directory")
-  parser.add_argument("--from", dest="src", type=pathlib.Path, default=None,
-                      help="copy from this local MCWQ directory instead of downloading")
+  parser.add_argument(
+      "--from",
+      dest="src",
+      type=pathlib.Path,
+      default=None,
+      help="copy from this local MCWQ directory instead of downloading")
   parser.add_argument("--base-url", default=BASE_URL, help="upstream base URL (mcwq/ folder)")
-  parser.add_argument("--splits", nargs="+", default=list(readers.SPLITS),
-                      choices=readers.SPLITS)
-  parser.add_argument("--languages", nargs="+", default=list(readers.LANGUAGES),
-                      choices=readers.LANGUAGES)
+  parser.add_argument("--splits", nargs="+", default=list(readers.SPLITS), choices=readers.SPLITS)
+  parser.add_argument(
+      "--languages", nargs="+", default=list(readers.LANGUAGES), choices=readers.LANGUAGES)
   parser.add_argument("--verify-only", action="store_true", help="only verify --out")
   args = parser.parse_args(argv)
   out = args.out.expanduser().absolute()
@@ -212,8 +222,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       out.mkdir(parents=True, exist_ok=True)
       missing = download(out, args.base_url, args.splits, args.languages)
       if missing:
-        print(f"ERROR: {len(missing)} required files could not be fetched, e.g. {missing[0]}",
-              file=sys.stderr)
+        print(
+            f"ERROR: {len(missing)} required files could not be fetched, e.g. {missing[0]}",
+            file=sys.stderr)
         return 1
   if not out.is_dir():
     print(f"ERROR: {out} does not exist", file=sys.stderr)

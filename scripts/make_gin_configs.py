@@ -222,12 +222,18 @@ def render() -> dict[str, str]:
   """Relative path -> file text for every generated gin file."""
   files = {}
   for model, (pretty, batch_size, t5x_model, preset, dtype) in MODELS.items():
-    common = dict(EXPERIMENT, pretty=pretty, model=model, batch_size=batch_size,
-                  t5x_model=t5x_model, header=HEADER, pretraining_steps=PRETRAINING_STEPS,
-                  t5x_train_steps=PRETRAINING_STEPS + EXPERIMENT["train_steps"],
-                  checkpoint=f"{T5X_CHECKPOINTS}/{model}/checkpoint_{PRETRAINING_STEPS}")
-    files[f"gin/mcwq_t5x/models/{model}.gin"] = OURS_MODEL.format(**common, preset=preset,
-                                                                  dtype=dtype)
+    common = dict(
+        EXPERIMENT,
+        pretty=pretty,
+        model=model,
+        batch_size=batch_size,
+        t5x_model=t5x_model,
+        header=HEADER,
+        pretraining_steps=PRETRAINING_STEPS,
+        t5x_train_steps=PRETRAINING_STEPS + EXPERIMENT["train_steps"],
+        checkpoint=f"{T5X_CHECKPOINTS}/{model}/checkpoint_{PRETRAINING_STEPS}")
+    files[f"gin/mcwq_t5x/models/{model}.gin"] = OURS_MODEL.format(
+        **common, preset=preset, dtype=dtype)
     files[f"gin/infer/{model}.gin"] = T5X_INFER.format(**common)
     for split in SPLITS:
       for lang in LANGUAGES:
@@ -237,15 +243,23 @@ def render() -> dict[str, str]:
         files[f"gin/mcwq_t5x/{name}.gin"] = OURS_FINETUNE.format(**kw)
       evals = [("zeroshot", lang, "en", f"mcwq_{split}_zeroshot_{lang}", f"zeroshot_{lang}",
                 "Zero-shot cross-lingual evaluation (Sec. 5.3)",
-                f"the {LANGUAGE_NAMES[lang]} {split} test questions") for lang in ZEROSHOT_LANGUAGES]
+                f"the {LANGUAGE_NAMES[lang]} {split} test questions")
+               for lang in ZEROSHOT_LANGUAGES]
       evals += [("gold", lang, lang, f"mcwq_gold_{lang}", f"gold_{lang}",
                  "Evaluation on the human-translated gold test set (Sec. 4.3)",
                  f"the 155 {LANGUAGE_NAMES[lang]} gold test questions") for lang in GOLD_LANGUAGES]
       for folder, lang, train_lang, task, out, title, what in evals:
         path = f"{folder}/{model}_{split}_{lang}.gin"
-        kw = dict(common, split=split, train_lang=train_lang,
-                  train_language_name=LANGUAGE_NAMES[train_lang], task=task, out=out,
-                  title=title, what=what, path=path)
+        kw = dict(
+            common,
+            split=split,
+            train_lang=train_lang,
+            train_language_name=LANGUAGE_NAMES[train_lang],
+            task=task,
+            out=out,
+            title=title,
+            what=what,
+            path=path)
         files[f"gin/{path}"] = T5X_EVAL.format(**kw)
         files[f"gin/mcwq_t5x/{path}"] = OURS_EVAL.format(**kw)
   for model, (pretty, t5x_model, preset, dtype) in EXTRA_MODELS.items():
@@ -256,8 +270,8 @@ def render() -> dict[str, str]:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--check", action="store_true",
-                      help="compare with the files on disk instead of writing them")
+  parser.add_argument(
+      "--check", action="store_true", help="compare with the files on disk instead of writing them")
   parser.add_argument("--root", default=str(REPO), help="repository root")
   args = parser.parse_args(argv)
   root = pathlib.Path(args.root)

@@ -34,11 +34,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--vocab-size", type=int, default=vocab.DEFAULT_VOCAB_SIZE)
   parser.add_argument("--model-type", default="bpe", choices=("bpe", "unigram"))
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--output", type=pathlib.Path, default=None,
-                      help="write the model here instead of the cache")
+  parser.add_argument(
+      "--output", type=pathlib.Path, default=None, help="write the model here instead of the cache")
   args = parser.parse_args(argv)
-  config = vocab.SmallVocabConfig(vocab_size=args.vocab_size, model_type=args.model_type,
-                                  seed=args.seed)
+  config = vocab.SmallVocabConfig(
+      vocab_size=args.vocab_size, model_type=args.model_type, seed=args.seed)
   start = time.time()
   if args.output is not None:
     sentences = vocab.training_corpus(args.data_dir, config.parts)

@@ -69,22 +69,33 @@ def examples_to_dataset(examples: Sequence[readers.Example]) -> tf.data.Dataset:
     Dataset of dicts: `question`, `sparql`, `rir`, `language` (tf.string scalars; missing
     values as ""), `recursionDepth` (tf.int32 scalar, -1 when unknown).
   """
+
   def strings(values):
     return tf.constant([v or "" for v in values], dtype=tf.string, shape=[len(values)])
 
   return tf.data.Dataset.from_tensor_slices({
-      "question": strings([e.question for e in examples]),
-      "sparql": strings([e.sparql for e in examples]),
-      "rir": strings([e.rir for e in examples]),
-      "language": strings([e.language for e in examples]),
-      "recursionDepth": tf.constant(
-          [-1 if e.recursionDepth is None else e.recursionDepth for e in examples],
-          dtype=tf.int32, shape=[len(examples)]),
+      "question":
+          strings([e.question for e in examples]),
+      "sparql":
+          strings([e.sparql for e in examples]),
+      "rir":
+          strings([e.rir for e in examples]),
+      "language":
+          strings([e.language for e in examples]),
+      "recursionDepth":
+          tf.constant([-1 if e.recursionDepth is None else e.recursionDepth for e in examples],
+                      dtype=tf.int32,
+                      shape=[len(examples)]),
   })
 
 
-def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
-                mcwq_split: str, language: str, data_dir: Optional[str]) -> tf.data.Dataset:
+def _dataset_fn(split: str,
+                shuffle_files: bool,
+                seed: Optional[int] = None,
+                *,
+                mcwq_split: str,
+                language: str,
+                data_dir: Optional[str]) -> tf.data.Dataset:
   """seqio `dataset_fn`: reads one part through `readers.read_split` (cached per file)."""
   del shuffle_files, seed  # one file per part; seqio shuffles examples when asked.
   if split not in SEQIO_TO_PART:
@@ -95,6 +106,7 @@ def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
 
 def to_inputs_and_targets(dataset: tf.data.Dataset, prefix: str = "") -> tf.data.Dataset:
   """Adds `inputs` = prefix + question and `targets` = RIR query (other features kept)."""
+
   def fn(ex: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     out = dict(ex)
     out["inputs"] = tf.strings.join([prefix, ex["question"]]) if prefix else ex["question"]
@@ -104,7 +116,8 @@ def to_inputs_and_targets(dataset: tf.data.Dataset, prefix: str = "") -> tf.data
   return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def postprocess_query(output: Any, example: Optional[Mapping[str, Any]] = None,
+def postprocess_query(output: Any,
+                      example: Optional[Mapping[str, Any]] = None,
                       is_target: bool = False) -> str:
   """Decodes a model output or target to `str` and normalises whitespace (runs -> one space).
 
@@ -132,8 +145,8 @@ def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
               data_dir: Optional[str]) -> seqio.Task:
   _remove(seqio.TaskRegistry, name)
   source = seqio.FunctionDataSource(
-      dataset_fn=functools.partial(_dataset_fn, mcwq_split=mcwq_split, language=language,
-                                   data_dir=data_dir),
+      dataset_fn=functools.partial(
+          _dataset_fn, mcwq_split=mcwq_split, language=language, data_dir=data_dir),
       splits=tuple(splits))
   return seqio.TaskRegistry.add(
       name,
@@ -150,9 +163,9 @@ def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
 
 
 def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
-                       vocabulary: Optional[seqio.Vocabulary] = None,
-                       suffix: str = "",
-                       data_dir: Optional[str] = None) -> list[str]:
+                        vocabulary: Optional[seqio.Vocabulary] = None,
+                        suffix: str = "",
+                        data_dir: Optional[str] = None) -> list[str]:
   """Registers all MCWQ tasks and mixtures (replacing earlier registrations of those names).
 
   Args:
@@ -180,8 +193,7 @@ def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
       names.append(name)
     for language in ZEROSHOT_LANGUAGES:
       name = zeroshot_task_name(split, language, suffix)
-      _add_task(name, split, language, ("validation", "test"), output_features, prefix,
-                data_dir)
+      _add_task(name, split, language, ("validation", "test"), output_features, prefix, data_dir)
       names.append(name)
   for language in GOLD_LANGUAGES:
     name = task_name(readers.GOLD_SPLIT, language, suffix)
@@ -190,8 +202,8 @@ def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
   for split in SPLITS:
     name = multilingual_mixture_name(split, suffix)
     _remove(seqio.MixtureRegistry, name)
-    seqio.MixtureRegistry.add(name, [task_name(split, l, suffix) for l in LANGUAGES],
-                              default_rate=1.0)
+    seqio.MixtureRegistry.add(
+        name, [task_name(split, l, suffix) for l in LANGUAGES], default_rate=1.0)
     names.append(name)
   return names
 

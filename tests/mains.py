@@ -14,15 +14,20 @@ from mcwq_t5x import gin_utils
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A very small tiny-model shape for tests (the preset is 2+2 layers of width 128).
-SMALL_MODEL = ["network.get_config.emb_dim = 32", "network.get_config.num_heads = 2",
-               "network.get_config.head_dim = 16", "network.get_config.mlp_dim = 64",
-               "network.get_config.num_encoder_layers = 1",
-               "network.get_config.num_decoder_layers = 1"]
+SMALL_MODEL = [
+    "network.get_config.emb_dim = 32", "network.get_config.num_heads = 2",
+    "network.get_config.head_dim = 16", "network.get_config.mlp_dim = 64",
+    "network.get_config.num_encoder_layers = 1", "network.get_config.num_decoder_layers = 1"
+]
 
 
-def run(args: Sequence[str], *, env: Optional[dict] = None, input: Optional[str] = None,
-        check: bool = True, timeout: int = 900, cwd: pathlib.Path = REPO
-        ) -> subprocess.CompletedProcess:
+def run(args: Sequence[str],
+        *,
+        env: Optional[dict] = None,
+        input: Optional[str] = None,
+        check: bool = True,
+        timeout: int = 900,
+        cwd: pathlib.Path = REPO) -> subprocess.CompletedProcess:
   """Runs `args` (e.g. [sys.executable, "-m", "mcwq_t5x.train", ...]) in a fresh process.
 
   Raises:
@@ -31,8 +36,14 @@ def run(args: Sequence[str], *, env: Optional[dict] = None, input: Optional[str]
   full_env = dict(os.environ)
   full_env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
   full_env.update(env or {})
-  out = subprocess.run(list(args), cwd=cwd, env=full_env, input=input, capture_output=True,
-                       text=True, timeout=timeout)
+  out = subprocess.run(
+      list(args),
+      cwd=cwd,
+      env=full_env,
+      input=input,
+      capture_output=True,
+      text=True,
+      timeout=timeout)
   if check:
     assert out.returncode == 0, (f"{' '.join(map(str, args))} exited {out.returncode}\n"
                                  f"stdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-6000:]}")

@@ -22,7 +22,6 @@ from mcwq_t5x import checkpoint_import as ci
 from mcwq_t5x import model as model_lib
 from mcwq_t5x import network
 
-
 VOCAB = 256  # model rows; the SentencePiece vocab is smaller (as in mT5)
 SP_VOCAB = 160
 NUM_EXAMPLES = 6
@@ -32,9 +31,15 @@ DECODE_LEN = 24
 def _train_sentencepiece(lines, vocab_size):
   proto = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_writer=proto,
-      vocab_size=vocab_size, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-      model_type="unigram", character_coverage=1.0,
+      sentence_iterator=iter(lines),
+      model_writer=proto,
+      vocab_size=vocab_size,
+      pad_id=0,
+      eos_id=1,
+      unk_id=2,
+      bos_id=-1,
+      model_type="unigram",
+      character_coverage=1.0,
       minloglevel=2)
   return spm.SentencePieceProcessor(model_proto=proto.getvalue())
 
@@ -59,18 +64,25 @@ def mcwq_batch(mcwq_dir):
     tgt[i, :len(b)] = b
   dec = np.concatenate([np.zeros((len(idx), 1), np.int32), tgt[:, :-1]], 1)
   assert (enc == 0).any() and (tgt == 0).any(), "batch must contain padding"
-  return dict(encoder_input_tokens=enc, decoder_input_tokens=dec,
-              decoder_target_tokens=tgt,
-              decoder_loss_weights=(tgt > 0).astype(np.float32))
+  return dict(
+      encoder_input_tokens=enc,
+      decoder_input_tokens=dec,
+      decoder_target_tokens=tgt,
+      decoder_loss_weights=(tgt > 0).astype(np.float32))
 
 
 def _generate(hf, batch, max_new_tokens=DECODE_LEN):
   enc = torch.tensor(batch["encoder_input_tokens"], dtype=torch.long)
   with torch.no_grad():
-    return hf.generate(input_ids=enc, attention_mask=(enc > 0).long(),
-                       max_new_tokens=max_new_tokens, num_beams=1,
-                       do_sample=False, decoder_start_token_id=0,
-                       eos_token_id=1, pad_token_id=0).numpy()
+    return hf.generate(
+        input_ids=enc,
+        attention_mask=(enc > 0).long(),
+        max_new_tokens=max_new_tokens,
+        num_beams=1,
+        do_sample=False,
+        decoder_start_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0).numpy()
 
 
 def _build_hf(kind, tmp_path, batch):
@@ -81,19 +93,30 @@ def _build_hf(kind, tmp_path, batch):
   emits often, so that some (not all) greedy decodes end with EOS.
   """
   torch.manual_seed(0 if kind == "mt5" else 1)
-  common = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2,
-                num_decoder_layers=2, num_heads=4, dropout_rate=0.0,
-                decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+  common = dict(
+      vocab_size=VOCAB,
+      d_model=32,
+      d_kv=8,
+      d_ff=48,
+      num_layers=2,
+      num_decoder_layers=2,
+      num_heads=4,
+      dropout_rate=0.0,
+      decoder_start_token_id=0,
+      eos_token_id=1,
+      pad_token_id=0)
   if kind == "mt5":
-    cfg = transformers.MT5Config(feed_forward_proj="gated-gelu",
-                                 tie_word_embeddings=False, **common)
+    cfg = transformers.MT5Config(
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common)
     hf = transformers.MT5ForConditionalGeneration(cfg)
     # A separate output layer (transformers re-ties it at construction).
     hf.lm_head.weight = torch.nn.Parameter(torch.empty(VOCAB, 32))
   else:
-    cfg = transformers.T5Config(feed_forward_proj="relu",
-                                tie_word_embeddings=True,
-                                relative_attention_max_distance=24, **common)
+    cfg = transformers.T5Config(
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        relative_attention_max_distance=24,
+        **common)
     hf = transformers.T5ForConditionalGeneration(cfg)
   with torch.no_grad():  # O(1) activations, unlike HF's tiny init.
     for name, p in hf.named_parameters():
@@ -102,7 +125,7 @@ def _build_hf(kind, tmp_path, batch):
       elif "relative_attention_bias" in name or name == "shared.weight":
         p.copy_(torch.randn_like(p))
       else:  # Linear [out, in]
-        p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+        p.copy_(torch.randn_like(p) / p.shape[1]**0.5)
     out = hf.lm_head.weight if kind == "mt5" else hf.shared.weight
     out[0] *= 0.1  # the tied model would otherwise copy its BOS/pad input.
     hf.eval()
@@ -118,8 +141,7 @@ def _build_hf(kind, tmp_path, batch):
 
 @pytest.fixture(scope="module", params=["mt5", "t5_1_0"])
 def hf_model(request, tmp_path_factory, mcwq_batch):
-  hf, path = _build_hf(request.param, tmp_path_factory.mktemp("hf"),
-                       mcwq_batch)
+  hf, path = _build_hf(request.param, tmp_path_factory.mktemp("hf"), mcwq_batch)
   config = ci.config_from_hf(path / "config.json")
   params = ci.load_pretrained(path, config)
   return request.param, hf, path, config, params
@@ -146,16 +168,17 @@ def test_logits_match_hf(hf_model, mcwq_batch):
   module = network.Transformer(config)
   apply = jax.jit(module.apply, static_argnames="enable_dropout")
   ours = apply({"params": params},
-                      mcwq_batch["encoder_input_tokens"],
-                      mcwq_batch["decoder_input_tokens"],
-                      mcwq_batch["decoder_target_tokens"],
-                      enable_dropout=False)
+               mcwq_batch["encoder_input_tokens"],
+               mcwq_batch["decoder_input_tokens"],
+               mcwq_batch["decoder_target_tokens"],
+               enable_dropout=False)
   enc = torch.tensor(mcwq_batch["encoder_input_tokens"], dtype=torch.long)
   with torch.no_grad():
-    theirs = hf(input_ids=enc, attention_mask=(enc > 0).long(),
-                decoder_input_ids=torch.tensor(
-                    mcwq_batch["decoder_input_tokens"],
-                    dtype=torch.long)).logits.numpy()
+    theirs = hf(
+        input_ids=enc,
+        attention_mask=(enc > 0).long(),
+        decoder_input_ids=torch.tensor(mcwq_batch["decoder_input_tokens"],
+                                       dtype=torch.long)).logits.numpy()
   valid = mcwq_batch["decoder_target_tokens"] > 0
   ours = np.asarray(ours)
   assert ours.shape == theirs.shape
@@ -165,18 +188,19 @@ def test_logits_match_hf(hf_model, mcwq_batch):
   bad = jax.tree_util.tree_map(lambda x: x, params)
   bad["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] = (
       bad["decoder"]["layers_1"]["mlp"]["wo"]["kernel"] * 1.5)
-  perturbed = np.asarray(apply(
-      {"params": bad}, mcwq_batch["encoder_input_tokens"],
-      mcwq_batch["decoder_input_tokens"], mcwq_batch["decoder_target_tokens"],
-      enable_dropout=False))
+  perturbed = np.asarray(
+      apply({"params": bad},
+            mcwq_batch["encoder_input_tokens"],
+            mcwq_batch["decoder_input_tokens"],
+            mcwq_batch["decoder_target_tokens"],
+            enable_dropout=False))
   assert np.abs(perturbed[valid] - theirs[valid]).max() > 1e-2
 
 
 def test_greedy_matches_hf_generate(hf_model, mcwq_batch):
   _, hf, _, config, params = hf_model
   model = model_lib.EncoderDecoderModel(network.Transformer(config))
-  ours = np.asarray(model.predict_batch(params, mcwq_batch,
-                                        max_decode_length=DECODE_LEN))
+  ours = np.asarray(model.predict_batch(params, mcwq_batch, max_decode_length=DECODE_LEN))
   theirs = _generate(hf, mcwq_batch)
   assert (theirs[:, 0] == 0).all()
   theirs = theirs[:, 1:]  # drop the decoder start token
@@ -191,12 +215,11 @@ def test_greedy_matches_hf_generate(hf_model, mcwq_batch):
 
 def test_t5x_native_round_trip(hf_model, tmp_path):
   kind, _, _, config, params = hf_model
-  flat_opt = {"encoder": {"encoder_norm": {"scale": {
-      "v": np.ones(config.emb_dim, np.float32)}}}}
+  flat_opt = {"encoder": {"encoder_norm": {"scale": {"v": np.ones(config.emb_dim, np.float32)}}}}
   for reference in ("placeholder", "spec"):
     path = tmp_path / f"{kind}_{reference}" / "checkpoint_1000000"
-    ci.save_t5x_checkpoint(params, path, step=1000000, reference=reference,
-                           optimizer_state=flat_opt)
+    ci.save_t5x_checkpoint(
+        params, path, step=1000000, reference=reference, optimizer_state=flat_opt)
     assert (path / "checkpoint").is_file()
     assert (path / "target.encoder.layers_0.attention.query.kernel").is_dir()
     assert ci.detect_format(path) == "t5x"
@@ -212,8 +235,7 @@ def test_mismatch_names_the_parameter(hf_model, tmp_path):
   kind, _, path, config, params = hf_model
   wider = network.T5Config(**{**config.__dict__, "mlp_dim": 64})
   wi = "wi" if kind == "t5_1_0" else "wi_0"
-  with pytest.raises(ci.CheckpointMismatchError,
-                     match=f"encoder/layers_0/mlp/{wi}/kernel"):
+  with pytest.raises(ci.CheckpointMismatchError, match=f"encoder/layers_0/mlp/{wi}/kernel"):
     ci.load_pretrained(path, wider)
   deeper = network.T5Config(**{**config.__dict__, "num_encoder_layers": 3})
   with pytest.raises(ci.CheckpointMismatchError, match="encoder.block.2"):
@@ -222,8 +244,7 @@ def test_mismatch_names_the_parameter(hf_model, tmp_path):
   incomplete = jax.tree_util.tree_map(lambda x: x, params)
   del incomplete["decoder"]["decoder_norm"]
   t5x_path = ci.save_t5x_checkpoint(incomplete, tmp_path / "ckpt")
-  with pytest.raises(ci.CheckpointMismatchError,
-                     match="decoder/decoder_norm/scale"):
+  with pytest.raises(ci.CheckpointMismatchError, match="decoder/decoder_norm/scale"):
     ci.load_pretrained(t5x_path, config)
   with pytest.raises(ValueError, match="not a checkpoint"):
     ci.load_pretrained(tmp_path, config)
@@ -246,8 +267,10 @@ def test_missing_hf_tensors_are_all_named(hf_model, tmp_path):
   """Issue 11: an untied folder without lm_head.weight imported with shared.weight as the
   output layer; now every missing tensor is named and nothing is substituted."""
   kind, _, path, config, params = hf_model
-  drop = ["lm_head.weight" if kind == "mt5" else "decoder.final_layer_norm.weight",
-          "encoder.block.1.layer.1.DenseReluDense.wo.weight"]
+  drop = [
+      "lm_head.weight" if kind == "mt5" else "decoder.final_layer_norm.weight",
+      "encoder.block.1.layer.1.DenseReluDense.wo.weight"
+  ]
 
   def remove(state):
     for key in drop:
@@ -295,8 +318,9 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
   kind, _, path, config, params = hf_model
   # A config with fewer layers than the checkpoint no longer drops the extra blocks silently.
   shallower = network.T5Config(**{**config.__dict__, "num_encoder_layers": 1})
-  with pytest.raises(ci.CheckpointMismatchError,
-                     match=r"tensor\(s\) the model has no parameter for .*encoder\.block\.1\."):
+  with pytest.raises(
+      ci.CheckpointMismatchError,
+      match=r"tensor\(s\) the model has no parameter for .*encoder\.block\.1\."):
     ci.load_pretrained(path, shallower)
   # Stored copies of the embedding must equal it; an unknown tensor is named.
   def add(state):
@@ -315,6 +339,7 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
   assert "decoder.embed_tokens.weight" in message
   assert "encoder.embed_tokens.weight" not in message  # an equal copy is fine
   assert ("lm_head.weight" in message) == (kind == "t5_1_0")
+
   # Equal copies (as torch .bin files store them) import unchanged.
   def add_equal(state):
     state["encoder.embed_tokens.weight"] = state["shared.weight"].copy()
@@ -328,11 +353,16 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
 
 
 def test_hf_config_of_another_architecture_is_rejected(tmp_path):
-  (tmp_path / "config.json").write_text(json.dumps({
-      "model_type": "bart", "architectures": ["BartForConditionalGeneration"],
-      "d_model": 16, "vocab_size": 64}))
-  with pytest.raises(ValueError, match=r"model_type 'bart' \(BartForConditionalGeneration\) "
-                                       r"is not a T5/mT5"):
+  (tmp_path / "config.json").write_text(
+      json.dumps({
+          "model_type": "bart",
+          "architectures": ["BartForConditionalGeneration"],
+          "d_model": 16,
+          "vocab_size": 64
+      }))
+  with pytest.raises(
+      ValueError, match=r"model_type 'bart' \(BartForConditionalGeneration\) "
+      r"is not a T5/mT5"):
     ci.config_from_hf(tmp_path)
   with pytest.raises(ValueError, match="model_type 'umt5'"):
     ci.config_from_hf({"model_type": "umt5", "d_model": 16})
@@ -347,23 +377,36 @@ def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
   name = "target.decoder.layers_1.mlp.wo.kernel"
   value = params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]
   chunks = [(n + 1) // 2 for n in value.shape]
-  ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)},
-           "metadata": {"shape": list(value.shape), "dtype": "<f4", "chunks": chunks,
-                        "compressor": {"id": "gzip"}},
-           "create": True, "delete_existing": True}).result().write(value).result()
-  assert sorted(f.name for f in (path / name).iterdir()) == [".zarray", "0.0", "0.1", "1.0",
-                                                             "1.1"]
+  ts.open({
+      "driver": "zarr",
+      "kvstore": {
+          "driver": "file",
+          "path": str(path / name)
+      },
+      "metadata": {
+          "shape": list(value.shape),
+          "dtype": "<f4",
+          "chunks": chunks,
+          "compressor": {
+              "id": "gzip"
+          }
+      },
+      "create": True,
+      "delete_existing": True
+  }).result().write(value).result()
+  assert sorted(f.name for f in (path / name).iterdir()) == [".zarray", "0.0", "0.1", "1.0", "1.1"]
   loaded = ci.load_pretrained(path, config)  # complete: loads unchanged
   np.testing.assert_array_equal(loaded["decoder"]["layers_1"]["mlp"]["wo"]["kernel"], value)
   (path / name / "1.0").unlink()
-  with pytest.raises(ci.IncompleteCheckpointError,
-                     match=rf"array {name} is incomplete, a chunk file is missing.*1\.0"):
+  with pytest.raises(
+      ci.IncompleteCheckpointError,
+      match=rf"array {name} is incomplete, a chunk file is missing.*1\.0"):
     ci.load_pretrained(path, config)
   # A single-chunk array (our writer) without its chunk: named as well.
   path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_2", reference="spec")
   single = "target.encoder.layers_0.attention.query.kernel"
-  (path / single / "0").unlink() if (path / single / "0").exists() else (
-      path / single / "0.0").unlink()
+  (path / single / "0").unlink() if (path / single / "0").exists() else (path / single /
+                                                                         "0.0").unlink()
   with pytest.raises(ci.IncompleteCheckpointError, match=rf"array {single} is incomplete"):
     ci.load_t5x_checkpoint(path)
 
@@ -373,21 +416,43 @@ def test_t5x_array_shape_differs_from_recorded_metadata(hf_model, tmp_path):
   _, _, _, config, params = hf_model
   path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_1", reference="spec")
   name = "target.encoder.encoder_norm.scale"
-  ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)},
-           "metadata": {"shape": [3], "dtype": "<f4", "chunks": [3]},
-           "create": True, "delete_existing": True}).result().write(
-               np.ones(3, np.float32)).result()
-  with pytest.raises(ci.IncompleteCheckpointError,
-                     match=rf"array {name} has shape \(3,\), the checkpoint recorded "
-                           rf"\({config.emb_dim},\)"):
+  ts.open({
+      "driver": "zarr",
+      "kvstore": {
+          "driver": "file",
+          "path": str(path / name)
+      },
+      "metadata": {
+          "shape": [3],
+          "dtype": "<f4",
+          "chunks": [3]
+      },
+      "create": True,
+      "delete_existing": True
+  }).result().write(np.ones(3, np.float32)).result()
+  with pytest.raises(
+      ci.IncompleteCheckpointError,
+      match=rf"array {name} has shape \(3,\), the checkpoint recorded "
+      rf"\({config.emb_dim},\)"):
     ci.load_pretrained(path, config)
 
 
 def test_arrays_with_a_fill_value_may_omit_chunks(tmp_path):
   """TensorStore's writer skips chunks equal to an explicit fill value: not an error."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "a")},
-          "metadata": {"shape": [4, 6], "dtype": "<f4", "chunks": [2, 3], "fill_value": 0}}
+  spec = {
+      "driver": "zarr",
+      "kvstore": {
+          "driver": "file",
+          "path": str(tmp_path / "a")
+      },
+      "metadata": {
+          "shape": [4, 6],
+          "dtype": "<f4",
+          "chunks": [2, 3],
+          "fill_value": 0
+      }
+  }
   value = np.zeros((4, 6), np.float32)
   value[0, 0] = 5.0
   ts.open({**spec, "create": True}).result().write(value).result()

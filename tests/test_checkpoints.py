@@ -17,9 +17,16 @@ VOCAB = 64
 
 
 def tiny_model():
-  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
-                           mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
-                           dropout_rate=0.1)
+  cfg = network.get_config(
+      "tiny",
+      vocab_size=VOCAB,
+      emb_dim=16,
+      num_heads=2,
+      head_dim=8,
+      mlp_dim=32,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+      dropout_rate=0.1)
   return model_lib.EncoderDecoderModel(network.Transformer(cfg))
 
 
@@ -31,8 +38,12 @@ def synthetic_arrays(n=40, seed=0):
   tgt[:, 7] = 1
   tgt[:, 8:] = 0
   dec_in = np.concatenate([np.zeros((n, 1), np.int32), tgt[:, :-1]], axis=1)
-  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-          "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+  return {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec_in,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": (tgt > 0).astype(np.int32)
+  }
 
 
 def make_trainer(partitioner):
@@ -82,14 +93,15 @@ def test_save_restore_roundtrip_keeps_sharding(tmp_path):
   assert step == 0 and data == {"data_seed": 5, "step": 0}
   wi = restored.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   assert wi.sharding.spec == jax.sharding.PartitionSpec(None, "model")
-  for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(state)),
-                  jax.tree_util.tree_leaves(jax.device_get(restored))):
+  for a, b in zip(
+      jax.tree_util.tree_leaves(jax.device_get(state)),
+      jax.tree_util.tree_leaves(jax.device_get(restored))):
     np.testing.assert_array_equal(a, b)
 
 
 def test_keep_last_k_and_interval(tmp_path):
-  mgr = checkpoints.CheckpointManager(tmp_path, save_interval_steps=2, max_to_keep=2,
-                                      async_save=False)
+  mgr = checkpoints.CheckpointManager(
+      tmp_path, save_interval_steps=2, max_to_keep=2, async_save=False)
   tree = trainer_lib.TrainState(step=np.int32(0), params={"w": np.arange(6.0)}, opt_state={})
   saved = [mgr.save(s, tree) for s in range(1, 8)]
   assert saved == [True, True, False, True, False, True, False]  # the first save always happens
@@ -119,12 +131,12 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path):
   _corrupt(tmp_path / "checkpoint_2")
   step, restored, data = mgr.restore_latest(tr.state_shapes(shapes()))
   assert step == 1 and data["step"] == 1 and int(restored.step) == 1
-  for a, b in zip(jax.tree_util.tree_leaves(state1),
-                  jax.tree_util.tree_leaves(jax.device_get(restored))):
+  for a, b in zip(
+      jax.tree_util.tree_leaves(state1), jax.tree_util.tree_leaves(jax.device_get(restored))):
     np.testing.assert_array_equal(a, b)
   _corrupt(tmp_path / "checkpoint_1")
-  with pytest.raises(checkpoints.NoUsableCheckpointError,
-                     match="no checkpoint .* could be restored"):
+  with pytest.raises(
+      checkpoints.NoUsableCheckpointError, match="no checkpoint .* could be restored"):
     mgr.restore_latest(tr.state_shapes(shapes()))
 
 
@@ -165,8 +177,8 @@ def test_initial_checkpoint_import_into_sharded_state(tmp_path):
   assert int(state.step) == 0
   emb = state.params["token_embedder"]["embedding"]
   assert emb.sharding.spec == jax.sharding.PartitionSpec("model", None)
-  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(
-      jax.device_get(state.params))):
+  for a, b in zip(
+      jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(jax.device_get(state.params))):
     np.testing.assert_array_equal(a, b)
 
 
@@ -190,15 +202,16 @@ def test_optimizer_change_clear_error_then_params_only_restore(tmp_path):
   model_dir, params = _train_and_save(tmp_path)
   p = partitioning.Partitioner(num_partitions=2)
   lr = trainer_lib.create_learning_rate_schedule(0.05, "constant")
-  adamw = trainer_lib.Trainer(tiny_model(), p, lr, seed=1,
-                              optimizer=trainer_lib.make_optimizer(lr, name="adamw"))
+  adamw = trainer_lib.Trainer(
+      tiny_model(), p, lr, seed=1, optimizer=trainer_lib.make_optimizer(lr, name="adamw"))
   abstract = adamw.state_shapes(shapes())
   mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
   # A full restore names the cause (not "unreadable", not NoUsableCheckpointError).
-  with pytest.raises(checkpoints.OptimizerStateMismatchError,
-                     match=r"checkpoint_2: the optimizer state differs \(checkpoint has "
-                           r"\(FactoredState\(count, v_row, v_col, v\).* the run uses "
-                           r"\(ScaleByAdamState\(count, mu, nu\).*params_only=True"):
+  with pytest.raises(
+      checkpoints.OptimizerStateMismatchError,
+      match=r"checkpoint_2: the optimizer state differs \(checkpoint has "
+      r"\(FactoredState\(count, v_row, v_col, v\).* the run uses "
+      r"\(ScaleByAdamState\(count, mu, nu\).*params_only=True"):
     mgr.restore_latest(abstract)
   with pytest.raises(checkpoints.MissingOptimizerError, match="params_only=True"):
     mgr.restore_latest(abstract, params_only=True)
@@ -207,8 +220,9 @@ def test_optimizer_change_clear_error_then_params_only_restore(tmp_path):
   _assert_same(state.params, params)
   adam_state = state.opt_state[0]
   assert int(adam_state.count) == 0
-  assert all(float(np.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(
-      jax.device_get((adam_state.mu, adam_state.nu))))
+  assert all(
+      float(np.abs(x).max()) == 0.0
+      for x in jax.tree_util.tree_leaves(jax.device_get((adam_state.mu, adam_state.nu))))
   emb = state.opt_state[0].mu["token_embedder"]["embedding"]
   assert emb.sharding.spec == jax.sharding.PartitionSpec("model", None)
   # Training goes on with the new optimizer.
@@ -241,25 +255,36 @@ def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
   _assert_same(state.params, params)
   # A parameter the checkpoint lacks: an error naming it, or fallback_to_scratch semantics.
   extra = dict(abstract, extra={"kernel": jax.ShapeDtypeStruct((3,), np.float32)})
-  with pytest.raises(checkpoints.CheckpointMismatchError,
-                     match=r"checkpoint_2: 1 parameter\(s\) missing from the checkpoint: "
-                           r"extra/kernel \(shape \(3,\)\)"):
+  with pytest.raises(
+      checkpoints.CheckpointMismatchError,
+      match=r"checkpoint_2: 1 parameter\(s\) missing from the checkpoint: "
+      r"extra/kernel \(shape \(3,\)\)"):
     checkpoints.restore_params(model_dir, extra)
   fallback = {"extra": {"kernel": np.array([1.0, 2.0, 3.0], np.float32)}}
   restored = checkpoints.restore_params(model_dir, extra, fallback_params=fallback)
   np.testing.assert_array_equal(np.asarray(restored["extra"]["kernel"]), [1.0, 2.0, 3.0])
   _assert_same({k: v for k, v in restored.items() if k != "extra"}, params)
   # Another model size: named at once by restore_latest (no fall back to older checkpoints).
-  cfg = network.get_config("tiny", vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
-                           mlp_dim=48, num_encoder_layers=1, num_decoder_layers=1)
-  wider = trainer_lib.Trainer(model_lib.EncoderDecoderModel(network.Transformer(cfg)),
-                              partitioning.Partitioner(num_partitions=2),
-                              trainer_lib.create_learning_rate_schedule(0.05), seed=1)
+  cfg = network.get_config(
+      "tiny",
+      vocab_size=VOCAB,
+      emb_dim=16,
+      num_heads=2,
+      head_dim=8,
+      mlp_dim=48,
+      num_encoder_layers=1,
+      num_decoder_layers=1)
+  wider = trainer_lib.Trainer(
+      model_lib.EncoderDecoderModel(network.Transformer(cfg)),
+      partitioning.Partitioner(num_partitions=2),
+      trainer_lib.create_learning_rate_schedule(0.05),
+      seed=1)
   mgr = checkpoints.CheckpointManager(model_dir, async_save=False)
-  with pytest.raises(checkpoints.CheckpointMismatchError,
-                     match=r"checkpoint_2: \d+ parameter\(s\) differ from the model .*"
-                           r"decoder/layers_0/mlp/wi_0/kernel has shape \(16, 32\), the model "
-                           r"expects \(16, 48\)"):
+  with pytest.raises(
+      checkpoints.CheckpointMismatchError,
+      match=r"checkpoint_2: \d+ parameter\(s\) differ from the model .*"
+      r"decoder/layers_0/mlp/wi_0/kernel has shape \(16, 32\), the model "
+      r"expects \(16, 48\)"):
     mgr.restore_latest(wider.state_shapes(shapes()), params_only=True, optimizer=wider.optimizer)
 
 

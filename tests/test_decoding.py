@@ -17,9 +17,9 @@ import pytest
 
 from mcwq_t5x import decoding
 
-V = 5          # vocabulary: 0 = BOS/pad, 1 = EOS, 2..4 other tokens
+V = 5  # vocabulary: 0 = BOS/pad, 1 = EOS, 2..4 other tokens
 EOS = 1
-S = 3          # path-sum buckets
+S = 3  # path-sum buckets
 
 
 def _log_softmax(x):
@@ -40,11 +40,14 @@ class ToyModel:
     self.bias = (2.0 * rng.normal(size=(batch, V))).astype(np.float32)
 
   def init_cache(self):
-    return {"decoder": {
-        "cache_index": jnp.array(0, jnp.int32),
-        "path_sum": jnp.zeros((self.batch,), jnp.int32),
-        "history": jnp.zeros((self.batch, self.max_len), jnp.int32),
-        "bias": jnp.asarray(self.bias)}}
+    return {
+        "decoder": {
+            "cache_index": jnp.array(0, jnp.int32),
+            "path_sum": jnp.zeros((self.batch,), jnp.int32),
+            "history": jnp.zeros((self.batch, self.max_len), jnp.int32),
+            "bias": jnp.asarray(self.bias)
+        }
+    }
 
   def _eos_rule(self, logits, path_sum, index, xp):
     """Makes EOS either the best or the worst token (then beam 1 == greedy, see tests)."""
@@ -61,8 +64,9 @@ class ToyModel:
     history = cache["history"].at[:, idx].set(cur)
     path_sum = cache["path_sum"] + cur
     count3 = jnp.sum(history == 3, axis=1) % 2
-    logits = (jnp.asarray(self.table)[cur, path_sum % S] + jnp.asarray(self.history_table)[count3]
-              + jnp.asarray(self.position_table)[state.cur_index] + cache["bias"])
+    logits = (
+        jnp.asarray(self.table)[cur, path_sum % S] + jnp.asarray(self.history_table)[count3] +
+        jnp.asarray(self.position_table)[state.cur_index] + cache["bias"])
     if self.eos_extreme:
       logits = self._eos_rule(logits, path_sum, state.cur_index, jnp)
     # The decoder state must agree with the cache.
@@ -73,8 +77,14 @@ class ToyModel:
                   & (seq[rows, state.cur_index] == cur) & (state.cur_index == idx))
     garbage = 50.0 * jax.nn.one_hot(4, V)
     logits = jnp.where(consistent[:, None], logits, garbage)
-    new_cache = {"decoder": {"cache_index": idx + 1, "path_sum": path_sum, "history": history,
-                             "bias": cache["bias"]}}
+    new_cache = {
+        "decoder": {
+            "cache_index": idx + 1,
+            "path_sum": path_sum,
+            "history": history,
+            "bias": cache["bias"]
+        }
+    }
     return logits, new_cache
 
   # NumPy reference: `fed` = decoder inputs so far, starting with BOS 0; cur token = fed[-1].
@@ -82,8 +92,9 @@ class ToyModel:
     cur, index = fed[-1], len(fed) - 1
     path_sum = sum(fed)
     count3 = sum(1 for t in fed if t == 3) % 2
-    logits = (self.table[cur, path_sum % S] + self.history_table[count3]
-              + self.position_table[index] + self.bias[b])
+    logits = (
+        self.table[cur, path_sum % S] + self.history_table[count3] + self.position_table[index] +
+        self.bias[b])
     if self.eos_extreme:
       logits = self._eos_rule(logits, path_sum, index, np)
     return logits
@@ -113,7 +124,7 @@ def _decoder_inputs(prompt):
 
 
 def _bp(alpha, length):
-  return ((5.0 + length) / 6.0) ** alpha
+  return ((5.0 + length) / 6.0)**alpha
 
 
 def _pad(tokens, length):
@@ -182,7 +193,7 @@ def _assert_valid(sequences, scores):
 
 def test_brevity_penalty_and_lengths():
   np.testing.assert_allclose(decoding.brevity_penalty(0.6, 1), 1.0, rtol=1e-6)
-  np.testing.assert_allclose(decoding.brevity_penalty(0.6, 7), 2.0 ** 0.6, rtol=1e-6)
+  np.testing.assert_allclose(decoding.brevity_penalty(0.6, 7), 2.0**0.6, rtol=1e-6)
   np.testing.assert_allclose(decoding.brevity_penalty(0.0, 100), 1.0)
   seqs = jnp.array([[3, 1, 0, 0], [2, 2, 2, 2], [1, 0, 0, 0]])
   np.testing.assert_array_equal(decoding.sequence_lengths(seqs, EOS), [2, 4, 1])
@@ -192,13 +203,13 @@ def test_brevity_penalty_and_lengths():
       decoding.sequence_lengths(jnp.array([[1, 2, 1, 0]]), EOS, inputs=jnp.array([[0, 1, 0, 0]])),
       [3])
   scores = decoding.length_penalized_score(jnp.array([-1.0, -2.0, -3.0]), seqs, EOS, 0.6)
-  np.testing.assert_allclose(scores, [-1.0 / (7 / 6) ** 0.6, -2.0 / 1.5 ** 0.6, -3.0], rtol=1e-6)
+  np.testing.assert_allclose(scores, [-1.0 / (7 / 6)**0.6, -2.0 / 1.5**0.6, -3.0], rtol=1e-6)
 
 
 def test_beam_dim_helpers():
   x = jnp.arange(6).reshape(2, 3)
-  np.testing.assert_array_equal(decoding.flat_batch_beam_expand(x, 2),
-                                [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
+  np.testing.assert_array_equal(
+      decoding.flat_batch_beam_expand(x, 2), [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
   beamed = decoding.add_beam_dim(x, 3)
   assert beamed.shape == (2, 3, 3)
   np.testing.assert_array_equal(
@@ -224,14 +235,16 @@ def test_greedy_matches_python_loop():
   batch, length = 3, 6
   model = ToyModel(seed=4, batch=batch, max_len=length)
   inputs = jnp.zeros((batch, length), jnp.int32)
-  seqs, log_probs = decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits,
-                                                EOS, temperature=0.0)
+  seqs, log_probs = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, temperature=0.0)
   assert seqs.shape == (batch, 1, length) and log_probs.shape == (batch, 1)
   assert seqs.dtype == jnp.int32 and log_probs.dtype == jnp.float32
   expected = [ref_greedy(model, b, length) for b in range(batch)]
   np.testing.assert_array_equal(seqs[:, 0], expected)
-  np.testing.assert_allclose(log_probs[:, 0], [model.ref_score(b, expected[b]) for b in range(batch)],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      log_probs[:, 0], [model.ref_score(b, expected[b]) for b in range(batch)],
+      rtol=1e-5,
+      atol=1e-5)
   assert len({tuple(e) for e in expected}) > 1, "examples should decode differently"
   _assert_valid(seqs, log_probs)
   # topk=1 with a temperature is greedy too (no rng needed), with the same log-probs.
@@ -248,18 +261,19 @@ def test_greedy_with_prompt():
   prompt[:, :2] = [[3, 4], [2, 3]]
   inputs = _decoder_inputs(prompt)  # [[0, 3, 4, 0, 0, 0], [0, 2, 3, 0, 0, 0]] as in T5X.
   np.testing.assert_array_equal(inputs[:, :3], [[0, 3, 4], [0, 2, 3]])
-  seqs, log_probs = decoding.temperature_sample(inputs, model.init_cache(),
-                                                model.tokens_to_logits, EOS, temperature=0.0)
+  seqs, log_probs = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, temperature=0.0)
   for b in range(batch):
     expected = ref_greedy(model, b, length, prompt[b])
     assert expected[:2] == list(prompt[b, :2])
     np.testing.assert_array_equal(seqs[b, 0], expected)
-    np.testing.assert_allclose(log_probs[b, 0], model.ref_score(b, expected, prompt[b]),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        log_probs[b, 0], model.ref_score(b, expected, prompt[b]), rtol=1e-5, atol=1e-5)
 
 
 def test_prompt_after_a_decoded_eos_is_zeroed():
   """Only a decoded EOS ends a row; prompt tokens after it become padding (both decoders)."""
+
   def always_eos(state):
     logits = jnp.where(jnp.arange(V) == EOS, 5.0, 0.0)
     return jnp.tile(logits, (state.cur_token.shape[0], 1)), state.cache
@@ -282,8 +296,14 @@ def test_sampling_distribution_topk_and_log_probs():
   inputs = jnp.zeros((batch, length), jnp.int32)
   temperature = 0.8
   seqs, log_probs = decoding.temperature_sample(
-      inputs, model.init_cache(), model.tokens_to_logits, EOS, decode_rng=jax.random.PRNGKey(0),
-      num_decodes=n, temperature=temperature, topk=0)
+      inputs,
+      model.init_cache(),
+      model.tokens_to_logits,
+      EOS,
+      decode_rng=jax.random.PRNGKey(0),
+      num_decodes=n,
+      temperature=temperature,
+      topk=0)
   assert seqs.shape == (batch, n, length)
   _assert_valid(seqs, log_probs)
   seqs, log_probs = np.asarray(seqs), np.asarray(log_probs)
@@ -296,8 +316,14 @@ def test_sampling_distribution_topk_and_log_probs():
   assert not np.array_equal(seqs[0], seqs[1])
   # topk=2: every decoded token is one of the two most likely given its prefix.
   seqs2, _ = decoding.temperature_sample(
-      inputs, model.init_cache(), model.tokens_to_logits, EOS, decode_rng=jax.random.PRNGKey(1),
-      num_decodes=64, temperature=1.5, topk=2)
+      inputs,
+      model.init_cache(),
+      model.tokens_to_logits,
+      EOS,
+      decode_rng=jax.random.PRNGKey(1),
+      num_decodes=64,
+      temperature=1.5,
+      topk=2)
   seqs2 = np.asarray(seqs2)
   seen = set()
   for b in range(batch):
@@ -317,14 +343,24 @@ def test_temperature_sample_errors():
   model = ToyModel(seed=0, batch=2, max_len=3)
   inputs = jnp.zeros((2, 3), jnp.int32)
   with pytest.raises(ValueError, match="decode_rng"):
-    decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
-                                temperature=1.0, topk=0)
+    decoding.temperature_sample(
+        inputs, model.init_cache(), model.tokens_to_logits, EOS, temperature=1.0, topk=0)
   with pytest.raises(ValueError, match="temperature must be >= 0"):
-    decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
-                                decode_rng=jax.random.PRNGKey(0), temperature=-1.0)
+    decoding.temperature_sample(
+        inputs,
+        model.init_cache(),
+        model.tokens_to_logits,
+        EOS,
+        decode_rng=jax.random.PRNGKey(0),
+        temperature=-1.0)
   with pytest.raises(ValueError, match="topk must be >= 0"):
-    decoding.temperature_sample(inputs, model.init_cache(), model.tokens_to_logits, EOS,
-                                decode_rng=jax.random.PRNGKey(0), topk=-2)
+    decoding.temperature_sample(
+        inputs,
+        model.init_cache(),
+        model.tokens_to_logits,
+        EOS,
+        decode_rng=jax.random.PRNGKey(0),
+        topk=-2)
   with pytest.raises(ValueError, match="num_decodes must be >= 1"):
     decoding.beam_search(inputs, model.init_cache(), model.tokens_to_logits, EOS, num_decodes=0)
   bad_cache = model.init_cache()
@@ -345,8 +381,13 @@ def test_wide_beam_equals_brute_force(alpha):
   """A beam of 160 keeps every prefix (4**3 * 5 = 320 = 2 * 160 candidates): exhaustive search."""
   batch, length, beam = 2, 4, 160
   model = ToyModel(seed=7, batch=batch, max_len=length)
-  seqs, scores = decoding.beam_search(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
-                                      model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha)
+  seqs, scores = decoding.beam_search(
+      jnp.zeros((batch, length), jnp.int32),
+      model.init_cache(),
+      model.tokens_to_logits,
+      EOS,
+      num_decodes=beam,
+      alpha=alpha)
   assert seqs.shape == (batch, beam, length) and scores.shape == (batch, beam)
   _assert_valid(seqs, scores)
   for b in range(batch):
@@ -357,16 +398,23 @@ def test_wide_beam_equals_brute_force(alpha):
   # The returned scores are length_penalized_score of the re-scored sequences.
   rescored = np.array([[model.ref_score(b, s) for s in seqs[b]] for b in range(batch)])
   np.testing.assert_allclose(
-      decoding.length_penalized_score(rescored, seqs, EOS, alpha, max_len=length), scores,
-      rtol=1e-5, atol=1e-5)
+      decoding.length_penalized_score(rescored, seqs, EOS, alpha, max_len=length),
+      scores,
+      rtol=1e-5,
+      atol=1e-5)
 
 
 @pytest.mark.parametrize("beam,alpha", [(2, 0.0), (4, 1.5)])
 def test_beam_search_matches_reference(beam, alpha):
   batch, length = 3, 5
   model = ToyModel(seed=beam, batch=batch, max_len=length)
-  seqs, scores = decoding.beam_search(jnp.zeros((batch, length), jnp.int32), model.init_cache(),
-                                      model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha)
+  seqs, scores = decoding.beam_search(
+      jnp.zeros((batch, length), jnp.int32),
+      model.init_cache(),
+      model.tokens_to_logits,
+      EOS,
+      num_decodes=beam,
+      alpha=alpha)
   _assert_valid(seqs, scores)
   best = []
   for b in range(batch):
@@ -384,8 +432,8 @@ def test_beam_search_with_prompt():
   prompt[0, :2] = [2, 3]
   prompt[1, :1] = [4]
   inputs = _decoder_inputs(prompt).at[:, 0].set(3)  # The BOS slot inputs[:, 0] is ignored.
-  seqs, scores = decoding.beam_search(inputs, model.init_cache(), model.tokens_to_logits, EOS,
-                                      num_decodes=beam, alpha=alpha)
+  seqs, scores = decoding.beam_search(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, num_decodes=beam, alpha=alpha)
   assert seqs.shape == (batch, beam, length)
   _assert_valid(seqs, scores)
   for b in range(batch):
@@ -394,9 +442,11 @@ def test_beam_search_with_prompt():
     np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
     rescored = [model.ref_score(b, s, prompt[b]) for s in seqs[b]]
     np.testing.assert_allclose(
-        decoding.length_penalized_score(np.array(rescored), seqs[b], EOS, alpha,
-                                        inputs=_decoder_inputs(prompt)[b]), scores[b],
-        rtol=1e-5, atol=1e-5)
+        decoding.length_penalized_score(
+            np.array(rescored), seqs[b], EOS, alpha, inputs=_decoder_inputs(prompt)[b]),
+        scores[b],
+        rtol=1e-5,
+        atol=1e-5)
   np.testing.assert_array_equal(seqs[0, :, :2], [[2, 3]] * beam)
   np.testing.assert_array_equal(seqs[1, :, 0], [4] * beam)
 
@@ -406,32 +456,44 @@ def test_beam_one_equals_greedy():
   batch, length, alpha = 4, 6, 0.6
   model = ToyModel(seed=13, batch=batch, max_len=length, eos_extreme=True)
   inputs = jnp.zeros((batch, length), jnp.int32)
-  beam_seqs, beam_scores = decoding.beam_search(inputs, model.init_cache(), model.tokens_to_logits,
-                                                EOS, num_decodes=1, alpha=alpha)
-  greedy_seqs, greedy_lp = decoding.temperature_sample(inputs, model.init_cache(),
-                                                       model.tokens_to_logits, EOS, temperature=0.0)
+  beam_seqs, beam_scores = decoding.beam_search(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, num_decodes=1, alpha=alpha)
+  greedy_seqs, greedy_lp = decoding.temperature_sample(
+      inputs, model.init_cache(), model.tokens_to_logits, EOS, temperature=0.0)
   np.testing.assert_array_equal(beam_seqs, greedy_seqs)
   lengths = decoding.sequence_lengths(greedy_seqs, EOS)
   assert len(set(np.asarray(lengths).ravel().tolist())) > 1, "want EOS at different positions"
   np.testing.assert_allclose(
-      beam_scores, decoding.length_penalized_score(greedy_lp, greedy_seqs, EOS, alpha),
-      rtol=1e-5, atol=1e-5)
+      beam_scores,
+      decoding.length_penalized_score(greedy_lp, greedy_seqs, EOS, alpha),
+      rtol=1e-5,
+      atol=1e-5)
 
 
 def test_under_jit():
   batch, length, beam, alpha = 2, 5, 3, 0.6
   model = ToyModel(seed=2, batch=batch, max_len=length)
   inputs = jnp.zeros((batch, length), jnp.int32)
-  jitted = jax.jit(functools.partial(decoding.beam_search, tokens_to_logits=model.tokens_to_logits,
-                                     eos_id=EOS, num_decodes=beam, alpha=alpha))
+  jitted = jax.jit(
+      functools.partial(
+          decoding.beam_search,
+          tokens_to_logits=model.tokens_to_logits,
+          eos_id=EOS,
+          num_decodes=beam,
+          alpha=alpha))
   seqs, scores = jitted(inputs, model.init_cache())
   for b in range(batch):
     expected = ref_beam_search(model, b, beam, alpha, length)
     np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])
     np.testing.assert_allclose(scores[b, ::-1], [e[0] for e in expected], rtol=1e-5, atol=1e-5)
-  sample = jax.jit(functools.partial(decoding.temperature_sample,
-                                     tokens_to_logits=model.tokens_to_logits, eos_id=EOS,
-                                     num_decodes=8, temperature=2.0, topk=0))
+  sample = jax.jit(
+      functools.partial(
+          decoding.temperature_sample,
+          tokens_to_logits=model.tokens_to_logits,
+          eos_id=EOS,
+          num_decodes=8,
+          temperature=2.0,
+          topk=0))
   seqs, log_probs = sample(inputs, model.init_cache(), decode_rng=jax.random.PRNGKey(4))
   _assert_valid(seqs, log_probs)
   seqs, log_probs = np.asarray(seqs), np.asarray(log_probs)
@@ -451,8 +513,9 @@ class TinyLM(nn.Module):
   def __call__(self, tokens, decode: bool = False):
     x = nn.Embed(V, self.dim)(tokens)
     mask = None if decode else nn.make_causal_mask(tokens)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=self.dim, decode=decode)(
-        x, mask=mask)
+    x = x + nn.MultiHeadDotProductAttention(
+        num_heads=2, qkv_features=self.dim, decode=decode)(
+            x, mask=mask)
     return nn.Dense(V)(jnp.tanh(x)) * 3.0
 
 
@@ -461,15 +524,20 @@ def test_flax_kv_cache_model():
   batch, length, beam, alpha = 2, 5, 3, 0.6
   module = TinyLM()
   params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, length), jnp.int32))["params"]
-  cache = module.init(jax.random.PRNGKey(0), jnp.zeros((batch, length), jnp.int32),
-                      decode=True)["cache"]
+  cache = module.init(
+      jax.random.PRNGKey(0), jnp.zeros((batch, length), jnp.int32), decode=True)["cache"]
   leaves = jax.tree_util.tree_leaves_with_path(cache)
   assert any(leaf.ndim == 0 for _, leaf in leaves)  # the scalar cache_index
   assert any(leaf.ndim == 4 and leaf.shape[0] == batch for _, leaf in leaves)  # cached_key
 
   def tokens_to_logits(state):
-    logits, variables = module.apply({"params": params, "cache": state.cache},
-                                     state.cur_token[:, None], decode=True, mutable=["cache"])
+    logits, variables = module.apply({
+        "params": params,
+        "cache": state.cache
+    },
+                                     state.cur_token[:, None],
+                                     decode=True,
+                                     mutable=["cache"])
     return logits[:, 0], variables["cache"]
 
   full_forward = jax.jit(lambda tokens: module.apply({"params": params}, tokens))
@@ -488,8 +556,8 @@ def test_flax_kv_cache_model():
   inputs = jnp.zeros((batch, length), jnp.int32)
   seqs, _ = decoding.temperature_sample(inputs, cache, tokens_to_logits, EOS, temperature=0.0)
   np.testing.assert_array_equal(seqs[:, 0], [ref_greedy(reference, 0, length)] * batch)
-  seqs, scores = decoding.beam_search(inputs, cache, tokens_to_logits, EOS, num_decodes=beam,
-                                      alpha=alpha)
+  seqs, scores = decoding.beam_search(
+      inputs, cache, tokens_to_logits, EOS, num_decodes=beam, alpha=alpha)
   expected = ref_beam_search(reference, 0, beam, alpha, length)
   for b in range(batch):
     np.testing.assert_array_equal(seqs[b, ::-1], [e[1] for e in expected])

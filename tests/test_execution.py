@@ -62,8 +62,8 @@ def test_execution_release_queries_and_gold_answers(train, store):
 
 def test_execution_same_answers_different_string_is_correct(train, store):
   # "Who did M1 star": every cast member of the film is typed human, so the type triple can go.
-  example, record = _example(
-      train, "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M1 wdt:P161 ?x0 }")
+  example, record = _example(train,
+                             "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M1 wdt:P161 ?x0 }")
   gold = _rir(example.pattern)
   dropped = _rir("SELECT DISTINCT ?x0 WHERE { M1 wdt:P161 ?x0 }")
   assert metrics.classify_error(gold, dropped) == metrics.MULTIPLE_ERRORS  # P31 and wd:Q5 gone
@@ -72,8 +72,9 @@ def test_execution_same_answers_different_string_is_correct(train, store):
       "wd:" + a for a in record["expectedResponse"].split("; "))
   assert len(answer.value) == 8
   # Renamed variables: a different string, not even equivalent, but the same query.
-  example2, _ = _example(train, "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . "
-                                "?x1 wdt:P112 ?x0 . M1 wdt:P108 ?x1 }")
+  example2, _ = _example(
+      train, "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . "
+      "?x1 wdt:P112 ?x0 . M1 wdt:P108 ?x1 }")
   renamed = _rir(example2.pattern.replace("?x1", "?founded"))
   assert metrics.classify_error(_rir(example2.pattern), renamed) == metrics.WRONG_STRUCTURE
   scores = execution.score_execution([example, example2], [dropped, renamed], store)
@@ -84,8 +85,9 @@ def test_execution_same_answers_different_string_is_correct(train, store):
 def test_execution_wrong_entity_is_wrong(train, store):
   queries, data, negatives = train
   # A verified negative of the migration (ASK false): the same query with one entity replaced.
-  negative = next(n for n in negatives if n["sparqlPatternModEntities"]
-                  == "ASK WHERE { M0 wdt:P112 ?x0 . ?x0 wdt:P737 M1 }")
+  negative = next(
+      n for n in negatives
+      if n["sparqlPatternModEntities"] == "ASK WHERE { M0 wdt:P112 ?x0 . ?x0 wdt:P737 M1 }")
   example = next(q for q in queries if q.index == negative["negativeOf"])
   assert example.entities == {"M0": "Q337224", "M1": "Q218960"}
   assert negative["entities"] == {"M0": "Q337224", "M1": "Q202878"}
@@ -151,17 +153,18 @@ def test_execution_malformed_and_unsafe_predictions_count_wrong(train, store):
 
 
 def test_execution_queries_are_built_from_validated_terms(store):
-  query = sparql.parse_sparql(
-      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M1 wdt:P161 ?x0 . "
-      "?x2 wdt:P737 M0 . FILTER ( ?x0 != M1 ) }")
+  query = sparql.parse_sparql("SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M1 wdt:P161 ?x0 . "
+                              "?x2 wdt:P737 M0 . FILTER ( ?x0 != M1 ) }")
   entities = {"M0": "Q882", "M1": "Q30937"}
   counts = store.predicate_counts()
   assert counts["wdt:P161"] < counts["wdt:P31"]
   # The unconnected ?x2 pattern is asked on its own; P161 (rarer) is joined before P31.
-  assert execution.component_queries(query, entities, counts, max_answers=99) == [
-      "ASK WHERE { ?x2 wdt:P737 wd:Q882 }",
-      "SELECT DISTINCT ?x0 WHERE { wd:Q30937 wdt:P161 ?x0 . ?x0 wdt:P31 wd:Q5 . "
-      "FILTER ( ?x0 != wd:Q30937 ) } LIMIT 100"]
+  assert execution.component_queries(
+      query, entities, counts, max_answers=99) == [
+          "ASK WHERE { ?x2 wdt:P737 wd:Q882 }",
+          "SELECT DISTINCT ?x0 WHERE { wd:Q30937 wdt:P161 ?x0 . ?x0 wdt:P31 wd:Q5 . "
+          "FILTER ( ?x0 != wd:Q30937 ) } LIMIT 100"
+      ]
   # A filter on a variable that no triple binds has no solution (nothing is sent).
   unbound = sparql.parse_sparql("ASK WHERE { M0 wdt:P737 ?x0 . FILTER ( ?x9 != M0 ) }")
   assert execution.component_queries(unbound, entities) == []
@@ -177,10 +180,17 @@ def test_execution_queries_are_built_from_validated_terms(store):
 def test_execution_release_errors_name_file_and_line(tmp_path):
   (tmp_path / "splits").mkdir()
   (tmp_path / "splits" / "s.json").write_text('{"trainIdxs": [0, 1]}')
-  records = [{"sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
-              "entities": {"M0": "Q42"}},
-             {"sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
-              "entities": {"M0": "Q42 } ; DROP ALL"}}]
+  records = [{
+      "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
+      "entities": {
+          "M0": "Q42"
+      }
+  }, {
+      "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
+      "entities": {
+          "M0": "Q42 } ; DROP ALL"
+      }
+  }]
   (tmp_path / "dataset.json").write_text(json.dumps(records, indent=1))
   with pytest.raises(readers.DataFormatError) as e:
     execution.load_release_queries(tmp_path, "s", "train")
@@ -223,15 +233,22 @@ def test_execution_cli_on_migrated_cfq_sample(train, migrated_cfq_sample, tmp_pa
     expected[line] = outcome
   (tmp_path / "pred.txt").write_text("\n".join(predictions) + "\n")
   counts = {o: list(expected.values()).count(o) for o in execution.OUTCOMES}
-  assert executable == 135 and min(counts[o] for o in ("correct", "syntax_error", "wrong_answer",
-                                                       "invalid_term")) >= 10
-  proc = subprocess.run(
-      [sys.executable, "-m", "mcwq_t5x.evaluate", "--predictions", str(tmp_path / "pred.txt"),
-       "--targets", str(migrated_cfq_sample / "official" / "cfq_sample" / "train.en.txt"),
-       "--target_format", "sparql", "--release", str(migrated_cfq_sample),
-       "--split", "cfq_sample", "--part", "train", "--execute",
-       "--errors_out", str(tmp_path / "errors.jsonl")],
-      cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=600)
+  assert executable == 135 and min(
+      counts[o] for o in ("correct", "syntax_error", "wrong_answer", "invalid_term")) >= 10
+  proc = subprocess.run([
+      sys.executable, "-m", "mcwq_t5x.evaluate", "--predictions",
+      str(tmp_path / "pred.txt"), "--targets",
+      str(migrated_cfq_sample / "official" / "cfq_sample" / "train.en.txt"), "--target_format",
+      "sparql", "--release",
+      str(migrated_cfq_sample), "--split", "cfq_sample", "--part", "train", "--execute",
+      "--errors_out",
+      str(tmp_path / "errors.jsonl")
+  ],
+                        cwd=REPO_ROOT,
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                        timeout=600)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout)
   assert result["n"] == 1598
@@ -242,24 +259,33 @@ def test_execution_cli_on_migrated_cfq_sample(train, migrated_cfq_sample, tmp_pa
   errors = [json.loads(l) for l in (tmp_path / "errors.jsonl").read_text().splitlines()]
   assert {e["line"]: e["execution"] for e in errors if e["line"] in expected} == expected
   renamed = [e for e in errors if "?renamed" in e["prediction"]]
-  assert renamed and all(e["execution"] == "correct" and e["category"] != "correct"
-                         for e in renamed)
+  assert renamed and all(
+      e["execution"] == "correct" and e["category"] != "correct" for e in renamed)
 
 
 def test_execution_cli_input_errors(tmp_path, capsys):
   from mcwq_t5x import evaluate  # pylint: disable=g-import-not-at-top
   (tmp_path / "splits").mkdir()
   (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [1, 0]}')
-  records = [{"sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }", "entities": None},
-             {"sparqlPatternModEntities": "ASK WHERE { M0 wdt:P21 wd:Q6581072 }",
-              "entities": {"M0": "Q42"}}]
+  records = [{
+      "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
+      "entities": None
+  }, {
+      "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P21 wd:Q6581072 }",
+      "entities": {
+          "M0": "Q42"
+      }
+  }]
   (tmp_path / "dataset.json").write_text(json.dumps(records, indent=1))
   gold = [_rir(r["sparqlPatternModEntities"]) for r in records[::-1]]
   (tmp_path / "p.txt").write_text("\n".join(gold) + "\n")
   (tmp_path / "t.txt").write_text("\n".join(gold[::-1]) + "\n")  # the wrong order
   with pytest.raises(SystemExit) as e:
-    evaluate.main(["--predictions", str(tmp_path / "p.txt"), "--targets", str(tmp_path / "t.txt"),
-                   "--execute"])
+    evaluate.main([
+        "--predictions",
+        str(tmp_path / "p.txt"), "--targets",
+        str(tmp_path / "t.txt"), "--execute"
+    ])
   assert e.value.code == 2
   assert "--execute needs --release" in capsys.readouterr().err
   base = ["--predictions", str(tmp_path / "p.txt"), "--release", str(tmp_path), "--split", "s"]
@@ -270,7 +296,7 @@ def test_execution_cli_input_errors(tmp_path, capsys):
   assert f"{tmp_path / 't.txt'}:1: target is not the query of {tmp_path / 'dataset.json'} " \
          "record 1" in capsys.readouterr().err
   assert evaluate.main(base + ["--part", "dev", "--execute", "--codex",
-                                str(tmp_path / "nope")]) == 2
+                               str(tmp_path / "nope")]) == 2
   assert f"{tmp_path / 'nope' / 'train.txt'}: no such file" in capsys.readouterr().err
   # Without --targets the release's queries are the targets (no store needed without --execute).
   assert evaluate.main(base + ["--part", "dev"]) == 0
@@ -295,14 +321,20 @@ def sparql_server(shared_dir, tmp_path_factory):
     for e, types in json.loads((codex / "entity2types.json").read_text()).items():
       for t in types:
         f.write(f"<{ep.WD}{e}> <{ep.WDT}P31> <{ep.WD}{t}> .\n")
-  subprocess.run([exe, "load", "--location", str(d / "db"), "--file", str(d / "data.nt")],
-                 check=True, capture_output=True, timeout=300)
+  subprocess.run([exe, "load", "--location",
+                  str(d / "db"), "--file",
+                  str(d / "data.nt")],
+                 check=True,
+                 capture_output=True,
+                 timeout=300)
   with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-  proc = subprocess.Popen([exe, "serve-read-only", "--location", str(d / "db"), "--bind",
-                           f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+      [exe, "serve-read-only", "--location",
+       str(d / "db"), "--bind", f"127.0.0.1:{port}"],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL)
   try:
     for _ in range(100):
       try:
@@ -323,30 +355,38 @@ def test_execution_cli_remote_endpoint_and_cache(migrated_cfq_sample, sparql_ser
   predictions = [_rir(q.pattern) for q in queries]
   executable = [i for i, q in enumerate(queries) if q.entities is not None]
   assert len(executable) == 16
-  negative_of = {n["negativeOf"]: n for n in json.loads(
-      (migrated_cfq_sample / "negatives.json").read_text())}
+  negative_of = {
+      n["negativeOf"]: n for n in json.loads((migrated_cfq_sample / "negatives.json").read_text())
+  }
   for i in executable[::2]:
     q = queries[i]
     if q.index in negative_of:  # a verified negative's entity: a wrong answer
-      (m, qid), = [(m, v) for m, v in negative_of[q.index]["entities"].items()
-                   if q.entities[m] != v]
+      (m, qid), = [(m, v) for m, v in negative_of[q.index]["entities"].items() if q.entities[m] != v
+                  ]
       predictions[i] = _rir(" ".join(f"wd:{qid}" if t == m else t for t in q.pattern.split()))
     else:  # drop the first triple: right or wrong depending on the data
       parsed = sparql.parse_sparql(q.pattern)
-      predictions[i] = _rir(sparql.Query(parsed.prefix, parsed.triples[1:], parsed.filters)
-                            .to_sparql()) if len(parsed.triples) > 1 else predictions[i][:-3]
+      predictions[i] = _rir(
+          sparql.Query(parsed.prefix, parsed.triples[1:], parsed.filters).to_sparql()) if len(
+              parsed.triples) > 1 else predictions[i][:-3]
   (tmp_path / "pred.txt").write_text("\n".join(predictions) + "\n")
-  base = [sys.executable, "-m", "mcwq_t5x.evaluate", "--predictions", str(tmp_path / "pred.txt"),
-          "--release", str(migrated_cfq_sample), "--split", "cfq_sample", "--part", "dev",
-          "--execute"]
+  base = [
+      sys.executable, "-m", "mcwq_t5x.evaluate", "--predictions",
+      str(tmp_path / "pred.txt"), "--release",
+      str(migrated_cfq_sample), "--split", "cfq_sample", "--part", "dev", "--execute"
+  ]
   runs = {}
   for name, extra in [("embedded", []),
-                      ("remote", ["--endpoint", "remote", "--url", sparql_server, "--rate", "0",
-                                  "--cache", str(tmp_path / "answers.jsonl")]),
-                      ("cached", ["--endpoint", "remote", "--url", sparql_server, "--rate", "0",
-                                  "--cache", str(tmp_path / "answers.jsonl")])]:
-    proc = subprocess.run(base + extra, cwd=REPO_ROOT, capture_output=True, text=True,
-                          check=False, timeout=600)
+                      ("remote", [
+                          "--endpoint", "remote", "--url", sparql_server, "--rate", "0", "--cache",
+                          str(tmp_path / "answers.jsonl")
+                      ]),
+                      ("cached", [
+                          "--endpoint", "remote", "--url", sparql_server, "--rate", "0", "--cache",
+                          str(tmp_path / "answers.jsonl")
+                      ])]:
+    proc = subprocess.run(
+        base + extra, cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stderr
     runs[name] = json.loads(proc.stdout)
   outcomes = runs["embedded"]["execution"]["outcomes"]

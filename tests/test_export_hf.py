@@ -123,16 +123,21 @@ def mcwq_batch(mcwq_dir, small_vocab):
     tgt[row, :len(b)] = b
   dec = np.concatenate([np.zeros((len(inputs), 1), np.int32), tgt[:, :-1]], axis=1)
   assert enc.shape[0] == 32 and (enc == 0).any() and (tgt == 0).any()
-  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec,
-          "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+  return {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": (tgt > 0).astype(np.int32)
+  }
 
 
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
 def _flat(params):
-  return {jax.tree_util.keystr(k): np.asarray(v)
-          for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  return {
+      jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)
+  }
 
 
 def _assert_same_params(a, b):
@@ -144,8 +149,9 @@ def _assert_same_params(a, b):
 
 
 def _load_hf(out, config):
-  cls = (transformers.T5ForConditionalGeneration if config.logits_via_embedding
-         else transformers.MT5ForConditionalGeneration)
+  cls = (
+      transformers.T5ForConditionalGeneration
+      if config.logits_via_embedding else transformers.MT5ForConditionalGeneration)
   hf, info = cls.from_pretrained(str(out), output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   assert not info["mismatched_keys"], info
@@ -157,15 +163,23 @@ def _check_parity(hf, config, params, batch):
   """Asserts transformers reproduces our logits (1e-4) and greedy decodes; returns the max
   logit difference."""
   module = network.Transformer(config)
-  enc, dec, tgt = (batch[k] for k in ("encoder_input_tokens", "decoder_input_tokens",
-                                      "decoder_target_tokens"))
-  ours = np.asarray(jax.jit(module.apply, static_argnames="enable_dropout")(
-      {"params": params}, enc, dec, tgt, enable_dropout=False))
+  enc, dec, tgt = (
+      batch[k] for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens"))
+  ours = np.asarray(
+      jax.jit(module.apply, static_argnames="enable_dropout")({
+          "params": params
+      },
+                                                              enc,
+                                                              dec,
+                                                              tgt,
+                                                              enable_dropout=False))
   input_ids = torch.tensor(enc, dtype=torch.long)
   attention_mask = (input_ids > 0).long()
   with torch.no_grad():
-    theirs = hf(input_ids=input_ids, attention_mask=attention_mask,
-                decoder_input_ids=torch.tensor(dec, dtype=torch.long)).logits.numpy()
+    theirs = hf(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=torch.tensor(dec, dtype=torch.long)).logits.numpy()
   valid = tgt > 0
   assert ours.shape == theirs.shape
   assert np.abs(theirs[valid]).max() > 1.0, "logits too small to be a useful test"
@@ -173,11 +187,16 @@ def _check_parity(hf, config, params, batch):
   assert diff < 1e-4, (diff, np.abs(theirs[valid]).max())
   # Greedy: our cached decoding vs transformers' generate (start/EOS/pad ids from the exported
   # generation_config.json).
-  predicted = np.asarray(model_lib.EncoderDecoderModel(module).predict_batch(
-      params, {"encoder_input_tokens": enc}, max_decode_length=DECODE_LEN))
+  predicted = np.asarray(
+      model_lib.EncoderDecoderModel(module).predict_batch(
+          params, {"encoder_input_tokens": enc}, max_decode_length=DECODE_LEN))
   with torch.no_grad():
-    generated = hf.generate(input_ids=input_ids, attention_mask=attention_mask,
-                            max_new_tokens=DECODE_LEN, num_beams=1, do_sample=False).numpy()
+    generated = hf.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=DECODE_LEN,
+        num_beams=1,
+        do_sample=False).numpy()
   assert (generated[:, 0] == 0).all()  # decoder start token
   padded = np.zeros_like(predicted)
   padded[:, :generated.shape[1] - 1] = generated[:, 1:]
@@ -226,16 +245,15 @@ def tiny_run(tmp_path_factory, mcwq_batch):
     losses.append(float(metrics["loss"]) / float(metrics["num_tokens"]))
   assert losses[-1] < losses[0] - 0.5, losses
   model_dir = tmp_path_factory.mktemp("run")
-  manager = checkpoints.CheckpointManager(model_dir, save_interval_steps=1,
-                                          async_save=False)
+  manager = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
   manager.save(8, state, {"step": 8})
   manager.close()
   (model_dir / "config.gin").write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS))
   return model.module.config, jax.device_get(state.params), model_dir
 
 
-def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm_path,
-                                                       tmp_path, monkeypatch):
+def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm_path, tmp_path,
+                                                       monkeypatch):
   config, params, model_dir = tiny_run
   monkeypatch.delenv("MCWQ_VOCAB", raising=False)  # the run used the small vocabulary
   assert ci.detect_format(model_dir) == "orbax"
@@ -246,10 +264,12 @@ def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm
   assert (out / "spiece.model").read_bytes() == spm_path.read_bytes()
   cfg = json.loads((out / "config.json").read_text())
   assert cfg["model_type"] == "mt5" and cfg["tie_word_embeddings"] is False
-  assert (cfg["d_model"], cfg["d_ff"], cfg["num_heads"], cfg["vocab_size"]) == (16, 32, 2,
-                                                                                 2000)
+  assert (cfg["d_model"], cfg["d_ff"], cfg["num_heads"], cfg["vocab_size"]) == (16, 32, 2, 2000)
   assert json.loads((out / "generation_config.json").read_text()) == {
-      "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
+      "decoder_start_token_id": 0,
+      "eos_token_id": 1,
+      "pad_token_id": 0
+  }
   hf = _load_hf(out, config)
   _check_parity(hf, config, params, mcwq_batch)
   # Round trip: the export imports back to the checkpoint's params, bit for bit.
@@ -263,19 +283,22 @@ def _mt5_small_layout(vocab_size):
   assert (config.emb_dim, config.num_heads, config.head_dim, config.mlp_dim,
           config.num_encoder_layers, config.num_decoder_layers, config.mlp_activations,
           config.logits_via_embedding) == (512, 6, 64, 1024, 8, 8, ("gelu", "linear"), False)
-  assert config == network.T5Config(**{**ref.__dict__, "vocab_size": vocab_size,
-                                       "dropout_rate": 0.0})
+  assert config == network.T5Config(**{
+      **ref.__dict__, "vocab_size": vocab_size,
+      "dropout_rate": 0.0
+  })
   return config
 
 
 @pytest.mark.parametrize("vocab_size", [
     2048,
-    pytest.param(250112, marks=pytest.mark.skipif(
-        not os.environ.get("MCWQ_TEST_FULL_MT5_SMALL"),
-        reason="full mT5-small (300M params) takes minutes; set MCWQ_TEST_FULL_MT5_SMALL=1")),
+    pytest.param(
+        250112,
+        marks=pytest.mark.skipif(
+            not os.environ.get("MCWQ_TEST_FULL_MT5_SMALL"),
+            reason="full mT5-small (300M params) takes minutes; set MCWQ_TEST_FULL_MT5_SMALL=1")),
 ])
-def test_export_mt5_small_layout_matches_transformers(vocab_size, mcwq_batch, spm_path,
-                                                      tmp_path):
+def test_export_mt5_small_layout_matches_transformers(vocab_size, mcwq_batch, spm_path, tmp_path):
   config = _mt5_small_layout(vocab_size)
   params = _random_params(config, seed=3)
   out = export_hf.export_params(params, config, tmp_path / "hf", spm_path)
@@ -307,8 +330,15 @@ def test_export_tokenizer_unigram_with_sentinels(mcwq_dir, tmp_path):
   lines = _texts(mcwq_dir, "txt", "en", 0, 300) + _texts(mcwq_dir, "sparql", "en", 0, 300)
   proto = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_writer=proto, vocab_size=150, pad_id=0, eos_id=1,
-      unk_id=2, bos_id=-1, model_type="unigram", minloglevel=2)
+      sentence_iterator=iter(lines),
+      model_writer=proto,
+      vocab_size=150,
+      pad_id=0,
+      eos_id=1,
+      unk_id=2,
+      bos_id=-1,
+      model_type="unigram",
+      minloglevel=2)
   model_file = tmp_path / "unigram.model"
   model_file.write_bytes(proto.getvalue())
   out = tmp_path / "tok"
@@ -331,15 +361,22 @@ def test_export_tokenizer_unigram_with_sentinels(mcwq_dir, tmp_path):
 # ------------------------------------------------------------------------------------------------
 def _hf_folder(kind, path):
   torch.manual_seed(0)
-  common = dict(vocab_size=2048, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
-                num_heads=4, dropout_rate=0.0)
+  common = dict(
+      vocab_size=2048,
+      d_model=32,
+      d_kv=8,
+      d_ff=48,
+      num_layers=2,
+      num_decoder_layers=2,
+      num_heads=4,
+      dropout_rate=0.0)
   if kind == "mt5":
-    hf = transformers.MT5ForConditionalGeneration(transformers.MT5Config(
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common))
+    hf = transformers.MT5ForConditionalGeneration(
+        transformers.MT5Config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common))
     hf.lm_head.weight = torch.nn.Parameter(torch.randn(2048, 32))  # untie
   else:
-    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        feed_forward_proj="relu", tie_word_embeddings=True, **common))
+    hf = transformers.T5ForConditionalGeneration(
+        transformers.T5Config(feed_forward_proj="relu", tie_word_embeddings=True, **common))
   hf.save_pretrained(str(path))
   return path
 
@@ -351,8 +388,10 @@ def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
   assert config.logits_via_embedding == (kind == "t5_1_0")
   params = ci.load_params(original, config)
   out = tmp_path / "exported"
-  assert export_hf.main(["--checkpoint", str(original), "--out", str(out),
-                         "--vocab", str(spm_path)]) == 0
+  assert export_hf.main(
+      ["--checkpoint", str(original), "--out",
+       str(out), "--vocab",
+       str(spm_path)]) == 0
   assert ci.config_from_hf(out) == config
   _assert_same_params(ci.load_params(out, config), params)
   # The exported tensors are the original ones, and nothing else.
@@ -366,17 +405,18 @@ def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
   again = export_hf.export_checkpoint(out, tmp_path / "again")
   assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
   hf = _load_hf(out, config)
-  assert type(hf).__name__ == ("MT5ForConditionalGeneration" if kind == "mt5"
-                               else "T5ForConditionalGeneration")
+  assert type(hf).__name__ == ("MT5ForConditionalGeneration"
+                               if kind == "mt5" else "T5ForConditionalGeneration")
 
 
 def test_export_t5x_native_checkpoint_with_gin_file(tiny_run, spm_path, tmp_path):
   config, params, _ = tiny_run
   ckpt = ci.save_t5x_checkpoint(params, tmp_path / "t5x" / "checkpoint_8", step=8)
   gin_file = tmp_path / "model.gin"
-  gin_file.write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
-      "VOCABULARY = @vocab.get_vocabulary()",
-      f"VOCABULARY = @vocab.get_vocabulary()\nget_vocabulary.path = '{spm_path}'"))
+  gin_file.write_text(
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
+          "VOCABULARY = @vocab.get_vocabulary()",
+          f"VOCABULARY = @vocab.get_vocabulary()\nget_vocabulary.path = '{spm_path}'"))
   out = export_hf.export_checkpoint(tmp_path / "t5x", tmp_path / "hf", gin_file=gin_file)
   _assert_same_params(ci.load_params(out, config), params)
   _assert_same_params(ci.load_params(ckpt, config), params)
@@ -386,25 +426,37 @@ def test_export_t5x_native_checkpoint_with_gin_file(tiny_run, spm_path, tmp_path
 # Bad input
 # ------------------------------------------------------------------------------------------------
 def test_export_rejects_another_architecture(tiny_run, spm_path, tmp_path, capsys):
-  bart = transformers.BartForConditionalGeneration(transformers.BartConfig(
-      vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-      decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32))
+  bart = transformers.BartForConditionalGeneration(
+      transformers.BartConfig(
+          vocab_size=64,
+          d_model=16,
+          encoder_layers=1,
+          decoder_layers=1,
+          encoder_attention_heads=2,
+          decoder_attention_heads=2,
+          encoder_ffn_dim=32,
+          decoder_ffn_dim=32))
   bart.save_pretrained(str(tmp_path / "bart"))
-  assert export_hf.main(["--checkpoint", str(tmp_path / "bart"), "--out", str(tmp_path / "o"),
-                         "--vocab", str(spm_path)]) == 1
+  assert export_hf.main([
+      "--checkpoint",
+      str(tmp_path / "bart"), "--out",
+      str(tmp_path / "o"), "--vocab",
+      str(spm_path)
+  ]) == 1
   err = capsys.readouterr().err
   assert "model_type 'bart'" in err and "not a T5/mT5" in err, err
   assert not (tmp_path / "o").exists()
   # An Orbax checkpoint whose params are not the configured model's: every mismatch named.
   _, _, model_dir = tiny_run
   wider = tmp_path / "wider.gin"
-  wider.write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
-      "T5Config.emb_dim = 16", "T5Config.emb_dim = 32"))
-  with pytest.raises(ci.CheckpointMismatchError,
-                     match=r"token_embedder/embedding has shape \(2000, 16\), the model expects "
-                           r"\(2000, 32\)"):
-    export_hf.export_checkpoint(model_dir, tmp_path / "o", gin_file=wider,
-                                vocab=spm_path)
+  wider.write_text(
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace("T5Config.emb_dim = 16",
+                                                               "T5Config.emb_dim = 32"))
+  with pytest.raises(
+      ci.CheckpointMismatchError,
+      match=r"token_embedder/embedding has shape \(2000, 16\), the model expects "
+      r"\(2000, 32\)"):
+    export_hf.export_checkpoint(model_dir, tmp_path / "o", gin_file=wider, vocab=spm_path)
   with pytest.raises(ValueError, match="not a checkpoint"):
     export_hf.export_checkpoint(tmp_path, tmp_path / "o", vocab=spm_path)
   assert not (tmp_path / "o").exists()
@@ -414,11 +466,14 @@ def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys
   config, params, _ = tiny_run
   ckpt = ci.save_t5x_checkpoint(params, tmp_path / "ckpt" / "checkpoint_8", step=8)
   no_vocab = tmp_path / "no_vocab.gin"
-  no_vocab.write_text("\n".join(line for line in TINY_RUN_GIN.format(
-      vocab_size=SMALL_VOCAB_ROWS).splitlines() if "VOCABULARY" not in line))
+  no_vocab.write_text("\n".join(
+      line for line in TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).splitlines()
+      if "VOCABULARY" not in line))
   out = tmp_path / "out"
-  assert export_hf.main(["--checkpoint", str(ckpt), "--out", str(out),
-                         "--gin_file", str(no_vocab)]) == 1
+  assert export_hf.main(["--checkpoint",
+                         str(ckpt), "--out",
+                         str(out), "--gin_file",
+                         str(no_vocab)]) == 1
   assert "no vocabulary found" in capsys.readouterr().err
   # No config at all: a T5X checkpoint without a run folder around it.
   with pytest.raises(ValueError, match="no model config found.*--gin_file or --model_config"):
@@ -430,9 +485,10 @@ def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys
   with pytest.raises(ValueError, match="not_spm.model: not a SentencePiece model"):
     export_hf.export_checkpoint(ckpt, out, gin_file=no_vocab, vocab=not_spm)
   remote = tmp_path / "remote.gin"
-  remote.write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
-      "VOCABULARY = @vocab.get_vocabulary()",
-      "VOCABULARY = @vocab.mt5_vocabulary()\nmt5_vocabulary.path = 'gs://bucket/spm.model'"))
+  remote.write_text(
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
+          "VOCABULARY = @vocab.get_vocabulary()",
+          "VOCABULARY = @vocab.mt5_vocabulary()\nmt5_vocabulary.path = 'gs://bucket/spm.model'"))
   with pytest.raises(ValueError, match="gs://bucket/spm.model is not a local file; pass --vocab"):
     export_hf.export_checkpoint(ckpt, out, gin_file=remote)
   # A vocabulary bigger than the model's embedding (the 2000-piece one for a 64-row model).

@@ -73,8 +73,10 @@ def test_expected_files_exist():
 # Our model and run files are partial by design (T5X: %gin.REQUIRED macros): they are checked in
 # the combinations users run them in.
 REQUIRED = {
-    "finetune": ["MIXTURE_OR_TASK_NAME = 'mcwq_mcd1_en'", "TRAIN_STEPS = 10",
-                 "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 64}", "MODEL_DIR = '/tmp/x'"],
+    "finetune": [
+        "MIXTURE_OR_TASK_NAME = 'mcwq_mcd1_en'", "TRAIN_STEPS = 10",
+        "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 64}", "MODEL_DIR = '/tmp/x'"
+    ],
     "eval": ["MIXTURE_OR_TASK_NAME = 'mcwq_mcd1_en'", "CHECKPOINT_PATH = '/tmp/x'"],
     "infer": ["CHECKPOINT_PATH = '/tmp/x'"],
 }
@@ -100,8 +102,8 @@ def test_every_file_of_ours_parses_and_binds(path):
   cfg = _network_config()  # the network config (not the parameters: 250k-vocab models are big)
   assert cfg.vocab_size in (2000, 250112, 32128)
   training = main is train_lib
-  assert cfg.dropout_rate == (
-      (0.05 if path == "gin/mcwq_t5x/tiny_random_split_en.gin" else 0.1) if training else 0.0)
+  assert cfg.dropout_rate == ((0.05 if path == "gin/mcwq_t5x/tiny_random_split_en.gin" else 0.1)
+                              if training else 0.0)
   if training:
     with gin.unlock_config():
       with gin.config_scope("train"):
@@ -115,8 +117,10 @@ def test_every_file_of_ours_parses_and_binds(path):
 
 @pytest.fixture(scope="module")
 def t5x_installed():
-  pytest.importorskip("t5x.train", reason="the real T5X is not installed "
-                      "(bash scripts/install_t5x.sh; CI installs it)")
+  pytest.importorskip(
+      "t5x.train",
+      reason="the real T5X is not installed "
+      "(bash scripts/install_t5x.sh; CI installs it)")
 
 
 # Parsing T5X's files in a fresh process, as `python -m t5x.train` does: T5X's own model files bind
@@ -189,9 +193,16 @@ def test_paper_settings_in_both_engines(path, t5x_parsed):
   batch, width, layers = MODELS[model]
   t5x = t5x_parsed[path]
   assert t5x["factors"] == "constant" and t5x["width"] == width
-  t5x_values = {"task": t5x["MIXTURE_OR_TASK_NAME"], "steps": t5x["steps"] - 1_000_000,
-                "batch": t5x["batch"], "lengths": t5x["lengths"], "dropout": t5x["dropout"],
-                "init": t5x["init"], "lr": t5x["lr"], "cached": t5x["cached"]}
+  t5x_values = {
+      "task": t5x["MIXTURE_OR_TASK_NAME"],
+      "steps": t5x["steps"] - 1_000_000,
+      "batch": t5x["batch"],
+      "lengths": t5x["lengths"],
+      "dropout": t5x["dropout"],
+      "init": t5x["init"],
+      "lr": t5x["lr"],
+      "cached": t5x["cached"]
+  }
   _parse(train_lib, [f"gin/mcwq_t5x/{pathlib.Path(path).name}"])
   ours = {
       "task": gin.query_parameter("%MIXTURE_OR_TASK_NAME"),
@@ -207,9 +218,18 @@ def test_paper_settings_in_both_engines(path, t5x_parsed):
   cfg = _network_config()
   assert (cfg.emb_dim, cfg.num_encoder_layers, cfg.vocab_size) == (width, layers, 250112)
   assert t5x_values == ours == {
-      "task": f"mcwq_{split}_{lang}", "steps": 50_000, "batch": batch, "dropout": 0.1,
-      "lengths": {"inputs": 128, "targets": 512}, "lr": 5e-4, "cached": False,
-      "init": f"gs://t5-data/pretrained_models/t5x/{model}/checkpoint_1000000"}
+      "task": f"mcwq_{split}_{lang}",
+      "steps": 50_000,
+      "batch": batch,
+      "dropout": 0.1,
+      "lengths": {
+          "inputs": 128,
+          "targets": 512
+      },
+      "lr": 5e-4,
+      "cached": False,
+      "init": f"gs://t5-data/pretrained_models/t5x/{model}/checkpoint_1000000"
+  }
 
 
 def test_zeroshot_and_gold_point_to_the_trained_model():
@@ -227,8 +247,8 @@ def test_zeroshot_and_gold_point_to_the_trained_model():
 
 
 def test_tiny_config_and_overrides():
-  _, bindings = gin_utils.rewrite_gin_args(["--gin.MODEL_DIR='/tmp/x'", "--gin.TRAIN_STEPS=7",
-                                            "--other"])
+  _, bindings = gin_utils.rewrite_gin_args(
+      ["--gin.MODEL_DIR='/tmp/x'", "--gin.TRAIN_STEPS=7", "--other"])
   assert bindings == ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 7"]
   _parse(train_lib, ["gin/mcwq_t5x/tiny_random_split_en.gin"], bindings)
   assert gin.query_parameter("%MODEL_DIR") == "/tmp/x"
@@ -241,14 +261,20 @@ def test_tiny_config_and_overrides():
 
 
 def test_generated_files_are_up_to_date():
-  out = subprocess.run([sys.executable, str(REPO / "scripts/make_gin_configs.py"), "--check"],
-                       capture_output=True, text=True)
+  out = subprocess.run(
+      [sys.executable, str(REPO / "scripts/make_gin_configs.py"), "--check"],
+      capture_output=True,
+      text=True)
   assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_generator_round_trip(tmp_path):
-  subprocess.run([sys.executable, str(REPO / "scripts/make_gin_configs.py"), "--root",
-                  str(tmp_path)], check=True, capture_output=True)
+  subprocess.run(
+      [sys.executable,
+       str(REPO / "scripts/make_gin_configs.py"), "--root",
+       str(tmp_path)],
+      check=True,
+      capture_output=True)
   generated = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.gin"))
   assert len(generated) == 165
   for f in generated:
@@ -258,7 +284,8 @@ def test_generator_round_trip(tmp_path):
 def test_gin_typos_are_clear_errors(tmp_path):
   # Unknown parameter of a configurable, in a file: names the file and line.
   bad = tmp_path / "bad.gin"
-  bad.write_text("include 'gin/mcwq_t5x/tiny_random_split_en.gin'\n\ntrain_script.train.totl_steps = 5\n")
+  bad.write_text(
+      "include 'gin/mcwq_t5x/tiny_random_split_en.gin'\n\ntrain_script.train.totl_steps = 5\n")
   with pytest.raises(gin_utils.GinConfigError, match=r"(?s)totl_steps.*bad.gin.*line 3"):
     _parse(train_lib, [str(bad)])
   # A misspelt macro on the command line.

@@ -43,6 +43,8 @@ def test_infer_fn_matches_one_big_batch_in_row_order(model_and_params):
 
 def test_infer_fn_empty_input(model_and_params):
   model, partitioner, params = model_and_params
-  empty = {"encoder_input_tokens": np.zeros((0, 12), np.int32),
-           "decoder_input_tokens": np.zeros((0, 10), np.int32)}
+  empty = {
+      "encoder_input_tokens": np.zeros((0, 12), np.int32),
+      "decoder_input_tokens": np.zeros((0, 10), np.int32)
+  }
   assert inference.get_infer_fn(model, partitioner, 4)(params, empty).shape == (0, 10)

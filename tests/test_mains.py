@@ -19,16 +19,21 @@ RUN = mains.SMALL_MODEL + [
     "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "BATCH_SIZE = 8",
     "LOG_EVERY_STEPS = 1", "CHECKPOINT_PERIOD = 2", "EVAL_PERIOD = 2", "EVAL_STEPS = None",
     "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 6", "FINAL_EVAL_NUM_EXAMPLES = 16",
-    "WARMUP_STEPS = 2", "HOST_DEVICE_COUNT = 2", "TRAIN_STEPS = 4"]
+    "WARMUP_STEPS = 2", "HOST_DEVICE_COUNT = 2", "TRAIN_STEPS = 4"
+]
 # The 155 human-translated gold test questions (Hebrew) load in a second: real MCWQ text, small.
-GOLD = ["MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
-        "FINAL_EVAL_SPLIT = 'test'"]
+GOLD = [
+    "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
+    "FINAL_EVAL_SPLIT = 'test'"
+]
 
 
 def train(model_dir, *extra, check=True):
-  return mains.python_m("mcwq_t5x.train", f"--gin_file={TINY}",
-                        *mains.gin_flags(RUN + GOLD + [f"MODEL_DIR = '{model_dir}'", *extra]),
-                        check=check)
+  return mains.python_m(
+      "mcwq_t5x.train",
+      f"--gin_file={TINY}",
+      *mains.gin_flags(RUN + GOLD + [f"MODEL_DIR = '{model_dir}'", *extra]),
+      check=check)
 
 
 def losses(model_dir):
@@ -61,8 +66,10 @@ def test_train_output_layout(trained):
   # (batch 8: the last batch of 3 rows is padded, not dropped).
   evals = [json.loads(l) for l in (model_dir / "eval_metrics.jsonl").read_text().splitlines()]
   assert [e["step"] for e in evals] == [2, 4]
-  assert {"training_eval/loss", "training_eval/accuracy", "inference_eval/exact_match",
-          "inference_eval/bleu"} <= set(evals[0])
+  assert {
+      "training_eval/loss", "training_eval/accuracy", "inference_eval/exact_match",
+      "inference_eval/bleu"
+  } <= set(evals[0])
 
 
 def test_kill_and_resume_reproduces_losses(trained, tmp_path):
@@ -74,16 +81,19 @@ def test_kill_and_resume_reproduces_losses(trained, tmp_path):
   resumed = losses(tmp_path)
   assert sorted(resumed) == [1, 2, 3, 4]
   np.testing.assert_allclose([resumed[s] for s in (1, 2, 3, 4)],
-                             [straight[s] for s in (1, 2, 3, 4)], rtol=1e-5)
+                             [straight[s] for s in (1, 2, 3, 4)],
+                             rtol=1e-5)
 
 
 def test_eval_main_writes_predictions_in_source_order(trained, tmp_path):
   # Batch 6 on 4 host devices: rounded up to 8 (padded), not an IndivisibleError.
-  out = mains.python_m("mcwq_t5x.eval", f"--gin_file={MODEL}", "--gin_file=gin/mcwq_t5x/runs/eval.gin",
-                       *mains.gin_flags(mains.SMALL_MODEL + [
-                           "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", f"CHECKPOINT_PATH = '{trained}'",
-                           "NUM_EXAMPLES = 16", f"EVAL_OUTPUT_DIR = '{tmp_path}'",
-                           "BATCH_SIZE = 6", "HOST_DEVICE_COUNT = 4"]))
+  out = mains.python_m(
+      "mcwq_t5x.eval", f"--gin_file={MODEL}", "--gin_file=gin/mcwq_t5x/runs/eval.gin",
+      *mains.gin_flags(mains.SMALL_MODEL + [
+          "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", f"CHECKPOINT_PATH = '{trained}'",
+          "NUM_EXAMPLES = 16", f"EVAL_OUTPUT_DIR = '{tmp_path}'", "BATCH_SIZE = 6",
+          "HOST_DEVICE_COUNT = 4"
+      ]))
   preds = (tmp_path / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()
   assert len(preds) == 16
   # Same checkpoint, same examples: the same predictions as the training run's final evaluation.
@@ -97,10 +107,16 @@ def test_eval_main_writes_predictions_in_source_order(trained, tmp_path):
 def test_infer_main_one_line_per_input_line(trained, tmp_path):
   # A form feed and a Unicode line separator inside questions do not split them; CRLF is fine.
   questions = "Did M0 direct M1\r\nWho edited\x0c M0\nWas M2 \u2028 a film\n"
-  out = mains.python_m("mcwq_t5x.infer", f"--gin_file={MODEL}", "--gin_file=gin/mcwq_t5x/runs/infer.gin",
-                       f"--gin.CHECKPOINT_PATH='{trained}'", "--gin.MAX_DECODE_LENGTH=32",
-                       "--gin.HOST_DEVICE_COUNT=3", "--sparql",
-                       *mains.gin_flags(mains.SMALL_MODEL), input=questions)
+  out = mains.python_m(
+      "mcwq_t5x.infer",
+      f"--gin_file={MODEL}",
+      "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+      f"--gin.CHECKPOINT_PATH='{trained}'",
+      "--gin.MAX_DECODE_LENGTH=32",
+      "--gin.HOST_DEVICE_COUNT=3",
+      "--sparql",
+      *mains.gin_flags(mains.SMALL_MODEL),
+      input=questions)
   lines = out.stdout.splitlines() if "\u2028" not in out.stdout else out.stdout.split("\n")[:-1]
   assert len(out.stdout.split("\n")) == 4 and out.stdout.endswith("\n")
   for line in out.stdout.split("\n")[:-1]:  # untrained: valid SPARQL or an explicit error
@@ -115,7 +131,8 @@ def configured_train(model_dir, *extra):
 
 
 def test_unknown_task_names_the_closest(tmp_path):
-  with pytest.raises(ValueError, match="unknown task or mixture 'mcwq_mcd9_en'.*closest.*mcwq_mcd1_en"):
+  with pytest.raises(
+      ValueError, match="unknown task or mixture 'mcwq_mcd9_en'.*closest.*mcwq_mcd1_en"):
     configured_train(tmp_path, "MIXTURE_OR_TASK_NAME = 'mcwq_mcd9_en'")()
 
 
@@ -126,7 +143,8 @@ def test_missing_data_dir(tmp_path, monkeypatch):
 
 
 def test_vocab_model_size_mismatch(tmp_path):
-  with pytest.raises(ValueError, match="vocabulary/model mismatch.*2000 pieces.*vocab_size is 1000"):
+  with pytest.raises(
+      ValueError, match="vocabulary/model mismatch.*2000 pieces.*vocab_size is 1000"):
     configured_train(tmp_path, "network.get_config.vocab_size = 1000")()
 
 

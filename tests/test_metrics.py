@@ -39,7 +39,8 @@ def _lines(path):
 def test_exact_match_hand_made():
   targets = ["a b", " c d ", "e"]
   assert metrics.exact_match_metric(targets, ["a b", "c d\n", "f"]) == {
-      "exact_match": pytest.approx(200 / 3)}
+      "exact_match": pytest.approx(200 / 3)
+  }
   assert metrics.exact_match_metric([b"a b"], ["a b "]) == {"exact_match": 100.0}
   # Inner spacing and token order matter, as in the paper.
   assert metrics.exact_match_metric(["a b"], ["a  b"]) == {"exact_match": 0.0}
@@ -99,46 +100,50 @@ def test_equivalence_sparql_format():
 # Error categories (§6.2), hand-made pairs.
 
 
-@pytest.mark.parametrize("gold, pred, category", [
-    (G1, G1, "correct"),
-    (G1, "  " + G1 + " \n", "correct"),
-    (G1, "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) . "
+@pytest.mark.parametrize(
+    "gold, pred, category",
+    [
+        (G1, G1, "correct"),
+        (G1, "  " + G1 + " \n", "correct"),
+        (G1, "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) . "
          "( ?x0 ( wdt:P58 , wdt:P57 ) ( M0 ) ) rb", "equivalent"),
-    (G1, "", "syntax_error"),
-    (G1, G1[:40], "syntax_error"),
-    (G1, G1.replace(") ) .", ") .", 1), "syntax_error"),
-    # Properties.
-    (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P57"), "missing_property"),
-    (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P57 , wdt:P58 , wdt:P86"), "extra_property"),
-    (G1, G1.replace("wdt:P58", "wdt:P86"), "wrong_property"),
-    (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P86 , wdt:P161"), "wrong_property"),
-    # Entities (placeholders and wd: constants).
-    (G2, G2.replace("M0 , M1", "M0"), "missing_entity"),
-    (G2, G2.replace("M0 , M1", "M0 , M1 , M2"), "extra_entity"),
-    (G2, G2.replace("M0 , M1", "M0 , M2"), "wrong_entity"),
-    (G2, G2.replace("wd:Q30", "wd:Q16"), "wrong_entity"),
-    (G3, "ASK WHERE lb ( M0 ( wdt:P26 ) ( ?x0 ) ) rb", "missing_entity"),  # filter entity
-    # Combinations.
-    (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P86"), "multiple_errors"),  # wrong + missing
-    (G1, G1.replace("wdt:P58", "wdt:P86").replace("wd:Q30", "wd:Q16"), "multiple_errors"),
-    # A constant replaced by a variable: the entity is missing, the properties are the same.
-    (G2, G2.replace("( ?x0 ( wdt:P27 ) ( wd:Q30 ) )", "( ?x0 ( wdt:P27 ) ( ?x1 ) )"),
-     "missing_entity"),
-    (G2, G2.replace("M0 , M1", "M0").replace("wdt:P57", "wdt:P57 , wdt:P58"), "multiple_errors"),
-    # Same properties and entities, different structure.
-    (G1, G1.replace("SELECT DISTINCT ?x0 WHERE", "ASK WHERE"), "wrong_structure"),
-    (G1, G1.replace("( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 ) )", "( M0 ( wdt:P57 , wdt:P58 ) ( ?x0 ) )"),
-     "wrong_structure"),
-    (G1, G1.replace("( ?x0 ( wdt:P27 ) ( wd:Q30 ) )", "( ?x1 ( wdt:P27 ) ( wd:Q30 ) )"),
-     "wrong_structure"),
-])
+        (G1, "", "syntax_error"),
+        (G1, G1[:40], "syntax_error"),
+        (G1, G1.replace(") ) .", ") .", 1), "syntax_error"),
+        # Properties.
+        (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P57"), "missing_property"),
+        (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P57 , wdt:P58 , wdt:P86"), "extra_property"),
+        (G1, G1.replace("wdt:P58", "wdt:P86"), "wrong_property"),
+        (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P86 , wdt:P161"), "wrong_property"),
+        # Entities (placeholders and wd: constants).
+        (G2, G2.replace("M0 , M1", "M0"), "missing_entity"),
+        (G2, G2.replace("M0 , M1", "M0 , M1 , M2"), "extra_entity"),
+        (G2, G2.replace("M0 , M1", "M0 , M2"), "wrong_entity"),
+        (G2, G2.replace("wd:Q30", "wd:Q16"), "wrong_entity"),
+        (G3, "ASK WHERE lb ( M0 ( wdt:P26 ) ( ?x0 ) ) rb", "missing_entity"),  # filter entity
+        # Combinations.
+        (G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P86"), "multiple_errors"),  # wrong + missing
+        (G1, G1.replace("wdt:P58", "wdt:P86").replace("wd:Q30", "wd:Q16"), "multiple_errors"),
+        # A constant replaced by a variable: the entity is missing, the properties are the same.
+        (G2, G2.replace("( ?x0 ( wdt:P27 ) ( wd:Q30 ) )",
+                        "( ?x0 ( wdt:P27 ) ( ?x1 ) )"), "missing_entity"),
+        (G2, G2.replace("M0 , M1", "M0").replace("wdt:P57",
+                                                 "wdt:P57 , wdt:P58"), "multiple_errors"),
+        # Same properties and entities, different structure.
+        (G1, G1.replace("SELECT DISTINCT ?x0 WHERE", "ASK WHERE"), "wrong_structure"),
+        (G1,
+         G1.replace("( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 ) )",
+                    "( M0 ( wdt:P57 , wdt:P58 ) ( ?x0 ) )"), "wrong_structure"),
+        (G1, G1.replace("( ?x0 ( wdt:P27 ) ( wd:Q30 ) )",
+                        "( ?x1 ( wdt:P27 ) ( wd:Q30 ) )"), "wrong_structure"),
+    ])
 def test_error_category(gold, pred, category):
   assert metrics.classify_error(gold, pred) == category
 
 
 def test_error_analysis_evidence():
-  a = metrics.analyze_error(G1, G1.replace("wdt:P57 , wdt:P58", "wdt:P86").replace(
-      "wd:Q30", "wd:Q16"))
+  a = metrics.analyze_error(G1,
+                            G1.replace("wdt:P57 , wdt:P58", "wdt:P86").replace("wd:Q30", "wd:Q16"))
   assert a.category == "multiple_errors"
   assert a.kinds == ("missing_property", "wrong_property", "wrong_entity")
   assert a.missing_properties == ("wdt:P57", "wdt:P58")
@@ -149,8 +154,8 @@ def test_error_analysis_evidence():
 
 def test_error_categories_sparql_format():
   gold = "ASK WHERE { M0 wdt:P26 ?x0 . FILTER ( ?x0 != M1 ) }"
-  assert metrics.classify_error(gold, "ASK WHERE { M0 wdt:P26 ?x0 }", fmt="sparql") == (
-      "missing_entity")
+  assert metrics.classify_error(
+      gold, "ASK WHERE { M0 wdt:P26 ?x0 }", fmt="sparql") == ("missing_entity")
   assert metrics.classify_error(gold, "ASK WHERE { M0 wdt:P26", fmt="sparql") == "syntax_error"
 
 
@@ -195,13 +200,22 @@ def test_malformed_predictions_never_crash(bad):
   assert metrics.error_category_counts(targets, preds)["syntax_error"] == 1
   assert metrics.error_category_metric(targets, preds)["errors/syntax_error"] == 50.0
   assert metrics.accuracy_by_complexity(targets, preds, [10, 12]) == {
-      10: {"n": 1, "correct": 0, "exact_match": 0.0},
-      12: {"n": 1, "correct": 1, "exact_match": 100.0}}
+      10: {
+          "n": 1,
+          "correct": 0,
+          "exact_match": 0.0
+      },
+      12: {
+          "n": 1,
+          "correct": 1,
+          "exact_match": 100.0
+      }
+  }
   assert metrics.score_predictions(targets, preds)["error_categories"]["syntax_error"] == 1
   assert metrics.parse_query(bad) is None
   if not (isinstance(bad, str) and bad.startswith("ASK WHERE {")):  # valid SPARQL
-    assert metrics.classify_error("ASK WHERE { M0 wdt:P26 ?x0 }", bad, fmt="sparql") == (
-        "syntax_error")
+    assert metrics.classify_error(
+        "ASK WHERE { M0 wdt:P26 ?x0 }", bad, fmt="sparql") == ("syntax_error")
 
 
 def test_truncations_of_published_queries_never_crash(mcwq_dir):
@@ -246,9 +260,14 @@ def test_match_test_intersection_hand_made():
   # Without questions: first unused candidate, one-to-one.
   assert metrics.match_test_intersection(gold_targets, mcd_targets) == [0, 2, None, 3]
   # Several languages: the mean similarity decides.
-  assert metrics.match_test_intersection(
-      ["q1"], mcd_targets, {"he": ["Did M0 compose"], "zh": ["Did M0 compose"], "kn": ["x"]},
-      {"he": mcd_questions, "zh": mcd_questions}) == [4]
+  assert metrics.match_test_intersection(["q1"], mcd_targets, {
+      "he": ["Did M0 compose"],
+      "zh": ["Did M0 compose"],
+      "kn": ["x"]
+  }, {
+      "he": mcd_questions,
+      "zh": mcd_questions
+  }) == [4]
   with pytest.raises(ValueError, match="both"):
     metrics.match_test_intersection(gold_targets, mcd_targets, gold_questions, None)
 
@@ -258,9 +277,9 @@ def test_match_test_intersection_on_gold_set(mcwq_dir):
   gold = _lines(t / "gold/test.he.sparql")
   mcd = _lines(t / "mcd1/test.he.sparql")
   langs = ("he", "kn", "zh")
-  index = metrics.match_test_intersection(
-      gold, mcd, {l: _lines(t / f"gold/test.{l}.txt") for l in langs},
-      {l: _lines(t / f"mcd1/test.{l}.txt") for l in langs})
+  index = metrics.match_test_intersection(gold, mcd,
+                                          {l: _lines(t / f"gold/test.{l}.txt") for l in langs},
+                                          {l: _lines(t / f"mcd1/test.{l}.txt") for l in langs})
   assert len(index) == 155
   assert None not in index
   assert len(set(index)) == 155

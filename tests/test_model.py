@@ -14,14 +14,18 @@ from mcwq_t5x import decoding
 from mcwq_t5x import model as model_lib
 from mcwq_t5x import network
 
-
 VOCAB = 160
 EOS = 1
-CFG = network.T5Config(vocab_size=VOCAB, emb_dim=48, num_heads=4,
-                       num_encoder_layers=2, num_decoder_layers=2, head_dim=12,
-                       mlp_dim=96, dropout_rate=0.0)
-FACTORS = (None, "NUM_REAL_TARGET_TOKENS", "num_total_target_tokens",
-           "AVERAGE_PER_SEQUENCE", 7.0)
+CFG = network.T5Config(
+    vocab_size=VOCAB,
+    emb_dim=48,
+    num_heads=4,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    head_dim=12,
+    mlp_dim=96,
+    dropout_rate=0.0)
+FACTORS = (None, "NUM_REAL_TARGET_TOKENS", "num_total_target_tokens", "AVERAGE_PER_SEQUENCE", 7.0)
 
 
 def _pad(rows, length):
@@ -37,10 +41,11 @@ def _shift_right(targets):
 
 def _batch(inputs, targets, in_len, tgt_len):
   tgt = _pad(targets, tgt_len)
-  return dict(encoder_input_tokens=_pad(inputs, in_len),
-              decoder_input_tokens=_shift_right(tgt),
-              decoder_target_tokens=tgt,
-              decoder_loss_weights=(tgt > 0).astype(np.float32))
+  return dict(
+      encoder_input_tokens=_pad(inputs, in_len),
+      decoder_input_tokens=_shift_right(tgt),
+      decoder_target_tokens=tgt,
+      decoder_loss_weights=(tgt > 0).astype(np.float32))
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +60,14 @@ def examples():
 @pytest.fixture(scope="module")
 def batch(examples):
   inputs, targets = examples
-  return _batch(inputs, targets, max(map(len, inputs)) + 3,
-                max(map(len, targets)) + 2)
+  return _batch(inputs, targets, max(map(len, inputs)) + 3, max(map(len, targets)) + 2)
 
 
 @pytest.fixture(scope="module")
 def params():
   model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
   shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 8)}
-  variables = jax.jit(lambda r: model.get_initial_variables(r, shapes))(
-      jax.random.PRNGKey(0))
+  variables = jax.jit(lambda r: model.get_initial_variables(r, shapes))(jax.random.PRNGKey(0))
   assert isinstance(variables["params"]["encoder"]["encoder_norm"]["scale"],
                     nn.LogicallyPartitioned)
   return nn.unbox(variables["params"])
@@ -80,27 +83,32 @@ def _numpy_losses(logits, targets, label_smoothing, z_loss):
   soft = np.full(logits.shape, low)
   np.put_along_axis(soft, targets[..., None], conf, axis=-1)
   const = -(conf * np.log(conf) + (v - 1) * low * np.log(low + 1e-20))
-  return -(soft * log_p).sum(-1) - const, z_loss * log_z ** 2
+  return -(soft * log_p).sum(-1) - const, z_loss * log_z**2
 
 
 def _logits(params, batch):
-  return np.asarray(jax.jit(network.Transformer(CFG).apply,
-                            static_argnames="enable_dropout")(
-      {"params": params}, batch["encoder_input_tokens"],
-      batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-      enable_dropout=False))
+  return np.asarray(
+      jax.jit(network.Transformer(CFG).apply,
+              static_argnames="enable_dropout")({
+                  "params": params
+              },
+                                                batch["encoder_input_tokens"],
+                                                batch["decoder_input_tokens"],
+                                                batch["decoder_target_tokens"],
+                                                enable_dropout=False))
 
 
 @pytest.mark.parametrize("label_smoothing,factor", [(0.0, None), (0.1, 233472.0)])
 def test_loss_matches_t5x_formula(params, batch, label_smoothing, factor):
   model = model_lib.EncoderDecoderModel(
-      network.Transformer(CFG), label_smoothing=label_smoothing, z_loss=1e-3,
+      network.Transformer(CFG),
+      label_smoothing=label_smoothing,
+      z_loss=1e-3,
       loss_normalizing_factor=factor)
   loss, metrics = jax.jit(model.eval_fn)(params, batch)
   logits = _logits(params, batch)
   weights = batch["decoder_loss_weights"]
-  ce, z = _numpy_losses(logits, batch["decoder_target_tokens"], label_smoothing,
-                        1e-3)
+  ce, z = _numpy_losses(logits, batch["decoder_target_tokens"], label_smoothing, 1e-3)
   ce, z = (ce * weights).sum(), (z * weights).sum()
   n = weights.sum()
   np.testing.assert_allclose(metrics["cross_ent_loss"], ce, rtol=1e-5)
@@ -116,18 +124,17 @@ def test_loss_matches_t5x_formula(params, batch, label_smoothing, factor):
 
 
 def _models(factors):
-  return {str(f): model_lib.EncoderDecoderModel(network.Transformer(CFG),
-                                                loss_normalizing_factor=f)
-          for f in factors}
+  return {
+      str(f): model_lib.EncoderDecoderModel(network.Transformer(CFG), loss_normalizing_factor=f)
+      for f in factors
+  }
 
 
 def test_loss_normalizing_factors(params, batch):
   """T5X's `loss_normalizing_factor` options, against NumPy (metrics do not depend on them)."""
   models = _models(FACTORS)
-  out = jax.jit(lambda p, b: {k: m.eval_fn(p, b) for k, m in models.items()})(
-      params, batch)
-  total = sum(_numpy_losses(_logits(params, batch),
-                            batch["decoder_target_tokens"], 0.0, 1e-4))
+  out = jax.jit(lambda p, b: {k: m.eval_fn(p, b) for k, m in models.items()})(params, batch)
+  total = sum(_numpy_losses(_logits(params, batch), batch["decoder_target_tokens"], 0.0, 1e-4))
   weights = batch["decoder_loss_weights"]
   row_sums = (total * weights).sum(1)
   row_tokens = weights.sum(1)
@@ -142,8 +149,7 @@ def test_loss_normalizing_factors(params, batch):
   for key, (loss, metrics) in out.items():
     np.testing.assert_allclose(loss, expected[key], rtol=1e-5, err_msg=key)
     np.testing.assert_allclose(metrics["loss"], row_sums.sum(), rtol=1e-5)
-  assert models["num_total_target_tokens"].loss_normalizing_factor == (
-      "NUM_TOTAL_TARGET_TOKENS")
+  assert models["num_total_target_tokens"].loss_normalizing_factor == ("NUM_TOTAL_TARGET_TOKENS")
   assert float(models["AVERAGE_PER_SEQUENCE"].loss_normalizer(batch)) == 4.0
   assert float(models["None"].loss_normalizer(batch)) == weights.sum()
 
@@ -156,26 +162,27 @@ def test_microbatch_losses_add_up_to_the_batch_loss(params, batch):
   halves = [{k: v[s] for k, v in batch.items()} for s in (slice(0, 1), slice(1, 4))]
 
   def losses(p):
-    return {key: (m.loss_fn(p, batch, None),
-                  [m.loss_fn(p, h, None, normalizer=m.loss_normalizer(batch))
-                   for h in halves])
-            for key, m in models.items()}
+    return {
+        key: (m.loss_fn(p, batch, None),
+              [m.loss_fn(p, h, None, normalizer=m.loss_normalizer(batch))
+               for h in halves]) for key, m in models.items()
+    }
 
   for key, ((full, full_m), parts) in jax.jit(losses)(params).items():
-    np.testing.assert_allclose(parts[0][0] + parts[1][0], full, rtol=1e-5,
-                               err_msg=key)
+    np.testing.assert_allclose(parts[0][0] + parts[1][0], full, rtol=1e-5, err_msg=key)
     for m in full_m:
-      np.testing.assert_allclose(parts[0][1][m] + parts[1][1][m], full_m[m],
-                                 rtol=1e-5, err_msg=f"{key} {m}")
+      np.testing.assert_allclose(
+          parts[0][1][m] + parts[1][1][m], full_m[m], rtol=1e-5, err_msg=f"{key} {m}")
 
 
 def _pack(examples, pairs, in_len, tgt_len):
   """Packs examples as seqio's EncDecFeatureConverter(pack=True) does."""
   inputs, targets = examples
-  rows = {k: [] for k in ("encoder_input_tokens", "decoder_target_tokens",
-                          "encoder_segment_ids", "decoder_segment_ids",
-                          "encoder_positions", "decoder_positions",
-                          "decoder_input_tokens")}
+  rows = {
+      k: [] for k in ("encoder_input_tokens", "decoder_target_tokens", "encoder_segment_ids",
+                     "decoder_segment_ids", "encoder_positions", "decoder_positions",
+                     "decoder_input_tokens")
+  }
   for pair in pairs:
     enc, tgt, eseg, dseg, epos, dpos, dec = [], [], [], [], [], [], []
     for seg, i in enumerate(pair, start=1):
@@ -186,21 +193,17 @@ def _pack(examples, pairs, in_len, tgt_len):
       dseg += [seg] * len(targets[i])
       epos += list(range(len(inputs[i])))
       dpos += list(range(len(targets[i])))
-    for key, row in zip(("encoder_input_tokens", "decoder_target_tokens",
-                         "encoder_segment_ids", "decoder_segment_ids",
-                         "encoder_positions", "decoder_positions",
-                         "decoder_input_tokens"),
-                        (enc, tgt, eseg, dseg, epos, dpos, dec)):
+    for key, row in zip(
+        ("encoder_input_tokens", "decoder_target_tokens", "encoder_segment_ids",
+         "decoder_segment_ids", "encoder_positions", "decoder_positions", "decoder_input_tokens"),
+        (enc, tgt, eseg, dseg, epos, dpos, dec)):
       rows[key].append(row)
-  out = {k: _pad(v, in_len if k.startswith("encoder") else tgt_len)
-         for k, v in rows.items()}
-  out["decoder_loss_weights"] = (out["decoder_target_tokens"] > 0).astype(
-      np.float32)
+  out = {k: _pad(v, in_len if k.startswith("encoder") else tgt_len) for k, v in rows.items()}
+  out["decoder_loss_weights"] = (out["decoder_target_tokens"] > 0).astype(np.float32)
   return out
 
 
-def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch,
-                                                            examples):
+def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch, examples):
   inputs, targets = examples
   pairs = [(0, 1), (2, 3)]
   in_len = max(len(inputs[a]) + len(inputs[b]) for a, b in pairs) + 2
@@ -212,15 +215,14 @@ def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch,
   for row, pair in enumerate(pairs):
     for seg, i in enumerate(pair, start=1):
       in_segment = packed["decoder_segment_ids"][row] == seg
-      np.testing.assert_allclose(token_scores[row][in_segment].sum(),
-                                 unpacked_scores[i], rtol=1e-5, atol=1e-4)
+      np.testing.assert_allclose(
+          token_scores[row][in_segment].sum(), unpacked_scores[i], rtol=1e-5, atol=1e-4)
   # The loss and its metrics; AVERAGE_PER_SEQUENCE averages over segments.
   models = _models((None, "AVERAGE_PER_SEQUENCE"))
   evals = jax.jit(lambda p, b: {k: m.eval_fn(p, b) for k, m in models.items()})
   out_packed, out_unpacked = evals(params, packed), evals(params, batch)
   for key in models:
-    np.testing.assert_allclose(out_packed[key][0], out_unpacked[key][0],
-                               rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(out_packed[key][0], out_unpacked[key][0], rtol=1e-5, err_msg=key)
   assert float(models["AVERAGE_PER_SEQUENCE"].loss_normalizer(packed)) == 4.0
   m_packed, m_unpacked = out_packed["None"][1], out_unpacked["None"][1]
   for key in ("loss", "cross_ent_loss", "z_loss"):
@@ -228,8 +230,7 @@ def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch,
   for key in ("num_tokens", "num_examples", "accuracy_numerator"):
     assert m_packed[key] == m_unpacked[key], key
   # Without segment ids the packed rows would attend across examples.
-  unsegmented = {k: v for k, v in packed.items()
-                 if "segment" not in k and "positions" not in k}
+  unsegmented = {k: v for k, v in packed.items() if "segment" not in k and "positions" not in k}
   wrong = np.asarray(jax.jit(model.token_scores)(params, unsegmented))
   assert np.abs(wrong - token_scores).max() > 1e-3
 
@@ -242,8 +243,7 @@ def trained(params, batch):
 
   @jax.jit
   def step(p, state, rng):
-    (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
-        p, batch, rng)
+    (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch, rng)
     updates, state = opt.update(grads, state, p)
     return optax.apply_updates(p, updates), state, loss
 
@@ -256,10 +256,11 @@ def trained(params, batch):
 
 
 def _batch_from_tokens(batch, tokens):
-  return dict(encoder_input_tokens=batch["encoder_input_tokens"],
-              decoder_input_tokens=_shift_right(tokens),
-              decoder_target_tokens=tokens,
-              decoder_loss_weights=(tokens > 0).astype(np.float32))
+  return dict(
+      encoder_input_tokens=batch["encoder_input_tokens"],
+      decoder_input_tokens=_shift_right(tokens),
+      decoder_target_tokens=tokens,
+      decoder_loss_weights=(tokens > 0).astype(np.float32))
 
 
 def test_training_reduces_loss_and_greedy_reproduces_targets(trained, batch):
@@ -271,8 +272,8 @@ def test_training_reduces_loss_and_greedy_reproduces_targets(trained, batch):
   np.testing.assert_array_equal(tokens, batch["decoder_target_tokens"])
   # Greedy scores are the summed log-probs of the decoded tokens.
   scored = _batch_from_tokens(batch, np.asarray(tokens))
-  np.testing.assert_allclose(aux["scores"], jax.jit(model.score_batch)(p, scored),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+      aux["scores"], jax.jit(model.score_batch)(p, scored), rtol=1e-4, atol=1e-4)
 
 
 def test_beam_search(trained, batch):
@@ -280,15 +281,13 @@ def test_beam_search(trained, batch):
   length = batch["decoder_target_tokens"].shape[1]
   greedy, g_aux = model.predict_batch_with_aux(p, batch)
   beam1, b_aux = model.predict_batch_with_aux(
-      p, batch, num_decodes=1, method="beam_search",
-      decoder_params={"alpha": 0.0})
+      p, batch, num_decodes=1, method="beam_search", decoder_params={"alpha": 0.0})
   np.testing.assert_array_equal(beam1, greedy)
   np.testing.assert_allclose(b_aux["scores"], g_aux["scores"], rtol=1e-5)
 
   alpha = 0.6
   beams, aux = model.predict_batch_with_aux(
-      p, batch, num_decodes=4, decoder_params={"alpha": alpha},
-      return_all_decodes=True)
+      p, batch, num_decodes=4, decoder_params={"alpha": alpha}, return_all_decodes=True)
   beams, scores = np.asarray(beams), np.asarray(aux["scores"])
   assert beams.shape == (4, 4, length) and scores.shape == (4, 4)
   assert (np.diff(scores, axis=1) >= 0).all(), "ascending, best last"
@@ -296,8 +295,7 @@ def test_beam_search(trained, batch):
   flat = beams.reshape(16, length)
   rep = {k: np.repeat(v, 4, axis=0) for k, v in batch.items()}
   log_probs = jax.jit(model.score_batch)(p, _batch_from_tokens(rep, flat))
-  expected = decoding.length_penalized_score(log_probs, flat, EOS, alpha,
-                                             max_len=length)
+  expected = decoding.length_penalized_score(log_probs, flat, EOS, alpha, max_len=length)
   np.testing.assert_allclose(scores.ravel(), expected, rtol=1e-4, atol=1e-4)
   # The 4 beams of an example are distinct sequences.
   for b in range(4):
@@ -305,11 +303,9 @@ def test_beam_search(trained, batch):
   # The best beam is at least as good as greedy under the beam score.
   g = np.asarray(greedy)
   greedy_scores = decoding.length_penalized_score(
-      jax.jit(model.score_batch)(p, _batch_from_tokens(batch, g)), g, EOS, alpha,
-      max_len=length)
+      jax.jit(model.score_batch)(p, _batch_from_tokens(batch, g)), g, EOS, alpha, max_len=length)
   assert (scores[:, -1] >= np.asarray(greedy_scores) - 1e-4).all()
-  best = model.predict_batch(p, batch, num_decodes=4,
-                             decoder_params={"alpha": alpha})
+  best = model.predict_batch(p, batch, num_decodes=4, decoder_params={"alpha": alpha})
   np.testing.assert_array_equal(best, beams[:, -1])
 
 
@@ -319,11 +315,15 @@ def test_temperature_sample(params, batch):
   model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
   length = batch["decoder_target_tokens"].shape[1]
   n, topk = 6, 3
-  kwargs = dict(method="temperature_sample", num_decodes=n,
-                decoder_params={"temperature": 1.0, "topk": topk},
-                return_all_decodes=True)
-  samples, aux = model.predict_batch_with_aux(
-      params, batch, rng=jax.random.PRNGKey(0), **kwargs)
+  kwargs = dict(
+      method="temperature_sample",
+      num_decodes=n,
+      decoder_params={
+          "temperature": 1.0,
+          "topk": topk
+      },
+      return_all_decodes=True)
+  samples, aux = model.predict_batch_with_aux(params, batch, rng=jax.random.PRNGKey(0), **kwargs)
   samples, scores = np.asarray(samples), np.asarray(aux["scores"])
   assert samples.shape == (4, n, length) and scores.shape == (4, n)
   assert (np.diff(scores, axis=1) >= 0).all(), "ascending, best last"
@@ -332,9 +332,8 @@ def test_temperature_sample(params, batch):
   flat = samples.reshape(4 * n, length)
   rep = {k: np.repeat(v, n, axis=0) for k, v in batch.items()}
   scored = _batch_from_tokens(rep, flat)
-  np.testing.assert_allclose(scores.ravel(),
-                             jax.jit(model.score_batch)(params, scored),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+      scores.ravel(), jax.jit(model.score_batch)(params, scored), rtol=1e-4, atol=1e-4)
   # Every sampled token (EOS included) is among the topk most likely given its
   # prefix: rank < topk under the teacher-forced logits of the sample itself.
   logits = np.asarray(jax.jit(model._compute_logits)(params, scored))
@@ -349,8 +348,8 @@ def test_temperature_sample(params, batch):
   assert not np.array_equal(other, samples)
   # Temperature 0 is greedy decoding (no rng needed).
   greedy = model.predict_batch(params, batch)
-  cold = model.predict_batch(params, batch, method="temperature_sample",
-                             decoder_params={"temperature": 0.0})
+  cold = model.predict_batch(
+      params, batch, method="temperature_sample", decoder_params={"temperature": 0.0})
   np.testing.assert_array_equal(cold, greedy)
 
 
@@ -362,15 +361,12 @@ def test_prompt_with_targets(trained, batch):
   prefix = np.zeros_like(targets)
   prefix[:, :2] = np.roll(targets, 1, axis=0)[:, :2]
   prompted = dict(batch, decoder_input_tokens=_shift_right(prefix))
-  tokens, aux = model.predict_batch_with_aux(p, prompted,
-                                             prompt_with_targets=True)
+  tokens, aux = model.predict_batch_with_aux(p, prompted, prompt_with_targets=True)
   tokens = np.asarray(tokens)
   np.testing.assert_array_equal(tokens[:, :2], prefix[:, :2])
   assert (tokens[:, 2:] > 0).any()
-  token_scores = np.asarray(jax.jit(model.token_scores)(
-      p, _batch_from_tokens(batch, tokens)))
-  np.testing.assert_allclose(aux["scores"], token_scores[:, 2:].sum(1),
-                             rtol=1e-4, atol=1e-4)
+  token_scores = np.asarray(jax.jit(model.token_scores)(p, _batch_from_tokens(batch, tokens)))
+  np.testing.assert_allclose(aux["scores"], token_scores[:, 2:].sum(1), rtol=1e-4, atol=1e-4)
   # EOS in decoder_input_tokens is dropped from the prompt (T5X): the full
   # targets as a prompt leave the EOS position to be decoded.
   full, _ = model.predict_batch_with_aux(p, batch, prompt_with_targets=True)
@@ -379,16 +375,13 @@ def test_prompt_with_targets(trained, batch):
 
 def test_bad_arguments(params, batch):
   with pytest.raises(ValueError, match="label_smoothing"):
-    model_lib.EncoderDecoderModel(network.Transformer(CFG),
-                                  label_smoothing=1.0)
+    model_lib.EncoderDecoderModel(network.Transformer(CFG), label_smoothing=1.0)
   for bad in ("tokens", 0.0, -1, True):
     with pytest.raises(ValueError, match="loss_normalizing_factor"):
-      model_lib.EncoderDecoderModel(network.Transformer(CFG),
-                                    loss_normalizing_factor=bad)
+      model_lib.EncoderDecoderModel(network.Transformer(CFG), loss_normalizing_factor=bad)
   model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
   with pytest.raises(KeyError, match="decoder_input_tokens"):
-    model.get_initial_variables(jax.random.PRNGKey(0),
-                                {"encoder_input_tokens": (1, 4)})
+    model.get_initial_variables(jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 4)})
   bad_calls = [
       (dict(method="nucleus"), "unknown method 'nucleus'"),
       (dict(num_decodes=2, method="greedy"), "greedy decoding gives one"),
@@ -403,8 +396,6 @@ def test_bad_arguments(params, batch):
     with pytest.raises(ValueError, match=message):
       model.predict_batch(params, batch, **kwargs)
   with pytest.raises(ValueError, match="give max_decode_length"):
-    model.predict_batch(params, {"encoder_input_tokens": batch[
-        "encoder_input_tokens"]})
+    model.predict_batch(params, {"encoder_input_tokens": batch["encoder_input_tokens"]})
   with pytest.raises(ValueError, match="packed"):
-    model.predict_batch(params, dict(batch, encoder_segment_ids=batch[
-        "encoder_input_tokens"]))
+    model.predict_batch(params, dict(batch, encoder_segment_ids=batch["encoder_input_tokens"]))

@@ -17,9 +17,15 @@ from mcwq_t5x import checkpoint_import
 from mcwq_t5x import network
 
 VOCAB = 259
-CFG = network.T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2,
-                       num_encoder_layers=2, num_decoder_layers=2, head_dim=8,
-                       mlp_dim=48, dropout_rate=0.1)
+CFG = network.T5Config(
+    vocab_size=VOCAB,
+    emb_dim=32,
+    num_heads=2,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    head_dim=8,
+    mlp_dim=48,
+    dropout_rate=0.1)
 
 
 def _bytes(text, max_len):
@@ -45,15 +51,14 @@ def batch(mcwq_dir):
 @pytest.fixture(scope="module")
 def params(batch):
   enc, dec, tgt = batch
-  init = jax.jit(network.Transformer(CFG).init,
-                 static_argnames=("enable_dropout",))
+  init = jax.jit(network.Transformer(CFG).init, static_argnames=("enable_dropout",))
   return init(jax.random.PRNGKey(0), enc, dec, tgt, enable_dropout=False)
 
 
 @functools.lru_cache(maxsize=None)
 def _apply_fn(cfg):
-  return jax.jit(network.Transformer(cfg).apply,
-                 static_argnames=("enable_dropout", "capture_intermediates"))
+  return jax.jit(
+      network.Transformer(cfg).apply, static_argnames=("enable_dropout", "capture_intermediates"))
 
 
 def _logits(cfg, params, enc, dec, tgt, **kw):
@@ -62,30 +67,33 @@ def _logits(cfg, params, enc, dec, tgt, **kw):
 
 def test_param_tree_names_shapes_and_logical_axes(params):
   flat = traverse_util.flatten_dict(nn.unbox(params["params"]), sep="/")
-  specs = traverse_util.flatten_dict(
-      nn.get_partition_spec(params)["params"], sep="/")
+  specs = traverse_util.flatten_dict(nn.get_partition_spec(params)["params"], sep="/")
   e, j, m = CFG.emb_dim, CFG.num_heads * CFG.head_dim, CFG.mlp_dim
   expected = {
       "token_embedder/embedding": ((VOCAB, e), ("vocab", "embed")),
-      "encoder/relpos_bias/rel_embedding": ((2, 32),
-                                            ("heads", "relpos_buckets")),
-      "decoder/relpos_bias/rel_embedding": ((2, 32),
-                                            ("heads", "relpos_buckets")),
+      "encoder/relpos_bias/rel_embedding": ((2, 32), ("heads", "relpos_buckets")),
+      "decoder/relpos_bias/rel_embedding": ((2, 32), ("heads", "relpos_buckets")),
       "encoder/encoder_norm/scale": ((e,), ("embed",)),
       "decoder/decoder_norm/scale": ((e,), ("embed",)),
       "decoder/logits_dense/kernel": ((e, VOCAB), ("embed", "vocab")),
   }
-  attn = {"query": ((e, j), ("embed", "joined_kv")),
-          "key": ((e, j), ("embed", "joined_kv")),
-          "value": ((e, j), ("embed", "joined_kv")),
-          "out": ((j, e), ("joined_kv", "embed"))}
-  mlp = {"wi_0": ((e, m), ("embed", "mlp")), "wi_1": ((e, m), ("embed", "mlp")),
-         "wo": ((m, e), ("mlp", "embed"))}
+  attn = {
+      "query": ((e, j), ("embed", "joined_kv")),
+      "key": ((e, j), ("embed", "joined_kv")),
+      "value": ((e, j), ("embed", "joined_kv")),
+      "out": ((j, e), ("joined_kv", "embed"))
+  }
+  mlp = {
+      "wi_0": ((e, m), ("embed", "mlp")),
+      "wi_1": ((e, m), ("embed", "mlp")),
+      "wo": ((m, e), ("mlp", "embed"))
+  }
   for i in range(2):
-    for stack, attns, norms in (
-        ("encoder", ["attention"], ["pre_attention_layer_norm"]),
-        ("decoder", ["self_attention", "encoder_decoder_attention"],
-         ["pre_self_attention_layer_norm", "pre_cross_attention_layer_norm"])):
+    for stack, attns, norms in (("encoder", ["attention"], ["pre_attention_layer_norm"]),
+                                ("decoder", ["self_attention", "encoder_decoder_attention"], [
+                                    "pre_self_attention_layer_norm",
+                                    "pre_cross_attention_layer_norm"
+                                ])):
       pre = f"{stack}/layers_{i}"
       for a in attns:
         for k, v in attn.items():
@@ -103,20 +111,23 @@ def test_param_tree_names_shapes_and_logical_axes(params):
 
 def test_t5_1_0_variant_has_single_wi_and_tied_logits(batch):
   enc, dec, tgt = batch
-  cfg = dataclasses.replace(CFG, mlp_activations=("relu",),
-                            logits_via_embedding=True)
-  variables = jax.jit(network.Transformer(cfg).init,
-                      static_argnames=("enable_dropout",))(
-                          jax.random.PRNGKey(0), enc, dec, tgt,
-                          enable_dropout=False)
+  cfg = dataclasses.replace(CFG, mlp_activations=("relu",), logits_via_embedding=True)
+  variables = jax.jit(
+      network.Transformer(cfg).init, static_argnames=("enable_dropout",))(
+          jax.random.PRNGKey(0), enc, dec, tgt, enable_dropout=False)
   flat = traverse_util.flatten_dict(nn.unbox(variables["params"]), sep="/")
   assert "encoder/layers_0/mlp/wi/kernel" in flat
   assert not any("wi_0" in k or "logits_dense" in k for k in flat)
   # Tied logits = final decoder state @ embedding.T / sqrt(emb_dim).
   p = nn.unbox(variables["params"])
-  logits, state = _apply_fn(cfg)(
-      {"params": p}, enc, dec, tgt, enable_dropout=False,
-      capture_intermediates=True)
+  logits, state = _apply_fn(cfg)({
+      "params": p
+  },
+                                 enc,
+                                 dec,
+                                 tgt,
+                                 enable_dropout=False,
+                                 capture_intermediates=True)
   normed = state["intermediates"]["decoder"]["decoder_norm"]["__call__"][0]
   expected = normed @ p["token_embedder"]["embedding"].T / np.sqrt(32)
   np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
@@ -125,9 +136,10 @@ def test_t5_1_0_variant_has_single_wi_and_tied_logits(batch):
 def test_preset_sizes_match_published_parameter_counts():
   # Counts of the Hugging Face / T5X checkpoints (google/mt5-small: 300M,
   # mt5-base: 582M, mt5-large: 1.23B, t5-base: 223M).
-  counts = {name: sum(int(np.prod(s)) for s in
-                      checkpoint_import.expected_param_shapes(cfg).values())
-            for name, cfg in network.CONFIGS.items()}
+  counts = {
+      name: sum(int(np.prod(s)) for s in checkpoint_import.expected_param_shapes(cfg).values())
+      for name, cfg in network.CONFIGS.items()
+  }
   assert counts["mt5_small"] == 300_176_768
   assert counts["mt5_base"] == 582_401_280
   assert counts["mt5_large"] == 1_229_581_312
@@ -164,8 +176,7 @@ def test_decoder_is_causal_and_padding_is_ignored(params, batch):
   assert np.abs(changed[0, 20:] - base[0, 20:]).max() > 1e-3
   # Extra padding on both sides does not change the valid logits.
   pad = lambda x, n: np.pad(x, ((0, 0), (0, n)))
-  longer = _logits(CFG, p, pad(enc, 9), pad(dec, 5), pad(tgt, 5),
-                   enable_dropout=False)
+  longer = _logits(CFG, p, pad(enc, 9), pad(dec, 5), pad(tgt, 5), enable_dropout=False)
   valid = tgt > 0
   np.testing.assert_allclose(longer[:, :40][valid], base[valid], atol=1e-5)
   # A different encoder input changes the output (cross-attention is used).
@@ -180,20 +191,30 @@ def test_cached_decoding_matches_teacher_forcing(params, batch):
   full = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
   length = dec.shape[1]
   cache = jax.eval_shape(lambda: module.apply(
-      {"params": p}, enc, dec, dec, decode=True, enable_dropout=False,
-      mutable=["cache"])[1]["cache"])
+      {"params": p}, enc, dec, dec, decode=True, enable_dropout=False, mutable=["cache"])[1]["cache"
+                                                                                            ])
   cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
   assert cache["decoder"]["layers_0"]["self_attention"]["cached_key"].shape \
       == (3, CFG.num_heads, CFG.head_dim, length)
-  encoded = jax.jit(lambda e: module.apply(
-      {"params": p}, e, enable_dropout=False, method=module.encode))(enc)
+  encoded = jax.jit(
+      lambda e: module.apply({"params": p}, e, enable_dropout=False, method=module.encode))(
+          enc)
 
   @jax.jit
   def step(cache, ids):
-    logits, new = module.apply(
-        {"params": p, "cache": cache}, encoded, enc, ids, ids,
-        enable_dropout=False, decode=True, max_decode_length=length,
-        mutable=["cache"], method=module.decode)
+    logits, new = module.apply({
+        "params": p,
+        "cache": cache
+    },
+                               encoded,
+                               enc,
+                               ids,
+                               ids,
+                               enable_dropout=False,
+                               decode=True,
+                               max_decode_length=length,
+                               mutable=["cache"],
+                               method=module.decode)
     return logits[:, 0], new["cache"]
 
   steps = []
@@ -212,14 +233,21 @@ def test_dropout_and_bfloat16(params, batch):
   p = nn.unbox(params["params"])
   base = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
   apply = _apply_fn(CFG)
-  d1 = apply({"params": p}, enc, dec, tgt, enable_dropout=True,
+  d1 = apply({"params": p},
+             enc,
+             dec,
+             tgt,
+             enable_dropout=True,
              rngs={"dropout": jax.random.PRNGKey(1)})
-  d2 = apply({"params": p}, enc, dec, tgt, enable_dropout=True,
+  d2 = apply({"params": p},
+             enc,
+             dec,
+             tgt,
+             enable_dropout=True,
              rngs={"dropout": jax.random.PRNGKey(2)})
   assert np.abs(np.asarray(d1) - base).max() > 1e-3
   assert np.abs(np.asarray(d1) - np.asarray(d2)).max() > 1e-3
-  bf16 = _logits(dataclasses.replace(CFG, dtype="bfloat16"), p, enc, dec, tgt,
-                 enable_dropout=False)
+  bf16 = _logits(dataclasses.replace(CFG, dtype="bfloat16"), p, enc, dec, tgt, enable_dropout=False)
   assert bf16.dtype == np.float32
   valid = tgt > 0
   scale = np.abs(base[valid]).max()
@@ -235,13 +263,13 @@ def test_sharded_apply_matches_single_device(params, batch):
   base = _logits(CFG, p, enc, dec, tgt, enable_dropout=False)
   devices = np.array(jax.devices()[:8]).reshape(4, 2)
   mesh = jax.sharding.Mesh(devices, ("data", "model"))
-  rules = (("batch", "data"), ("heads", "model"), ("mlp", "model"),
-           ("vocab", "model"), ("joined_kv", "model"), ("kv", None),
-           ("embed", None), ("length", None), ("relpos_buckets", None))
+  rules = (("batch", "data"), ("heads", "model"), ("mlp", "model"), ("vocab", "model"),
+           ("joined_kv", "model"), ("kv", None), ("embed", None), ("length",
+                                                                   None), ("relpos_buckets", None))
   module = network.Transformer(CFG)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    out = jax.jit(lambda p_, a, b, c: module.apply(
-        {"params": p_}, a, b, c, enable_dropout=False))(p, enc, dec, tgt)
+    out = jax.jit(lambda p_, a, b, c: module.apply({"params": p_}, a, b, c, enable_dropout=False))(
+        p, enc, dec, tgt)
   np.testing.assert_allclose(np.asarray(out), base, atol=1e-5)
 
 
@@ -260,8 +288,7 @@ def test_mask_value_fits_every_dtype():
     assert np.isfinite(weights).all(), dtype
     np.testing.assert_allclose(weights[2], [1 / 3] * 3, rtol=1e-2)
     assert weights[0, 2] == 0 and weights[1, 0] == 0
-    np.testing.assert_allclose(weights[0, :2], jax.nn.softmax(jnp.asarray([3.0, -2.0])),
-                               rtol=1e-2)
+    np.testing.assert_allclose(weights[0, :2], jax.nn.softmax(jnp.asarray([3.0, -2.0])), rtol=1e-2)
 
 
 @pytest.mark.parametrize("dtype,float32_logits", [("float16", True), ("float16", False),
@@ -281,8 +308,12 @@ def test_half_precision_padded_batch_has_finite_loss_and_logits(params, batch, d
   valid = tgt > 0
   err = np.abs(half[valid] - base[valid]).max()
   assert 0 < err < 0.05 * np.abs(base[valid]).max(), err
-  full_batch = {"encoder_input_tokens": enc, "decoder_input_tokens": dec,
-                "decoder_target_tokens": tgt, "decoder_loss_weights": valid.astype(np.float32)}
+  full_batch = {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": valid.astype(np.float32)
+  }
   model = model_lib.EncoderDecoderModel(network.Transformer(cfg), z_loss=0.0)
   loss, grads = jax.jit(jax.value_and_grad(lambda q: model.loss_fn(q, full_batch, None)[0]))(p)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))

@@ -22,8 +22,8 @@ def run_steps(partitioner, num_steps=4, num_microbatches=1, optimizer="adafactor
   model = tiny_model()
   lr = trainer_lib.create_learning_rate_schedule(0.1, "constant")
   tx = trainer_lib.make_optimizer(lr, name=optimizer)
-  tr = trainer_lib.Trainer(model, partitioner, lr, optimizer=tx,
-                           num_microbatches=num_microbatches, seed=3)
+  tr = trainer_lib.Trainer(
+      model, partitioner, lr, optimizer=tx, num_microbatches=num_microbatches, seed=3)
   state = tr.create_state(SHAPES)
   losses = []
   for s in range(num_steps):
@@ -40,8 +40,8 @@ def test_standard_rules_match_t5x():
     assert rules[name] == "model", name
   for name in ("embed", "kv", "length", "relpos_buckets"):
     assert rules[name] is None, name
-  assert dict(partitioning.standard_logical_axis_rules(parameter_partitioning_dims=2))[
-      "embed"] == "data"
+  assert dict(
+      partitioning.standard_logical_axis_rules(parameter_partitioning_dims=2))["embed"] == "data"
   with pytest.raises(ValueError, match="must be 1 or 2"):
     partitioning.standard_logical_axis_rules(3)
 
@@ -89,9 +89,11 @@ def test_adafactor_factored_state_specs():
   tx = trainer_lib.make_optimizer(trainer_lib.create_learning_rate_schedule(1e-3))
   opt_shapes = jax.eval_shape(tx.init, params)
   opt_specs = trainer_lib.optimizer_state_specs(opt_shapes, params, specs)
-  flat = {jax.tree_util.keystr(k): (v, s) for (k, v), s in zip(
-      jax.tree_util.tree_flatten_with_path(opt_shapes)[0],
-      jax.tree_util.tree_leaves(opt_specs, is_leaf=lambda x: isinstance(x, P)))}
+  flat = {
+      jax.tree_util.keystr(k): (v, s) for (k, v), s in zip(
+          jax.tree_util.tree_flatten_with_path(opt_shapes)[0],
+          jax.tree_util.tree_leaves(opt_specs, is_leaf=lambda x: isinstance(x, P)))
+  }
   by_shape = {v.shape: s for v, s in flat.values()}
   # v_row drops dim 1 (shape (256,)), v_col drops dim 0 (shape (512,)) and keeps "model".
   assert by_shape[(256,)] == P(None)
@@ -104,14 +106,17 @@ def test_losses_are_mesh_invariant():
   assert np.all(np.isfinite(ref)) and ref[2] < ref[0] and ref[3] < ref[1]
   for num_partitions in (1, 2, 4):
     _, losses = run_steps(partitioning.Partitioner(num_partitions=num_partitions))
-    np.testing.assert_allclose(losses, ref, rtol=2e-5, atol=0,
-                               err_msg=f"num_partitions={num_partitions}")
+    np.testing.assert_allclose(
+        losses, ref, rtol=2e-5, atol=0, err_msg=f"num_partitions={num_partitions}")
 
 
 def test_logical_to_mesh_sharding():
   p = partitioning.Partitioner(num_partitions=2)
-  shardings = p.logical_to_mesh_sharding({"a": P("batch", "length", "embed"), "b": None,
-                                          "c": P("embed", "mlp")})
+  shardings = p.logical_to_mesh_sharding({
+      "a": P("batch", "length", "embed"),
+      "b": None,
+      "c": P("embed", "mlp")
+  })
   assert shardings["a"].spec == P("data", None, None)
   assert shardings["b"].spec == P()
   assert shardings["c"].spec == P(None, "model")

@@ -35,10 +35,12 @@ def mapping():
 @pytest.fixture(scope="module")
 def mids(records):
   """Real film-domain MIDs of the sample (none of them a gender or nationality)."""
-  special = set().union(*(cfq.special_constants(cfq.parse_query(r["sparql"]))
-                          for r in records.values()))
-  return sorted({t for r in records.values() for t in r["sparql"].split()
-                 if t.startswith("ns:m.") and t not in special})[:10]
+  special = set().union(
+      *(cfq.special_constants(cfq.parse_query(r["sparql"])) for r in records.values()))
+  return sorted({
+      t for r in records.values() for t in r["sparql"].split()
+      if t.startswith("ns:m.") and t not in special
+  })[:10]
 
 
 class Contrary(cfq.ContextModel):
@@ -56,6 +58,7 @@ def cfq_shaped(question, prefix, mod_entities, mids):
   entities (`Mk`, types after the question's indices) and properties (`P0`…), and all three sort
   their clauses; `questionWithMids` has the MIDs where the question has placeholders.
   """
+
   def text(s, p, o):
     return f"FILTER ( {s} != {o} )" if p == "!=" else f"{s} {p} {o}"
 
@@ -72,12 +75,22 @@ def cfq_shaped(question, prefix, mod_entities, mids):
       props.setdefault(p, f"P{len(props)}")
   sub = lambda t: mid.get(t, t)  # noqa: E731
   return {
-      "questionIdx": 0, "questionPatternModEntities": question, "questionWithBrackets": question,
-      "questionWithMids": " ".join(mid.get(t, t).removeprefix("ns:") for t in question.split()),
-      "sparql": query([(sub(s), p, sub(o)) for s, p, o in mod_entities]),
-      "sparqlPattern": query([(abstract.get(s, s), props.get(p, p), abstract.get(o, o))
-                              for s, p, o in mod_entities]),
-      "sparqlPatternModEntities": query(mod_entities),
+      "questionIdx":
+          0,
+      "questionPatternModEntities":
+          question,
+      "questionWithBrackets":
+          question,
+      "questionWithMids":
+          " ".join(mid.get(t, t).removeprefix("ns:") for t in question.split()),
+      "sparql":
+          query([(sub(s), p, sub(o)) for s, p, o in mod_entities]),
+      "sparqlPattern":
+          query([
+              (abstract.get(s, s), props.get(p, p), abstract.get(o, o)) for s, p, o in mod_entities
+          ]),
+      "sparqlPatternModEntities":
+          query(mod_entities),
   }
 
 
@@ -141,8 +154,11 @@ def test_question_mids_spellings(full_record):
   # `'s` attached or not, `ns:` or not: the k-th MID is the k-th placeholder occurrence.
   full_record["questionWithMids"] = ("What was written by a director of ns:m.0crs094, executive "
                                      "produced by m.02v63m's producer, and directed by m.0162c8")
-  assert cfq.question_mids(full_record) == {"M2": "ns:m.0crs094", "M1": "ns:m.02v63m",
-                                            "M0": "ns:m.0162c8"}
+  assert cfq.question_mids(full_record) == {
+      "M2": "ns:m.0crs094",
+      "M1": "ns:m.02v63m",
+      "M0": "ns:m.0162c8"
+  }
   del full_record["questionWithMids"]
   assert cfq.question_mids(full_record) is None
 
@@ -150,29 +166,35 @@ def test_question_mids_spellings(full_record):
 def test_exact_keys_follow_the_record_not_the_guess(full_record, model):
   # The record says it: exchanging the two MIDs in questionWithMids exchanges M1 and M2.
   swapped = without(full_record, "sparqlPatternModEntities")
-  swapped["questionWithMids"] = (QUESTION_WITH_MIDS_185244.replace("m.0crs094", "TMP")
-                                 .replace("m.02v63m", "m.0crs094").replace("TMP", "m.02v63m"))
+  swapped["questionWithMids"] = (
+      QUESTION_WITH_MIDS_185244.replace("m.0crs094",
+                                        "TMP").replace("m.02v63m",
+                                                       "m.0crs094").replace("TMP", "m.02v63m"))
   q = cfq.sparql_mod_entities(swapped, "185244", model)
   assert cfq.Clause("?x1", PRODUCER_FILM, "M2") in q.clauses
   assert cfq.Clause("?x2", "ns:film.director.film", "M1") in q.clauses
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("questionWithMids", "What was written by a director of m.0crs094 , executive produced by "
-     "m.02v63m 's producer , and directed by Brett Ratner",
-     "questionWithMids names 2 MIDs but .* has 3"),
-    ("questionWithMids", QUESTION_WITH_MIDS_185244.replace("m.0162c8", "m.0abcdef"),
-     r"questionWithMids names \['ns:m.0abcdef'\], absent from sparql"),
-    ("questionWithMids", QUESTION_WITH_MIDS_185244.replace("m.0162c8", "m.02v63m"),
-     "questionWithMids gives two placeholders the same MID"),
-    ("sparqlPatternModEntities", MOD_ENTITIES_185244.replace("directed_by M0", "written_by M0"),
-     "sparqlPatternModEntities and questionWithMids do not align with sparql"),
-    ("sparqlPatternModEntities", MOD_ENTITIES_185244.replace("M1", "M2"),  # contradicts the MIDs
-     "sparqlPatternModEntities and questionWithMids do not align with sparql"),
-    ("sparqlPatternModEntities", MOD_ENTITIES_185244.replace("M0", "M7"),
-     r"sparqlPatternModEntities has placeholders \['M7'\] that the question does not"),
-    ("questionWithMids", ["m.0crs094"], "questionWithMids is list, not a string"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("questionWithMids", "What was written by a director of m.0crs094 , executive produced by "
+         "m.02v63m 's producer , and directed by Brett Ratner",
+         "questionWithMids names 2 MIDs but .* has 3"),
+        ("questionWithMids", QUESTION_WITH_MIDS_185244.replace("m.0162c8", "m.0abcdef"),
+         r"questionWithMids names \['ns:m.0abcdef'\], absent from sparql"),
+        ("questionWithMids", QUESTION_WITH_MIDS_185244.replace(
+            "m.0162c8", "m.02v63m"), "questionWithMids gives two placeholders the same MID"),
+        ("sparqlPatternModEntities", MOD_ENTITIES_185244.replace("directed_by M0", "written_by M0"),
+         "sparqlPatternModEntities and questionWithMids do not align with sparql"),
+        (
+            "sparqlPatternModEntities",
+            MOD_ENTITIES_185244.replace("M1", "M2"),  # contradicts the MIDs
+            "sparqlPatternModEntities and questionWithMids do not align with sparql"),
+        ("sparqlPatternModEntities", MOD_ENTITIES_185244.replace("M0", "M7"),
+         r"sparqlPatternModEntities has placeholders \['M7'\] that the question does not"),
+        ("questionWithMids", ["m.0crs094"], "questionWithMids is list, not a string"),
+    ])
 def test_malformed_exact_keys_name_the_record(full_record, key, value, message):
   full_record[key] = value
   with pytest.raises(cfq.CfqFormatError, match=f"^cfq.json:questionIdx=185244: {message}"):
@@ -185,47 +207,46 @@ def test_malformed_exact_keys_name_the_record(full_record, key, value, message):
 
 MULTI_VERB = [
     # The issue's example (the filters already tell the spouses from the others).
-    ("Did M0 marry M1 , M2 , and M3 and influence M4 and M5", "SELECT count(*) WHERE",
-     [("M0", SPOUSE, "M1"), ("M0", SPOUSE, "M2"), ("M0", SPOUSE, "M3"), ("M0", "!=", "M1"),
-      ("M0", "!=", "M2"), ("M0", "!=", "M3"), ("M0", INFLUENCED, "M4"), ("M0", INFLUENCED, "M5")],
-     "ASK WHERE { FILTER ( M0 != M1 ) . FILTER ( M0 != M2 ) . FILTER ( M0 != M3 ) . "
+    ("Did M0 marry M1 , M2 , and M3 and influence M4 and M5", "SELECT count(*) WHERE", [
+        ("M0", SPOUSE, "M1"), ("M0", SPOUSE, "M2"), ("M0", SPOUSE, "M3"), ("M0", "!=", "M1"),
+        ("M0", "!=", "M2"), ("M0", "!=", "M3"), ("M0", INFLUENCED, "M4"), ("M0", INFLUENCED, "M5")
+    ], "ASK WHERE { FILTER ( M0 != M1 ) . FILTER ( M0 != M2 ) . FILTER ( M0 != M3 ) . "
      "M4 wdt:P737 M0 . M5 wdt:P737 M0 . M0 wdt:P26 M1 . M0 wdt:P26 M2 . M0 wdt:P26 M3 }"),
     # Lists of equal length: only the verbs say which list goes with which property.
-    ("Did M0 influence M1 and M2 and direct M3 and M4", "SELECT count(*) WHERE",
-     [("M0", INFLUENCED, "M1"), ("M0", INFLUENCED, "M2"), ("M0", DIRECTOR_FILM, "M3"),
-      ("M0", DIRECTOR_FILM, "M4")],
-     "ASK WHERE { M3 wdt:P57 M0 . M4 wdt:P57 M0 . M1 wdt:P737 M0 . M2 wdt:P737 M0 }"),
-    ("Who directed M0 and M1 and produced M2 and M3", "SELECT DISTINCT ?x0 WHERE",
-     [("?x0", "a", "ns:people.person"), ("?x0", DIRECTOR_FILM, "M0"), ("?x0", DIRECTOR_FILM, "M1"),
-      ("?x0", PRODUCER_FILM, "M2"), ("?x0", PRODUCER_FILM, "M3")],
-     "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M0 wdt:P57 ?x0 . M1 wdt:P57 ?x0 . "
+    ("Did M0 influence M1 and M2 and direct M3 and M4", "SELECT count(*) WHERE", [
+        ("M0", INFLUENCED, "M1"), ("M0", INFLUENCED, "M2"), ("M0", DIRECTOR_FILM, "M3"),
+        ("M0", DIRECTOR_FILM, "M4")
+    ], "ASK WHERE { M3 wdt:P57 M0 . M4 wdt:P57 M0 . M1 wdt:P737 M0 . M2 wdt:P737 M0 }"),
+    ("Who directed M0 and M1 and produced M2 and M3", "SELECT DISTINCT ?x0 WHERE", [
+        ("?x0", "a", "ns:people.person"), ("?x0", DIRECTOR_FILM, "M0"),
+        ("?x0", DIRECTOR_FILM, "M1"), ("?x0", PRODUCER_FILM, "M2"), ("?x0", PRODUCER_FILM, "M3")
+    ], "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M0 wdt:P57 ?x0 . M1 wdt:P57 ?x0 . "
      "M2 wdt:P272 ?x0 . M3 wdt:P272 ?x0 }"),
-    ("What was written by M0 and M1 and produced by M2 and M3", "SELECT DISTINCT ?x0 WHERE",
-     [("?x0", "ns:film.film.written_by", "M0"), ("?x0", "ns:film.film.written_by", "M1"),
-      ("?x0", PRODUCED_BY, "M2"), ("?x0", PRODUCED_BY, "M3")],
-     "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P162|wdt:P272 M2 . ?x0 wdt:P162|wdt:P272 M3 . "
+    ("What was written by M0 and M1 and produced by M2 and M3", "SELECT DISTINCT ?x0 WHERE", [
+        ("?x0", "ns:film.film.written_by", "M0"), ("?x0", "ns:film.film.written_by", "M1"),
+        ("?x0", PRODUCED_BY, "M2"), ("?x0", PRODUCED_BY, "M3")
+    ], "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P162|wdt:P272 M2 . ?x0 wdt:P162|wdt:P272 M3 . "
      "?x0 wdt:P58 M0 . ?x0 wdt:P58 M1 }"),
     ("What was produced by M0 and M1 and executive produced by M2 and M3",
-     "SELECT DISTINCT ?x0 WHERE",
-     [("?x0", PRODUCED_BY, "M0"), ("?x0", PRODUCED_BY, "M1"),
-      ("?x0", "ns:film.film.executive_produced_by", "M2"),
-      ("?x0", "ns:film.film.executive_produced_by", "M3")],
-     "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P1431 M2 . ?x0 wdt:P1431 M3 . "
+     "SELECT DISTINCT ?x0 WHERE", [
+         ("?x0", PRODUCED_BY, "M0"), ("?x0", PRODUCED_BY, "M1"),
+         ("?x0", "ns:film.film.executive_produced_by", "M2"),
+         ("?x0", "ns:film.film.executive_produced_by", "M3")
+     ], "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P1431 M2 . ?x0 wdt:P1431 M3 . "
      "?x0 wdt:P162|wdt:P272 M0 . ?x0 wdt:P162|wdt:P272 M1 }"),
     # Three lists of three: 1,296 alignments of sparqlPattern, 6 different queries.
     ("What was produced by M0 , M1 , and M2 , edited by M3 , M4 , and M5 , and directed by M6 , "
-     "M7 , and M8", "SELECT DISTINCT ?x0 WHERE",
-     [("?x0", PRODUCED_BY, f"M{k}") for k in range(3)]
-     + [("?x0", "ns:film.film.edited_by", f"M{k}") for k in range(3, 6)]
-     + [("?x0", "ns:film.film.directed_by", f"M{k}") for k in range(6, 9)],
+     "M7 , and M8", "SELECT DISTINCT ?x0 WHERE", [("?x0", PRODUCED_BY, f"M{k}") for k in range(3)] +
+     [("?x0", "ns:film.film.edited_by", f"M{k}") for k in range(3, 6)] +
+     [("?x0", "ns:film.film.directed_by", f"M{k}") for k in range(6, 9)],
      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M6 . ?x0 wdt:P57 M7 . ?x0 wdt:P57 M8 . "
      "?x0 wdt:P1040 M3 . ?x0 wdt:P1040 M4 . ?x0 wdt:P1040 M5 . ?x0 wdt:P162|wdt:P272 M0 . "
      "?x0 wdt:P162|wdt:P272 M1 . ?x0 wdt:P162|wdt:P272 M2 }"),
 ]
 
 
-@pytest.mark.parametrize("question, prefix, truth, wikidata", MULTI_VERB,
-                         ids=[q for q, *_ in MULTI_VERB])
+@pytest.mark.parametrize(
+    "question, prefix, truth, wikidata", MULTI_VERB, ids=[q for q, *_ in MULTI_VERB])
 def test_entity_lists_after_different_verbs_align(question, prefix, truth, wikidata, model, mids,
                                                   mapping):
   full = cfq_shaped(question, prefix, truth, mids)
@@ -244,8 +265,8 @@ def test_context_features_stop_at_list_joiners():
   assert feats(question, "M1") == ["L1 marry", "L2 M0 marry", "R2 ,"]
   assert feats(question, "M3") == ["L1 and", "R2 and"]  # not "R2 and influence"
   assert feats(question, "M4") == ["L1 influence", "L2 and influence", "R2 and"]
-  assert feats("What was executive produced by M0", "M0") == [
-      "L1 by", "L2 executive produced by", "R2 "]
+  assert feats("What was executive produced by M0",
+               "M0") == ["L1 by", "L2 executive produced by", "R2 "]
 
 
 def test_interchangeable_entities_are_one_candidate(records):
@@ -265,13 +286,15 @@ def test_migration_uses_the_keys_and_reports_how_it_aligned(full_record, records
   contradicting["sparqlPatternModEntities"] = MOD_ENTITIES_185244.replace("M1", "M2")
   path = tmp_path / "cfq_full_dev.json"
   path.write_text(json.dumps([full_record, records[138310], records[165069], contradicting]))
-  args = migrate.build_parser().parse_args(["--cfq", str(path), "--out", str(tmp_path / "o"),
-                                            "--endpoint", "none", "--quiet"])
+  args = migrate.build_parser().parse_args(
+      ["--cfq", str(path), "--out",
+       str(tmp_path / "o"), "--endpoint", "none", "--quiet"])
   report = migrate.run(args)
   assert report["migrated"] == 3 and report["malformed"] == 1
   assert report["alignment"] == {"exact": 1, "unique": 1, "context model": 1}
   assert report["malformed_records"] == [
       "cfq_full_dev.json:questionIdx=1: sparqlPatternModEntities and questionWithMids do not "
-      "align with sparql"]
+      "align with sparql"
+  ]
   dataset = json.loads((tmp_path / "o" / "dataset.json").read_text())
   assert dataset[0]["sparqlPatternModEntities"] == WIKIDATA_185244

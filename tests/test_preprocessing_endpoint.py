@@ -27,6 +27,7 @@ def http_date(t):
 
 # ---- 10. Retry-After: both forms, at least what the server asks, a maximum ----
 
+
 def test_parse_retry_after_reads_delay_seconds_and_all_three_http_date_forms():
   assert retry.parse_retry_after("300") == 300.0
   assert retry.parse_retry_after(" 0 ") == 0.0
@@ -86,12 +87,19 @@ def scripted():
 
 
 def test_remote_endpoint_waits_the_full_retry_after_in_both_forms(scripted):
-  scripted.script = [(429, {"Retry-After": "300"}),
-                     (503, {"Retry-After": http_date(NOW + 90)}),
-                     (429, {})]
+  scripted.script = [(429, {
+      "Retry-After": "300"
+  }), (503, {
+      "Retry-After": http_date(NOW + 90)
+  }), (429, {})]
   waits = []
-  remote = ep.RemoteEndpoint(scripted.url, backoff_s=2.0, max_backoff_s=120.0, min_interval_s=0.0,
-                             sleep=waits.append, clock=lambda: NOW)
+  remote = ep.RemoteEndpoint(
+      scripted.url,
+      backoff_s=2.0,
+      max_backoff_s=120.0,
+      min_interval_s=0.0,
+      sleep=waits.append,
+      clock=lambda: NOW)
   assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
   # 300 s as asked (not the 120 s backoff cap), 90 s from the date (not the 4 s backoff), then the
   # backoff (8 s) when the server asks nothing.
@@ -104,8 +112,12 @@ def test_remote_endpoint_stops_when_retry_after_exceeds_the_maximum(scripted, fo
   value = "3600" if form == "delay-seconds" else http_date(NOW + 3600)
   scripted.script = [(429, {"Retry-After": value})] * 10
   waits = []
-  remote = ep.RemoteEndpoint(scripted.url, max_retry_after_s=600.0, min_interval_s=0.0,
-                             sleep=waits.append, clock=lambda: NOW)
+  remote = ep.RemoteEndpoint(
+      scripted.url,
+      max_retry_after_s=600.0,
+      min_interval_s=0.0,
+      sleep=waits.append,
+      clock=lambda: NOW)
   with pytest.raises(ep.RetryAfterTooLong, match=r"HTTP 429.*3600 s.*600 s.*stopping") as e:
     remote.ask("ASK WHERE { ?s ?p ?o }")
   assert e.value.wait_s == 3600.0
@@ -127,6 +139,7 @@ def test_remote_endpoint_next_query_still_waits_after_giving_up(scripted):
 
 
 # ---- 11. The remote timeout bounds the whole request ----
+
 
 class _Trickle(http.server.BaseHTTPRequestHandler):
   """Sends its answer one byte every `server.interval` seconds (about 6 s in all).
@@ -170,8 +183,11 @@ def test_remote_timeout_bounds_the_whole_request_against_a_trickling_server(phas
   threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
   try:
     waits = []
-    remote = ep.RemoteEndpoint(f"http://127.0.0.1:{srv.server_port}/sparql", timeout_s=1.0,
-                               min_interval_s=0.0, sleep=waits.append)
+    remote = ep.RemoteEndpoint(
+        f"http://127.0.0.1:{srv.server_port}/sparql",
+        timeout_s=1.0,
+        min_interval_s=0.0,
+        sleep=waits.append)
     start = time.monotonic()
     with pytest.raises(ep.QueryTimeout, match="no complete answer within 1 s") as e:
       remote.ask("ASK WHERE { ?s ?p ?o }")
@@ -259,8 +275,9 @@ def test_cached_endpoint_records_a_timeout_and_does_not_rerun_it(small_store, tm
   finally:
     ox.close()
   lines = [json.loads(line) for line in path.read_text().splitlines()]
-  assert [(r["value"], r["kind"], r["query"]) for r in lines] == [
-      ({"timed_out_after_s": 0.5}, "select", SLOW)]
+  assert [(r["value"], r["kind"], r["query"]) for r in lines] == [({
+      "timed_out_after_s": 0.5
+  }, "select", SLOW)]
 
   # A rerun on the cache does not run it again.
   fake = _Fake([{"n": "1"}])

@@ -48,8 +48,10 @@ def test_direct_and_reverse_property(records, mapping, model):
   assert records[155341]["sparql"].endswith("?x0 ns:film.director.film ns:m.0gyc7vy\n}")
   assert q.to_sparql() == "SELECT DISTINCT ?x0 WHERE { M0 wdt:P57 ?x0 }"
   # "Was M1 's costume designer M0": costume_design_for_film is reversed to P2515.
-  _, q = migrate(records, mapping, model, next(
-      i for i, r in records.items() if r["questionPatternModEntities"] == "Was M1 's costume designer M0"))
+  _, q = migrate(
+      records, mapping, model,
+      next(i for i, r in records.items()
+           if r["questionPatternModEntities"] == "Was M1 's costume designer M0"))
   assert q.to_sparql() == "ASK WHERE { M1 wdt:P2515 M0 }"
 
 
@@ -72,8 +74,10 @@ def test_special_entities_and_ask(records, mapping, model):
   assert records[90757]["sparql"].startswith("SELECT count(*) WHERE")
   assert q.prefix == "ASK WHERE"
   assert cfq.Clause("M0", "wdt:P27", "wd:Q96") in q.clauses
-  genders = [r for r in records.values()
-             if "ns:people.person.gender ns:m.02zsn" in r["sparql"] and "^" not in r["sparql"]]
+  genders = [
+      r for r in records.values()
+      if "ns:people.person.gender ns:m.02zsn" in r["sparql"] and "^" not in r["sparql"]
+  ]
   _, q = mp.migrate_record(genders[0], mapping, "g", model)
   assert any(c.predicate == "wdt:P21" and c.object == "wd:Q6581072" for c in q.clauses)
 
@@ -104,12 +108,18 @@ def test_conformance_with_mcwq(records, mapping, model, mcwq_queries):
     counts["matched"] += 1
     counts["context model"] += cfq.alignment_source(rec) == "context model"
     _, q = mp.migrate_record(rec, mapping, str(idx), model)
-    ok, renaming = mp.equal_up_to_renaming(q.to_sparql(), mcwq_queries[rec["questionPatternModEntities"]])
+    ok, renaming = mp.equal_up_to_renaming(q.to_sparql(),
+                                           mcwq_queries[rec["questionPatternModEntities"]])
     counts["equal"] += ok
     counts["identity"] += ok and all(k == v for k, v in renaming.items())
     counts["same string"] += q.to_sparql() == mcwq_queries[rec["questionPatternModEntities"]]
-  assert counts == {"matched": 228, "context model": 17, "equal": 228, "identity": 228,
-                    "same string": 228}
+  assert counts == {
+      "matched": 228,
+      "context model": 17,
+      "equal": 228,
+      "identity": 228,
+      "same string": 228
+  }
 
 
 def test_repeated_clauses_are_kept_as_mcwq_keeps_them(records, mapping, model, mcwq_queries):
@@ -123,8 +133,10 @@ def test_repeated_clauses_are_kept_as_mcwq_keeps_them(records, mapping, model, m
       "wd:Q5", "wd:Q95074") == ("SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q95074 . "
                                 "?x0 wdt:P3373 M0 . ?x0 wdt:P26 M0 . FILTER ( ?x0 != M0 ) . "
                                 "FILTER ( ?x0 != M0 ) }")
-  repeated = [i for i, r in records.items() if "^" not in r["sparql"] and len(set(
-      cfq.parse_query(r["sparql"]).clauses)) < len(cfq.parse_query(r["sparql"]).clauses)]
+  repeated = [
+      i for i, r in records.items() if "^" not in r["sparql"] and
+      len(set(cfq.parse_query(r["sparql"]).clauses)) < len(cfq.parse_query(r["sparql"]).clauses)
+  ]
   assert len(repeated) == 12
   for i in repeated:
     _, q = mp.migrate_record(records[i], mapping, str(i), model)
@@ -145,8 +157,10 @@ def test_mapping_file_covers_sample_and_has_labels(records, mapping):
   for section in ("properties", "types", "entities"):
     assert all(e.get("label") for e in raw[section].values()), section
   assert mapping.labels["P57"] == "director" and mapping.labels["Q5"] == "human"
-  used = {c.predicate for r in records.values() if "^" not in r["sparql"]
-          for c in cfq.parse_query(r["sparql"]).clauses if not c.is_filter and c.predicate != "a"}
+  used = {
+      c.predicate for r in records.values() if "^" not in r["sparql"]
+      for c in cfq.parse_query(r["sparql"]).clauses if not c.is_filter and c.predicate != "a"
+  }
   assert used <= set(mapping.properties)
 
 
@@ -163,7 +177,8 @@ def test_equal_up_to_renaming():
   ok, ren = mp.equal_up_to_renaming("ASK WHERE { M0 wdt:P57 M1 . M1 wdt:P27 wd:Q96 }",
                                     "ASK WHERE { M0 wdt:P27 wd:Q96 . M1 wdt:P57 M0 }")
   assert ok and ren == {"M0": "M1", "M1": "M0"}
-  assert not mp.equal_up_to_renaming("ASK WHERE { M0 wdt:P57 M1 }", "ASK WHERE { M0 wdt:P58 M1 }")[0]
+  assert not mp.equal_up_to_renaming("ASK WHERE { M0 wdt:P57 M1 }",
+                                     "ASK WHERE { M0 wdt:P58 M1 }")[0]
   assert sparql_lib.queries_equivalent("ASK WHERE { M0 wdt:P57 M1 }", "ASK WHERE { M0 wdt:P57 M1 }")
 
 
@@ -171,8 +186,13 @@ def test_malformed_query_names_record():
   with pytest.raises(cfq.CfqFormatError, match="idx=7: malformed triple"):
     cfq.parse_query("ASK WHERE { M0 wdt:P57 }", "idx=7")
   with pytest.raises(cfq.CfqFormatError, match="missing key 'sparql'"):
-    cfq.validate_record({"questionIdx": 1, "questionPatternModEntities": "x",
-                         "questionWithBrackets": "x", "sparqlPattern": "x"}, "f.json:questionIdx=1")
+    cfq.validate_record(
+        {
+            "questionIdx": 1,
+            "questionPatternModEntities": "x",
+            "questionWithBrackets": "x",
+            "sparqlPattern": "x"
+        }, "f.json:questionIdx=1")
 
 
 def test_read_mcwq_official_rejects_a_question_with_two_queries(tmp_path, mcwq_queries):
@@ -180,7 +200,9 @@ def test_read_mcwq_official_rejects_a_question_with_two_queries(tmp_path, mcwq_q
   assert mcwq_queries["Did M3 's cinematographer and star edit , direct , and write M0 , M1 , and "
                       "M2"].startswith("ASK WHERE { M3 wdt:P161 ?x0 .")
   f = tmp_path / "dev.en.txt"
-  f.write_text("IN: Did M0 direct M1  OUT: ASK WHERE { M0 wdt:P57 M1 }\n"
-               "IN: Did M0 direct M1  OUT: ASK WHERE { M1 wdt:P57 M0 }\n", encoding="utf-8")
+  f.write_text(
+      "IN: Did M0 direct M1  OUT: ASK WHERE { M0 wdt:P57 M1 }\n"
+      "IN: Did M0 direct M1  OUT: ASK WHERE { M1 wdt:P57 M0 }\n",
+      encoding="utf-8")
   with pytest.raises(readers.DataFormatError, match=rf"^{re.escape(str(f))}:2: question"):
     cfq.read_mcwq_official([f])

@@ -33,7 +33,8 @@ def mq(text):
 
 
 def test_assignment_query_has_variables_and_distinctness():
-  q = mq("ASK WHERE { M0 wdt:P26 ?x0 . ?x0 wdt:P27 wd:Q96 . ?x0 wdt:P3373 M1 . FILTER ( ?x0 != M1 ) }")
+  q = mq(
+      "ASK WHERE { M0 wdt:P26 ?x0 . ?x0 wdt:P27 wd:Q96 . ?x0 wdt:P3373 M1 . FILTER ( ?x0 != M1 ) }")
   text = sb.assignment_query(q, 5)
   assert text == ("SELECT DISTINCT ?m0 ?m1 WHERE { ?m0 wdt:P26 ?x0 . ?x0 wdt:P27 wd:Q96 . "
                   "?x0 wdt:P3373 ?m1 . FILTER ( ?x0 != ?m1 ) . FILTER ( ?m0 != ?m1 ) } LIMIT 5")
@@ -160,16 +161,22 @@ def test_malformed_records_are_reported_and_skipped(store, tmp_path, shared_dir)
   path = tmp_path / "bad_dev.json"
   path.write_text(json.dumps(recs))
   cfq_split = tmp_path / "mcd_x.json"  # CFQ-style split over the input records
-  cfq_split.write_text(json.dumps({"trainIdxs": list(range(10)), "devIdxs": [], "testIdxs": list(range(10, 30))}))
-  report = migrate.run(args_for(tmp_path / "o", cfq=[str(path)], no_negatives=True,
-                                cfq_split=[str(cfq_split)]),
-                       ep.CachedEndpoint(store, None))
+  cfq_split.write_text(
+      json.dumps({
+          "trainIdxs": list(range(10)),
+          "devIdxs": [],
+          "testIdxs": list(range(10, 30))
+      }))
+  report = migrate.run(
+      args_for(tmp_path / "o", cfq=[str(path)], no_negatives=True, cfq_split=[str(cfq_split)]),
+      ep.CachedEndpoint(store, None))
   induced = json.loads((tmp_path / "o" / "splits" / "mcd_x.json").read_text())
   assert len(induced["trainIdxs"]) == 10 - 2 - sum("^" in r.get("sparql", "") for r in recs[:10])
   assert len(induced["trainIdxs"]) + len(induced["testIdxs"]) == report["written"]
   assert sorted(induced["trainIdxs"] + induced["testIdxs"]) == list(range(report["written"]))
   assert report["read"] == 30 and report["malformed"] == 2
-  assert f"questionIdx={recs[3]['questionIdx']}: missing key 'sparql'" in report["malformed_records"][0]
+  assert f"questionIdx={recs[3]['questionIdx']}: missing key 'sparql'" in report[
+      "malformed_records"][0]
   assert f"questionIdx={recs[5]['questionIdx']}" in report["malformed_records"][1]
   assert report["splits"]["cfq_sample"]["devIdxs"] == report["written"]
 
@@ -217,6 +224,7 @@ def test_cache_survives_torn_line(tmp_path):
 
 # ---- Remote endpoint (SPARQL 1.1 over HTTP) against a real local SPARQL server and a flaky one ----
 
+
 def free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -235,11 +243,18 @@ def oxigraph_server(codex, tmp_path_factory):
       s, p, o = line.split()
       if p in ("P26", "P161", "P57"):
         f.write(f"<{ep.WD}{s}> <{ep.WDT}{p}> <{ep.WD}{o}> .\n")
-  subprocess.run([exe, "load", "--location", str(d / "db"), "--file", str(nt)], check=True,
-                 capture_output=True, timeout=60)
+  subprocess.run(
+      [exe, "load", "--location", str(d / "db"), "--file",
+       str(nt)],
+      check=True,
+      capture_output=True,
+      timeout=60)
   port = free_port()
-  proc = subprocess.Popen([exe, "serve-read-only", "--location", str(d / "db"), "--bind",
-                           f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+      [exe, "serve-read-only", "--location",
+       str(d / "db"), "--bind", f"127.0.0.1:{port}"],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL)
   try:
     for _ in range(100):
       try:
@@ -265,8 +280,13 @@ def test_remote_endpoint_matches_embedded_store(oxigraph_server):
   assert sorted(rows, key=key) == sorted(local.select(text), key=key) and len(rows) > 10
   a = {"M0": rows[0]["m0"], "M1": rows[0]["m1"]}
   assert remote.ask(sb.ask_query(q, a)) is True
-  assert remote.ask(sb.ask_query(q, {"M0": a["M1"], "M1": a["M0"]})) == local.ask(
-      sb.ask_query(q, {"M0": a["M1"], "M1": a["M0"]}))
+  assert remote.ask(sb.ask_query(q, {
+      "M0": a["M1"],
+      "M1": a["M0"]
+  })) == local.ask(sb.ask_query(q, {
+      "M0": a["M1"],
+      "M1": a["M0"]
+  }))
   assert remote.num_requests == 3
 
 
@@ -303,8 +323,12 @@ def test_remote_endpoint_retries_with_backoff_and_retry_after():
   th.start()
   try:
     waits = []
-    remote = ep.RemoteEndpoint(f"http://127.0.0.1:{srv.server_port}/sparql", user_agent="ua-test/1",
-                               backoff_s=0.5, min_interval_s=0.0, sleep=waits.append)
+    remote = ep.RemoteEndpoint(
+        f"http://127.0.0.1:{srv.server_port}/sparql",
+        user_agent="ua-test/1",
+        backoff_s=0.5,
+        min_interval_s=0.0,
+        sleep=waits.append)
     assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
     assert waits == [2.0, 0.5 * 2]  # Retry-After honoured, then exponential backoff
     assert _Flaky.calls == ["ua-test/1"] * 3
@@ -325,8 +349,9 @@ def test_migrate_through_remote_endpoint_matches_embedded(oxigraph_server, tmp_p
   remote = ep.RemoteEndpoint(url, min_interval_s=0.0, timeout_s=10)
   a = args_for(tmp_path / "remote", max_records=250, no_negatives=True)
   r1 = migrate.run(a, ep.CachedEndpoint(remote, tmp_path / "r.jsonl"))
-  r2 = migrate.run(args_for(tmp_path / "local", max_records=250, no_negatives=True),
-                   ep.CachedEndpoint(local, None))
+  r2 = migrate.run(
+      args_for(tmp_path / "local", max_records=250, no_negatives=True),
+      ep.CachedEndpoint(local, None))
   assert r1["assigned"] == r2["assigned"] > 0
   d1 = json.loads((tmp_path / "remote" / "dataset.json").read_text())
   d2 = json.loads((tmp_path / "local" / "dataset.json").read_text())

@@ -16,8 +16,8 @@ from preprocessing import gold, migrate, stats, translate as tr
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-
 # ---------------------------------------------------------------- helpers
+
 
 class CountingBackend(tr.Backend):
   """Marks each text; records what it was asked; raises (like a kill) after `fail_after` calls."""
@@ -44,14 +44,15 @@ class CountingBackend(tr.Backend):
 def release(tmp_path_factory):
   """A small real release: the first 60 CFQ sample records migrated (no endpoint)."""
   out = tmp_path_factory.mktemp("release")
-  args = migrate.build_parser().parse_args(["--out", str(out), "--quiet", "--endpoint", "none",
-                                            "--max-records", "60"])
+  args = migrate.build_parser().parse_args(
+      ["--out", str(out), "--quiet", "--endpoint", "none", "--max-records", "60"])
   report = migrate.run(args)
   assert report["written"] > 50
   return out
 
 
 # ---------------------------------------------------------------- Translator
+
 
 def test_question_mark_and_placeholder_check(tmp_path):
   backend = CountingBackend(drop_placeholder="M1")
@@ -84,20 +85,23 @@ def test_official_files_of_a_release_with_multiline_queries(tmp_path):
   """dataset.json queries span lines (CFQ style); the official files must stay one line each."""
   rel = tmp_path / "rel"
   (rel / "splits").mkdir(parents=True)
-  (rel / "dataset.json").write_text(json.dumps([
-      {"questionPatternModEntities": "Who directed M0",
-       "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}"},
-      {"questionPatternModEntities": "Did M1 marry M0",
-       "sparqlPatternModEntities": "ASK WHERE {\nM1 wdt:P26 M0\n}"}]))
+  (rel / "dataset.json").write_text(
+      json.dumps([{
+          "questionPatternModEntities": "Who directed M0",
+          "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}"
+      }, {
+          "questionPatternModEntities": "Did M1 marry M0",
+          "sparqlPatternModEntities": "ASK WHERE {\nM1 wdt:P26 M0\n}"
+      }]))
   (rel / "splits" / "s.json").write_text('{"trainIdxs": [1, 0], "devIdxs": [], "testIdxs": []}')
   t = tr.Translator(CountingBackend(), tmp_path / "c.jsonl")
   tr.translate_release(rel, ["kn"], t, progress=False)
   official = readers.read_official(rel / "official" / "s" / "train.kn.txt", with_rir=True)
-  assert [(e.question, e.sparql) for e in official] == [
-      ("<kn> Did M1 marry M0", "ASK WHERE { M1 wdt:P26 M0 }"),
-      ("<kn> Who directed M0", "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }")]
-  assert [(e.question, e.sparql) for e in official] == [
-      (e.question, e.sparql) for e in readers.read_release(rel, "s", "train", "kn")]
+  assert [(e.question, e.sparql) for e in official
+         ] == [("<kn> Did M1 marry M0", "ASK WHERE { M1 wdt:P26 M0 }"),
+               ("<kn> Who directed M0", "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }")]
+  assert [(e.question, e.sparql) for e in official
+         ] == [(e.question, e.sparql) for e in readers.read_release(rel, "s", "train", "kn")]
 
 
 def test_file_backend_end_to_end(release, tmp_path):
@@ -117,15 +121,16 @@ def test_file_backend_end_to_end(release, tmp_path):
   assert report["languages"]["he"]["placeholders"] == 1
   assert report["languages"]["he"]["missing"] == report["languages"]["he"]["failed"] == 0
   problems = [json.loads(l) for l in (release / "translation_problems.he.jsonl").open()]
-  assert [(p["problem"], p["source"], p["output"]) for p in problems] == [
-      ("placeholders", first, broken)]
+  assert [(p["problem"], p["source"], p["output"]) for p in problems] == [("placeholders", first,
+                                                                           broken)]
   data = json.loads((release / "dataset.json").read_text())
   assert "questionPatternModEntities_he" not in data[0]
-  assert [r["questionPatternModEntities_he"] for r in data[1:]] == [
-      "HE " + r["questionPatternModEntities"] for r in data[1:]]
+  assert [r["questionPatternModEntities_he"] for r in data[1:]
+         ] == ["HE " + r["questionPatternModEntities"] for r in data[1:]]
   assert not (release / "official" / "cfq_sample" / "train.he.txt").exists()
   assert report["official_incomplete"] == {
-      str(release / "official" / "cfq_sample" / "train.he.txt"): 1}
+      str(release / "official" / "cfq_sample" / "train.he.txt"): 1
+  }
   assert not (tmp_path / "c.jsonl").exists()  # the file backend is not cached
   backend, q = tr.FileBackend(tsv, "he"), data[1]["questionPatternModEntities"]
   assert backend.translate(["unknown question", q + "?"], "he") == [None, "HE " + q]
@@ -133,6 +138,7 @@ def test_file_backend_end_to_end(release, tmp_path):
 
 
 # ---------------------------------------------------------------- Hugging Face backend
+
 
 @pytest.fixture(scope="module")
 def tiny_marian(tmp_path_factory):
@@ -142,24 +148,43 @@ def tiny_marian(tmp_path_factory):
   import sentencepiece as spm
   d = tmp_path_factory.mktemp("marian")
   corpus = d / "corpus.txt"
-  corpus.write_text("\n".join(["Who did M0 star ?", "Was M1 directed by M2 ?",
-                               "Did M0 marry M1 's sibling ?", "What film did M3 edit ?"] * 20))
-  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(d / "sp"), vocab_size=40,
-                                 model_type="word", hard_vocab_limit=False,
-                                 user_defined_symbols=[f"M{i}" for i in range(10)])
+  corpus.write_text("\n".join([
+      "Who did M0 star ?", "Was M1 directed by M2 ?", "Did M0 marry M1 's sibling ?",
+      "What film did M3 edit ?"
+  ] * 20))
+  spm.SentencePieceTrainer.train(
+      input=str(corpus),
+      model_prefix=str(d / "sp"),
+      vocab_size=40,
+      model_type="word",
+      hard_vocab_limit=False,
+      user_defined_symbols=[f"M{i}" for i in range(10)])
   sp = spm.SentencePieceProcessor(model_file=str(d / "sp.model"))
   vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
   vocab["<pad>"] = len(vocab)
   (d / "vocab.json").write_text(json.dumps(vocab))
   for name in ("source.spm", "target.spm"):
     (d / name).write_bytes((d / "sp.model").read_bytes())
-  tok = transformers.MarianTokenizer(str(d / "source.spm"), str(d / "target.spm"), str(d / "vocab.json"),
-                                     unk_token="<unk>", eos_token="</s>", pad_token="<pad>")
-  cfg = transformers.MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
-                                  encoder_attention_heads=2, decoder_attention_heads=2,
-                                  encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-                                  pad_token_id=vocab["<pad>"], eos_token_id=vocab["</s>"],
-                                  decoder_start_token_id=vocab["<pad>"])
+  tok = transformers.MarianTokenizer(
+      str(d / "source.spm"),
+      str(d / "target.spm"),
+      str(d / "vocab.json"),
+      unk_token="<unk>",
+      eos_token="</s>",
+      pad_token="<pad>")
+  cfg = transformers.MarianConfig(
+      vocab_size=len(vocab),
+      d_model=16,
+      encoder_layers=1,
+      decoder_layers=1,
+      encoder_attention_heads=2,
+      decoder_attention_heads=2,
+      encoder_ffn_dim=32,
+      decoder_ffn_dim=32,
+      max_position_embeddings=64,
+      pad_token_id=vocab["<pad>"],
+      eos_token_id=vocab["</s>"],
+      decoder_start_token_id=vocab["<pad>"])
   torch.manual_seed(0)
   model = transformers.MarianMTModel(cfg)
   out = d / "model"
@@ -175,8 +200,9 @@ def test_hf_backend_tiny_marian(tiny_marian, tmp_path):
   texts = ["Who did M0 star", "Was M1 directed by M2", "Did M0 marry M1 's sibling"]
   out = t.translate(texts, "he")
   assert len(out) == 3 and all(isinstance(o, str) for o in out)
-  direct = tr.HFBackend(tiny_marian, batch_size=2, max_new_tokens=8, num_beams=1).translate(
-      [x + "?" for x in texts], "he")
+  direct = tr.HFBackend(
+      tiny_marian, batch_size=2, max_new_tokens=8, num_beams=1).translate([x + "?" for x in texts],
+                                                                          "he")
   assert out == [tr.Translator._strip_q(d) for d in direct]  # deterministic, "?" handled
   # A random model does not copy placeholders: each text whose placeholders were lost is flagged.
   lost = [s for s, o in zip(texts, out) if tr.placeholders(s) != tr.placeholders(o)]
@@ -188,8 +214,11 @@ def test_hf_backend_end_to_end_cli(tiny_marian, release, tmp_path):
   import shutil
   rel = tmp_path / "rel"
   shutil.copytree(release, rel)
-  status = tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
-                     str(tiny_marian), "--batch-size", "32", "--quiet"])
+  status = tr.main([
+      "--release",
+      str(rel), "--lang", "zh", "--backend", "hf", "--model",
+      str(tiny_marian), "--batch-size", "32", "--quiet"
+  ])
   data = json.loads((rel / "dataset.json").read_text())
   cache = [json.loads(l) for l in (rel / "cache" / "translations.jsonl").open()]
   sources = {r["questionPatternModEntities"] for r in data}
@@ -206,12 +235,16 @@ def test_hf_backend_end_to_end_cli(tiny_marian, release, tmp_path):
     q = r["questionPatternModEntities"]
     assert r.get("questionPatternModEntities_zh") == (None if q in lost else by_source[q])
   # Rerun: the gaps come from the cache (no new translation), and are still reported.
-  assert tr.main(["--release", str(rel), "--lang", "zh", "--backend", "hf", "--model",
-                  str(tiny_marian), "--quiet"]) == tr.EXIT_INCOMPLETE
+  assert tr.main([
+      "--release",
+      str(rel), "--lang", "zh", "--backend", "hf", "--model",
+      str(tiny_marian), "--quiet"
+  ]) == tr.EXIT_INCOMPLETE
   assert len((rel / "cache" / "translations.jsonl").read_text().splitlines()) == len(cache)
 
 
 # ---------------------------------------------------------------- Google REST v2 against a local server
+
 
 class _FakeGoogle(http.server.BaseHTTPRequestHandler):
   requests = []
@@ -228,8 +261,13 @@ class _FakeGoogle(http.server.BaseHTTPRequestHandler):
       self.send_response(403)
       self.end_headers()
       return
-    body = json.dumps({"data": {"translations": [
-        {"translatedText": f"[{form['target'][0]}] {q}"} for q in form["q"]]}}).encode()
+    body = json.dumps({
+        "data": {
+            "translations": [{
+                "translatedText": f"[{form['target'][0]}] {q}"
+            } for q in form["q"]]
+        }
+    }).encode()
     self.send_response(200)
     self.send_header("Content-Type", "application/json; charset=UTF-8")
     self.send_header("Content-Length", str(len(body)))
@@ -245,8 +283,12 @@ def test_google_backend_against_local_server(tmp_path):
   threading.Thread(target=srv.serve_forever, daemon=True).start()
   try:
     waits = []
-    g = tr.GoogleBackend("k123", url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
-                         batch_size=2, min_interval_s=0.0, sleep=waits.append)
+    g = tr.GoogleBackend(
+        "k123",
+        url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
+        batch_size=2,
+        min_interval_s=0.0,
+        sleep=waits.append)
     t = tr.Translator(g, tmp_path / "c.jsonl", batch_size=5)
     texts = ["Who did M0 star", "Was M1 Spanish", "Did M2 edit M3", "Who wrote M4", "Was M5 male"]
     out = t.translate(texts, "kn")
@@ -255,8 +297,8 @@ def test_google_backend_against_local_server(tmp_path):
     reqs = _FakeGoogle.requests
     assert [r["q"] for r in reqs[1:]] == [["Who did M0 star?", "Was M1 Spanish?"],
                                           ["Did M2 edit M3?", "Who wrote M4?"], ["Was M5 male?"]]
-    assert all(r["target"] == ["kn"] and r["source"] == ["en"] and r["format"] == ["text"]
-               for r in reqs)
+    assert all(
+        r["target"] == ["kn"] and r["source"] == ["en"] and r["format"] == ["text"] for r in reqs)
     assert t.flagged == [] and g.num_requests == 4
     bad = tr.GoogleBackend("wrong", url=g.url, min_interval_s=0.0, sleep=waits.append)
     with pytest.raises(tr.TranslationError, match="HTTP 403"):
@@ -267,10 +309,12 @@ def test_google_backend_against_local_server(tmp_path):
 
 # ---------------------------------------------------------------- runs that finish (issue 14)
 
+
 def _texts(release):
   """Distinct texts to translate in a release: question patterns and bracketed questions."""
-  recs = (json.loads((release / "dataset.json").read_text())
-          + json.loads((release / "negatives.json").read_text()))
+  recs = (
+      json.loads((release / "dataset.json").read_text()) + json.loads(
+          (release / "negatives.json").read_text()))
   return sorted({r[f] for r in recs for f in tr.FIELDS if r.get(f)})
 
 
@@ -293,9 +337,16 @@ def test_translate_cli_partial_file_reports_gaps_and_rerun_completes(migrated_cf
         f.write(f"{t}\t{'HE ' + t.replace('M1', 'X') if t == broken else 'HE ' + t}\n")
 
   def run(file):
-    return subprocess.run([sys.executable, "-m", "preprocessing.translate", "--release", str(rel),
-                           "--lang", "he", "--backend", "file", "--file", str(file), "--quiet"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=300)
+    return subprocess.run([
+        sys.executable, "-m", "preprocessing.translate", "--release",
+        str(rel), "--lang", "he", "--backend", "file", "--file",
+        str(file), "--quiet"
+    ],
+                          cwd=REPO_ROOT,
+                          capture_output=True,
+                          text=True,
+                          check=False,
+                          timeout=300)
 
   proc = run(tmp_path / "part.he.tsv")
   assert proc.returncode == tr.EXIT_INCOMPLETE, proc.stderr
@@ -307,17 +358,24 @@ def test_translate_cli_partial_file_reports_gaps_and_rerun_completes(migrated_cf
   report = json.loads(proc.stdout)
   assert report["complete"] is False
   assert report["languages"]["he"] == {
-      "texts": 2038, "kept": 0, "translated": 2038 - bad, "missing": len(missing), "failed": 0,
-      "placeholders": 1, "records": 1896,
-      "records_complete": report["languages"]["he"]["records_complete"]}
+      "texts": 2038,
+      "kept": 0,
+      "translated": 2038 - bad,
+      "missing": len(missing),
+      "failed": 0,
+      "placeholders": 1,
+      "records": 1896,
+      "records_complete": report["languages"]["he"]["records_complete"]
+  }
   assert len(report["problem_examples"]) == 5
   problems = [json.loads(l) for l in (rel / "translation_problems.he.jsonl").open()]
   assert {p["source"] for p in problems if p["problem"] == "missing"} == missing
-  assert [(p["source"], p["output"]) for p in problems if p["problem"] == "placeholders"] == [
-      (broken, "HE " + broken.replace("M1", "X"))]
+  assert [(p["source"], p["output"]) for p in problems if p["problem"] == "placeholders"
+         ] == [(broken, "HE " + broken.replace("M1", "X"))]
   # What was translated is written; the gaps are absent.
-  recs = (json.loads((rel / "dataset.json").read_text())
-          + json.loads((rel / "negatives.json").read_text()))
+  recs = (
+      json.loads((rel / "dataset.json").read_text()) + json.loads(
+          (rel / "negatives.json").read_text()))
   for r in recs:
     for field in tr.FIELDS:
       if r.get(field):
@@ -327,11 +385,14 @@ def test_translate_cli_partial_file_reports_gaps_and_rerun_completes(migrated_cf
   assert report["languages"]["he"]["records_complete"] == complete < 1896
   official = rel / "official" / "cfq_sample"
   dev = readers.read_official(official / "dev.he.txt")
-  assert [e.question for e in dev] == ["HE " + e.question
-                                       for e in readers.read_official(official / "dev.en.txt")]
+  assert [e.question for e in dev
+         ] == ["HE " + e.question for e in readers.read_official(official / "dev.en.txt")]
   assert not (official / "train.he.txt").exists()
-  assert report["official_incomplete"] == {str(official / "train.he.txt"): sum(
-      1 for k in split["trainIdxs"] if data[k]["questionPatternModEntities"] in missing | {broken})}
+  assert report["official_incomplete"] == {
+      str(official / "train.he.txt"):
+          sum(1 for k in split["trainIdxs"]
+              if data[k]["questionPatternModEntities"] in missing | {broken})
+  }
 
   # The rest of the translations: the problem file with its targets filled in.
   with open(tmp_path / "rest.he.jsonl", "w") as f:
@@ -342,15 +403,22 @@ def test_translate_cli_partial_file_reports_gaps_and_rerun_completes(migrated_cf
   report = json.loads(proc.stdout)
   assert report["complete"] is True
   assert report["languages"]["he"] == {
-      "texts": 2038, "kept": 2038 - bad, "translated": bad, "missing": 0, "failed": 0,
-      "placeholders": 0, "records": 1896, "records_complete": 1896}
+      "texts": 2038,
+      "kept": 2038 - bad,
+      "translated": bad,
+      "missing": 0,
+      "failed": 0,
+      "placeholders": 0,
+      "records": 1896,
+      "records_complete": 1896
+  }
   assert (rel / "translation_problems.he.jsonl").read_text() == ""
   for part, n in (("train", 1598), ("dev", 220)):
     he = readers.read_release(rel, "cfq_sample", part, "he")
     en = readers.read_release(rel, "cfq_sample", part, "en")
     assert len(he) == n and [e.question for e in he] == ["HE " + e.question for e in en]
-    assert [e.question for e in readers.read_official(official / f"{part}.he.txt")] == [
-        e.question for e in he]
+    assert [e.question for e in readers.read_official(official / f"{part}.he.txt")
+           ] == [e.question for e in he]
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):
@@ -366,8 +434,13 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
       status = 400
     elif any(w in q for q in form["q"] for w in _Flaky.unavailable):
       status = 503
-    body = json.dumps({"data": {"translations": [
-        {"translatedText": f"[{form['target'][0]}] {q}"} for q in form["q"]]}}).encode()
+    body = json.dumps({
+        "data": {
+            "translations": [{
+                "translatedText": f"[{form['target'][0]}] {q}"
+            } for q in form["q"]]
+        }
+    }).encode()
     self.send_response(status)
     self.send_header("Content-Length", str(len(body) if status == 200 else 0))
     self.end_headers()
@@ -391,29 +464,37 @@ def test_translate_remote_failures_are_collected_and_rerun_requests_only_gaps(re
   try:
     _Flaky.requests, _Flaky.refuse, _Flaky.unavailable = [], ("star",), ("influence",)
     waits = []
-    google = tr.GoogleBackend("k", url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
-                              batch_size=1, min_interval_s=0.0, max_retries=2, sleep=waits.append)
+    google = tr.GoogleBackend(
+        "k",
+        url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
+        batch_size=1,
+        min_interval_s=0.0,
+        max_retries=2,
+        sleep=waits.append)
     cache = tmp_path / "c.jsonl"
-    report = tr.translate_release(rel, ["kn"], tr.Translator(google, cache, batch_size=1),
-                                  progress=False)
+    report = tr.translate_release(
+        rel, ["kn"], tr.Translator(google, cache, batch_size=1), progress=False)
     assert not report["complete"]
     c = report["languages"]["kn"]
-    assert (c["failed"], c["missing"], c["translated"]) == (
-        len(refused) + len(unavailable), 0, len(texts) - len(refused) - len(unavailable))
-    problems = {p["source"]: p
-                for p in map(json.loads, (rel / "translation_problems.kn.jsonl").open())}
+    assert (c["failed"], c["missing"],
+            c["translated"]) == (len(refused) + len(unavailable), 0,
+                                 len(texts) - len(refused) - len(unavailable))
+    problems = {
+        p["source"]: p for p in map(json.loads, (rel / "translation_problems.kn.jsonl").open())
+    }
     assert set(problems) == refused | unavailable
     assert all("HTTP 400" in problems[t]["detail"] for t in refused)
     assert all("giving up after 3 attempts" in problems[t]["detail"] for t in unavailable)
     assert len(_Flaky.requests) == len(texts) + 2 * len(unavailable)  # 503s retried twice
     data = json.loads((rel / "dataset.json").read_text())
-    assert all(r.get("questionPatternModEntities_kn") == (
-        None if r["questionPatternModEntities"] in problems else
-        "[kn] " + r["questionPatternModEntities"]) for r in data)
+    assert all(
+        r.get("questionPatternModEntities_kn") == (
+            None if r["questionPatternModEntities"] in problems else "[kn] " +
+            r["questionPatternModEntities"]) for r in data)
     # Rerun with the service back: only the gaps are requested.
     _Flaky.requests, _Flaky.refuse, _Flaky.unavailable = [], (), ()
-    report = tr.translate_release(rel, ["kn"], tr.Translator(google, cache, batch_size=1),
-                                  progress=False)
+    report = tr.translate_release(
+        rel, ["kn"], tr.Translator(google, cache, batch_size=1), progress=False)
     assert report["complete"]
     assert sorted(q for (q,) in _Flaky.requests) == sorted(t + "?" for t in problems)
     assert report["languages"]["kn"]["kept"] == len(texts) - len(problems)
@@ -422,15 +503,17 @@ def test_translate_remote_failures_are_collected_and_rerun_requests_only_gaps(re
     srv.shutdown()
   # --overwrite translates everything again.
   counting = CountingBackend()
-  report = tr.translate_release(rel, ["kn"], tr.Translator(counting), progress=False,
-                                overwrite=True)
+  report = tr.translate_release(
+      rel, ["kn"], tr.Translator(counting), progress=False, overwrite=True)
   assert sorted(counting.sent) == sorted(t + "?" for t in texts)
   assert report["complete"] and report["languages"]["kn"]["kept"] == 0
-  assert [e.question for e in readers.read_official(rel / "official" / "cfq_sample" / "train.kn.txt")
-          ] == ["<kn> " + e.question for e in readers.read_release(rel, "cfq_sample", "train", "en")]
+  assert [
+      e.question for e in readers.read_official(rel / "official" / "cfq_sample" / "train.kn.txt")
+  ] == ["<kn> " + e.question for e in readers.read_release(rel, "cfq_sample", "train", "en")]
 
 
 def test_translate_stops_sending_after_repeated_failures(tmp_path):
+
   class Down(tr.Backend):
     name, calls = "down", 0
 
@@ -443,11 +526,13 @@ def test_translate_stops_sending_after_repeated_failures(tmp_path):
   assert t.translate(texts, "zh") == [None] * 10
   assert Down.calls == 3
   assert [t.failures[("zh", x)].detail for x in texts] == ["HTTP 403: API key not valid"] * 6 + [
-      "not sent: the last 3 requests failed (last error: HTTP 403: API key not valid)"] * 4
+      "not sent: the last 3 requests failed (last error: HTTP 403: API key not valid)"
+  ] * 4
   assert not (tmp_path / "c.jsonl").exists()
 
 
 # ---------------------------------------------------------------- gold set, BLEU, statistics
+
 
 @pytest.fixture(scope="module")
 def mcd_tests(mcwq_dir):
@@ -485,9 +570,12 @@ def test_bleu_machine_vs_human(mcwq_dir):
       mt[gold.canonical(e.sparql)].add(e.question)
     gq = readers.read_rir_pair(mcwq_dir / "translations" / "gold" / f"test.{lang}.txt",
                                mcwq_dir / "translations" / "gold" / f"test.{lang}.sparql")
-    pairs = [(next(iter(mt[k])), e.question) for e in gq
-             for k in [gold.canonical(rir.rir_to_sparql(e.rir))] if len(mt[k]) == 1]
-    figures[lang] = (len(pairs), round(gold.bleu([h for h, _ in pairs], [r for _, r in pairs], lang), 2))
+    pairs = [(next(iter(mt[k])), e.question)
+             for e in gq
+             for k in [gold.canonical(rir.rir_to_sparql(e.rir))]
+             if len(mt[k]) == 1]
+    figures[lang] = (len(pairs),
+                     round(gold.bleu([h for h, _ in pairs], [r for _, r in pairs], lang), 2))
   assert figures == {"he": (92, 78.52), "kn": (91, 63.86), "zh": (90, 76.15)}
   assert gold.bleu(["a b c d"], ["a b c d"]) == pytest.approx(100.0)
   with pytest.raises(ValueError):
@@ -495,7 +583,8 @@ def test_bleu_machine_vs_human(mcwq_dir):
 
 
 def test_statistics(mcwq_dir, release, tmp_path):
-  s = stats.compute(stats.from_examples(readers.read_official(mcwq_dir / "official" / "mcd1" / "test.en.txt")))
+  s = stats.compute(
+      stats.from_examples(readers.read_official(mcwq_dir / "official" / "mcd1" / "test.en.txt")))
   assert s["examples"] == 5310 and s["yes_no"] + s["wh"] == 5310
   assert s["question_patterns"] == s["unique_questions"] == 5310
   assert s["unique_queries"] == 4036 and s["query_patterns"] == 1435
@@ -505,7 +594,8 @@ def test_statistics(mcwq_dir, release, tmp_path):
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   data = json.loads((release / "dataset.json").read_text())
   r = stats.compute(data)
-  assert r["examples"] == len(data) and r["yes_no"] == sum(d["sparqlPatternModEntities"].startswith("ASK") for d in data)
+  assert r["examples"] == len(data) and r["yes_no"] == sum(
+      d["sparqlPatternModEntities"].startswith("ASK") for d in data)
   assert set(r["complexity"]) == {d["recursionDepth"] for d in data}
 
 

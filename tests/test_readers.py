@@ -13,10 +13,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Published dev/test sizes (identical for the four languages).
 COUNTS = {
-    ("mcd1", "dev"): 5408, ("mcd1", "test"): 5310,
-    ("mcd2", "dev"): 5929, ("mcd2", "test"): 5891,
-    ("mcd3", "dev"): 6034, ("mcd3", "test"): 6151,
-    ("random_split", "dev"): 6163, ("random_split", "test"): 6282,
+    ("mcd1", "dev"): 5408,
+    ("mcd1", "test"): 5310,
+    ("mcd2", "dev"): 5929,
+    ("mcd2", "test"): 5891,
+    ("mcd3", "dev"): 6034,
+    ("mcd3", "test"): 6151,
+    ("random_split", "dev"): 6163,
+    ("random_split", "test"): 6282,
 }
 
 MCD1_DEV_EN_FIRST_Q = ("Did M3 's cinematographer and star edit , direct , and write M0 , M1 , "
@@ -172,10 +176,11 @@ def test_split_official_line(mcwq_dir):
 
 
 def test_format_official_line_round_trips(tmp_path):
-  line = readers.format_official_line("Who directed  M0 ", "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}")
+  line = readers.format_official_line("Who directed  M0 ",
+                                      "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}")
   assert line == "IN: Who directed M0  OUT: SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }"
-  assert readers.split_official_line(line) == (
-      "Who directed M0", "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }")
+  assert readers.split_official_line(line) == ("Who directed M0",
+                                               "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }")
   f = tmp_path / "train.en.txt"
   f.write_text(line + "\n", encoding="utf-8")
   [ex] = readers.read_official(f, with_rir=True)
@@ -193,7 +198,8 @@ def test_crlf_and_no_trailing_newline(tmp_path):
 def test_unequal_parallel_files(tmp_path):
   q, s = tmp_path / "train.en.txt", tmp_path / "train.en.sparql"
   q.write_text("Did M0 direct M1\nDid M1 direct M0\nWho directed M0")
-  s.write_text("ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb\nASK WHERE lb ( M1 ( wdt:P57 ) ( M0 ) ) rb")
+  s.write_text(
+      "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb\nASK WHERE lb ( M1 ( wdt:P57 ) ( M0 ) ) rb")
   with pytest.raises(readers.DataFormatError) as e:
     readers.read_rir_pair(q, s)
   assert str(e.value).startswith(f"{s}:3: ")
@@ -202,7 +208,11 @@ def test_unequal_parallel_files(tmp_path):
 
 def test_bad_json_line(tmp_path):
   f = tmp_path / "test.kn.json"
-  good = json.dumps({"translation": {"src": "q", "tgt": "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb"}})
+  good = json.dumps(
+      {"translation": {
+          "src": "q",
+          "tgt": "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb"
+      }})
   f.write_text(f"{good}\n{good}\n{{\"translation\": {{\"src\": \"q\"\n")
   with pytest.raises(readers.DataFormatError, match=r"test\.kn\.json:3: bad JSON"):
     readers.read_translation_jsonl(f)
@@ -231,10 +241,13 @@ def test_missing_data_dir(tmp_path, monkeypatch):
 def _record(i, en, he, sparql, depth, answer):
   return {
       "questionIdx": i,
-      "questionPatternModEntities": en, "questionPatternModEntities_he": he,
+      "questionPatternModEntities": en,
+      "questionPatternModEntities_he": he,
       "questionWithBrackets": en.replace("M0", "[Ridley Scott]"),
       "questionWithBrackets_he": he.replace("M0", "[רידלי סקוט]"),
-      "sparqlPatternModEntities": sparql, "recursionDepth": depth, "expectedResponse": answer,
+      "sparqlPatternModEntities": sparql,
+      "recursionDepth": depth,
+      "expectedResponse": answer,
   }
 
 
@@ -249,11 +262,15 @@ def release_dir(tmp_path):
               "ASK WHERE {\nM1 wdt:P161 ?x0 .\n?x0 wdt:P26 M0 .\nFILTER ( ?x0 != M0 )\n}", 15,
               "No"),
   ]
-  (tmp_path / "dataset.json").write_text(json.dumps(records, ensure_ascii=False, indent=1),
-                                         encoding="utf-8")
+  (tmp_path / "dataset.json").write_text(
+      json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
   (tmp_path / "splits").mkdir()
-  (tmp_path / "splits/mcd1.json").write_text(json.dumps(
-      {"trainIdxs": [2, 0], "devIdxs": [1], "testIdxs": []}, indent=1))
+  (tmp_path / "splits/mcd1.json").write_text(
+      json.dumps({
+          "trainIdxs": [2, 0],
+          "devIdxs": [1],
+          "testIdxs": []
+      }, indent=1))
   return tmp_path
 
 
@@ -300,13 +317,17 @@ def test_official_layout_preferred_and_translations_layout(release_dir):
   assert readers.read_split("mcd1", "dev", "en", release_dir)[0].question == "Did M0 direct M1"
   (release_dir / "translations/mcd2").mkdir(parents=True)
   (release_dir / "translations/mcd2/train.zh.txt").write_text("M0导演了M1吗？")
-  (release_dir / "translations/mcd2/train.zh.sparql").write_text(
-      "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb")
+  (release_dir /
+   "translations/mcd2/train.zh.sparql").write_text("ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb")
   ex = readers.read_split("mcd2", "train", "zh", release_dir)
   assert ex[0].sparql == "ASK WHERE { M0 wdt:P57 M1 }" and ex[0].question == "M0导演了M1吗？"
   (release_dir / "translations/mcd3").mkdir(parents=True)
-  (release_dir / "translations/mcd3/dev.kn.json").write_text(json.dumps(
-      {"translation": {"src": "M0 ?", "tgt": "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb"}}) + "\n")
+  (release_dir / "translations/mcd3/dev.kn.json").write_text(
+      json.dumps(
+          {"translation": {
+              "src": "M0 ?",
+              "tgt": "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb"
+          }}) + "\n")
   assert readers.split_files("mcd3", "dev", "kn", release_dir)[0] == "jsonl"
   ex = readers.read_split("mcd3", "dev", "kn", release_dir)
   assert (ex[0].question, ex[0].sparql) == ("M0 ?", "ASK WHERE { M0 wdt:P57 M1 }")
@@ -333,8 +354,7 @@ def test_paths_argument_env_and_default(tmp_path, monkeypatch, mcwq_dir):
 
 
 def _download_script():
-  spec = importlib.util.spec_from_file_location("download_mcwq",
-                                                REPO / "scripts/download_mcwq.py")
+  spec = importlib.util.spec_from_file_location("download_mcwq", REPO / "scripts/download_mcwq.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -347,8 +367,9 @@ def test_download_from_local_copy(tmp_path, mcwq_dir, capsys):
   stdout = capsys.readouterr().out
   assert "mcd1   dev: en=5,408  he=5,408  kn=5,408  zh=5,408" in stdout
   assert "gold  test: he=155  kn=155  zh=155" in stdout
-  assert (out / "official/mcd1/dev.en.txt").read_bytes() == (
-      mcwq_dir / "official/mcd1/dev.en.txt").read_bytes()
+  assert (out /
+          "official/mcd1/dev.en.txt").read_bytes() == (mcwq_dir /
+                                                       "official/mcd1/dev.en.txt").read_bytes()
   assert len(readers.read_split("mcd3", "test", "kn", out)) == 6151
   # CI's ../shared has no write bits; the copy must not inherit them (root ignores them, so
   # check the bits rather than a write).

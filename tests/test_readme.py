@@ -17,50 +17,62 @@ REPO = mains.REPO
 README = (REPO / "README.md").read_text()
 TEST_COMMAND = 'pip install -e ".[test]" && bash scripts/install_t5x.sh && python -m pytest -q tests'
 
-T5X_SIZE = ["network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
-            "network.T5Config.num_heads=2", "network.T5Config.head_dim=16",
-            "network.T5Config.mlp_dim=64", "network.T5Config.num_encoder_layers=1",
-            "network.T5Config.num_decoder_layers=1", "network.T5Config.dtype='float32'"]
-T5X_TRAIN = ["TRAIN_STEPS=20", "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
-             "TASK_FEATURE_LENGTHS={'inputs':40,'targets':64}", "EVAL_PERIOD=20", "EVAL_STEPS=1",
-             "EVALUATOR_NUM_EXAMPLES=8", "train/utils.DatasetConfig.split='test'",
-             "MIXTURE_OR_TASK_NAME='mcwq_gold_he'"]
+T5X_SIZE = [
+    "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
+    "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
+    "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1",
+    "network.T5Config.dtype='float32'"
+]
+T5X_TRAIN = [
+    "TRAIN_STEPS=20", "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
+    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':64}", "EVAL_PERIOD=20", "EVAL_STEPS=1",
+    "EVALUATOR_NUM_EXAMPLES=8", "train/utils.DatasetConfig.split='test'",
+    "MIXTURE_OR_TASK_NAME='mcwq_gold_he'"
+]
 OUR_SIZE = [b.replace(" = ", "=") for b in mains.SMALL_MODEL]
-OUR_TRAIN = ["TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=0", "LOG_EVERY_STEPS=2",
-             "CHECKPOINT_PERIOD=2", "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}"]
+OUR_TRAIN = [
+    "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=0", "LOG_EVERY_STEPS=2", "CHECKPOINT_PERIOD=2",
+    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}"
+]
 # (command prefix, appended --gin.* overrides, other appended arguments)
 OVERRIDES = [
     ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
      OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=512"], []),
-    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin",
-     ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
-      "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"], []),
+    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
+        "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
+        "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
+    ], []),
     ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin",
      OUR_SIZE + ["NUM_EXAMPLES=16"], []),
     ("echo", OUR_SIZE + ["MAX_DECODE_LENGTH=32"], []),
     ("python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin", T5X_SIZE + T5X_TRAIN, []),
-    ("python -m t5x.eval", T5X_SIZE + ["utils.DatasetConfig.batch_size=8",
-                                       "seqio.Evaluator.num_examples=8"], []),
+    ("python -m t5x.eval",
+     T5X_SIZE + ["utils.DatasetConfig.batch_size=8", "seqio.Evaluator.num_examples=8"], []),
     # The 20-step test run's checkpoint stands in for the README's checkpoint_1050000.
-    ("python -m t5x.infer", T5X_SIZE + ["TASK_FEATURE_LENGTHS={'inputs':40,'targets':16}",
-                                        "CHECKPOINT_PATH='runs/t5x/mt5_small_mcd1_en/checkpoint_20'"],
-     []),
+    ("python -m t5x.infer", T5X_SIZE + [
+        "TASK_FEATURE_LENGTHS={'inputs':40,'targets':16}",
+        "CHECKPOINT_PATH='runs/t5x/mt5_small_mcd1_en/checkpoint_20'"
+    ], []),
     ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
-     OUR_SIZE + OUR_TRAIN + ["network.get_config.vocab_size=2000",
-                             "network.get_config.dtype='float32'", "INITIAL_CHECKPOINT_PATH=None",
-                             "MIXTURE_OR_TASK_NAME='mcwq_gold_he'", "TRAIN_SPLIT='test'",
-                             "EVAL_SPLIT='test'", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
-    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/",
-     OUR_SIZE + ["network.get_config.vocab_size=2000", "network.get_config.dtype='float32'",
-                 "NUM_EXAMPLES=8"], []),
-    ("python scripts/benchmark.py", [],
-     ["--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
-      "--target_length", "16", "--steps", "1", "--beam", "2"]),
+     OUR_SIZE + OUR_TRAIN + [
+         "network.get_config.vocab_size=2000", "network.get_config.dtype='float32'",
+         "INITIAL_CHECKPOINT_PATH=None", "MIXTURE_OR_TASK_NAME='mcwq_gold_he'",
+         "TRAIN_SPLIT='test'", "EVAL_SPLIT='test'", "FINAL_EVAL_NUM_EXAMPLES=8"
+     ], []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/", OUR_SIZE +
+     ["network.get_config.vocab_size=2000", "network.get_config.dtype='float32'", "NUM_EXAMPLES=8"],
+     []),
+    ("python scripts/benchmark.py", [], [
+        "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
+        "--target_length", "16", "--steps", "1", "--beam", "2"
+    ]),
 ]
 # Folders the commands write (moved aside first if they exist: the test must not clobber runs).
-OUTPUTS = ["runs/tiny_random_split_en", "runs/t5x/tiny_random_split_en", "runs/t5x/mt5_small_mcd1_en",
-           "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report", "runs/he.json",
-           "runs/mcwq_sample", "runs/complexity.png"]
+OUTPUTS = [
+    "runs/tiny_random_split_en", "runs/t5x/tiny_random_split_en", "runs/t5x/mt5_small_mcd1_en",
+    "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report", "runs/he.json", "runs/mcwq_sample",
+    "runs/complexity.png"
+]
 
 
 def readme_commands() -> list[tuple[str, str]]:
@@ -81,8 +93,8 @@ COMMANDS = readme_commands()
 def with_overrides(command: str) -> str:
   for prefix, gin, extra in OVERRIDES:
     if command.startswith(prefix):
-      return " ".join([command] + [shlex.quote(f"--gin.{b}") for b in gin]
-                      + [shlex.quote(a) for a in extra])
+      return " ".join([command] + [shlex.quote(f"--gin.{b}") for b in gin] +
+                      [shlex.quote(a) for a in extra])
   return command
 
 
@@ -110,8 +122,8 @@ def workspace(mcwq_dir):
       path.unlink()
 
 
-@pytest.mark.parametrize("index", range(len(COMMANDS)),
-                         ids=[f"{i}:{c[:60]}" for i, (_, c) in enumerate(COMMANDS)])
+@pytest.mark.parametrize(
+    "index", range(len(COMMANDS)), ids=[f"{i}:{c[:60]}" for i, (_, c) in enumerate(COMMANDS)])
 def test_readme_command(index, workspace):
   heading, command = COMMANDS[index]
   if command == TEST_COMMAND:

@@ -28,8 +28,11 @@ def _check_png(path):
 @pytest.fixture(scope="module")
 def shared_report(mcwq_dir, tmp_path_factory):
   out = tmp_path_factory.mktemp("report")
-  status = report.main([str(mcwq_dir / "results"), "--targets_dir",
-                        str(mcwq_dir / "translations"), "--out", str(out)])
+  status = report.main([
+      str(mcwq_dir / "results"), "--targets_dir",
+      str(mcwq_dir / "translations"), "--out",
+      str(out)
+  ])
   assert status == 0
   return out
 
@@ -97,9 +100,10 @@ def test_error_table_and_results_json(shared_report):
 
 def test_figures_are_valid_pngs(shared_report):
   pngs = sorted(p.name for p in shared_report.glob("*.png"))
-  assert pngs == ["errors_mt5_small_monolingual_mcd1-gold.png",
-                  "errors_mt5_small_monolingual_mcd1.png",
-                  "errors_mt5_small_zeroshot_mcd1.png"]
+  assert pngs == [
+      "errors_mt5_small_monolingual_mcd1-gold.png", "errors_mt5_small_monolingual_mcd1.png",
+      "errors_mt5_small_zeroshot_mcd1.png"
+  ]
   for name in pngs:
     _check_png(shared_report / name)
 
@@ -107,20 +111,27 @@ def test_figures_are_valid_pngs(shared_report):
 def _fake_release(tmp_path):
   """A tiny full-release layout (dataset.json + splits/) with recursionDepth, its RIR targets,
   and predictions in our own layout."""
-  sparqls = ["ASK WHERE { M0 wdt:P57 ?x0 }",
-             "ASK WHERE { M0 wdt:P57 ?x0 . M0 wdt:P58 ?x0 }",
-             "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P27 wd:Q30 . ?x0 wdt:P26 M1 . FILTER ( ?x0 != M1 ) }",
-             "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P106 wd:Q36834 }"]
+  sparqls = [
+      "ASK WHERE { M0 wdt:P57 ?x0 }", "ASK WHERE { M0 wdt:P57 ?x0 . M0 wdt:P58 ?x0 }",
+      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P27 wd:Q30 . ?x0 wdt:P26 M1 . FILTER ( ?x0 != M1 ) }",
+      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P106 wd:Q36834 }"
+  ]
   depths = [9, 12, 20, 9]
-  records = [{"questionPatternModEntities": f"question {i}",
-              "questionPatternModEntities_he": f"he question {i}",
-              "sparqlPatternModEntities": s, "recursionDepth": d}
-             for i, (s, d) in enumerate(zip(sparqls, depths))]
+  records = [{
+      "questionPatternModEntities": f"question {i}",
+      "questionPatternModEntities_he": f"he question {i}",
+      "sparqlPatternModEntities": s,
+      "recursionDepth": d
+  } for i, (s, d) in enumerate(zip(sparqls, depths))]
   data = tmp_path / "mcwq"
   (data / "splits").mkdir(parents=True)
   (data / "dataset.json").write_text(json.dumps(records))
   (data / "splits" / "mcd1.json").write_text(
-      json.dumps({"trainIdxs": [], "devIdxs": [], "testIdxs": [3, 0, 1, 2]}))
+      json.dumps({
+          "trainIdxs": [],
+          "devIdxs": [],
+          "testIdxs": [3, 0, 1, 2]
+      }))
   targets = [rir.sparql_to_rir(sparqls[i]) for i in (3, 0, 1, 2)]
   (data / "translations" / "mcd1").mkdir(parents=True)
   for lang in ("en", "he"):
@@ -128,10 +139,11 @@ def _fake_release(tmp_path):
   results = tmp_path / "results"
   (results / "tiny" / "zeroshot").mkdir(parents=True)
   # en: all right but the depth-12 one; he: only the first (depth 9) right.
-  (results / "tiny" / "predictions_mcd1_en.txt").write_text(
-      "\n".join([targets[0], targets[1], "ASK WHERE lb ( M0 ( wdt:P57", targets[3]]) + "\n")
-  (results / "tiny" / "predictions_mcd1_he.txt").write_text(
-      "\n".join([targets[0], "", "", ""]) + "\n")
+  (results / "tiny" / "predictions_mcd1_en.txt"
+  ).write_text("\n".join([targets[0], targets[1], "ASK WHERE lb ( M0 ( wdt:P57", targets[3]]) +
+               "\n")
+  (results / "tiny" / "predictions_mcd1_he.txt").write_text("\n".join([targets[0], "", "", ""]) +
+                                                            "\n")
   (results / "tiny" / "zeroshot" / "predictions_mcd1_he.txt").write_text("\n" * 4)
   return data, results
 
@@ -139,19 +151,36 @@ def _fake_release(tmp_path):
 def test_own_layout_and_complexity_figure(tmp_path):
   data, results = _fake_release(tmp_path)
   files = report.discover(results)
-  assert [(f.model, f.mode, f.language) for f in files] == [
-      ("tiny", "monolingual", "en"), ("tiny", "monolingual", "he"), ("tiny", "zeroshot", "he")]
+  assert [(f.model, f.mode, f.language) for f in files] == [("tiny", "monolingual", "en"),
+                                                            ("tiny", "monolingual", "he"),
+                                                            ("tiny", "zeroshot", "he")]
   out = tmp_path / "out"
-  status = report.main([str(results), "--targets_dir", str(data / "translations"),
-                        "--out", str(out)])
+  status = report.main(
+      [str(results), "--targets_dir",
+       str(data / "translations"), "--out",
+       str(out)])
   assert status == 0
   rows = _read_csv(out / "table4_monolingual_exact_match.csv")
   assert rows[1] == ["tiny", "MCD1", "75.0000", "25.0000", "", ""]
   results_json = json.loads((out / "results.json").read_text())
   en = next(r for r in results_json["runs"] if r["language"] == "en")
-  assert en["by_complexity"] == {"9": {"n": 2, "correct": 2, "exact_match": 100.0},
-                                 "12": {"n": 1, "correct": 0, "exact_match": 0.0},
-                                 "20": {"n": 1, "correct": 1, "exact_match": 100.0}}
+  assert en["by_complexity"] == {
+      "9": {
+          "n": 2,
+          "correct": 2,
+          "exact_match": 100.0
+      },
+      "12": {
+          "n": 1,
+          "correct": 0,
+          "exact_match": 0.0
+      },
+      "20": {
+          "n": 1,
+          "correct": 1,
+          "exact_match": 100.0
+      }
+  }
   _check_png(out / "complexity_tiny_monolingual_mcd1.png")
   _check_png(out / "errors_tiny_monolingual_mcd1.png")
   _check_png(out / "complexity_tiny_zeroshot_mcd1.png")
@@ -164,16 +193,21 @@ def test_missing_results_dir(tmp_path, capsys):
 
 def test_length_mismatch_is_reported(mcwq_dir, tmp_path, capsys):
   (tmp_path / "m").mkdir()
-  (tmp_path / "m" / "predictions_mcd1_en.txt").write_text("ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\n")
-  assert report.main([str(tmp_path), "--targets_dir", str(mcwq_dir / "translations"),
-                      "--out", str(tmp_path / "out")]) == 2
+  (tmp_path / "m" /
+   "predictions_mcd1_en.txt").write_text("ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\n")
+  assert report.main([
+      str(tmp_path), "--targets_dir",
+      str(mcwq_dir / "translations"), "--out",
+      str(tmp_path / "out")
+  ]) == 2
   err = capsys.readouterr().err
   assert "1 predictions" in err and "5310 targets" in err
 
 
 def test_markdown_table():
-  assert report.to_markdown(["a", "b"], [["x", 1.25], ["y", None]]) == (
-      "| a | b |\n| --- | --- |\n| x | 1.2 |\n| y | - |")
+  assert report.to_markdown(
+      ["a", "b"],
+      [["x", 1.25], ["y", None]]) == ("| a | b |\n| --- | --- |\n| x | 1.2 |\n| y | - |")
 
 
 def test_discover_train_layout(tmp_path):
@@ -184,7 +218,7 @@ def test_discover_train_layout(tmp_path):
                "mcwq_mcd2_zeroshot_he_test.txt", "mcwq_gold_he_test.txt", "notes.txt"):
     (pred_dir / name).write_text("x\n")
   files = report.discover(tmp_path)
-  assert [(f.model, f.mode, f.split, f.language, f.gold) for f in files] == [
-      ("run_mcd2_en", "monolingual", "mcd2", "en", False),
-      ("run_mcd2_en", "zeroshot", "mcd2", "he", False),
-      ("run_mcd2_en", "zeroshot", "mcd2", "he", True)]
+  assert [(f.model, f.mode, f.split, f.language, f.gold) for f in files
+         ] == [("run_mcd2_en", "monolingual", "mcd2", "en", False),
+               ("run_mcd2_en", "zeroshot", "mcd2", "he", False),
+               ("run_mcd2_en", "zeroshot", "mcd2", "he", True)]

@@ -25,7 +25,9 @@ def test_sparql_to_rir_reproduces_published_rir_byte_for_byte(mcwq_dir):
     queries = _official_queries(mcwq_dir / "official" / "mcd1" / f"{part}.{lang}.txt")
     reference = readers.read_lines(mcwq_dir / "translations" / "mcd1" / f"{part}.{lang}.sparql")
     assert len(queries) == len(reference)
-    mismatches = [i for i, (q, r) in enumerate(zip(queries, reference)) if rir.sparql_to_rir(q) != r]
+    mismatches = [
+        i for i, (q, r) in enumerate(zip(queries, reference)) if rir.sparql_to_rir(q) != r
+    ]
     assert mismatches == [], f"{part}.{lang}: first mismatching line {mismatches[:1]}"
     checked += len(queries)
   assert checked == 4 * (5408 + 5310)  # 42,872 lines: every dev/test line of mcd1, 4 languages.
@@ -61,8 +63,11 @@ def test_known_example():
       "ASK WHERE lb ( M3 ( wdt:P161 , wdt:P344 ) ( ?x0 ) ) . ( M0 ( wdt:P57 , wdt:P1040 ) ( ?x0 ) )"
       " . ( M1 ( wdt:P57 , wdt:P1040 ) ( ?x0 ) ) . ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) . "
       "( FILTER ( ?x0 != M1 ) ) rb")
-  assert rir.rir_to_sparql("SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 , M1 ) ) rb") == (
-      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 . ?x0 wdt:P57 M1 . ?x0 wdt:P58 M0 . ?x0 wdt:P58 M1 }")
+  assert rir.rir_to_sparql(
+      "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 , M1 ) ) rb"
+  ) == (
+      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 . ?x0 wdt:P57 M1 . ?x0 wdt:P58 M0 . ?x0 wdt:P58 M1 }"
+  )
 
 
 # The only official queries with a repeated triple: random_split/test lines 257 and 388 (all four
@@ -70,13 +75,13 @@ def test_known_example():
 # in the MCWQ release (github.com/coastalcph/seq2sparql, mcwq/; not mirrored in ../shared): the
 # repeated triple repeats its object, while a repeated filter is written once.
 REPEATED_TRIPLES = {
-    257: ("ASK WHERE { ?x0 wdt:P40|wdt:P355 ?x1 . ?x1 wdt:P40|wdt:P355 ?x2 . ?x2 wdt:P106 "
-          "wd:Q2526255 . ?x0 wdt:P108 M1 . M2 wdt:P108 M1 . ?x0 wdt:P108 M3 . ?x0 wdt:P108 M3 . "
-          "M2 wdt:P108 M3 . M2 wdt:P108 M3 }",
-          "ASK WHERE lb ( ?x0 ( wdt:P40|wdt:P355 ) ( ?x1 ) ) . "
-          "( ?x1 ( wdt:P40|wdt:P355 ) ( ?x2 ) ) . ( ?x2 ( wdt:P106 ) ( wd:Q2526255 ) ) . "
-          "( ?x0 ( wdt:P108 ) ( M1 , M3 , M3 ) ) . "
-          "( M2 ( wdt:P108 ) ( M1 , M3 , M3 ) ) rb"),
+    257:
+        ("ASK WHERE { ?x0 wdt:P40|wdt:P355 ?x1 . ?x1 wdt:P40|wdt:P355 ?x2 . ?x2 wdt:P106 "
+         "wd:Q2526255 . ?x0 wdt:P108 M1 . M2 wdt:P108 M1 . ?x0 wdt:P108 M3 . ?x0 wdt:P108 M3 . "
+         "M2 wdt:P108 M3 . M2 wdt:P108 M3 }", "ASK WHERE lb ( ?x0 ( wdt:P40|wdt:P355 ) ( ?x1 ) ) . "
+         "( ?x1 ( wdt:P40|wdt:P355 ) ( ?x2 ) ) . ( ?x2 ( wdt:P106 ) ( wd:Q2526255 ) ) . "
+         "( ?x0 ( wdt:P108 ) ( M1 , M3 , M3 ) ) . "
+         "( M2 ( wdt:P108 ) ( M1 , M3 , M3 ) ) rb"),
     388: ("ASK WHERE { ?x0 wdt:P3373 ?x1 . ?x1 wdt:P106 wd:Q36834 . FILTER ( ?x0 != ?x1 ) . "
           "?x0 wdt:P108 M1 . M2 wdt:P108 M1 . M2 wdt:P108 M1 . M3 wdt:P108 M1 . M4 wdt:P108 M1 . "
           "M5 wdt:P108 M1 }",
@@ -99,16 +104,17 @@ def test_repeated_triple_repeats_its_object_as_in_the_published_rir(mcwq_dir):
   # The example, and the repeated filter of the same query written once.
   assert rir.sparql_to_rir("ASK WHERE { M2 wdt:P108 M1 . M2 wdt:P108 M1 . M3 wdt:P108 M1 }") == (
       "ASK WHERE lb ( M2 ( wdt:P108 ) ( M1 , M1 ) ) . ( M3 ( wdt:P108 ) ( M1 ) ) rb")
-  assert rir.sparql_to_rir("ASK WHERE { M2 wdt:P108 M1 . FILTER ( M2 != M1 ) . M2 wdt:P108 M1 . "
-                           "FILTER ( M2 != M1 ) }") == (
-      "ASK WHERE lb ( M2 ( wdt:P108 ) ( M1 , M1 ) ) . ( FILTER ( M2 != M1 ) ) rb")
+  assert rir.sparql_to_rir(
+      "ASK WHERE { M2 wdt:P108 M1 . FILTER ( M2 != M1 ) . M2 wdt:P108 M1 . "
+      "FILTER ( M2 != M1 ) }") == (
+          "ASK WHERE lb ( M2 ( wdt:P108 ) ( M1 , M1 ) ) . ( FILTER ( M2 != M1 ) ) rb")
 
 
 def test_predicates_merge_only_on_equal_object_multisets():
   # Same objects in another order: one group, objects in the order of the first predicate.
-  assert rir.sparql_to_rir("ASK WHERE { ?x0 wdt:P57 M0 . ?x0 wdt:P58 M1 . ?x0 wdt:P58 M0 . "
-                           "?x0 wdt:P57 M1 }") == (
-      "ASK WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 , M1 ) ) rb")
+  assert rir.sparql_to_rir(
+      "ASK WHERE { ?x0 wdt:P57 M0 . ?x0 wdt:P58 M1 . ?x0 wdt:P58 M0 . "
+      "?x0 wdt:P57 M1 }") == ("ASK WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 , M1 ) ) rb")
   # A repeated object is counted: merging would make `?x0 wdt:P58 M0` repeated too.
   query = "ASK WHERE { ?x0 wdt:P57 M0 . ?x0 wdt:P58 M0 . ?x0 wdt:P57 M0 }"
   assert rir.sparql_to_rir(query) == (
@@ -118,12 +124,20 @@ def test_predicates_merge_only_on_equal_object_multisets():
 
 
 @pytest.mark.parametrize("garbage", [
-    "", "   ", "ASK WHERE lb rb", "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) )",
-    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) rb", "ASK WHERE lb ( M0 ( wdt:P57 , ) ( ?x0 ) ) rb",
-    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) . rb", "SELECT WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb",
-    "ASK WHERE lb ( FILTER ( ?x0 = M1 ) ) rb", "ASK WHERE lb ( M0 ( ( wdt:P57 ) ) ( ?x0 ) ) rb",
-    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb rb", "\x00\xff\ufffd lb rb ( ) .",
-    "ASK WHERE lb ( M0 ( lb ) ( ?x0 ) ) rb", "ASK WHERE lb ( M0 ( wdt:P57 ) ( ) ) rb",
+    "",
+    "   ",
+    "ASK WHERE lb rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) )",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 , ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) . rb",
+    "SELECT WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( FILTER ( ?x0 = M1 ) ) rb",
+    "ASK WHERE lb ( M0 ( ( wdt:P57 ) ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb rb",
+    "\x00\xff\ufffd lb rb ( ) .",
+    "ASK WHERE lb ( M0 ( lb ) ( ?x0 ) ) rb",
+    "ASK WHERE lb ( M0 ( wdt:P57 ) ( ) ) rb",
 ])
 def test_malformed_rir_raises_typed_error(garbage):
   with pytest.raises(rir.RIRError):
@@ -151,20 +165,28 @@ def test_published_predictions_and_mutations_raise_only_rir_error(mcwq_dir):
 def test_cli_round_trips_a_file(mcwq_dir, tmp_path):
   queries = _official_queries(mcwq_dir / "official" / "mcd1" / "dev.he.txt")[:500]
   reference = readers.read_lines(mcwq_dir / "translations" / "mcd1" / "dev.he.sparql")[:500]
-  to_rir = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-rir"], input="\n".join(queries) + "\n",
-                          capture_output=True, text=True, check=True)
+  to_rir = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-rir"],
+                          input="\n".join(queries) + "\n",
+                          capture_output=True,
+                          text=True,
+                          check=True)
   assert to_rir.stdout.splitlines() == reference
-  to_sparql = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-sparql"], input=to_rir.stdout,
-                             capture_output=True, text=True, check=True)
+  to_sparql = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-sparql"],
+                             input=to_rir.stdout,
+                             capture_output=True,
+                             text=True,
+                             check=True)
   back = to_sparql.stdout.splitlines()
-  assert [sparql.parse_sparql(b).canonical() for b in back] == [
-      sparql.parse_sparql(q).canonical() for q in queries]
+  assert [sparql.parse_sparql(b).canonical() for b in back
+         ] == [sparql.parse_sparql(q).canonical() for q in queries]
 
 
 def test_cli_reports_bad_line_number_and_exits_1():
-  result = subprocess.run([sys.executable, "-m", "mcwq_t5x.rir", "to-sparql"],
-                          input="ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\nASK WHERE lb ( M0 rb\n",
-                          capture_output=True, text=True)
+  result = subprocess.run(
+      [sys.executable, "-m", "mcwq_t5x.rir", "to-sparql"],
+      input="ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\nASK WHERE lb ( M0 rb\n",
+      capture_output=True,
+      text=True)
   assert result.returncode == 1
   assert "line 2:" in result.stderr
   assert result.stdout.splitlines()[0] == "ASK WHERE { M0 wdt:P57 ?x0 }"

@@ -51,9 +51,16 @@ def test_count_form_parses():
 
 
 @pytest.mark.parametrize("bad", [
-    "", "ASK WHERE", "ASK WHERE { }", "ASK WHERE { M0 wdt:P57 }", "ASK WHERE { M0 wdt:P57 ?x0 . }",
-    "ASK WHERE { M0 wdt:P57 ?x0", "DESCRIBE WHERE { M0 wdt:P57 ?x0 }",
-    "ASK WHERE { FILTER ( ?x0 < M0 ) }", "ASK WHERE { M0 wdt:P57 ?x0 } }", "ASK WHERE { M0 \"x\" ?x0 }",
+    "",
+    "ASK WHERE",
+    "ASK WHERE { }",
+    "ASK WHERE { M0 wdt:P57 }",
+    "ASK WHERE { M0 wdt:P57 ?x0 . }",
+    "ASK WHERE { M0 wdt:P57 ?x0",
+    "DESCRIBE WHERE { M0 wdt:P57 ?x0 }",
+    "ASK WHERE { FILTER ( ?x0 < M0 ) }",
+    "ASK WHERE { M0 wdt:P57 ?x0 } }",
+    "ASK WHERE { M0 \"x\" ?x0 }",
 ])
 def test_malformed_queries_raise(bad):
   with pytest.raises(sparql.SparqlParseError):

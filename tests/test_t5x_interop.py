@@ -38,9 +38,17 @@ import tiny_engine
 # Same hyper-parameters for both engines (T5X hard-codes 32 relative-position buckets, max
 # distance 128 and RMS-norm epsilon 1e-6, our defaults). 8 heads: on CPU T5X's PjitPartitioner puts
 # all 8 test devices on its 'model' axis, which must divide the heads.
-TINY = dict(emb_dim=32, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=2,
-            num_decoder_layers=2, mlp_activations=("gelu", "linear"), dropout_rate=0.0,
-            logits_via_embedding=False, float32_attention_logits=True)
+TINY = dict(
+    emb_dim=32,
+    num_heads=8,
+    head_dim=4,
+    mlp_dim=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+    float32_attention_logits=True)
 NUM_EXAMPLES = 48
 
 
@@ -48,7 +56,10 @@ def t5x_model(vocab_size, vocabulary=None, decode_fn=t5x_decoding.beam_search):
   vocabulary = vocabulary or seqio_passthrough(vocab_size)
   module = t5x_network.Transformer(t5x_network.T5Config(vocab_size=vocab_size, **TINY))
   return t5x_models.EncoderDecoderModel(
-      module, vocabulary, vocabulary, t5x_adafactor.Adafactor(decay_rate=0.8, step_offset=0),
+      module,
+      vocabulary,
+      vocabulary,
+      t5x_adafactor.Adafactor(decay_rate=0.8, step_offset=0),
       decode_fn=decode_fn)
 
 
@@ -95,9 +106,12 @@ def mcwq_batch(mcwq_dir):
   enc = pad_rows([list(vocabulary.encode(q)) + [1] for q in questions])
   tgt = pad_rows([list(vocabulary.encode(q)) + [1] for q in queries])
   dec_in = np.concatenate([np.zeros((len(tgt), 1), np.int32), tgt[:, :-1]], axis=1)
-  return vocabulary, {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-                      "decoder_target_tokens": tgt,
-                      "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+  return vocabulary, {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec_in,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": (tgt > 0).astype(np.int32)
+  }
 
 
 def test_parameter_trees_are_t5x_trees():
@@ -107,19 +121,28 @@ def test_parameter_trees_are_t5x_trees():
                                                         num_decoder_layers=8))):
     shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 6)}
     types = {k: jnp.int32 for k in shapes}
-    ours = network.Transformer(network.get_config("tiny", vocab_size=vocab_size,
-                                                  **{**TINY, **overrides}))
-    theirs = t5x_network.Transformer(t5x_network.T5Config(vocab_size=vocab_size,
-                                                          **{**TINY, **overrides}))
+    ours = network.Transformer(
+        network.get_config("tiny", vocab_size=vocab_size, **{
+            **TINY,
+            **overrides
+        }))
+    theirs = t5x_network.Transformer(
+        t5x_network.T5Config(vocab_size=vocab_size, **{
+            **TINY,
+            **overrides
+        }))
     ours_shapes = jax.eval_shape(
-        lambda r: model_lib.unbox(model_lib.EncoderDecoderModel(ours).get_initial_variables(
-            r, shapes, types)["params"]), jax.random.PRNGKey(0))
-    t5x_shapes = jax.eval_shape(
-        lambda r: unfrozen(t5x_models.EncoderDecoderModel(
-            theirs, None, None, None).get_initial_variables(r, shapes, types)["params"]),
+        lambda r: model_lib.unbox(
+            model_lib.EncoderDecoderModel(ours).get_initial_variables(r, shapes, types)["params"]),
         jax.random.PRNGKey(0))
-    flat = lambda t: {jax.tree_util.keystr(p): (x.shape, x.dtype)
-                      for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
+    t5x_shapes = jax.eval_shape(
+        lambda r: unfrozen(
+            t5x_models.EncoderDecoderModel(theirs, None, None, None).get_initial_variables(
+                r, shapes, types)["params"]), jax.random.PRNGKey(0))
+    flat = lambda t: {
+        jax.tree_util.keystr(p): (x.shape, x.dtype)
+        for p, x in jax.tree_util.tree_flatten_with_path(t)[0]
+    }
     assert flat(ours_shapes) == flat(t5x_shapes)
     layers_enc = overrides.get("num_encoder_layers", 2)
     layers_dec = overrides.get("num_decoder_layers", 2)
@@ -134,13 +157,15 @@ def test_same_logits_and_greedy_decodes_as_t5x(mcwq_batch):
   vocabulary, batch = mcwq_batch
   vocab_size = vocabulary.vocab_size
   assert (batch["encoder_input_tokens"] == 0).any() and (batch["decoder_target_tokens"] == 0).any()
-  greedy = functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=1,
-                             rescale_log_probs=False)  # raw log-probs as scores, as ours
+  greedy = functools.partial(
+      t5x_decoding.temperature_sample, temperature=0.0, topk=1,
+      rescale_log_probs=False)  # raw log-probs as scores, as ours
   theirs = t5x_model(vocab_size, vocabulary, decode_fn=greedy)
   ours = our_model(vocab_size, vocabulary)
   shapes = {k: v.shape for k, v in batch.items()}
-  params = unfrozen(theirs.get_initial_variables(
-      jax.random.PRNGKey(7), shapes, {k: jnp.int32 for k in shapes})["params"])
+  params = unfrozen(
+      theirs.get_initial_variables(jax.random.PRNGKey(7), shapes,
+                                   {k: jnp.int32 for k in shapes})["params"])
 
   args = (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
           batch["decoder_target_tokens"])
@@ -159,8 +184,8 @@ def test_same_logits_and_greedy_decodes_as_t5x(mcwq_batch):
   assert t5x_tokens.shape == our_tokens.shape == args[2].shape
   assert len({tuple(r) for r in t5x_tokens}) > 1  # rows decode differently
   np.testing.assert_array_equal(our_tokens, t5x_tokens)
-  np.testing.assert_allclose(np.asarray(our_aux["scores"]), np.asarray(t5x_aux["scores"]),
-                             rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(our_aux["scores"]), np.asarray(t5x_aux["scores"]), rtol=1e-5, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -213,8 +238,8 @@ def t5x_written(tmp_path_factory):
 def test_restore_checkpoint_written_by_t5x(t5x_written, layout, caplog):
   orbax_dir, legacy_dir, t5x_params = t5x_written
   model_dir = orbax_dir if layout == "orbax" else legacy_dir
-  assert sorted(p.name for p in model_dir.iterdir() if p.name.startswith("checkpoint")) == [
-      "checkpoint_1"]
+  assert sorted(
+      p.name for p in model_dir.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint_1"]
   assert checkpoints.checkpoint_format(model_dir / "checkpoint_1") == (
       checkpoints.FORMAT_T5X_ORBAX if layout == "orbax" else checkpoints.FORMAT_T5X_MSGPACK)
   tr = our_trainer()
@@ -232,8 +257,8 @@ def test_restore_checkpoint_written_by_t5x(t5x_written, layout, caplog):
   assert wi.sharding.spec == jax.sharding.PartitionSpec(None, "model")
   assert_trees_equal(state.opt_state, tr.optimizer.init(jax.device_get(state.params)))
   # A restored T5X state trains in our engine.
-  _, metrics = tr.train_step(state, tr.partitioner.make_global_batch(
-      tiny_engine.synthetic_batch(6)))
+  _, metrics = tr.train_step(state,
+                             tr.partitioner.make_global_batch(tiny_engine.synthetic_batch(6)))
   assert np.isfinite(float(metrics["loss"]))
   # Params-only restore through every way of naming the checkpoint.
   for path in (model_dir, model_dir / "checkpoint_1",
@@ -253,8 +278,8 @@ def ours_written(tmp_path_factory):
   state = tr.create_state(SHAPES)
   mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=True)
   for step in range(2):
-    state, _ = tr.train_step(state, tr.partitioner.make_global_batch(
-        tiny_engine.synthetic_batch(step)))
+    state, _ = tr.train_step(state,
+                             tr.partitioner.make_global_batch(tiny_engine.synthetic_batch(step)))
     mgr.save(step + 1, state, {"data_seed": 4, "global_batch_size": 8})
   mgr.close()
   return model_dir, jax.device_get(state.params)
@@ -289,10 +314,12 @@ def test_t5x_train_starts_from_our_checkpoint_with_fresh_adafactor(ours_written)
   """T5X's supported way to start from a checkpoint with foreign optimizer state: leave
   `state/param_states` unassigned and fill it from scratch."""
   model_dir, params = ours_written
-  init, state, _ = t5x_restore(model_dir / "checkpoint_2", "specific", optimizer_def=True,
-                               assignment_map=((r"state/param_states.*", None),),
-                               fallback_to_scratch=True)
+  init, state, _ = t5x_restore(
+      model_dir / "checkpoint_2",
+      "specific",
+      optimizer_def=True,
+      assignment_map=((r"state/param_states.*", None),),
+      fallback_to_scratch=True)
   assert type(state).__name__ == "FlaxOptimTrainState" and int(state.step) == 2
   assert_trees_equal(state.params, params)
-  assert_trees_equal(state.param_states,
-                     init.from_scratch(jax.random.PRNGKey(0)).param_states)
+  assert_trees_equal(state.param_states, init.from_scratch(jax.random.PRNGKey(0)).param_states)

@@ -28,8 +28,11 @@ def mcwq_tasks(env):
   import tasks.mcwq  # pylint: disable=g-import-not-at-top
   # Another test module may have registered the tasks with its own vocabulary instance:
   # register them again (explicit arguments win over any gin bindings left behind).
-  tasks.mcwq.register_mcwq_tasks(prefix=tasks.mcwq.DEFAULT_INPUT_PREFIX,
-                                 vocabulary=vocab.get_vocabulary(), suffix="", data_dir=None)
+  tasks.mcwq.register_mcwq_tasks(
+      prefix=tasks.mcwq.DEFAULT_INPUT_PREFIX,
+      vocabulary=vocab.get_vocabulary(),
+      suffix="",
+      data_dir=None)
   return tasks.mcwq
 
 
@@ -112,8 +115,12 @@ def test_gold_zh_first_example_text(mcwq_tasks, mcwq_dir):
 
 def test_example_counts_per_task(mcwq_tasks, mcwq_dir):
   """Every task reads exactly the published number of examples per split (via readers)."""
-  counts = {"mcd1": (5408, 5310), "mcd2": (5929, 5891), "mcd3": (6034, 6151),
-            "random_split": (6163, 6282)}
+  counts = {
+      "mcd1": (5408, 5310),
+      "mcd2": (5929, 5891),
+      "mcd3": (6034, 6151),
+      "random_split": (6163, 6282)
+  }
   for split, (n_dev, n_test) in counts.items():
     for lang in readers.LANGUAGES:
       assert len(readers.read_split(split, mcwq_tasks.SEQIO_TO_PART["validation"], lang)) == n_dev
@@ -140,8 +147,11 @@ def test_multilingual_mixture(mcwq_tasks, mcwq_dir):
   mix = seqio.get_mixture_or_task("mcwq_mcd1_multilingual")
   assert sorted(t.name for t in mix.tasks) == [f"mcwq_mcd1_{l}" for l in ("en", "he", "kn", "zh")]
   ds = mix.get_dataset({"inputs": 64, "targets": 256}, split="validation", shuffle=False, seed=0)
-  questions = {e.question for l in readers.LANGUAGES
-               for e in readers.read_split("mcd1", "dev", l, mcwq_dir)[:40]}
+  questions = {
+      e.question
+      for l in readers.LANGUAGES
+      for e in readers.read_split("mcd1", "dev", l, mcwq_dir)[:40]
+  }
   v = vocab.get_vocabulary()
   # mixtures keep only the output features: decode the token ids
   got = [v.decode(ex["inputs"].tolist()) for ex in ds.take(20).as_numpy_iterator()]
@@ -149,22 +159,25 @@ def test_multilingual_mixture(mcwq_tasks, mcwq_dir):
 
 
 def test_prefix_postprocess_and_release_layout(mcwq_tasks, tmp_path):
-  records = [{"questionPatternModEntities": "Did M0 direct M1",
-              "questionPatternModEntities_zh": "M0导演了M1吗",
-              "sparqlPatternModEntities": "ASK WHERE {\nM0 wdt:P57 M1\n}",
-              "recursionDepth": 7, "expectedResponse": "Yes"}]
+  records = [{
+      "questionPatternModEntities": "Did M0 direct M1",
+      "questionPatternModEntities_zh": "M0导演了M1吗",
+      "sparqlPatternModEntities": "ASK WHERE {\nM0 wdt:P57 M1\n}",
+      "recursionDepth": 7,
+      "expectedResponse": "Yes"
+  }]
   (tmp_path / "dataset.json").write_text(json.dumps(records), encoding="utf-8")
   (tmp_path / "splits").mkdir()
   (tmp_path / "splits/mcd1.json").write_text('{"trainIdxs": [0], "devIdxs": [], "testIdxs": []}')
-  names = mcwq_tasks.register_mcwq_tasks(prefix=mcwq_tasks.PAPER_INPUT_PREFIX, suffix="_synth",
-                                         data_dir=str(tmp_path))
+  names = mcwq_tasks.register_mcwq_tasks(
+      prefix=mcwq_tasks.PAPER_INPUT_PREFIX, suffix="_synth", data_dir=str(tmp_path))
   assert "mcwq_mcd1_zh_synth" in names and "mcwq_mcd1_multilingual_synth" in names
   task, ex = _first("mcwq_mcd1_zh_synth", "train")
   assert ex["inputs_pretokenized"].decode() == "translate English to Sparql: M0导演了M1吗"
   assert ex["targets_pretokenized"].decode() == "ASK WHERE lb ( M0 ( wdt:P57 ) ( M1 ) ) rb"
   assert ex["recursionDepth"] == 7
-  assert task.postprocess_fn(b"ASK  WHERE lb\n rb ", example=ex, is_target=False) == (
-      "ASK WHERE lb rb")
+  assert task.postprocess_fn(
+      b"ASK  WHERE lb\n rb ", example=ex, is_target=False) == ("ASK WHERE lb rb")
   for name in names:
     if name.endswith("_synth"):
       for registry in (seqio.TaskRegistry, seqio.MixtureRegistry):

@@ -28,17 +28,23 @@ def test_generate_examples_official(mcwq_dir):
 
 
 def test_generate_examples_release(tmp_path):
-  (tmp_path / "dataset.json").write_text(json.dumps([{
-      "questionPatternModEntities": "Who directed M0", "questionPatternModEntities_kn": "M0 ?",
-      "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}",
-      "recursionDepth": 11}]))
+  (tmp_path / "dataset.json").write_text(
+      json.dumps([{
+          "questionPatternModEntities": "Who directed M0",
+          "questionPatternModEntities_kn": "M0 ?",
+          "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE {\n?x0 wdt:P57 M0\n}",
+          "recursionDepth": 11
+      }]))
   (tmp_path / "splits").mkdir()
   (tmp_path / "splits/mcd2.json").write_text('{"trainIdxs": [], "devIdxs": [], "testIdxs": [0]}')
   [(key, ex)] = list(tfds_mcwq.generate_examples("mcd2", "test", "kn", tmp_path))
   assert key == "test_000000"
-  assert ex == {"question": "M0 ?", "sparql": "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }",
-                "rir": "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 ) ( M0 ) ) rb",
-                "recursionDepth": 11}
+  assert ex == {
+      "question": "M0 ?",
+      "sparql": "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P57 M0 }",
+      "rir": "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 ) ( M0 ) ) rb",
+      "recursionDepth": 11
+  }
 
 
 def test_build_gold_he_from_manual_dir(tmp_path, mcwq_dir, monkeypatch):

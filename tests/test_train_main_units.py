@@ -17,10 +17,8 @@ def test_loss_over_split_scores_every_row_once():
   state = tr.create_state(tiny_engine.SHAPES)
   rows = tiny_engine.synthetic_batch(0, batch=11)  # 11 rows: batches of 4, 4 and 3 (+1 padding)
   chunked = train_lib.loss_over_split(tr, state, rows, 4, partitioner)
-  whole = train_lib.loss_over_split(tr, state, {k: v[:10] for k, v in rows.items()}, 10,
-                                    partitioner)
-  last = train_lib.loss_over_split(tr, state, {k: v[10:] for k, v in rows.items()}, 2,
-                                   partitioner)
+  whole = train_lib.loss_over_split(tr, state, {k: v[:10] for k, v in rows.items()}, 10, partitioner)
+  last = train_lib.loss_over_split(tr, state, {k: v[10:] for k, v in rows.items()}, 2, partitioner)
   n_whole = float(rows["decoder_loss_weights"][:10].sum())
   n_last = float(rows["decoder_loss_weights"][10:].sum())
   expected = (whole["loss"] * n_whole + last["loss"] * n_last) / (n_whole + n_last)

@@ -49,8 +49,7 @@ def test_schedules():
   assert float(warm(0)) == 0.0
   assert float(warm(50)) == pytest.approx(1.5e-5)
   assert float(warm(100)) == pytest.approx(3e-5)
-  lin = trainer_lib.create_learning_rate_schedule(1e-3, "linear", warmup_steps=10,
-                                                  decay_steps=110)
+  lin = trainer_lib.create_learning_rate_schedule(1e-3, "linear", warmup_steps=10, decay_steps=110)
   assert float(lin(10)) == pytest.approx(1e-3)
   assert float(lin(60)) == pytest.approx(5e-4)
   assert float(lin(110)) == pytest.approx(0.0, abs=1e-12)
@@ -77,8 +76,13 @@ def test_make_optimizer():
 def _one_step(num_microbatches, optimizer="adamw"):
   p = partitioning.Partitioner(num_partitions=2)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
-  tr = trainer_lib.Trainer(tiny_model(), p, lr, optimizer=trainer_lib.make_optimizer(lr, optimizer),
-                           num_microbatches=num_microbatches, seed=0)
+  tr = trainer_lib.Trainer(
+      tiny_model(),
+      p,
+      lr,
+      optimizer=trainer_lib.make_optimizer(lr, optimizer),
+      num_microbatches=num_microbatches,
+      seed=0)
   state = tr.create_state(SHAPES)
   state, metrics = tr.train_step(state, p.make_global_batch(synthetic_batch(7)))
   return jax.device_get(state.params), jax.device_get(metrics)
@@ -124,8 +128,9 @@ def test_nan_loss_raises_and_keeps_state():
     tr.train_step(state, p.make_global_batch(bad))
   assert e.value.step == 1 and int(e.value.state.step) == 1
   assert np.isnan(e.value.loss) and e.value.grad_norm == 0.0
-  for a, b in zip(jax.tree_util.tree_leaves(good),
-                  jax.tree_util.tree_leaves(jax.device_get(e.value.state.params))):
+  for a, b in zip(
+      jax.tree_util.tree_leaves(good),
+      jax.tree_util.tree_leaves(jax.device_get(e.value.state.params))):
     np.testing.assert_array_equal(a, b)
 
 
@@ -159,6 +164,10 @@ def test_step_timer_reset():
 
 
 def test_summarize_metrics():
-  s = trainer_lib.summarize_metrics({"loss": 30.0, "accuracy_numerator": 5.0, "num_tokens": 10.0,
-                                     "learning_rate": 5e-4})
+  s = trainer_lib.summarize_metrics({
+      "loss": 30.0,
+      "accuracy_numerator": 5.0,
+      "num_tokens": 10.0,
+      "learning_rate": 5e-4
+  })
   assert s["loss"] == 3.0 and s["accuracy"] == 0.5 and s["learning_rate"] == 5e-4

@@ -43,12 +43,13 @@ def test_training_is_reproducible(tmp_path, mcwq_dir):
   a = vocab.train_sentencepiece(corpus, tmp_path / "a" / "x.model", config)
   b = vocab.train_sentencepiece(corpus, tmp_path / "b" / "y.model", config)
   assert hashlib.md5(a.read_bytes()).hexdigest() == hashlib.md5(b.read_bytes()).hexdigest()
-  c = vocab.train_sentencepiece(corpus, tmp_path / "c.model",
-                                vocab.SmallVocabConfig(vocab_size=700, seed=1, model_type="unigram"))
+  c = vocab.train_sentencepiece(
+      corpus, tmp_path / "c.model",
+      vocab.SmallVocabConfig(vocab_size=700, seed=1, model_type="unigram"))
   assert c.read_bytes() != a.read_bytes()
   sp = spm.SentencePieceProcessor(model_file=str(a))
-  assert (sp.get_piece_size(), sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (
-      700, 0, 1, 2, -1)
+  assert (sp.get_piece_size(), sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (700, 0, 1, 2,
+                                                                                       -1)
 
 
 def test_config_rejects_test_data():
@@ -66,8 +67,9 @@ def test_training_corpus_uses_no_test_data(mcwq_dir):
         expected_r[e.rir] = None
   assert corpus == list(expected_q) + list(expected_r)
   dev_rirs = set(expected_r)
-  test_only = [e.rir for e in readers.read_split("mcd1", "test", "en", mcwq_dir)
-               if e.rir not in dev_rirs]
+  test_only = [
+      e.rir for e in readers.read_split("mcd1", "test", "en", mcwq_dir) if e.rir not in dev_rirs
+  ]
   assert test_only and not set(test_only) & set(corpus)
 
 
@@ -77,8 +79,8 @@ def test_cache_key_and_reuse(cache_dir, small_model, mcwq_dir):
   mtime = small_model.stat().st_mtime_ns
   again = vocab.small_vocab_path(mcwq_dir)
   assert again == small_model and again.stat().st_mtime_ns == mtime  # not retrained
-  other = vocab.small_vocab_path(mcwq_dir, vocab.SmallVocabConfig(vocab_size=1500),
-                                 train_if_missing=False)
+  other = vocab.small_vocab_path(
+      mcwq_dir, vocab.SmallVocabConfig(vocab_size=1500), train_if_missing=False)
   assert other != small_model and not other.exists()
 
 

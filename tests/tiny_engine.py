@@ -5,15 +5,26 @@ from mcwq_t5x import model as model_lib
 from mcwq_t5x import network
 
 VOCAB = 64
-SHAPES = {"encoder_input_tokens": (8, 12), "decoder_input_tokens": (8, 10),
-          "decoder_target_tokens": (8, 10), "decoder_loss_weights": (8, 10)}
+SHAPES = {
+    "encoder_input_tokens": (8, 12),
+    "decoder_input_tokens": (8, 10),
+    "decoder_target_tokens": (8, 10),
+    "decoder_loss_weights": (8, 10)
+}
 
 
 def tiny_model(dropout_rate: float, vocab_size: int = VOCAB) -> model_lib.EncoderDecoderModel:
   """A 1+1-layer, width-16 mT5-architecture model over a 64-token (or `vocab_size`) vocabulary."""
-  cfg = network.get_config("tiny", vocab_size=vocab_size, emb_dim=16, num_heads=2, head_dim=8,
-                           mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
-                           dropout_rate=dropout_rate)
+  cfg = network.get_config(
+      "tiny",
+      vocab_size=vocab_size,
+      emb_dim=16,
+      num_heads=2,
+      head_dim=8,
+      mlp_dim=32,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+      dropout_rate=dropout_rate)
   return model_lib.EncoderDecoderModel(network.Transformer(cfg))
 
 
@@ -31,5 +42,9 @@ def synthetic_batch(seed: int, batch: int = 8, min_target_length: int = 3) -> di
     tgt[i, lt] = 1
     tgt[i, lt + 1:] = 0
   dec_in = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)
-  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-          "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
+  return {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec_in,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": (tgt > 0).astype(np.int32)
+  }
