@@ -27,6 +27,7 @@ T5X_TRAIN = [
     "TRAIN_STEPS=20", "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
     "TASK_FEATURE_LENGTHS={'inputs':40,'targets':64}", "EVAL_PERIOD=20", "EVAL_STEPS=1",
     "EVALUATOR_NUM_EXAMPLES=8", "train/utils.DatasetConfig.split='test'",
+    "train_eval/utils.DatasetConfig.split='test'", "infer_eval/utils.DatasetConfig.split='test'",
     "MIXTURE_OR_TASK_NAME='mcwq_gold_he'"
 ]
 OUR_SIZE = [b.replace(" = ", "=") for b in mains.SMALL_MODEL]
