@@ -70,7 +70,8 @@ T5X_FINETUNE = """\
 # rate {learning_rate}, batch size {batch_size}, dropout {dropout_rate}; T5X fine-tuning's Adafactor).
 {header}#
 #   export MCWQ_VOCAB=gs://t5-data/vocabs/mc4.250000.100extra/sentencepiece.model  # or a local copy
-#   python -m t5x.train --gin_file=gin/{name}.gin --gin.MODEL_DIR="'runs/t5x/{name}'"
+#   python -m t5x.train --gin_file=gin/{name}.gin --gin.MODEL_DIR="'$PWD/runs/t5x/{name}'"
+# (T5X's Orbax checkpointing needs absolute paths.)
 from __gin__ import dynamic_registration
 
 from mcwq_t5x import vocab
@@ -129,7 +130,10 @@ T5X_EVAL = """\
 # {title}, with the real T5X: the {pretty} model fine-tuned on MCWQ {split} {train_language_name}
 # (gin/{model}_{split}_{train_lang}.gin) decodes {what}.
 {header}#
-#   python -m t5x.eval --gin_file=gin/{path}
+#   python -m t5x.eval --gin_file=gin/{path} \\
+#     --gin.CHECKPOINT_PATH="'$PWD/runs/t5x/{model}_{split}_{train_lang}'" \\
+#     --gin.EVAL_OUTPUT_DIR="'$PWD/runs/t5x/{model}_{split}_{train_lang}/{out}'"
+# (T5X's Orbax checkpointing needs absolute paths; the defaults below are relative.)
 from __gin__ import dynamic_registration
 
 from mcwq_t5x import vocab
@@ -169,8 +173,9 @@ T5X_INFER = """\
 # no MODEL_DIR) and the output folder:
 {header}#
 #   python -m t5x.infer --gin_file=gin/infer/{model}.gin --gin.MIXTURE_OR_TASK_NAME="'mcwq_mcd1_he'" \\
-#     --gin.CHECKPOINT_PATH="'runs/t5x/{model}_mcd1_he/checkpoint_{t5x_train_steps}'" \\
-#     --gin.INFER_OUTPUT_DIR="'runs/t5x/{model}_mcd1_he/infer'"
+#     --gin.CHECKPOINT_PATH="'$PWD/runs/t5x/{model}_mcd1_he/checkpoint_{t5x_train_steps}'" \\
+#     --gin.INFER_OUTPUT_DIR="'$PWD/runs/t5x/{model}_mcd1_he/infer'"
+# (T5X's Orbax checkpointing needs absolute paths.)
 from __gin__ import dynamic_registration
 
 from mcwq_t5x import vocab

@@ -52,7 +52,7 @@ OVERRIDES = [
     # The 20-step test run's checkpoint stands in for the README's checkpoint_1050000.
     ("python -m t5x.infer", T5X_SIZE + [
         "TASK_FEATURE_LENGTHS={'inputs':40,'targets':16}",
-        "CHECKPOINT_PATH='runs/t5x/mt5_small_mcd1_en/checkpoint_20'"
+        f"CHECKPOINT_PATH='{REPO}/runs/t5x/mt5_small_mcd1_en/checkpoint_20'"
     ], []),
     ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
      OUR_SIZE + OUR_TRAIN + [
