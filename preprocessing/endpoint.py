@@ -443,8 +443,8 @@ class _Deadline:
       return self.cut or (bool(self._socks) and time.monotonic() - self._start >= self.timeout_s)
 
 
-class _DeadlineHTTPConnection(http.client.HTTPConnection):
-  """`http.client.HTTPConnection` that registers its socket with a `_Deadline`."""
+class _DeadlineConnectionMixin:
+  """Registers the connection's socket with a `_Deadline` once it is connected."""
 
   def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any):
     super().__init__(*args, **kwargs)
@@ -455,16 +455,12 @@ class _DeadlineHTTPConnection(http.client.HTTPConnection):
     self._deadline.add(self.sock)
 
 
-class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
-  """`http.client.HTTPSConnection` that registers its socket with a `_Deadline`."""
+class _DeadlineHTTPConnection(_DeadlineConnectionMixin, http.client.HTTPConnection):
+  """`http.client.HTTPConnection` whose socket a `_Deadline` can cut."""
 
-  def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any):
-    super().__init__(*args, **kwargs)
-    self._deadline = deadline
 
-  def connect(self) -> None:
-    super().connect()
-    self._deadline.add(self.sock)
+class _DeadlineHTTPSConnection(_DeadlineConnectionMixin, http.client.HTTPSConnection):
+  """`http.client.HTTPSConnection` whose socket a `_Deadline` can cut."""
 
 
 class _DeadlineHTTPHandler(urllib.request.HTTPHandler):

@@ -12,22 +12,14 @@ from mcwq_t5x import network
 from mcwq_t5x import partitioning
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
+import tiny_engine
 
-VOCAB = 64
+VOCAB = tiny_engine.VOCAB
 
 
 def tiny_model():
-  cfg = network.get_config(
-      "tiny",
-      vocab_size=VOCAB,
-      emb_dim=16,
-      num_heads=2,
-      head_dim=8,
-      mlp_dim=32,
-      num_encoder_layers=1,
-      num_decoder_layers=1,
-      dropout_rate=0.1)
-  return model_lib.EncoderDecoderModel(network.Transformer(cfg))
+  """The shared tiny test model (tests/tiny_engine.py) with dropout 0.1."""
+  return tiny_engine.tiny_model(0.1)
 
 
 def synthetic_arrays(n=40, seed=0):
