@@ -278,20 +278,27 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
     for wi in wis + ["wo"]:
       m[f"{t5x}/{wi}/kernel"] = (f"{hf}.DenseReluDense.{wi}.weight", True)
 
-  for i in range(config.num_encoder_layers):
-    t, h = f"encoder/layers_{i}", f"encoder.block.{i}.layer"
-    attn(f"{t}/attention", f"{h}.0.SelfAttention")
-    m[f"{t}/pre_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight", False)
-    mlp(f"{t}/mlp", f"{h}.1")
-    m[f"{t}/pre_mlp_layer_norm/scale"] = (f"{h}.1.layer_norm.weight", False)
-  for i in range(config.num_decoder_layers):
-    t, h = f"decoder/layers_{i}", f"decoder.block.{i}.layer"
-    attn(f"{t}/self_attention", f"{h}.0.SelfAttention")
-    m[f"{t}/pre_self_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight", False)
-    attn(f"{t}/encoder_decoder_attention", f"{h}.1.EncDecAttention")
-    m[f"{t}/pre_cross_attention_layer_norm/scale"] = (f"{h}.1.layer_norm.weight", False)
-    mlp(f"{t}/mlp", f"{h}.2")
-    m[f"{t}/pre_mlp_layer_norm/scale"] = (f"{h}.2.layer_norm.weight", False)
+  # Sub-layers of one block in Hugging Face order: (T5X sub-layer, its pre-norm, HF attention
+  # module or None for the MLP).
+  stacks = {
+      "encoder":
+          (config.num_encoder_layers, [("attention", "pre_attention_layer_norm", "SelfAttention"),
+                                       ("mlp", "pre_mlp_layer_norm", None)]),
+      "decoder": (config.num_decoder_layers, [
+          ("self_attention", "pre_self_attention_layer_norm", "SelfAttention"),
+          ("encoder_decoder_attention", "pre_cross_attention_layer_norm", "EncDecAttention"),
+          ("mlp", "pre_mlp_layer_norm", None)
+      ]),
+  }
+  for stack, (num_layers, sublayers) in stacks.items():
+    for i in range(num_layers):
+      for j, (sublayer, norm, hf_attention) in enumerate(sublayers):
+        t, h = f"{stack}/layers_{i}", f"{stack}.block.{i}.layer.{j}"
+        if hf_attention is None:
+          mlp(f"{t}/{sublayer}", h)
+        else:
+          attn(f"{t}/{sublayer}", f"{h}.{hf_attention}")
+        m[f"{t}/{norm}/scale"] = (f"{h}.layer_norm.weight", False)
   return m
 
 

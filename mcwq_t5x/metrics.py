@@ -88,9 +88,8 @@ def exact_match_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> 
     TypeError: if an element is neither str nor bytes.
   """
   refs, hyps = _stripped_pairs(targets, predictions)
-  if not refs:
-    return {"exact_match": 0.0}
-  return {"exact_match": 100.0 * sum(r == h for r, h in zip(refs, hyps)) / len(refs)}
+  correct = sum(r == h for r, h in zip(refs, hyps))
+  return {"exact_match": 100.0 * correct / len(refs) if refs else 0.0}
 
 
 def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
@@ -113,9 +112,7 @@ def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[st
     TypeError: if an element is neither str nor bytes.
   """
   refs, hyps = _stripped_pairs(targets, predictions)
-  if not refs:
-    return {"bleu": 0.0}
-  return {"bleu": float(sacrebleu.corpus_bleu(hyps, [refs]).score)}
+  return {"bleu": float(sacrebleu.corpus_bleu(hyps, [refs]).score) if refs else 0.0}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -91,14 +91,18 @@ class Triple:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Filter:
-  """A filter `FILTER ( left op right )`; CFQ/MCWQ only use the inequality `!=`."""
+  """A filter `FILTER ( left op right )` over two terms.
+
+  CFQ/MCWQ only use the inequality `!=`; other comparison operators parse alike.
+  """
   left: str
   op: str
   right: str
 
   def to_sparql(self) -> str:
-    """The filter in MCWQ spelling, e.g. `FILTER ( ?x0 != M1 )`."""
-    return f"FILTER ( {self.left} {self.op} {self.right} )"
+    """The filter in MCWQ spelling, e.g. `FILTER ( ?x0 != M1 )` (spaces around every token)."""
+    comparison = f"{self.left} {self.op} {self.right}"
+    return f"FILTER ( {comparison} )"
 
 
 Clause = Union[Triple, Filter]
