@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+# Copyright 2026 The mcwq-t5x Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+r"""Training speed of our engine against Hugging Face transformers (PyTorch) on the same work.
+
+Both systems train the same architecture (mT5 layout: gated-GELU MLP, relative position buckets,
+untied output layer; by default d_model 256, 4+4 layers, 4 heads of 64, d_ff 1024, vocabulary
+2,048, float32, dropout 0.1) with the same optimizer (Adafactor, lr 1e-3, no parameter scaling, no
+warm-up) and the same global batch (32) on the same examples: one SeqIO task split tokenised with
+the task's vocabulary (default `mcwq_random_split_en`, split `validation`: the shared data's 6,163
+English dev questions).
+
+Two measurements, each system in its own fresh process (so that peak RSS is its own), run
+interleaved (ours, theirs, ours, theirs ... for `--repeats`):
+
+* **epoch**: one pass over the split, each system with its best input pipeline.
+  Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
+  arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices, `Trainer.train_step`,
+  checkpoint at the end): examples packed into rows of `--input_length`/`--target_length` tokens
+  (seqio packing, `PACK = True`), so the epoch is ceil(rows / batch) steps. Theirs is
+  `MT5ForConditionalGeneration` with transformers' `LengthGroupedSampler` (the Trainer's
+  `group_by_length=True`) and dynamic padding to each batch's longest example (as
+  `DataCollatorForSeq2Seq`), labels padded with -100, a plain PyTorch loop (forward, backward,
+  `transformers.optimization.Adafactor` step): the Trainer's inner loop without its bookkeeping.
+  Times include everything from the first step to the end of the last one (our compilation
+  included); data loading and tokenisation are excluded for both.
+* **fixed-shape**: `--fixed_steps` timed steps (after 2 untimed ones) on batches padded to
+  exactly `--input_length`/`--target_length` with no packing, our `Trainer.train_step` on 1
+  device against the same HF step: kernels against kernels.
+
+Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
+EOS included), wall time, peak RSS (GiB), and as its last two lines
+`epoch ratio ours/hf: X.XX` and `fixed-shape ratio ours/hf: X.XX` (examples/s of ours / theirs).
+
+Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data.
+
+Examples:
+  python scripts/benchmark_vs_hf.py
+  python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 2
+  python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def _peak_rss_gib() -> float:
+  """Peak resident set size of this process in GiB (Linux `ru_maxrss` is in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _network_config(args: argparse.Namespace):
+  from mcwq_t5x import network
+  return network.T5Config(
+      vocab_size=args.vocab_size,
+      emb_dim=args.emb_dim,
+      num_heads=args.num_heads,
+      head_dim=args.head_dim,
+      mlp_dim=args.mlp_dim,
+      num_encoder_layers=args.num_layers,
+      num_decoder_layers=args.num_layers,
+      mlp_activations=("gelu", "linear"),
+      dropout_rate=args.dropout_rate,
+      logits_via_embedding=False,
+      dtype="float32")
+
+
+def _dataset_config(args: argparse.Namespace, pack: bool):
+  from mcwq_t5x import utils
+  return utils.DatasetConfig(
+      mixture_or_task_name=args.task,
+      task_feature_lengths={
+          "inputs": args.input_length,
+          "targets": args.target_length
+      },
+      split=args.split,
+      batch_size=args.batch_size,
+      shuffle=True,
+      seed=0,
+      pack=pack,
+      module="tasks.mcwq")
+
+
+def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
+  """The split's (input ids, target ids) with EOS, truncated to the lengths, source order."""
+  from mcwq_t5x import utils
+  task = utils.get_mixture_or_task(args.task, "tasks.mcwq")
+  ds = task.get_dataset(
+      sequence_length={
+          "inputs": args.input_length,
+          "targets": args.target_length
+      },
+      split=args.split,
+      shuffle=False)
+  out = []
+  for ex in ds.as_numpy_iterator():
+    out.append(
+        (ex["inputs"][:args.input_length].tolist(), ex["targets"][:args.target_length].tolist()))
+    if args.max_examples and len(out) >= args.max_examples:
+      break
+  return out
+
+
+# --- ours -------------------------------------------------------------------------------------
+def _our_model(args: argparse.Namespace):
+  from mcwq_t5x import model as model_lib
+  from mcwq_t5x import network
+  return model_lib.EncoderDecoderModel(network.Transformer(_network_config(args)), z_loss=0.0)
+
+
+def _our_trainer_cls(args: argparse.Namespace):
+  import functools
+
+  from mcwq_t5x import trainer as trainer_lib
+  lr = trainer_lib.create_learning_rate_schedule(args.learning_rate, "constant")
+  tx = trainer_lib.make_optimizer(lr, "adafactor", adafactor_multiply_by_parameter_scale=False)
+  return functools.partial(trainer_lib.Trainer, learning_rate_fn=lr, optimizer=tx)
+
+
+def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
+  """One epoch through `mcwq_t5x.train.train` (packed rows); see the module docstring."""
+  from mcwq_t5x import partitioning
+  from mcwq_t5x import train as train_lib
+  from mcwq_t5x import utils
+  cfg = _dataset_config(args, pack=True)
+  examples = _examples(args)
+  rows = utils.load_feature_arrays(cfg, 0, 1)
+  num_rows = len(next(iter(rows.values())))
+  if args.max_examples:  # the packed rows holding the first max_examples examples, roughly
+    num_rows = max(1, round(num_rows * len(examples) / _split_size(args)))
+  steps = math.ceil(num_rows / args.batch_size)
+  with tempfile.TemporaryDirectory() as model_dir:
+    result = train_lib.train(
+        model=_our_model(args),
+        train_dataset_cfg=cfg,
+        model_dir=model_dir,
+        total_steps=steps,
+        partitioner=partitioning.Partitioner(),
+        trainer_cls=_our_trainer_cls(args),
+        eval_period=0,
+        log_every_steps=max(steps, 1),
+        checkpoint_period=10**9,
+        keep_checkpoints=1)
+  seconds = result["train_time_s"]
+  n = steps * args.batch_size * len(examples) / num_rows  # examples seen, packing included
+  tokens = sum(len(t) for _, t in examples) * n / len(examples)
+  return {
+      "system": "ours",
+      "mode": "epoch",
+      "steps": steps,
+      "rows": num_rows,
+      "examples": n,
+      "seconds": seconds,
+      "examples_per_s": n / seconds,
+      "target_tokens_per_s": tokens / seconds,
+      "peak_rss_gib": _peak_rss_gib(),
+      "devices": _device_count()
+  }
+
+
+def _split_size(args: argparse.Namespace) -> int:
+  saved, args.max_examples = args.max_examples, 0
+  try:
+    return len(_examples(args))
+  finally:
+    args.max_examples = saved
+
+
+def _device_count() -> int:
+  import jax
+  return jax.device_count()
+
+
+def _fixed_batch(args: argparse.Namespace, examples) -> dict[str, Any]:
+  """`batch_size` examples padded to exactly input_length/target_length (no packing)."""
+  import numpy as np
+  b, li, lt = args.batch_size, args.input_length, args.target_length
+  batch = {
+      "encoder_input_tokens": np.zeros((b, li), np.int32),
+      "decoder_target_tokens": np.zeros((b, lt), np.int32),
+      "decoder_input_tokens": np.zeros((b, lt), np.int32),
+      "decoder_loss_weights": np.zeros((b, lt), np.int32),
+  }
+  for i in range(b):
+    inp, tgt = examples[i % len(examples)]
+    batch["encoder_input_tokens"][i, :len(inp)] = inp
+    batch["decoder_target_tokens"][i, :len(tgt)] = tgt
+    batch["decoder_input_tokens"][i, 1:len(tgt)] = tgt[:-1]
+    batch["decoder_loss_weights"][i, :len(tgt)] = 1
+  return batch
+
+
+def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
+  """`Trainer.train_step` on fixed-shape batches, 1 device; see the module docstring."""
+  import jax
+  import jax.numpy as jnp
+
+  from mcwq_t5x import partitioning
+  examples = _examples(args)
+  batch = _fixed_batch(args, examples)
+  partitioner = partitioning.Partitioner(devices=jax.devices()[:1])
+  trainer = _our_trainer_cls(args)(model=_our_model(args), partitioner=partitioner, seed=0)
+  state = trainer.create_state({
+      k: v.shape for k, v in batch.items()
+  }, {k: jnp.int32 for k in batch})
+  global_batch = partitioner.make_global_batch(batch)
+  times = []
+  for i in range(args.fixed_steps + 2):
+    t = time.time()
+    state, metrics = trainer.train_step(state, global_batch)
+    jax.block_until_ready(metrics)
+    if i >= 2:
+      times.append(time.time() - t)
+  return _fixed_result("ours", args, batch["decoder_loss_weights"].sum(), times)
+
+
+def _fixed_result(system: str, args: argparse.Namespace, target_tokens, times) -> dict[str, Any]:
+  seconds = sum(times) / len(times)
+  return {
+      "system": system,
+      "mode": "fixed",
+      "steps": len(times),
+      "s_per_step": seconds,
+      "seconds": sum(times),
+      "examples_per_s": args.batch_size / seconds,
+      "target_tokens_per_s": float(target_tokens) / seconds,
+      "peak_rss_gib": _peak_rss_gib()
+  }
+
+
+# --- Hugging Face ------------------------------------------------------------------------------
+def _hf_model(args: argparse.Namespace):
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  config = transformers.MT5Config(
+      vocab_size=args.vocab_size,
+      d_model=args.emb_dim,
+      d_kv=args.head_dim,
+      d_ff=args.mlp_dim,
+      num_layers=args.num_layers,
+      num_decoder_layers=args.num_layers,
+      num_heads=args.num_heads,
+      dropout_rate=args.dropout_rate,
+      feed_forward_proj="gated-gelu",
+      tie_word_embeddings=False,
+      decoder_start_token_id=0,
+      pad_token_id=0,
+      eos_token_id=1)
+  model = transformers.MT5ForConditionalGeneration(config)
+  model.train()
+  optimizer = transformers.optimization.Adafactor(
+      model.parameters(),
+      lr=args.learning_rate,
+      scale_parameter=False,
+      relative_step=False,
+      warmup_init=False)
+  return model, optimizer
+
+
+def _hf_batch(pairs, pad_to=None):
+  """Dynamic padding (to the longest in the batch, or to `pad_to`), labels padded with -100."""
+  import torch
+  li = pad_to[0] if pad_to else max(len(i) for i, _ in pairs)
+  lt = pad_to[1] if pad_to else max(len(t) for _, t in pairs)
+  ids = torch.zeros((len(pairs), li), dtype=torch.long)
+  mask = torch.zeros((len(pairs), li), dtype=torch.long)
+  labels = torch.full((len(pairs), lt), -100, dtype=torch.long)
+  for r, (inp, tgt) in enumerate(pairs):
+    ids[r, :len(inp)] = torch.tensor(inp)
+    mask[r, :len(inp)] = 1
+    labels[r, :len(tgt)] = torch.tensor(tgt)
+  return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _hf_step(model, optimizer, batch) -> float:
+  loss = model(**batch).loss
+  loss.backward()
+  optimizer.step()
+  optimizer.zero_grad(set_to_none=True)
+  return float(loss.detach())
+
+
+def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
+  """One epoch of the HF model, length-grouped batches; see the module docstring."""
+  import torch
+  from transformers.trainer_pt_utils import LengthGroupedSampler
+  examples = _examples(args)
+  model, optimizer = _hf_model(args)
+  sampler = LengthGroupedSampler(
+      args.batch_size,
+      lengths=[len(i) + len(t) for i, t in examples],
+      generator=torch.Generator().manual_seed(0))
+  order = list(sampler)
+  batches = [
+      _hf_batch([examples[j]
+                 for j in order[k:k + args.batch_size]])
+      for k in range(0, len(order), args.batch_size)
+  ]
+  t = time.time()
+  for batch in batches:
+    _hf_step(model, optimizer, batch)
+  seconds = time.time() - t
+  tokens = sum(len(t) for _, t in examples)
+  return {
+      "system": "hf",
+      "mode": "epoch",
+      "steps": len(batches),
+      "examples": len(examples),
+      "seconds": seconds,
+      "examples_per_s": len(examples) / seconds,
+      "target_tokens_per_s": tokens / seconds,
+      "peak_rss_gib": _peak_rss_gib(),
+      "threads": torch.get_num_threads()
+  }
+
+
+def hf_fixed(args: argparse.Namespace) -> dict[str, Any]:
+  """The HF step on batches padded to exactly input_length/target_length."""
+  examples = _examples(args)
+  model, optimizer = _hf_model(args)
+  pairs = [examples[i % len(examples)] for i in range(args.batch_size)]
+  batch = _hf_batch(pairs, pad_to=(args.input_length, args.target_length))
+  times = []
+  for i in range(args.fixed_steps + 2):
+    t = time.time()
+    _hf_step(model, optimizer, batch)
+    if i >= 2:
+      times.append(time.time() - t)
+  return _fixed_result("hf", args, (batch["labels"] != -100).sum(), times)
+
+
+WORKERS = {
+    ("ours", "epoch"): ours_epoch,
+    ("ours", "fixed"): ours_fixed,
+    ("hf", "epoch"): hf_epoch,
+    ("hf", "fixed"): hf_fixed
+}
+
+
+# --- driver ------------------------------------------------------------------------------------
+def _run_worker(system: str, mode: str, argv: list[str], host_devices: int) -> dict[str, Any]:
+  """Runs one measurement in a fresh process and returns its JSON result.
+
+  Raises:
+    RuntimeError: the worker failed (its stderr's end is in the message).
+  """
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  if system == "ours" and mode == "epoch" and host_devices > 1:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host_devices}"
+  env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  proc = subprocess.run(
+      [sys.executable,
+       os.path.abspath(__file__), "--worker", f"{system}:{mode}", *argv],
+      env=env,
+      capture_output=True,
+      text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{system} {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _line(r: dict[str, Any]) -> str:
+  return (f"{r['system']:>4} {r['mode']:<5} {r['examples_per_s']:8.1f} ex/s "
+          f"{r['target_tokens_per_s']:9.0f} tgt tok/s {r['seconds']:8.1f} s "
+          f"{r['peak_rss_gib']:5.2f} GiB peak RSS  ({r['steps']} steps)")
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--task", default="mcwq_random_split_en")
+  parser.add_argument("--split", default="validation")
+  parser.add_argument("--max_examples", type=int, default=0, help="0 = the whole split")
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--input_length", type=int, default=64)
+  parser.add_argument("--target_length", type=int, default=128)
+  parser.add_argument("--vocab_size", type=int, default=2048)
+  parser.add_argument("--emb_dim", type=int, default=256)
+  parser.add_argument("--num_heads", type=int, default=4)
+  parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--mlp_dim", type=int, default=1024)
+  parser.add_argument("--num_layers", type=int, default=4, help="encoder and decoder layers each")
+  parser.add_argument("--dropout_rate", type=float, default=0.1)
+  parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument("--fixed_steps", type=int, default=5)
+  parser.add_argument("--host_devices", type=int, default=1, help="XLA CPU devices, our epoch")
+  parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--modes", default="epoch,fixed")
+  parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+
+  if args.worker:
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    system, mode = args.worker.split(":")
+    print(json.dumps(WORKERS[(system, mode)](args)))
+    return
+
+  argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+  results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  modes = [m for m in args.modes.split(",") if m]
+  for _ in range(args.repeats):
+    for mode in modes:
+      for system in ("ours", "hf"):
+        r = _run_worker(system, mode, argv, args.host_devices)
+        results.setdefault((system, mode), []).append(r)
+        print(_line(r), flush=True)
+  ratios = {}
+  for mode in modes:
+    means = {}
+    for system in ("ours", "hf"):
+      runs = results[(system, mode)]
+      means[system] = sum(r["examples_per_s"] for r in runs) / len(runs)
+      print(f"mean {system} {mode}: {means[system]:.1f} ex/s over {len(runs)} run(s)")
+    ratios[mode] = means["ours"] / means["hf"]
+  if "epoch" in ratios:
+    print(f"epoch ratio ours/hf: {ratios['epoch']:.2f}")
+  if "fixed" in ratios:
+    print(f"fixed-shape ratio ours/hf: {ratios['fixed']:.2f}")
+
+
+if __name__ == "__main__":
+  main()
