@@ -386,6 +386,20 @@ def _fresh_opt_state(optimizer: Any, params: PyTree, abstract_opt_state: PyTree,
   return opt_state
 
 
+def _step_array(step: int, like: Any) -> jax.Array:
+  """`step` as an int32 scalar `jax.Array` placed like `like` (the train state's step).
+
+  In a multi-process run the train state's step is replicated over the global mesh; Orbax saves
+  only such global arrays there (a single-device array of one process is "host local" and
+  refused), so the saved step takes its sharding. Without a sharded `like`: a plain array.
+  """
+  value = jnp.asarray(int(step), jnp.int32)
+  sharding = getattr(like, "sharding", None) if isinstance(like, jax.Array) else None
+  if sharding is None or sharding.is_fully_addressable:
+    return value
+  return jax.device_put(np.asarray(int(step), np.int32), sharding)
+
+
 # ------------------------------------------------------------------------------------------------
 # Manager
 # ------------------------------------------------------------------------------------------------
@@ -463,7 +477,7 @@ class CheckpointManager:
             ocp.args.PyTreeSave({
                 "target": flax.core.unfreeze(state.params),
                 "state": {
-                    "step": jnp.asarray(int(step), jnp.int32)
+                    "step": _step_array(step, getattr(state, "step", None))
                 }
             }),
         DATA_ITEM:

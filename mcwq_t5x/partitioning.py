@@ -5,15 +5,20 @@ with axes `("data", "model")`, T5X's standard logical-axis rules mapping the mod
 names (`batch`, `vocab`, `embed`, `mlp`, `heads`, `kv`, `joined_kv`, `length`, `relpos_buckets`) to
 mesh axes, and `jax.jit` with explicit `in_shardings`/`out_shardings` (what `pjit` became in JAX).
 
-Multi-host: `initialize_distributed()` wraps `jax.distributed.initialize`; `Partitioner.get_data_shard_info()`
-returns which slice of the data this process reads (`index=jax.process_index()`,
-`num_shards=jax.process_count()`), and `Partitioner.make_global_batch()` assembles a globally sharded
-batch from the per-process numpy batches with `jax.make_array_from_process_local_data`.
+Multi-host / multi-process: `initialize_distributed()` wraps `jax.distributed.initialize` (the mains
+call it from T5X's flags `--multiprocess_gpu --coordinator_address --process_count --process_index`,
+`add_multiprocess_flags` / `initialize_from_flags`; on CPU the cross-process collectives use gloo).
+`Partitioner.local_batch_rows()` says which rows of each global batch this process's devices hold
+(its data shard), and `Partitioner.make_global_batch()` assembles the globally sharded batch from
+the per-process numpy rows with `jax.make_array_from_process_local_data`. Because the rows follow
+the mesh, a global batch holds the same examples in the same order however many processes feed
+it: 2 processes x 2 devices train exactly like 1 process x 4 devices.
 
 Nothing here imports TensorFlow or SeqIO.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import logging
@@ -86,29 +91,105 @@ def standard_logical_axis_rules(
 
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> bool:
-  """Calls `jax.distributed.initialize` for multi-host runs (no-op when nothing is configured).
+                           process_id: Optional[int] = None,
+                           initialization_timeout: Optional[int] = None) -> bool:
+  """Calls `jax.distributed.initialize` for multi-process runs (no-op when nothing is configured).
+
+  Must run before anything touches a device (the mains call it right after parsing the flags).
+  On CPU, cross-process collectives need a CPU collectives implementation: it is set to gloo when
+  the installed JAX has none selected (JAX >= 0.5 selects gloo by default).
 
   Args:
-    coordinator_address: "host:port" of process 0; None = single host unless the cluster is
-      auto-detected by JAX (then pass all three as None and set `force=True` via gin binding of
-      the address "auto").
-    num_processes: total number of processes.
-    process_id: this process's index.
+    coordinator_address: "host:port" of process 0 (every process passes the same); None = single
+      process. "auto": let JAX detect the cluster (Cloud TPU, SLURM, Open MPI, ...).
+    num_processes: total number of processes (None: detected by JAX).
+    process_id: this process's index in [0, num_processes) (None: detected by JAX).
+    initialization_timeout: seconds to wait for all processes to connect (None: JAX's default).
 
   Returns:
     True if `jax.distributed.initialize` was called.
+
+  Raises:
+    ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
   """
   if coordinator_address is None:
     return False
-  if coordinator_address == "auto":
-    jax.distributed.initialize()
-  else:
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
+  if num_processes is not None and int(num_processes) < 1:
+    raise ValueError(f"the number of processes must be at least 1, got {num_processes}")
+  if process_id is not None and (int(process_id) < 0 or (num_processes is not None and
+                                                         int(process_id) >= int(num_processes))):
+    raise ValueError(f"process index {process_id} is outside [0, {num_processes}) (process "
+                     "indices count from 0)")
+  try:
+    if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  except AttributeError:  # a JAX without the option: nothing to select
+    pass
+  kwargs = {}
+  if initialization_timeout is not None:
+    kwargs["initialization_timeout"] = int(initialization_timeout)
+  jax.distributed.initialize(
+      coordinator_address=None if coordinator_address == "auto" else coordinator_address,
+      num_processes=num_processes,
+      process_id=process_id,
+      **kwargs)
   logging.info("jax.distributed initialised: process %d of %d", jax.process_index(),
                jax.process_count())
   return True
+
+
+def add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds T5X's multi-process flags (`t5x/train.py`) to a main's argument parser.
+
+  `--multiprocess_gpu` (initialise `jax.distributed`), `--coordinator_address=HOST:PORT` (process
+  0's address, the same for every process), `--process_count=N`, `--process_index=I` and
+  `--initialization_timeout=SECONDS`. Despite T5X's name the flags work on any platform: GPU
+  hosts, CPU processes (gloo collectives), and a TPU slice (there `--multiprocess_gpu` alone:
+  JAX detects the rest).
+  """
+  group = parser.add_argument_group("multi-process (T5X's flags)")
+  group.add_argument(
+      "--multiprocess_gpu",
+      action="store_true",
+      help="initialise the JAX distributed system (jax.distributed.initialize) from "
+      "--coordinator_address, --process_count and --process_index (each omitted one is "
+      "detected by JAX on a TPU slice or a SLURM/Open MPI cluster)")
+  group.add_argument(
+      "--coordinator_address", default=None, help="HOST:PORT of process 0 (all processes)")
+  group.add_argument("--process_count", type=int, default=None, help="number of processes")
+  group.add_argument(
+      "--process_index", type=int, default=None, help="index of this process, from 0")
+  group.add_argument(
+      "--initialization_timeout",
+      type=int,
+      default=None,
+      help="seconds to wait for every process to connect (JAX's default if unset)")
+
+
+def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
+  """Calls `initialize_distributed` as the flags of `add_multiprocess_flags` say.
+
+  Returns:
+    None when `--multiprocess_gpu` is not given (the caller may then use a gin-configured
+    `initialize_distributed`), else what `initialize_distributed` returns (True).
+
+  Raises:
+    ValueError: a multi-process flag without `--multiprocess_gpu`, a bad process count or index.
+  """
+  given = [
+      f"--{name}" for name in ("coordinator_address", "process_count", "process_index",
+                               "initialization_timeout") if getattr(args, name, None) is not None
+  ]
+  if not getattr(args, "multiprocess_gpu", False):
+    if given:
+      raise ValueError(f"{', '.join(given)} given without --multiprocess_gpu; add "
+                       "--multiprocess_gpu to initialise the processes (as in T5X)")
+    return None
+  logging.info(
+      "initialising the distributed system: coordinator_address=%s process_count=%s "
+      "process_index=%s", args.coordinator_address, args.process_count, args.process_index)
+  return initialize_distributed(args.coordinator_address or "auto", args.process_count,
+                                args.process_index, args.initialization_timeout)
 
 
 def set_host_device_count(count: Optional[int] = None) -> bool:
@@ -196,7 +277,9 @@ class Partitioner:
     return self.mesh.shape[DATA_AXIS]
 
   def get_data_shard_info(self) -> DataShardInfo:
-    """The data shard this process reads: one shard per process, as in T5X's default."""
+    """One data shard per process, as in T5X's default (`index=process_index`,
+    `num_shards=process_count`); which rows of a global batch the shard holds:
+    `local_batch_rows`."""
     return DataShardInfo(index=jax.process_index(), num_shards=jax.process_count())
 
   def check_batch_size(self, global_batch_size: int) -> int:
@@ -213,6 +296,72 @@ class Partitioner:
       raise ValueError(f"batch size {global_batch_size} must be a multiple of the number of "
                        f"processes {jax.process_count()}")
     return global_batch_size // jax.process_count()
+
+  # --- data ---------------------------------------------------------------------------------
+  def local_batch_rows(self, global_batch_size: int) -> slice:
+    """The rows of a global batch that this process's devices hold (`data_sharding`).
+
+    With one process: all rows. With P processes on a `data` x `model` mesh whose data replicas
+    are grouped by process (what `create_mesh` builds): a contiguous block of
+    `global_batch_size // P` rows, process 0 first. A process whose devices span several data
+    replicas of other processes (an unusual device order) gets a clear error.
+
+    Args:
+      global_batch_size: rows of the global batch (all processes together).
+
+    Returns:
+      `slice(start, stop)` into the global batch's leading dimension.
+
+    Raises:
+      ValueError: bad batch size (`check_batch_size`), or the process's rows are not one
+        contiguous block.
+    """
+    self.check_batch_size(global_batch_size)
+    index_map = self.data_sharding.addressable_devices_indices_map((global_batch_size,))
+    rows = sorted({(ix[0].start or 0, global_batch_size if ix[0].stop is None else ix[0].stop)
+                   for ix in index_map.values()})
+    start, stop = rows[0][0], rows[0][1]
+    for a, b in rows[1:]:
+      if a != stop:
+        raise ValueError(f"process {jax.process_index()}'s devices hold rows {rows} of the global "
+                         f"batch of {global_batch_size}: not one contiguous block (mesh "
+                         f"{self.mesh.devices.tolist()}); order the devices by process")
+      stop = b
+    return slice(start, stop)
+
+  def make_global_batch(self,
+                        local_batch: Mapping[str, np.ndarray],
+                        global_batch_size: Optional[int] = None) -> dict[str, jax.Array]:
+    """Assembles global `jax.Array`s from this process's rows of the batch.
+
+    Args:
+      local_batch: feature -> numpy array `[rows, ...]`: this process's rows
+        (`local_batch_rows(global_batch_size)` of the global batch; with one process the whole
+        batch).
+      global_batch_size: rows of the global batch; None = `rows * process_count`.
+
+    Returns:
+      feature -> `jax.Array` of shape `[global_batch_size, ...]`, sharded over `data`.
+
+    Raises:
+      ValueError: the local rows do not match this process's share of `global_batch_size`.
+    """
+    if global_batch_size is None:
+      return {
+          k: jax.make_array_from_process_local_data(self.data_sharding, np.asarray(v))
+          for k, v in local_batch.items()
+      }
+    rows = self.local_batch_rows(global_batch_size)
+    out = {}
+    for k, v in local_batch.items():
+      v = np.asarray(v)
+      if len(v) != rows.stop - rows.start:
+        raise ValueError(f"feature {k!r}: process {jax.process_index()} gives {len(v)} rows, its "
+                         f"share of the global batch of {global_batch_size} is rows "
+                         f"{rows.start}:{rows.stop}")
+      out[k] = jax.make_array_from_process_local_data(self.data_sharding, v,
+                                                      (global_batch_size,) + v.shape[1:])
+    return out
 
   # --- shardings ----------------------------------------------------------------------------
   @contextlib.contextmanager
@@ -249,20 +398,6 @@ class Partitioner:
   def batch_shardings(self, batch: Mapping[str, Any]) -> dict[str, NamedSharding]:
     """`data_sharding` for every feature of a batch dict."""
     return {k: self.data_sharding for k in batch}
-
-  def make_global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Assembles global `jax.Array`s from this process's slice of the batch.
-
-    Args:
-      local_batch: feature -> numpy array `[per_process_batch, ...]`.
-
-    Returns:
-      feature -> `jax.Array` of shape `[per_process_batch * process_count, ...]`, sharded over `data`.
-    """
-    return {
-        k: jax.make_array_from_process_local_data(self.data_sharding, np.asarray(v))
-        for k, v in local_batch.items()
-    }
 
   # --- compilation --------------------------------------------------------------------------
   def partition(

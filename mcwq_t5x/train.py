@@ -4,16 +4,23 @@ Usage:
   python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_base_mcd1_he.gin --gin.MODEL_DIR="'runs/x'"
   python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin --gin.MODEL_DIR="'runs/tiny'"
 
+Several processes (GPU hosts, a TPU slice, or CPU processes on one machine) run the same command
+with T5X's flags, each with its own index, the same MODEL_DIR and the same coordinator (process 0):
+  python -m mcwq_t5x.train --gin_file=... --gin.MODEL_DIR="'runs/x'" --multiprocess_gpu \
+    --coordinator_address=HOST0:1234 --process_count=2 --process_index=0   # 1 on the other host
+
 Gin as in T5X, by dynamic registration: the run file says `from mcwq_t5x import train as
 train_script` and binds `train_script.train`; nothing is registered at import, so the same process
 can parse the real T5X's files too (see `gin_utils`).
 
 What it does (all gin-configurable through `train`):
   1. builds the device mesh (`partitioning.Partitioner`), the model and the `trainer.Trainer`;
-  2. reads this process's shard of the training split (`utils.load_feature_arrays`) and batches it
-     deterministically from (seed, step);
-  3. resumes from the newest readable checkpoint in MODEL_DIR/checkpoints (falls back to an older one
-     if the newest is corrupt), else starts from INITIAL_CHECKPOINT_PATH (pretrained mT5) or random;
+  2. reads the training split (`utils.load_feature_arrays`) and batches it deterministically from
+     (seed, step); each process gathers only its rows of each global batch (its data shard,
+     `Partitioner.local_batch_rows`), so the examples of a step and their order do not depend on
+     the number of processes;
+  3. resumes from the newest readable checkpoint in MODEL_DIR (all processes together; falls back
+     to an older one if the newest is corrupt), else starts from INITIAL_CHECKPOINT_PATH (pretrained mT5) or random;
   4. trains TRAIN_STEPS steps; every `log_every_steps` logs loss, token accuracy, learning rate, step
      time, examples/s and tokens/s to the console and to TensorBoard (MODEL_DIR/train); saves
      checkpoints every `checkpoint_period`; every `eval_period` computes the loss on the
@@ -188,14 +195,19 @@ def train(*,
 
   # --- data ---------------------------------------------------------------------------------
   check_model_and_task(model, train_dataset_cfg)
-  per_process_batch = partitioner.check_batch_size(train_dataset_cfg.batch_size)
-  shard = partitioner.get_data_shard_info()
+  # Every process reads the whole split and gathers its rows of each global batch (its data
+  # shard: `local_rows`), so the global batch of a step is the same for any number of processes.
+  local_rows = partitioner.local_batch_rows(train_dataset_cfg.batch_size)
   t0 = time.time()
-  train_arrays = utils.load_feature_arrays(train_dataset_cfg, shard.index, shard.num_shards)
+  train_arrays = utils.load_feature_arrays(train_dataset_cfg)
   data_seed = random_seed if train_dataset_cfg.seed is None else train_dataset_cfg.seed
   batches = utils.DeterministicBatches(
-      train_arrays, per_process_batch, seed=data_seed, shuffle=train_dataset_cfg.shuffle)
-  logging.info("training data: %d rows in this shard (%.1fs)", batches.num_rows, time.time() - t0)
+      train_arrays, train_dataset_cfg.batch_size, seed=data_seed, shuffle=train_dataset_cfg.shuffle)
+  logging.info(
+      "training data: %d rows (%.1fs); process %d of %d feeds rows %d:%d of each batch of %d",
+      batches.num_rows,
+      time.time() - t0, jax.process_index(), jax.process_count(), local_rows.start, local_rows.stop,
+      train_dataset_cfg.batch_size)
   eval_arrays = None
   if train_eval_dataset_cfg is not None:
     check_model_and_task(model, train_eval_dataset_cfg)
@@ -205,7 +217,7 @@ def train(*,
 
   # --- state --------------------------------------------------------------------------------
   trainer = trainer_cls(model=model, partitioner=partitioner, seed=random_seed)
-  example = batches.batch(0)
+  example = batches.batch(0, local_rows)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
   ckpt = checkpoints_lib.CheckpointManager(
@@ -278,8 +290,8 @@ def train(*,
   t_train = time.time()
   try:
     while step < stop_at:
-      local = batches.batch(step)
-      batch = partitioner.make_global_batch(local)
+      local = batches.batch(step, local_rows)
+      batch = partitioner.make_global_batch(local, train_dataset_cfg.batch_size)
       state, metrics = trainer.train_step(state, batch)
       step += 1
       host = jax.device_get(metrics)
@@ -361,16 +373,25 @@ def train(*,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-  """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-host set-up, `train()`.
+  """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
   The run files configure `train` by dynamic registration (`train_script.train`); `main` calls it
-  with those bindings.
+  with those bindings. T5X's multi-process flags (`partitioning.add_multiprocess_flags`:
+  `--multiprocess_gpu --coordinator_address=HOST:PORT --process_count=N --process_index=I`)
+  initialise `jax.distributed` before any device is used; every process runs the same command
+  with its own `--process_index` and the same MODEL_DIR.
+
+  Raises:
+    gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
+    `partitioning.initialize_from_flags`); and whatever `train` raises.
   """
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
-  gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
+  args = gin_utils.parse_flags(
+      argv, description=__doc__.splitlines()[0], extra_args=partitioning.add_multiprocess_flags)
   gin_utils.call_configured(partitioning.set_host_device_count)
-  gin_utils.call_configured(partitioning.initialize_distributed)
+  if partitioning.initialize_from_flags(args) is None:
+    gin_utils.call_configured(partitioning.initialize_distributed)
   return gin_utils.call_configured(train)
 
 

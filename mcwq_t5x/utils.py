@@ -7,13 +7,15 @@ Counterpart of the data half of T5X's `t5x/utils.py` (`DatasetConfig`, `get_data
 * `get_mixture_or_task()`: imports the task module named by the config (T5X's
   `MIXTURE_OR_TASK_MODULE` / `DatasetConfig.module`) and looks the name up in SeqIO's registries.
   The engine knows no task of its own: which module registers the tasks is configuration.
-* `load_feature_arrays()`: reads THIS process's shard of a SeqIO task/mixture
-  (`seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())`), runs the
-  `seqio.EncDecFeatureConverter` and keeps the features as numpy arrays (`dataset_to_arrays`;
-  MCWQ-sized splits of at most a few hundred thousand short examples cost little memory, and
-  tf.data leaves the training loop).
-* `DeterministicBatches`: the batch of step `s` is a pure function of `(seed, s)` (epoch `e` uses
-  permutation `rng(seed, e)`), so a resumed run reads exactly the batches the killed run would have.
+* `load_feature_arrays()`: reads a split of a SeqIO task/mixture (or one `seqio.ShardInfo` shard
+  of it), runs the `seqio.EncDecFeatureConverter` and keeps the features as numpy arrays
+  (`dataset_to_arrays`; MCWQ-sized splits of at most a few hundred thousand short examples cost
+  little memory, and tf.data leaves the training loop). The training main reads the whole split
+  in every process, so that packing and the batch order do not depend on the process count.
+* `DeterministicBatches`: the GLOBAL batch of step `s` is a pure function of `(seed, s)` (epoch `e`
+  uses permutation `rng(seed, e)`), so a resumed run reads exactly the batches the killed run would
+  have, and each process of a multi-process run takes its rows of it (`batch(s, rows)`): the
+  examples and their order do not depend on the number of processes.
 
 No gin registration here (gin files reach these names by dynamic registration,
 `from mcwq_t5x import utils`). SeqIO/TensorFlow are imported lazily; the batch iterator is numpy.
@@ -181,11 +183,18 @@ class DeterministicBatches:
   `np.random.default_rng([seed, e])`.  Batch `s` is stream items `[s*B, (s+1)*B)`.  Resuming at step
   `s` therefore needs nothing but `s` (stored in the checkpoint).
 
+  Multi-process runs: every process holds the same `arrays` (the whole split) and the same
+  global `batch_size`, and gathers only its rows of each batch (`batch(step, rows)` with
+  `Partitioner.local_batch_rows`), so the global batch is the one a single process would read.
+
   Args:
-    arrays: feature -> [N, ...] numpy arrays (this process's shard).
-    batch_size: rows per batch (per process).
+    arrays: feature -> [N, ...] numpy arrays.
+    batch_size: rows per (global) batch.
     seed: data seed.
     shuffle: False = source order (epochs repeat in the same order).
+
+  Raises:
+    ValueError: no rows, or `batch_size` < 1.
   """
 
   def __init__(self,
@@ -198,6 +207,8 @@ class DeterministicBatches:
     if self.num_rows == 0:
       raise ValueError("no rows to batch")
     self.batch_size = int(batch_size)
+    if self.batch_size < 1:
+      raise ValueError(f"batch size must be positive, got {batch_size}")
     self.seed = int(seed or 0)
     self.shuffle = shuffle
     self._perms: dict[int, np.ndarray] = {}
@@ -217,9 +228,12 @@ class DeterministicBatches:
     epochs, offsets = np.divmod(pos, self.num_rows)
     return np.array([self._perm(int(e))[o] for e, o in zip(epochs, offsets)])
 
-  def batch(self, step: int) -> dict[str, np.ndarray]:
-    """Batch `step`: feature -> [batch_size, ...]."""
+  def batch(self, step: int, rows: Optional[slice] = None) -> dict[str, np.ndarray]:
+    """Batch `step`: feature -> [batch_size, ...], or only its `rows` (e.g. `slice(8, 16)`, this
+    process's share: feature -> [len(rows), ...]; only those rows are gathered)."""
     idx = self.indices(step)
+    if rows is not None:
+      idx = idx[rows]
     return {k: v[idx] for k, v in self.arrays.items()}
 
   def iterate(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:

@@ -6,6 +6,7 @@ pretrained checkpoint (neither can be downloaded here). The test command itself 
 import re
 import shlex
 import shutil
+import socket
 import time
 
 import pytest
@@ -43,6 +44,12 @@ OVERRIDES = [
         "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
         "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
     ], []),
+    # The 2-process run on 127.0.0.1 (each process gets the overrides; see `with_overrides`).
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+     OUR_SIZE + OUR_TRAIN + [
+         "MIXTURE_OR_TASK_NAME='mcwq_gold_he'", "TRAIN_SPLIT='test'", "EVAL_SPLIT='test'",
+         "FINAL_EVAL_SPLIT='test'", "FINAL_EVAL_NUM_EXAMPLES=8"
+     ], []),
     ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin",
      OUR_SIZE + ["NUM_EXAMPLES=16"], []),
     ("echo", OUR_SIZE + ["MAX_DECODE_LENGTH=32"], []),
@@ -70,9 +77,9 @@ OVERRIDES = [
 ]
 # Folders the commands write (moved aside first if they exist: the test must not clobber runs).
 OUTPUTS = [
-    "runs/tiny_random_split_en", "runs/t5x/tiny_random_split_en", "runs/t5x/mt5_small_mcd1_en",
-    "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report", "runs/he.json", "runs/mcwq_sample",
-    "runs/complexity.png"
+    "runs/tiny_random_split_en", "runs/tiny_2proc", "runs/t5x/tiny_random_split_en",
+    "runs/t5x/mt5_small_mcd1_en", "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report",
+    "runs/he.json", "runs/mcwq_sample", "runs/complexity.png"
 ]
 
 
@@ -90,8 +97,21 @@ def readme_commands() -> list[tuple[str, str]]:
 
 COMMANDS = readme_commands()
 
+# The README's port for the processes launched together on 127.0.0.1 (a free one is used here).
+README_PORT = "127.0.0.1:12345"
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
 
 def with_overrides(command: str) -> str:
+  if " & " in command:  # processes launched together: `A & B && wait $!`, each gets overrides
+    *first, last = command.split(" & ")
+    last, sep, tail = last.partition(" && ")
+    return " & ".join(with_overrides(c.strip()) for c in first + [last]) + sep + tail
   for prefix, gin, extra in OVERRIDES:
     if command.startswith(prefix):
       return " ".join([command] + [shlex.quote(f"--gin.{b}") for b in gin] +
@@ -135,13 +155,21 @@ def test_readme_command(index, workspace):
       env["MCWQ_VOCAB"] = workspace["MCWQ_VOCAB"]  # the small vocabulary stands in for mT5's
   if command.startswith("export "):
     return
-  out = mains.run(["bash", "-c", with_overrides(command)], env=env, timeout=1500)
+  out = mains.run(
+      ["bash", "-c",
+       with_overrides(command.replace(README_PORT, f"127.0.0.1:{free_port()}"))],
+      env=env,
+      timeout=1500)
   if "mcwq_t5x.evaluate" in command and "--json" not in command:
     assert "exact_match" in out.stdout or "exact match" in out.stdout.lower()
   if "generated_predictions_he" in command:
     assert "57.8" in out.stdout  # the paper's Table 4, Hebrew
   if command.startswith("pip install -e . && python -m mcwq_t5x.train"):
     assert (REPO / "runs/tiny_random_split_en/predictions/mcwq_random_split_en_test.txt").is_file()
+  if "--process_index=1" in command:  # the 2-process run: one checkpoint written by both
+    state = REPO / "runs/tiny_2proc/checkpoint_4/state"
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in state.iterdir()}
+    assert (REPO / "runs/tiny_2proc/predictions/mcwq_gold_he_test.txt").is_file()
   if command.startswith("echo"):
     assert len(out.stdout.splitlines()) == 1
   del heading
