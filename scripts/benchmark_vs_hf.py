@@ -142,15 +142,17 @@ def _our_trainer_cls(args: argparse.Namespace):
 
 def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   """One epoch through `mcwq_t5x.train.train` (packed rows); see the module docstring."""
+  import numpy as np
+
   from mcwq_t5x import partitioning
   from mcwq_t5x import train as train_lib
   from mcwq_t5x import utils
   cfg = _dataset_config(args, pack=True)
-  examples = _examples(args)
   rows = utils.load_feature_arrays(cfg, 0, 1)
-  num_rows = len(next(iter(rows.values())))
-  if args.max_examples:  # the packed rows holding the first max_examples examples, roughly
-    num_rows = max(1, round(num_rows * len(examples) / _split_size(args)))
+  per_row = rows["decoder_segment_ids"].max(axis=1)  # examples packed into each row
+  num_rows = len(per_row)
+  if args.max_examples:  # as many rows as hold the first max_examples examples
+    num_rows = max(1, int(np.searchsorted(np.cumsum(per_row), args.max_examples)) + 1)
   steps = math.ceil(num_rows / args.batch_size)
   with tempfile.TemporaryDirectory() as model_dir:
     result = train_lib.train(
@@ -165,8 +167,10 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_period=10**9,
         keep_checkpoints=1)
   seconds = result["train_time_s"]
-  n = steps * args.batch_size * len(examples) / num_rows  # examples seen, packing included
-  tokens = sum(len(t) for _, t in examples) * n / len(examples)
+  # Examples and target tokens seen: steps x batch rows at the split's mean per row.
+  seen_rows = steps * args.batch_size
+  n = seen_rows * float(per_row.mean())
+  tokens = seen_rows * float(rows["decoder_loss_weights"].sum(axis=1).mean())
   return {
       "system": "ours",
       "mode": "epoch",
@@ -179,14 +183,6 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "peak_rss_gib": _peak_rss_gib(),
       "devices": _device_count()
   }
-
-
-def _split_size(args: argparse.Namespace) -> int:
-  saved, args.max_examples = args.max_examples, 0
-  try:
-    return len(_examples(args))
-  finally:
-    args.max_examples = saved
 
 
 def _device_count() -> int:
