@@ -91,9 +91,10 @@ def corpus_files(
   """
   files = set()
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
-  for split in readers.SPLITS:
+  contents = readers.discover(root)
+  for split in contents.splits:
     for part in parts:
-      for language in readers.LANGUAGES:
+      for language in contents.languages:
         try:
           _, fs = readers.split_files(split, part, language, root)
         except readers.DataNotFoundError:
@@ -108,7 +109,7 @@ def training_corpus(data_dir: Optional[PathLike] = None,
                     parts: Sequence[str] = ("train", "dev")) -> list[str]:
   """Training sentences: questions of all languages, then RIR queries, deduplicated in order.
 
-  Order: split (SPLITS order), part, language (LANGUAGES order), file order.
+  Order: split, part, language (`readers.iter_all`: the published ones first), file order.
 
   Raises:
     DataNotFoundError: no training text is available.
