@@ -557,6 +557,11 @@ class Contents:
   ignored: tuple[tuple[str, str], ...] = ()
   data_dir: Optional[str] = None
 
+  def languages_of(self, split: str) -> tuple[str, ...]:
+    """The languages `split` has files in; the published four for a split without a listing
+    (the full release's `splits/{split}.json`, or a published split the directory lacks)."""
+    return self.split_languages.get(split) or LANGUAGES
+
 
 def _ordered(published: Sequence[str], found: Any) -> tuple[str, ...]:
   return tuple(published) + tuple(sorted(set(found) - set(published)))
@@ -645,10 +650,7 @@ def discover(data_dir: Optional[PathLike] = None) -> Contents:
 # The one entry point.
 
 
-def _check_args(split: str,
-                part: str,
-                language: str,
-                data_dir: Optional[PathLike] = None) -> None:
+def _check_args(split: str, part: str, language: str, data_dir: Optional[PathLike] = None) -> None:
   """Raises ValueError for a split/part/language that neither MCWQ nor `data_dir` has."""
   if part not in PARTS:
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
@@ -792,13 +794,14 @@ def iter_all(data_dir: Optional[PathLike] = None,
              parts: Sequence[str] = PARTS) -> Iterator[tuple[str, str, str, list[Example]]]:
   """Yields (split, part, language, examples) for every available split/part/language.
 
-  Splits and languages are those of `discover(data_dir)` (the published ones first, in their
-  order, then the data directory's others, sorted).
+  Splits are those of `discover(data_dir)` (the published ones first, in their order, then the
+  data directory's others, sorted), each with the languages it has files in
+  (`Contents.languages_of`).
   """
   contents = discover(data_dir)
   for split in contents.splits:
     for part in parts:
-      for language in contents.languages:
+      for language in contents.languages_of(split):
         try:
           examples = read_split(split, part, language, data_dir)
         except DataNotFoundError:

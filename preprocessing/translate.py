@@ -352,10 +352,8 @@ class KeepPlaceholdersBackend(Backend):
   def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str | None]:
     split = [self.pieces(t) for t in texts]
     todo = list(
-        dict.fromkeys(p.strip()
-                      for pieces in split
-                      for p in pieces[0::2]
-                      if self._needs_translation(p)))
+        dict.fromkeys(
+            p.strip() for pieces in split for p in pieces[0::2] if self._needs_translation(p)))
     got = self.inner.translate(todo, target, source) if todo else []
     if len(got) != len(todo):
       raise TranslationError(f"{self.inner.name}: {len(got)} translations for {len(todo)} texts")

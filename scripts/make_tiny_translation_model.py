@@ -62,8 +62,9 @@ def build(out: pathlib.Path, language: str = "fr", seed: int = 0) -> int:
   with tempfile.TemporaryDirectory() as tmp:
     corpus = pathlib.Path(tmp) / "corpus.txt"
     # Every word once per line in turn, so that each is a piece of the word-level model.
-    corpus.write_text("\n".join(" ".join(words[i:] + words[:i]) for i in range(len(words))) + "\n",
-                      encoding="utf-8")
+    corpus.write_text(
+        "\n".join(" ".join(words[i:] + words[:i]) for i in range(len(words))) + "\n",
+        encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(corpus),
         model_prefix=str(pathlib.Path(tmp) / "sp"),

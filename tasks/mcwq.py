@@ -186,7 +186,7 @@ def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
 
   Returns:
     The registered task and mixture names. A split's multilingual mixture holds the languages
-    that split has files in (`readers.Contents.split_languages`), else the published four.
+    that split has files in (`readers.Contents.languages_of`), else the published four.
   """
   vocabulary = vocabulary if vocabulary is not None else vocab_lib.get_vocabulary()
   output_features = {
@@ -215,9 +215,8 @@ def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
   for split in contents.splits:
     name = multilingual_mixture_name(split, suffix)
     _remove(seqio.MixtureRegistry, name)
-    languages = contents.split_languages.get(split) or LANGUAGES
     seqio.MixtureRegistry.add(
-        name, [task_name(split, l, suffix) for l in languages], default_rate=1.0)
+        name, [task_name(split, l, suffix) for l in contents.languages_of(split)], default_rate=1.0)
     names.append(name)
   return names
 
