@@ -80,7 +80,7 @@ class Example:
       only has the RIR form.
     rir: the query in the reversible intermediate representation (see `mcwq_t5x.rir`), or
       None when not computed.
-    language: "en", "he", "kn" or "zh".
+    language: "en", "he", "kn", "zh", or a release's own language code (e.g. "fr").
     recursionDepth: CFQ complexity measure, when the source has it (dataset.json).
     expectedResponse: the answer recorded in dataset.json, when present.
     source: the file the example was read from.
@@ -464,7 +464,7 @@ def read_release(data_dir: PathLike,
     data_dir: directory holding `dataset.json` and `splits/`.
     split: one of SPLITS (any name with a `splits/{split}.json` file works).
     part: "train", "dev" or "test".
-    language: one of LANGUAGES.
+    language: one of LANGUAGES, or any code with `questionPatternModEntities_{lang}` fields.
     with_rir: fill `Example.rir` through `mcwq_t5x.rir.sparql_to_rir`.
 
   Returns:
