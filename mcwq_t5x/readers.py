@@ -19,6 +19,11 @@ Published forms (upstream: GitHub `coastalcph/seq2sparql`, folder `mcwq/`, and t
 `read_split(split, part, language)` is the one entry point the rest of the project uses: it
 finds whichever layout exists. Reading is cached per file (keyed by path, size and mtime).
 
+Splits and languages: the published ones (`SPLITS`, `LANGUAGES`, `GOLD_LANGUAGES`) always, plus
+whatever a data directory holds, found by `discover(data_dir)` from directory listings alone (no
+file is read): a release written by `preprocessing.migrate` + `preprocessing.translate` (split
+`cfq_sample`, a fifth language `fr`) is read like the published data.
+
 Malformed input raises `DataFormatError` with a message `FILE:LINE: problem`; missing files
 raise `paths.DataNotFoundError` naming the expected path and the fetch command.
 
@@ -44,6 +49,10 @@ PARTS = ("train", "dev", "test")
 DATASET_SPLIT_TO_PART = {"train": "train", "validation": "dev", "test": "test"}
 GOLD_LANGUAGES = ("he", "kn", "zh")
 GOLD_SPLIT = "gold"
+#: A language code in a file name (`dev.fr.txt`): ISO 639-1/-3 letters, the form task names take.
+LANGUAGE_CODE_RE = re.compile(r"^[a-z]{2,3}$")
+#: A split name (a folder under `official/` or `translations/`, a `splits/{name}.json` stem).
+SPLIT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 
 PathLike = Union[str, os.PathLike]
 
@@ -71,7 +80,7 @@ class Example:
       only has the RIR form.
     rir: the query in the reversible intermediate representation (see `mcwq_t5x.rir`), or
       None when not computed.
-    language: "en", "he", "kn" or "zh".
+    language: "en", "he", "kn", "zh", or a release's own language code (e.g. "fr").
     recursionDepth: CFQ complexity measure, when the source has it (dataset.json).
     expectedResponse: the answer recorded in dataset.json, when present.
     source: the file the example was read from.
@@ -149,11 +158,17 @@ def split_official_line(line: str) -> Optional[tuple[str, str]]:
 
 
 def _language_from_name(path: PathLike) -> str:
-  """`.../dev.he.txt` -> "he"; "" when the name has no known language code."""
+  """`.../dev.he.txt` -> "he", `.../dev.fr.txt` -> "fr"; "" when the name has no language code.
+
+  A published code anywhere before the extension wins; else the component before the extension
+  if it looks like a code (`LANGUAGE_CODE_RE`).
+  """
   parts = pathlib.Path(path).name.split(".")
   for p in reversed(parts[:-1]):
     if p in LANGUAGES:
       return p
+  if len(parts) >= 3 and LANGUAGE_CODE_RE.match(parts[-2]):
+    return parts[-2]
   return ""
 
 
@@ -449,7 +464,7 @@ def read_release(data_dir: PathLike,
     data_dir: directory holding `dataset.json` and `splits/`.
     split: one of SPLITS (any name with a `splits/{split}.json` file works).
     part: "train", "dev" or "test".
-    language: one of LANGUAGES.
+    language: one of LANGUAGES, or any code with `questionPatternModEntities_{lang}` fields.
     with_rir: fill `Example.rir` through `mcwq_t5x.rir.sparql_to_rir`.
 
   Returns:
@@ -516,21 +531,155 @@ def _read_release(dataset_path: str, split_path: str, part: str, language: str,
 
 
 # ------------------------------------------------------------------------------------------
+# What a data directory holds.
+
+
+@dataclasses.dataclass(frozen=True)
+class Contents:
+  """The splits and languages of an MCWQ data directory (`discover`).
+
+  Attributes:
+    splits: the published `SPLITS`, then every other split the directory has, sorted.
+    languages: the published `LANGUAGES`, then every other language of its files, sorted.
+    gold_languages: the published `GOLD_LANGUAGES`, then any other `translations/gold/` language.
+    split_languages: {split: languages with a file of that split (published order, then sorted)}
+      for the splits that have `official/` or `translations/` files; a split known only from
+      `splits/{split}.json` (the full release) is absent (its languages are in dataset.json,
+      which is not read).
+    ignored: (path, reason) of the names that look like data but are not usable as split or
+      language names (e.g. `dev.zh-CN.txt`: task names take letters only).
+    data_dir: the directory listed, or None when it does not exist.
+  """
+  splits: tuple[str, ...]
+  languages: tuple[str, ...]
+  gold_languages: tuple[str, ...]
+  split_languages: dict[str, tuple[str, ...]]
+  ignored: tuple[tuple[str, str], ...] = ()
+  data_dir: Optional[str] = None
+
+  def languages_of(self, split: str) -> tuple[str, ...]:
+    """The languages `split` has files in; the published four for a split without a listing
+    (the full release's `splits/{split}.json`, or a published split the directory lacks)."""
+    return self.split_languages.get(split) or LANGUAGES
+
+
+def _ordered(published: Sequence[str], found: Any) -> tuple[str, ...]:
+  return tuple(published) + tuple(sorted(set(found) - set(published)))
+
+
+def _data_file_language(name: str, parts: Sequence[str]) -> Optional[str]:
+  """`dev.fr.txt` -> "fr" (also `.sparql`, `.json`); "" for a code task names cannot take; None
+  for a file that is no data file of `parts`."""
+  bits = name.split(".")
+  if len(bits) != 3 or bits[0] not in parts or bits[2] not in ("txt", "sparql", "json"):
+    return None
+  return bits[1] if LANGUAGE_CODE_RE.match(bits[1]) else ""
+
+
+def discover(data_dir: Optional[PathLike] = None) -> Contents:
+  """Lists the splits and languages an MCWQ data directory holds (no file is read).
+
+  Looked at: `official/{split}/{part}.{lang}.txt`, `translations/{split}/{part}.{lang}.{txt,
+  sparql,json}`, `translations/gold/test.{lang}.*` (gold languages) and `splits/{split}.json`
+  (a full release or a `preprocessing.migrate` output; `dataset.json`'s language fields are not
+  read: `preprocessing.translate` writes `official/` files for every part it completes). The
+  published splits and languages are always included, so the published layout, a partial copy
+  or a missing directory all give at least those.
+
+  Args:
+    data_dir: the MCWQ directory; default `paths.data_dir()` (`$MCWQ_DATA_DIR`, else
+      `../shared/mcwq`).
+
+  Returns:
+    A `Contents` (published names first, in their order, then the others sorted).
+  """
+  root = paths.data_dir(data_dir, must_exist=False)
+  found_splits: set[str] = set()
+  found_gold: set[str] = set()
+  split_languages: dict[str, set[str]] = {}
+  ignored: list[tuple[str, str]] = []
+  if not root.is_dir():
+    return Contents(SPLITS, LANGUAGES, GOLD_LANGUAGES, {}, (), None)
+  for layout in ("official", "translations"):
+    base = root / layout
+    if not base.is_dir():
+      continue
+    for d in sorted(base.iterdir()):
+      if not d.is_dir():
+        continue
+      is_gold = layout == "translations" and d.name == GOLD_SPLIT
+      langs = set()
+      for f in sorted(d.iterdir()):
+        lang = _data_file_language(f.name, ("test",) if is_gold else PARTS)
+        if lang == "":
+          ignored.append((str(f), "the language code is not 2-3 lowercase letters, so no task "
+                          "name can be made of it"))
+        elif lang is not None:
+          langs.add(lang)
+      if is_gold:
+        found_gold |= langs
+        continue
+      if not langs:
+        continue
+      if not SPLIT_NAME_RE.match(d.name):
+        ignored.append((str(d), "a split name must be letters, digits and underscores"))
+        continue
+      found_splits.add(d.name)
+      split_languages.setdefault(d.name, set()).update(langs)
+  splits_dir = root / "splits"
+  if (root / "dataset.json").is_file() and splits_dir.is_dir():
+    for f in sorted(splits_dir.glob("*.json")):
+      if SPLIT_NAME_RE.match(f.stem):
+        found_splits.add(f.stem)
+      else:
+        ignored.append((str(f), "a split name must be letters, digits and underscores"))
+  all_languages = set().union(*split_languages.values()) if split_languages else set()
+  return Contents(
+      splits=_ordered(SPLITS, found_splits),
+      languages=_ordered(LANGUAGES, all_languages),
+      gold_languages=_ordered(GOLD_LANGUAGES, found_gold),
+      split_languages={
+          s: _ordered([l for l in LANGUAGES if l in langs], langs)
+          for s, langs in sorted(split_languages.items())
+      },
+      ignored=tuple(ignored),
+      data_dir=str(root))
+
+
+# ------------------------------------------------------------------------------------------
 # The one entry point.
 
 
-def _check_args(split: str, part: str, language: str) -> None:
-  if split == GOLD_SPLIT:
-    if part != "test" or language not in GOLD_LANGUAGES:
-      raise ValueError(f"the gold set has only part 'test' in languages {GOLD_LANGUAGES}; "
-                       f"got part={part!r}, language={language!r}")
-    return
-  if split not in SPLITS:
-    raise ValueError(f"unknown split {split!r}; expected one of {SPLITS + (GOLD_SPLIT,)}")
+def _check_args(split: str, part: str, language: str, data_dir: Optional[PathLike] = None) -> None:
+  """Raises ValueError for a split/part/language that neither MCWQ nor `data_dir` has."""
   if part not in PARTS:
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
-  if language not in LANGUAGES:
-    raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
+  known = split in SPLITS and language in LANGUAGES
+  if split == GOLD_SPLIT:
+    known = language in GOLD_LANGUAGES
+  if known:
+    if split == GOLD_SPLIT and part != "test":
+      raise ValueError(f"the gold set has only part 'test'; got part={part!r}")
+    return
+  contents = discover(data_dir)
+  where = f" (the published ones and those in {contents.data_dir})" if contents.data_dir else ""
+  if split == GOLD_SPLIT:
+    if part != "test" or language not in contents.gold_languages:
+      raise ValueError(f"the gold set has only part 'test' in languages "
+                       f"{contents.gold_languages}{where}; got part={part!r}, "
+                       f"language={language!r}")
+    return
+  if split not in contents.splits:
+    raise ValueError(f"unknown split {split!r}; expected one of "
+                     f"{contents.splits + (GOLD_SPLIT,)}{where}")
+  if language in contents.languages:
+    return
+  # A release's dataset.json may hold languages no listing shows (it is not read here).
+  root = pathlib.Path(contents.data_dir or ".")
+  if (LANGUAGE_CODE_RE.match(language) and (root / "dataset.json").is_file() and
+      (root / "splits" / f"{split}.json").is_file()):
+    return
+  raise ValueError(f"unknown language {language!r}; expected one of {contents.languages}{where}")
 
 
 def split_files(split: str,
@@ -561,7 +710,7 @@ def split_files(split: str,
     DataNotFoundError: no layout has the data (names the expected official path and the fetch
       command).
   """
-  _check_args(split, part, language)
+  _check_args(split, part, language, data_dir)
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
   if split == GOLD_SPLIT:
     txt = root / "translations" / "gold" / f"test.{language}.txt"
@@ -602,10 +751,10 @@ def read_split(split: str,
   layouts `sparql` comes from `mcwq_t5x.rir.rir_to_sparql`.
 
   Args:
-    split: "mcd1", "mcd2", "mcd3", "random_split", or "gold" (human-translated test set,
-      part "test", languages he/kn/zh).
+    split: "mcd1", "mcd2", "mcd3", "random_split", "gold" (human-translated test set,
+      part "test", languages he/kn/zh), or another split the data directory has (`discover`).
     part: "train", "dev" or "test".
-    language: "en", "he", "kn" or "zh".
+    language: "en", "he", "kn", "zh", or another language the data directory has.
     data_dir: MCWQ directory; default `paths.data_dir()` (env `MCWQ_DATA_DIR`, else
       `../shared/mcwq`).
 
@@ -643,10 +792,16 @@ def available_parts(split: str,
 
 def iter_all(data_dir: Optional[PathLike] = None,
              parts: Sequence[str] = PARTS) -> Iterator[tuple[str, str, str, list[Example]]]:
-  """Yields (split, part, language, examples) for every available split/part/language."""
-  for split in SPLITS:
+  """Yields (split, part, language, examples) for every available split/part/language.
+
+  Splits are those of `discover(data_dir)` (the published ones first, in their order, then the
+  data directory's others, sorted), each with the languages it has files in
+  (`Contents.languages_of`).
+  """
+  contents = discover(data_dir)
+  for split in contents.splits:
     for part in parts:
-      for language in LANGUAGES:
+      for language in contents.languages_of(split):
         try:
           examples = read_split(split, part, language, data_dir)
         except DataNotFoundError:

@@ -1,7 +1,7 @@
 """Reproduction report: the MCWQ paper's result tables and analysis figures from predictions.
 
   python -m mcwq_t5x.report RESULTS_DIR [--targets_dir ../shared/mcwq/translations]
-      [--data_dir DIR] [--out DIR]
+      [--data_dir DIR] [--out DIR] [--split {test,validation}]
 
 Reads every prediction file under RESULTS_DIR, scores it against the gold queries
 (`mcwq_t5x.metrics`) and writes, under --out (default `./mcwq_report`):
@@ -18,6 +18,13 @@ Reads every prediction file under RESULTS_DIR, scores it against the gold querie
     language, Figures 5-6) and, when recursionDepth is known, `complexity_{model}_{mode}_{split}.png`
     (accuracy by complexity per language, Figure 4).
 
+Splits and languages: the published ones (columns en, he, kn, zh; rows MCD1-3, MCD mean, Random)
+and any other a prediction file names (`mcwq_t5x.train` output of a release's tasks, e.g.
+`mcwq_cfq_sample_zeroshot_fr_test.txt`): other languages are further columns (sorted), other splits
+further rows. `--split validation` scores the predictions on the validation (`dev`) part instead
+of the test part (for a release without a test part, such as the migrated CFQ sample); the gold
+test set and Table 6 are test-only.
+
 Prediction layouts (one predicted RIR query per line, line-parallel with the gold file):
 
   1. upstream `mcwq/results/`: `{model}/{monolingual,zeroshot}/{split}/generated_predictions_{lang}.txt`
@@ -33,7 +40,8 @@ Prediction layouts (one predicted RIR query per line, line-parallel with the gol
      `tasks/mcwq.py`: `mcwq_{split}_{lang}` (monolingual), `mcwq_{split}_zeroshot_{lang}`
      (zero-shot) and `mcwq_gold_{lang}` (gold test set; its split is that of the other test
      predictions in the directory, skipped if that is not unique). The model is MODEL_DIR's
-     name. Validation (`_validation.txt`) predictions are ignored.
+     name. Validation (`_validation.txt`) predictions are read only with `--split validation`
+     (and then the test ones are not).
 
 Gold queries: `{targets_dir}/{split}/test.{lang}.sparql` (RIR) and `{targets_dir}/gold/test.{lang}.sparql`;
 when a split has no such file, `readers.read_split(split, "test", lang, data_dir)` (official
@@ -84,12 +92,15 @@ SCORE_TITLES = {
     "equivalence": "query equivalence (%)"
 }
 
-_UPSTREAM_RE = re.compile(r"^generated_predictions_(?P<lang>en|he|kn|zh)(?P<gold>-gold)?\.txt$")
-_TRAIN_RE = re.compile(r"^mcwq_(?P<split>mcd1|mcd2|mcd3|random_split|gold)(?P<zeroshot>_zeroshot)?_"
-                       r"(?P<lang>en|he|kn|zh)_test\.txt$")
-_OWN_RE = re.compile(
-    r"^predictions_(?P<split>mcd1|mcd2|mcd3|random_split)_(?P<lang>en|he|kn|zh)(?P<gold>-gold)?\.txt$"
-)
+#: A language code in a file name (`readers.LANGUAGE_CODE_RE`) and a split name.
+_LANG = r"(?P<lang>[a-z]{2,3})"
+_SPLIT = r"(?P<split>[A-Za-z0-9][A-Za-z0-9_]*?)"
+_UPSTREAM_RE = re.compile(r"^generated_predictions_%s(?P<gold>-gold)?\.txt$" % _LANG)
+_TRAIN_RE = re.compile(r"^mcwq_%s(?P<zeroshot>_zeroshot)?_%s_(?P<part>test|validation)\.txt$" %
+                       (_SPLIT, _LANG))
+_OWN_RE = re.compile(r"^predictions_%s_%s(?P<gold>-gold)?\.txt$" % (_SPLIT, _LANG))
+#: seqio split -> MCWQ part of the gold queries.
+EVAL_SPLITS = {"test": "test", "validation": "dev"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +123,13 @@ class PredictionFile:
   path: pathlib.Path
 
 
-def discover(results_dir: str | pathlib.Path) -> list[PredictionFile]:
+def discover(results_dir: str | pathlib.Path, eval_split: str = "test") -> list[PredictionFile]:
   """Finds the prediction files under `results_dir` (layouts in the module docstring).
+
+  Args:
+    results_dir: the folder searched (recursively).
+    eval_split: "test" (every layout) or "validation" (`mcwq_t5x.train` output only, the
+      `{task}_validation.txt` files).
 
   Returns:
     Files sorted by (model, mode, split, language, gold). Files matching no layout are
@@ -128,7 +144,7 @@ def discover(results_dir: str | pathlib.Path) -> list[PredictionFile]:
   found = []
   for path in sorted(root.rglob("*.txt")):
     rel_dirs = path.relative_to(root).parts[:-1]
-    m = _UPSTREAM_RE.match(path.name)
+    m = _UPSTREAM_RE.match(path.name) if eval_split == "test" else None
     if m:
       # Read split/mode/model from the full path, so RESULTS_DIR may be any level of it.
       dirs = path.resolve().parent.parts
@@ -140,12 +156,14 @@ def discover(results_dir: str | pathlib.Path) -> list[PredictionFile]:
       else:
         mode, model = "monolingual", dirs[-2]
     elif _TRAIN_RE.match(path.name):
+      if _TRAIN_RE.match(path.name).group("part") != eval_split:
+        continue
       pf = _train_layout_file(path, _TRAIN_RE.match(path.name))
       if pf is not None:
         found.append(pf)
       continue
     else:
-      m = _OWN_RE.match(path.name)
+      m = _OWN_RE.match(path.name) if eval_split == "test" else None
       if not m:
         continue
       split = m.group("split")
@@ -163,6 +181,8 @@ def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFi
   if m.group("split") != GOLD:
     mode = "zeroshot" if m.group("zeroshot") else "monolingual"
     return PredictionFile(model, mode, m.group("split"), lang, False, path)
+  if m.group("part") != "test":
+    return None
   # Gold predictions: the training split is that of the directory's other test predictions.
   others = [_TRAIN_RE.match(p.name) for p in directory.glob("mcwq_*_test.txt")]
   splits = sorted({o.group("split") for o in others if o and o.group("split") != GOLD})
@@ -185,9 +205,10 @@ class GoldSet:
 class _GoldLoader:
   """Loads and caches gold sets; records why depths are unavailable."""
 
-  def __init__(self, targets_dir: pathlib.Path, data_dir: pathlib.Path):
+  def __init__(self, targets_dir: pathlib.Path, data_dir: pathlib.Path, part: str = "test"):
     self.targets_dir = targets_dir
     self.data_dir = data_dir
+    self.part = part  # of every split but the gold set (test only)
     self._cache: dict[tuple[str, str], Optional[GoldSet]] = {}
     self.messages: list[str] = []
 
@@ -198,7 +219,8 @@ class _GoldLoader:
     return self._cache[key]
 
   def _load(self, split: str, language: str) -> Optional[GoldSet]:
-    rir_file = self.targets_dir / split / f"test.{language}.sparql"
+    part = "test" if split == GOLD else self.part
+    rir_file = self.targets_dir / split / f"{part}.{language}.sparql"
     question_file = rir_file.with_suffix(".txt")
     if rir_file.is_file():
       targets = evaluate_lib.load_targets(rir_file)
@@ -211,9 +233,9 @@ class _GoldLoader:
       return None
     else:
       try:
-        examples = readers.read_split(split, "test", language, self.data_dir)
+        examples = readers.read_split(split, part, language, self.data_dir)
       except (FileNotFoundError, ValueError) as e:
-        self.messages.append(f"no targets for {split}/test/{language}: {e}")
+        self.messages.append(f"no targets for {split}/{part}/{language}: {e}")
         return None
       targets = [e.rir for e in examples]
       questions = [e.question for e in examples]
@@ -230,13 +252,13 @@ class _GoldLoader:
           f"(needs the full release's {dataset} and splits/{split}.json)")
       return None
     try:
-      examples = readers.read_release(self.data_dir, split, "test", language)
+      examples = readers.read_release(self.data_dir, split, self.part, language)
     except (FileNotFoundError, ValueError) as e:
       self.messages.append(f"accuracy by complexity skipped for {split}/{language}: {e}")
       return None
     if [(e.rir or "").strip() for e in examples] != [t.strip() for t in targets]:
       self.messages.append(
-          f"accuracy by complexity skipped for {split}/{language}: the test queries of "
+          f"accuracy by complexity skipped for {split}/{language}: the {self.part} queries of "
           f"{dataset} are not line-parallel with the gold file")
       return None
     return [e.recursionDepth for e in examples]
@@ -271,7 +293,8 @@ def _scores(result: dict[str, Any]) -> dict[str, float]:
 
 def build(results_dir: str | pathlib.Path,
           targets_dir: str | pathlib.Path,
-          data_dir: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
+          data_dir: Optional[str | pathlib.Path] = None,
+          eval_split: str = "test") -> dict[str, Any]:
   """Scores every prediction file under `results_dir` and assembles the paper's analyses.
 
   Args:
@@ -279,25 +302,30 @@ def build(results_dir: str | pathlib.Path,
     targets_dir: the `translations/` directory with `{split}/test.{lang}.sparql` and `gold/`.
     data_dir: MCWQ directory for `readers` fallbacks and recursionDepth; default
       `targets_dir`'s parent.
+    eval_split: "test", or "validation" (`mcwq_t5x.train`/`eval` predictions of the validation
+      split, scored against the `dev` part).
 
   Returns:
     {"runs": [one dict per prediction file: model, mode, split, language, gold, path, n, scores,
       error_categories, by_complexity (or None)],
      "intersection": [one dict per gold prediction file: model, mode, split, language,
       matched, n_gold, mt: scores, gold: scores],
-     "messages": [skipped analyses and files, with reasons]}
+     "messages": [skipped analyses and files, with reasons], "eval_split": eval_split}
 
   Raises:
     FileNotFoundError: `results_dir` does not exist.
     evaluate.InputError: a prediction file's length differs from its gold file, or a gold file
       is malformed.
+    ValueError: an unknown `eval_split`.
   """
+  if eval_split not in EVAL_SPLITS:
+    raise ValueError(f"eval_split {eval_split!r}: expected one of {tuple(EVAL_SPLITS)}")
   targets_dir = pathlib.Path(targets_dir)
   data_dir = pathlib.Path(data_dir) if data_dir is not None else targets_dir.parent
-  loader = _GoldLoader(targets_dir, data_dir)
+  loader = _GoldLoader(targets_dir, data_dir, EVAL_SPLITS[eval_split])
   runs: list[dict[str, Any]] = []
   predictions_of: dict[tuple, list[str]] = {}
-  for pf in discover(results_dir):
+  for pf in discover(results_dir, eval_split):
     gold_set = loader.get(GOLD if pf.gold else pf.split, pf.language)
     if gold_set is None:
       loader.messages.append(f"skipped {pf.path}: no gold queries")
@@ -353,11 +381,28 @@ def build(results_dir: str | pathlib.Path,
         entry["mt"] = _scores(
             metrics.evaluate([mcd_set.targets[j] for j in lines], [mt_preds[j] for j in lines]))
     intersection.append(entry)
-  return {"runs": runs, "intersection": intersection, "messages": loader.messages}
+  return {
+      "runs": runs,
+      "intersection": intersection,
+      "messages": loader.messages,
+      "eval_split": eval_split
+  }
 
 
 # ----------------------------------------------------------------------------------------------
 # Tables.
+
+
+def _title(split: str) -> str:
+  """Row title of a split: the paper's for the published ones, the name for a release's own."""
+  return SPLIT_TITLES.get(split, split)
+
+
+def columns(runs: Sequence[dict]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(languages, splits) of the tables: the published ones, then the others the runs have, sorted."""
+  languages = LANGUAGES + tuple(sorted({r["language"] for r in runs} - set(LANGUAGES)))
+  splits = SPLITS + tuple(sorted({r["split"] for r in runs} - set(SPLITS) - {GOLD}))
+  return languages, splits
 
 
 def _split_rows(runs: Sequence[dict],
@@ -365,7 +410,8 @@ def _split_rows(runs: Sequence[dict],
                 mode: str,
                 score: str,
                 languages: Sequence[str],
-                fallback_en: Optional[Sequence[dict]] = None) -> list[list[Any]]:
+                fallback_en: Optional[Sequence[dict]] = None,
+                splits: Sequence[str] = SPLITS) -> list[list[Any]]:
   """Rows [model, split, value per language] incl. "MCD mean" (mean over MCD splits present)."""
 
   def value(split, lang, pool):
@@ -377,7 +423,7 @@ def _split_rows(runs: Sequence[dict],
   pool = [r for r in runs if r["mode"] == mode]
   rows = []
   table: dict[str, dict[str, Optional[float]]] = {}
-  for split in SPLITS:
+  for split in splits:
     vals = {}
     for lang in languages:
       v = value(split, lang, pool)
@@ -385,14 +431,15 @@ def _split_rows(runs: Sequence[dict],
         v = value(split, lang, fallback_en)
       vals[lang] = v
     table[split] = vals
-  present = [s for s in SPLITS if any(v is not None for v in table[s].values())]
+  present = [s for s in splits if any(v is not None for v in table[s].values())]
   mcd_present = [s for s in MCD_SPLITS if s in present]
   for split in present:
     if split == "random_split" and mcd_present:
       rows.append(_mean_row(model, table, mcd_present, languages))
-    rows.append([model, SPLIT_TITLES[split]] + [table[split][l] for l in languages])
+    rows.append([model, _title(split)] + [table[split][l] for l in languages])
   if mcd_present and "random_split" not in present:
-    rows.append(_mean_row(model, table, mcd_present, languages))
+    at = max(present.index(s) for s in mcd_present) + 1  # after the MCD rows
+    rows.insert(at, _mean_row(model, table, mcd_present, languages))
   return rows
 
 
@@ -409,26 +456,28 @@ def tables(report: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]
   runs = report["runs"]
   out: dict[str, tuple[list[str], list[list[Any]]]] = {}
   models = sorted({r["model"] for r in runs})
+  languages, splits = columns(runs)
   for score in SCORES:
     rows = []
     for model in models:
-      rows += _split_rows(runs, model, "monolingual", score, LANGUAGES)
+      rows += _split_rows(runs, model, "monolingual", score, languages, splits=splits)
     if rows:
-      out[f"table4_monolingual_{score}"] = (["model", "split"] + list(LANGUAGES), rows)
+      out[f"table4_monolingual_{score}"] = (["model", "split"] + list(languages), rows)
   for score in SCORES:
     rows = []
     for model in models:
       if any(r["model"] == model and r["mode"] == "zeroshot" for r in runs):
         mono = [r for r in runs if r["mode"] == "monolingual"]
-        rows += _split_rows(runs, model, "zeroshot", score, LANGUAGES, fallback_en=mono)
+        rows += _split_rows(
+            runs, model, "zeroshot", score, languages, fallback_en=mono, splits=splits)
     if rows:
-      out[f"table5_zeroshot_{score}"] = (["model", "split"] + list(LANGUAGES), rows)
+      out[f"table5_zeroshot_{score}"] = (["model", "split"] + list(languages), rows)
   rows = []
   for e in report["intersection"]:
     mt = e["mt"] or {}
     rows.append([
         e["model"], e["mode"],
-        SPLIT_TITLES.get(e["split"], e["split"]), e["language"], e["n_gold"], e["matched"],
+        _title(e["split"]), e["language"], e["n_gold"], e["matched"],
         mt.get("exact_match"), e["gold"]["exact_match"],
         mt.get("bleu"), e["gold"]["bleu"]
     ])
@@ -440,8 +489,8 @@ def tables(report: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]
   rows = []
   for r in runs:
     rows.append([
-        r["model"], r["mode"], SPLIT_TITLES[r["split"]] +
-        (" gold" if r["gold"] else ""), r["language"], r["n"]
+        r["model"], r["mode"],
+        _title(r["split"]) + (" gold" if r["gold"] else ""), r["language"], r["n"]
     ] + [r["error_categories"][c] for c in metrics.ERROR_CATEGORIES])
   if rows:
     out["error_categories"] = (["model", "mode", "test set", "language", "n"] +
@@ -539,11 +588,12 @@ def figures(report: dict[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]
     groups.setdefault((r["model"], r["mode"], r["split"], r["gold"]), []).append(r)
   for (model, mode, split, gold), runs in sorted(groups.items()):
     name = f"{model}_{mode}_{split}" + ("-gold" if gold else "")
-    test_set = "gold test" if gold else f"{SPLIT_TITLES[split]} test"
+    part = "test" if report.get("eval_split", "test") == "test" else "validation"
+    test_set = "gold test" if gold else f"{_title(split)} {part}"
     path = out_dir / f"errors_{name}.png"
     trained = ("English-trained, zero-shot" if mode == "zeroshot" else "monolingual")
     plot_error_categories(
-        runs, f"Error categories: {model} ({trained}), trained on {SPLIT_TITLES[split]}, "
+        runs, f"Error categories: {model} ({trained}), trained on {_title(split)}, "
         f"{test_set}", path)
     written.append(path)
     with_depth = [r for r in runs if r["by_complexity"]]
@@ -576,6 +626,11 @@ def write_report(report: dict[str, Any], out_dir: str | pathlib.Path) -> dict[st
                          "the en column is the English model's own test result)",
   }
   md = ["# MCWQ reproduction report", ""]
+  if report.get("eval_split", "test") != "test":
+    md += [
+        f"Scores of the `{report['eval_split']}` predictions (the `dev` part), not the test "
+        "part.", ""
+    ]
   for name, (header, rows) in all_tables.items():
     write_csv(out_dir / f"{name}.csv", header, rows)
     if name.startswith("table4") or name.startswith("table5"):
@@ -617,13 +672,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       help="MCWQ directory for official/ fallbacks and the full release's "
       "recursionDepth (default: parent of --targets_dir)")
   parser.add_argument("--out", default="mcwq_report", help="output directory")
+  parser.add_argument(
+      "--split",
+      default="test",
+      choices=tuple(EVAL_SPLITS),
+      help="which predictions to score: test (default) or validation (`mcwq_t5x.train`/`eval` "
+      "output, scored against the dev part; for a release without a test part)")
   args = parser.parse_args(argv)
   targets_dir = args.targets_dir
   if targets_dir is None:
     from mcwq_t5x import paths  # pylint: disable=g-import-not-at-top
     targets_dir = paths.data_dir() / "translations"
   try:
-    report = build(args.results_dir, targets_dir, args.data_dir)
+    report = build(args.results_dir, targets_dir, args.data_dir, args.split)
   except (FileNotFoundError, evaluate_lib.InputError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

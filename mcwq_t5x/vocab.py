@@ -31,7 +31,7 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import seqio
 
@@ -91,9 +91,10 @@ def corpus_files(
   """
   files = set()
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
-  for split in readers.SPLITS:
+  contents = readers.discover(root)
+  for split in contents.splits:
     for part in parts:
-      for language in readers.LANGUAGES:
+      for language in contents.languages_of(split):
         try:
           _, fs = readers.split_files(split, part, language, root)
         except readers.DataNotFoundError:
@@ -108,7 +109,7 @@ def training_corpus(data_dir: Optional[PathLike] = None,
                     parts: Sequence[str] = ("train", "dev")) -> list[str]:
   """Training sentences: questions of all languages, then RIR queries, deduplicated in order.
 
-  Order: split (SPLITS order), part, language (LANGUAGES order), file order.
+  Order: split, part, language (`readers.iter_all`: the published ones first), file order.
 
   Raises:
     DataNotFoundError: no training text is available.
@@ -150,7 +151,8 @@ def train_sentencepiece(
     corpus.write_text("".join(s.replace("\n", " ") + "\n" for s in sentences), encoding="utf-8")
     prefix = pathlib.Path(tmp) / "spm"
     spm.set_random_generator_seed(config.seed)
-    spm.SentencePieceTrainer.train(
+    _train_or_explain(
+        spm,
         input=str(corpus),
         model_prefix=str(prefix),
         vocab_size=config.vocab_size,
@@ -168,7 +170,8 @@ def train_sentencepiece(
         num_threads=1,
         input_sentence_size=0,
         shuffle_input_sentence=False,
-        minloglevel=2)
+        minloglevel=2,
+        vocab_size_name=f"{config.vocab_size:,} pieces ({len(sentences):,} sentences)")
     # The trainer records the (random) temporary paths in the model; blank them so the
     # same input gives the same bytes.
     proto = sentencepiece_model_pb2.ModelProto.FromString(
@@ -179,6 +182,21 @@ def train_sentencepiece(
     os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
     os.replace(f"{prefix}.model", model_path)  # last: the .model's presence means "done"
   return model_path
+
+
+def _train_or_explain(spm: Any, vocab_size_name: str, **kwargs: Any) -> None:
+  """`spm.SentencePieceTrainer.train(**kwargs)`; a corpus too small for the vocabulary size (a
+  small release, e.g. the migrated CFQ sample) raises ValueError saying what to do."""
+  try:
+    spm.SentencePieceTrainer.train(**kwargs)
+  except RuntimeError as e:
+    if "Vocabulary size too high" not in str(e):
+      raise
+    raise ValueError(
+        f"the small offline vocabulary ({vocab_size_name}) cannot be trained on the text of "
+        f"{paths.data_dir(must_exist=False)}: {e}. Point ${VOCAB_ENV} at a vocabulary trained on "
+        f"more text, e.g. `python scripts/train_vocab.py --data-dir ../shared/mcwq --output "
+        f"runs/mcwq_spm.model` then `export {VOCAB_ENV}=runs/mcwq_spm.model`") from None
 
 
 def small_vocab_path(data_dir: Optional[PathLike] = None,

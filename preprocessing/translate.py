@@ -6,6 +6,9 @@ Backends (one interface, `Backend.translate(texts, target, source) -> list[str]`
   (`{"source": …, "target": …, "lang": …}`; `lang` optional) — e.g. human or earlier MT output.
 * `HFBackend`: a local Hugging Face seq2seq model given by path (Marian, NLLB, M2M100); NLLB and
   M2M get the target language as forced BOS token (codes in `NLLB_CODES` or given as is).
+* `KeepPlaceholdersBackend` (`--keep-placeholders`): wraps any backend; translates the text
+  between the placeholders M0…M9 piece by piece and puts the placeholders back, so that a model
+  which does not copy them (a small or random-weight one) still gives usable questions.
 * `GoogleBackend`: Google Cloud Translation, REST API v2 (`POST …/language/translate/v2`,
   form fields q (repeated), target, source, format=text, key) through `requests`, with batching,
   a minimum interval between requests, and retries with exponential backoff on 429/5xx
@@ -35,6 +38,7 @@ whose questions are all translated):
   python -m preprocessing.translate --release OUT --lang he kn zh --backend google --api-key KEY
   python -m preprocessing.translate --release OUT --lang he --backend hf --model /path/to/opus-mt-en-he
   python -m preprocessing.translate --release OUT --lang he --backend file --file he.tsv
+  python -m preprocessing.translate --release OUT --lang fr --backend hf --model DIR --keep-placeholders
 Exit status: 0 when the release is complete for every language asked for, 3 when some text has no
 usable translation (the rest is written; rerun to fill the gaps), 2 on bad input (a malformed
 translation file or release, naming file and line).
@@ -66,6 +70,7 @@ _log = logging.getLogger(__name__)
 GOOGLE_URL = "https://translation.googleapis.com/language/translate/v2"
 LANG_RE = re.compile(r"^[a-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
 PLACEHOLDER_RE = re.compile(r"M[0-9]")
+_PLACEHOLDER_SPLIT_RE = re.compile(r"(M[0-9])")
 #: ISO 639-1 -> NLLB-200 language codes for the MCWQ languages (others: pass the NLLB code).
 NLLB_CODES = {"en": "eng_Latn", "he": "heb_Hebr", "kn": "kan_Knda", "zh": "zho_Hans"}
 
@@ -310,6 +315,64 @@ class GoogleBackend(Backend):
     out: list[str] = []
     for i in range(0, len(texts), self.batch_size):
       out.extend(self._post(list(texts[i:i + self.batch_size]), target, source))
+    return out
+
+
+class KeepPlaceholdersBackend(Backend):
+  """Wraps a backend so that the placeholders M0…M9 survive by construction.
+
+  Each text is cut at its placeholders; the pieces between them that hold a letter or digit are
+  translated by `inner` (each distinct piece once), and the placeholders are put back between the
+  translated pieces in the source's order (pieces without one, such as the "?" `Translator`
+  appends, are kept as they are). The sentence's word order around the placeholders stays the
+  source's, so fluency suffers: this is for models that do not copy placeholders (small models,
+  or the random-weight model of the README's worked example), where the alternative is a release
+  in which most questions are "placeholders" problems. A piece's translation that itself holds a
+  placeholder is kept, so `Translator`'s placeholder check still reports it.
+
+  Args:
+    inner: the backend that translates the pieces.
+  """
+
+  def __init__(self, inner: Backend):
+    self.inner = inner
+    self.name = f"{inner.name}+keep-placeholders"  # its own cache entries
+    self.cacheable = inner.cacheable
+
+  @staticmethod
+  def pieces(text: str) -> list[str]:
+    """`"Did M0 marry M1?"` -> `["Did ", "M0", " marry ", "M1", "?"]` (placeholders at odd
+    positions)."""
+    return _PLACEHOLDER_SPLIT_RE.split(text)
+
+  @staticmethod
+  def _needs_translation(piece: str) -> bool:
+    return any(c.isalnum() for c in piece)
+
+  def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str | None]:
+    split = [self.pieces(t) for t in texts]
+    todo = list(
+        dict.fromkeys(
+            p.strip() for pieces in split for p in pieces[0::2] if self._needs_translation(p)))
+    got = self.inner.translate(todo, target, source) if todo else []
+    if len(got) != len(todo):
+      raise TranslationError(f"{self.inner.name}: {len(got)} translations for {len(todo)} texts")
+    table = dict(zip(todo, got))
+    out: list[str | None] = []
+    for pieces in split:
+      parts: list[str] = []
+      for i, piece in enumerate(pieces):
+        if i % 2 == 1 or not self._needs_translation(piece):
+          parts.append(piece.strip())
+          continue
+        translation = table[piece.strip()]
+        if translation is None:
+          break
+        parts.append(translation.strip())
+      else:
+        out.append(" ".join(" ".join(parts).split()).replace(" ?", "?"))
+        continue
+      out.append(None)
     return out
 
 
@@ -625,6 +688,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--backend", choices=("file", "hf", "google"), required=True)
   ap.add_argument("--file", help="file backend: TSV or JSONL of translations")
   ap.add_argument("--model", help="hf backend: model folder")
+  ap.add_argument("--max-new-tokens", type=int, default=128, help="hf backend: generation limit")
+  ap.add_argument("--num-beams", type=int, default=4, help="hf backend: beam size")
+  ap.add_argument(
+      "--keep-placeholders",
+      action="store_true",
+      help="translate the text between the placeholders M0..M9 piece by piece and put the "
+      "placeholders back in the source's order (for models that do not copy them; less fluent)")
   ap.add_argument(
       "--api-key",
       default=os.environ.get("GOOGLE_TRANSLATE_API_KEY"),
@@ -658,11 +728,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   elif args.backend == "hf":
     if not args.model:
       ap.error("--backend hf needs --model")
-    backend = HFBackend(args.model, batch_size=args.batch_size)
+    backend = HFBackend(
+        args.model,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        num_beams=args.num_beams)
   else:
     if not args.api_key:
       ap.error("--backend google needs --api-key or $GOOGLE_TRANSLATE_API_KEY")
     backend = GoogleBackend(args.api_key, url=args.url, min_interval_s=args.rate)
+  if args.keep_placeholders:
+    backend = KeepPlaceholdersBackend(backend)
   cache = args.cache or os.path.join(args.release, "cache", "translations.jsonl")
   tr = Translator(backend, cache, batch_size=args.batch_size)
   try:

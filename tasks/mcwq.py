@@ -21,12 +21,20 @@ Registered names:
 * mixture `mcwq_{split}_multilingual`: the four `mcwq_{split}_{lang}` tasks, equal rates
   (the four languages are parallel, hence of equal size).
 
+Splits and languages: the published ones above always, plus those the data directory holds
+(`readers.discover`: a directory listing, no file is read), with the same names and metrics. A
+release written by `preprocessing.migrate` + `preprocessing.translate --lang fr` gets
+`mcwq_cfq_sample_en`, `mcwq_cfq_sample_fr`, `mcwq_cfq_sample_zeroshot_fr` and the mixture
+`mcwq_cfq_sample_multilingual` of the languages that split has files in (en, fr); a new language
+of a published split gets `mcwq_{split}_{lang}` and `mcwq_{split}_zeroshot_{lang}`.
+
 Each example also carries `question`, `sparql`, `rir` (strings) and `recursionDepth` (int32,
 -1 when unknown) for evaluation by complexity.
 """
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Mapping, Optional, Sequence
 
 import seqio
@@ -173,10 +181,12 @@ def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
     vocabulary: input and target vocabulary; default `mcwq_t5x.vocab.get_vocabulary()`
       (`$MCWQ_VOCAB`, else the small offline SentencePiece model, trained on first use).
     suffix: appended to every task/mixture name, to register variants side by side.
-    data_dir: MCWQ directory; default (None) resolves `paths.data_dir()` when read.
+    data_dir: MCWQ directory; default (None) resolves `paths.data_dir()` when read. Its
+      splits and languages are listed now (`readers.discover`), on top of the published ones.
 
   Returns:
-    The registered task and mixture names.
+    The registered task and mixture names. A split's multilingual mixture holds the languages
+    that split has files in (`readers.Contents.languages_of`), else the published four.
   """
   vocabulary = vocabulary if vocabulary is not None else vocab_lib.get_vocabulary()
   output_features = {
@@ -184,28 +194,36 @@ def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
       "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
   }
   data_dir = None if data_dir is None else str(data_dir)
+  contents = readers.discover(data_dir)
+  for path, reason in contents.ignored:
+    logging.warning("tasks.mcwq: no tasks for %s: %s", path, reason)
   names = []
   all_splits = ("train", "validation", "test")
-  for split in SPLITS:
-    for language in LANGUAGES:
+  for split in contents.splits:
+    for language in contents.languages:
       name = task_name(split, language, suffix)
       _add_task(name, split, language, all_splits, output_features, prefix, data_dir)
       names.append(name)
-    for language in ZEROSHOT_LANGUAGES:
+    for language in zeroshot_languages(contents.languages):
       name = zeroshot_task_name(split, language, suffix)
       _add_task(name, split, language, ("validation", "test"), output_features, prefix, data_dir)
       names.append(name)
-  for language in GOLD_LANGUAGES:
+  for language in contents.gold_languages:
     name = task_name(readers.GOLD_SPLIT, language, suffix)
     _add_task(name, readers.GOLD_SPLIT, language, ("test",), output_features, prefix, data_dir)
     names.append(name)
-  for split in SPLITS:
+  for split in contents.splits:
     name = multilingual_mixture_name(split, suffix)
     _remove(seqio.MixtureRegistry, name)
     seqio.MixtureRegistry.add(
-        name, [task_name(split, l, suffix) for l in LANGUAGES], default_rate=1.0)
+        name, [task_name(split, l, suffix) for l in contents.languages_of(split)], default_rate=1.0)
     names.append(name)
   return names
+
+
+def zeroshot_languages(languages: Sequence[str]) -> tuple[str, ...]:
+  """The languages that get zero-shot tasks: every one but English (the training language)."""
+  return tuple(l for l in languages if l != "en")
 
 
 REGISTERED = register_mcwq_tasks()

@@ -243,6 +243,52 @@ def test_hf_backend_end_to_end_cli(tiny_marian, release, tmp_path):
   assert len((rel / "cache" / "translations.jsonl").read_text().splitlines()) == len(cache)
 
 
+def test_keep_placeholders_backend():
+  backend = tr.KeepPlaceholdersBackend(CountingBackend())
+  assert backend.name == "counting+keep-placeholders"
+  out = backend.translate(["Did M0 marry M1?", "Who did M1 star?", "M2"], "fr")
+  assert out == ["<fr> Did M0 <fr> marry M1?", "<fr> Who did M1 <fr> star?", "M2"]
+  # Each distinct piece is sent once; placeholders and punctuation are not sent.
+  assert backend.inner.sent == ["Did", "marry", "Who did", "star?"]
+  assert tr.KeepPlaceholdersBackend.pieces("Did M0 marry M1?") == [
+      "Did ", "M0", " marry ", "M1", "?"
+  ]
+
+
+def test_random_weight_model_script_with_keep_placeholders(release, tmp_path):
+  """scripts/make_tiny_translation_model.py (the README's worked example): a random Marian model
+  that never writes a placeholder; with --keep-placeholders the release is complete, every
+  question keeps its placeholders, and a rerun translates nothing again (the cache)."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  import shutil
+  sys.path.insert(0, str(REPO_ROOT / "scripts"))
+  try:
+    import make_tiny_translation_model  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  model = tmp_path / "mt"
+  assert make_tiny_translation_model.build(model, "fr") == 10672
+  rel = tmp_path / "rel"
+  shutil.copytree(release, rel)
+  args = [
+      "--release",
+      str(rel), "--lang", "fr", "--backend", "hf", "--model",
+      str(model), "--keep-placeholders", "--max-new-tokens", "6", "--num-beams", "1", "--quiet"
+  ]
+  assert tr.main(args) == 0
+  data = json.loads((rel / "dataset.json").read_text())
+  for r in data:
+    fr = r["questionPatternModEntities_fr"]
+    assert tr.placeholders(fr) == tr.placeholders(r["questionPatternModEntities"])
+    assert [m for m in tr.PLACEHOLDER_RE.findall(fr)
+           ] == tr.PLACEHOLDER_RE.findall(r["questionPatternModEntities"])  # source order
+  assert (rel / "official" / "cfq_sample" / "train.fr.txt").is_file()
+  cache = (rel / "cache" / "translations.jsonl").read_text()
+  assert tr.main(args) == 0
+  assert (rel / "cache" / "translations.jsonl").read_text() == cache
+
+
 # ---------------------------------------------------------------- Google REST v2 against a local server
 
 

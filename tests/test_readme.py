@@ -3,6 +3,7 @@ in README order (later commands read what earlier ones wrote), with small overri
 size: fewer steps, a tiny network, the small offline vocabulary instead of the mT5 one and no
 pretrained checkpoint (neither can be downloaded here). The test command itself is what CI runs
 (`.ci/run` runs it verbatim), so it is checked against `.ci/run`, not run again."""
+import json
 import re
 import shlex
 import shutil
@@ -38,6 +39,13 @@ OUR_TRAIN = [
 ]
 # (command prefix, appended --gin.* overrides, other appended arguments)
 OVERRIDES = [
+    # The worked example of a new language: 4 steps of the small shape; every dev question is
+    # decoded (the report checks predictions against all 220), with a short decode length.
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256"], []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin --gin_file=gin/mcwq_t5x/runs/"
+     "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
+     OUR_SIZE + ["BATCH_SIZE=256"], []),
     ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
      OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=512"], []),
     ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
@@ -79,7 +87,8 @@ OVERRIDES = [
 OUTPUTS = [
     "runs/tiny_random_split_en", "runs/tiny_2proc", "runs/t5x/tiny_random_split_en",
     "runs/t5x/mt5_small_mcd1_en", "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report",
-    "runs/he.json", "runs/mcwq_sample", "runs/complexity.png"
+    "runs/he.json", "runs/mcwq_sample", "runs/complexity.png", "runs/tiny_mt_en_fr",
+    "runs/mcwq_spm.model", "runs/mcwq_spm.vocab", "runs/newlang"
 ]
 
 
@@ -151,8 +160,12 @@ def test_readme_command(index, workspace):
     pytest.skip("the README's test command is what CI runs (see test_readme_commands_are_covered)")
   env = {}
   for _, earlier in COMMANDS[:index + 1]:  # `export` lines of the README apply to what follows
-    if earlier.startswith("export MCWQ_VOCAB="):
-      env["MCWQ_VOCAB"] = workspace["MCWQ_VOCAB"]  # the small vocabulary stands in for mT5's
+    if earlier.startswith("export "):
+      for assignment in shlex.split(earlier)[1:]:
+        name, value = assignment.split("=", 1)
+        if name == "MCWQ_VOCAB" and value.startswith("gs://"):
+          value = workspace["MCWQ_VOCAB"]  # the small vocabulary stands in for mT5's
+        env[name] = value
   if command.startswith("export "):
     return
   out = mains.run(
@@ -172,4 +185,9 @@ def test_readme_command(index, workspace):
     assert (REPO / "runs/tiny_2proc/predictions/mcwq_gold_he_test.txt").is_file()
   if command.startswith("echo"):
     assert len(out.stdout.splitlines()) == 1
+  if "preprocessing.translate" in command:
+    assert json.loads(out.stdout)["complete"] is True
+  if "mcwq_t5x.report runs/newlang" in command:
+    assert "| model | split | en | he | kn | zh | fr |" in out.stdout
+    assert "| tiny_fr | cfq_sample |" in out.stdout and "| tiny_en | cfq_sample |" in out.stdout
   del heading

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Writes a tiny Hugging Face translation model with RANDOM weights, offline, for trying the
+translation pipeline (`python -m preprocessing.translate --backend hf`) without a download.
+
+The model is a Marian encoder-decoder (1+1 layers of width 16, `transformers.MarianMTModel`)
+initialised from a fixed seed, with a word-level SentencePiece tokenizer trained here on a few
+dozen words of the target language. It has never been trained to translate: its output is a
+deterministic string of target-language words unrelated to the input. That is enough to run the
+mechanics end to end (translate a release, register its tasks, train and evaluate on them), not
+to say anything about translation quality. Its vocabulary has no digits and no capital M, so its
+output can never hold a placeholder M0..M9: use it with `--keep-placeholders`.
+
+Usage:
+  python scripts/make_tiny_translation_model.py --out runs/tiny_mt_en_fr
+  python -m preprocessing.translate --release DIR --lang fr --backend hf --model runs/tiny_mt_en_fr --keep-placeholders
+
+Needs `torch`, `transformers` and `sentencepiece` (the test extra). Writes `save_pretrained`
+folders: config.json, model.safetensors, generation_config.json, source.spm, target.spm,
+vocab.json, tokenizer_config.json; prints the folder and the parameter count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+from typing import Optional, Sequence
+
+#: Target-language words the tokenizer knows (French; lower case, no digits, no "m" + digit).
+WORDS = {
+    "fr": ("qui quel quelle quels film films a est était été réalisé réalisateur produit "
+           "producteur écrit scénariste monté monteur joué acteur actrice personnage épouse "
+           "épousé frère sœur parent enfant employé fondé entreprise pays nationalité "
+           "français américain espagnol britannique directeur de la le les un une et ou par "
+           "avec pour dans sur son sa ses ce cette fut influencé distribué suivi"),
+}
+
+
+def build(out: pathlib.Path, language: str = "fr", seed: int = 0) -> int:
+  """Writes the tokenizer and the random-weight model to `out`.
+
+  Args:
+    out: the model folder (created; files in it are overwritten).
+    language: the target language (its word list in `WORDS`).
+    seed: torch seed of the random initialisation (same seed, same weights and outputs).
+
+  Returns:
+    The number of model parameters.
+
+  Raises:
+    ValueError: no word list for `language`.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  if language not in WORDS:
+    raise ValueError(f"no word list for language {language!r}; known: {sorted(WORDS)}")
+  out.mkdir(parents=True, exist_ok=True)
+  words = WORDS[language].split()
+  with tempfile.TemporaryDirectory() as tmp:
+    corpus = pathlib.Path(tmp) / "corpus.txt"
+    # Every word once per line in turn, so that each is a piece of the word-level model.
+    corpus.write_text(
+        "\n".join(" ".join(words[i:] + words[:i]) for i in range(len(words))) + "\n",
+        encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(pathlib.Path(tmp) / "sp"),
+        model_type="word",
+        vocab_size=len(words) + 3,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
+        pad_id=-1,
+        bos_id=-1,
+        eos_id=1,
+        unk_id=0,
+        minloglevel=2)
+    model_bytes = (pathlib.Path(tmp) / "sp.model").read_bytes()
+  for name in ("source.spm", "target.spm"):
+    (out / name).write_bytes(model_bytes)
+  sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+  vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+  vocab["<pad>"] = len(vocab)
+  (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+  tokenizer = transformers.MarianTokenizer(
+      str(out / "source.spm"),
+      str(out / "target.spm"),
+      str(out / "vocab.json"),
+      target_lang=language,
+      source_lang="en",
+      unk_token="<unk>",
+      eos_token="</s>",
+      pad_token="<pad>")
+  config = transformers.MarianConfig(
+      vocab_size=len(vocab),
+      d_model=16,
+      encoder_layers=1,
+      decoder_layers=1,
+      encoder_attention_heads=2,
+      decoder_attention_heads=2,
+      encoder_ffn_dim=32,
+      decoder_ffn_dim=32,
+      max_position_embeddings=128,
+      pad_token_id=vocab["<pad>"],
+      eos_token_id=vocab["</s>"],
+      decoder_start_token_id=vocab["<pad>"])
+  torch.manual_seed(seed)
+  model = transformers.MarianMTModel(config).eval()
+  model.save_pretrained(out)
+  tokenizer.save_pretrained(out)
+  return sum(p.numel() for p in model.parameters())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Command line (module docstring); returns the exit status."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--out", type=pathlib.Path, required=True, help="model folder to write")
+  parser.add_argument("--lang", default="fr", choices=sorted(WORDS), help="target language")
+  parser.add_argument("--seed", type=int, default=0, help="torch seed of the random weights")
+  args = parser.parse_args(argv)
+  n = build(args.out, args.lang, args.seed)
+  print(f"wrote a random-weight Marian model (en -> {args.lang}, {n:,} parameters, seed "
+        f"{args.seed}; untrained: its output is unrelated to the input) to {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
