@@ -449,10 +449,6 @@ def score_predictions(targets: Sequence[Text],
   return result
 
 
-# Deprecated name, kept until its last caller (`mcwq_t5x/report.py`) uses `score_predictions`:
-# three things were called "evaluate" (`eval.evaluate`, the `evaluate` command line and this).
-evaluate = score_predictions
-
 # ----------------------------------------------------------------------------------------------
 # Test-intersection: the gold test set and its machine-translated counterpart (§4.3, Table 6).
 # ----------------------------------------------------------------------------------------------

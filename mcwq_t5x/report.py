@@ -333,7 +333,7 @@ def build(results_dir: str | pathlib.Path,
     preds = evaluate_lib.read_lines(pf.path, strict=False)
     evaluate_lib.check_same_length("predictions", pf.path, preds, "targets", gold_set.source,
                                    gold_set.targets)
-    result = metrics.evaluate(gold_set.targets, preds)
+    result = metrics.score_predictions(gold_set.targets, preds)
     by_complexity = None
     if gold_set.depths is not None:
       by_complexity = metrics.accuracy_by_complexity(gold_set.targets, preds, gold_set.depths)
@@ -379,7 +379,8 @@ def build(results_dir: str | pathlib.Path,
       entry["matched"] = len(lines)
       if lines:
         entry["mt"] = _scores(
-            metrics.evaluate([mcd_set.targets[j] for j in lines], [mt_preds[j] for j in lines]))
+            metrics.score_predictions([mcd_set.targets[j] for j in lines],
+                                      [mt_preds[j] for j in lines]))
     intersection.append(entry)
   return {
       "runs": runs,

@@ -41,7 +41,8 @@ OUR_TRAIN = [
 OVERRIDES = [
     # The worked example of a new language: 4 steps of the small shape; every dev question is
     # decoded (the report checks predictions against all 220), with a short decode length.
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_",
      OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256"], []),
     ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin --gin_file=gin/mcwq_t5x/runs/"
      "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
@@ -53,8 +54,8 @@ OVERRIDES = [
         "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
     ], []),
     # The 2-process run on 127.0.0.1 (each process gets the overrides; see `with_overrides`).
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
-     OUR_SIZE + OUR_TRAIN + [
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MODEL_DIR=\"'runs/tiny_2proc'\"", OUR_SIZE + OUR_TRAIN + [
          "MIXTURE_OR_TASK_NAME='mcwq_gold_he'", "TRAIN_SPLIT='test'", "EVAL_SPLIT='test'",
          "FINAL_EVAL_SPLIT='test'", "FINAL_EVAL_NUM_EXAMPLES=8"
      ], []),
