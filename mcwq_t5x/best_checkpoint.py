@@ -142,3 +142,32 @@ def checkpoint_path(path: str,
                  "lowest" if metric_mode == "min" else "highest", metric_name_to_monitor,
                  read_metric(directory, metric_name_to_monitor)[step])
   return str(checkpoints_lib.checkpoint_dir(directory, step))
+
+
+def t5x_save_best_checkpointer(metric_name_to_monitor: str,
+                               metric_mode: str = "min",
+                               keep_checkpoints_without_metrics: bool = True):
+  """T5X's `checkpoints.SaveBestCheckpointer` with its best-keeping settings, as a partial.
+
+  For the real T5X's `utils.SaveCheckpointConfig.checkpointer_cls`: T5X's Orbax checkpoint manager
+  (`utils.create_checkpoint_manager_cls`, the default since T5X adopted Orbax) reads
+  `metric_name_to_monitor`, `metric_mode` and `keep_checkpoints_without_metrics` only from a
+  `functools.partial` of `SaveBestCheckpointer` (a bare class reference passes none of them, and
+  only the most recent checkpoints are kept). Imports T5X.
+
+  Args:
+    metric_name_to_monitor: T5X's `{run}/{tag}` name, e.g.
+      "training_eval/mcwq_mcd1_en_prefixed/loss" (the dev loss).
+    metric_mode: "min" or "max".
+    keep_checkpoints_without_metrics: keep checkpoints whose metric is not (yet) logged.
+
+  Returns:
+    `functools.partial(t5x.checkpoints.SaveBestCheckpointer, ...)`.
+  """
+  import functools  # pylint: disable=g-import-not-at-top
+  from t5x import checkpoints as t5x_checkpoints  # pylint: disable=g-import-not-at-top
+  return functools.partial(
+      t5x_checkpoints.SaveBestCheckpointer,
+      metric_name_to_monitor=metric_name_to_monitor,
+      metric_mode=metric_mode,
+      keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)

@@ -110,8 +110,8 @@ T5X_FINETUNE = """\
 from __gin__ import dynamic_registration
 
 import optax
+from mcwq_t5x import best_checkpoint
 from mcwq_t5x import vocab
-from t5x import checkpoints
 from t5x import models
 from t5x import optimizers
 from t5x import trainer
@@ -164,7 +164,8 @@ from_pretrained/utils.RestoreCheckpointConfig:
   fallback_to_scratch = True
 
 # Dev loss every EVAL_PERIOD steps over the whole dev set; keep the checkpoint with the lowest
-# (T5X SaveBestCheckpointer settings, read by its Orbax manager) plus the newest.
+# plus the newest: T5X's SaveBestCheckpointer settings, which its Orbax manager reads from a
+# functools.partial of the class (mcwq_t5x.best_checkpoint.t5x_save_best_checkpointer).
 EVAL_PERIOD = {eval_period}
 EVAL_STEPS = {eval_steps}  # ceil({dev_rows} dev rows / BATCH_SIZE)
 METRIC_NAME_TO_MONITOR = 'training_eval/{task}/loss'
@@ -172,8 +173,8 @@ METRIC_MODE = 'min'
 utils.SaveCheckpointConfig:
   period = {checkpoint_period}
   keep = {keep_best}
-  checkpointer_cls = @checkpoints.SaveBestCheckpointer
-checkpoints.SaveBestCheckpointer:
+  checkpointer_cls = @best_checkpoint.t5x_save_best_checkpointer()
+best_checkpoint.t5x_save_best_checkpointer:
   metric_name_to_monitor = %METRIC_NAME_TO_MONITOR
   metric_mode = %METRIC_MODE
   keep_checkpoints_without_metrics = True
