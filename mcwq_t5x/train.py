@@ -219,8 +219,12 @@ def train(*,
   example = batches.batch(0)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
-  if metric_name_to_monitor and not eval_period:
-    raise ValueError("metric_name_to_monitor needs evaluations (eval_period > 0)")
+  if metric_name_to_monitor and not (eval_period and train_eval_dataset_cfg is not None):
+    logging.warning(
+        "metric_name_to_monitor=%r needs evaluations (eval_period > 0 and a training-eval "
+        "split): keeping the most recent checkpoints and decoding the final parameters instead",
+        metric_name_to_monitor)
+    metric_name_to_monitor = None
   ckpt = checkpoints_lib.CheckpointManager(
       model_dir_p,
       save_interval_steps=checkpoint_period,

@@ -2,24 +2,31 @@
 """Writes the experiment gin files of both engines from one table.
 
 The MCWQ paper (Cui et al., TACL 2022, Sec. 5) fine-tunes mT5-small and mT5-base on each split
-(mcd1, mcd2, mcd3, random_split) and language (en, he, kn, zh): 50K steps from the public mT5
-checkpoint, learning rate 5e-4 (3e-5 tried), batch 24 (small) / 12 (base), dropout 0.1. The
-English-trained models are also evaluated zero-shot on he/kn/zh (Sec. 5.3), and every model on
-the human-translated gold test set (Sec. 4.3).
+(mcd1, mcd2, mcd3, random_split) and language (en, he, kn, zh), and T5-base (`t5-v1_1-base`) on
+English, with the recipe of the authors' Hugging Face scripts (coastalcph/seq2sparql hf/run_mt5.sh,
+hf/run_t5.sh; `RECIPE` below, the README's recipe card): AdamW, gradient norm clipped at 1.0,
+learning rate 5e-4 decaying linearly to 0 over 50K steps, batch 24 / 12 / 36, inputs
+`translate {Language} to Sparql: ` + question (the `_prefixed` tasks), dev loss every 500 steps and
+the checkpoint with the lowest one decoded greedily, seed 16 (T5-base: 8, and 16 as a second seed).
+The English-trained mT5 models are also evaluated zero-shot on he/kn/zh (Sec. 5.3, with the test
+language's prefix), and every mT5 model on the human-translated gold test set (Sec. 4.3).
 
 For each of these the script writes two files, one per engine, from the same row of `MODELS`
-and the same settings (`EXPERIMENT`):
+and the same settings (`RECIPE`):
 
 * the real T5X (`python -m t5x.train` / `t5x.eval` / `t5x.infer`): `gin/<model>_<split>_<lang>.gin`,
-  `gin/zeroshot/...`, `gin/gold/...`, `gin/infer/<model>.gin`; they include T5X's own model and run
-  files (`t5x/examples/t5/mt5/<size>.gin`, `t5x/configs/runs/{finetune,eval,infer}.gin`);
+  `gin/test/...`, `gin/zeroshot/...`, `gin/gold/...`, `gin/infer/<model>.gin`; they include T5X's
+  own model and run files (`t5x/examples/t5/{mt5,t5_1_1}/<size>.gin`,
+  `t5x/configs/runs/{finetune,eval,infer}.gin`);
 * our engine (`python -m mcwq_t5x.train` / `.eval` / `.infer`): the same names under
-  `gin/mcwq_t5x/`, plus our model files `gin/mcwq_t5x/models/<model>.gin`.
+  `gin/mcwq_t5x/`, plus our model files `gin/mcwq_t5x/models/<model>.gin`;
+* the T5X-habit alternative (Adafactor, constant rate) for each engine, added after an experiment
+  file: `gin/recipes/t5x_adafactor.gin`, `gin/mcwq_t5x/recipes/t5x_adafactor.gin`.
 
-Both sets read the vocabulary with `vocab.mt5_vocabulary()` (`$MCWQ_VOCAB`, the variable the SeqIO
-tasks read too) and the tasks from `MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`. T5X counts
-`TRAIN_STEPS` from 0, so its files train to 1,000,000 (the checkpoint's pre-training steps) +
-50,000.
+Both sets read the vocabulary with `vocab.mt5_vocabulary()` / `vocab.t5_vocabulary()` (`$MCWQ_VOCAB`,
+the variable the SeqIO tasks read too) and the tasks from `MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`.
+T5X counts `TRAIN_STEPS` from 0, so its files train to 1,000,000 (the checkpoint's pre-training
+steps) + 50,000.
 
 Usage:
   python scripts/make_gin_configs.py            # (re)write the files under gin/
@@ -112,6 +119,7 @@ from __gin__ import dynamic_registration
 import optax
 from mcwq_t5x import best_checkpoint
 from mcwq_t5x import vocab
+from t5x import decoding
 from t5x import models
 from t5x import optimizers
 from t5x import trainer
@@ -181,6 +189,7 @@ best_checkpoint.t5x_save_best_checkpointer:
 
 # Greedy decoding (one beam), up to TASK_FEATURE_LENGTHS['targets'] tokens.
 NUM_DECODES = {num_decodes}
+models.EncoderDecoderModel.decode_fn = @decoding.beam_search
 models.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
 models.DecoderParams.num_decodes = %NUM_DECODES
 """
@@ -247,6 +256,7 @@ from __gin__ import dynamic_registration
 
 from mcwq_t5x import best_checkpoint
 from mcwq_t5x import vocab
+from t5x import decoding
 from t5x import models
 from t5x import utils
 
@@ -272,6 +282,7 @@ best_checkpoint.checkpoint_path:
   metric_mode = %METRIC_MODE
 utils.DatasetConfig.split = 'test'
 NUM_DECODES = {num_decodes}
+models.EncoderDecoderModel.decode_fn = @decoding.beam_search
 models.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
 models.DecoderParams.num_decodes = %NUM_DECODES
 """

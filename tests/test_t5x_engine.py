@@ -94,7 +94,7 @@ def test_t5x_eval_zero_shot_file_on_the_checkpoint(trained_en, tmp_path, small_v
       "--gin.utils.DatasetConfig.batch_size=16",
       "--gin.seqio.Evaluator.num_examples=16",
       env=small_vocab_env)
-  metrics = _inference_metrics(tmp_path, "mcwq_mcd1_zeroshot_he")
+  metrics = _inference_metrics(tmp_path, "mcwq_mcd1_zeroshot_he_prefixed")
   assert metrics["step"] == 20 and {"exact_match", "bleu"} <= set(metrics)
 
 
@@ -148,7 +148,7 @@ def t5x_gold_predictions(checkpoint_dir, out_dir, env):
       "--gin.utils.DatasetConfig.batch_size=16",
       f"--gin.seqio.Evaluator.num_examples={NUM}",
       env=env)
-  jsonl = sorted((out_dir / "inference_eval").glob("mcwq_gold_he-0*.jsonl"))[-1]
+  jsonl = sorted((out_dir / "inference_eval").glob("mcwq_gold_he_prefixed-0*.jsonl"))[-1]
   return [json.loads(l)["prediction"] for l in jsonl.read_text().splitlines()]
 
 
@@ -161,7 +161,7 @@ def our_gold_predictions(checkpoint_dir, out_dir, env):
           f"NUM_EXAMPLES = {NUM}", "BATCH_SIZE = 16"
       ]),
       env=env)
-  return (out_dir / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()
+  return (out_dir / "predictions/mcwq_gold_he_prefixed_test.txt").read_text().splitlines()
 
 
 def test_t5x_checkpoint_decoded_by_our_eval_as_by_t5x_eval(trained_en, tmp_path, small_vocab_env):
