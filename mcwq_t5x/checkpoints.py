@@ -416,26 +416,96 @@ class CheckpointManager:
     directory: MODEL_DIR itself (checkpoints are `MODEL_DIR/checkpoint_<step>/`, as T5X).
     save_interval_steps: save only on steps that are multiples of this (forced saves always happen;
       the first save of a manager always happens, Orbax's rule).
-    max_to_keep: number of most recent checkpoints to keep (None = all).
+    max_to_keep: number of most recent checkpoints to keep (None = all); with
+      `metric_name_to_monitor`, the number of BEST checkpoints kept, plus always the newest one
+      (T5X `SaveBestCheckpointer` semantics: "the latest checkpoint plus `keep` best").
     async_save: write in a background thread (call `wait()`/`close()` before exiting).
+    metric_name_to_monitor: keep checkpoints by this metric (T5X `SaveBestCheckpointer` name),
+      given to `save(..., metrics={name: value})` and stored in the checkpoint's `data/` item (so a
+      resumed run knows the values); None = keep the most recent.
+    metric_mode: "min" (e.g. the dev loss) or "max".
+
+  Raises:
+    ValueError: `metric_mode` is not "min" or "max".
   """
 
   def __init__(self,
                directory: str | pathlib.Path,
                save_interval_steps: int = 1000,
                max_to_keep: Optional[int] = 3,
-               async_save: bool = True):
+               async_save: bool = True,
+               metric_name_to_monitor: Optional[str] = None,
+               metric_mode: str = "min"):
+    if metric_mode not in ("min", "max"):
+      raise ValueError(f"metric_mode must be 'min' or 'max', got {metric_mode!r}")
     self.directory = pathlib.Path(directory).absolute()
     self._async = bool(async_save)
+    self.metric_name_to_monitor = metric_name_to_monitor
+    self.metric_mode = metric_mode
+    self._keep = max_to_keep
+    self._metrics: dict[int, float] = {}
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(int(save_interval_steps), 1),
-        max_to_keep=max_to_keep,
+        max_to_keep=None if metric_name_to_monitor else max_to_keep,
         step_prefix=CHECKPOINT_PREFIX,
         create=True,
         cleanup_tmp_directories=True,
         enable_async_checkpointing=self._async,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    if metric_name_to_monitor:
+      for step in self.all_steps():
+        value = self._read_data(step).get("metrics", {}).get(metric_name_to_monitor)
+        if value is not None:
+          self._metrics[step] = float(value)
+
+  def _read_data(self, step: int) -> dict[str, Any]:
+    folder = checkpoint_dir(self.directory, step)
+    if not (folder / DATA_ITEM).is_dir():
+      return {}
+    try:
+      data = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
+          folder / DATA_ITEM, args=ocp.args.JsonRestore())
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("%s: cannot read %s (%s)", folder, DATA_ITEM, e)
+      return {}
+    return dict(data or {})
+
+  def metric(self, step: int) -> Optional[float]:
+    """The `metric_name_to_monitor` value saved with checkpoint `step`, or None."""
+    return self._metrics.get(int(step))
+
+  def best_step(self) -> Optional[int]:
+    """The kept checkpoint with the best `metric_name_to_monitor` value (ties: the earlier), or
+    None (no metric monitored, or no kept checkpoint has a value)."""
+    if not self.metric_name_to_monitor:
+      return None
+    from mcwq_t5x import best_checkpoint  # pylint: disable=g-import-not-at-top  (imports this module)
+    kept = set(self.all_steps())
+    return best_checkpoint.best_of({
+        s: v for s, v in self._metrics.items() if s in kept
+    }, self.metric_mode)
+
+  def _remove_all_but_best(self) -> None:
+    """Deletes every finished checkpoint except the newest and the `max_to_keep` best."""
+    steps = self.all_steps()
+    if not steps or self._keep is None:
+      return
+    from mcwq_t5x import best_checkpoint  # pylint: disable=g-import-not-at-top
+    keep = {steps[-1]}
+    candidates = {s: v for s, v in self._metrics.items() if s in steps}
+    for _ in range(max(int(self._keep), 0)):
+      best = best_checkpoint.best_of(candidates, self.metric_mode)
+      if best is None:
+        break
+      keep.add(best)
+      candidates.pop(best)
+    for step in steps:
+      if step not in keep:
+        self._manager.delete(step)
+        logging.info("deleted checkpoint %s (kept: the newest and the %s best by %s: %s)",
+                     checkpoint_dir(self.directory, step), self._keep, self.metric_name_to_monitor,
+                     sorted(keep))
 
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (ours and T5X's), ascending."""
@@ -450,7 +520,8 @@ class CheckpointManager:
            step: int,
            state: Any,
            data_state: Optional[Mapping[str, Any]] = None,
-           force: bool = False) -> bool:
+           force: bool = False,
+           metrics: Optional[Mapping[str, float]] = None) -> bool:
     """Writes `checkpoint_<step>/` (see the module docstring for the tree).
 
     Args:
@@ -460,6 +531,9 @@ class CheckpointManager:
       data_state: JSON-able data position (e.g. {"data_seed": 0, "global_batch_size": 128});
         "step" is added when missing.
       force: save even when `step` is not on the interval.
+      metrics: the step's evaluation metrics (e.g. {"training_eval/loss": 0.3}); stored in the
+        `data/` item under "metrics"; `metric_name_to_monitor`'s value decides which checkpoints
+        are kept.
 
     Returns:
       True if a checkpoint was (started to be) written, False when skipped by the interval.
@@ -472,6 +546,8 @@ class CheckpointManager:
                       f"{type(state).__name__}")
     data = dict(data_state or {})
     data.setdefault("step", int(step))
+    if metrics:
+      data["metrics"] = {k: float(v) for k, v in metrics.items()}
     items = {
         STATE_ITEM:
             ocp.args.PyTreeSave({
@@ -491,6 +567,11 @@ class CheckpointManager:
     if saved:
       logging.info("checkpoint %s %s", checkpoint_dir(self.directory, step),
                    "being written" if self._async else "written")
+      if self.metric_name_to_monitor:
+        if metrics and self.metric_name_to_monitor in metrics:
+          self._metrics[int(step)] = float(metrics[self.metric_name_to_monitor])
+        self._manager.wait_until_finished()
+        self._remove_all_but_best()
     return bool(saved)
 
   def _check_optimizer(self, folder: pathlib.Path, abstract_state: Any) -> bool:

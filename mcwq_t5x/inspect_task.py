@@ -55,6 +55,19 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
   return out
 
 
+def input_prefix_of(task) -> Optional[str]:
+  """The text a task's preprocessors put before each question, or None when it cannot be told.
+
+  Reads the `prefix` keyword of the first preprocessor that has one (the MCWQ tasks'
+  `tasks.mcwq.to_inputs_and_targets`); mixtures and other tasks give None.
+  """
+  for p in getattr(task, "preprocessors", None) or ():
+    keywords = getattr(p, "keywords", None) or {}
+    if "prefix" in keywords:
+      return str(keywords["prefix"])
+  return None
+
+
 def inspect(name: str,
             split: str = "validation",
             num_examples: int = 5,
@@ -77,6 +90,11 @@ def inspect(name: str,
     DataNotFoundError: the split's data is missing.
   """
   task = get_task(name)
+  prefix = input_prefix_of(task)
+  if prefix is not None:
+    print(
+        f"input prefix: {prefix!r}" if prefix else "input prefix: none (the bare question)",
+        file=out)
   ds = task.get_dataset(sequence_length=None, split=split, shuffle=False)
   if max_examples:
     ds = ds.take(max_examples)

@@ -168,6 +168,15 @@ CONFIGS: dict[str, T5Config] = {
             num_decoder_layers=24,
             head_dim=64,
             mlp_dim=2816),
+    "t5_1_1_base":  # T5.1.1 base (`t5-v1_1-base`; T5X t5x/examples/t5/t5_1_1/base.gin).
+        T5Config(
+            vocab_size=32128,
+            emb_dim=768,
+            num_heads=12,
+            num_encoder_layers=12,
+            num_decoder_layers=12,
+            head_dim=64,
+            mlp_dim=2048),
     "t5_base":
         T5Config(
             vocab_size=32128,

@@ -27,7 +27,8 @@ What it does (all gin-configurable through `train`):
      `train_eval_dataset_cfg` split (logged as `training_eval/...`, every row of it when
      `eval_steps` is None) and a decoding-based evaluation through `seqio.Evaluator`
      (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.inference`);
-  5. at the end decodes the `final_eval_dataset_cfgs` splits and writes
+  5. at the end decodes the `final_eval_dataset_cfgs` splits (with METRIC_NAME_TO_MONITOR set: the
+     kept checkpoint with the best value of that metric, e.g. the lowest dev loss) and writes
      MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
      MODEL_DIR/metrics/<task>_<split>.json.
 
@@ -136,6 +137,8 @@ def train(*,
           initial_checkpoint_path: Optional[str] = None,
           resume_params_only: bool = False,
           random_seed: int = 0,
+          metric_name_to_monitor: Optional[str] = None,
+          metric_mode: str = "min",
           stop_after_steps: Optional[int] = None,
           run_note: Optional[str] = None) -> dict[str, Any]:
   """Trains, evaluates and checkpoints (see the module docstring). Gin names as in T5X.
@@ -167,12 +170,20 @@ def train(*,
       parameters and step but a fresh optimizer state (after changing OPTIMIZER; a full resume
       then stops with "the optimizer state differs").
     random_seed: parameter-init / dropout / data-order seed (the data seed defaults to it).
+    metric_name_to_monitor: keep the checkpoint(s) with the best value of this evaluation metric
+      (T5X `SaveBestCheckpointer.metric_name_to_monitor`; ours are the `eval_metrics.jsonl` keys,
+      e.g. "training_eval/loss", the dev loss) instead of the most recent ones: every evaluation
+      step is checkpointed with its metrics, `keep_checkpoints` best ones are kept plus the newest,
+      and the final evaluation decodes the best one (the paper's recipe: the lowest dev loss).
+      None = keep the last `keep_checkpoints` and decode the final parameters.
+    metric_mode: "min" (a loss) or "max".
     stop_after_steps: stop (after checkpointing) once this step is reached, without the final
       evaluation: a "killed" run for resume tests.
     run_note: a line logged at start (e.g. which split stands in for training data).
 
   Returns:
-    {"step", "final_eval": {task_split: metrics}, "train_metrics": last logged metrics, "wall_s"}.
+    {"step", "final_eval": {task_split: metrics}, "train_metrics": last logged metrics, "wall_s",
+     "decoded_step": the step whose parameters the final evaluation decoded}.
 
   Raises:
     ValueError: unknown task, vocabulary/model mismatch, bad batch size.
@@ -220,8 +231,18 @@ def train(*,
   example = batches.batch(0, local_rows)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
+  if metric_name_to_monitor and not (eval_period and train_eval_dataset_cfg is not None):
+    logging.warning(
+        "metric_name_to_monitor=%r needs evaluations (eval_period > 0 and a training-eval "
+        "split): keeping the most recent checkpoints and decoding the final parameters instead",
+        metric_name_to_monitor)
+    metric_name_to_monitor = None
   ckpt = checkpoints_lib.CheckpointManager(
-      model_dir_p, save_interval_steps=checkpoint_period, max_to_keep=keep_checkpoints)
+      model_dir_p,
+      save_interval_steps=checkpoint_period,
+      max_to_keep=keep_checkpoints,
+      metric_name_to_monitor=metric_name_to_monitor,
+      metric_mode=metric_mode)
   abstract_state = trainer.state_shapes(global_shapes, input_types)
   restored = ckpt.restore_latest(
       abstract_state, optimizer=trainer.optimizer, params_only=resume_params_only)
@@ -317,9 +338,18 @@ def train(*,
         last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
         _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
         sums = {}
-      ckpt.save(step, state, data_state(step), force=(step == stop_at))
-      if eval_period and step % eval_period == 0 and step < total_steps:
-        evaluate(step)
+      # Evaluate before saving, so that the checkpoint carries the step's metrics (best-keeping).
+      record = None
+      if eval_period and (step % eval_period == 0 or step == total_steps):
+        record = evaluate(step)
+      ckpt.save(
+          step,
+          state,
+          data_state(step),
+          force=(step == stop_at) or (bool(metric_name_to_monitor) and record is not None),
+          metrics=None if record is None else {
+              k: v for k, v in record.items() if k != "step"
+          })
   except trainer_lib.NonFiniteLossError as e:
     ckpt.wait()
     last = ckpt.latest_step()
@@ -344,11 +374,27 @@ def train(*,
     return result
 
   # --- final evaluation ---------------------------------------------------------------------
-  if eval_period:
-    evaluate(step)
+  decoded_step, decode_params, selection = step, state.params, {}
+  best = ckpt.best_step()
+  if best is not None:
+    best_value = ckpt.metric(best)
+    selection = {
+        "selected_by": metric_name_to_monitor,
+        "metric_mode": metric_mode,
+        metric_name_to_monitor: best_value
+    }
+    logging.info(
+        "final evaluation decodes checkpoint_%d: the %s %s (%.6g) of the kept checkpoints "
+        "%s", best, "lowest" if metric_mode == "min" else "highest", metric_name_to_monitor,
+        best_value, ckpt.all_steps())
+    if best != step:
+      decode_params = checkpoints_lib.restore_params(
+          checkpoints_lib.checkpoint_dir(ckpt.directory, best), abstract_state.params)
+      decoded_step = best
+  result["decoded_step"] = decoded_step
   for cfg in final_eval_dataset_cfgs:
     t = time.time()
-    metrics, predictions = inference.evaluate_split(cfg, infer_fn, state.params,
+    metrics, predictions = inference.evaluate_split(cfg, infer_fn, decode_params,
                                                     final_eval_num_examples)
     pred_path, met_path = inference.write_predictions(
         model_dir_p,
@@ -356,9 +402,10 @@ def train(*,
         predictions,
         metrics,
         extra={
-            "step": step,
-            "checkpoint": str(checkpoints_lib.checkpoint_dir(ckpt.directory, step)),
-            "decode_time_s": time.time() - t
+            "step": decoded_step,
+            "checkpoint": str(checkpoints_lib.checkpoint_dir(ckpt.directory, decoded_step)),
+            "decode_time_s": time.time() - t,
+            **selection
         })
     logging.info("final %s/%s (%d examples, %.1fs): %s -> %s", cfg.mixture_or_task_name, cfg.split,
                  len(predictions),

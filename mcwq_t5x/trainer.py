@@ -137,7 +137,8 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
                    adafactor_multiply_by_parameter_scale: bool = True,
                    adafactor_clipping_threshold: Optional[float] = 1.0,
                    adam_b1: float = 0.9,
-                   adam_b2: float = 0.999) -> optax.GradientTransformation:
+                   adam_b2: float = 0.999,
+                   adam_eps: float = 1e-8) -> optax.GradientTransformation:
   """The optimizer (an optax gradient transformation).
 
   Args:
@@ -145,7 +146,10 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
     name: "adafactor" (T5X fine-tuning default: decay rate 0.8, update clipping 1.0, parameter-scale
       relative steps, factored second moments) or "adamw".
     weight_decay: decoupled weight decay (AdamW) / Adafactor `weight_decay_rate` (0 = none).
-    grad_clip_norm: global-norm gradient clipping before the optimizer (None = none).
+    grad_clip_norm: global-norm gradient clipping before the optimizer (None = none; the paper's
+      recipe, the Hugging Face Trainer's default `max_grad_norm`: 1.0).
+    adam_b1, adam_b2, adam_eps: AdamW's moment decays and epsilon (defaults: the Hugging Face
+      Trainer's and `optax.adamw`'s, 0.9 / 0.999 / 1e-8).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -162,7 +166,11 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
         weight_decay_rate=weight_decay or None)
   elif name == "adamw":
     tx = optax.adamw(
-        learning_rate=learning_rate_fn, b1=adam_b1, b2=adam_b2, weight_decay=weight_decay)
+        learning_rate=learning_rate_fn,
+        b1=adam_b1,
+        b2=adam_b2,
+        eps=adam_eps,
+        weight_decay=weight_decay)
   else:
     raise ValueError(f"unknown optimizer {name!r}; expected 'adafactor' or 'adamw'")
   if grad_clip_norm:

@@ -40,6 +40,7 @@ from mcwq_t5x import readers
 
 MT5_VOCAB_PATH = "gs://t5-data/vocabs/mc4.250000.100extra/sentencepiece.model"
 VOCAB_ENV = "MCWQ_VOCAB"
+T5_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
 DEFAULT_VOCAB_SIZE = 2000
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 _FORMAT_VERSION = 2  # bump when the training recipe changes (invalidates caches)
@@ -313,4 +314,20 @@ def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
         f"vocabulary). Set {VOCAB_ENV}={MT5_VOCAB_PATH} (or a local copy of that file) before "
         f"running; for the small offline vocabulary bind VOCABULARY = @vocab.get_vocabulary() "
         f"and network.T5Config.vocab_size = {DEFAULT_VOCAB_SIZE}")
+  return get_vocabulary(path)
+
+
+def t5_vocabulary() -> seqio.SentencePieceVocabulary:
+  """The English T5.1.1 vocabulary (`gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model`,
+  32,100 pieces incl. 100 sentinels; embedding rows 32,128) of the paper's T5-base runs
+  (`t5-v1_1-base`), read from `$MCWQ_VOCAB` like `mt5_vocabulary`, so that model and tasks agree.
+
+  Raises:
+    ValueError: `$MCWQ_VOCAB` is unset (the message names the file to set it to).
+  """
+  path = os.environ.get(VOCAB_ENV)
+  if not path:
+    raise ValueError(f"the T5-base experiments use the T5.1.1 SentencePiece model, and the MCWQ "
+                     f"SeqIO tasks read their vocabulary from ${VOCAB_ENV}, which is unset. Set "
+                     f"{VOCAB_ENV}={T5_VOCAB_PATH} (or a local copy of that file) before running")
   return get_vocabulary(path)

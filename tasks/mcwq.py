@@ -28,6 +28,15 @@ release written by `preprocessing.migrate` + `preprocessing.translate --lang fr`
 `mcwq_cfq_sample_multilingual` of the languages that split has files in (en, fr); a new language
 of a published split gets `mcwq_{split}_{lang}` and `mcwq_{split}_zeroshot_{lang}`.
 
+The names above give the BARE question as `inputs`. Every one of them also exists with the suffix
+`_prefixed` (`mcwq_{split}_{lang}_prefixed`, `mcwq_gold_{lang}_prefixed`,
+`mcwq_{split}_zeroshot_{lang}_prefixed`, `mcwq_{split}_multilingual_prefixed`): the PAPER'S FORM,
+whose first preprocessor prepends the task prefix of the authors' Hugging Face scripts
+(coastalcph/seq2sparql `hf/run_mt5.sh`, `hf/pred_eval_mt5_zero_shot.sh`):
+`translate {Language} to Sparql: ` + question, Language the English name of the question's
+language (`input_prefix`); the zero-shot tasks use the TEST language's prefix, as the authors'
+zero-shot evaluation does. The paper's experiment files (gin/) train on the `_prefixed` tasks.
+
 Each example also carries `question`, `sparql`, `rir` (strings) and `recursionDepth` (int32,
 -1 when unknown) for evaluation by complexity.
 """
@@ -35,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import seqio
 import tensorflow as tf
@@ -50,9 +59,27 @@ ZEROSHOT_LANGUAGES = ("he", "kn", "zh")
 GOLD_LANGUAGES = readers.GOLD_LANGUAGES
 # seqio split name -> MCWQ part.
 SEQIO_TO_PART = readers.DATASET_SPLIT_TO_PART
-# The input prefix of the paper's Hugging Face training code; the default is no prefix.
+# The input prefix of the paper's Hugging Face training code (English); the default is no prefix.
 PAPER_INPUT_PREFIX = "translate English to Sparql: "
 DEFAULT_INPUT_PREFIX = ""
+# Suffix of the tasks in the paper's form (inputs carry `input_prefix(language)`).
+PREFIXED_SUFFIX = "_prefixed"
+# Language code -> the name in the paper's task prefix (seq2sparql hf/run_mt5.sh).
+LANGUAGE_NAMES = {"en": "English", "he": "Hebrew", "kn": "Kannada", "zh": "Chinese"}
+
+
+def input_prefix(language: str) -> str:
+  """The paper's task prefix for questions in `language`: `translate {Language} to Sparql: `.
+
+  Args:
+    language: a language code ("en", "he", "kn", "zh"; others allowed).
+
+  Returns:
+    E.g. "translate Hebrew to Sparql: " for "he". A code missing from `LANGUAGE_NAMES` (a language
+    added by a new release) falls back to the code itself ("translate xx to Sparql: "); add its
+    name to `LANGUAGE_NAMES` to get the paper's form.
+  """
+  return f"translate {LANGUAGE_NAMES.get(language, language)} to Sparql: "
 
 
 def task_name(split: str, language: str, suffix: str = "") -> str:
@@ -149,9 +176,10 @@ def _remove(registry, name: str) -> None:
 
 
 def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
-              output_features: Mapping[str, seqio.Feature], prefix: str,
-              data_dir: Optional[str]) -> seqio.Task:
+              output_features: Mapping[str, seqio.Feature],
+              prefix: Union[str, Callable[[str], str]], data_dir: Optional[str]) -> seqio.Task:
   _remove(seqio.TaskRegistry, name)
+  prefix = prefix(language) if callable(prefix) else prefix
   source = seqio.FunctionDataSource(
       dataset_fn=functools.partial(
           _dataset_fn, mcwq_split=mcwq_split, language=language, data_dir=data_dir),
@@ -170,14 +198,15 @@ def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
       metric_fns=[metrics.exact_match_metric, metrics.bleu_metric])
 
 
-def register_mcwq_tasks(prefix: str = DEFAULT_INPUT_PREFIX,
+def register_mcwq_tasks(prefix: Union[str, Callable[[str], str]] = DEFAULT_INPUT_PREFIX,
                         vocabulary: Optional[seqio.Vocabulary] = None,
                         suffix: str = "",
                         data_dir: Optional[str] = None) -> list[str]:
   """Registers all MCWQ tasks and mixtures (replacing earlier registrations of those names).
 
   Args:
-    prefix: text prepended to every input (e.g. `PAPER_INPUT_PREFIX`); default none.
+    prefix: text prepended to every input, or a function language code -> that text (e.g.
+      `input_prefix`, the paper's form); default none.
     vocabulary: input and target vocabulary; default `mcwq_t5x.vocab.get_vocabulary()`
       (`$MCWQ_VOCAB`, else the small offline SentencePiece model, trained on first use).
     suffix: appended to every task/mixture name, to register variants side by side.
@@ -227,3 +256,5 @@ def zeroshot_languages(languages: Sequence[str]) -> tuple[str, ...]:
 
 
 REGISTERED = register_mcwq_tasks()
+# The paper's form: `translate {Language} to Sparql: ` + question.
+REGISTERED_PREFIXED = register_mcwq_tasks(prefix=input_prefix, suffix=PREFIXED_SUFFIX)

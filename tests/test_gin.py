@@ -24,6 +24,7 @@ OURS = [f for f in ALL_GIN if f.startswith("gin/mcwq_t5x/")]
 T5X_FILES = [f for f in ALL_GIN if not f.startswith("gin/mcwq_t5x/")]
 OUR_EXPERIMENTS = [f for f in OURS if f.startswith("gin/mcwq_t5x/mt5_")]
 T5X_EXPERIMENTS = [f for f in T5X_FILES if f.startswith("gin/mt5_")]
+EVAL_FOLDERS = ("zeroshot", "gold", "test")
 MODELS = {"mt5_small": (24, 512, 8), "mt5_base": (12, 768, 12)}  # batch, width, layers
 
 
@@ -68,6 +69,12 @@ def test_expected_files_exist():
   for folder in ("zeroshot", "gold"):  # 2 models x 4 splits x {he, kn, zh}
     assert len([f for f in T5X_FILES if f.startswith(f"gin/{folder}/")]) == 24
     assert len([f for f in OURS if f.startswith(f"gin/mcwq_t5x/{folder}/")]) == 24
+  # test-set decoding of the best checkpoint: 32 mT5 + 4 T5-base experiments
+  assert len([f for f in T5X_FILES if f.startswith("gin/test/")]) == 36
+  assert len([f for f in OURS if f.startswith("gin/mcwq_t5x/test/")]) == 36
+  # English T5-base (T5.1.1), seed 8 and the second seed 16, 4 splits
+  assert len([f for f in T5X_FILES if f.startswith("gin/t5_base_")]) == 8
+  assert len([f for f in OURS if f.startswith("gin/mcwq_t5x/t5_base_")]) == 8
 
 
 # Our model and run files are partial by design (T5X: %gin.REQUIRED macros): they are checked in
@@ -90,8 +97,10 @@ def _our_files(path):
   if path.startswith("gin/mcwq_t5x/runs/"):
     run = pathlib.Path(path).stem
     return MAIN_OF_RUN[run], ["gin/mcwq_t5x/models/tiny.gin", path], REQUIRED[run]
-  if "/zeroshot/" in path or "/gold/" in path:
+  if any(f"/{folder}/" in path for folder in EVAL_FOLDERS):
     return eval_lib, [path], []
+  if "/recipes/" in path:  # an alternative added after an experiment file
+    return train_lib, ["gin/mcwq_t5x/mt5_small_mcd1_en.gin", path], []
   return train_lib, [path], []
 
 
@@ -100,7 +109,7 @@ def test_every_file_of_ours_parses_and_binds(path):
   main, files, bindings = _our_files(path)
   _parse(main, files, bindings)
   cfg = _network_config()  # the network config (not the parameters: 250k-vocab models are big)
-  assert cfg.vocab_size in (2000, 250112, 32128)
+  assert cfg.vocab_size in (2000, 2048, 250112, 32128)
   training = main is train_lib
   assert cfg.dropout_rate == ((0.05 if path == "gin/mcwq_t5x/tiny_random_split_en.gin" else 0.1)
                               if training else 0.0)
@@ -132,16 +141,24 @@ import json, sys
 import gin
 import t5x.eval, t5x.infer, t5x.train
 from mcwq_t5x import gin_utils, train as train_lib
-main_of = {"zeroshot": t5x.eval, "gold": t5x.eval, "infer": t5x.infer}
+def maybe(name):
+  try:
+    return gin.query_parameter(name)
+  except ValueError:
+    return None
+main_of = {"zeroshot": t5x.eval, "gold": t5x.eval, "test": t5x.eval, "infer": t5x.infer}
 out = {}
 files, ours = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 for path in files:
   main = main_of.get(path.split("/")[1], t5x.train)
+  extra = []
+  if path.startswith("gin/recipes/"):  # an alternative added after an experiment file
+    path, extra = "gin/mt5_small_mcd1_en.gin", [path]
   bindings = {t5x.train: ["MODEL_DIR = '/tmp/x'"], t5x.eval: [],
               t5x.infer: ["MIXTURE_OR_TASK_NAME = 'mcwq_mcd1_en'", "CHECKPOINT_PATH = '/tmp/x'",
                           "INFER_OUTPUT_DIR = '/tmp/y'"]}[main]
   sys.modules["__main__"] = main
-  gin_utils.parse_gin([path], bindings)
+  gin_utils.parse_gin([path] + extra, bindings)
   values = {m: gin.query_parameter("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "MIXTURE_OR_TASK_MODULE")}
   if main is t5x.train:
     values.update(steps=gin.query_parameter("%TRAIN_STEPS"), batch=gin.query_parameter("%BATCH_SIZE"),
@@ -149,10 +166,10 @@ for path in files:
                   dropout=gin.query_parameter("%DROPOUT_RATE"),
                   init=gin.query_parameter("%INITIAL_CHECKPOINT_PATH"),
                   cached=gin.query_parameter("%USE_CACHED_TASKS"),
-                  lr=gin.query_parameter("t5x.utils.create_learning_rate_scheduler.base_learning_rate"),
-                  factors=gin.query_parameter("t5x.utils.create_learning_rate_scheduler.factors"),
+                  lr=maybe("%LEARNING_RATE"),
+                  optimizer=repr(maybe("%OPTIMIZER")),
                   width=gin.query_parameter("t5x.examples.t5.network.T5Config.emb_dim"))
-  out[path] = values
+  out[extra[0] if extra else path] = values
   gin.clear_config()
 for path in ours:  # then our files, in the same process
   gin_utils.parse_gin([path], ["MODEL_DIR = '/tmp/x'"])
@@ -192,7 +209,7 @@ def test_paper_settings_in_both_engines(path, t5x_parsed):
   model, split, lang = _experiment(path)
   batch, width, layers = MODELS[model]
   t5x = t5x_parsed[path]
-  assert t5x["factors"] == "constant" and t5x["width"] == width
+  assert t5x["optimizer"] == "@optimizers.chain()" and t5x["width"] == width
   t5x_values = {
       "task": t5x["MIXTURE_OR_TASK_NAME"],
       "steps": t5x["steps"] - 1_000_000,
@@ -214,16 +231,16 @@ def test_paper_settings_in_both_engines(path, t5x_parsed):
       "lr": gin.query_parameter("%LEARNING_RATE"),
       "cached": gin.query_parameter("%USE_CACHED_TASKS"),
   }
-  assert gin.query_parameter("%LR_SCHEDULE") == "constant"
+  assert gin.query_parameter("%LR_SCHEDULE") == "linear"  # the paper's recipe: tests/test_recipe.py
   cfg = _network_config()
   assert (cfg.emb_dim, cfg.num_encoder_layers, cfg.vocab_size) == (width, layers, 250112)
   assert t5x_values == ours == {
-      "task": f"mcwq_{split}_{lang}",
+      "task": f"mcwq_{split}_{lang}_prefixed",
       "steps": 50_000,
       "batch": batch,
       "dropout": 0.1,
       "lengths": {
-          "inputs": 128,
+          "inputs": 256,
           "targets": 512
       },
       "lr": 5e-4,
@@ -234,16 +251,16 @@ def test_paper_settings_in_both_engines(path, t5x_parsed):
 
 def test_zeroshot_and_gold_point_to_the_trained_model():
   _parse(eval_lib, ["gin/mcwq_t5x/zeroshot/mt5_base_mcd2_kn.gin"])
-  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "mcwq_mcd2_zeroshot_kn"
+  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "mcwq_mcd2_zeroshot_kn_prefixed"
   assert gin.query_parameter("%CHECKPOINT_PATH") == "runs/mt5_base_mcd2_en"
   assert gin.query_parameter("%SPLIT") == "test"
   gin.clear_config()
   _parse(eval_lib, ["gin/mcwq_t5x/gold/mt5_small_mcd1_zh.gin"])
-  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "mcwq_gold_zh"
+  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "mcwq_gold_zh_prefixed"
   assert gin.query_parameter("%CHECKPOINT_PATH") == "runs/mt5_small_mcd1_zh"
   text = (REPO / "gin/zeroshot/mt5_base_mcd2_kn.gin").read_text()
   assert "CHECKPOINT_PATH = 'runs/t5x/mt5_base_mcd2_en'" in text
-  assert "MIXTURE_OR_TASK_NAME = 'mcwq_mcd2_zeroshot_kn'" in text
+  assert "MIXTURE_OR_TASK_NAME = 'mcwq_mcd2_zeroshot_kn_prefixed'" in text
 
 
 def test_tiny_config_and_overrides():
@@ -276,7 +293,7 @@ def test_generator_round_trip(tmp_path):
       check=True,
       capture_output=True)
   generated = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.gin"))
-  assert len(generated) == 165
+  assert len(generated) == 256
   for f in generated:
     assert (tmp_path / f).read_text() == (REPO / f).read_text(), f
 

@@ -52,7 +52,10 @@ def test_all_names_registered(mcwq_tasks):
     assert f"mcwq_{split}_multilingual" in seqio.MixtureRegistry.names()
   for lang in ("he", "kn", "zh"):
     assert f"mcwq_gold_{lang}" in names
-  assert len([n for n in names if n.startswith("mcwq_")]) == 16 + 12 + 3
+  # the bare-question tasks and the paper's form (`_prefixed`) of each
+  assert len([n for n in names if n.startswith("mcwq_") and not n.endswith("_prefixed")]) == 31
+  assert len([n for n in names if n.startswith("mcwq_") and n.endswith("_prefixed")]) == 31
+  assert "mcwq_mcd1_multilingual_prefixed" in seqio.MixtureRegistry.names()
   task = seqio.get_mixture_or_task("mcwq_mcd1_en")
   assert set(task.splits) == {"train", "validation", "test"}
   assert set(seqio.get_mixture_or_task("mcwq_mcd3_zeroshot_kn").splits) == {"validation", "test"}
@@ -201,3 +204,41 @@ def test_inspect_task(mcwq_tasks, mcwq_dir):
   assert "p50" in text and "p99" in text and "TASK_FEATURE_LENGTHS" in text
   with pytest.raises(inspect_task.UnknownTaskError, match="did you mean: .*mcwq_mcd1_he"):
     inspect_task.get_task("mcwq_mcd1_hx")
+
+
+@pytest.mark.parametrize(
+    "name,split,prefix",
+    [
+        ("mcwq_gold_he_prefixed", "test", "translate Hebrew to Sparql: "),
+        ("mcwq_mcd1_kn_prefixed", "validation", "translate Kannada to Sparql: "),
+        ("mcwq_mcd2_en_prefixed", "test", "translate English to Sparql: "),
+        # zero-shot: the English-trained model gets the TEST language's prefix
+        ("mcwq_mcd3_zeroshot_zh_prefixed", "test", "translate Chinese to Sparql: "),
+    ])
+def test_prefixed_tasks_are_the_papers_form(mcwq_tasks, mcwq_dir, name, split, prefix):
+  bare_name = name[:-len("_prefixed")]
+  _, ex = _first(name, split)
+  _, bare = _first(bare_name, split)
+  assert ex["inputs_pretokenized"].decode() == prefix + bare["inputs_pretokenized"].decode()
+  assert ex["targets_pretokenized"] == bare["targets_pretokenized"]
+  assert not bare["inputs_pretokenized"].decode().startswith("translate ")
+  v = vocab.get_vocabulary()
+  assert v.decode(ex["inputs"].tolist()).startswith(prefix.strip())
+
+
+def test_input_prefix_per_language(mcwq_tasks):
+  assert mcwq_tasks.input_prefix("en") == mcwq_tasks.PAPER_INPUT_PREFIX
+  assert mcwq_tasks.input_prefix("he") == "translate Hebrew to Sparql: "
+  assert mcwq_tasks.input_prefix("xx") == "translate xx to Sparql: "  # unknown code: the code
+
+
+def test_inspect_task_shows_the_prefix(mcwq_tasks, mcwq_dir):
+  from mcwq_t5x import inspect_task  # pylint: disable=g-import-not-at-top
+  out = io.StringIO()
+  inspect_task.inspect("mcwq_gold_kn_prefixed", "test", num_examples=1, max_examples=4, out=out)
+  text = out.getvalue()
+  assert "input prefix: 'translate Kannada to Sparql: '" in text
+  assert "inputs_pretokenized: translate Kannada to Sparql: " in text
+  out = io.StringIO()
+  inspect_task.inspect("mcwq_gold_kn", "test", num_examples=1, max_examples=4, out=out)
+  assert "input prefix: none (the bare question)" in out.getvalue()

@@ -1,0 +1,539 @@
+"""The paper's training recipe (README "Recipe card") in the generated experiment files of both
+engines, value by value, for every experiment (32 mT5 files, 8 T5-base files, and the zero-shot,
+gold and test evaluation files); the T5X-habit alternative; best-by-dev-loss checkpoint keeping; and
+a tiny run of each engine with the recipe (sizes and steps overridden) that keeps the checkpoint of
+the lowest dev loss and decodes it.
+
+Recipe (Cui et al., TACL 2022, Sec. 5; coastalcph/seq2sparql hf/run_mt5.sh, hf/run_t5.sh,
+hf/pred_eval_mt5_zero_shot.sh with the Hugging Face Seq2SeqTrainer's defaults): AdamW (0.9, 0.999,
+1e-8, weight decay 0), gradient norm clipped at 1.0, learning rate 5e-4 decaying linearly to 0 over
+50K steps without warm-up, batch 12 (mT5-base) / 24 (mT5-small) / 36 (T5-base), inputs
+`translate {Language} to Sparql: ` + question (up to 256 tokens), targets up to 512, dev loss every
+500 steps, the checkpoint with the lowest dev loss decoded greedily, seed 16 (mT5) / 8 (T5-base,
+second seed 16).
+
+T5X's files are parsed in a fresh process (its model files bind short selectors that clash with
+ours once those are registered), ours in this one.
+"""
+import json
+import pathlib
+import sys
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mcwq_t5x import best_checkpoint
+from mcwq_t5x import checkpoints
+from mcwq_t5x import eval as eval_lib
+from mcwq_t5x import gin_utils
+from mcwq_t5x import network
+from mcwq_t5x import partitioning
+from mcwq_t5x import train as train_lib
+from mcwq_t5x import trainer as trainer_lib
+from mcwq_t5x import utils
+from mcwq_t5x import vocab
+import mains
+import tiny_engine
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
+LANGUAGE_NAMES = {"en": "English", "he": "Hebrew", "kn": "Kannada", "zh": "Chinese"}
+DEV_ROWS = {"mcd1": 5408, "mcd2": 5929, "mcd3": 6034, "random_split": 6163}
+# model -> (batch size, seed, languages)
+PAPER = {
+    "mt5_small": (24, 16, ("en", "he", "kn", "zh")),
+    "mt5_base": (12, 16, ("en", "he", "kn", "zh")),
+    "t5_base": (36, 8, ("en",)),
+}
+LR, STEPS, CLIP, EVAL_PERIOD = 5e-4, 50_000, 1.0, 500
+LENGTHS = {"inputs": 256, "targets": 512}
+
+
+def _experiments():
+  """(file stem, model, split, lang, batch, seed) of every paper fine-tuning experiment."""
+  out = []
+  for model, (batch, seed, langs) in PAPER.items():
+    for split in SPLITS:
+      for lang in langs:
+        out.append((f"{model}_{split}_{lang}", model, split, lang, batch, seed))
+        if model == "t5_base":
+          out.append((f"{model}_{split}_{lang}_seed16", model, split, lang, batch, 16))
+  return out
+
+
+EXPERIMENTS = _experiments()
+
+
+def _evals():
+  """(relative path, trained model stem, task, model) of every evaluation file."""
+  out = []
+  for model, (_, _, langs) in PAPER.items():
+    for split in SPLITS:
+      for lang in langs:
+        out.append((f"test/{model}_{split}_{lang}.gin", f"{model}_{split}_{lang}",
+                    f"mcwq_{split}_{lang}_prefixed", model))
+      if model == "t5_base":
+        continue
+      for lang in ("he", "kn", "zh"):
+        out.append((f"zeroshot/{model}_{split}_{lang}.gin", f"{model}_{split}_en",
+                    f"mcwq_{split}_zeroshot_{lang}_prefixed", model))
+        out.append((f"gold/{model}_{split}_{lang}.gin", f"{model}_{split}_{lang}",
+                    f"mcwq_gold_{lang}_prefixed", model))
+  return out
+
+
+EVALS = _evals()
+
+
+def test_the_experiment_tables_are_complete():
+  assert len([e for e in EXPERIMENTS if e[1].startswith("mt5_")]) == 32
+  assert len([e for e in EXPERIMENTS if e[1] == "t5_base"]) == 8  # 4 splits x 2 seeds
+  for stem, *_ in EXPERIMENTS:
+    assert (REPO / f"gin/{stem}.gin").is_file() and (REPO / f"gin/mcwq_t5x/{stem}.gin").is_file()
+  for path, *_ in EVALS:
+    assert (REPO / f"gin/{path}").is_file() and (REPO / f"gin/mcwq_t5x/{path}").is_file()
+  out = mains.run([sys.executable, "scripts/make_gin_configs.py", "--check"], check=False)
+  assert out.returncode == 0, out.stdout
+
+
+# --- the real T5X's files -------------------------------------------------------------------
+T5X_PROBE = r"""
+import json, sys
+import gin
+import jax.numpy as jnp
+import numpy as np
+import optax
+import t5x.eval, t5x.train
+from t5x import models, optimizers, utils
+from mcwq_t5x import gin_utils
+
+def reference_updates(tx, n=3):
+  params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
+  state = tx.init(params)
+  out = []
+  for i in range(n):
+    grads = {"w": jnp.full((4, 3), 3.0 * (i + 1)), "b": jnp.full((3,), -2.0)}
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return [float(x) for x in np.concatenate([np.ravel(params["w"]), np.ravel(params["b"])])]
+
+def train_values(path, extra):
+  sys.modules["__main__"] = t5x.train
+  gin_utils.parse_gin([path, *extra], ["MODEL_DIR = '/tmp/x'"])
+  q = gin.query_parameter
+  v = {m: q("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "TRAIN_STEPS",
+                                "BATCH_SIZE", "RANDOM_SEED", "EVAL_PERIOD", "EVAL_STEPS",
+                                "LEARNING_RATE", "DROPOUT_RATE")}
+  v["optimizer"] = repr(q("%OPTIMIZER"))
+  v["lr_fn"] = repr(q("trainer.Trainer.learning_rate_fn"))
+  with gin.unlock_config():
+    opt = gin.get_configurable(optimizers.chain)() if "chain" in v["optimizer"] else None
+    if opt is not None:
+      v["updates"] = reference_updates(opt.optax_optimizer)
+      sched = gin.get_configurable(optax.linear_schedule)()
+      with gin.config_scope("logged_lr"):
+        logged = gin.get_configurable(optax.linear_schedule)()
+      v["optax_lr"] = [float(sched(s)) for s in (0, 25_000, 50_000, 60_000)]
+      v["logged_lr"] = [float(logged(s)) for s in (1_000_000, 1_025_000, 1_050_000)]
+      with gin.config_scope("from_pretrained"):
+        restore = gin.get_configurable(utils.RestoreCheckpointConfig)()
+      v["restore"] = [restore.path, restore.mode, [list(m) for m in restore.assignment_map],
+                      restore.fallback_to_scratch]
+    else:
+      lr = gin.get_configurable(utils.create_learning_rate_scheduler)()
+      v["t5x_lr"] = [float(lr(s)) for s in (0, 1_025_000, 1_050_000)]
+    save = gin.get_configurable(utils.SaveCheckpointConfig)()
+    cls = save.checkpointer_cls
+    v["save"] = [save.period, save.keep, getattr(getattr(cls, "func", cls), "__name__", ""),
+                 dict(getattr(cls, "keywords", {}))]
+    v["num_decodes"] = gin.get_configurable(models.DecoderParams)().num_decodes
+    v["decode_fn"] = repr(q("models.EncoderDecoderModel.decode_fn"))
+    for scope in ("train", "train_eval"):
+      with gin.config_scope(scope):
+        ds = gin.get_configurable(utils.DatasetConfig)()
+      v[scope] = [ds.mixture_or_task_name, ds.split, ds.pack, ds.seed, ds.batch_size]
+  gin.clear_config()
+  return v
+
+def eval_values(path):
+  sys.modules["__main__"] = t5x.eval
+  gin_utils.parse_gin([path], [])
+  q = gin.query_parameter
+  v = {m: q("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "CHECKPOINT_PATH",
+                                "METRIC_NAME_TO_MONITOR", "METRIC_MODE")}
+  v["restore_path"] = repr(q("utils.RestoreCheckpointConfig.path"))
+  v["restore_mode"] = q("utils.RestoreCheckpointConfig.mode")
+  v["best_path"] = repr(q("best_checkpoint.checkpoint_path.path"))
+  with gin.unlock_config():
+    v["num_decodes"] = gin.get_configurable(models.DecoderParams)().num_decodes
+    ds = gin.get_configurable(utils.DatasetConfig)()
+  v["dataset"] = [ds.mixture_or_task_name, ds.split, ds.task_feature_lengths]
+  gin.clear_config()
+  return v
+
+train_files, eval_files, alt = (json.loads(a) for a in sys.argv[1:4])
+out = {}
+for path in train_files:
+  out[path] = train_values(path, [])
+for path in eval_files:
+  out[path] = eval_values(path)
+for path in alt:
+  out["alt:" + path] = train_values(path, ["gin/recipes/t5x_adafactor.gin"])
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def t5x_values():
+  pytest.importorskip(
+      "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
+  train_files = [f"gin/{stem}.gin" for stem, *_ in EXPERIMENTS]
+  eval_files = [f"gin/{path}" for path, *_ in EVALS]
+  alt = ["gin/mt5_small_mcd1_en.gin", "gin/t5_base_mcd2_en.gin"]
+  out = mains.run([
+      sys.executable, "-c", T5X_PROBE,
+      json.dumps(train_files),
+      json.dumps(eval_files),
+      json.dumps(alt)
+  ])
+  line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+def _reference_updates(tx, n=3):
+  """The parameters after `n` updates of `tx` on a fixed toy problem (gradient norm > 1)."""
+  params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
+  state = tx.init(params)
+  for i in range(n):
+    grads = {"w": jnp.full((4, 3), 3.0 * (i + 1)), "b": jnp.full((3,), -2.0)}
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return [float(x) for x in np.concatenate([np.ravel(params["w"]), np.ravel(params["b"])])]
+
+
+def _paper_optimizer(lr=LR, steps=STEPS):
+  """The Hugging Face Trainer's default optimizer as optax spells it (the recipe's reference)."""
+  return optax.chain(
+      optax.clip_by_global_norm(CLIP),
+      optax.adamw(
+          optax.linear_schedule(lr, 0.0, steps), b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
+
+
+PAPER_UPDATES = _reference_updates(_paper_optimizer())
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS, ids=[e[0] for e in EXPERIMENTS])
+def test_t5x_experiment_file_follows_the_recipe(exp, t5x_values):
+  stem, _, split, lang, batch, seed = exp
+  v = t5x_values[f"gin/{stem}.gin"]
+  task = f"mcwq_{split}_{lang}_prefixed"
+  # optimizer: T5X's OptaxWrapper (optimizers.chain) of clip_by_global_norm(1.0) + AdamW
+  assert v["optimizer"] == "@optimizers.chain()"
+  np.testing.assert_allclose(v["updates"], PAPER_UPDATES, rtol=1e-6)
+  # schedule: linear decay to 0 over the 50K fine-tuning steps, no warm-up; T5X's logged rate
+  # counts from the checkpoint's step 1,000,000
+  np.testing.assert_allclose(v["optax_lr"], [LR, LR / 2, 0.0, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(v["logged_lr"], [LR, LR / 2, 0.0], rtol=1e-6)
+  assert v["lr_fn"] == "@logged_lr/optax.linear_schedule()" and v["LEARNING_RATE"] == LR
+  assert v["TRAIN_STEPS"] - 1_000_000 == STEPS
+  assert v["restore"][1:] == ["specific", [["state/param_states.*", None]], True]
+  assert v["restore"][0].endswith("/checkpoint_1000000")
+  # batch, seed, prefix (the task), lengths, dropout
+  assert v["BATCH_SIZE"] == batch and v["RANDOM_SEED"] == seed and v["DROPOUT_RATE"] == 0.1
+  assert v["MIXTURE_OR_TASK_NAME"] == task and v["TASK_FEATURE_LENGTHS"] == LENGTHS
+  assert v["train"] == [task, "train", False, seed, batch]
+  # dev loss every 500 steps over the whole dev set; keep the best by it (plus the newest)
+  assert v["EVAL_PERIOD"] == EVAL_PERIOD and v["train_eval"][:2] == [task, "validation"]
+  assert (v["EVAL_STEPS"] - 1) * batch < DEV_ROWS[split] <= v["EVAL_STEPS"] * batch
+  assert v["save"] == [
+      EVAL_PERIOD, 1, "SaveBestCheckpointer", {
+          "metric_name_to_monitor": f"training_eval/{task}/loss",
+          "metric_mode": "min",
+          "keep_checkpoints_without_metrics": True
+      }
+  ]
+  # greedy decoding: T5X's beam search with one beam
+  assert v["num_decodes"] == 1 and "beam_search" in v["decode_fn"]
+
+
+@pytest.mark.parametrize("ev", EVALS, ids=[e[0] for e in EVALS])
+def test_t5x_eval_file_decodes_the_best_checkpoint_greedily(ev, t5x_values):
+  path, trained, task, _ = ev
+  v = t5x_values[f"gin/{path}"]
+  train_task = "mcwq_" + trained.split("_", 2)[2] + "_prefixed"
+  assert v["MIXTURE_OR_TASK_NAME"] == task and v["dataset"] == [task, "test", LENGTHS]
+  assert v["CHECKPOINT_PATH"] == f"runs/t5x/{trained}"
+  assert v["restore_path"] == "@best_checkpoint.checkpoint_path()"
+  assert v["restore_mode"] == "specific" and v["best_path"] == "%CHECKPOINT_PATH"
+  assert v["METRIC_NAME_TO_MONITOR"] == f"training_eval/{train_task}/loss"
+  assert v["METRIC_MODE"] == "min" and v["num_decodes"] == 1
+
+
+def test_t5x_adafactor_alternative(t5x_values):
+  for path in ("gin/mt5_small_mcd1_en.gin", "gin/t5_base_mcd2_en.gin"):
+    v = t5x_values["alt:" + path]
+    assert v["optimizer"] == "@adafactor.Adafactor()"
+    assert v["lr_fn"] == "@utils.create_learning_rate_scheduler()"
+    assert v["t5x_lr"] == pytest.approx([LR, LR, LR])  # constant
+    # everything else stays the paper's
+    assert v["save"][2] == "SaveBestCheckpointer" and v["EVAL_PERIOD"] == EVAL_PERIOD
+
+
+# --- our engine's files ---------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _parse(files, bindings=()):
+  gin_utils.parse_gin(files, bindings, finalize=True, skip_unknown=False)
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS, ids=[e[0] for e in EXPERIMENTS])
+def test_our_experiment_file_follows_the_recipe(exp):
+  stem, model, split, lang, batch, seed = exp
+  _parse([f"gin/mcwq_t5x/{stem}.gin"])
+  q = gin.query_parameter
+  task = f"mcwq_{split}_{lang}_prefixed"
+  with gin.unlock_config():
+    lr_fn = gin.get_configurable(trainer_lib.create_learning_rate_schedule)()
+    tx = gin.get_configurable(trainer_lib.make_optimizer)()
+    with gin.config_scope("train"):
+      train_ds = gin.get_configurable(utils.DatasetConfig)()
+    with gin.config_scope("train_eval"):
+      dev_ds = gin.get_configurable(utils.DatasetConfig)()
+    with gin.config_scope("final_eval"):
+      final_ds = gin.get_configurable(utils.DatasetConfig)()
+    cfg = gin.get_configurable(network.get_config)()
+  # optimizer, clipping, schedule, rate: the same updates as the reference
+  assert q("%OPTIMIZER") == "adamw" and q("%GRAD_CLIP_NORM") == CLIP
+  assert (q("%ADAM_B1"), q("%ADAM_B2"), q("%ADAM_EPS"), q("%WEIGHT_DECAY")) == (0.9, 0.999, 1e-8,
+                                                                                0.0)
+  assert q("%LR_SCHEDULE") == "linear" and q("%WARMUP_STEPS") == 0 and q("%LEARNING_RATE") == LR
+  np.testing.assert_allclose([float(lr_fn(s)) for s in (0, 25_000, 50_000)], [LR, LR / 2, 0.0],
+                             rtol=1e-6)
+  np.testing.assert_allclose(_reference_updates(tx), PAPER_UPDATES, rtol=1e-6)
+  # steps, batch, seed, prefix (the task), lengths, dropout, model
+  assert q("%TRAIN_STEPS") == STEPS and q("%BATCH_SIZE") == batch and q("%RANDOM_SEED") == seed
+  assert q("%MIXTURE_OR_TASK_NAME") == task and q("%TASK_FEATURE_LENGTHS") == LENGTHS
+  assert (train_ds.mixture_or_task_name, train_ds.split, train_ds.pack,
+          train_ds.batch_size) == (task, "train", False, batch)
+  assert cfg.dropout_rate == 0.1
+  if model == "t5_base":
+    assert (cfg.vocab_size, cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activations,
+            cfg.logits_via_embedding) == (32128, 768, 2048, ("gelu", "linear"), False)
+  # dev loss every 500 steps over the whole dev set; keep and decode the best by it
+  assert q("%EVAL_PERIOD") == EVAL_PERIOD and q("%CHECKPOINT_PERIOD") == EVAL_PERIOD
+  assert (dev_ds.mixture_or_task_name, dev_ds.split) == (task, "validation")
+  assert q("%EVAL_STEPS") is None  # every dev row
+  assert q("train_script.train.metric_name_to_monitor") is not None
+  assert q("%METRIC_NAME_TO_MONITOR") == "training_eval/loss" and q("%METRIC_MODE") == "min"
+  assert q("%KEEP_CHECKPOINTS") == 1
+  # greedy decoding of the test set, up to 512 target tokens
+  assert q("%NUM_DECODES") == 1 and q("%FINAL_EVAL_SPLIT") == "test"
+  assert final_ds.task_feature_lengths == LENGTHS and final_ds.mixture_or_task_name == task
+
+
+@pytest.mark.parametrize("ev", EVALS, ids=[e[0] for e in EVALS])
+def test_our_eval_file_decodes_the_best_checkpoint_greedily(ev):
+  path, trained, task, _ = ev
+  _parse([f"gin/mcwq_t5x/{path}"])
+  q = gin.query_parameter
+  assert q("%MIXTURE_OR_TASK_NAME") == task and q("%SPLIT") == "test"
+  assert q("%TASK_FEATURE_LENGTHS") == LENGTHS
+  assert q("%CHECKPOINT_PATH") == f"runs/{trained}"
+  assert repr(q("eval_script.evaluate.checkpoint_path")) == "@best_checkpoint.checkpoint_path()"
+  assert q("%METRIC_NAME_TO_MONITOR") == "training_eval/loss" and q("%METRIC_MODE") == "min"
+  assert q("%PREDICT_KWARGS") == {"num_decodes": 1}
+
+
+def test_our_adafactor_alternative():
+  _parse(["gin/mcwq_t5x/mt5_small_mcd1_en.gin", "gin/mcwq_t5x/recipes/t5x_adafactor.gin"])
+  with gin.unlock_config():
+    lr_fn = gin.get_configurable(trainer_lib.create_learning_rate_schedule)()
+  assert gin.query_parameter("%OPTIMIZER") == "adafactor"
+  assert gin.query_parameter("%GRAD_CLIP_NORM") is None
+  assert [float(lr_fn(s)) for s in (0, 50_000)] == pytest.approx([LR, LR])
+  assert gin.query_parameter("%METRIC_NAME_TO_MONITOR") == "training_eval/loss"
+
+
+# --- best-checkpoint keeping, unit level ----------------------------------------------------
+def test_checkpoint_manager_keeps_the_best_and_the_newest(tmp_path):
+  """Dev losses 3, 1, 2, 4 at steps 1..4: checkpoint 2 (lowest) and 4 (newest) are kept."""
+  partitioner = partitioning.Partitioner()
+  tr = trainer_lib.Trainer(
+      tiny_engine.tiny_model(0.0), partitioner,
+      trainer_lib.create_learning_rate_schedule(1e-3, "linear", decay_steps=4))
+  shapes = {k: v.shape for k, v in tiny_engine.synthetic_batch(0).items()}
+  state = tr.create_state(shapes)
+  mgr = checkpoints.CheckpointManager(
+      tmp_path,
+      save_interval_steps=1,
+      max_to_keep=1,
+      metric_name_to_monitor="training_eval/loss",
+      metric_mode="min")
+  for step, loss in zip((1, 2, 3, 4), (3.0, 1.0, 2.0, 4.0)):
+    mgr.save(step, state, {"step": step}, metrics={"training_eval/loss": loss})
+  mgr.wait()
+  assert mgr.all_steps() == [2, 4] and mgr.best_step() == 2 and mgr.metric(2) == 1.0
+  mgr.close()
+  # a new manager (a resumed run) reads the saved values back
+  again = checkpoints.CheckpointManager(
+      tmp_path, metric_name_to_monitor="training_eval/loss", max_to_keep=1)
+  assert again.best_step() == 2
+  again.close()
+  # and the eval side finds the same checkpoint from eval_metrics.jsonl
+  (tmp_path / "eval_metrics.jsonl").write_text("".join(
+      json.dumps({
+          "step": s,
+          "training_eval/loss": l
+      }) + "\n" for s, l in zip((1, 2, 3, 4), (3.0, 1.0, 2.0, 4.0))))
+  assert best_checkpoint.checkpoint_path(str(tmp_path),
+                                         "training_eval/loss") == str(tmp_path / "checkpoint_2")
+  assert best_checkpoint.checkpoint_path(str(tmp_path / "checkpoint_4"),
+                                         "training_eval/loss") == str(tmp_path / "checkpoint_4")
+  assert best_checkpoint.checkpoint_path(str(tmp_path)) == str(tmp_path / "checkpoint_4")
+  with pytest.raises(ValueError, match="metric_mode"):
+    checkpoints.CheckpointManager(tmp_path, metric_name_to_monitor="x", metric_mode="lowest")
+
+
+def test_best_checkpoint_reads_t5x_event_files(tmp_path):
+  """T5X logs the dev loss only to TensorBoard: `{run}/{tag}` = training_eval/<task>/loss."""
+  tf = pytest.importorskip("tensorflow")
+  run = tmp_path / "training_eval" / "mcwq_gold_he_prefixed"
+  writer = tf.summary.create_file_writer(str(run))
+  with writer.as_default():
+    for step, loss in ((5, 9.0), (10, 4.0), (15, 6.0)):
+      tf.summary.scalar("loss", loss, step=step)
+  writer.flush()
+  for step in (5, 10, 15):
+    (tmp_path / f"checkpoint_{step}" / "state").mkdir(parents=True)
+  name = "training_eval/mcwq_gold_he_prefixed/loss"
+  assert best_checkpoint.read_metric(tmp_path, name) == {5: 9.0, 10: 4.0, 15: 6.0}
+  assert best_checkpoint.checkpoint_path(str(tmp_path), name) == str(tmp_path / "checkpoint_10")
+  assert best_checkpoint.best_step(tmp_path, name, "max") == 5
+
+
+# --- tiny runs with the recipe ----------------------------------------------------------------
+# Sizes and steps overridden: a very small network, 30 steps of 8 questions, dev loss every 5
+# steps; training, dev loss and decoding on the 155 Hebrew gold questions (real text, quick to load).
+TINY_STEPS = 30
+TINY_TASK = "mcwq_gold_he_prefixed"
+
+
+@pytest.fixture(scope="module")
+def small_vocab_env(mcwq_dir):
+  del mcwq_dir
+  return {"MCWQ_VOCAB": str(vocab.small_vocab_path())}
+
+
+def _argmin(values):
+  return best_checkpoint.best_of(values, "min")
+
+
+def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_vocab_env):
+  model_dir = tmp_path / "ours"
+  mains.python_m(
+      "mcwq_t5x.train",
+      "--gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
+      *mains.gin_flags([
+          "network.get_config.vocab_size = 2048", "network.get_config.emb_dim = 32",
+          "network.get_config.num_heads = 2", "network.get_config.head_dim = 16",
+          "network.get_config.mlp_dim = 64", "network.get_config.num_encoder_layers = 1",
+          "network.get_config.num_decoder_layers = 1", "network.get_config.dtype = 'float32'",
+          f"MODEL_DIR = '{model_dir}'", "INITIAL_CHECKPOINT_PATH = None",
+          f"TRAIN_STEPS = {TINY_STEPS}", "BATCH_SIZE = 8", "LEARNING_RATE = 1.0",
+          "TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}",
+          "INFER_TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}", "EVAL_PERIOD = 5",
+          "CHECKPOINT_PERIOD = 5", "EVAL_STEPS = 2", "EVAL_BATCH_SIZE = 8",
+          "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 8", "FINAL_EVAL_NUM_EXAMPLES = 16",
+          "LOG_EVERY_STEPS = 5", f"MIXTURE_OR_TASK_NAME = '{TINY_TASK}'", "TRAIN_SPLIT = 'test'",
+          "EVAL_SPLIT = 'test'", "FINAL_EVAL_SPLIT = 'test'"
+      ]),
+      env=small_vocab_env)
+  dev = best_checkpoint.read_metric(model_dir, "training_eval/loss")
+  assert sorted(dev) == list(range(5, TINY_STEPS + 1, 5))
+  best = _argmin(dev)
+  # kept: the best and the newest only
+  assert checkpoints.finished_steps(model_dir) == sorted({best, TINY_STEPS})
+  result = json.loads((model_dir / f"metrics/{TINY_TASK}_test.json").read_text())
+  assert result["step"] == best and result["checkpoint"] == str(model_dir / f"checkpoint_{best}")
+  assert result["training_eval/loss"] == pytest.approx(dev[best])
+  assert result["num_examples"] == 16 and 0.0 <= result["exact_match"] <= 100.0
+  # the logged learning rate decays linearly from 1.0 to 0
+  lrs = {
+      r["step"]: r["learning_rate"]
+      for r in map(json.loads, (model_dir / "train_metrics.jsonl").read_text().splitlines())
+  }
+  assert lrs[5] == pytest.approx(1.0 * (1 - 4 / TINY_STEPS), rel=1e-5)
+  assert lrs[TINY_STEPS] == pytest.approx(1.0 / TINY_STEPS, rel=1e-5)
+  print(f"ours: dev losses {dev}; kept and decoded checkpoint_{best}")
+
+
+def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_vocab_env):
+  pytest.importorskip(
+      "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
+  size = [
+      "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
+      "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
+      "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1",
+      "network.T5Config.dtype='float32'"
+  ]
+  metric = f"training_eval/{TINY_TASK}/loss"
+  model_dir = tmp_path / "t5x"
+  mains.python_m(
+      "t5x.train",
+      "--gin_file=gin/mt5_small_mcd1_en.gin",
+      *[
+          f"--gin.{b}" for b in size + [
+              f"MODEL_DIR='{model_dir}'", f"TRAIN_STEPS={TINY_STEPS}",
+              f"FINETUNE_STEPS={TINY_STEPS}", "PRETRAINING_STEPS=0", "BATCH_SIZE=8",
+              "INITIAL_CHECKPOINT_PATH=None", "TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 128}",
+              "EVAL_PERIOD=5", "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=8",
+              "utils.SaveCheckpointConfig.period=5", "LEARNING_RATE=1.0",
+              f"MIXTURE_OR_TASK_NAME='{TINY_TASK}'", f"METRIC_NAME_TO_MONITOR='{metric}'",
+              "train/utils.DatasetConfig.split='test'",
+              "train_eval/utils.DatasetConfig.split='test'",
+              "infer_eval/utils.DatasetConfig.split='test'"
+          ]
+      ],
+      env=small_vocab_env)
+  dev = best_checkpoint.read_metric(model_dir, metric)
+  assert sorted(dev) == list(range(5, TINY_STEPS + 1, 5))
+  best = _argmin(dev)
+  kept = checkpoints.finished_steps(model_dir)
+  # T5X's Orbax manager: the newest, the best among those with a logged dev loss when it last
+  # collected, and those without one (step 0); nothing else
+  assert best in kept and TINY_STEPS in kept
+  assert set(kept) <= {0, best, TINY_STEPS, _argmin({s: dev[s] for s in dev if s < TINY_STEPS})}
+  assert len([s for s in kept if s not in (0, TINY_STEPS)]) <= 1
+  # the logged learning rate (T5X: the mean over the 5 steps before each log) decays linearly
+  # from 1.0 to 0 over the 30 steps
+  lrs = best_checkpoint.read_metric(model_dir, "train/learning_rate")
+  for step in range(5, TINY_STEPS + 1, 5):
+    expected = np.mean([1.0 - s / TINY_STEPS for s in range(step - 5, step)])
+    assert lrs[step] == pytest.approx(expected, rel=1e-4), step
+  # the test-set evaluation file decodes the best checkpoint
+  out_dir = tmp_path / "test_eval"
+  mains.python_m(
+      "t5x.eval",
+      "--gin_file=gin/test/mt5_small_mcd1_en.gin",
+      *[f"--gin.{b}" for b in size],
+      f"--gin.CHECKPOINT_PATH='{model_dir}'",
+      f"--gin.EVAL_OUTPUT_DIR='{out_dir}'",
+      f"--gin.MIXTURE_OR_TASK_NAME='{TINY_TASK}'",
+      f"--gin.METRIC_NAME_TO_MONITOR='{metric}'",
+      "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 128}",
+      "--gin.utils.DatasetConfig.batch_size=16",
+      "--gin.seqio.Evaluator.num_examples=16",
+      env=small_vocab_env)
+  lines = (out_dir / f"inference_eval/{TINY_TASK}-metrics.jsonl").read_text().splitlines()
+  metrics = json.loads(lines[-1])
+  assert metrics["step"] == best and {"exact_match", "bleu"} <= set(metrics)
+  print(f"t5x: dev losses {dev}; kept {kept}; decoded checkpoint_{best}")
