@@ -133,6 +133,15 @@ _ACTIVATIONS = {
 # Presets. `tiny` learns MCWQ on a CPU in minutes; the others are the published
 # sizes (mT5: Xue et al., 2021, Table 1 / T5X gin files; T5 1.0 base: Raffel et
 # al., 2020).
+_T5_1_1_BASE = T5Config(
+    vocab_size=32128,
+    emb_dim=768,
+    num_heads=12,
+    num_encoder_layers=12,
+    num_decoder_layers=12,
+    head_dim=64,
+    mlp_dim=2048)
+
 CONFIGS: dict[str, T5Config] = {
     "tiny":
         T5Config(
@@ -169,25 +178,12 @@ CONFIGS: dict[str, T5Config] = {
             head_dim=64,
             mlp_dim=2816),
     "t5_1_1_base":  # T5.1.1 base (`t5-v1_1-base`; T5X t5x/examples/t5/t5_1_1/base.gin).
-        T5Config(
-            vocab_size=32128,
-            emb_dim=768,
-            num_heads=12,
-            num_encoder_layers=12,
-            num_decoder_layers=12,
-            head_dim=64,
-            mlp_dim=2048),
+        _T5_1_1_BASE,
+    # T5 1.0 base (`t5-base`): the same sizes with a wider ReLU MLP and the output layer tied to
+    # the embedding.
     "t5_base":
-        T5Config(
-            vocab_size=32128,
-            emb_dim=768,
-            num_heads=12,
-            num_encoder_layers=12,
-            num_decoder_layers=12,
-            head_dim=64,
-            mlp_dim=3072,
-            mlp_activations=("relu",),
-            logits_via_embedding=True),
+        dataclasses.replace(
+            _T5_1_1_BASE, mlp_dim=3072, mlp_activations=("relu",), logits_via_embedding=True),
 }
 
 
