@@ -350,12 +350,7 @@ def _parser() -> argparse.ArgumentParser:
       help="CoDEx folder loaded into the embedded store ('' for none)")
   group.add_argument(
       "--ntriples", nargs="*", default=[], help="N-Triples files loaded into the embedded store")
-  group.add_argument("--url", default=endpoint_lib.WDQS_URL, help="remote SPARQL endpoint URL")
-  group.add_argument("--user_agent", default=endpoint_lib.DEFAULT_USER_AGENT)
-  group.add_argument(
-      "--rate", type=float, default=1.0, help="remote: minimum seconds between requests")
-  group.add_argument("--timeout", type=float, default=60.0, help="remote: request timeout (s)")
-  group.add_argument("--retries", type=int, default=5, help="remote: retries on 429/5xx")
+  endpoint_lib.add_endpoint_arguments(group)
   group.add_argument(
       "--cache",
       help="JSON-lines file keeping the store's answers across runs "
@@ -366,6 +361,20 @@ def _parser() -> argparse.ArgumentParser:
       default=execution.DEFAULT_MAX_ANSWERS,
       help="SELECT answers with more values count as truncated (wrong)")
   return parser
+
+
+def _make_endpoint(args: argparse.Namespace) -> endpoint_lib.CachedEndpoint:
+  """The store `--execute` runs on, as `execution.make_endpoint` builds it.
+
+  Raises:
+    ValueError, FileNotFoundError: see `execution.make_endpoint` and
+      `endpoint_lib.remote_endpoint_from_arguments`.
+  """
+  if args.endpoint == "remote":
+    return endpoint_lib.CachedEndpoint(
+        endpoint_lib.remote_endpoint_from_arguments(args), args.cache)
+  return execution.make_endpoint(
+      args.endpoint, codex=args.codex or None, ntriples=args.ntriples, cache=args.cache)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -382,17 +391,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("--max_answers must be at least 1")
   endpoint = None
   if args.execute:
-    endpoint = functools.partial(
-        execution.make_endpoint,
-        args.endpoint,
-        codex=args.codex or None,
-        ntriples=args.ntriples,
-        url=args.url,
-        user_agent=args.user_agent,
-        timeout_s=args.timeout,
-        max_retries=args.retries,
-        min_interval_s=args.rate,
-        cache=args.cache)
+    endpoint = functools.partial(_make_endpoint, args)
   try:
     result = evaluate_files(
         args.predictions,

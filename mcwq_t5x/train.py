@@ -426,7 +426,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   with those bindings. T5X's multi-process flags (`partitioning.add_multiprocess_flags`:
   `--multiprocess_gpu --coordinator_address=HOST:PORT --process_count=N --process_index=I`)
   initialise `jax.distributed` before any device is used; every process runs the same command
-  with its own `--process_index` and the same MODEL_DIR.
+  with its own `--process_index` and the same MODEL_DIR. On CPU, XLA gets the training flags of
+  `partitioning.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them.
 
   Raises:
     gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
@@ -437,6 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   args = gin_utils.parse_flags(
       argv, description=__doc__.splitlines()[0], extra_args=partitioning.add_multiprocess_flags)
   gin_utils.call_configured(partitioning.set_host_device_count)
+  partitioning.set_xla_cpu_flags()
   if partitioning.initialize_from_flags(args) is None:
     gin_utils.call_configured(partitioning.initialize_distributed)
   return gin_utils.call_configured(train)

@@ -20,6 +20,9 @@ not retried. `CachedEndpoint` wraps either one and keeps every answer in an appe
 recorded as `{"timed_out_after_s": T}` and not re-run by a later run unless asked
 (`retry_timeouts=True`).
 
+Command lines that talk to a remote endpoint (`preprocessing.migrate`, `mcwq_t5x.evaluate`) define
+its flags with `add_endpoint_arguments` and build it with `remote_endpoint_from_arguments`.
+
 Results are plain JSON-able values: `select` returns a list of {variable: term} rows where a
 Wikidata entity is written `wd:Q42`, a property `wdt:P57`, any other IRI `<…>` and a literal its
 lexical form.
@@ -28,6 +31,7 @@ lexical form.
 from __future__ import annotations
 
 import abc
+import argparse
 import http.client
 import json
 import logging
@@ -52,6 +56,11 @@ PREFIXES = (f"PREFIX wd: <{WD}>\nPREFIX wdt: <{WDT}>\n"
             "PREFIX rdfs: <http://www.w3.org/2000/01/rdf-schema#>\n")
 WDQS_URL = "https://query.wikidata.org/sparql"
 DEFAULT_USER_AGENT = "mcwq-t5x-preprocessing/0.1 (https://github.com/coastalcph/seq2sparql; research use)"
+# Defaults of `RemoteEndpoint` and of the command-line flags of `add_endpoint_arguments`.
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_MIN_INTERVAL_S = 1.0
+DEFAULT_MAX_RETRY_AFTER_S = 600.0
 
 QID_RE = re.compile(r"^Q[1-9][0-9]{0,11}$")
 PID_RE = re.compile(r"^P[1-9][0-9]{0,11}$")
@@ -523,13 +532,13 @@ class RemoteEndpoint(Endpoint):
   def __init__(self,
                url: str = WDQS_URL,
                user_agent: str = DEFAULT_USER_AGENT,
-               timeout_s: float = 60.0,
-               max_retries: int = 5,
+               timeout_s: float = DEFAULT_TIMEOUT_S,
+               max_retries: int = DEFAULT_MAX_RETRIES,
                backoff_s: float = 1.0,
                max_backoff_s: float = 120.0,
-               min_interval_s: float = 1.0,
+               min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
                sleep: Callable[[float], None] = time.sleep,
-               max_retry_after_s: float = 600.0,
+               max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
                clock: Callable[[], float] = time.time):
     if not timeout_s > 0:
       raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
@@ -650,6 +659,84 @@ class RemoteEndpoint(Endpoint):
     if "boolean" not in res:
       raise EndpointError(f"{self.url}: ASK answer without 'boolean': {str(res)[:200]}")
     return bool(res["boolean"])
+
+
+def add_endpoint_arguments(parser: Any,
+                           embedded_timeout: bool = False,
+                           max_retry_after: bool = False) -> None:
+  """Defines the command-line flags of a `RemoteEndpoint` (see `remote_endpoint_from_arguments`).
+
+  The flags: `--url`, `--user-agent`, `--timeout`, `--retries`, `--rate` and, if asked,
+  `--max-retry-after`. A flag of two words is accepted with `-` and with `_` (`--user-agent`,
+  `--user_agent`); both set the same attribute (`args.user_agent`).
+
+  Args:
+    parser: an `argparse.ArgumentParser`, or an argument group of one.
+    embedded_timeout: `--timeout` also bounds the queries of the embedded store (its help says
+      so); otherwise it is documented as remote only.
+    max_retry_after: also define `--max-retry-after` (otherwise the `RemoteEndpoint` default,
+      `DEFAULT_MAX_RETRY_AFTER_S`, is used).
+
+  Returns:
+    None; the flags are added to `parser`.
+
+  Raises:
+    argparse.ArgumentError: `parser` already has one of these flags.
+  """
+  parser.add_argument("--url", default=WDQS_URL, help="remote SPARQL endpoint URL")
+  parser.add_argument(
+      "--user-agent",
+      "--user_agent",
+      dest="user_agent",
+      default=DEFAULT_USER_AGENT,
+      help="remote: User-Agent header of the requests")
+  parser.add_argument(
+      "--timeout",
+      type=float,
+      default=DEFAULT_TIMEOUT_S,
+      help=("bound of one query, remote (whole request) or embedded (s)"
+            if embedded_timeout else "remote: request timeout (s)"))
+  parser.add_argument(
+      "--retries",
+      type=int,
+      default=DEFAULT_MAX_RETRIES,
+      help="remote: retries on 429/5xx/connection errors")
+  if max_retry_after:
+    parser.add_argument(
+        "--max-retry-after",
+        "--max_retry_after",
+        dest="max_retry_after",
+        type=float,
+        default=DEFAULT_MAX_RETRY_AFTER_S,
+        help="longest Retry-After wait accepted from the remote endpoint (s); a longer "
+        "one stops the run")
+  parser.add_argument(
+      "--rate",
+      type=float,
+      default=DEFAULT_MIN_INTERVAL_S,
+      help="remote: minimum seconds between requests")
+
+
+def remote_endpoint_from_arguments(args: argparse.Namespace) -> RemoteEndpoint:
+  """Builds the `RemoteEndpoint` that the flags of `add_endpoint_arguments` describe.
+
+  Args:
+    args: parsed command line with `url`, `user_agent`, `timeout`, `retries`, `rate` and,
+      optionally, `max_retry_after` (absent: `DEFAULT_MAX_RETRY_AFTER_S`).
+
+  Returns:
+    The endpoint (no request is sent yet).
+
+  Raises:
+    ValueError: `--timeout` is not positive.
+  """
+  return RemoteEndpoint(
+      url=args.url,
+      user_agent=args.user_agent,
+      timeout_s=args.timeout,
+      max_retries=args.retries,
+      min_interval_s=args.rate,
+      max_retry_after_s=getattr(args, "max_retry_after", DEFAULT_MAX_RETRY_AFTER_S))
 
 
 TIMED_OUT = "timed_out_after_s"  # cache value {TIMED_OUT: seconds} of a query that timed out

@@ -101,13 +101,7 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
   if args.endpoint == "none":
     return None
   if args.endpoint == "remote":
-    inner: ep.Endpoint = ep.RemoteEndpoint(
-        url=args.url,
-        user_agent=args.user_agent,
-        timeout_s=args.timeout,
-        max_retries=args.retries,
-        max_retry_after_s=args.max_retry_after,
-        min_interval_s=args.rate)
+    inner: ep.Endpoint = ep.remote_endpoint_from_arguments(args)
   else:
     ox = ep.OxigraphEndpoint(timeout_s=args.timeout)
     if args.codex:
@@ -357,23 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
       default=DEFAULT_CODEX,
       help="CoDEx folder loaded into the embedded store ('' for none)")
   ap.add_argument("--ntriples", nargs="*", help="N-Triples files loaded into the embedded store")
-  ap.add_argument("--url", default=ep.WDQS_URL, help="remote SPARQL endpoint URL")
-  ap.add_argument("--user-agent", default=ep.DEFAULT_USER_AGENT)
-  ap.add_argument(
-      "--timeout",
-      type=float,
-      default=60.0,
-      help="bound of one query, remote (whole request) or embedded (s)")
+  ep.add_endpoint_arguments(ap, embedded_timeout=True, max_retry_after=True)
   ap.add_argument(
       "--retry-timeouts", action="store_true", help="re-run queries the cache records as timed out")
-  ap.add_argument("--retries", type=int, default=5, help="retries on 429/5xx/connection errors")
-  ap.add_argument(
-      "--max-retry-after",
-      type=float,
-      default=600.0,
-      help="longest Retry-After wait accepted from the remote endpoint (s); a longer "
-      "one stops the run")
-  ap.add_argument("--rate", type=float, default=1.0, help="minimum seconds between remote requests")
   ap.add_argument("--cache", help="endpoint cache JSONL (default OUT/cache/endpoint.jsonl)")
   ap.add_argument("--limit", type=int, default=100, help="LIMIT of the assignment query")
   ap.add_argument("--seed", type=int, default=0)

@@ -26,9 +26,11 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
 
 * **epoch**: one pass over the split, each system with its best input pipeline.
   Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
-  arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices, `Trainer.train_step`,
-  checkpoint at the end): examples packed into rows of `--input_length`/`--target_length` tokens
-  (seqio packing, `PACK = True`), so the epoch is ceil(rows / batch) steps. Theirs is
+  arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 2, data
+  parallel), `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
+  `partitioning.XLA_CPU_TRAINING_FLAGS`): examples packed into rows of
+  `--input_length`/`--target_length` tokens (`PACK = True`, first-fit decreasing:
+  `mcwq_t5x.packing`), so the epoch is ceil(rows / batch) steps. Theirs is
   `MT5ForConditionalGeneration` with transformers' `LengthGroupedSampler` (the Trainer's
   `group_by_length=True`) and dynamic padding to each batch's longest example (as
   `DataCollatorForSeq2Seq`), labels padded with -100, a plain PyTorch loop (forward, backward,
@@ -37,7 +39,8 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   included); data loading and tokenisation are excluded for both.
 * **fixed-shape**: `--fixed_steps` timed steps (after 2 untimed ones) on batches padded to
   exactly `--input_length`/`--target_length` with no packing, our `Trainer.train_step` on 1
-  device against the same HF step: kernels against kernels.
+  device (with the training main's XLA CPU flags) against the same HF step: kernels against
+  kernels.
 
 Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
 EOS included), wall time, peak RSS (GiB), and as its last two lines
@@ -47,7 +50,7 @@ Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the 
 
 Examples:
   python scripts/benchmark_vs_hf.py
-  python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 2
+  python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 1
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
 """
 
@@ -404,7 +407,8 @@ def main(argv=None) -> None:
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--learning_rate", type=float, default=1e-3)
   parser.add_argument("--fixed_steps", type=int, default=5)
-  parser.add_argument("--host_devices", type=int, default=1, help="XLA CPU devices, our epoch")
+  parser.add_argument(
+      "--host_devices", type=int, default=2, help="XLA CPU devices, our epoch (fixed: 1)")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--modes", default="epoch,fixed")
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -414,6 +418,9 @@ def main(argv=None) -> None:
     import logging
     logging.basicConfig(level=logging.WARNING)
     system, mode = args.worker.split(":")
+    if system == "ours":  # as the training main does, before JAX starts its backend
+      from mcwq_t5x import partitioning
+      partitioning.set_xla_cpu_flags()
     print(json.dumps(WORKERS[(system, mode)](args)))
     return
 

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from mcwq_t5x import evaluate
 from preprocessing import endpoint as ep, migrate, retry
 
 NOW = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT, the injected wall clock
@@ -305,3 +306,16 @@ def test_migrate_bounds_embedded_queries_with_timeout_and_passes_retry_timeouts(
       ["--out", str(tmp_path), "--endpoint", "remote", "--max-retry-after", "90"]))
   assert (remote.inner.timeout_s, remote.inner.max_retry_after_s) == (60.0, 90.0)
   assert remote.retry_timeouts is False
+
+
+@pytest.mark.parametrize("user_agent_flag", ["--user-agent", "--user_agent"])
+def test_evaluate_and_migrate_build_the_same_remote_endpoint_from_their_flags(
+    tmp_path, user_agent_flag):
+  flags = ["--url", "http://x", user_agent_flag, "A", "--timeout", "3", "--retries", "2"]
+  for args in (evaluate._parser().parse_args(["--predictions", "p"] + flags),
+               migrate.build_parser().parse_args(["--out", str(tmp_path)] + flags)):
+    remote = ep.remote_endpoint_from_arguments(args)
+    assert (remote.url, remote.user_agent, remote.timeout_s, remote.max_retries) == ("http://x",
+                                                                                     "A", 3.0, 2)
+    assert (remote.min_interval_s, remote.max_retry_after_s) == (ep.DEFAULT_MIN_INTERVAL_S,
+                                                                 ep.DEFAULT_MAX_RETRY_AFTER_S)
