@@ -215,7 +215,7 @@ def evaluate_files(predictions: str | pathlib.Path,
     release, split, part: a release folder and one of its split parts; the gold queries and
       entities of the lines (`execution.load_release_queries`). All three or none.
     endpoint: a `preprocessing.endpoint.Endpoint`, or a function without arguments returning
-      one (called once the other inputs are read and checked; see `execution.make_endpoint`):
+      one (called once the other inputs are read and checked; see `_make_endpoint`):
       with a release, adds execution accuracy (`execution.score_execution`).
     max_answers: SELECT answers with more values count as truncated (never equal).
 
@@ -364,17 +364,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _make_endpoint(args: argparse.Namespace) -> endpoint_lib.CachedEndpoint:
-  """The store `--execute` runs on, as `execution.make_endpoint` builds it.
+  """The store `--execute` runs on (`endpoint_lib.endpoint_from_arguments`), cached.
 
   Raises:
-    ValueError, FileNotFoundError: see `execution.make_endpoint` and
+    ValueError, FileNotFoundError: see `endpoint_lib.embedded_store` and
       `endpoint_lib.remote_endpoint_from_arguments`.
   """
-  if args.endpoint == "remote":
-    return endpoint_lib.CachedEndpoint(
-        endpoint_lib.remote_endpoint_from_arguments(args), args.cache)
-  return execution.make_endpoint(
-      args.endpoint, codex=args.codex or None, ntriples=args.ntriples, cache=args.cache)
+  return endpoint_lib.CachedEndpoint(endpoint_lib.endpoint_from_arguments(args), args.cache)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -698,14 +698,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   try:
-    export_checkpoint(
-        args.checkpoint,
-        args.out,
-        gin_file=args.gin_file,
-        model_config=args.model_config,
-        vocab=args.vocab,
-        extra_ids=args.extra_ids,
-        overwrite=args.overwrite)
+    options = ("gin_file", "model_config", "vocab", "extra_ids", "overwrite")
+    export_checkpoint(args.checkpoint, args.out, **{k: getattr(args, k) for k in options})
   except ValueError as e:  # includes CheckpointMismatchError / IncompleteCheckpointError
     print(f"export_hf: error: {e}", file=sys.stderr)
     return 1

@@ -165,12 +165,7 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
         clipping_threshold=adafactor_clipping_threshold,
         weight_decay_rate=weight_decay or None)
   elif name == "adamw":
-    tx = optax.adamw(
-        learning_rate=learning_rate_fn,
-        b1=adam_b1,
-        b2=adam_b2,
-        eps=adam_eps,
-        weight_decay=weight_decay)
+    tx = optax.adamw(learning_rate_fn, adam_b1, adam_b2, adam_eps, weight_decay=weight_decay)
   else:
     raise ValueError(f"unknown optimizer {name!r}; expected 'adafactor' or 'adamw'")
   if grad_clip_norm:

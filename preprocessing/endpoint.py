@@ -739,6 +739,75 @@ def remote_endpoint_from_arguments(args: argparse.Namespace) -> RemoteEndpoint:
       max_retry_after_s=getattr(args, "max_retry_after", DEFAULT_MAX_RETRY_AFTER_S))
 
 
+def embedded_store(codex: str | pathlib.Path | None = None,
+                   ntriples: Iterable[str | pathlib.Path] = (),
+                   timeout_s: float | None = None,
+                   allow_empty: bool = False) -> OxigraphEndpoint:
+  """Builds the embedded pyoxigraph store from a CoDEx folder and/or N-Triples files.
+
+  The one place both commands that query a store (`preprocessing.migrate` and
+  `mcwq_t5x.evaluate --execute`) build their embedded store; `endpoint_from_arguments` picks it or
+  the remote one from a command line.
+
+  Args:
+    codex: a CoDEx folder (`{train,valid,test}.txt`, `entity2types.json`; see `load_codex`), e.g.
+      `../shared/wikidata/codex-m`; None or "" for none.
+    ntriples: N-Triples files with Wikidata IRIs.
+    timeout_s: bound of one query in seconds (`OxigraphEndpoint`); None = unbounded.
+    allow_empty: accept a store with neither (`migrate --codex ''`: nothing is found).
+
+  Returns:
+    The loaded store.
+
+  Raises:
+    ValueError: neither `codex` nor `ntriples` (unless `allow_empty`), a malformed CoDEx line
+      (`FILE:LINE: ...`), or a bad `timeout_s`.
+    FileNotFoundError: a missing CoDEx `train.txt` or N-Triples file.
+  """
+  ntriples = list(ntriples or ())
+  if not codex and not ntriples and not allow_empty:
+    raise ValueError("the embedded store needs --codex DIR or --ntriples FILE")
+  store = OxigraphEndpoint(timeout_s=timeout_s)
+  if codex:
+    if not pathlib.Path(codex, "train.txt").is_file():
+      raise FileNotFoundError(f"{pathlib.Path(codex, 'train.txt')}: no such file "
+                              "(expected a CoDEx folder)")
+    _log.info("loaded CoDEx %s: %s", codex, store.load_codex(codex))
+  for path in ntriples:
+    if not pathlib.Path(path).is_file():
+      raise FileNotFoundError(f"{path}: no such file")
+    store.load_ntriples(path)
+  return store
+
+
+def endpoint_from_arguments(args: argparse.Namespace,
+                            embedded_timeout: bool = False,
+                            allow_empty: bool = False) -> Endpoint:
+  """The store a command line names: `--endpoint remote` or the embedded one.
+
+  Args:
+    args: parsed command line with `endpoint` ("remote" or "oxigraph"), `codex`, `ntriples` and
+      the flags of `add_endpoint_arguments`.
+    embedded_timeout: `--timeout` also bounds the embedded store's queries (as
+      `add_endpoint_arguments(embedded_timeout=True)` documents it).
+    allow_empty: see `embedded_store`.
+
+  Returns:
+    `remote_endpoint_from_arguments(args)` or `embedded_store(...)` (not cached: wrap it in
+    `CachedEndpoint`).
+
+  Raises:
+    ValueError, FileNotFoundError: see `embedded_store` and `remote_endpoint_from_arguments`.
+  """
+  if args.endpoint == "remote":
+    return remote_endpoint_from_arguments(args)
+  return embedded_store(
+      args.codex or None,
+      args.ntriples or (),
+      timeout_s=args.timeout if embedded_timeout else None,
+      allow_empty=allow_empty)
+
+
 TIMED_OUT = "timed_out_after_s"  # cache value {TIMED_OUT: seconds} of a query that timed out
 
 

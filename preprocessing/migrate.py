@@ -100,16 +100,7 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
   """Builds the endpoint named by the command line (None for `--endpoint none`)."""
   if args.endpoint == "none":
     return None
-  if args.endpoint == "remote":
-    inner: ep.Endpoint = ep.remote_endpoint_from_arguments(args)
-  else:
-    ox = ep.OxigraphEndpoint(timeout_s=args.timeout)
-    if args.codex:
-      counts = ox.load_codex(args.codex)
-      _log.info("loaded CoDEx %s: %s", args.codex, counts)
-    for path in args.ntriples or ():
-      ox.load_ntriples(path)
-    inner = ox
+  inner = ep.endpoint_from_arguments(args, embedded_timeout=True, allow_empty=True)
   cache = args.cache or os.path.join(args.out, "cache", "endpoint.jsonl")
   return ep.CachedEndpoint(inner, cache, retry_timeouts=args.retry_timeouts)
 

@@ -22,7 +22,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def store(shared_dir):
-  return execution.make_endpoint("oxigraph", codex=shared_dir / "wikidata" / "codex-m")
+  return ep.CachedEndpoint(ep.embedded_store(shared_dir / "wikidata" / "codex-m"), None)
 
 
 @pytest.fixture(scope="module")
