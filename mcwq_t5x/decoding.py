@@ -574,10 +574,14 @@ def beam_search(inputs: Array,
     all_flags = jnp.concatenate([state.finished_flags, new_flags], axis=1)
     finished_scores, finished_seqs, finished_flags = gather_topk_beams(
         (all_scores, all_seqs, all_flags), all_scores, batch_size, beam_size)
-    # Fields in BeamState's order: cur_index, live_logprobs, finished_scores, live_seqs,
-    # finished_seqs, finished_flags, cache.
-    return BeamState(index + 1, new_live_logprobs, finished_scores, new_live_seqs, finished_seqs,
-                     finished_flags, new_cache)
+    return BeamState(
+        cur_index=index + 1,
+        live_logprobs=new_live_logprobs,
+        finished_scores=finished_scores,
+        live_seqs=new_live_seqs,
+        finished_seqs=finished_seqs,
+        finished_flags=finished_flags,
+        cache=new_cache)
 
   final = lax.while_loop(cond_fn, body_fn, state0)
   # [:, :, 1:] drops the BOS. Positions after the EOS were never written (0), except a prompt

@@ -20,8 +20,9 @@ not retried. `CachedEndpoint` wraps either one and keeps every answer in an appe
 recorded as `{"timed_out_after_s": T}` and not re-run by a later run unless asked
 (`retry_timeouts=True`).
 
-Command lines that talk to a remote endpoint (`preprocessing.migrate`, `mcwq_t5x.evaluate`) define
-its flags with `add_endpoint_arguments` and build it with `remote_endpoint_from_arguments`.
+Command lines that query a store (`preprocessing.migrate`, `mcwq_t5x.evaluate`) define the remote
+endpoint's flags with `add_endpoint_arguments` and build the store they name with
+`endpoint_from_arguments` (the embedded one through `embedded_store`).
 
 Results are plain JSON-able values: `select` returns a list of {variable: term} rows where a
 Wikidata entity is written `wd:Q42`, a property `wdt:P57`, any other IRI `<…>` and a literal its
