@@ -28,7 +28,8 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
   arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 2, data
   parallel), `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
-  `partitioning.XLA_CPU_TRAINING_FLAGS`): examples packed into rows of
+  `partitioning.XLA_CPU_TRAINING_FLAGS`, dropout masks from the `unsafe_rbg` PRNG as the main job
+  draws them, `USE_HARDWARE_RNG`; `--no-use_hardware_rng`: threefry): examples packed into rows of
   `--input_length`/`--target_length` tokens (`PACK = True`, first-fit decreasing:
   `mcwq_t5x.packing`), so the epoch is ceil(rows / batch) steps. Theirs is
   `MT5ForConditionalGeneration` with transformers' `LengthGroupedSampler` (the Trainer's
@@ -140,7 +141,11 @@ def _our_trainer_cls(args: argparse.Namespace):
   from mcwq_t5x import trainer as trainer_lib
   lr = trainer_lib.create_learning_rate_schedule(args.learning_rate, "constant")
   tx = trainer_lib.make_optimizer(lr, "adafactor", adafactor_multiply_by_parameter_scale=False)
-  return functools.partial(trainer_lib.Trainer, learning_rate_fn=lr, optimizer=tx)
+  return functools.partial(
+      trainer_lib.Trainer,
+      learning_rate_fn=lr,
+      optimizer=tx,
+      use_hardware_rng=args.use_hardware_rng)
 
 
 def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
@@ -406,6 +411,11 @@ def main(argv=None) -> None:
   parser.add_argument("--num_layers", type=int, default=4, help="encoder and decoder layers each")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument(
+      "--use_hardware_rng",
+      action=argparse.BooleanOptionalAction,
+      default=True,
+      help="our dropout masks from the unsafe_rbg PRNG (USE_HARDWARE_RNG, as the main job)")
   parser.add_argument("--fixed_steps", type=int, default=5)
   parser.add_argument(
       "--host_devices", type=int, default=2, help="XLA CPU devices, our epoch (fixed: 1)")

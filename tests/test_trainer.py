@@ -103,6 +103,39 @@ def test_microbatching_equals_one_large_batch():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def _dropout_step(use_hardware_rng, seed=0):
+  """One AdamW step of the tiny model with dropout 0.5; returns (initial params, metrics)."""
+  p = partitioning.Partitioner(num_partitions=1)
+  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  tr = trainer_lib.Trainer(
+      tiny_model(dropout_rate=0.5),
+      p,
+      lr,
+      optimizer=trainer_lib.make_optimizer(lr, "adamw"),
+      seed=seed,
+      use_hardware_rng=use_hardware_rng)
+  state = tr.create_state(SHAPES)
+  init = jax.device_get(state.params)
+  _, metrics = tr.train_step(state, p.make_global_batch(synthetic_batch(7)))
+  return init, jax.device_get(metrics)
+
+
+def test_hardware_rng_changes_dropout_masks_only():
+  """USE_HARDWARE_RNG: the same initial parameters, other dropout masks (another loss under
+  dropout 0.5), and the same masks again for the same seed."""
+  init_default, m_default = _dropout_step(False)
+  init_rbg, m_rbg = _dropout_step(True)
+  _, m_rbg_again = _dropout_step(True)
+  _, m_rbg_other_seed = _dropout_step(True, seed=1)
+  for a, b in zip(jax.tree_util.tree_leaves(init_default), jax.tree_util.tree_leaves(init_rbg)):
+    np.testing.assert_array_equal(a, b)
+  assert np.isfinite(m_rbg["loss"]) and m_rbg["grad_norm"] > 0
+  assert m_rbg["num_tokens"] == m_default["num_tokens"]
+  assert abs(m_rbg["loss"] - m_default["loss"]) > 1e-3 * abs(m_default["loss"])
+  assert m_rbg_again["loss"] == m_rbg["loss"]
+  assert m_rbg_other_seed["loss"] != m_rbg["loss"]
+
+
 def test_microbatches_must_divide_batch():
   p = partitioning.Partitioner(num_partitions=1)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
