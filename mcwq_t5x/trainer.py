@@ -320,10 +320,10 @@ class Trainer:
     self.optimizer = optimizer if optimizer is not None else make_optimizer(learning_rate_fn)
     self.num_microbatches = int(num_microbatches or 1)
     self.seed = int(seed)
-    self.use_hardware_rng = bool(use_hardware_rng)
-    self.dropout_rng = (
-        jax.random.key(self.seed + 1, impl="unsafe_rbg")
-        if self.use_hardware_rng else jax.random.PRNGKey(self.seed + 1))
+    if use_hardware_rng:  # a typed key: fold_in keeps its implementation
+      self.dropout_rng = jax.random.key(self.seed + 1, impl="unsafe_rbg")
+    else:
+      self.dropout_rng = jax.random.PRNGKey(self.seed + 1)
     self._state_shardings = None
     self._train_step_fn = None
     self._eval_step_fn = None
