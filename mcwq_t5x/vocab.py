@@ -11,8 +11,14 @@
   `decode(encode(text)) == text` for single-spaced text. BPE rather than unigram: on this
   corpus the unigram trainer (sentencepiece 0.2.3) leaves frequent words such as "ASK" and
   "Did" as single characters, while BPE learns them and whole properties (`▁wdt:P57`) once
-  script splitting is off (mean RIR length 53 pieces vs. 190 for unigram). Training is
-  reproducible (fixed seed, deterministic input order, one thread), and the model is cached in
+  script splitting is off (mean RIR length 53 pieces vs. 190 for unigram). Whitespace
+  splitting is off too (`split_by_whitespace=False`, since format version 3), so pieces span
+  spaces: RIR's bracket runs become single pieces (`▁)▁)▁.▁(`, `▁(▁wdt:P57`) and the English
+  `random_split` dev queries shrink from 46.0 to 20.7 pieces on average (questions from 13.7
+  to 10.6). That halves the decoder's work per example: the embedded default (README) reaches
+  the exact match of 4,000 whitespace-split steps in 59% of the wall time. Placeholders and
+  variables (`▁M0`, `▁?x0`) stay single pieces (`RIR_SYMBOLS`). Training is reproducible
+  (fixed seed, deterministic input order, one thread), and the model is cached in
   `paths.cache_dir()/spm/` under a key that hashes its parameters and the bytes of the files
   it was trained on.
 
@@ -43,7 +49,7 @@ VOCAB_ENV = "MCWQ_VOCAB"
 T5_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
 DEFAULT_VOCAB_SIZE = 2000
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-_FORMAT_VERSION = 2  # bump when the training recipe changes (invalidates caches)
+_FORMAT_VERSION = 3  # bump when the training recipe changes (invalidates caches)
 
 PathLike = Union[str, os.PathLike]
 
@@ -67,6 +73,7 @@ class SmallVocabConfig:
     character_coverage: fraction of characters covered by character pieces.
     parts: which MCWQ parts supply training text (never "test").
     user_defined_symbols: strings always kept as single pieces.
+    split_by_whitespace: SentencePiece's option of that name; False lets pieces span spaces.
   """
   vocab_size: int = DEFAULT_VOCAB_SIZE
   model_type: str = "bpe"
@@ -74,6 +81,7 @@ class SmallVocabConfig:
   character_coverage: float = 1.0
   parts: tuple[str, ...] = ("train", "dev")
   user_defined_symbols: tuple[str, ...] = RIR_SYMBOLS
+  split_by_whitespace: bool = False
 
   def __post_init__(self):
     if "test" in self.parts:
@@ -167,6 +175,7 @@ def train_sentencepiece(
         normalization_rule_name="identity",
         split_by_number=False,
         split_by_unicode_script=False,
+        split_by_whitespace=config.split_by_whitespace,
         user_defined_symbols=list(config.user_defined_symbols),
         num_threads=1,
         input_sentence_size=0,

@@ -133,8 +133,8 @@ def test_example_counts_per_task(mcwq_tasks, mcwq_dir):
 
 
 def test_trimming_keeps_eos(mcwq_tasks):
-  _, ex = _first("mcwq_mcd1_kn", "test", {"inputs": 8, "targets": 16})
-  assert len(ex["inputs"]) == 8 and len(ex["targets"]) == 16
+  _, ex = _first("mcwq_mcd1_kn", "test", {"inputs": 8, "targets": 8})
+  assert len(ex["inputs"]) == 8 and len(ex["targets"]) == 8
   assert ex["inputs"][-1] == 1 and ex["targets"][-1] == 1
 
 

@@ -99,10 +99,13 @@ def test_small_vocabulary_tokenises_all_scripts_and_rir(small_model, mcwq_dir):
   rir = readers.read_split("mcd1", "dev", "en", mcwq_dir)[0].rir
   pieces = sp.encode(rir, out_type=str)
   assert v.decode(v.encode(rir)) == rir
-  for piece in ("▁ASK", "▁WHERE", "▁lb", "▁rb", "▁wdt:P57", "▁M0", "▁?x0"):
+  for piece in ("▁M0", "▁M1", "▁?x0"):  # placeholders and variables: always single pieces
     assert piece in pieces, piece
   assert "▁" not in pieces  # no bare word-boundary piece before placeholders/variables
-  assert len(pieces) < len(rir.split()) * 1.5
+  # Pieces span spaces (split_by_whitespace=False): RIR's brackets merge with their neighbours,
+  # e.g. "▁)▁)▁.▁(" and "▁(▁wdt:P57", so a query has far fewer pieces than words (41 here).
+  assert "▁)▁)▁.▁(" in pieces and any("wdt:P57" in p and "▁(" in p for p in pieces), pieces
+  assert len(pieces) < len(rir.split()) * 0.7
 
 
 def test_vocabulary_from_env_and_path(small_model, monkeypatch):
