@@ -103,7 +103,7 @@ def test_small_vocabulary_tokenises_all_scripts_and_rir(small_model, mcwq_dir):
     assert piece in pieces, piece
   assert "▁" not in pieces  # no bare word-boundary piece before placeholders/variables
   # Pieces span spaces (split_by_whitespace=False): RIR's brackets merge with their neighbours,
-  # e.g. "▁)▁)▁.▁(" and "▁(▁wdt:P57", so a query has far fewer pieces than words (41 here).
+  # e.g. "▁)▁)▁.▁(" and "▁(▁wdt:P57", so a query has far fewer pieces than words (25 for 57 here).
   assert "▁)▁)▁.▁(" in pieces and any("wdt:P57" in p and "▁(" in p for p in pieces), pieces
   assert len(pieces) < len(rir.split()) * 0.7
 
