@@ -13,7 +13,7 @@ import gin
 from mcwq_t5x import gin_utils
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# A very small tiny-model shape for tests (the preset is 2+2 layers of width 128).
+# A very small tiny-model shape for tests (the preset is 2+2 layers of width 64).
 SMALL_MODEL = [
     "network.get_config.emb_dim = 32", "network.get_config.num_heads = 2",
     "network.get_config.head_dim = 16", "network.get_config.mlp_dim = 64",
