@@ -431,7 +431,9 @@ class RelativePositionBiases(nn.Module):
     Without positions, relative position = key index - query index (T5X); with
     positions ([batch, qlen] / [batch, klen], packed examples) it is
     key_position - query_position, so a packed example sees the same biases as
-    unpacked (cross-segment pairs are masked separately).
+    unpacked (cross-segment pairs are masked separately). The layers of `Transformer` call it
+    without positions: for contiguous segments both give the same biases on every unmasked pair
+    (see `Transformer.__call__`), and [1, ...] costs `batch` times less.
     """
     if query_positions is None:
       relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
@@ -651,11 +653,10 @@ class EncoderLayer(nn.Module):
   def __call__(self,
                inputs: Array,
                encoder_mask: Optional[Array] = None,
-               deterministic: bool = False,
-               positions: Optional[Array] = None) -> Array:
+               deterministic: bool = False) -> Array:
     cfg = self.config
     length = inputs.shape[-2]
-    bias = self.relative_embedding(length, length, True, positions, positions)
+    bias = self.relative_embedding(length, length, True)
     x = _residual(
         cfg, inputs, "pre_attention_layer_norm", deterministic,
         lambda h: _attention(cfg, "attention")
@@ -677,14 +678,10 @@ class DecoderLayer(nn.Module):
                encoder_decoder_mask: Optional[Array] = None,
                deterministic: bool = False,
                decode: bool = False,
-               max_decode_length: Optional[int] = None,
-               positions: Optional[Array] = None) -> Array:
+               max_decode_length: Optional[int] = None) -> Array:
     cfg = self.config
     length = (max_decode_length if decode and max_decode_length else inputs.shape[-2])
-    if positions is not None and not decode:
-      bias = self.relative_embedding(length, length, False, positions, positions)
-    else:
-      bias = self.relative_embedding(length, length, False)
+    bias = self.relative_embedding(length, length, False)
     x = _residual(
         cfg, inputs, "pre_self_attention_layer_norm", deterministic,
         lambda h: _attention(cfg, "self_attention")
@@ -729,13 +726,11 @@ class Encoder(nn.Module):
   def __call__(self,
                encoder_input_tokens: Array,
                encoder_mask: Optional[Array] = None,
-               deterministic: bool = False,
-               encoder_positions: Optional[Array] = None) -> Array:
+               deterministic: bool = False) -> Array:
     cfg = self.config
     rel_emb, x = _embed(cfg, self.shared_embedding, encoder_input_tokens, deterministic)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(
-          cfg, rel_emb, name=f"layers_{i}")(x, encoder_mask, deterministic, encoder_positions)
+      x = EncoderLayer(cfg, rel_emb, name=f"layers_{i}")(x, encoder_mask, deterministic)
     x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, deterministic)
 
@@ -749,7 +744,6 @@ class Decoder(nn.Module):
   def __call__(self,
                encoded: Array,
                decoder_input_tokens: Array,
-               decoder_positions: Optional[Array] = None,
                decoder_mask: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None,
                deterministic: bool = False,
@@ -766,8 +760,7 @@ class Decoder(nn.Module):
               encoder_decoder_mask=encoder_decoder_mask,
               deterministic=deterministic,
               decode=decode,
-              max_decode_length=max_decode_length,
-              positions=decoder_positions)
+              max_decode_length=max_decode_length)
     y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg, y, deterministic)
     if cfg.logits_via_embedding:
@@ -802,7 +795,8 @@ class Transformer(nn.Module):
     """Encodes [batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed].
 
     Packed inputs: tokens attend only within their segment
-    (`encoder_segment_ids`), relative positions from `encoder_positions`.
+    (`encoder_segment_ids`). `encoder_positions` is accepted for T5X's interface and not read: see
+    `__call__`.
     """
     cfg = self.config
     mask = make_attention_mask(encoder_input_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
@@ -811,11 +805,7 @@ class Transformer(nn.Module):
           mask,
           make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
           dtype=cfg.dtype)
-    return self.encoder(
-        encoder_input_tokens,
-        mask,
-        deterministic=not enable_dropout,
-        encoder_positions=encoder_positions)
+    return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
   def decode(self,
              encoded: Array,
@@ -830,6 +820,8 @@ class Transformer(nn.Module):
              decode: bool = False,
              max_decode_length: Optional[int] = None) -> Array:
     """Decoder logits [batch, tgt_len, vocab] float32.
+
+    `decoder_positions` is accepted for T5X's interface and not read: see `__call__`.
 
     With `decode=True` (cached autoregressive decoding) no self-attention mask
     is built (the cache applies causality) and packing is not allowed.
@@ -860,7 +852,6 @@ class Transformer(nn.Module):
     return self.decoder(
         encoded,
         decoder_input_tokens,
-        decoder_positions=decoder_positions,
         decoder_mask=decoder_mask,
         encoder_decoder_mask=enc_dec_mask,
         deterministic=not enable_dropout,
@@ -889,7 +880,13 @@ class Transformer(nn.Module):
         masks only).
       encoder_segment_ids, decoder_segment_ids: [batch, len] packing ids.
       encoder_positions, decoder_positions: [batch, len] positions in packed
-        examples.
+        examples; accepted for T5X's interface and not read. As in T5X's network, relative
+        positions are key index - query index in the row, one [1, heads, len, len] bias for the
+        whole batch. For packed rows (SeqIO: segments are contiguous and their positions count
+        from 0) this equals key position - query position on every pair of the same segment,
+        and the segment mask replaces the logits of every other pair, so logits and gradients
+        are those of the examples unpacked. (Computing the bias from the positions instead gave
+        a [batch, heads, len, len] gather per layer and its scatter-add in the backward pass.)
       enable_dropout: apply dropout (needs a 'dropout' rng).
       decode: cached decoding mode (the first call creates the cache).
       max_decode_length: cache length for `decode`.

@@ -30,8 +30,12 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   parallel), `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
   `partitioning.XLA_CPU_TRAINING_FLAGS`, dropout masks from the `unsafe_rbg` PRNG as the main job
   draws them, `USE_HARDWARE_RNG`; `--no-use_hardware_rng`: threefry): examples packed into rows of
-  `--input_length`/`--target_length` tokens (`PACK = True`, first-fit decreasing:
-  `mcwq_t5x.packing`), so the epoch is ceil(rows / batch) steps. Theirs is
+  `--pack_input_length`/`--pack_target_length` tokens (`PACK = True`, first-fit decreasing:
+  `mcwq_t5x.packing`), so the epoch is ceil(rows / batch) steps. The default rows of 40/72 tokens
+  hold the split's longest example (28 input / 66 target tokens, so nothing is truncated: the
+  driver checks that both systems saw the same target tokens) and are 90% / 94% full; rows of
+  64/128 are 93% / 88% full, and their attention costs (64^2 + 128^2) / (40^2 + 72^2) = 3x as
+  much per row. Theirs is
   `MT5ForConditionalGeneration` with transformers' `LengthGroupedSampler` (the Trainer's
   `group_by_length=True`) and dynamic padding to each batch's longest example (as
   `DataCollatorForSeq2Seq`), labels padded with -100, a plain PyTorch loop (forward, backward,
@@ -97,8 +101,8 @@ def _dataset_config(args: argparse.Namespace, pack: bool):
   return utils.DatasetConfig(
       mixture_or_task_name=args.task,
       task_feature_lengths={
-          "inputs": args.input_length,
-          "targets": args.target_length
+          "inputs": args.pack_input_length,
+          "targets": args.pack_target_length
       },
       split=args.split,
       batch_size=args.batch_size,
@@ -175,6 +179,7 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_period=10**9,
         keep_checkpoints=1)
   seconds = result["train_time_s"]
+  split_tokens = int(rows["decoder_loss_weights"].sum())
   # Examples and target tokens seen: steps x batch rows at the split's mean per row.
   seen_rows = steps * args.batch_size
   n = seen_rows * float(per_row.mean())
@@ -189,7 +194,8 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "examples_per_s": n / seconds,
       "target_tokens_per_s": tokens / seconds,
       "peak_rss_gib": _peak_rss_gib(),
-      "devices": _device_count()
+      "devices": _device_count(),
+      "split_target_tokens": split_tokens if not args.max_examples else None
   }
 
 
@@ -338,7 +344,8 @@ def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "examples_per_s": len(examples) / seconds,
       "target_tokens_per_s": tokens / seconds,
       "peak_rss_gib": _peak_rss_gib(),
-      "threads": torch.get_num_threads()
+      "threads": torch.get_num_threads(),
+      "split_target_tokens": tokens if not args.max_examples else None
   }
 
 
@@ -403,6 +410,16 @@ def main(argv=None) -> None:
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--input_length", type=int, default=64)
   parser.add_argument("--target_length", type=int, default=128)
+  parser.add_argument(
+      "--pack_input_length",
+      type=int,
+      default=40,
+      help="tokens per packed encoder row, our epoch (fixed-shape: --input_length)")
+  parser.add_argument(
+      "--pack_target_length",
+      type=int,
+      default=72,
+      help="tokens per packed decoder row, our epoch (fixed-shape: --target_length)")
   parser.add_argument("--vocab_size", type=int, default=2048)
   parser.add_argument("--emb_dim", type=int, default=256)
   parser.add_argument("--num_heads", type=int, default=4)
@@ -443,6 +460,11 @@ def main(argv=None) -> None:
         r = _run_worker(system, mode, argv, args.host_devices)
         results.setdefault((system, mode), []).append(r)
         print(_line(r), flush=True)
+  if "epoch" in modes:
+    seen = {results[(system, "epoch")][0]["split_target_tokens"] for system in ("ours", "hf")}
+    if len(seen) > 1:
+      print(f"WARNING: the systems' epochs hold different target tokens {sorted(seen)}: "
+            "the packed rows truncate examples; raise --pack_input_length/--pack_target_length")
   ratios = {}
   for mode in modes:
     means = {}
