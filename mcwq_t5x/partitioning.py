@@ -14,6 +14,10 @@ the per-process numpy rows with `jax.make_array_from_process_local_data`. Becaus
 the mesh, a global batch holds the same examples in the same order however many processes feed
 it: 2 processes x 2 devices train exactly like 1 process x 4 devices.
 
+CPU hosts: `set_host_device_count` splits the CPU into XLA host devices, `set_xla_cpu_flags` adds
+the XLA CPU compiler flags for training, and `set_host_malloc_options` keeps freed host memory for
+reuse; the training main calls all three.
+
 Nothing here imports TensorFlow or SeqIO.
 """
 from __future__ import annotations
@@ -213,14 +217,20 @@ def set_host_device_count(count: Optional[int] = None) -> bool:
   return True
 
 
-# XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark
-# model of `scripts/benchmark_vs_hf.py`: 4.68 -> 3.84 s per fixed-shape 32x64/128 step). By
-# default the CPU backend ran the matmuls as separate YNNPACK fusions and wrote the backward pass's
-# gated-GELU gradients TRANSPOSED for the weight-gradient matmuls (`copy_bitcast_fusion`, 1.38 s of
-# a 4.7 s step); YNN fusion of dots with their elementwise neighbours and reductions removes most
-# of those copies. Logits stay within the transformers-parity tolerances.
+# XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark model of
+# `scripts/benchmark_vs_hf.py`). The matmuls and reductions run as YNNPACK fusions; the elementwise
+# ops stay with XLA's own loop fusions. History: with the relative-position biases gathered per
+# packed example, YNN fusion of the elementwise ops as well ("dot,eltwise,reduce") removed
+# transposed copies of the gated-GELU gradients (4.68 -> 3.84 s per fixed-shape 32x64/128 step).
+# With the biases computed from indices (one per row shape) that gain is gone, and YNN's elementwise
+# fusions cost more than they save: they materialise broadcast constants as full tensors and split
+# the gated-GELU chain into several passes (`jax.profiler` trace of a 40/72 packed step on 2
+# devices, summed over devices: 3,221 ms of thunks, of which 112 ms materialised broadcasts, with
+# "eltwise"; 2,822 ms without). Dropping "eltwise": packed 40/72 step 1.35-1.8 -> 1.13-1.5 s,
+# fixed-shape 64/128 step 2.90-2.96 -> 2.26-2.67 s, our benchmark epoch 112 -> 96 s. Logits stay
+# within the transformers-parity tolerances.
 XLA_CPU_TRAINING_FLAGS = (
-    "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise,reduce",
+    "--xla_cpu_experimental_ynn_fusion_type=dot,reduce",
     "--xla_cpu_use_xnnpack=false",
 )
 
@@ -242,6 +252,44 @@ def set_xla_cpu_flags(flags: Sequence[str] = XLA_CPU_TRAINING_FLAGS) -> list[str
   if added:
     os.environ["XLA_FLAGS"] = " ".join([current] + added).strip()
   return added
+
+
+# glibc `mallopt` parameters (<malloc.h>).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+
+
+def set_host_malloc_options() -> bool:
+  """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
+
+  The XLA CPU runtime allocates a step's temporary buffers with `malloc` and frees them after the
+  step. By default glibc gives such large blocks back to the kernel (fresh `mmap`s, and the
+  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: about
+  160,000 minor page faults (about 630 MiB) and 0.44 s of system time per 1.3 s step of the
+  benchmark model of `scripts/benchmark_vs_hf.py` (2 cores, packed rows of 40/72, 2 devices).
+  With one arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap
+  trimmed only above 2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), the same step had no
+  page faults and no system time and took 1.06-1.11 s. Peak RSS is the same high-water mark;
+  memory freed below it stays with the process instead of going back to the kernel.
+
+  Call it once at the start of a CPU training process (the training main does, after JAX has
+  chosen its backend, only when that backend is the CPU); it affects later allocations only.
+
+  Returns:
+    True if the options were set; False where the C library is not glibc (macOS, musl) or
+    refused an option, in which case nothing else changes.
+  """
+  try:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    mallopt = libc.mallopt
+  except (OSError, AttributeError):
+    return False
+  ok = True
+  for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
+    ok = bool(mallopt(param, value)) and ok
+  return ok
 
 
 @dataclasses.dataclass(frozen=True)

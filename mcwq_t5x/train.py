@@ -427,7 +427,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   `--multiprocess_gpu --coordinator_address=HOST:PORT --process_count=N --process_index=I`)
   initialise `jax.distributed` before any device is used; every process runs the same command
   with its own `--process_index` and the same MODEL_DIR. On CPU, XLA gets the training flags of
-  `partitioning.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them.
+  `partitioning.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them, and the process keeps freed
+  host memory for reuse (`partitioning.set_host_malloc_options`).
 
   Raises:
     gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
@@ -441,6 +442,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   partitioning.set_xla_cpu_flags()
   if partitioning.initialize_from_flags(args) is None:
     gin_utils.call_configured(partitioning.initialize_distributed)
+  if jax.default_backend() == "cpu":
+    partitioning.set_host_malloc_options()
   return gin_utils.call_configured(train)
 
 

@@ -28,7 +28,9 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
   arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 2, data
   parallel), `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
-  `partitioning.XLA_CPU_TRAINING_FLAGS`, dropout masks from the `unsafe_rbg` PRNG as the main job
+  `partitioning.XLA_CPU_TRAINING_FLAGS` and its host `malloc` options
+  (`partitioning.set_host_malloc_options`; the HF process keeps glibc's defaults), dropout masks
+  from the `unsafe_rbg` PRNG as the main job
   draws them, `USE_HARDWARE_RNG`; `--no-use_hardware_rng`: threefry): examples packed into rows of
   `--pack_input_length`/`--pack_target_length` tokens (`PACK = True`, first-fit decreasing:
   `mcwq_t5x.packing`), so the epoch is ceil(rows / batch) steps. The default rows of 40/72 tokens
@@ -445,9 +447,10 @@ def main(argv=None) -> None:
     import logging
     logging.basicConfig(level=logging.WARNING)
     system, mode = args.worker.split(":")
-    if system == "ours":  # as the training main does, before JAX starts its backend
+    if system == "ours":  # as the training main does (flags before JAX starts its backend)
       from mcwq_t5x import partitioning
       partitioning.set_xla_cpu_flags()
+      partitioning.set_host_malloc_options()
     print(json.dumps(WORKERS[(system, mode)](args)))
     return
 
