@@ -16,6 +16,32 @@ SHARED_DIR = REPO_ROOT.parent / "shared"
 MCWQ_DIR = SHARED_DIR / "mcwq"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """Under pytest-xdist's `--dist loadgroup` (pytest.ini): a test without an `xdist_group` mark
+  is grouped with the other tests of its file (module fixtures then run once, as with
+  `--dist loadfile`); the "readme" group (the README's commands and the tests that read their
+  runs) is scheduled first, so its long chain starts at once on one worker."""
+  del config
+  for item in items:
+    if not any(item.iter_markers("xdist_group")):
+      item.add_marker(pytest.mark.xdist_group(item.path.stem))
+  items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != "readme")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """JAX's persistent compilation cache for the commands the tests run in fresh processes (they
+  inherit this environment): processes that compile the same programs (an eval after a training
+  run of the same shapes, both engines' evaluations of one checkpoint) compile them once. One
+  folder per session (shared by the xdist workers), so no test depends on an earlier session."""
+  import scenarios  # pylint: disable=g-import-not-at-top
+  folder = scenarios.session_root(tmp_path_factory) / "jax_compilation_cache"
+  folder.mkdir(exist_ok=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+  yield folder
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> pathlib.Path:
   """The read-only `../shared` folder with the real data (see ../shared/README.md)."""
@@ -40,3 +66,17 @@ def migrated_cfq_sample(tmp_path_factory) -> pathlib.Path:
   report = migrate.run(migrate.build_parser().parse_args(["--out", str(out), "--quiet"]))
   assert report["written"] == 1818 and report["assigned"] == 151, report
   return out
+
+
+@pytest.fixture(scope="session")
+def readme(tmp_path_factory, mcwq_dir):
+  """The README's commands, run once per session as printed (plus size overrides) in a temporary
+  copy of the repository (`scenarios.ReadmeRun`; `readme.result(i)` runs commands 0..i first)."""
+  del mcwq_dir  # the real data must be there
+  import readme_commands  # pylint: disable=g-import-not-at-top
+  import scenarios  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
+  small = str(vocab.small_vocab_path())
+  return scenarios.ReadmeRun(tmp_path_factory, [c for _, c in readme_commands.COMMANDS],
+                             lambda index: readme_commands.env_of(index, small),
+                             readme_commands.with_overrides)

@@ -15,8 +15,10 @@ import jax
 import numpy as np
 import pytest
 import sentencepiece as spm
-import torch  # test requirement: parity against an independent implementation
-import transformers
+
+torch = pytest.importorskip(
+    "torch")  # test requirement: parity against an independent implementation
+transformers = pytest.importorskip("transformers")
 
 from mcwq_t5x import checkpoint_import as ci
 from mcwq_t5x import model as model_lib

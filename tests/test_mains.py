@@ -1,6 +1,10 @@
-"""End-to-end tests of our engine's mains (train / eval / infer), each run as users run it, in a
-fresh process (`python -m mcwq_t5x.train ...`), on real MCWQ text from ../shared with a very small
-model and a few steps; configuration errors are checked through gin in this process."""
+"""End-to-end tests of our engine's mains (train / infer), each run as users run it, in a fresh
+process (`python -m mcwq_t5x.train ...`), on real MCWQ text from ../shared with a very small model;
+configuration errors are checked through gin in this process.
+
+Kill and resume are checked in test_checkpoints.py (in this process) and test_multiprocess.py (a
+2-process run resumed by one process); `eval` decoding a checkpoint as the training run's final
+evaluation did, by the README's commands (test_readme.py)."""
 import json
 import pathlib
 
@@ -8,18 +12,23 @@ import numpy as np
 import pytest
 
 from mcwq_t5x import checkpoints
+from mcwq_t5x import metrics
 from mcwq_t5x import paths
+from mcwq_t5x import readers
 from mcwq_t5x import train as train_lib
 from mcwq_t5x import trainer as trainer_lib
 import mains
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 MODEL = "gin/mcwq_t5x/models/tiny.gin"
+# 300 steps at lr 1e-2 on the 155 Hebrew gold questions (train = test): long enough to learn them
+# (37.5% exact match on the first 32, BLEU 67, on a 2-core machine), short enough for the suite.
+STEPS = 300
 RUN = mains.SMALL_MODEL + [
     "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "BATCH_SIZE = 8",
-    "LOG_EVERY_STEPS = 1", "CHECKPOINT_PERIOD = 2", "EVAL_PERIOD = 2", "EVAL_STEPS = None",
-    "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 6", "FINAL_EVAL_NUM_EXAMPLES = 16",
-    "WARMUP_STEPS = 2", "HOST_DEVICE_COUNT = 2", "TRAIN_STEPS = 4"
+    "LOG_EVERY_STEPS = 50", "CHECKPOINT_PERIOD = 100", "EVAL_PERIOD = 150", "EVAL_STEPS = None",
+    "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 6", "FINAL_EVAL_NUM_EXAMPLES = 32",
+    "WARMUP_STEPS = 20", "LEARNING_RATE = 1e-2", "HOST_DEVICE_COUNT = 2", f"TRAIN_STEPS = {STEPS}"
 ]
 # The 155 human-translated gold test questions (Hebrew) load in a second: real MCWQ text, small.
 GOLD = [
@@ -43,65 +52,47 @@ def losses(model_dir):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, mcwq_dir):
-  """One uninterrupted 4-step run (module-scoped: reused by the eval/infer tests)."""
+  """One uninterrupted run of STEPS steps (module-scoped: the infer test reuses it)."""
   del mcwq_dir  # the real data must be there
   model_dir = tmp_path_factory.mktemp("tiny_run")
   train(model_dir)
   return model_dir
 
 
-def test_train_output_layout(trained):
+# The training loss at steps 50 and 100 of this run (seed 0 of the tiny gin file), recorded on a
+# 2-core AMD EPYC machine. XLA sums in another order on another CPU, and 100 AdamW steps amplify
+# those last bits a little: 2% is far inside what a changed loss, mask, batch or data order moves.
+RECORDED_LOSS = {50: 4.0922, 100: 1.3723}
+
+
+def test_train_learns_and_writes_its_layout(trained):
   model_dir = trained
-  assert checkpoints.finished_steps(model_dir)[-1] == 4
+  assert checkpoints.finished_steps(model_dir)[-1] == STEPS
   assert list((model_dir / "train").glob("events.out.tfevents.*"))
   assert "mcwq_gold_he" in (model_dir / "config.gin").read_text()
   curve = losses(model_dir)
-  assert sorted(curve) == [1, 2, 3, 4] and all(np.isfinite(list(curve.values())))
+  assert sorted(curve) == list(range(50, STEPS + 1, 50)) and all(np.isfinite(list(curve.values())))
+  for step, loss in RECORDED_LOSS.items():
+    assert curve[step] == pytest.approx(loss, rel=0.02), (step, curve)
+  # The 32 questions decoded at the end were trained on: a model that learns gets many right (the
+  # 4-step model of a broken engine gets none).
   preds = (model_dir / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()
-  assert len(preds) == 16
-  metrics = json.loads((model_dir / "metrics/mcwq_gold_he_test.json").read_text())
-  assert metrics["num_examples"] == 16 and metrics["step"] == 4
-  assert 0.0 <= metrics["exact_match"] <= 100.0 and "bleu" in metrics
+  gold = readers.read_split("gold", "test", "he", paths.data_dir())[:32]
+  assert len(preds) == 32
+  scores = json.loads((model_dir / "metrics/mcwq_gold_he_test.json").read_text())
+  assert scores["num_examples"] == 32 and scores["step"] == STEPS
+  rescored = metrics.exact_match_metric([e.rir for e in gold], preds)["exact_match"]
+  assert scores["exact_match"] == pytest.approx(rescored) and rescored >= 15.0, scores
+  assert scores["bleu"] == pytest.approx(metrics.bleu_metric([e.rir for e in gold], preds)["bleu"])
   # T5X's names for the periodic evaluations; with EVAL_STEPS = None the loss covers all 155 rows
   # (batch 8: the last batch of 3 rows is padded, not dropped).
   evals = [json.loads(l) for l in (model_dir / "eval_metrics.jsonl").read_text().splitlines()]
-  assert [e["step"] for e in evals] == [2, 4]
+  assert [e["step"] for e in evals] == [150, 300]
   assert {
       "training_eval/loss", "training_eval/accuracy", "inference_eval/exact_match",
       "inference_eval/bleu"
   } <= set(evals[0])
-
-
-def test_kill_and_resume_reproduces_losses(trained, tmp_path):
-  """Stop after step 2 (as if killed), rerun: steps 3-4 repeat the uninterrupted run's losses."""
-  straight = losses(trained)
-  train(tmp_path, "train.stop_after_steps = 2")
-  assert not (tmp_path / "predictions").exists()
-  train(tmp_path)
-  resumed = losses(tmp_path)
-  assert sorted(resumed) == [1, 2, 3, 4]
-  np.testing.assert_allclose([resumed[s] for s in (1, 2, 3, 4)],
-                             [straight[s] for s in (1, 2, 3, 4)],
-                             rtol=1e-5)
-
-
-def test_eval_main_writes_predictions_in_source_order(trained, tmp_path):
-  # Batch 6 on 4 host devices: rounded up to 8 (padded), not an IndivisibleError.
-  out = mains.python_m(
-      "mcwq_t5x.eval", f"--gin_file={MODEL}", "--gin_file=gin/mcwq_t5x/runs/eval.gin",
-      *mains.gin_flags(mains.SMALL_MODEL + [
-          "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", f"CHECKPOINT_PATH = '{trained}'",
-          "NUM_EXAMPLES = 16", f"EVAL_OUTPUT_DIR = '{tmp_path}'", "BATCH_SIZE = 6",
-          "HOST_DEVICE_COUNT = 4"
-      ]))
-  preds = (tmp_path / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()
-  assert len(preds) == 16
-  # Same checkpoint, same examples: the same predictions as the training run's final evaluation.
-  assert preds == (trained / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()
-  metrics = json.loads((tmp_path / "metrics/mcwq_gold_he_test.json").read_text())
-  assert metrics["step"] == 4 and metrics["num_examples"] == 16
-  assert set(metrics) >= {"exact_match", "bleu", "task", "split"}
-  assert "exact_match" in out.stdout
+  assert evals[1]["training_eval/loss"] < evals[0]["training_eval/loss"]
 
 
 def test_infer_main_one_line_per_input_line(trained, tmp_path):

@@ -1,21 +1,21 @@
-"""Multi-process training on one machine, for real: 2 processes on 127.0.0.1 (CPU collectives,
-`jax.distributed`), each with 2 XLA host devices, launched as a user launches them on 2 GPU hosts
-(`python -m mcwq_t5x.train ... --multiprocess_gpu --coordinator_address=HOST:PORT
---process_count=2 --process_index=I`), against one process with 4 devices on the same global
-batch: the same losses, one checkpoint written by both processes together, and a stopped pair
-that resumes from it with the losses of the uninterrupted run.
+"""Multi-process training on one machine, for real: the README's 2-process command (2 processes on
+127.0.0.1, CPU collectives, `jax.distributed`, each with 2 XLA host devices, launched as a user
+launches them on 2 GPU hosts: `python -m mcwq_t5x.train ... --multiprocess_gpu
+--coordinator_address=HOST:PORT --process_count=2 --process_index=I`), run once by the `readme`
+fixture; then ONE process with 4 devices resumes the pair's step-3 checkpoint (as if the pair had
+been killed after writing it) and must reach the pair's losses and parameters: the pair wrote one
+checkpoint together, a run resumes with another process count at the same data position, and the
+examples of a step do not depend on the number of processes.
 
 Real MCWQ text (the 155 Hebrew gold test questions), a very small network, 6 steps of 8 packed
-rows, dropout on, no periodic evaluation, a final evaluation of 8 questions.
+rows, dropout on, no periodic evaluation, a final evaluation of 8 questions
+(`readme_commands.MULTIPROCESS`).
 """
 import argparse
 import json
-import os
 import pathlib
-import socket
-import subprocess
+import shutil
 import sys
-import time
 
 import jax
 import numpy as np
@@ -27,75 +27,13 @@ from mcwq_t5x import checkpoints
 from mcwq_t5x import partitioning
 from mcwq_t5x import utils
 import mains
+import readme_commands as rc
+import scenarios
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
-STEPS = 6
-STOP = 3  # the first launch of the pair stops here (after checkpointing), the second resumes
-RUN = mains.SMALL_MODEL + [
-    "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "BATCH_SIZE = 8",
-    "LOG_EVERY_STEPS = 1", f"CHECKPOINT_PERIOD = {STOP}", "EVAL_PERIOD = 0",
-    "FINAL_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 8", "WARMUP_STEPS = 2",
-    f"TRAIN_STEPS = {STEPS}", "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'",
-    "EVAL_SPLIT = 'test'", "FINAL_EVAL_SPLIT = 'test'"
-]
-TIMEOUT_S = 900  # per launch
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def train_args(model_dir, host_devices, *extra):
-  return [
-      sys.executable, "-m", "mcwq_t5x.train", f"--gin_file={TINY}", *mains.gin_flags(
-          RUN + [f"MODEL_DIR = '{model_dir}'", f"HOST_DEVICE_COUNT = {host_devices}", *extra])
-  ]
-
-
-def launch_pair(model_dir: pathlib.Path, *extra: str, timeout: int = TIMEOUT_S) -> list[str]:
-  """Runs the 2-process job (process 0 and 1 of `train_args(...)` with T5X's multi-process flags)
-  and returns the two logs. If one process fails or the pair outlives `timeout`, both are killed
-  (a process left alone would wait for its peer in a collective) and the test fails with the
-  logs' ends."""
-  port = free_port()
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices; HOST_DEVICE_COUNT sets 2
-  logs = [model_dir.parent / f"{model_dir.name}.process_{i}.log" for i in range(2)]
-  procs = []
-  for i, log in enumerate(logs):
-    args = train_args(model_dir, 2, *extra) + [
-        "--multiprocess_gpu", f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
-        f"--process_index={i}"
-    ]
-    with open(log, "w") as f:
-      procs.append(
-          subprocess.Popen(
-              args,
-              cwd=mains.REPO,
-              env=env,
-              stdout=f,
-              stderr=subprocess.STDOUT,
-              start_new_session=True))
-  deadline = time.time() + timeout
-  try:
-    while any(p.poll() is None for p in procs):
-      if any(p.poll() not in (None, 0) for p in procs) or time.time() > deadline:
-        break
-      time.sleep(1)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  texts = [log.read_text(errors="replace") for log in logs]
-  codes = [p.returncode for p in procs]
-  assert codes == [0,
-                   0], (f"2-process run exited {codes} (negative: killed after a peer failed "
-                        f"or after {timeout}s)\n" +
-                        "\n".join(f"--- process {i} ---\n{t[-4000:]}" for i, t in enumerate(texts)))
-  return texts
+STEPS, STOP = rc.MULTIPROCESS_STEPS, rc.MULTIPROCESS_CHECKPOINT
+RUN = [b.replace("=", " = ", 1) for b in rc.MULTIPROCESS]
+pytestmark = pytest.mark.xdist_group("readme")  # reads the README's 2-process run
 
 
 def losses(model_dir) -> dict[int, float]:
@@ -112,55 +50,46 @@ def read_params(model_dir, step) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, mcwq_dir):
-  """One process x 4 devices, uninterrupted; 2 processes x 2 devices, stopped after step STOP
-  (as if killed) and launched again to finish."""
-  del mcwq_dir  # the real data must be there
-  base = tmp_path_factory.mktemp("multiprocess")
-  one, two = base / "one_process", base / "two_processes"
-  one_log = mains.run(train_args(one, 4), timeout=TIMEOUT_S).stderr
-  first = launch_pair(two, f"train.stop_after_steps = {STOP}")
-  losses_at_stop = losses(two)
-  steps_at_stop = checkpoints.finished_steps(two)
-  second = launch_pair(two)
-  return {
-      "one": one,
-      "one_log": one_log,
-      "two": two,
-      "first_logs": first,
-      "second_logs": second,
-      "losses_at_stop": losses_at_stop,
-      "steps_at_stop": steps_at_stop
-  }
+def runs(readme, tmp_path_factory):
+  """The README's pair (2 processes x 2 devices, uninterrupted), and a copy of its MODEL_DIR as it
+  was after step STOP, resumed and finished by 1 process x 4 devices."""
+  pair = scenarios.check(readme.result(rc.MULTIPROCESS_RUN))
+  two = readme.repo / "runs/tiny_2proc"
+  one = tmp_path_factory.mktemp("multiprocess") / "resumed_by_one_process"
+  shutil.copytree(two, one)
+  for step in checkpoints.finished_steps(one):
+    if step > STOP:
+      shutil.rmtree(checkpoints.checkpoint_dir(one, step))
+  for name in ("predictions", "metrics"):
+    shutil.rmtree(one / name)
+  rows = (one / "train_metrics.jsonl").read_text().splitlines(keepends=True)
+  (one / "train_metrics.jsonl").write_text("".join(
+      r for r in rows if json.loads(r)["step"] <= STOP))
+  args = [
+      sys.executable, "-m", "mcwq_t5x.train", f"--gin_file={TINY}",
+      *mains.gin_flags(RUN + [f"MODEL_DIR = '{one}'", "HOST_DEVICE_COUNT = 4"])
+  ]
+  one_log = mains.run(args, cwd=readme.repo).stderr
+  return {"two": two, "pair_log": pair["stdout"] + pair["stderr"], "one": one, "one_log": one_log}
 
 
-def test_multiprocess_losses_equal_single_process_run(runs):
-  """2 processes x 2 devices train on the same global batches as 1 process x 4 devices."""
-  one, two = losses(runs["one"]), losses(runs["two"])
-  assert sorted(one) == list(range(1, STEPS + 1)) == sorted(two)
-  assert all(np.isfinite(list(one.values())))
-  # Uninterrupted steps 1..STOP of the pair (the first launch).
-  before = runs["losses_at_stop"]
-  assert sorted(before) == list(range(1, STOP + 1))
-  np.testing.assert_allclose([before[s] for s in sorted(before)], [one[s] for s in sorted(before)],
-                             rtol=1e-5)
-  # Each process fed its half of every global batch of 8 rows.
-  for i, log in enumerate(runs["first_logs"]):
-    assert f"process {i} of 2 feeds rows {4 * i}:{4 * i + 4} of each batch of 8" in log
+def test_multiprocess_pair_feeds_half_of_each_global_batch(runs):
+  assert sorted(losses(runs["two"])) == list(range(1, STEPS + 1))
+  assert all(np.isfinite(list(losses(runs["two"]).values())))
+  for i in range(2):
+    assert f"process {i} of 2 feeds rows {4 * i}:{4 * i + 4} of each batch of 8" in runs["pair_log"]
   assert "process 0 of 1 feeds rows 0:8 of each batch of 8" in runs["one_log"]
 
 
-def test_multiprocess_killed_pair_resumes_with_uninterrupted_losses(runs):
-  """The pair stopped after step STOP resumes from the shared checkpoint: steps STOP+1.. repeat
-  the uninterrupted single-process run's losses."""
-  assert runs["steps_at_stop"][-1] == STOP
-  for log in runs["second_logs"]:
-    assert f"resumed from {checkpoints.checkpoint_dir(runs['two'], STOP)}" in log
+def test_multiprocess_checkpoint_resumed_by_one_process_reaches_the_pairs_losses(runs):
+  """Steps STOP+1.. of one process x 4 devices, from the pair's checkpoint, repeat the pair's."""
+  assert f"resumed from {checkpoints.checkpoint_dir(runs['one'], STOP)}" in runs["one_log"]
   one, two = losses(runs["one"]), losses(runs["two"])
-  np.testing.assert_allclose([two[s] for s in range(1, STEPS + 1)],
-                             [one[s] for s in range(1, STEPS + 1)],
+  assert sorted(one) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([one[s] for s in range(STOP + 1, STEPS + 1)],
+                             [two[s] for s in range(STOP + 1, STEPS + 1)],
                              rtol=1e-5)
-  # The final evaluation ran once the pair had finished (written by process 0 only).
+  # The pair's final evaluation ran once both had finished (written by process 0 only).
   metrics = json.loads((runs["two"] / "metrics/mcwq_gold_he_test.json").read_text())
   assert metrics["step"] == STEPS and metrics["num_examples"] == 8
   assert len((runs["two"] / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()) == 8
@@ -169,7 +98,7 @@ def test_multiprocess_killed_pair_resumes_with_uninterrupted_losses(runs):
 def test_multiprocess_checkpoint_written_together_restores_in_one_process(runs):
   """Both processes wrote their shards into one checkpoint folder per step (Orbax OCDBT: a
   `ocdbt.process_<i>` store each); it restores in this single process and holds the parameters
-  the single-process run reached."""
+  the single-process resumed run reached."""
   two = runs["two"]
   assert checkpoints.finished_steps(two)[-1] == STEPS
   assert not [p.name for p in two.iterdir() if "tmp" in p.name]

@@ -4,7 +4,9 @@ not have) gets its SeqIO tasks with no configuration; `mcwq_t5x.train` / `mcwq_t
 real T5X train and evaluate on them, and `mcwq_t5x.report` lists the new language.
 
 The translation here is a deterministic stand-in (`FR <question>`, placeholders kept) so that the
-test is quick; the README's worked example translates with a (random-weight) Hugging Face model."""
+test is quick; the README's worked example translates with a (random-weight) Hugging Face model,
+trains our engine on English and French, evaluates zero-shot and reports: test_readme.py runs it
+and checks the report's rows and each run's metrics against its predictions."""
 import json
 import shutil
 
@@ -13,7 +15,6 @@ import seqio
 
 from mcwq_t5x import metrics
 from mcwq_t5x import readers
-from mcwq_t5x import report
 from mcwq_t5x import vocab
 from preprocessing import translate as tr
 import mains
@@ -124,63 +125,6 @@ def test_small_release_vocabulary_error_says_what_to_do(tmp_path):
     vocab.train_sentencepiece(["Did M0 direct M1", "ASK WHERE lb rb"], tmp_path / "v.model")
 
 
-def _our_train(model_dir, task, env):
-  return mains.python_m(
-      "mcwq_t5x.train",
-      "--gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
-      f"--gin.MODEL_DIR='{model_dir}'",
-      f"--gin.MIXTURE_OR_TASK_NAME='{task}'",
-      *[f"--gin.{b}" for b in OUR_SIZE + OUR_RUN],
-      env=env,
-      timeout=1200)
-
-
-def test_train_eval_and_report_with_the_fifth_language(release, env, tmp_path):
-  runs = tmp_path / "runs"
-  _our_train(runs / "tiny_en", "mcwq_cfq_sample_en", env)
-  _our_train(runs / "tiny_fr", "mcwq_cfq_sample_fr", env)
-  mains.python_m(
-      "mcwq_t5x.eval",
-      "--gin_file=gin/mcwq_t5x/models/tiny.gin",
-      "--gin_file=gin/mcwq_t5x/runs/eval.gin",
-      "--gin.MIXTURE_OR_TASK_NAME='mcwq_cfq_sample_zeroshot_fr'",
-      "--gin.SPLIT='validation'",
-      f"--gin.CHECKPOINT_PATH='{runs / 'tiny_en'}'",
-      f"--gin.EVAL_OUTPUT_DIR='{runs / 'tiny_en'}'",
-      "--gin.BATCH_SIZE=256",
-      *[f"--gin.{b}" for b in OUR_SIZE],
-      env=env,
-      timeout=1200)
-  for model, task in (("tiny_en", "mcwq_cfq_sample_en"), ("tiny_fr", "mcwq_cfq_sample_fr"),
-                      ("tiny_en", "mcwq_cfq_sample_zeroshot_fr")):
-    preds = (runs / model / "predictions" / f"{task}_validation.txt").read_text().splitlines()
-    assert len(preds) == 220, (model, task)
-    scores = json.loads((runs / model / "metrics" / f"{task}_validation.json").read_text())
-    assert 0.0 <= scores["exact_match"] <= 100.0 and 0.0 <= scores["bleu"] <= 100.0
-  out = mains.python_m(
-      "mcwq_t5x.report",
-      str(runs),
-      "--split",
-      "validation",
-      "--out",
-      str(tmp_path / "report"),
-      env=env).stdout
-  assert "| model | split | en | he | kn | zh | fr |" in out
-  results = json.loads((tmp_path / "report" / "results.json").read_text())
-  got = {(r["model"], r["mode"], r["split"], r["language"]): r["n"] for r in results["runs"]}
-  assert got == {
-      ("tiny_en", "monolingual", "cfq_sample", "en"): 220,
-      ("tiny_en", "zeroshot", "cfq_sample", "fr"): 220,
-      ("tiny_fr", "monolingual", "cfq_sample", "fr"): 220
-  }
-  header, rows = report.tables(results)["table5_zeroshot_exact_match"]
-  assert header == ["model", "split", "en", "he", "kn", "zh", "fr"]
-  assert [r[:2] for r in rows] == [["tiny_en", "cfq_sample"]]
-  assert rows[0][2] is not None and rows[0][6] is not None and rows[0][3:6] == [None] * 3
-  header, rows = report.tables(results)["table4_monolingual_exact_match"]
-  assert [(r[0], r[6] is not None) for r in rows] == [("tiny_en", False), ("tiny_fr", True)]
-
-
 T5X_SIZE = [
     "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
     "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
@@ -198,7 +142,7 @@ def test_real_t5x_trains_and_evaluates_on_the_fifth_language(release, env, tmp_p
       "--gin.MIXTURE_OR_TASK_NAME='mcwq_cfq_sample_fr'",
       *[
           f"--gin.{b}" for b in T5X_SIZE + [
-              "TRAIN_STEPS=20", "BATCH_SIZE=8", "EVAL_PERIOD=20", "EVAL_STEPS=2",
+              "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=4", "EVAL_STEPS=2",
               "EVALUATOR_NUM_EXAMPLES=16", "train/utils.DatasetConfig.split='train'",
               "train_eval/utils.DatasetConfig.split='validation'",
               "infer_eval/utils.DatasetConfig.split='validation'"
@@ -206,14 +150,14 @@ def test_real_t5x_trains_and_evaluates_on_the_fifth_language(release, env, tmp_p
       ],
       env=env,
       timeout=1200)
-  assert (tmp_path / "checkpoint_20").is_dir()
+  assert (tmp_path / "checkpoint_4").is_dir()
   lines = (tmp_path / "inference_eval" /
            "mcwq_cfq_sample_fr-metrics.jsonl").read_text().splitlines()
   scores = json.loads(lines[-1])
-  assert scores["step"] == 20 and {"exact_match", "bleu"} <= set(scores)
+  assert scores["step"] == 4 and {"exact_match", "bleu"} <= set(scores)
   inferences = [
       json.loads(l) for l in (tmp_path / "inference_eval" /
-                              "mcwq_cfq_sample_fr-000020.jsonl").read_text().splitlines()
+                              "mcwq_cfq_sample_fr-000004.jsonl").read_text().splitlines()
   ]
   assert len(inferences) == 16
   assert inferences[0]["input"]["inputs_pretokenized"].startswith("FR ")

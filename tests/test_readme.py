@@ -1,196 +1,255 @@
-"""Every command the README prints is run, as printed, in a fresh process from the repository root,
-in README order (later commands read what earlier ones wrote), with small overrides appended for
-size: fewer steps, a tiny network, the small offline vocabulary instead of the mT5 one and no
-pretrained checkpoint (neither can be downloaded here). The test command itself is what CI runs
+"""Every command the README prints is run once, as printed (plus the size overrides of
+`readme_commands.OVERRIDES`), in a fresh process, in README order, in a temporary copy of the
+repository (the `readme` fixture of conftest.py: a user's `runs/` is never touched, and a test
+selected alone runs the commands before it first). Each test checks what its command printed or
+wrote against real values: the paper's numbers, a re-scoring of the written predictions, the
+shared data's line counts, another command's output. The test command itself is what CI runs
 (`.ci/run` runs it verbatim), so it is checked against `.ci/run`, not run again."""
 import json
-import re
-import shlex
-import shutil
-import socket
-import time
 
+import numpy as np
 import pytest
+import sentencepiece as spm
 
-from mcwq_t5x import vocab
+from mcwq_t5x import metrics
+from mcwq_t5x import readers
 import mains
+import readme_commands as rc
+import scenarios
 
-REPO = mains.REPO
-README = (REPO / "README.md").read_text()
-TEST_COMMAND = 'pip install -e ".[test]" && bash scripts/install_t5x.sh && python -m pytest -q tests'
-
-T5X_SIZE = [
-    "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
-    "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
-    "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1",
-    "network.T5Config.dtype='float32'"
-]
-T5X_TRAIN = [
-    "TRAIN_STEPS=20", "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
-    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':64}", "EVAL_PERIOD=20", "EVAL_STEPS=1",
-    "EVALUATOR_NUM_EXAMPLES=8", "train/utils.DatasetConfig.split='test'",
-    "train_eval/utils.DatasetConfig.split='test'", "infer_eval/utils.DatasetConfig.split='test'",
-    "MIXTURE_OR_TASK_NAME='mcwq_gold_he'"
-]
-OUR_SIZE = [b.replace(" = ", "=") for b in mains.SMALL_MODEL]
-OUR_STEPS = [
-    "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=0", "LOG_EVERY_STEPS=2", "CHECKPOINT_PERIOD=2"
-]
-# Longer rows for the Hebrew, CFQ-sample and random-weights French questions; the main job keeps
-# its own 32/64.
-OUR_TRAIN = OUR_STEPS + ["TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}"]
-# (command prefix, appended --gin.* overrides, other appended arguments)
-OVERRIDES = [
-    # The worked example of a new language: 4 steps of the small shape; every dev question is
-    # decoded (the report checks predictions against all 220), with a short decode length.
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
-     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_",
-     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256"], []),
-    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin --gin_file=gin/mcwq_t5x/runs/"
-     "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
-     OUR_SIZE + ["BATCH_SIZE=256"], []),
-    ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
-     OUR_SIZE + OUR_STEPS + ["INFER_BATCH_SIZE=512"], []),
-    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
-        "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
-        "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
-    ], []),
-    # The 2-process run on 127.0.0.1 (each process gets the overrides; see `with_overrides`).
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
-     "--gin.MODEL_DIR=\"'runs/tiny_2proc'\"", OUR_SIZE + OUR_TRAIN + [
-         "MIXTURE_OR_TASK_NAME='mcwq_gold_he'", "TRAIN_SPLIT='test'", "EVAL_SPLIT='test'",
-         "FINAL_EVAL_SPLIT='test'", "FINAL_EVAL_NUM_EXAMPLES=8"
-     ], []),
-    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin",
-     OUR_SIZE + ["NUM_EXAMPLES=16"], []),
-    ("echo", OUR_SIZE + ["MAX_DECODE_LENGTH=32"], []),
-    ("python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin", T5X_SIZE + T5X_TRAIN, []),
-    ("python -m t5x.eval",
-     T5X_SIZE + ["utils.DatasetConfig.batch_size=8", "seqio.Evaluator.num_examples=8"], []),
-    # The 20-step test run's checkpoint stands in for the README's checkpoint_1050000.
-    ("python -m t5x.infer", T5X_SIZE + [
-        "TASK_FEATURE_LENGTHS={'inputs':40,'targets':16}",
-        f"CHECKPOINT_PATH='{REPO}/runs/t5x/mt5_small_mcd1_en/checkpoint_20'"
-    ], []),
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
-     OUR_SIZE + OUR_TRAIN + [
-         "network.get_config.vocab_size=2000", "network.get_config.dtype='float32'",
-         "INITIAL_CHECKPOINT_PATH=None", "MIXTURE_OR_TASK_NAME='mcwq_gold_he'",
-         "TRAIN_SPLIT='test'", "EVAL_SPLIT='test'", "FINAL_EVAL_NUM_EXAMPLES=8"
-     ], []),
-    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/", OUR_SIZE +
-     ["network.get_config.vocab_size=2000", "network.get_config.dtype='float32'", "NUM_EXAMPLES=8"],
-     []),
-    ("python scripts/benchmark.py", [], [
-        "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
-        "--target_length", "16", "--steps", "1", "--beam", "2"
-    ]),
-]
-# Folders the commands write (moved aside first if they exist: the test must not clobber runs).
-OUTPUTS = [
-    "runs/tiny_random_split_en", "runs/tiny_2proc", "runs/t5x/tiny_random_split_en",
-    "runs/t5x/mt5_small_mcd1_en", "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report",
-    "runs/he.json", "runs/mcwq_sample", "runs/complexity.png", "runs/tiny_mt_en_fr",
-    "runs/mcwq_spm.model", "runs/mcwq_spm.vocab", "runs/newlang"
-]
-
-
-def readme_commands() -> list[tuple[str, str]]:
-  """(section heading, command) for every line of every ```bash block of the README."""
-  out, heading = [], ""
-  for block in re.finditer(r"^(#+ [^\n]*)$|```bash\n(.*?)```", README, re.M | re.S):
-    if block.group(1):
-      heading = block.group(1).lstrip("# ")
-      continue
-    text = block.group(2).replace("\\\n", " ")
-    out += [(heading, l.strip()) for l in text.splitlines() if l.strip()]
-  return out
-
-
-COMMANDS = readme_commands()
-
-# The README's port for the processes launched together on 127.0.0.1 (a free one is used here).
-README_PORT = "127.0.0.1:12345"
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def with_overrides(command: str) -> str:
-  if " & " in command:  # processes launched together: `A & B && wait $!`, each gets overrides
-    *first, last = command.split(" & ")
-    last, sep, tail = last.partition(" && ")
-    return " & ".join(with_overrides(c.strip()) for c in first + [last]) + sep + tail
-  for prefix, gin, extra in OVERRIDES:
-    if command.startswith(prefix):
-      return " ".join([command] + [shlex.quote(f"--gin.{b}") for b in gin] +
-                      [shlex.quote(a) for a in extra])
-  return command
+pytestmark = pytest.mark.xdist_group("readme")
+COMMANDS = rc.COMMANDS
 
 
 def test_readme_commands_are_covered():
-  assert ("Set-up and the two commands", TEST_COMMAND) in COMMANDS
-  assert TEST_COMMAND in (REPO / ".ci/run").read_text()  # CI runs the README's test command
+  assert ("Set-up and the two commands", rc.TEST_COMMAND) in COMMANDS
+  assert rc.TEST_COMMAND in (mains.REPO / ".ci/run").read_text()  # CI runs the README's command
   assert len(COMMANDS) >= 15
   for _, command in COMMANDS:
     assert command.startswith(("pip ", "python ", "echo ", "export ")), command
+  # Every command that trains or decodes gets the overrides that make it small.
+  for _, command in COMMANDS:
+    if any(m in command for m in (".train ", ".eval ", ".infer ", "benchmark.py")):
+      assert rc.with_overrides(command, "/r") != command, command
 
 
-@pytest.fixture(scope="module")
-def workspace(mcwq_dir):
-  del mcwq_dir
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  for rel in OUTPUTS:
-    if (REPO / rel).exists():
-      (REPO / rel).rename(REPO / f"{rel}.before-readme-test-{stamp}")
-  yield {"MCWQ_VOCAB": str(vocab.small_vocab_path())}
-  for rel in OUTPUTS:
-    path = REPO / rel
-    if path.is_dir():
-      shutil.rmtree(path)
-    elif path.exists():
-      path.unlink()
+def _lines(path):
+  return path.read_text(encoding="utf-8").splitlines()
 
 
-@pytest.mark.parametrize(
-    "index", range(len(COMMANDS)), ids=[f"{i}:{c[:60]}" for i, (_, c) in enumerate(COMMANDS)])
-def test_readme_command(index, workspace):
-  heading, command = COMMANDS[index]
-  if command == TEST_COMMAND:
-    pytest.skip("the README's test command is what CI runs (see test_readme_commands_are_covered)")
-  env = {}
-  for _, earlier in COMMANDS[:index + 1]:  # `export` lines of the README apply to what follows
-    if earlier.startswith("export "):
-      for assignment in shlex.split(earlier)[1:]:
-        name, value = assignment.split("=", 1)
-        if name == "MCWQ_VOCAB" and value.startswith("gs://"):
-          value = workspace["MCWQ_VOCAB"]  # the small vocabulary stands in for mT5's
-        env[name] = value
-  if command.startswith("export "):
-    return
-  out = mains.run(
-      ["bash", "-c",
-       with_overrides(command.replace(README_PORT, f"127.0.0.1:{free_port()}"))],
-      env=env,
-      timeout=1500)
-  if "mcwq_t5x.evaluate" in command and "--json" not in command:
-    assert "exact_match" in out.stdout or "exact match" in out.stdout.lower()
-  if "generated_predictions_he" in command:
-    assert "57.8" in out.stdout  # the paper's Table 4, Hebrew
-  if command.startswith("pip install -e . && python -m mcwq_t5x.train"):
-    assert (REPO / "runs/tiny_random_split_en/predictions/mcwq_random_split_en_test.txt").is_file()
-  if "--process_index=1" in command:  # the 2-process run: one checkpoint written by both
-    state = REPO / "runs/tiny_2proc/checkpoint_4/state"
-    assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in state.iterdir()}
-    assert (REPO / "runs/tiny_2proc/predictions/mcwq_gold_he_test.txt").is_file()
-  if command.startswith("echo"):
-    assert len(out.stdout.splitlines()) == 1
-  if "preprocessing.translate" in command:
-    assert json.loads(out.stdout)["complete"] is True
-  if "mcwq_t5x.report runs/newlang" in command:
-    assert "| model | split | en | he | kn | zh | fr |" in out.stdout
-    assert "| tiny_fr | cfq_sample |" in out.stdout and "| tiny_en | cfq_sample |" in out.stdout
-  del heading
+def _main_job(repo):
+  """The main job's predictions and metrics must agree with a re-scoring against the test set."""
+  run = repo / "runs/tiny_random_split_en"
+  preds = _lines(run / "predictions/mcwq_random_split_en_test.txt")
+  gold = readers.read_split("random_split", "test", "en", mains.REPO.parent / "shared/mcwq")
+  assert len(preds) == len(gold) == 6282
+  scores = json.loads((run / "metrics/mcwq_random_split_en_test.json").read_text())
+  rescored = metrics.exact_match_metric([e.rir for e in gold], preds)
+  assert scores["exact_match"] == pytest.approx(rescored["exact_match"])
+  assert scores["bleu"] == pytest.approx(metrics.bleu_metric([e.rir for e in gold], preds)["bleu"])
+  assert scores["step"] == 4 and scores["num_examples"] == 6282
+  steps = [json.loads(l)["step"] for l in _lines(run / "train_metrics.jsonl")]
+  assert steps == [2, 4]
+
+
+def _evaluate_main_job(repo, out):
+  scores = json.loads(
+      (repo / "runs/tiny_random_split_en/metrics/mcwq_random_split_en_test.json").read_text())
+  # The command line prints the same exact match as the run's metrics file (same predictions).
+  assert f"{scores['exact_match']:.1f}" in out["stdout"], out["stdout"][-2000:]
+
+
+def _our_eval(repo, out):
+  run = repo / "runs/tiny_random_split_en"
+  preds = sorted(run.glob("eval_*/predictions/mcwq_random_split_en_test.txt")) or sorted(
+      run.glob("**/predictions/mcwq_random_split_en_test.txt"))
+  evaluated = [p for p in preds if p.parent.parent != run]
+  assert evaluated, "the eval command wrote no predictions"
+  # Same checkpoint, same first 16 test questions: the training run's final evaluation's lines.
+  assert _lines(evaluated[-1]) == _lines(run / "predictions/mcwq_random_split_en_test.txt")[:16]
+  assert "exact_match" in out["stdout"] or "exact match" in out["stdout"].lower()
+
+
+def _infer_one(repo, out):
+  del repo
+  lines = out["stdout"].splitlines()
+  assert len(lines) == 1 and lines[0].startswith(("ASK", "SELECT", "ERROR: ")), lines
+
+
+def _t5x_tiny(repo, out):
+  del out
+  rows = _lines(repo / "runs/t5x/tiny_random_split_en/inference_eval/"
+                "mcwq_random_split_en-metrics.jsonl")
+  assert json.loads(rows[-1])["step"] == 4
+
+
+def _t5x_eval(repo, out):
+  del out
+  rows = _lines(repo / "runs/t5x/mt5_small_mcd1_en/zeroshot_he/inference_eval/"
+                "mcwq_mcd1_zeroshot_he_prefixed-metrics.jsonl")
+  scores = json.loads(rows[-1])
+  assert scores["step"] == rc.T5X_STEPS and {"exact_match", "bleu"} <= set(scores)
+
+
+def _t5x_infer(repo, out):
+  del out
+  path = repo / "runs/t5x/mt5_small_mcd1_en/infer/mcwq_gold_he_prefixed-predict.jsonl-00000-of-00001"
+  rows = [json.loads(l) for l in _lines(path)]
+  assert len(rows) == 155  # every gold question, one prediction each
+  questions = readers.read_split("gold", "test", "he", mains.REPO.parent / "shared/mcwq")
+  assert rows[0]["inputs"].startswith("translate Hebrew to Sparql: ")
+  assert rows[0]["inputs"].endswith(questions[0].question)
+
+
+def _our_paper_run(repo, out):
+  del out
+  run = repo / "runs/mt5_small_mcd1_en"
+  assert (run / f"checkpoint_{rc.OUR_PAPER_STEPS}" / "state").is_dir()
+  scores = json.loads((run / "metrics/mcwq_gold_he_test.json").read_text())
+  assert scores["num_examples"] == 8
+
+
+def _our_zeroshot(repo, out):
+  del out
+  path = sorted(
+      (repo /
+       "runs/mt5_small_mcd1_en").glob("**/predictions/mcwq_mcd1_zeroshot_he_prefixed_test.txt"))
+  assert path and len(_lines(path[-1])) == 8
+
+
+def _two_processes(repo, out):
+  del out
+  state = repo / f"runs/tiny_2proc/checkpoint_{rc.MULTIPROCESS_STEPS}/state"
+  assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in state.iterdir()}
+  assert len(_lines(repo / "runs/tiny_2proc/predictions/mcwq_gold_he_test.txt")) == 8
+
+
+def _benchmark(repo, out):
+  del repo
+  assert "parameters:" in out["stdout"] and "model: tiny" in out["stdout"], out["stdout"]
+
+
+def _download_copy(repo, out):
+  del out
+  shared = mains.REPO.parent / "shared/mcwq"
+  for rel in ("official/mcd1/dev.he.txt", "official/random_split/test.zh.txt"):
+    assert (repo / "runs/mcwq_copy" / rel).read_bytes() == (shared / rel).read_bytes(), rel
+
+
+def _inspect(repo, out):
+  del repo
+  first = readers.read_split("mcd1", "dev", "he", mains.REPO.parent / "shared/mcwq")[0]
+  assert first.question in out["stdout"] and first.rir in out["stdout"]
+
+
+def _evaluate_published(repo, out):
+  del repo
+  assert "57.8" in out["stdout"]  # the paper's Table 4, Hebrew
+
+
+def _report_published(repo, out):
+  text = out["stdout"] + "".join(p.read_text() for p in (repo / "runs/report").glob("*.md"))
+  for figure in ("77.6", "57.8", "55.0", "52.8"):  # the paper's Table 4 (mT5-small, mcd1)
+    assert figure in text, figure
+
+
+def _migrate(repo, out):
+  del out
+  dataset = json.loads((repo / "runs/mcwq_sample/dataset.json").read_text())
+  assert len(dataset) == 1818
+
+
+def _stats(repo, out):
+  del out
+  assert (repo / "runs/complexity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _translate(repo, out):
+  assert json.loads(out["stdout"])["complete"] is True
+  en = readers.read_split("cfq_sample", "dev", "en", repo / "runs/mcwq_sample")
+  fr = readers.read_split("cfq_sample", "dev", "fr", repo / "runs/mcwq_sample")
+  assert len(fr) == len(en) == 220 and [e.rir for e in fr] == [e.rir for e in en]
+
+
+def _train_vocab(repo, out):
+  del out
+  sp = spm.SentencePieceProcessor(model_file=str(repo / "runs/mcwq_spm.model"))
+  assert sp.get_piece_size() == 2000
+
+
+def _newlang_report(repo, out):
+  """The worked example: `tiny_en` (English, zero-shot French) and `tiny_fr` in the report."""
+  assert "| model | split | en | he | kn | zh | fr |" in out["stdout"]
+  assert "| tiny_fr | cfq_sample |" in out["stdout"] and "| tiny_en | cfq_sample |" in out["stdout"]
+  results = json.loads((repo / "runs/newlang/report/results.json").read_text())
+  got = {(r["model"], r["mode"], r["split"], r["language"]): r["n"] for r in results["runs"]}
+  assert got == {
+      ("tiny_en", "monolingual", "cfq_sample", "en"): 220,
+      ("tiny_en", "zeroshot", "cfq_sample", "fr"): 220,
+      ("tiny_fr", "monolingual", "cfq_sample", "fr"): 220
+  }
+  # Each run's metrics file is a re-scoring of its predictions.
+  gold = [e.rir for e in readers.read_split("cfq_sample", "dev", "fr", repo / "runs/mcwq_sample")]
+  for model, task in (("tiny_en", "mcwq_cfq_sample_en"), ("tiny_fr", "mcwq_cfq_sample_fr"),
+                      ("tiny_en", "mcwq_cfq_sample_zeroshot_fr")):
+    run = repo / "runs/newlang" / model
+    preds = _lines(run / "predictions" / f"{task}_validation.txt")
+    scores = json.loads((run / "metrics" / f"{task}_validation.json").read_text())
+    assert len(preds) == 220
+    np.testing.assert_allclose(scores["bleu"], metrics.bleu_metric(gold, preds)["bleu"], rtol=1e-6)
+
+
+CHECKS = {
+    rc.MAIN_JOB:
+        lambda repo, out: _main_job(repo),
+    rc.index_of("python -m mcwq_t5x.evaluate --predictions runs/tiny_random_split_en"):
+        _evaluate_main_job,
+    rc.index_of("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin"):
+        _t5x_tiny,
+    rc.OUR_EVAL:
+        _our_eval,
+    rc.index_of("echo"):
+        _infer_one,
+    rc.T5X_EVAL:
+        _t5x_eval,
+    rc.T5X_INFER:
+        _t5x_infer,
+    rc.OUR_PAPER_TRAIN:
+        _our_paper_run,
+    rc.index_of("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/"):
+        _our_zeroshot,
+    rc.MULTIPROCESS_RUN:
+        _two_processes,
+    rc.index_of("python scripts/benchmark.py"):
+        _benchmark,
+    rc.index_of("python scripts/download_mcwq.py"):
+        _download_copy,
+    rc.index_of("python -m mcwq_t5x.inspect_task mcwq_mcd1_he"):
+        _inspect,
+    rc.index_of("python -m mcwq_t5x.evaluate --predictions ../shared"):
+        _evaluate_published,
+    rc.index_of("python -m mcwq_t5x.report ../shared"):
+        _report_published,
+    rc.index_of("python -m preprocessing.migrate"):
+        _migrate,
+    rc.index_of("python -m preprocessing.stats"):
+        _stats,
+    rc.index_of("python -m preprocessing.translate"):
+        _translate,
+    rc.index_of("python scripts/train_vocab.py"):
+        _train_vocab,
+    rc.NEWLANG_REPORT:
+        _newlang_report,
+}
+
+# The test command is what CI runs; `export` lines set the variables of the commands after them.
+RUN = [
+    i for i, (_, c) in enumerate(COMMANDS) if c != rc.TEST_COMMAND and not c.startswith("export ")
+]
+
+
+@pytest.mark.parametrize("index", RUN, ids=[f"{i}:{COMMANDS[i][1][:60]}" for i in RUN])
+def test_readme_command(index, readme):
+  out = scenarios.check(readme.result(index))
+  if index in CHECKS:
+    CHECKS[index](readme.repo, out)

@@ -96,8 +96,7 @@ def test_the_experiment_tables_are_complete():
     assert (REPO / f"gin/{stem}.gin").is_file() and (REPO / f"gin/mcwq_t5x/{stem}.gin").is_file()
   for path, *_ in EVALS:
     assert (REPO / f"gin/{path}").is_file() and (REPO / f"gin/mcwq_t5x/{path}").is_file()
-  out = mains.run([sys.executable, "scripts/make_gin_configs.py", "--check"], check=False)
-  assert out.returncode == 0, out.stdout
+  # That the files are what scripts/make_gin_configs.py writes: test_gin.py.
 
 
 # --- the real T5X's files -------------------------------------------------------------------

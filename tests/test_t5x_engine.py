@@ -1,8 +1,10 @@
 """The real T5X runs our experiment files, as users type them (`python -m t5x.train
---gin_file=gin/mt5_small_mcd1_en.gin`), each in a fresh process, with only command-line overrides
-for model size, vocabulary, steps, batch, split and INITIAL_CHECKPOINT_PATH (no pretrained mT5
-here): T5X trains on real MCWQ text, writes an inference evaluation with exact match and BLEU, and
-`t5x.eval` (zero-shot file) and `t5x.infer` run on its checkpoint.
+--gin_file=gin/mt5_small_mcd1_en.gin`), with only command-line overrides for model size,
+vocabulary, steps, batch, split and INITIAL_CHECKPOINT_PATH (no pretrained mT5 here). The runs are
+the README's own commands (the `readme` fixture: `t5x.train` on the 155 Hebrew gold questions for
+20 steps, `t5x.eval` of the zero-shot file, `t5x.infer`, and our engine's `mt5_small_mcd1_en.gin`
+for 40 steps); these tests read what they wrote and move checkpoints between the engines: each
+engine decodes the other's checkpoint as the other does.
 
 CI installs T5X (scripts/install_t5x.sh, from ../shared/wheels); elsewhere these tests are skipped
 with that message."""
@@ -13,26 +15,14 @@ import pytest
 
 from mcwq_t5x import vocab
 import mains
+import readme_commands as rc
+import scenarios
 
 pytest.importorskip(
     "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
+pytestmark = pytest.mark.xdist_group("readme")
 
-# Model size: a very small mT5-layout network; vocabulary: the small offline SentencePiece model
-# (MCWQ_VOCAB, read by both the tasks and the experiment files), 2,000 pieces -> 2,048 rows.
-SIZE = [
-    "network.T5Config.vocab_size = 2048", "network.T5Config.emb_dim = 32",
-    "network.T5Config.num_heads = 2", "network.T5Config.head_dim = 16",
-    "network.T5Config.mlp_dim = 64", "network.T5Config.num_encoder_layers = 1",
-    "network.T5Config.num_decoder_layers = 1", "network.T5Config.dtype = 'float32'"
-]
-# Steps, batch, split (the 155 gold questions of a language: real text, quick to load), no
-# pretrained checkpoint.
-RUN = [
-    "TRAIN_STEPS = 20", "BATCH_SIZE = 8", "INITIAL_CHECKPOINT_PATH = None",
-    "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "EVAL_PERIOD = 20", "EVAL_STEPS = 2",
-    "EVALUATOR_NUM_EXAMPLES = 16", "train/utils.DatasetConfig.split = 'test'",
-    "train_eval/utils.DatasetConfig.split = 'test'", "infer_eval/utils.DatasetConfig.split = 'test'"
-]
+SIZE = [b.replace("=", " = ", 1) for b in rc.T5X_SIZE]
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +31,18 @@ def small_vocab_env(mcwq_dir):
   return {"MCWQ_VOCAB": str(vocab.small_vocab_path())}
 
 
-def t5x_train(model_dir, gin_file, task, env):
-  return mains.python_m(
-      "t5x.train",
-      f"--gin_file={gin_file}",
-      f"--gin.MODEL_DIR='{model_dir}'",
-      *[f"--gin.{b.replace(' = ', '=')}" for b in SIZE + RUN],
-      f"--gin.MIXTURE_OR_TASK_NAME='{task}'",
-      env=env)
+@pytest.fixture(scope="module")
+def trained_en(readme):
+  """The README's `t5x.train --gin_file=gin/mt5_small_mcd1_en.gin` run (20 steps, gold he)."""
+  scenarios.check(readme.result(rc.T5X_TRAIN))
+  return readme.repo / "runs/t5x/mt5_small_mcd1_en"
 
 
 @pytest.fixture(scope="module")
-def trained_en(tmp_path_factory, small_vocab_env):
-  model_dir = tmp_path_factory.mktemp("t5x_en")
-  t5x_train(model_dir, "gin/mt5_small_mcd1_en.gin", "mcwq_gold_he", small_vocab_env)
-  return model_dir
+def ours_trained(readme):
+  """The README's `mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin` run (40 steps)."""
+  scenarios.check(readme.result(rc.OUR_PAPER_TRAIN))
+  return readme.repo / "runs/mt5_small_mcd1_en"
 
 
 def _inference_metrics(model_dir, task):
@@ -64,55 +51,27 @@ def _inference_metrics(model_dir, task):
 
 
 def test_t5x_train_writes_inference_eval_with_exact_match_and_bleu(trained_en):
-  assert (trained_en / "checkpoint_20").is_dir()
-  metrics = _inference_metrics(trained_en, "mcwq_gold_he")
-  assert metrics["step"] == 20
-  assert 0.0 <= metrics["exact_match"] <= 100.0 and 0.0 <= metrics["bleu"] <= 100.0
-  # The inferences are RIR strings decoded with our vocabulary (same file as the task's).
+  assert (trained_en / f"checkpoint_{rc.T5X_STEPS}").is_dir()
+  metrics_row = _inference_metrics(trained_en, "mcwq_gold_he")
+  assert metrics_row["step"] == rc.T5X_STEPS
+  # The inferences are RIR strings decoded with our vocabulary (same file as the task's); the
+  # logged exact match and BLEU are those of the logged predictions.
   inferences = [
       json.loads(l)
-      for l in (trained_en / "inference_eval/mcwq_gold_he-000020.jsonl").read_text().splitlines()
+      for l in (trained_en /
+                f"inference_eval/mcwq_gold_he-{rc.T5X_STEPS:06d}.jsonl").read_text().splitlines()
   ]
   assert len(inferences) == 16
   assert inferences[0]["target"].startswith(("ASK", "SELECT"))
+  from mcwq_t5x import metrics  # pylint: disable=g-import-not-at-top
+  targets = [r["target"] for r in inferences]
+  predictions = [r["prediction"] for r in inferences]
+  assert metrics_row["exact_match"] == pytest.approx(
+      metrics.exact_match_metric(targets, predictions)["exact_match"])
+  assert metrics_row["bleu"] == pytest.approx(
+      metrics.bleu_metric(targets, predictions)["bleu"], rel=1e-5)
   config = (trained_en / "config.gin").read_text()
   assert "tasks.mcwq" in config and "mcwq_gold_he" in config
-
-
-def test_t5x_train_hebrew_experiment_file(tmp_path, small_vocab_env):
-  t5x_train(tmp_path, "gin/mt5_base_mcd1_he.gin", "mcwq_gold_zh", small_vocab_env)
-  assert (tmp_path / "checkpoint_20").is_dir()
-  assert set(_inference_metrics(tmp_path, "mcwq_gold_zh")) >= {"exact_match", "bleu", "step"}
-
-
-def test_t5x_eval_zero_shot_file_on_the_checkpoint(trained_en, tmp_path, small_vocab_env):
-  mains.python_m(
-      "t5x.eval",
-      "--gin_file=gin/zeroshot/mt5_small_mcd1_he.gin",
-      *[f"--gin.{b.replace(' = ', '=')}" for b in SIZE],
-      f"--gin.CHECKPOINT_PATH='{trained_en}'",
-      f"--gin.EVAL_OUTPUT_DIR='{tmp_path}'",
-      "--gin.utils.DatasetConfig.batch_size=16",
-      "--gin.seqio.Evaluator.num_examples=16",
-      env=small_vocab_env)
-  metrics = _inference_metrics(tmp_path, "mcwq_mcd1_zeroshot_he_prefixed")
-  assert metrics["step"] == 20 and {"exact_match", "bleu"} <= set(metrics)
-
-
-def test_t5x_infer_on_the_checkpoint(trained_en, tmp_path, small_vocab_env):
-  mains.python_m(
-      "t5x.infer",
-      "--gin_file=gin/infer/mt5_small.gin",
-      *[f"--gin.{b.replace(' = ', '=')}" for b in SIZE],
-      "--gin.MIXTURE_OR_TASK_NAME='mcwq_gold_kn'",
-      f"--gin.CHECKPOINT_PATH='{trained_en / 'checkpoint_20'}'",
-      f"--gin.INFER_OUTPUT_DIR='{tmp_path}'",
-      "--gin.TASK_FEATURE_LENGTHS={'inputs': 40, 'targets': 32}",
-      env=small_vocab_env)
-  out = tmp_path / "mcwq_gold_kn-predict.jsonl-00000-of-00001"
-  rows = [json.loads(l) for l in out.read_text().splitlines()]
-  assert len(rows) == 155  # every gold question, one prediction each
-  assert all("prediction" in r and "inputs" in r for r in rows)
 
 
 def test_paper_files_ask_for_the_mt5_vocabulary(tmp_path):
@@ -130,12 +89,7 @@ def test_paper_files_ask_for_the_mt5_vocabulary(tmp_path):
 
 # --- checkpoints move both ways -------------------------------------------------------------
 # Our model file with the same network as SIZE (mT5 layout; 2,048 embedding rows).
-OUR_SIZE = [
-    "network.get_config.vocab_size = 2048", "network.get_config.emb_dim = 32",
-    "network.get_config.num_heads = 2", "network.get_config.head_dim = 16",
-    "network.get_config.mlp_dim = 64", "network.get_config.num_encoder_layers = 1",
-    "network.get_config.num_decoder_layers = 1", "network.get_config.dtype = 'float32'"
-]
+OUR_SIZE = [b.replace("=", " = ", 1) for b in rc.OUR_SIZE_2048]
 NUM = 64
 # Decoding lengths of the cross-engine comparisons: the paper files decode up to 512 target tokens,
 # where an untrained model's degenerate outputs run long enough for float rounding to flip a token.
@@ -194,22 +148,8 @@ def test_t5x_checkpoint_decoded_by_our_eval_as_by_t5x_eval(trained_en, tmp_path,
   assert_same_greedy_decodes(ours, theirs)
 
 
-def test_our_checkpoint_evaluated_by_t5x_eval_as_by_ours(tmp_path, small_vocab_env):
-  model_dir = tmp_path / "ours_run"
-  # 40 steps: after 20, EOS and another piece near-tied after "rb" in 12 of the 64 predictions of
-  # this model under the small vocabulary whose pieces span spaces (CI, 2026-12-01).
-  mains.python_m(
-      "mcwq_t5x.train",
-      "--gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
-      *mains.gin_flags(OUR_SIZE + [
-          f"MODEL_DIR = '{model_dir}'", "INITIAL_CHECKPOINT_PATH = None", "TRAIN_STEPS = 40",
-          "BATCH_SIZE = 8", "LEARNING_RATE = 3e-3",
-          "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "EVAL_PERIOD = 0",
-          "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
-          "FINAL_EVAL_SPLIT = 'test'", "FINAL_EVAL_NUM_EXAMPLES = 8"
-      ]),
-      env=small_vocab_env)
-  assert (model_dir / "checkpoint_40" / "state").is_dir()
-  theirs = t5x_gold_predictions(model_dir, tmp_path / "t5x", small_vocab_env)
-  ours = our_gold_predictions(model_dir, tmp_path / "ours", small_vocab_env)
+def test_our_checkpoint_evaluated_by_t5x_eval_as_by_ours(ours_trained, tmp_path, small_vocab_env):
+  assert (ours_trained / f"checkpoint_{rc.OUR_PAPER_STEPS}" / "state").is_dir()
+  theirs = t5x_gold_predictions(ours_trained, tmp_path / "t5x", small_vocab_env)
+  ours = our_gold_predictions(ours_trained, tmp_path / "ours", small_vocab_env)
   assert_same_greedy_decodes(ours, theirs)

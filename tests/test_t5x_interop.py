@@ -18,6 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytest.importorskip(
+    "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from t5x import adafactor as t5x_adafactor
 from t5x import checkpoints as t5x_checkpoints
 from t5x import decoding as t5x_decoding

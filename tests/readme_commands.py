@@ -1,0 +1,180 @@
+"""The README's commands and the size overrides the tests append to them.
+
+Every line of every ```bash block of README.md is a command; `with_overrides` appends small
+`--gin.NAME=VALUE` overrides (fewer steps, a tiny network, the small offline vocabulary instead of
+the mT5 one, no pretrained checkpoint: neither can be downloaded here) and nothing else. Several
+overrides are chosen so that the run is also the scenario other tests read (see `README_RUN`):
+the T5X run of command `T5X_TRAIN` is `test_t5x_engine`'s T5X checkpoint, our run of
+`OUR_PAPER_TRAIN` its checkpoint of ours, the 2-process run `test_multiprocess`'s pair.
+"""
+import re
+import shlex
+import socket
+
+import mains
+
+README = (mains.REPO / "README.md").read_text()
+TEST_COMMAND = 'pip install -e ".[test]" && bash scripts/install_t5x.sh && python -m pytest -q tests'
+
+# A very small mT5-layout network in T5X's names and ours, over the small vocabulary's 2,048 rows
+# (2,000 pieces padded as T5X pads): the same network in both engines, so checkpoints move.
+T5X_SIZE = [
+    "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
+    "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
+    "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1",
+    "network.T5Config.dtype='float32'"
+]
+OUR_SIZE = [b.replace(" = ", "=") for b in mains.SMALL_MODEL]
+OUR_SIZE_2048 = OUR_SIZE + [
+    "network.get_config.vocab_size=2048", "network.get_config.dtype='float32'"
+]
+# T5X on the 155 Hebrew gold test questions (real text, quick to load), 20 steps.
+T5X_STEPS = 20
+T5X_TRAIN = [
+    f"TRAIN_STEPS={T5X_STEPS}", "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
+    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}", f"EVAL_PERIOD={T5X_STEPS}", "EVAL_STEPS=2",
+    "EVALUATOR_NUM_EXAMPLES=16", "train/utils.DatasetConfig.split='test'",
+    "train_eval/utils.DatasetConfig.split='test'", "infer_eval/utils.DatasetConfig.split='test'",
+    "MIXTURE_OR_TASK_NAME='mcwq_gold_he'"
+]
+OUR_STEPS = [
+    "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=0", "LOG_EVERY_STEPS=2", "CHECKPOINT_PERIOD=2"
+]
+# Longer rows for the Hebrew and CFQ-sample questions; the main job keeps its own 32/64.
+OUR_TRAIN = OUR_STEPS + ["TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}"]
+GOLD_HE = [
+    "MIXTURE_OR_TASK_NAME='mcwq_gold_he'", "TRAIN_SPLIT='test'", "EVAL_SPLIT='test'",
+    "FINAL_EVAL_SPLIT='test'"
+]
+# Our paper-recipe file, 40 steps at lr 3e-3: trained enough that its greedy decodes differ from
+# question to question (the cross-engine comparison of test_t5x_engine reads this run).
+OUR_PAPER_STEPS = 40
+# The 2-process run: 6 steps of 8 packed rows, a checkpoint every 3 (test_multiprocess resumes
+# the pair's step-3 checkpoint in one process and compares the losses).
+MULTIPROCESS_STEPS, MULTIPROCESS_CHECKPOINT = 6, 3
+MULTIPROCESS = OUR_SIZE + [
+    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}", "BATCH_SIZE=8", "LOG_EVERY_STEPS=1",
+    f"CHECKPOINT_PERIOD={MULTIPROCESS_CHECKPOINT}", "EVAL_PERIOD=0", "FINAL_EVAL_NUM_EXAMPLES=8",
+    "INFER_BATCH_SIZE=8", "WARMUP_STEPS=2", f"TRAIN_STEPS={MULTIPROCESS_STEPS}"
+] + GOLD_HE
+
+# (command prefix, appended --gin.* overrides, other appended arguments); `{repo}` is the folder
+# the commands run in.
+OVERRIDES = [
+    # The worked example of a new language: 4 steps of the small shape; every dev question is
+    # decoded (the report checks predictions against all 220).
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_",
+     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256"], []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin --gin_file=gin/mcwq_t5x/runs/"
+     "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
+     OUR_SIZE + ["BATCH_SIZE=256"], []),
+    # The main job: 4 steps; the final evaluation decodes the whole test set (the README's
+    # `mcwq_t5x.evaluate` command scores the file against all 6,282 references).
+    ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+     OUR_SIZE + OUR_STEPS + ["INFER_BATCH_SIZE=512"], []),
+    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
+        "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
+        "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
+    ], []),
+    # The 2-process run on 127.0.0.1 (each process gets the overrides; see `with_overrides`).
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MODEL_DIR=\"'runs/tiny_2proc'\"", MULTIPROCESS, []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin",
+     OUR_SIZE + ["NUM_EXAMPLES=16"], []),
+    ("echo", OUR_SIZE + ["MAX_DECODE_LENGTH=32"], []),
+    ("python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin", T5X_SIZE + T5X_TRAIN, []),
+    ("python -m t5x.eval",
+     T5X_SIZE + ["utils.DatasetConfig.batch_size=16", "seqio.Evaluator.num_examples=16"], []),
+    # The 20-step run's last checkpoint stands in for the README's checkpoint_1050000.
+    ("python -m t5x.infer", T5X_SIZE + [
+        "TASK_FEATURE_LENGTHS={'inputs':40,'targets':32}",
+        f"CHECKPOINT_PATH='{{repo}}/runs/t5x/mt5_small_mcd1_en/checkpoint_{T5X_STEPS}'"
+    ], []),
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin", OUR_SIZE_2048 + [
+        "INITIAL_CHECKPOINT_PATH=None", f"TRAIN_STEPS={OUR_PAPER_STEPS}", "BATCH_SIZE=8",
+        "LEARNING_RATE=3e-3", "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}", "EVAL_PERIOD=0",
+        "FINAL_EVAL_NUM_EXAMPLES=8"
+    ] + GOLD_HE, []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/",
+     OUR_SIZE_2048 + ["NUM_EXAMPLES=8"], []),
+    ("python scripts/benchmark.py", [], [
+        "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
+        "--target_length", "16", "--steps", "1", "--beam", "2"
+    ]),
+]
+
+# The README's port for the processes launched together on 127.0.0.1 (a free one is used here).
+README_PORT = "127.0.0.1:12345"
+
+
+def readme_commands() -> list[tuple[str, str]]:
+  """(section heading, command) for every line of every ```bash block of the README."""
+  out, heading = [], ""
+  for block in re.finditer(r"^(#+ [^\n]*)$|```bash\n(.*?)```", README, re.M | re.S):
+    if block.group(1):
+      heading = block.group(1).lstrip("# ")
+      continue
+    text = block.group(2).replace("\\\n", " ")
+    out += [(heading, l.strip()) for l in text.splitlines() if l.strip()]
+  return out
+
+
+COMMANDS = readme_commands()
+
+
+def index_of(prefix: str) -> int:
+  """The index of the first README command that starts with `prefix`."""
+  for i, (_, command) in enumerate(COMMANDS):
+    if command.startswith(prefix):
+      return i
+  raise KeyError(f"no README command starts with {prefix!r}")
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def with_overrides(command: str, repo) -> str:
+  """`command` with its overrides appended (each process of `A & B && wait $!` gets them) and the
+  README's fixed port replaced by a free one."""
+  command = command.replace(README_PORT, f"127.0.0.1:{free_port()}")
+  if " & " in command:
+    *first, last = command.split(" & ")
+    last, sep, tail = last.partition(" && ")
+    return " & ".join(with_overrides(c.strip(), repo) for c in first + [last]) + sep + tail
+  for prefix, gin, extra in OVERRIDES:
+    if command.startswith(prefix):
+      return " ".join([command] +
+                      [shlex.quote(f"--gin.{b}".replace("{repo}", str(repo))) for b in gin] +
+                      [shlex.quote(a) for a in extra])
+  return command
+
+
+def env_of(index: int, small_vocab_path: str) -> dict:
+  """The variables the README's `export` lines set for command `index` (the small vocabulary stands
+  in for mT5's `gs://` one)."""
+  env = {}
+  for _, earlier in COMMANDS[:index + 1]:
+    if earlier.startswith("export "):
+      for assignment in shlex.split(earlier)[1:]:
+        name, value = assignment.split("=", 1)
+        if name == "MCWQ_VOCAB" and value.startswith("gs://"):
+          value = small_vocab_path
+        env[name] = value
+  return env
+
+
+# Indices of the commands other tests read.
+MAIN_JOB = index_of("pip install -e . && python -m mcwq_t5x.train")
+OUR_EVAL = index_of(
+    "python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin "
+    "--gin_file=gin/mcwq_t5x/runs/eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random")
+T5X_TRAIN = index_of("python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin")
+T5X_EVAL = index_of("python -m t5x.eval")
+T5X_INFER = index_of("python -m t5x.infer")
+OUR_PAPER_TRAIN = index_of("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin")
+MULTIPROCESS_RUN = [i for i, (_, c) in enumerate(COMMANDS) if "--process_index=1" in c][0]
+NEWLANG_REPORT = index_of("python -m mcwq_t5x.report runs/newlang")

@@ -1,0 +1,163 @@
+"""Expensive scenarios, each run once per test session and shared by every test that reads it.
+
+Under pytest-xdist (`-n 2`, set in `pytest.ini`) every worker is its own process with its own
+session fixtures; `once` makes the first worker that needs a scenario build it in a folder shared
+by the session's workers while the others wait on a file lock, then every worker reads the same
+folder. Without xdist the folder is the session's own temporary folder. Nothing is shared between
+sessions: pytest makes a new base folder for each.
+
+`ReadmeRun` runs the README's commands, as printed (with the appended size overrides of
+`test_readme.py`), in a temporary copy of the repository with `../shared` beside it, in README
+order, each at most once per session: a test that needs command 12 has commands 0-12 run first
+(later commands read what earlier ones wrote), whichever test asks first. `python` and `pip` on the
+commands' PATH are the interpreter that runs the tests (see `ReadmeRun.shims`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import filelock
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def session_root(tmp_path_factory) -> pathlib.Path:
+  """The folder shared by the session's xdist workers (the session's base folder without xdist)."""
+  base = tmp_path_factory.getbasetemp()
+  return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once(tmp_path_factory, name: str, build: Callable[[pathlib.Path],
+                                                      Any]) -> tuple[pathlib.Path, Any]:
+  """Runs `build(folder)` once per session for `name` (across xdist workers) and returns
+  `(folder, result)`; `result` must be JSON-serialisable (it is stored as `folder/result.json`).
+
+  A build that raised is not recorded: the next caller builds again (and fails the same way)."""
+  folder = session_root(tmp_path_factory) / f"scenario_{name}"
+  with filelock.FileLock(str(folder) + ".lock"):
+    done = folder / "result.json"
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir(parents=True)
+      result = build(folder)
+      done.write_text(json.dumps(result))
+    return folder, json.loads(done.read_text())
+
+
+def copy_repository(dest: pathlib.Path) -> pathlib.Path:
+  """A copy of the repository's working tree at `dest/repo` (no `.git`, no `runs/`, no caches) with
+  `dest/shared` linking to the real `../shared`, so commands that name `../shared/...` work."""
+  anywhere = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".pytest_cache", "*.pyc")
+  top_level = {"runs", "build", "dist", ".cache", "tmp"}  # a user's outputs (not gin/.../runs/)
+
+  def ignore(folder, names):
+    skipped = set(anywhere(folder, names))
+    if pathlib.Path(folder) == REPO:
+      skipped |= top_level & set(names)
+    return skipped
+
+  repo = dest / "repo"
+  shutil.copytree(REPO, repo, ignore=ignore)
+  (dest / "shared").symlink_to(SHARED, target_is_directory=True)
+  return repo
+
+
+_PIP_SHIM = """#!/bin/sh
+# The README's `pip install -e .` in a throwaway copy of the repository: installing the copy would
+# point the user's environment at a folder the tests delete. The tests' interpreter already has the
+# project installed (the README's test command installs it; CI runs that command verbatim), and
+# `python -m` imports the copy's own modules from the current folder.
+if [ "$*" = "install -e ." ]; then echo "pip shim: $* (already installed)"; exit 0; fi
+echo "pip shim: unexpected pip command: $*" >&2
+exit 2
+"""
+
+
+class ReadmeRun:
+  """The README's commands run in order in one temporary copy of the repository.
+
+  Attributes:
+    folder: the scenario folder (`repo/`, `shared/`, `bin/`, `results.json`).
+    repo: the copy the commands run in (their current folder).
+  """
+
+  def __init__(self, tmp_path_factory, commands: Sequence[str], env_of: Callable[[int], dict],
+               with_overrides: Callable[[str, pathlib.Path], str]):
+    self.commands = list(commands)
+    self._env_of = env_of
+    self._with_overrides = with_overrides
+    self.folder = session_root(tmp_path_factory) / "scenario_readme"
+    self.repo = self.folder / "repo"
+    self._lock = filelock.FileLock(str(self.folder) + ".lock")
+    with self._lock:
+      if not (self.folder / "results.json").exists():
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True)
+        copy_repository(self.folder)
+        self.shims()
+        (self.folder / "results.json").write_text("{}")
+
+  def shims(self) -> pathlib.Path:
+    """`bin/python` (the tests' interpreter) and `bin/pip` (see `_PIP_SHIM`), first on PATH."""
+    bin_dir = self.folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "pip").write_text(_PIP_SHIM)
+    (bin_dir / "pip").chmod(0o755)
+    return bin_dir
+
+  def _results(self) -> dict:
+    return json.loads((self.folder / "results.json").read_text())
+
+  def result(self, index: int) -> dict:
+    """Runs commands up to `index` that have not run yet (in order) and returns command `index`'s
+    `{"command", "returncode", "stdout", "stderr", "seconds"}` (`returncode` None: not run, an
+    `export` line or the test command)."""
+    with self._lock:
+      results = self._results()
+      for i in range(index + 1):
+        if str(i) not in results:
+          results[str(i)] = self._run(i)
+          (self.folder / "results.json").write_text(json.dumps(results))
+      return results[str(index)]
+
+  def _run(self, index: int) -> dict:
+    command = self.commands[index]
+    if command.startswith("export ") or command.startswith("pip install -e \".[test]\""):
+      return {"command": command, "returncode": None, "stdout": "", "stderr": "", "seconds": 0.0}
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.update(self._env_of(index))
+    env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    full = self._with_overrides(command, self.repo)
+    start = time.monotonic()
+    out = subprocess.run(["bash", "-c", full],
+                         cwd=self.repo,
+                         env=env,
+                         capture_output=True,
+                         text=True,
+                         timeout=1500)
+    return {
+        "command": full,
+        "returncode": out.returncode,
+        "stdout": out.stdout,
+        "stderr": out.stderr,
+        "seconds": round(time.monotonic() - start, 1)
+    }
+
+
+def check(result: dict) -> dict:
+  """Asserts that a `ReadmeRun.result` exited 0 (with the end of its output) and returns it."""
+  assert result["returncode"] == 0, (f"{result['command']}\nexited {result['returncode']}\n"
+                                     f"stdout: {result['stdout'][-3000:]}\n"
+                                     f"stderr: {result['stderr'][-6000:]}")
+  return result
