@@ -32,8 +32,13 @@ See `mcwq_t5x.metrics` and `mcwq_t5x.execution` for the definitions (paper: Cui 
 2022, §5.2 and §6.2; execution accuracy is not in the paper).
 
 Exit status: 0 on success, 2 on bad input (missing file, files of different lengths, a malformed
-target or release record: the message names the file and line). Malformed predictions and failed
-store requests for predictions are scored as wrong, never an error.
+target or release record: the message names the file and line), 3 when `--execute` could score no
+example (execution accuracy undefined: every gold query failed on the store, e.g. an endpoint that
+answers errors, or no line has entities; the JSON is still printed, with `"execution_accuracy":
+null` and the reason in `execution.undefined`), 1 when the remote endpoint asks to wait longer
+than the client accepts (`Retry-After`). Malformed predictions and failed store requests for
+predictions are scored as wrong, never an error; examples whose gold query fails are left out
+(`gold_error`, with a warning).
 """
 from __future__ import annotations
 
@@ -44,12 +49,16 @@ import pathlib
 import sys
 from typing import Any, Optional, Sequence
 
+from mcwq_t5x import endpoint as endpoint_lib
 from mcwq_t5x import execution
 from mcwq_t5x import metrics
 from mcwq_t5x import readers
+from mcwq_t5x import retry
 from mcwq_t5x import rir as rir_lib
 from mcwq_t5x import sparql as sparql_lib
-from preprocessing import endpoint as endpoint_lib
+
+#: Exit status when `--execute` scored no example (execution accuracy undefined).
+EXIT_UNDEFINED = 3
 
 
 class InputError(ValueError):
@@ -214,14 +223,16 @@ def evaluate_files(predictions: str | pathlib.Path,
       ["execution": outcome]}.
     release, split, part: a release folder and one of its split parts; the gold queries and
       entities of the lines (`execution.load_release_queries`). All three or none.
-    endpoint: a `preprocessing.endpoint.Endpoint`, or a function without arguments returning
+    endpoint: a `mcwq_t5x.endpoint.Endpoint`, or a function without arguments returning
       one (called once the other inputs are read and checked; see `_make_endpoint`):
       with a release, adds execution accuracy (`execution.score_execution`).
     max_answers: SELECT answers with more values count as truncated (never equal).
 
   Returns:
     `metrics.score_predictions`'s dict, plus "by_complexity" when depths are given,
-    "execution_accuracy" and "execution" when executed, and the file names.
+    "execution_accuracy" and "execution" when executed, and the file names. When no example
+    could be scored on the store, "execution_accuracy" is None and "execution" has "undefined",
+    the reason (`execution.ExecutionScores.undefined_reason`).
 
   Raises:
     InputError: missing files, length mismatch (names both counts and both files), malformed
@@ -229,6 +240,7 @@ def evaluate_files(predictions: str | pathlib.Path,
       cannot be loaded.
     ValueError: no targets and no release, only some of release/split/part, or an endpoint
       without a release.
+    retry.RetryAfterTooLong: the remote endpoint asks to wait longer than it is configured to.
   """
   if (release is None) != (split is None) or (release is None) != (part is None):
     raise ValueError("give --release, --split and --part together")
@@ -275,6 +287,9 @@ def evaluate_files(predictions: str | pathlib.Path,
       raise InputError(str(e)) from None
     outcomes = scores.outcomes
     result.update(scores.summary())
+    reason = scores.undefined_reason()
+    if reason is not None:
+      result["execution"]["undefined"] = f"execution accuracy is undefined: {reason}"
     if isinstance(endpoint, endpoint_lib.CachedEndpoint):
       result["execution"]["store_requests"] = endpoint.misses
   if errors_out is not None:
@@ -374,7 +389,8 @@ def _make_endpoint(args: argparse.Namespace) -> endpoint_lib.CachedEndpoint:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Runs the command line; returns the exit status (0 ok, 2 bad input)."""
+  """Runs the command line; returns the exit status (module docstring: 0 ok, 2 bad input, 3
+  execution accuracy undefined, 1 a Retry-After too long)."""
   parser = _parser()
   args = parser.parse_args(argv)
   if args.targets is None and args.release is None:
@@ -404,14 +420,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except retry.RetryAfterTooLong as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  undefined = None
   if args.execute:
-    result["execution"]["endpoint"] = (
+    execution_result = result["execution"]
+    execution_result["endpoint"] = (
         args.url if args.endpoint == "remote" else
         f"oxigraph: {args.codex or ''} {' '.join(args.ntriples)}".strip())
+    undefined = execution_result.get("undefined")
+    gold_errors = execution_result["outcomes"][execution.GOLD_ERROR]
+    if gold_errors and not undefined:
+      print(
+          f"warning: the gold query of {gold_errors} examples failed on the store; they are "
+          "left out of execution accuracy (execution.endpoint_errors lists the first ones)",
+          file=sys.stderr)
   text = json.dumps(result, indent=2, ensure_ascii=False)
   print(text)
   if args.json_out:
     pathlib.Path(args.json_out).write_text(text + "\n", encoding="utf-8")
+  if undefined:
+    print(f"error: {undefined}", file=sys.stderr)
+    return EXIT_UNDEFINED
   return 0
 
 

@@ -16,7 +16,7 @@ For one example:
      pasting prediction text: variables must match `?name`, placeholders `M<k>` are replaced by
      the example's validated Q-id (a placeholder the example has no entity for makes the
      prediction wrong), constants must be `wd:Q<n>` and predicates `wdt:P<n>` or alternatives
-     `wdt:P<n>|wdt:P<m>` (the id patterns of `preprocessing.endpoint`); anything else makes
+     `wdt:P<n>|wdt:P<m>` (the id patterns of `mcwq_t5x.endpoint`); anything else makes
      the prediction wrong ("invalid_term").
   4. Both are executed (W3C SPARQL 1.1 Query §16.3 ASK, §16.1 SELECT DISTINCT): an ASK answer is
      a boolean, a SELECT answer the set of values of the selected variable (an unbound value
@@ -26,13 +26,14 @@ For one example:
 
 Examples whose record has no entity assignment (`entities` null: no satisfying assignment was
 found, §3.2) cannot be executed and are left out of the denominator ("not_executable"), as are
-those whose gold query fails on the store ("gold_error"). Predictions equivalent to the gold query
-(`sparql.Query.canonical`) are correct without a request.
+those whose gold query fails on the store ("gold_error"). When no example is left, execution
+accuracy is undefined (None, never 0: a dead store must not read as a model that is always wrong).
+Predictions equivalent to the gold query (`sparql.Query.canonical`) are correct without a request.
 
 Execution plan: the triple patterns are split into connected components (variables shared by
 triples or filters connect them); each component without the selected variable is asked as ASK
 (if one is false, there are no answers), and the triples of a component are ordered by predicate
-frequency when the store knows it (`preprocessing.substitute.order_triples`; pyoxigraph joins in
+frequency when the store knows it (`mcwq_t5x.endpoint.order_triples`; pyoxigraph joins in
 the written order). The answers are those of the unsplit query; the split keeps a prediction made
 of two unconnected patterns from enumerating their cross product. A SELECT answer with more than
 `max_answers` values is truncated and never equal to another answer.
@@ -50,8 +51,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from mcwq_t5x import metrics
 from mcwq_t5x import readers
 from mcwq_t5x import sparql as sparql_lib
-from preprocessing import endpoint as ep
-from preprocessing import substitute
+from mcwq_t5x import endpoint as ep
 
 PathLike = Union[str, pathlib.Path]
 
@@ -334,7 +334,7 @@ def _plan(query: sparql_lib.Query, entities: Mapping[str, str]) -> _Plan:
 
 def _body(triples: Sequence[tuple[str, str, str]], filters: Sequence[str],
           counts: Optional[dict[str, int]]) -> str:
-  ordered = substitute.order_triples(list(triples), counts)
+  ordered = ep.order_triples(list(triples), counts)
   return " . ".join([" ".join(t) for t in ordered] + list(filters))
 
 
@@ -390,7 +390,7 @@ def execute(query: sparql_lib.Query,
   Args:
     query: a parsed CFQ/MCWQ query (`sparql.parse_sparql`, `rir.rir_to_query`).
     entities: placeholder -> Q-id (`{"M0": "Q42"}`, see `check_entities`).
-    endpoint: where to run it (`preprocessing.endpoint`: embedded pyoxigraph store or remote,
+    endpoint: where to run it (`mcwq_t5x.endpoint`: embedded pyoxigraph store or remote,
       possibly wrapped in a `CachedEndpoint`).
     max_answers: SELECT answers with more values are truncated.
 
@@ -400,7 +400,7 @@ def execute(query: sparql_lib.Query,
   Raises:
     UnsafeQueryError: a term that is not a variable, a placeholder with an entity, `wd:Q<n>` or a
       `wdt:P<n>` path, or a query form other than ASK / SELECT DISTINCT ?var.
-    preprocessing.endpoint.EndpointError: the store failed.
+    mcwq_t5x.endpoint.EndpointError: the store failed.
   """
   req = _requests(query, entities, endpoint.predicate_counts(), max_answers)
   empty = Answer(req.form, False if req.form == "ask" else frozenset())
@@ -438,12 +438,13 @@ class ExecutionScores:
     """{"execution_accuracy": percent, "execution": {"n", "correct", "outcomes", ...}}.
 
     `execution_accuracy` is 100 * correct / n, where n counts the examples with a gold answer
-    (outcomes in `SCORED_OUTCOMES`); 0.0 when n == 0.
+    (outcomes in `SCORED_OUTCOMES`); None when n == 0 (undefined, not 0: no example could be
+    scored, e.g. every gold query failed on the store; see `undefined_reason`).
     """
     counts = collections.Counter(self.outcomes)
     n = sum(counts[o] for o in SCORED_OUTCOMES)
     return {
-        "execution_accuracy": 100.0 * counts[CORRECT] / n if n else 0.0,
+        "execution_accuracy": 100.0 * counts[CORRECT] / n if n else None,
         "execution": {
             "n": n,
             "correct": counts[CORRECT],
@@ -453,6 +454,20 @@ class ExecutionScores:
             "endpoint_errors": [f"example {i}: {m}" for i, m in self.endpoint_errors[:5]]
         }
     }
+
+  def undefined_reason(self) -> Optional[str]:
+    """Why execution accuracy is undefined (no scored example), or None when it is defined."""
+    counts = collections.Counter(self.outcomes)
+    if any(counts[o] for o in SCORED_OUTCOMES):
+      return None
+    if counts[GOLD_ERROR]:
+      first = next(m for _, m in self.endpoint_errors if m.startswith("gold: "))
+      return (f"the gold query of every executable example failed on the store "
+              f"({counts[GOLD_ERROR]} examples; the first error: {first[len('gold: '):]})")
+    if counts[NOT_EXECUTABLE]:
+      return (f"no example has an entity assignment ({counts[NOT_EXECUTABLE]} examples are "
+              "not executable)")
+    return "there are no examples"
 
 
 def score_execution(examples: Sequence[ReleaseQuery],
@@ -466,7 +481,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
     examples: the gold queries with their entities (`load_release_queries`), length N.
     predictions: line-parallel predicted queries in format `fmt` (anything; malformed ones are
       wrong, never an exception).
-    endpoint: the SPARQL store. Wrap it in `preprocessing.endpoint.CachedEndpoint` to run each
+    endpoint: the SPARQL store. Wrap it in `mcwq_t5x.endpoint.CachedEndpoint` to run each
       distinct query once.
     fmt: "rir" (model output) or "sparql".
     max_answers: SELECT answers with more values are truncated (and then never equal).

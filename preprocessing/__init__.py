@@ -5,14 +5,16 @@ Modules (each has a command line where it makes sense; see their docstrings):
 * `cfq`: reading CFQ records, parsing their Freebase SPARQL, recovering `sparqlPatternModEntities`.
 * `derive_mapping`: derives the Freebase -> Wikidata mapping by aligning CFQ with MCWQ (§3.1).
 * `mapping`: the curated mapping (`data/property_mapping.json`) and query migration (§3.1).
-* `endpoint`: embedded pyoxigraph store (CoDEx / N-Triples) and remote SPARQL endpoints.
 * `substitute`: entity substitution and verified negative sampling (§3.2).
 * `migrate`: the pipeline command line, writing the release formats.
 * `translate`: MT backends (file, Hugging Face, Google REST v2) with caching (§4.1).
 * `gold`: gold-set sampling from the MCD test intersection and BLEU (§4.2–4.3).
 * `stats`: Table 3 statistics and the complexity histogram (§3.4).
-* `retry`: request pacing and retry delays of the remote clients (endpoint, Google MT).
-* `cache`: the crash-safe append-only JSONL cache used for endpoint answers and translations.
+
+The SPARQL stores (embedded pyoxigraph, remote endpoints, the answer cache) are the library's:
+`mcwq_t5x.endpoint`, with `mcwq_t5x.jsonl_cache` (the crash-safe JSONL cache also used for
+translations) and `mcwq_t5x.retry` (request pacing and Retry-After, also used by the Google MT
+client). The library never imports this package.
 
 Nothing here imports TensorFlow.
 """

@@ -53,7 +53,8 @@ from tqdm import tqdm
 
 from mcwq_t5x import readers
 from mcwq_t5x import sparql as sparql_lib
-from preprocessing import cfq, endpoint as ep, mapping as mp, substitute as sb
+from mcwq_t5x import endpoint as ep
+from preprocessing import cfq, mapping as mp, substitute as sb
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_CFQ = [

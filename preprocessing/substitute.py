@@ -21,8 +21,8 @@ import random
 import re
 from typing import Any, Iterable, Sequence
 
+from mcwq_t5x.endpoint import QID_RE, Endpoint, order_triples
 from preprocessing import cfq
-from preprocessing.endpoint import Endpoint, QID_RE
 from preprocessing.mapping import Migrated
 
 _VAR_RE = re.compile(r"^\?[a-z][0-9]{1,2}$")
@@ -50,33 +50,6 @@ def placeholders(q: Migrated) -> list[str]:
       if cfq.is_placeholder(t) and t not in seen:
         seen.append(t)
   return seen
-
-
-def order_triples(triples: list[tuple[str, str, str]],
-                  counts: dict[str, int] | None) -> list[tuple[str, str, str]]:
-  """Greedy join order: next the triple with the smallest estimated cardinality.
-
-  Estimate = triples of the predicate (sum over `|` alternatives; 10^6 when unknown), times 0.01
-  when one end is a constant or already bound, times 10^-4 when both are. The answer set does
-  not depend on the order (a conjunctive query); only the embedded store's speed does.
-  """
-  if counts is None:
-    return triples
-  left = list(triples)
-  bound: set[str] = set()
-  out = []
-
-  def est(t: tuple[str, str, str]) -> float:
-    n = sum(counts.get(p, 0) for p in t[1].split("|")) if counts else 10**6
-    b = sum(1 for x in (t[0], t[2]) if not x.startswith("?") or x in bound)
-    return n * (1.0, 0.01, 1e-4)[b]
-
-  while left:
-    best = min(left, key=est)
-    left.remove(best)
-    out.append(best)
-    bound.update(x for x in (best[0], best[2]) if x.startswith("?"))
-  return out
 
 
 def body(q: Migrated,

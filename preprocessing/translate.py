@@ -11,8 +11,11 @@ Backends (one interface, `Backend.translate(texts, target, source) -> list[str]`
   which does not copy them (a small or random-weight one) still gives usable questions.
 * `GoogleBackend`: Google Cloud Translation, REST API v2 (`POST …/language/translate/v2`,
   form fields q (repeated), target, source, format=text, key) through `requests`, with batching,
-  a minimum interval between requests, and retries with exponential backoff on 429/5xx
-  (honouring Retry-After). `url` can point at any server speaking that protocol.
+  a minimum interval between requests, and retries with exponential backoff on 429/5xx and on a
+  403 whose reason is `rateLimitExceeded` / `userRateLimitExceeded` (Google documents those as
+  retryable; honouring Retry-After). A 200 whose body is not a v2 answer (an HTML page, JSON
+  without `data.translations`) is an error naming the URL and the head of the body. `url` can
+  point at any server speaking that protocol.
 
 `Translator` adds what §4.1 describes around the backend: "?" is appended before translating
 (the questions have none; it makes MT treat them as questions) and stripped after; question
@@ -62,8 +65,8 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from mcwq_t5x import readers
-from preprocessing import retry
-from preprocessing.cache import JsonlCache, make_key
+from mcwq_t5x import retry
+from mcwq_t5x.jsonl_cache import JsonlCache, make_key
 
 _log = logging.getLogger(__name__)
 
@@ -241,15 +244,43 @@ class HFBackend(Backend):
     return out
 
 
+#: Reasons of a Google API 403 error that mean "too fast, retry with backoff" (Google Cloud
+#: Translation v2 and the Google API error model: `error.errors[].reason`).
+RETRYABLE_403_REASONS = ("rateLimitExceeded", "userRateLimitExceeded")
+
+
+def _body_head(body: bytes, n: int = 200) -> str:
+  """The first `n` bytes of an answer, decoded for a message (quoted, `…` when cut)."""
+  return repr(body[:n].decode("utf-8", "replace") + ("…" if len(body) > n else ""))
+
+
+def google_error_reasons(body: bytes) -> list[str]:
+  """The `error.errors[].reason` values of a Google API error body ([] when it has none)."""
+  try:
+    error = json.loads(body.decode("utf-8")).get("error")
+  except (UnicodeDecodeError, ValueError, AttributeError):
+    return []
+  errors = error.get("errors") if isinstance(error, dict) else None
+  if not isinstance(errors, list):
+    return []
+  return [e["reason"] for e in errors if isinstance(e, dict) and isinstance(e.get("reason"), str)]
+
+
 class GoogleBackend(Backend):
   """Google Cloud Translation REST v2 (or a server speaking it at `url`).
+
+  `translate` raises `TranslationError` for a refused request (an HTTP error that is not
+  retried), after the last retry, and for a status 200 whose body is not a v2 answer (not JSON,
+  e.g. an HTML page, or JSON without `data.translations` of one `translatedText` per text); the
+  message names the URL and the head of the body.
 
   Args:
     api_key: sent as the `key` form field (never logged).
     url: the `translate/v2` endpoint.
     batch_size: texts per request (the API allows up to 128 `q` values).
     min_interval_s: minimum seconds between requests.
-    max_retries: retries on 429, 5xx and connection errors.
+    max_retries: retries on 429, 5xx, a 403 with a reason in `RETRYABLE_403_REASONS`, and
+      connection errors.
     backoff_s: first backoff, doubled after each retry (Retry-After wins when sent).
     timeout_s: request timeout.
     sleep: injectable for tests.
@@ -293,14 +324,14 @@ class GoogleBackend(Backend):
             },
             timeout=self.timeout_s)
         if r.status_code == 200:
-          items = r.json()["data"]["translations"]
-          if len(items) != len(texts):
-            raise TranslationError(f"{self.url}: {len(items)} translations for {len(texts)} texts")
-          return [it["translatedText"] for it in items]
-        if r.status_code != 429 and r.status_code < 500:
+          return self._translations(r.content, len(texts))
+        rate_limited = [
+            reason for reason in google_error_reasons(r.content) if reason in RETRYABLE_403_REASONS
+        ] if r.status_code == 403 else []
+        if r.status_code != 429 and r.status_code < 500 and not rate_limited:
           raise TranslationError(f"{self.url}: HTTP {r.status_code}: {r.text[:200]}")
         retry_after = r.headers.get("Retry-After")
-        err = f"HTTP {r.status_code}"
+        err = f"HTTP {r.status_code}" + (f" ({rate_limited[0]})" if rate_limited else "")
       except (self.requests.ConnectionError, self.requests.Timeout) as e:
         err = str(e)
       if attempt == self.max_retries:
@@ -310,6 +341,31 @@ class GoogleBackend(Backend):
       self._sleep(wait_s)
       delay *= 2
     raise AssertionError("unreachable")
+
+  def _translations(self, body: bytes, n: int) -> list[str]:
+    """The `n` translations of a status-200 body (`data.translations[].translatedText`).
+
+    Raises:
+      TranslationError: the body is not JSON, has no `data.translations` list, or not `n`
+        string `translatedText`s (names the URL and the head of the body).
+    """
+    try:
+      obj = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+      raise TranslationError(f"{self.url}: HTTP 200 but the answer is not JSON ({e}); it begins "
+                             f"{_body_head(body)}") from None
+    data = obj.get("data") if isinstance(obj, dict) else None
+    items = data.get("translations") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+      raise TranslationError(f"{self.url}: HTTP 200 but the answer has no 'data.translations' "
+                             f"list (not a Cloud Translation v2 answer); it begins "
+                             f"{_body_head(body)}")
+    if len(items) != n:
+      raise TranslationError(f"{self.url}: {len(items)} translations for {n} texts")
+    if not all(isinstance(it, dict) and isinstance(it.get("translatedText"), str) for it in items):
+      raise TranslationError(f"{self.url}: HTTP 200 but a translation has no string "
+                             f"'translatedText'; the answer begins {_body_head(body)}")
+    return [it["translatedText"] for it in items]
 
   def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str]:
     out: list[str] = []

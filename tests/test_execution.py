@@ -4,18 +4,20 @@ The data is real: the shared CFQ sample migrated to Wikidata with entities from 
 subgraph (`preprocessing.migrate`, fixture `migrated_cfq_sample`), executed on the embedded
 pyoxigraph store loaded from `../shared/wikidata/codex-m`.
 """
+import http.server
 import json
 import pathlib
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from mcwq_t5x import execution, metrics, readers, rir, sparql
-from preprocessing import endpoint as ep
+from mcwq_t5x import endpoint as ep
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -305,6 +307,84 @@ def test_execution_cli_input_errors(tmp_path, capsys):
   assert not hasattr(metrics, "evaluate")  # one thing called evaluate: the command line
 
 
+class _ErrorAnswers(http.server.BaseHTTPRequestHandler):
+  """A SPARQL endpoint that answers every query with status 200 and a JSON error object."""
+
+  def do_POST(self):  # noqa: N802
+    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    self.server.requests += 1
+    body = b'{"error": "Query is malformed: the store is read-only and broken"}'
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *a):
+    pass
+
+
+def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path, capsys):
+  """An endpoint answering errors (status 200, `{"error": ...}`) makes every gold query fail:
+  execution accuracy is undefined (null, exit 3), not 0.0 with exit 0, and nothing is cached."""
+  from mcwq_t5x import evaluate  # pylint: disable=g-import-not-at-top
+  (tmp_path / "splits").mkdir()
+  (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [0, 1, 2]}')
+  records = [{
+      "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P21 wd:Q6581072 }",
+      "entities": {
+          "M0": "Q42"
+      }
+  }, {
+      "sparqlPatternModEntities": "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P161 M0 }",
+      "entities": {
+          "M0": "Q30937"
+      }
+  }, {
+      "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
+      "entities": None
+  }]
+  (tmp_path / "dataset.json").write_text(json.dumps(records))
+  (tmp_path / "p.txt").write_text("\n".join(_rir(r["sparqlPatternModEntities"]) for r in records))
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ErrorAnswers)
+  srv.daemon_threads, srv.requests = True, 0
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  url = f"http://127.0.0.1:{srv.server_port}/sparql"
+  try:
+    argv = [
+        "--predictions",
+        str(tmp_path / "p.txt"), "--release",
+        str(tmp_path), "--split", "s", "--part", "dev", "--execute", "--endpoint", "remote",
+        "--url", url, "--rate", "0", "--cache",
+        str(tmp_path / "answers.jsonl"), "--json",
+        str(tmp_path / "result.json")
+    ]
+    assert evaluate.main(argv) == 3  # evaluate.EXIT_UNDEFINED
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["execution_accuracy"] is None and result["execution"]["n"] == 0
+    assert result["execution"]["outcomes"]["gold_error"] == 2
+    assert "error: execution accuracy is undefined: the gold query of every executable example " \
+        "failed on the store (2 examples" in captured.err
+    assert url in captured.err and "an error object" in captured.err
+    assert json.loads((tmp_path / "result.json").read_text())["execution_accuracy"] is None
+    assert srv.requests == 2  # one per gold query: an error answer is not retried...
+    assert evaluate.main(argv) == 3  # evaluate.EXIT_UNDEFINED
+    assert srv.requests == 4  # ...nor cached
+    assert json.loads(capsys.readouterr().out)["execution"]["store_requests"] == 2
+  finally:
+    srv.shutdown()
+    srv.server_close()
+  # No line with entities: nothing can be scored either.
+  (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [2]}')
+  (tmp_path / "p.txt").write_text(_rir(records[2]["sparqlPatternModEntities"]))
+  assert evaluate.main(argv[:-2]) == 3
+  assert "undefined: no example has an entity assignment" in capsys.readouterr().err
+  scores = execution.ExecutionScores([execution.GOLD_ERROR], [(1, "gold: HTTP 500")])
+  assert scores.summary()["execution_accuracy"] is None
+  assert "every executable example failed" in scores.undefined_reason()
+
+
 @pytest.fixture(scope="module")
 def sparql_server(shared_dir, tmp_path_factory):
   """A local SPARQL 1.1 server (`oxigraph serve-read-only`) with the CoDEx-M triples and types."""
@@ -349,7 +429,7 @@ def sparql_server(shared_dir, tmp_path_factory):
 
 
 def test_execution_cli_remote_endpoint_and_cache(migrated_cfq_sample, sparql_server, tmp_path):
-  """`--endpoint remote` (SPARQLWrapper, rate limit, retries) gives the embedded store's outcomes;
+  """`--endpoint remote` (`requests` with urllib3's Retry, rate limit) gives the embedded store's outcomes;
   with `--cache` a rerun sends no request."""
   queries = execution.load_release_queries(migrated_cfq_sample, "cfq_sample", "dev")
   predictions = [_rir(q.pattern) for q in queries]

@@ -353,6 +353,109 @@ def test_google_backend_against_local_server(tmp_path):
     srv.shutdown()
 
 
+def _google_error(status, reason):
+  """A Google API error body (the shape Cloud Translation v2 sends)."""
+  return status, "application/json; charset=UTF-8", json.dumps({
+      "error": {
+          "code":
+              status,
+          "message":
+              f"{reason} for this project",
+          "errors": [{
+              "message": f"{reason} for this project",
+              "domain": "usageLimits",
+              "reason": reason
+          }]
+      }
+  }).encode()
+
+
+class _ScriptedGoogle(http.server.BaseHTTPRequestHandler):
+  """Answers the server's `script` of (status, content type, body) in turn, then translations."""
+
+  def do_POST(self):  # noqa: N802
+    form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+    self.server.requests.append(form["q"])
+    if self.server.script:
+      status, content_type, body = self.server.script.pop(0)
+    else:
+      status, content_type = 200, "application/json; charset=UTF-8"
+      body = json.dumps({
+          "data": {
+              "translations": [{
+                  "translatedText": f"[{form['target'][0]}] {q}"
+              } for q in form["q"]]
+          }
+      }).encode()
+    self.send_response(status)
+    self.send_header("Content-Type", content_type)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *a):
+    pass
+
+
+@pytest.fixture
+def scripted_google():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedGoogle)
+  srv.daemon_threads = True
+  srv.script, srv.requests = [], []
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  srv.url = f"http://127.0.0.1:{srv.server_port}/language/translate/v2"
+  yield srv
+  srv.shutdown()
+  srv.server_close()
+
+
+def test_google_backend_retries_a_403_rate_limit_and_not_other_403s(scripted_google):
+  scripted_google.script = [
+      _google_error(403, "userRateLimitExceeded"),
+      _google_error(403, "rateLimitExceeded")
+  ]
+  waits = []
+  g = tr.GoogleBackend(
+      "k", url=scripted_google.url, min_interval_s=0.0, backoff_s=1.5, sleep=waits.append)
+  assert g.translate(["Who did M0 star"], "he") == ["[he] Who did M0 star"]
+  assert waits == [1.5, 3.0] and g.num_requests == 3  # backed off, as Google asks
+  scripted_google.script = [_google_error(403, "dailyLimitExceeded")]
+  with pytest.raises(tr.TranslationError, match="HTTP 403.*dailyLimitExceeded"):
+    g.translate(["Was M1 Spanish"], "he")
+  assert g.num_requests == 4 and waits == [1.5, 3.0]  # refused: not retried
+
+
+def test_google_backend_200_that_is_not_a_v2_answer_is_a_clear_error_and_progress_is_kept(
+    scripted_google, tmp_path):
+  html = b"<!DOCTYPE html><html><head><title>Sign in - Google Accounts</title></head></html>"
+  g = tr.GoogleBackend("k", url=scripted_google.url, min_interval_s=0.0, sleep=lambda s: None)
+  scripted_google.script = [(200, "text/html; charset=UTF-8", html)]
+  with pytest.raises(tr.TranslationError) as e:
+    g.translate(["Who did M0 star"], "kn")
+  assert str(e.value).startswith(f"{scripted_google.url}: HTTP 200 but the answer is not JSON")
+  assert "<!DOCTYPE html><html><head><title>Sign in" in str(e.value)
+  scripted_google.script = [(200, "application/json", b'{"kind": "translate#translations"}')]
+  with pytest.raises(tr.TranslationError, match="no 'data.translations' list.*translate#"):
+    g.translate(["Who did M0 star"], "kn")
+  # In a run, the first batch is translated and kept, the bad answers are reported problems.
+  scripted_google.script = [(200, "application/json; charset=UTF-8",
+                             json.dumps({
+                                 "data": {
+                                     "translations": [{
+                                         "translatedText": "[kn] Who did M0 star?"
+                                     }]
+                                 }
+                             }).encode()), (200, "text/html", html),
+                            (200, "application/json", b'{"data": {}}')]
+  t = tr.Translator(g, tmp_path / "c.jsonl", batch_size=1)
+  texts = ["Who did M0 star", "Was M1 Spanish", "Did M2 edit M3"]
+  assert t.translate(texts, "kn") == ["[kn] Who did M0 star", None, None]
+  assert "not JSON" in t.failures[("kn", texts[1])].detail
+  assert "no 'data.translations'" in t.failures[("kn", texts[2])].detail
+  assert tr.Translator(g, tmp_path / "c.jsonl").cache.get(t._key(texts[0], "kn",
+                                                                 "en")) == "[kn] Who did M0 star"  # pylint: disable=protected-access
+
+
 # ---------------------------------------------------------------- runs that finish (issue 14)
 
 
@@ -646,7 +749,7 @@ def test_statistics(mcwq_dir, release, tmp_path):
 
 
 def test_retry_delay_and_pacing():
-  from preprocessing import retry  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import retry  # pylint: disable=g-import-not-at-top
   assert retry.retry_delay(0.5, None) == 0.5
   assert retry.retry_delay(0.5, "") == 0.5
   assert retry.retry_delay(0.5, "7") == 7.0

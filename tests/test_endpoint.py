@@ -10,13 +10,17 @@ import http.server
 import json
 import logging
 import os
+import socket
 import threading
 import time
+import urllib.parse
 
 import pytest
 
+from mcwq_t5x import endpoint as ep
 from mcwq_t5x import evaluate
-from preprocessing import endpoint as ep, migrate, retry
+from mcwq_t5x import retry
+from preprocessing import migrate
 
 NOW = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT, the injected wall clock
 ASK_TRUE = json.dumps({"head": {}, "boolean": True}).encode()
@@ -319,3 +323,186 @@ def test_evaluate_and_migrate_build_the_same_remote_endpoint_from_their_flags(
                                                                                      "A", 3.0, 2)
     assert (remote.min_interval_s, remote.max_retry_after_s) == (ep.DEFAULT_MIN_INTERVAL_S,
                                                                  ep.DEFAULT_MAX_RETRY_AFTER_S)
+
+
+# ---- An endpoint's error is never an answer (issue 26, item 3) ----
+
+
+class _Fixed(http.server.BaseHTTPRequestHandler):
+  """Answers every POST with status 200 and the server's `body` (and `content_type`)."""
+
+  def do_POST(self):  # noqa: N802
+    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    self.server.requests += 1
+    body = self.server.body
+    self.send_response(200)
+    self.send_header("Content-Type", self.server.content_type)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *a):
+    pass
+
+
+@pytest.fixture
+def fixed():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fixed)
+  srv.daemon_threads = True
+  srv.requests, srv.content_type = 0, "application/sparql-results+json"
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  srv.url = f"http://127.0.0.1:{srv.server_port}/sparql"
+  yield srv
+  srv.shutdown()
+  srv.server_close()
+
+
+@pytest.mark.parametrize(
+    "form,body,problem",
+    [("select", b'{"error": "java.util.concurrent.TimeoutException"}', "an error object"),
+     ("ask", b'{"error": {"message": "query timeout"}}', "an error object"),
+     ("select", b'{"head": {"vars": ["x"]}}', "no 'results.bindings' list"),
+     ("select", b'{"results": {"bindings": []}}', "no 'head' object"),
+     ("select", b'{"head": {}, "results": {"bindings": [{"x": "Q1"}]}}', "a binding that is not"),
+     ("ask", b'{"head": {}}', "no boolean 'boolean'"),
+     ("ask", b'{"head": {}, "boolean": "true"}', "no boolean 'boolean'"),
+     ("select", b"<!DOCTYPE html><html><body>Service unavailable</body></html>", "not JSON"),
+     ("ask", b"Internal error", "not JSON"), ("select", b"[]", "a JSON list, not an object")])
+def test_remote_answer_that_is_not_sparql_json_results_is_an_error_and_not_cached(
+    fixed, tmp_path, form, body, problem):
+  fixed.body = body
+  remote = ep.RemoteEndpoint(fixed.url, min_interval_s=0.0, sleep=lambda s: None)
+  cached = ep.CachedEndpoint(remote, tmp_path / "answers.jsonl")
+  run = cached.select if form == "select" else cached.ask
+  query = "SELECT ?x WHERE { ?x ?p ?o }" if form == "select" else "ASK WHERE { ?s ?p ?o }"
+  for _ in range(2):  # nothing is cached: the second call asks again
+    with pytest.raises(ep.EndpointError) as e:
+      run(query)
+    message = str(e.value)
+    assert fixed.url in message and problem in message, message
+    assert repr(body[:40].decode())[1:-1] in message  # the head of the body
+  assert fixed.requests == 2 and (cached.hits, cached.misses) == (0, 2)
+  assert len(ep.CachedEndpoint(_Fake([]), tmp_path / "answers.jsonl").cache) == 0
+
+
+def test_remote_select_reads_sparql_json_results(fixed):
+  fixed.body = json.dumps({
+      "head": {
+          "vars": ["x", "l"]
+      },
+      "results": {
+          "bindings": [{
+              "x": {
+                  "type": "uri",
+                  "value": ep.WD + "Q42"
+              },
+              "l": {
+                  "type": "literal",
+                  "value": "Douglas Adams",
+                  "xml:lang": "en"
+              }
+          }, {}]
+      }
+  }).encode()
+  remote = ep.RemoteEndpoint(fixed.url, min_interval_s=0.0)
+  assert remote.select("SELECT ?x ?l WHERE { ?x rdfs:label ?l }") == [{
+      "x": "wd:Q42",
+      "l": "Douglas Adams"
+  }, {}]
+
+
+# ---- Redirects of a POST re-send the query (issue 26, item 4) ----
+
+
+class _Moved(http.server.BaseHTTPRequestHandler):
+  """`/old` (and `/loop`) redirect with the server's `status`; `/new` answers a POSTed query."""
+
+  def _redirect(self, location):
+    self.send_response(self.server.status)
+    if location is not None:
+      self.send_header("Location", location)
+    self.send_header("Content-Length", "0")
+    self.end_headers()
+
+  def do_POST(self):  # noqa: N802
+    form = urllib.parse.parse_qs(
+        self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+    self.server.log.append(("POST", self.path, form.get("query", [""])[0]))
+    if self.path == "/old":
+      self._redirect("/new")
+    elif self.path == "/loop":
+      self._redirect("/loop")
+    elif self.path == "/nowhere":
+      self._redirect(None)
+    else:
+      body = ASK_TRUE
+      self.send_response(200)
+      self.send_header("Content-Type", "application/sparql-results+json")
+      self.send_header("Content-Length", str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+
+  def do_GET(self):  # noqa: N802
+    self.server.log.append(("GET", self.path, ""))
+    self.send_response(405)
+    self.send_header("Content-Length", "0")
+    self.end_headers()
+
+  def log_message(self, *a):
+    pass
+
+
+@pytest.fixture
+def moved():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Moved)
+  srv.daemon_threads = True
+  srv.log, srv.status = [], 301
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  srv.base = f"http://127.0.0.1:{srv.server_port}"
+  yield srv
+  srv.shutdown()
+  srv.server_close()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_remote_redirect_resends_the_query_to_the_new_location(moved, status, caplog):
+  moved.status = status
+  remote = ep.RemoteEndpoint(moved.base + "/old", min_interval_s=0.0)
+  query = "ASK WHERE { wd:Q42 wdt:P31 wd:Q5 }"
+  with caplog.at_level(logging.WARNING, logger=ep.__name__):
+    assert remote.ask(query) is True
+  assert moved.log == [("POST", "/old", ep.PREFIXES + query), ("POST", "/new", ep.PREFIXES + query)]
+  assert f"HTTP {status} redirect to {moved.base}/new" in caplog.text
+  assert remote.num_requests == 2
+  # A permanent redirect is remembered: the next query goes to the new location directly.
+  assert remote.ask(query) is True
+  assert [p for _, p, _ in moved.log[2:]] == (["/new"] if status in (301,
+                                                                     308) else ["/old", "/new"])
+
+
+def test_remote_redirect_without_location_or_in_a_loop_is_an_error_naming_it(moved):
+  remote = ep.RemoteEndpoint(moved.base + "/nowhere", min_interval_s=0.0)
+  with pytest.raises(ep.EndpointError, match="HTTP 301 redirect without a Location header"):
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  moved.status = 307
+  remote = ep.RemoteEndpoint(moved.base + "/loop", min_interval_s=0.0)
+  with pytest.raises(
+      ep.EndpointError, match=f"more than 5 redirects .the last to {moved.base}/loop"):
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  assert remote.num_requests == 6
+
+
+def test_remote_connection_refused_is_retried_with_backoff_then_an_error():
+  with socket.socket() as sock:  # a port nothing listens on
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+  waits = []
+  remote = ep.RemoteEndpoint(
+      f"http://127.0.0.1:{port}/sparql",
+      max_retries=2,
+      backoff_s=0.5,
+      min_interval_s=0.0,
+      sleep=waits.append)
+  with pytest.raises(ep.EndpointError, match="giving up after 3 attempts: NewConnectionError"):
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  assert waits == [0.5, 1.0] and remote.num_requests == 3

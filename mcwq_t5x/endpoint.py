@@ -1,4 +1,8 @@
-"""SPARQL endpoints for entity substitution and negative sampling (MCWQ paper, §3.2).
+"""SPARQL stores: the embedded pyoxigraph one and remote SPARQL 1.1 endpoints, behind one interface.
+
+Execution accuracy (`mcwq_t5x.execution`) runs queries on them; the dataset-creation pipeline
+(`preprocessing.substitute`, `preprocessing.migrate`: entity substitution and negative sampling,
+MCWQ paper §3.2) uses them too.
 
 Two kinds behind one interface (`Endpoint`: `select`, `ask`, `labels`):
 
@@ -9,16 +13,18 @@ Two kinds behind one interface (`Endpoint`: `select`, `ask`, `labels`):
   CoDEx has no labels for most entities: `labels` then returns only those it has.
   With `timeout_s`, queries run in a forked worker process that is killed when a query runs longer.
 * `RemoteEndpoint`: any SPARQL 1.1 HTTP endpoint (SPARQL 1.1 Protocol, POST with a form-encoded
-  `query`, JSON results) through `urllib.request`, by default the Wikidata Query Service, with a
-  custom User-Agent, a timeout on the whole request, retries with exponential backoff on HTTP 429
-  and 5xx (waiting at least what `Retry-After` asks, RFC 9110 §10.2.3) and a minimum interval
-  between requests.
+  `query`, JSON results) through `requests`, by default the Wikidata Query Service, with a
+  custom User-Agent, a timeout on each whole request attempt, retries by urllib3's `Retry` with
+  exponential backoff on HTTP 429, 500, 502, 503, 504 and network errors (waiting at least what
+  `Retry-After` asks, RFC 9110 §10.2.3), redirects followed by re-sending the query, and a
+  minimum interval between requests. An answer that is not SPARQL JSON results (an error object,
+  an HTML page) raises `EndpointError`.
 
 Both raise `QueryTimeout` (an `EndpointError`) when a query takes longer than `timeout_s`; it is
 not retried. `CachedEndpoint` wraps either one and keeps every answer in an append-only JSONL file
-(`preprocessing.cache`), so a killed run resumes without repeating a request; a timed-out query is
-recorded as `{"timed_out_after_s": T}` and not re-run by a later run unless asked
-(`retry_timeouts=True`).
+(`mcwq_t5x.jsonl_cache`), so a killed run resumes without repeating a request; errors are never
+kept, except that a timed-out query is recorded as `{"timed_out_after_s": T}` and not re-run by a
+later run unless asked (`retry_timeouts=True`).
 
 Command lines that query a store (`preprocessing.migrate`, `mcwq_t5x.evaluate`) define the remote
 endpoint's flags with `add_endpoint_arguments` and build the store they name with
@@ -26,7 +32,7 @@ endpoint's flags with `add_endpoint_arguments` and build the store they name wit
 
 Results are plain JSON-able values: `select` returns a list of {variable: term} rows where a
 Wikidata entity is written `wd:Q42`, a property `wdt:P57`, any other IRI `<…>` and a literal its
-lexical form.
+lexical form. `order_triples` orders a query's triple patterns for the embedded store's joins.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import abc
 import argparse
 import http.client
+import itertools
 import json
 import logging
 import multiprocessing
@@ -42,13 +49,18 @@ import re
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Callable, Iterable, Sequence
 
-from preprocessing import retry
-from preprocessing.cache import JsonlCache, make_key
+import requests
+import requests.adapters
+import urllib3
+import urllib3.connection
+import urllib3.exceptions
+import urllib3.util
+
+from mcwq_t5x import retry
+from mcwq_t5x.jsonl_cache import JsonlCache, make_key
 
 WD = "http://www.wikidata.org/entity/"
 WDT = "http://www.wikidata.org/prop/direct/"
@@ -111,6 +123,33 @@ def compact(iri: str) -> str:
   if iri.startswith(WDT):
     return "wdt:" + iri[len(WDT):]
   return f"<{iri}>"
+
+
+def order_triples(triples: list[tuple[str, str, str]],
+                  counts: dict[str, int] | None) -> list[tuple[str, str, str]]:
+  """Greedy join order: next the triple with the smallest estimated cardinality.
+
+  Estimate = triples of the predicate (sum over `|` alternatives; 10^6 when unknown), times 0.01
+  when one end is a constant or already bound, times 10^-4 when both are. The answer set does
+  not depend on the order (a conjunctive query); only the embedded store's speed does.
+  """
+  if counts is None:
+    return triples
+  left = list(triples)
+  bound: set[str] = set()
+  out = []
+
+  def est(t: tuple[str, str, str]) -> float:
+    n = sum(counts.get(p, 0) for p in t[1].split("|")) if counts else 10**6
+    b = sum(1 for x in (t[0], t[2]) if not x.startswith("?") or x in bound)
+    return n * (1.0, 0.01, 1e-4)[b]
+
+  while left:
+    best = min(left, key=est)
+    left.remove(best)
+    out.append(best)
+    bound.update(x for x in (best[0], best[2]) if x.startswith("?"))
+  return out
 
 
 class Endpoint(abc.ABC):
@@ -398,12 +437,12 @@ def _shutdown(sock: socket.socket) -> None:
 
 
 class _Deadline:
-  """Bounds one HTTP request as a whole: once `timeout_s` has passed, shuts its socket down.
+  """Bounds one HTTP request attempt as a whole: once `timeout_s` has passed, shuts its socket down.
 
   A socket timeout only bounds each read (a server sending a byte every half second never trips
   it); shutting the socket down from a timer thread ends any blocked read or write at once.
 
-  Use: `with deadline:` around the request, then `deadline.cut` after an answer (the timer shut
+  Use: `with deadline:` around the attempt, then `deadline.cut` after an answer (the timer shut
   the connection: the answer may be truncated) or `deadline.timed_out()` after a failure.
   """
 
@@ -442,7 +481,8 @@ class _Deadline:
     with self._lock:
       if self._expired:
         raise TimeoutError(f"connecting took longer than {self.timeout_s:g} s")
-      self._socks.append(sock)
+      if all(s is not sock for s in self._socks):
+        self._socks.append(sock)
 
   def timed_out(self) -> bool:
     """Whether the time ran out once connected (the query was sent, its answer is incomplete).
@@ -453,63 +493,251 @@ class _Deadline:
       return self.cut or (bool(self._socks) and time.monotonic() - self._start >= self.timeout_s)
 
 
-class _DeadlineConnectionMixin:
-  """Registers the connection's socket with a `_Deadline` once it is connected."""
+# The `_Attempts` of the request the current thread is sending (read by the connections and by
+# `_Retry`, which `requests` and urllib3 create and call without a way to pass it).
+_ACTIVE = threading.local()
 
-  def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any):
-    super().__init__(*args, **kwargs)
-    self._deadline = deadline
+
+def _active() -> "_Attempts | None":
+  return getattr(_ACTIVE, "attempts", None)
+
+
+class _Attempts:
+  """The attempts of one query's POSTs (the first one, urllib3's retries, redirect hops).
+
+  Each attempt is bounded by its own `_Deadline`: a connection begins an attempt when it connects
+  or sends a request (`begin`, a no-op while one is running) and registers its socket; `_Retry`
+  ends it before urllib3 decides on a retry, and `RemoteEndpoint._post` once the body is read.
+
+  Attributes:
+    count: attempts begun.
+    url: where the current hop is sent.
+  """
+
+  def __init__(self, endpoint: "RemoteEndpoint", query: str):
+    self.endpoint = endpoint
+    self.query = query
+    self.url = endpoint.url
+    self.count = 0
+    self._deadline: _Deadline | None = None
+
+  def begin(self) -> None:
+    if self._deadline is None:
+      self.count += 1
+      self.endpoint.num_requests += 1
+      self._deadline = _Deadline(self.endpoint.timeout_s).__enter__()
+
+  def add(self, sock: socket.socket) -> None:
+    if self._deadline is not None:
+      self._deadline.add(sock)
+
+  def end(self) -> "_Deadline | None":
+    """Ends the running attempt (cancels its timer); returns its deadline (None when none ran)."""
+    deadline, self._deadline = self._deadline, None
+    if deadline is not None:
+      deadline.__exit__(None, None, None)
+    return deadline
+
+  def timeout(self) -> QueryTimeout:
+    timeout_s = self.endpoint.timeout_s
+    return QueryTimeout(
+        f"{self.url}: no complete answer within {timeout_s:g} s for query:\n{self.query}",
+        timeout_s)
+
+
+class _DeadlineConnectionMixin:
+  """Begins an attempt of the active request (`_Attempts`) and registers the socket with it."""
 
   def connect(self) -> None:
-    super().connect()
-    self._deadline.add(self.sock)
+    attempts = _active()
+    if attempts is not None:
+      attempts.begin()
+    super().connect()  # type: ignore[misc]
+    if attempts is not None:
+      attempts.add(self.sock)  # type: ignore[attr-defined]
+
+  def request(self, *args: Any, **kwargs: Any) -> None:
+    attempts = _active()
+    if attempts is not None:
+      attempts.begin()
+      if self.sock is not None:  # type: ignore[attr-defined]  # a kept-alive connection
+        attempts.add(self.sock)  # type: ignore[attr-defined]
+    super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-class _DeadlineHTTPConnection(_DeadlineConnectionMixin, http.client.HTTPConnection):
-  """`http.client.HTTPConnection` whose socket a `_Deadline` can cut."""
+class _DeadlineHTTPConnection(_DeadlineConnectionMixin, urllib3.connection.HTTPConnection):
+  """urllib3's `HTTPConnection` whose socket a `_Deadline` can cut."""
 
 
-class _DeadlineHTTPSConnection(_DeadlineConnectionMixin, http.client.HTTPSConnection):
-  """`http.client.HTTPSConnection` whose socket a `_Deadline` can cut."""
+class _DeadlineHTTPSConnection(_DeadlineConnectionMixin, urllib3.connection.HTTPSConnection):
+  """urllib3's `HTTPSConnection` (default TLS context and checks) whose socket a `_Deadline` can
+  cut."""
 
 
-class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
-  """Opens `http:` URLs with `_DeadlineHTTPConnection`."""
-
-  def __init__(self, deadline: _Deadline):
-    super().__init__()
-    self._deadline = deadline
-
-  def http_open(self, req: urllib.request.Request) -> Any:
-    return self.do_open(_DeadlineHTTPConnection, req, deadline=self._deadline)
+class _DeadlineHTTPPool(urllib3.HTTPConnectionPool):
+  ConnectionCls = _DeadlineHTTPConnection
 
 
-class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
-  """Opens `https:` URLs with `_DeadlineHTTPSConnection` (default TLS context and checks)."""
+class _DeadlineHTTPSPool(urllib3.HTTPSConnectionPool):
+  ConnectionCls = _DeadlineHTTPSConnection
 
-  def __init__(self, deadline: _Deadline):
-    super().__init__()
-    self._deadline = deadline
 
-  def https_open(self, req: urllib.request.Request) -> Any:
-    return self.do_open(
-        _DeadlineHTTPSConnection, req, context=self._context, deadline=self._deadline)
+_POOLS = {"http": _DeadlineHTTPPool, "https": _DeadlineHTTPSPool}
+
+
+class _DeadlineAdapter(requests.adapters.HTTPAdapter):
+  """A `requests` transport whose connections (direct or through an HTTP proxy) are deadline-cut.
+
+  A SOCKS proxy's connections are not: there only the per-read timeout bounds a request.
+  """
+
+  def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+    super().init_poolmanager(*args, **kwargs)
+    self.poolmanager.pool_classes_by_scheme = _POOLS
+
+  def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+    manager = super().proxy_manager_for(proxy, **kwargs)
+    if not proxy.lower().startswith("socks"):
+      manager.pool_classes_by_scheme = _POOLS
+    return manager
+
+
+class _Retry(urllib3.util.Retry):
+  """urllib3's `Retry` with the endpoint's timing (see `RemoteEndpoint`).
+
+  urllib3 decides what is retried (`status_forcelist`, `allowed_methods`, connection and read
+  errors) and counts the retries; this subclass changes only when, and how long, it waits:
+  the backoff is `backoff_factor` after the first failure and doubles after each one (capped at
+  `backoff_max`); a `Retry-After` (429, 503) is read with `retry.parse_retry_after` against the
+  endpoint's clock and waited in full, at least the backoff; one longer than the endpoint's
+  `max_retry_after_s` raises `RetryAfterTooLong`; the wait goes through the endpoint's `sleep`
+  and keeps its minimum interval between requests. A failed attempt whose deadline had run out
+  raises `QueryTimeout` instead of being retried.
+  """
+
+  RETRY_AFTER_STATUS_CODES = frozenset({429, 503})
+
+  def get_backoff_time(self) -> float:
+    failures = len(
+        list(itertools.takewhile(lambda h: h.redirect_location is None, reversed(self.history))))
+    if failures == 0:
+      return 0.0
+    return float(min(self.backoff_max, self.backoff_factor * 2**(failures - 1)))
+
+  def increment(self,
+                method: Any = None,
+                url: Any = None,
+                response: Any = None,
+                error: Any = None,
+                _pool: Any = None,
+                _stacktrace: Any = None) -> "_Retry":
+    attempts = _active()
+    if attempts is not None:
+      deadline = attempts.end()
+      if error is not None and deadline is not None and deadline.timed_out():
+        raise attempts.timeout() from error
+    return super().increment(method, url, response, error, _pool, _stacktrace)
+
+  def sleep(self, response: Any = None) -> None:
+    attempts = _active()
+    if attempts is None:
+      super().sleep(response)
+      return
+    last = self.history[-1] if self.history else None
+    if last is not None and last.status:
+      err = f"HTTP {last.status}"
+    elif last is not None and last.error is not None:
+      err = f"{type(last.error).__name__}: {last.error}"
+    else:
+      err = "failed"
+    retry_after = response.headers.get("Retry-After") if response is not None else None
+    attempts.endpoint._wait_before_retry(  # pylint: disable=protected-access
+        attempts.url, err, self.get_backoff_time(), retry_after)
+
+
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+MAX_REDIRECTS = 5
+
+
+def _body_head(body: bytes, n: int = 200) -> str:
+  """The first `n` bytes of an answer, decoded for a message (quoted, `…` when cut)."""
+  return repr(body[:n].decode("utf-8", "replace") + ("…" if len(body) > n else ""))
+
+
+def parse_results(url: str, body: bytes, form: str) -> dict[str, Any]:
+  """Decodes an answer body that must be SPARQL 1.1 Query Results JSON (W3C, 2013).
+
+  Args:
+    url: where it came from (for the message).
+    body: the raw body.
+    form: "select" (needs `head` and `results.bindings`, a list of {variable: {"type", "value"}})
+      or "ask" (needs a boolean `boolean`).
+
+  Returns:
+    The decoded object.
+
+  Raises:
+    EndpointError: the body is not UTF-8 JSON (an HTML page, say), is an error object
+      (`{"error": ...}`), or lacks what `form` needs; the message names `url` and the head of
+      the body.
+  """
+  problem = ""
+  try:
+    res = json.loads(body.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError) as e:
+    res, problem = None, f"not JSON ({e})"
+  if problem:
+    pass
+  elif not isinstance(res, dict):
+    problem = f"a JSON {type(res).__name__}, not an object"
+  elif "error" in res:
+    problem = "an error object"
+  elif form == "select":
+    results = res.get("results")
+    bindings = results.get("bindings") if isinstance(results, dict) else None
+    if not isinstance(res.get("head"), dict):
+      problem = "no 'head' object"
+    elif not isinstance(bindings, list):
+      problem = "no 'results.bindings' list"
+    elif not all(
+        isinstance(b, dict) and all(
+            isinstance(v, dict) and isinstance(v.get("value"), str)
+            for v in b.values())
+        for b in bindings):
+      problem = "a binding that is not {variable: {\"type\": ..., \"value\": ...}}"
+  elif not isinstance(res.get("boolean"), bool):
+    problem = "no boolean 'boolean'"
+  if problem:
+    raise EndpointError(f"{url}: the answer is not SPARQL JSON results of an {form.upper()} query "
+                        f"({problem}); it begins {_body_head(body)}")
+  return res
 
 
 class RemoteEndpoint(Endpoint):
   """A SPARQL 1.1 HTTP endpoint (default: the Wikidata Query Service).
 
-  Each query is one POST (SPARQL 1.1 Protocol §2.1.2: form-encoded `query`, JSON results,
-  https://www.w3.org/TR/sparql11-protocol/) through `urllib.request`, so proxies set in the
-  environment are used.
+  Each query is a POST (SPARQL 1.1 Protocol §2.1.2: form-encoded `query`, JSON results,
+  https://www.w3.org/TR/sparql11-protocol/) through `requests` (proxies set in the environment are
+  used; connections are kept alive), retried by urllib3's `Retry` on HTTP 429, 500, 502, 503, 504
+  and on connection and read errors (see `_Retry` for the waits).
+
+  A redirect (301, 302, 303, 307, 308) is followed by POSTing the same query to its `Location`
+  (at most `MAX_REDIRECTS` hops, each logged; after a 301 or 308 later queries go there
+  directly), e.g. from http://query.wikidata.org/sparql to https. The answer must be SPARQL JSON
+  results (`parse_results`): anything else, such as a status 200 with an error object or an HTML
+  page, raises `EndpointError` and is never returned as an answer (so `CachedEndpoint` never
+  keeps it).
 
   Args:
     url: endpoint URL.
     user_agent: sent as User-Agent (WDQS requires a descriptive one).
-    timeout_s: bound of one request as a whole (connecting, sending, waiting, reading the whole
-      answer), in seconds. A request whose answer is not complete by then raises `QueryTimeout`
-      and is not retried; connecting alone taking that long is a retryable network error.
-    max_retries: retries after a retryable failure (HTTP 429, 5xx, connection errors).
+    timeout_s: bound of one request attempt as a whole (connecting, sending, waiting, reading the
+      whole answer), in seconds. An attempt whose answer is not complete by then raises
+      `QueryTimeout` and is not retried; connecting alone taking that long is a retryable network
+      error.
+    max_retries: retries after a retryable failure (HTTP 429, 500, 502, 503, 504, connection and
+      read errors).
     backoff_s: first backoff, in seconds; doubles after each retry, up to `max_backoff_s`.
     max_backoff_s: cap of the backoff, in seconds (not of a wait the server asks for).
     min_interval_s: minimum time between two requests (rate limit; 1.0 = one request a second).
@@ -522,9 +750,14 @@ class RemoteEndpoint(Endpoint):
   Waits are at least what the server asks: after giving up on a query that got a `Retry-After`,
   the next request still waits for the rest of that time.
 
-  `select` and `ask` raise `QueryTimeout` (see `timeout_s`), `EndpointError` for an HTTP error
-  other than 429/5xx or after the last retry, and `RetryAfterTooLong` (not an `EndpointError`, so
-  that a run stops) as described at `max_retry_after_s`.
+  `select` and `ask` raise `QueryTimeout` (see `timeout_s`); `EndpointError` for an answer that is
+  not SPARQL JSON results, an HTTP error other than the retried ones, a redirect without
+  `Location` or more than `MAX_REDIRECTS` of them, a connection lost while reading the answer,
+  or after the last retry; and `RetryAfterTooLong` (not an `EndpointError`, so that a run stops)
+  as described at `max_retry_after_s`.
+
+  Attributes:
+    num_requests: HTTP request attempts sent (retries and redirect hops included).
 
   Raises:
     ValueError: `timeout_s` is not positive.
@@ -555,111 +788,148 @@ class RemoteEndpoint(Endpoint):
     self._clock = clock
     self._last = 0.0
     self._hold_until = 0.0  # time.monotonic() before which the server asked us not to come back
+    self._moved: dict[str, str] = {}  # url -> where a permanent redirect (301, 308) sent it
     self.num_requests = 0
+    adapter = _DeadlineAdapter(
+        max_retries=_Retry(
+            total=max_retries,
+            status_forcelist=RETRY_STATUSES,
+            allowed_methods=frozenset({"GET", "POST"}),
+            backoff_factor=backoff_s,
+            backoff_max=max_backoff_s,
+            respect_retry_after_header=True,
+            raise_on_status=False,
+            raise_on_redirect=False))
+    self._session = requests.Session()
+    self._session.mount("http://", adapter)
+    self._session.mount("https://", adapter)
 
-  def _post(self, query: str) -> tuple[int, Any, bytes]:
-    """One POST, bounded as a whole by `timeout_s`.
+  def close(self) -> None:
+    """Closes the kept-alive connections (a later query opens new ones)."""
+    self._session.close()
 
-    Returns:
-      (HTTP status, headers, body) of the answer, whatever the status.
+  def _wait_before_retry(self, url: str, err: str, backoff_s: float,
+                         retry_after: str | None) -> None:
+    """Sleeps before a retry: at least `backoff_s` and what `retry_after` asks (see `_Retry`).
 
     Raises:
-      QueryTimeout: the answer was not complete within `timeout_s`.
-      OSError, http.client.HTTPException: network failures.
+      RetryAfterTooLong: the server asks for more than `max_retry_after_s`.
     """
-    deadline = _Deadline(self.timeout_s)
-    opener = urllib.request.build_opener(
-        _DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
-    req = urllib.request.Request(
-        self.url,
-        data=urllib.parse.urlencode({
-            "query": PREFIXES + query
-        }).encode("utf-8"),
-        headers={
-            "User-Agent": self.user_agent,
-            "Accept": "application/sparql-results+json",
-            "Content-Type": "application/x-www-form-urlencoded"
-        },
-        method="POST")
     try:
-      with deadline:
-        try:
-          with opener.open(req, timeout=self.timeout_s) as resp:
-            answer = (resp.status, resp.headers, resp.read())
-        except urllib.error.HTTPError as e:
-          try:
-            answer = (e.code, e.headers, e.read())
-          finally:
-            e.close()
-    except (OSError, http.client.HTTPException) as e:
-      if deadline.timed_out():
-        raise QueryTimeout(
-            f"{self.url}: no complete answer within {self.timeout_s:g} s "
-            f"for query:\n{query}", self.timeout_s) from e
-      raise
-    if deadline.cut:  # e.g. an answer without Content-Length cut short
-      raise QueryTimeout(
-          f"{self.url}: no complete answer within {self.timeout_s:g} s "
-          f"for query:\n{query}", self.timeout_s)
-    return answer
+      wait_s = retry.retry_delay(backoff_s, retry_after, self.max_retry_after_s, now=self._clock())
+    except retry.RetryAfterTooLong as e:
+      raise retry.RetryAfterTooLong(
+          f"{url}: {err}: {e}; stopping rather than retrying "
+          "(raise max_retry_after_s to wait that long)", e.wait_s, e.max_s) from e
+    _log.warning("%s: %s; retrying in %.1f s", url, err, wait_s)
+    self._sleep(wait_s)
+    self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
 
-  def _request(self, query: str) -> dict[str, Any]:
-    delay = self.backoff_s
-    for attempt in range(self.max_retries + 1):
+  def _post(self, attempts: _Attempts) -> tuple[int, Any, bytes]:
+    """POSTs the query to `attempts.url` with urllib3's retries, each attempt bounded by
+    `timeout_s`, without following redirects.
+
+    Returns:
+      (HTTP status, headers, body) of the last answer: one that is not retried, or the last
+      retryable one when the retries are used up.
+
+    Raises:
+      QueryTimeout: an attempt's answer was not complete within `timeout_s`.
+      RetryAfterTooLong: see `max_retry_after_s`.
+      EndpointError: a network failure after the last retry, or one while reading the answer.
+    """
+    url, query = attempts.url, attempts.query
+    _ACTIVE.attempts = attempts
+    try:
+      try:
+        resp = self._session.post(
+            url,
+            data={"query": PREFIXES + query},
+            headers={
+                "User-Agent": self.user_agent,
+                "Accept": "application/sparql-results+json"
+            },
+            timeout=(self.timeout_s, self.timeout_s),
+            stream=True,
+            allow_redirects=False)
+      except requests.RequestException as e:
+        last = e.args[0] if e.args else None
+        reason = last.reason if isinstance(last, urllib3.exceptions.MaxRetryError) else e
+        if not attempts.count:  # e.g. a malformed URL: nothing was sent
+          raise EndpointError(f"{url}: {type(e).__name__}: {e}") from e
+        raise EndpointError(f"{url}: giving up after {attempts.count} attempts: "
+                            f"{type(reason).__name__}: {reason}") from e
+      try:
+        body = resp.content
+      except (requests.RequestException, urllib3.exceptions.HTTPError, OSError,
+              http.client.HTTPException) as e:
+        deadline = attempts.end()
+        if deadline is not None and deadline.timed_out():
+          raise attempts.timeout() from e
+        raise EndpointError(f"{url}: the connection failed while reading the answer: "
+                            f"{type(e).__name__}: {e}") from e
+      finally:
+        resp.close()
+      deadline = attempts.end()
+      if deadline is not None and deadline.cut:  # e.g. an answer without Content-Length cut short
+        raise attempts.timeout()
+      return resp.status_code, resp.headers, body
+    finally:
+      attempts.end()
+      _ACTIVE.attempts = None
+
+  def _request(self, query: str, form: str) -> dict[str, Any]:
+    """Sends a query (following redirects) and returns its checked SPARQL JSON results."""
+    attempts = _Attempts(self, query)
+    url = self._moved.get(self.url, self.url)
+    for _ in range(MAX_REDIRECTS + 1):
       hold = self._hold_until - time.monotonic()
       if hold > 0:
         self._sleep(hold)
       self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
-      self.num_requests += 1
-      retry_after = None
-      cause: Exception | None = None
-      try:
-        status, headers, body = self._post(query)
-      except (OSError, http.client.HTTPException) as e:
-        err, cause = f"{type(e).__name__}: {e}", e
-      else:
-        if status == 200:
-          try:
-            return json.loads(body.decode("utf-8"))
-          except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise EndpointError(f"{self.url}: answer is not SPARQL JSON results ({e}): "
-                                f"{body[:200]!r}") from e
-        if status != 429 and status < 500:
-          raise EndpointError(f"{self.url}: HTTP {status}: "
-                              f"{body[:300].decode('utf-8', 'replace')}\nquery:\n{query}")
-        retry_after = headers.get("Retry-After") if headers else None
-        err = f"HTTP {status}"
-      now = self._clock()
-      try:
-        wait_s = retry.retry_delay(delay, retry_after, self.max_retry_after_s, now=now)
-      except retry.RetryAfterTooLong as e:
-        raise retry.RetryAfterTooLong(
-            f"{self.url}: {err}: {e}; stopping rather than retrying "
-            "(raise max_retry_after_s to wait that long)", e.wait_s, e.max_s) from e
-      if attempt == self.max_retries:
+      attempts.url = url
+      status, headers, body = self._post(attempts)
+      if status in REDIRECT_STATUSES:
+        location = headers.get("Location")
+        if not location:
+          raise EndpointError(f"{url}: HTTP {status} redirect without a Location header; "
+                              "the query was not answered")
+        new_url = urllib.parse.urljoin(url, location)
+        permanent = status in (301, 308)
+        _log.warning("%s: HTTP %d redirect to %s; sending the query there (POST)%s", url, status,
+                     new_url, "; later queries go there directly" if permanent else "")
+        if permanent:
+          self._moved[self.url] = new_url
+        url = new_url
+        continue
+      if 200 <= status < 300:
+        return parse_results(url, body, form)
+      if status in RETRY_STATUSES:
+        retry_after = headers.get("Retry-After")
+        now = self._clock()
+        try:
+          retry.retry_delay(0.0, retry_after, self.max_retry_after_s, now=now)
+        except retry.RetryAfterTooLong as e:
+          raise retry.RetryAfterTooLong(
+              f"{url}: HTTP {status}: {e}; stopping rather than retrying "
+              "(raise max_retry_after_s to wait that long)", e.wait_s, e.max_s) from e
         asked = retry.parse_retry_after(retry_after, now)
         if asked:
           self._hold_until = time.monotonic() + asked
-        raise EndpointError(f"{self.url}: giving up after {attempt + 1} attempts: {err}") from cause
-      _log.warning("%s: %s; retrying in %.1fs", self.url, err, wait_s)
-      self._sleep(wait_s)
-      delay = min(delay * 2, self.max_backoff_s)
-    raise AssertionError("unreachable")
+        raise EndpointError(f"{url}: giving up after {attempts.count} attempts: HTTP {status}")
+      raise EndpointError(f"{url}: HTTP {status}: "
+                          f"{body[:300].decode('utf-8', 'replace')}\nquery:\n{query}")
+    raise EndpointError(f"{self.url}: more than {MAX_REDIRECTS} redirects (the last to {url}); "
+                        "the query was not answered")
 
   def select(self, query: str) -> list[dict[str, str]]:
-    res = self._request(query)
-    rows = []
-    for b in res.get("results", {}).get("bindings", []):
-      rows.append({
-          k: compact(v["value"]) if v.get("type") == "uri" else v["value"] for k, v in b.items()
-      })
-    return rows
+    res = self._request(query, "select")
+    return [{
+        k: compact(v["value"]) if v.get("type") == "uri" else v["value"] for k, v in b.items()
+    } for b in res["results"]["bindings"]]
 
   def ask(self, query: str) -> bool:
-    res = self._request(query)
-    if "boolean" not in res:
-      raise EndpointError(f"{self.url}: ASK answer without 'boolean': {str(res)[:200]}")
-    return bool(res["boolean"])
+    return self._request(query, "ask")["boolean"]
 
 
 def add_endpoint_arguments(parser: Any,
