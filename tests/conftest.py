@@ -60,12 +60,18 @@ def mcwq_dir() -> pathlib.Path:
 def migrated_cfq_sample(tmp_path_factory) -> pathlib.Path:
   """The shared CFQ sample migrated as `python -m preprocessing.migrate --out DIR` does it
   (embedded CoDEx-M store): 1,818 records, 151 with entities, split `cfq_sample` (train 1,598,
-  dev 220). About 30 s; read-only for the tests (copy it before changing it)."""
-  from preprocessing import migrate  # pylint: disable=g-import-not-at-top
-  out = tmp_path_factory.mktemp("migrated_cfq_sample")
-  report = migrate.run(migrate.build_parser().parse_args(["--out", str(out), "--quiet"]))
-  assert report["written"] == 1818 and report["assigned"] == 151, report
-  return out
+  dev 220). About 30 s, once per session (`scenarios.once`); read-only for the tests (copy it
+  before changing it)."""
+  import scenarios  # pylint: disable=g-import-not-at-top
+
+  def build(out):
+    from preprocessing import migrate  # pylint: disable=g-import-not-at-top
+    report = migrate.run(migrate.build_parser().parse_args(["--out", str(out), "--quiet"]))
+    assert report["written"] == 1818 and report["assigned"] == 151, report
+    return {"written": report["written"]}
+
+  folder, _ = scenarios.once(tmp_path_factory, "migrated_cfq_sample", build)
+  return folder
 
 
 @pytest.fixture(scope="session")

@@ -38,12 +38,12 @@ def session_root(tmp_path_factory) -> pathlib.Path:
 def once(tmp_path_factory, name: str, build: Callable[[pathlib.Path],
                                                       Any]) -> tuple[pathlib.Path, Any]:
   """Runs `build(folder)` once per session for `name` (across xdist workers) and returns
-  `(folder, result)`; `result` must be JSON-serialisable (it is stored as `folder/result.json`).
+  `(folder, result)`; `result` must be JSON-serialisable (it is stored beside the folder).
 
   A build that raised is not recorded: the next caller builds again (and fails the same way)."""
   folder = session_root(tmp_path_factory) / f"scenario_{name}"
   with filelock.FileLock(str(folder) + ".lock"):
-    done = folder / "result.json"
+    done = folder.with_name(folder.name + ".result.json")  # beside the folder: nothing added in it
     if not done.exists():
       shutil.rmtree(folder, ignore_errors=True)
       folder.mkdir(parents=True)
