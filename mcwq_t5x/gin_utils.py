@@ -89,6 +89,15 @@ def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
   return "\n".join(out)
 
 
+_MACRO_REF_RE = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)\b")
+
+
+def _macro_references(text: str) -> set[str]:
+  """The whole macro names referenced (`%NAME`) in gin text: `%TRAIN_STEPS` references
+  TRAIN_STEPS, never the prefix TRAIN_STEP."""
+  return set(_MACRO_REF_RE.findall(text))
+
+
 def parse_gin(gin_files: Sequence[str],
               gin_bindings: Sequence[str] = (),
               gin_search_paths: Sequence[str] = (),
@@ -105,7 +114,8 @@ def parse_gin(gin_files: Sequence[str],
 
   Raises:
     GinConfigError: missing file, unknown configurable/parameter, syntax error, or a macro binding
-      (UPPER_CASE name) that no config file references.
+      (UPPER_CASE name) that no config file references by its whole name (`TRAIN_STEP = 5` is an
+      error even though the files reference `%TRAIN_STEPS`).
   """
   search = [str(s) for s in gin_search_paths] + [os.getcwd(), str(REPO_ROOT)]
   gin.clear_config()
@@ -114,10 +124,10 @@ def parse_gin(gin_files: Sequence[str],
   for f in gin_files:
     if _resolve(f, search) is None:
       raise GinConfigError(f"gin file {f!r} not found (searched: {', '.join(search)})")
-  text = _config_text(gin_files, search)
+  used = _macro_references(_config_text(gin_files, search))
   for b in gin_bindings:
     name = b.split("=", 1)[0].strip()
-    if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and f"%{name}" not in text:
+    if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and name not in used:
       raise GinConfigError(f"binding {b.strip()!r}: macro {name} is not used by any of the gin "
                            f"files {list(gin_files)} (typo?)")
   try:
