@@ -175,6 +175,16 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
   return args
 
 
+def macro_value(name: str) -> Optional[str]:
+  """The string bound to macro `name` in the parsed config (e.g. "MODEL_DIR"), None when it is
+  not bound or not a string."""
+  try:
+    value = gin.query_parameter(f"{name}/macro.value")
+  except ValueError:
+    return None
+  return value if isinstance(value, str) else None
+
+
 def use_main_module_as(name: str) -> None:
   """Under `python -m name`, registers the running `__main__` module as `name` too.
 
