@@ -18,6 +18,10 @@ Published forms (upstream: GitHub `coastalcph/seq2sparql`, folder `mcwq/`, and t
 
 `read_split(split, part, language)` is the one entry point the rest of the project uses: it
 finds whichever layout exists. Reading is cached per file (keyed by path, size and mtime).
+Every `Example.question` is normalised by `normalize_question` (Unicode NFC, a leading byte order
+mark dropped, stripped), the same function `mcwq_t5x.infer` applies to its input, so training,
+evaluation and inference see the same code points; `read_lines` drops a BOM at the start of a
+file.
 
 Splits and languages: the published ones (`SPLITS`, `LANGUAGES`, `GOLD_LANGUAGES`) always, plus
 whatever a data directory holds, found by `discover(data_dir)` from directory listings alone (no

@@ -33,6 +33,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import pathlib
@@ -141,8 +142,17 @@ def source_fingerprint(split: str, language: str, root: paths.PathLike) -> dict[
   h = hashlib.sha256()
   for r in rel:
     h.update(r.encode() + b"\0")
-    h.update(hashlib.sha256((root / r).read_bytes()).digest())
+    st = (root / r).stat()
+    h.update(_file_sha256(str((root / r).resolve()), st.st_size, st.st_mtime_ns))
   return {"source_dir": str(root), "files": rel, "sha256": h.hexdigest()}
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> bytes:
+  """SHA-256 of a file's bytes, cached on (path, size, mtime) within the process (`tfds.load`
+  checks before preparing and again before reading)."""
+  del size, mtime_ns  # cache key only
+  return hashlib.sha256(pathlib.Path(path).read_bytes()).digest()
 
 
 def generate_examples(
