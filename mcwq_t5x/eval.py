@@ -15,6 +15,9 @@ Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>):
 CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` or one `checkpoint_<step>`
 folder (only the parameters are read), or a pretrained Hugging Face / T5X-native checkpoint
 (`mcwq_t5x.inference.load_params`).
+
+Vocabulary: with $MCWQ_VOCAB unset, the one recorded in the run's run.json (MODEL_DIR/vocab/
+spm.model, `mcwq_t5x.run_info`); a different one (set explicitly) is an error naming both.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import gin
 from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import run_info
 from mcwq_t5x import utils
 
 
@@ -55,12 +59,17 @@ def evaluate(*,
 
   Raises:
     ValueError: unknown task or vocabulary/model mismatch.
+    run_info.VocabularyMismatchError: the task's or the model's vocabulary is not the one the
+      checkpoint's run.json records (both named).
     FileNotFoundError: no checkpoint at `checkpoint_path`.
   """
   partitioner = partitioner or partitioning.Partitioner()
   vocab = utils.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   utils.check_vocab_size(
       vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
+  run_info.check_vocabulary(vocab, checkpoint_path, f"task {dataset_cfg.mixture_or_task_name}")
+  if getattr(model, "output_vocabulary", None) is not None:
+    run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
   params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
     output_dir = str(folder / (f"eval_{step}" if step is not None else "eval"))
@@ -86,6 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
   gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
+  run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(partitioning.set_host_device_count)
   gin_utils.call_configured(partitioning.initialize_distributed)
   result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter

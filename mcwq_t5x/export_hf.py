@@ -21,11 +21,16 @@ Usage:
 Input: any checkpoint `checkpoint_import.load_params` reads (this engine's Orbax checkpoints, T5X
 native `checkpoint_N` folders, Hugging Face folders). The model config comes from, in order,
 `--model_config` (a preset of `network.CONFIGS`) or `--gin_file`; the Hugging Face folder's
-`config.json`; the run's `config.gin` found at or above the checkpoint (a MODEL_DIR written by
-`mcwq_t5x.train`). The SentencePiece vocabulary comes from `--vocab`; the Hugging Face folder's
-`spiece.model`; the run's gin config (`EncoderDecoderModel.output_vocabulary`, else the
-`VOCABULARY` macro: `vocab.get_vocabulary` / `vocab.mt5_vocabulary` /
-`seqio.SentencePieceVocabulary`; a `gs://` path needs a local copy passed with `--vocab`).
+`config.json`; the run's `run.json` found at or above the checkpoint (a MODEL_DIR written by
+`mcwq_t5x.train`, see `mcwq_t5x.run_info`); for runs from before run.json, the run's
+`config.gin` (with a warning). The SentencePiece vocabulary comes from `--vocab`; the Hugging Face
+folder's `spiece.model`; `--gin_file`; the vocabulary run.json records (its copy
+MODEL_DIR/vocab/spm.model, checked against the recorded SHA-256); for older runs, their
+config.gin (`EncoderDecoderModel.output_vocabulary`, else the `VOCABULARY` macro:
+`vocab.get_vocabulary` / `vocab.mt5_vocabulary` / `seqio.SentencePieceVocabulary`; a `gs://`
+path needs a local copy passed with `--vocab`). An explicit vocabulary (`--vocab`, `--gin_file`)
+other than the one run.json records is an error naming both. The gin reader below
+(`read_gin_config`) serves only `--gin_file` and those older runs.
 
 Output folder, loadable with `transformers.MT5ForConditionalGeneration.from_pretrained(out)` for
 the untied T5.1.1/mT5 layout and `transformers.T5ForConditionalGeneration` for T5 1.0's tied,
@@ -65,6 +70,7 @@ import numpy as np
 
 from mcwq_t5x import checkpoint_import
 from mcwq_t5x import network
+from mcwq_t5x import run_info
 
 PathLike = str | os.PathLike
 
@@ -164,7 +170,7 @@ def to_hf_state_dict(params: Mapping[str, Any],
 
 
 # ------------------------------------------------------------------------------------------------
-# The run's gin config (read without executing it)
+# A gin config read without executing it (`--gin_file`, and runs from before run.json)
 # ------------------------------------------------------------------------------------------------
 class _Ref(NamedTuple):
   name: str  # e.g. "vocab.get_vocabulary" (scope included when given)
@@ -556,6 +562,28 @@ def export_params(params: Mapping[str, Any],
   return out_dir
 
 
+def _check_against_run(spm_path: pathlib.Path, extra_ids: Optional[int],
+                       run_path: Optional[pathlib.Path], run: Optional[Mapping[str, Any]],
+                       flag: str) -> None:
+  """An explicitly chosen vocabulary must be the one the run recorded (run.json).
+
+  Raises:
+    ValueError: another SHA-256 or other extra ids than recorded (names both files).
+  """
+  rec = (run or {}).get("vocabulary")
+  if not rec:
+    return
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256(spm_path.read_bytes()).hexdigest()
+  n_extra = int(rec.get("extra_ids", 0)) if extra_ids is None else int(extra_ids)
+  if digest != rec["sha256"] or n_extra != int(rec.get("extra_ids", 0)):
+    raise ValueError(
+        f"{flag} {spm_path} (sha256 {digest}, extra_ids {n_extra}) is not the vocabulary the "
+        f"checkpoint was trained with: {rec['path']} (sha256 {rec['sha256']}, extra_ids "
+        f"{rec.get('extra_ids', 0)}), recorded in {run_path}; omit {flag} to use the run's copy "
+        f"{run_path.parent / rec.get('copy', run_info.VOCAB_COPY)}")
+
+
 def resolve_sources(
     checkpoint: PathLike,
     *,
@@ -566,56 +594,83 @@ def resolve_sources(
   """(model config, SentencePiece file, extra ids, where they came from) for a checkpoint.
 
   Order (see the module docstring): explicit arguments; the Hugging Face folder's own files;
-  the run's `config.gin` at or up to 3 folders above the checkpoint (not searched for a
-  Hugging Face folder).
+  the run's `run.json` at or up to 3 folders above the checkpoint (`mcwq_t5x.run_info`: network
+  config, the recorded vocabulary's copy); for older runs without it, the run's `config.gin`
+  (with a warning). An explicit `--vocab` (or a `--gin_file` vocabulary) that differs from the
+  one run.json records is an error.
 
   Raises:
     ValueError: not a checkpoint; no model config or no vocabulary found (the message says
-      which flag to pass); a preset name that does not exist.
+      which flag to pass); a preset name that does not exist; an explicit vocabulary other than
+      the recorded one; an unreadable run.json or a missing recorded vocabulary.
   """
   fmt, where = checkpoint_import.locate_checkpoint(checkpoint)
-  # A Hugging Face folder describes itself; other checkpoints need the run's gin config.
-  gin_path = (
-      pathlib.Path(gin_file)
-      if gin_file is not None else None if fmt.name == "hf" else find_run_gin(where))
-  run = read_gin_config(gin_path) if gin_path is not None else None
+  # A Hugging Face folder describes itself; other checkpoints have the run's run.json, or (runs
+  # from before it) the run's gin config.
+  run_path = None if fmt.name == "hf" else run_info.find(where)
+  run = run_info.read(run_path) if run_path is not None else None
+  legacy_gin = None
+  if fmt.name != "hf" and run_path is None:
+    legacy_gin = find_run_gin(where)
+    if legacy_gin is not None:
+      logging.warning(
+          "%s: no %s (a run from before runs recorded themselves): reading the model config and "
+          "vocabulary from %s", checkpoint, run_info.RUN_JSON, legacy_gin)
+  gin_path = pathlib.Path(gin_file) if gin_file is not None else legacy_gin
+  gin_run = read_gin_config(gin_path) if gin_path is not None else None
   gin_note = f"{gin_path} says nothing about it" if gin_path else (
-      f"no {RUN_GIN_FILE} at or up to 3 folders above the checkpoint")
+      f"no {run_info.RUN_JSON} or {RUN_GIN_FILE} at or up to 3 folders above the checkpoint")
   notes = []
   if model_config is not None:
     if model_config not in network.CONFIGS:
       raise ValueError(f"--model_config {model_config!r}: not a preset; known: "
                        f"{sorted(network.CONFIGS)}")
     config, notes = network.CONFIGS[model_config], [f"model config preset {model_config}"]
-  elif gin_file is not None and run.model is not None:
-    config, notes = run.model, [f"model config from {gin_path}"]
+  elif gin_file is not None and gin_run.model is not None:
+    config, notes = gin_run.model, [f"model config from {gin_path}"]
   elif fmt.name == "hf":
     config = checkpoint_import.config_from_hf(where / "config.json")
     notes = [f"model config from {where / 'config.json'}"]
-  elif run is not None and run.model is not None:
-    config, notes = run.model, [f"model config from {gin_path}"]
+  elif run is not None:
+    config, notes = run_info.network_config(run, run_path), [f"model config from {run_path}"]
+  elif gin_run is not None and gin_run.model is not None:
+    config, notes = gin_run.model, [f"model config from {gin_path}"]
   else:
     raise ValueError(f"{checkpoint}: no model config found ({gin_note}); pass --gin_file or "
                      "--model_config")
   hf_tokenizer_config = where / "tokenizer_config.json"
+  recorded = (run or {}).get("vocabulary")
   if vocab is not None:
     spm_path, n_extra = pathlib.Path(vocab), extra_ids
     if not spm_path.is_file():
       raise ValueError(f"--vocab {spm_path}: no such file")
-    if n_extra is None and run is not None and run.vocabulary is not None:
-      n_extra = run.vocabulary.extra_ids
+    if n_extra is None and recorded:
+      n_extra = int(recorded.get("extra_ids", 0))
+    elif n_extra is None and gin_run is not None and gin_run.vocabulary is not None:
+      n_extra = gin_run.vocabulary.extra_ids
+    _check_against_run(spm_path, n_extra, run_path, run, "--vocab")
     notes.append(f"vocabulary {spm_path}")
   elif fmt.name == "hf" and (where / "spiece.model").is_file():
     spm_path, n_extra = where / "spiece.model", extra_ids
     if n_extra is None and hf_tokenizer_config.is_file():
       n_extra = _hf_extra_ids(hf_tokenizer_config)
     notes.append(f"vocabulary {spm_path}")
-  elif run is not None and run.vocabulary is not None:
-    spm_path = vocabulary_file(run.vocabulary)
-    n_extra = run.vocabulary.extra_ids if extra_ids is None else extra_ids
-    notes.append(f"vocabulary {spm_path} (from {run.vocabulary.source})")
+  elif gin_file is not None and gin_run.vocabulary is not None:
+    spm_path = vocabulary_file(gin_run.vocabulary)
+    n_extra = gin_run.vocabulary.extra_ids if extra_ids is None else extra_ids
+    _check_against_run(spm_path, n_extra, run_path, run, f"--gin_file {gin_path}: vocabulary")
+    notes.append(f"vocabulary {spm_path} (from {gin_run.vocabulary.source})")
+  elif recorded:
+    spm_path = run_info.recorded_vocabulary_file(run_path, run)
+    n_extra = int(recorded.get("extra_ids", 0)) if extra_ids is None else extra_ids
+    notes.append(f"vocabulary {spm_path} (recorded in {run_path})")
+  elif gin_run is not None and gin_run.vocabulary is not None:
+    spm_path = vocabulary_file(gin_run.vocabulary)
+    n_extra = gin_run.vocabulary.extra_ids if extra_ids is None else extra_ids
+    notes.append(f"vocabulary {spm_path} (from {gin_run.vocabulary.source})")
   else:
-    where_looked = ("the Hugging Face folder has no spiece.model" if fmt.name == "hf" else gin_note)
+    where_looked = ("the Hugging Face folder has no spiece.model" if fmt.name == "hf" else
+                    f"{run_path} records none" if run_path is not None else gin_note)
     raise ValueError(f"{checkpoint}: no vocabulary found ({where_looked}); pass --vocab PATH, "
                      "the SentencePiece model the checkpoint was trained with")
   return config, spm_path, int(n_extra or 0), "; ".join(notes)

@@ -89,6 +89,15 @@ def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
   return "\n".join(out)
 
 
+_MACRO_REF_RE = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)\b")
+
+
+def _macro_references(text: str) -> set[str]:
+  """The whole macro names referenced (`%NAME`) in gin text: `%TRAIN_STEPS` references
+  TRAIN_STEPS, never the prefix TRAIN_STEP."""
+  return set(_MACRO_REF_RE.findall(text))
+
+
 def parse_gin(gin_files: Sequence[str],
               gin_bindings: Sequence[str] = (),
               gin_search_paths: Sequence[str] = (),
@@ -105,7 +114,8 @@ def parse_gin(gin_files: Sequence[str],
 
   Raises:
     GinConfigError: missing file, unknown configurable/parameter, syntax error, or a macro binding
-      (UPPER_CASE name) that no config file references.
+      (UPPER_CASE name) that no config file references by its whole name (`TRAIN_STEP = 5` is an
+      error even though the files reference `%TRAIN_STEPS`).
   """
   search = [str(s) for s in gin_search_paths] + [os.getcwd(), str(REPO_ROOT)]
   gin.clear_config()
@@ -114,10 +124,10 @@ def parse_gin(gin_files: Sequence[str],
   for f in gin_files:
     if _resolve(f, search) is None:
       raise GinConfigError(f"gin file {f!r} not found (searched: {', '.join(search)})")
-  text = _config_text(gin_files, search)
+  used = _macro_references(_config_text(gin_files, search))
   for b in gin_bindings:
     name = b.split("=", 1)[0].strip()
-    if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and f"%{name}" not in text:
+    if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and name not in used:
       raise GinConfigError(f"binding {b.strip()!r}: macro {name} is not used by any of the gin "
                            f"files {list(gin_files)} (typo?)")
   try:
@@ -163,6 +173,16 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
   parse_gin(args.gin_file, list(args.gin_bindings) + dotted, search)
   logging.info("gin configuration:\n%s", gin.config_str())
   return args
+
+
+def macro_value(name: str) -> Optional[str]:
+  """The string bound to macro `name` in the parsed config (e.g. "MODEL_DIR"), None when it is
+  not bound or not a string."""
+  try:
+    value = gin.query_parameter(f"{name}/macro.value")
+  except ValueError:
+    return None
+  return value if isinstance(value, str) else None
 
 
 def use_main_module_as(name: str) -> None:

@@ -7,7 +7,9 @@ Usage:
 
 One question per input line (entity placeholders M0..M9 as in MCWQ; lines end at "\n" only, a
 trailing "\r" is dropped, so form feeds or Unicode line separators inside a question never split
-it); one output line per input line, in order. With --sparql the RIR is converted by `mcwq_t5x.rir.rir_to_sparql`; a prediction
+it); one output line per input line, in order. Questions are normalised as the training data is
+(`readers.normalize_question`: Unicode NFC, a leading byte order mark dropped, stripped); an empty
+or whitespace-only line gives an empty output line and a warning. With --sparql the RIR is converted by `mcwq_t5x.rir.rir_to_sparql`; a prediction
 that is not valid RIR gives the line `ERROR: <reason>` (and a warning on stderr), so lines stay
 aligned.
 """
@@ -24,6 +26,8 @@ import numpy as np
 from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import readers
+from mcwq_t5x import run_info
 from mcwq_t5x import utils
 
 
@@ -33,11 +37,15 @@ def encode_questions(questions: Sequence[str],
                      input_prefix: str = "") -> np.ndarray:
   """Tokenizes questions like the SeqIO task: prefix + question, EOS appended, trimmed, padded.
 
+  Each question is first normalised as the tasks' data is (`readers.normalize_question`: NFC,
+  no leading BOM, stripped).
+
   Returns:
     int32 [len(questions), input_length] (0 = padding, EOS = 1 as in T5).
   """
   out = np.zeros((len(questions), input_length), np.int32)
   for i, q in enumerate(questions):
+    q = readers.normalize_question(q)
     ids = list(vocabulary.encode(input_prefix + q))[:input_length - 1] + [int(vocabulary.eos_id)]
     out[i, :len(ids)] = ids
   return out
@@ -69,33 +77,50 @@ def infer(questions: Sequence[str],
     partitioner: mesh.
 
   Returns:
-    The predicted RIR strings, in input order.
+    The predicted RIR strings, in input order; "" (and a warning) for a question that is empty or
+    whitespace-only after normalisation (`readers.normalize_question`), which is not decoded.
 
   Raises:
     ValueError: no vocabulary, or vocabulary/model size mismatch.
+    run_info.VocabularyMismatchError: the vocabulary is not the one the checkpoint's run.json
+      records (both named).
   """
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
   if vocabulary is None:
     raise ValueError("infer needs a vocabulary (gin: infer.vocabulary = %VOCABULARY)")
   utils.check_vocab_size(vocabulary, model.module.config.vocab_size, where="infer")
+  run_info.check_vocabulary(vocabulary, checkpoint_path, "infer")
   partitioner = partitioner or partitioning.Partitioner()
   params, _, _ = inference.load_params(model, partitioner, checkpoint_path)
-  if not questions:
-    return []
+  normalized = [readers.normalize_question(q) for q in questions]
+  for i in empty_question_lines(normalized):
+    logging.warning("question %d is empty: its output line is left empty", i)
+  todo = [q for q in normalized if q]
+  if not todo:
+    return [""] * len(questions)
   arrays = {
-      "encoder_input_tokens": encode_questions(questions, vocabulary, input_length, input_prefix),
-      "decoder_input_tokens": np.zeros((len(questions), max_decode_length), np.int32)
+      "encoder_input_tokens": encode_questions(todo, vocabulary, input_length, input_prefix),
+      "decoder_input_tokens": np.zeros((len(todo), max_decode_length), np.int32)
   }
   infer_fn = inference.get_infer_fn(model, partitioner, batch_size, predict_kwargs)
-  tokens = infer_fn(params, arrays)
-  return [vocabulary.decode([int(t) for t in row]) for row in tokens]
+  decoded = iter(vocabulary.decode([int(t) for t in row]) for row in infer_fn(params, arrays))
+  return [next(decoded) if q else "" for q in normalized]
 
 
-def to_sparql_lines(rirs: Iterable[str]) -> list[str]:
-  """RIR -> SPARQL per line; malformed RIR -> 'ERROR: ...' (warned on stderr)."""
+def empty_question_lines(questions: Sequence[str]) -> list[int]:
+  """The 1-based numbers of the questions that are empty after `readers.normalize_question`."""
+  return [i for i, q in enumerate(questions, 1) if not readers.normalize_question(q)]
+
+
+def to_sparql_lines(rirs: Iterable[str], skip: Iterable[int] = ()) -> list[str]:
+  """RIR -> SPARQL per line; malformed RIR -> 'ERROR: ...' (warned on stderr); the 1-based lines
+  in `skip` (empty questions) stay empty."""
   from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top
-  out = []
+  out, skip = [], set(skip)
   for i, r in enumerate(rirs, 1):
+    if i in skip:
+      out.append("")
+      continue
     try:
       out.append(rir.rir_to_sparql(r))
     except rir.RIRError as e:
@@ -106,7 +131,9 @@ def to_sparql_lines(rirs: Iterable[str]) -> list[str]:
 
 def read_lines(text: str) -> list[str]:
   """Splits `text` into lines at "\n" only (a trailing "\r" of each line is dropped; a final
-  newline ends the last line rather than starting an empty one)."""
+  newline ends the last line rather than starting an empty one; a leading byte order mark is
+  dropped)."""
+  text = text[1:] if text.startswith(readers.BOM) else text
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()
@@ -127,6 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
         help="print executable SPARQL (mcwq_t5x.rir.rir_to_sparql) instead of RIR")
 
   args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
+  run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(partitioning.set_host_device_count)
   gin_utils.call_configured(partitioning.initialize_distributed)
   if args.input == "-":
@@ -134,10 +162,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   else:
     with open(args.input, encoding="utf-8", newline="") as f:
       text = f.read()
-  questions = [l.strip() for l in read_lines(text)]
+  questions = [readers.normalize_question(l) for l in read_lines(text)]
   predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   if args.sparql:
-    predictions = to_sparql_lines(predictions)
+    predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))
   out = "".join(" ".join(p.splitlines()) + "\n" for p in predictions)
   if args.output == "-":
     sys.stdout.write(out)

@@ -18,6 +18,10 @@ Published forms (upstream: GitHub `coastalcph/seq2sparql`, folder `mcwq/`, and t
 
 `read_split(split, part, language)` is the one entry point the rest of the project uses: it
 finds whichever layout exists. Reading is cached per file (keyed by path, size and mtime).
+Every `Example.question` is normalised by `normalize_question` (Unicode NFC, a leading byte order
+mark dropped, stripped), the same function `mcwq_t5x.infer` applies to its input, so training,
+evaluation and inference see the same code points; `read_lines` drops a BOM at the start of a
+file.
 
 Splits and languages: the published ones (`SPLITS`, `LANGUAGES`, `GOLD_LANGUAGES`) always, plus
 whatever a data directory holds, found by `discover(data_dir)` from directory listings alone (no
@@ -37,6 +41,7 @@ import json
 import os
 import pathlib
 import re
+import unicodedata
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from mcwq_t5x import paths
@@ -59,6 +64,34 @@ PathLike = Union[str, os.PathLike]
 # `IN: question<whitespace>OUT: query`; the question is taken up to the first " OUT:".
 _OFFICIAL_RE = re.compile(r"^IN:[ \t]?(?P<question>.*?)[ \t]+OUT:[ \t]?(?P<query>.*)$")
 
+#: The byte order mark (U+FEFF) some editors put at the start of a UTF-8 file.
+BOM = "\ufeff"
+#: The Unicode normalisation form of every question (see `normalize_question`).
+NORMALIZATION_FORM = "NFC"
+
+
+def normalize_question(text: str) -> str:
+  """The one text normalisation of questions, for training, evaluation and inference alike.
+
+  A leading byte order mark (U+FEFF) is dropped, the text is put in Unicode normalisation form
+  C (NFC: canonically equivalent spellings, e.g. a Kannada question typed in decomposed NFD form,
+  become the same code points and so the same tokens) and stripped of surrounding whitespace.
+  NFC, not NFKC: the published files are all NFC already (so the small vocabulary, trained on
+  them, is unchanged), while NFKC would rewrite the full-width punctuation of every Chinese
+  question; the mT5 vocabulary applies its own NFKC (`nmt_nfkc`) on top, which NFC does not
+  change. Every `Example` (`Example.question`) and `mcwq_t5x.infer` go through this function.
+
+  Args:
+    text: a question.
+
+  Returns:
+    The normalised question ("" for empty or whitespace-only text).
+  """
+  text = text.lstrip(BOM)
+  if not unicodedata.is_normalized(NORMALIZATION_FORM, text):
+    text = unicodedata.normalize(NORMALIZATION_FORM, text)
+  return text.strip()
+
 
 class DataFormatError(ValueError):
   """Malformed MCWQ input; the message is `FILE:LINE: problem` (LINE is 1-based)."""
@@ -75,7 +108,8 @@ class Example:
   """One MCWQ example.
 
   Attributes:
-    question: the question with entity placeholders M0..M9 (whitespace-stripped).
+    question: the question with entity placeholders M0..M9, normalised by `normalize_question`
+      (NFC, no BOM, whitespace-stripped) when the Example is created.
     sparql: the SPARQL query with placeholders (MCWQ formatting), or None when the source
       only has the RIR form.
     rir: the query in the reversible intermediate representation (see `mcwq_t5x.rir`), or
@@ -95,6 +129,10 @@ class Example:
   source: str = ""
   line: int = 0
 
+  def __post_init__(self):
+    if isinstance(self.question, str):
+      object.__setattr__(self, "question", normalize_question(self.question))
+
 
 # ------------------------------------------------------------------------------------------
 # Low-level helpers.
@@ -107,7 +145,8 @@ def read_lines(path: PathLike, strict: bool = True) -> list[str]:
   honours and that questions or junk predictions may contain). A final line without trailing
   newline counts as a line (the `translations/` files lack the trailing newline: `wc -l` shows
   5407 for 5408 lines); a trailing newline does not start an extra empty line; an empty file has
-  no lines. A carriage return before the newline is dropped.
+  no lines. A carriage return before the newline is dropped, and so is a UTF-8 byte order mark at
+  the start of the file.
 
   Args:
     path: the file.
@@ -130,6 +169,7 @@ def read_lines(path: PathLike, strict: bool = True) -> list[str]:
   except UnicodeDecodeError as e:
     raise DataFormatError(path,
                           raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from e
+  text = text[1:] if text.startswith(BOM) else text
   if not text:
     return []
   lines = text.split("\n")

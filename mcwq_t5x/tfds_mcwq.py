@@ -18,6 +18,14 @@ Data, in order of preference:
    (raw.githubusercontent.com): `official/{split}/{dev,test}.{lang}.txt`,
    `translations/{split}/train.{lang}.{txt,sparql}` and `translations/gold/test.{lang}.*`.
 
+Stale data: a dataset prepared from local files (1. or 2.) records their fingerprint
+(`source_fingerprint`: the SHA-256 of every file read, with the folder) in its metadata
+(`builder.info.metadata["source"]`, file `metadata.json` of the prepared folder). When the files
+the builder would read now differ (edited, replaced, another `$MCWQ_DATA_DIR` with other content),
+`download_and_prepare` (and `tfds.load`) and `as_dataset` log a warning and rebuild the dataset
+from the current files instead of serving the old examples. Datasets prepared before this check
+(no recorded fingerprint) are rebuilt once. Data downloaded from GitHub is not checked.
+
 Usage:
   import mcwq_t5x.tfds_mcwq  # registers the builder
   ds = tfds.load("mcwq/mcd1_he", split="validation")
@@ -25,6 +33,9 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import logging
 import pathlib
 from typing import Iterator, Optional
 
@@ -111,6 +122,39 @@ def _has_data(root: Optional[pathlib.Path]) -> bool:
       (root / p).exists() for p in ("official", "translations", "dataset.json"))
 
 
+def source_fingerprint(split: str, language: str, root: paths.PathLike) -> dict[str, object]:
+  """The fingerprint of the local files one config is built from.
+
+  Args:
+    split, language: the config's split and language.
+    root: the MCWQ folder (manual dir or data dir).
+
+  Returns:
+    {"source_dir": absolute folder, "files": [paths relative to it, sorted], "sha256": hex
+    SHA-256 over each file's relative path and the SHA-256 of its bytes}. Equal content in another
+    folder gives the same "sha256".
+  """
+  root = pathlib.Path(root).expanduser().absolute()
+  files = set()
+  for part in readers.available_parts(split, language, root):
+    files.update(readers.split_files(split, part, language, root)[1])
+  rel = sorted(str(pathlib.Path(f).absolute().relative_to(root)) for f in files)
+  h = hashlib.sha256()
+  for r in rel:
+    h.update(r.encode() + b"\0")
+    st = (root / r).stat()
+    h.update(_file_sha256(str((root / r).resolve()), st.st_size, st.st_mtime_ns))
+  return {"source_dir": str(root), "files": rel, "sha256": h.hexdigest()}
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> bytes:
+  """SHA-256 of a file's bytes, cached on (path, size, mtime) within the process (`tfds.load`
+  checks before preparing and again before reading)."""
+  del size, mtime_ns  # cache key only
+  return hashlib.sha256(pathlib.Path(path).read_bytes()).digest()
+
+
 def generate_examples(
     split: str,
     part: str,
@@ -165,32 +209,93 @@ class Mcwq(tfds.core.GeneratorBasedBuilder):
             "recursionDepth": tfds.features.Scalar(dtype=np.int32),
         }),
         supervised_keys=("question", "rir"),
+        metadata=tfds.core.MetadataDict(),
         homepage="https://github.com/coastalcph/seq2sparql",
         citation=_CITATION,
     )
 
-  def _local_dir(self, dl_manager) -> Optional[pathlib.Path]:
-    try:
-      manual = pathlib.Path(str(dl_manager.manual_dir))
-    except (AssertionError, ValueError, TypeError):
-      manual = None
+  @staticmethod
+  def _local_source(manual: Optional[pathlib.Path]) -> Optional[tuple[pathlib.Path, bool]]:
+    """(folder, is the manual dir) of the local data the builder reads, None to download."""
     if _has_data(manual):
-      return manual
+      return manual, True
     try:
       local = paths.data_dir()
     except paths.DataNotFoundError:
       return None
-    return local if _has_data(local) else None
+    return (local, False) if _has_data(local) else None
+
+  def _recorded_source(self) -> Optional[dict]:
+    try:
+      return dict(self.info.metadata.get("source") or {}) or None
+    except (AttributeError, TypeError, ValueError, OSError):
+      return None
+
+  def _stale_source(self, manual: Optional[pathlib.Path]) -> Optional[str]:
+    """Why the prepared dataset is out of date with the local files it would be built from now
+    (a message naming the folders), or None (current, not prepared, or built from downloads)."""
+    if not self.is_prepared():
+      return None
+    recorded = self._recorded_source()
+    if manual is None and recorded and recorded.get("manual"):
+      manual = pathlib.Path(recorded["source_dir"])
+    source = self._local_source(manual)
+    if source is None:
+      return None
+    cfg = self.builder_config
+    now = source_fingerprint(cfg.split, cfg.language, source[0])
+    if recorded is None:
+      return (f"the prepared dataset {self.data_dir} records no source fingerprint (prepared "
+              f"before the check existed); rebuilding it from {now['source_dir']}")
+    if recorded.get("sha256") == now["sha256"]:
+      return None
+    return (f"the MCWQ files changed since {self.data_dir} was prepared from "
+            f"{recorded.get('source_dir')} ({recorded.get('files')}, sha256 "
+            f"{str(recorded.get('sha256'))[:16]}); rebuilding it from {now['source_dir']} "
+            f"({now['files']}, sha256 {now['sha256'][:16]})")
+
+  def download_and_prepare(self, *, download_dir=None, download_config=None, **kwargs):
+    """As `tfds.core.DatasetBuilder.download_and_prepare`, but a dataset prepared from local files
+    that have changed since is rebuilt (with a warning), not reused."""
+    manual = None
+    if download_config is not None and download_config.manual_dir:
+      manual = pathlib.Path(str(download_config.manual_dir))
+    stale = self._stale_source(manual)
+    if stale is not None:
+      logging.warning("mcwq/%s: %s", self.builder_config.name, stale)
+      download_config = dataclasses.replace(
+          download_config or tfds.download.DownloadConfig(),
+          download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
+    super().download_and_prepare(
+        download_dir=download_dir, download_config=download_config, **kwargs)
+
+  def as_dataset(self, *args, **kwargs):
+    """As `tfds.core.DatasetBuilder.as_dataset`, but first rebuilds a dataset prepared from local
+    files that have changed since (with a warning)."""
+    if self._stale_source(None) is not None:
+      recorded = self._recorded_source() or {}
+      config = tfds.download.DownloadConfig(
+          manual_dir=recorded["source_dir"] if recorded.get("manual") else None)
+      self.download_and_prepare(download_config=config)
+    return super().as_dataset(*args, **kwargs)
 
   def _split_generators(self, dl_manager):
     cfg = self.builder_config
-    local = self._local_dir(dl_manager)
+    try:
+      manual = pathlib.Path(str(dl_manager.manual_dir))
+    except (AssertionError, ValueError, TypeError):
+      manual = None
+    source = self._local_source(manual)
+    local = None if source is None else source[0]
     if local is not None:
+      self.info.metadata["source"] = dict(
+          source_fingerprint(cfg.split, cfg.language, local), manual=source[1])
       return {
           tfds_split: generate_examples(cfg.split, part, cfg.language, local)
           for tfds_split, part in TFDS_TO_PART.items()
           if part in readers.available_parts(cfg.split, cfg.language, local)
       }
+    self.info.metadata["source"] = {}  # downloaded: nothing local to compare with
     files = upstream_files(cfg.split, cfg.language)
     urls = {
         f"{part}{i}": f"{UPSTREAM_BASE_URL}/{p}" for part, ps in files.items()

@@ -34,6 +34,9 @@ What it does (all gin-configurable through `train`):
 
 Output layout of MODEL_DIR:
   config.gin                    the operative gin config
+  run.json, vocab/spm.model     what the run is: network config, vocabulary (SHA-256 + a copy of
+                                the SentencePiece model), task, lengths, steps (`run_info`);
+                                a resumed run must use the same vocabulary
   checkpoint_<step>/            T5X's layout (orbax `state/` = {target: params, state: {step}},
                                 plus our `optimizer/` and `data/`), last K kept (checkpoints.py)
   train/, eval/                 TensorBoard event files
@@ -58,6 +61,7 @@ from mcwq_t5x import checkpoints as checkpoints_lib
 from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import run_info
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
 
@@ -187,6 +191,8 @@ def train(*,
 
   Raises:
     ValueError: unknown task, vocabulary/model mismatch, bad batch size.
+    run_info.VocabularyMismatchError: resuming MODEL_DIR with another vocabulary than the one its
+      run.json records.
     trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept).
   """
   t_start = time.time()
@@ -206,6 +212,19 @@ def train(*,
 
   # --- data ---------------------------------------------------------------------------------
   check_model_and_task(model, train_dataset_cfg)
+  if checkpoints_lib.finished_steps(model_dir_p):  # resuming: the vocabulary must not change
+    run_info.check_vocabulary(
+        getattr(model, "output_vocabulary", None), model_dir_p, "train (resuming)")
+  if jax.process_index() == 0:
+    run_info.write(
+        model_dir_p,
+        model=model,
+        task=train_dataset_cfg.mixture_or_task_name,
+        split=train_dataset_cfg.split,
+        feature_lengths=train_dataset_cfg.task_feature_lengths,
+        train_steps=total_steps,
+        batch_size=train_dataset_cfg.batch_size,
+        pack=train_dataset_cfg.pack)
   # Every process reads the whole split and gathers its rows of each global batch (its data
   # shard: `local_rows`), so the global batch of a step is the same for any number of processes.
   local_rows = partitioner.local_batch_rows(train_dataset_cfg.batch_size)
@@ -428,7 +447,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   initialise `jax.distributed` before any device is used; every process runs the same command
   with its own `--process_index` and the same MODEL_DIR. On CPU, XLA gets the training flags of
   `partitioning.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them, and the process keeps freed
-  host memory for reuse (`partitioning.set_host_malloc_options`).
+  host memory for reuse (`partitioning.set_host_malloc_options`). When MODEL_DIR holds a
+  checkpoint and $MCWQ_VOCAB is unset, the vocabulary recorded in its run.json is used
+  (`run_info.adopt_recorded_vocabulary`).
 
   Raises:
     gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
@@ -444,6 +465,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(partitioning.initialize_distributed)
   if jax.default_backend() == "cpu":
     partitioning.set_host_malloc_options()
+  model_dir = gin_utils.macro_value("MODEL_DIR")
+  if model_dir and checkpoints_lib.finished_steps(model_dir):  # resuming: the run's vocabulary
+    run_info.adopt_recorded_vocabulary(model_dir)
   return gin_utils.call_configured(train)
 
 

@@ -38,7 +38,9 @@ language (`input_prefix`); the zero-shot tasks use the TEST language's prefix, a
 zero-shot evaluation does. The paper's experiment files (gin/) train on the `_prefixed` tasks.
 
 Each example also carries `question`, `sparql`, `rir` (strings) and `recursionDepth` (int32,
--1 when unknown) for evaluation by complexity.
+-1 when unknown) for evaluation by complexity. Questions come normalised from `mcwq_t5x.readers`
+(`readers.normalize_question`: NFC, no BOM; `mcwq_t5x.infer` applies the same function), so a
+question typed in another Unicode form tokenises as in training.
 """
 from __future__ import annotations
 

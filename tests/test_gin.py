@@ -308,6 +308,13 @@ def test_gin_typos_are_clear_errors(tmp_path):
   # A misspelt macro on the command line.
   with pytest.raises(gin_utils.GinConfigError, match="macro TRAIN_STEPPS is not used"):
     _parse(train_lib, ["gin/mcwq_t5x/tiny_random_split_en.gin"], ["TRAIN_STEPPS = 5"])
+  # A macro name that is a prefix of a used one (the files reference %TRAIN_STEPS, %EVAL_STEPS,
+  # %BATCH_SIZE, %KEEP_CHECKPOINTS, %LEARNING_RATE): matched by whole name, not as a substring.
+  for name in ("TRAIN_STEP", "EVAL_STEP", "BATCH", "KEEP_CHECKPOINT", "LEARNING_RAT"):
+    with pytest.raises(gin_utils.GinConfigError, match=f"macro {name} is not used"):
+      gin_utils.parse_gin(["gin/mcwq_t5x/tiny_random_split_en.gin"], [f"{name} = 5"])
+  # The whole names still bind.
+  _parse(train_lib, ["gin/mcwq_t5x/tiny_random_split_en.gin"], ["TRAIN_STEPS = 5"])
   # A missing file.
   with pytest.raises(gin_utils.GinConfigError, match="gin file 'gin/nope.gin' not found"):
     gin_utils.parse_gin(["gin/nope.gin"])

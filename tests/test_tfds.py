@@ -59,3 +59,44 @@ def test_build_gold_he_from_manual_dir(tmp_path, mcwq_dir, monkeypatch):
   assert sorted((e["question"].decode(), e["rir"].decode(), e["sparql"].decode()) for e in got) == (
       sorted((e.question, e.rir, e.sparql) for e in ref))
   assert {int(e["recursionDepth"]) for e in got} == {-1}
+
+
+def _questions(builder, split):
+  return [e["question"].decode() for e in tfds.as_numpy(builder.as_dataset(split=split))]
+
+
+def test_changed_source_files_rebuild(tmp_path, mcwq_dir, monkeypatch):
+  # A small copy of one split (50 + 20 lines), a fresh TFDS data dir.
+  data = tmp_path / "mcwq"
+  (data / "official/random_split").mkdir(parents=True)
+  for part, n in (("dev", 50), ("test", 20)):
+    lines = (mcwq_dir / f"official/random_split/{part}.en.txt").read_text().splitlines()[:n]
+    (data / f"official/random_split/{part}.en.txt").write_text("\n".join(lines) + "\n")
+  monkeypatch.setenv("MCWQ_DATA_DIR", str(data))
+  tfds_dir = str(tmp_path / "tfds")
+  builder = tfds.builder("mcwq/random_split_en", data_dir=tfds_dir)
+  builder.download_and_prepare()
+  assert builder.info.splits["validation"].num_examples == 50
+  source = builder.info.metadata["source"]
+  assert source["source_dir"] == str(data)
+  assert source["files"] == [
+      "official/random_split/dev.en.txt", "official/random_split/test.en.txt"
+  ]
+  # Unchanged files: reused as they are.
+  assert tfds_mcwq.Mcwq(config="random_split_en", data_dir=tfds_dir)._stale_source(None) is None
+  # The dev file changes (a question edited, 10 lines dropped): a new builder rebuilds.
+  dev = data / "official/random_split/dev.en.txt"
+  lines = dev.read_text().splitlines()[:40]
+  lines[0] = lines[0].replace("IN: ", "IN: Changed ", 1)
+  dev.write_text("\n".join(lines) + "\n")
+  builder = tfds.builder("mcwq/random_split_en", data_dir=tfds_dir)
+  builder.download_and_prepare()
+  assert builder.info.splits["validation"].num_examples == 40
+  assert "Changed " in "".join(_questions(builder, "validation"))
+  # as_dataset without download_and_prepare (the test file changes) rebuilds too.
+  test = data / "official/random_split/test.en.txt"
+  test.write_text("\n".join(test.read_text().splitlines()[:5]) + "\n")
+  builder = tfds.builder("mcwq/random_split_en", data_dir=tfds_dir)
+  assert len(_questions(builder, "test")) == 5
+  assert builder.info.metadata["source"]["sha256"] == tfds_mcwq.source_fingerprint(
+      "random_split", "en", data)["sha256"]

@@ -1,0 +1,316 @@
+"""What a training run was: `MODEL_DIR/run.json`, written by `mcwq_t5x.train`, read by the others.
+
+A checkpoint alone does not say which vocabulary its embedding rows belong to, and the default
+vocabulary is trained from (and cached under a hash of) the data files: another data copy gives
+another vocabulary of the same size, and decoding with it is silent nonsense. So the training
+main records the run's identity next to `config.gin`, and keeps a copy of its SentencePiece model:
+
+  MODEL_DIR/run.json         (format below)
+  MODEL_DIR/vocab/spm.model  the SentencePiece model the run was trained with (byte copy)
+
+run.json, a JSON object:
+
+  {"format": 1,
+   "engine": "mcwq_t5x", "engine_version": "0.1.0",
+   "network": {the `network.T5Config` fields: "vocab_size": 2000, "dtype": "float32",
+               "emb_dim": 64, ..., "mlp_activations": ["gelu", "linear"], ...},
+   "vocabulary": {"path": the model file the run read (as given, may be gs://),
+                  "sha256": hex SHA-256 of its bytes, "extra_ids": 0,
+                  "copy": "vocab/spm.model" (relative to MODEL_DIR)}  (null: not SentencePiece),
+   "task": "mcwq_random_split_en", "split": "validation",
+   "feature_lengths": {"inputs": 32, "targets": 64}, "train_steps": 2000, "batch_size": 32,
+   "pack": true}
+
+Vocabulary rule (the mains `eval`, `infer`, and `train` when it resumes):
+  * $MCWQ_VOCAB unset (the vocabulary is not chosen explicitly): `adopt_recorded_vocabulary`
+    points $MCWQ_VOCAB at the run's copy before the model and tasks are built, so every vocabulary
+    resolved from it (`vocab.get_vocabulary()`, `vocab.mt5_vocabulary()`, the SeqIO tasks) is
+    the one the run was trained with, whatever the data folder holds now.
+  * the vocabulary actually used (explicit $MCWQ_VOCAB, or a path bound in gin) is then compared
+    with the record (`check_vocabulary`): a different file content or `extra_ids` raises
+    `VocabularyMismatchError` naming both files and hashes.
+  * a run without run.json (trained before it existed) still loads, with a warning, unchecked.
+
+`mcwq_t5x.export_hf` reads the network config and the vocabulary from run.json (legacy runs: from
+config.gin). This module imports neither TensorFlow nor gin (TensorFlow only to read a `gs://`
+vocabulary).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import tempfile
+from typing import Any, Mapping, Optional, Union
+
+from mcwq_t5x import network
+
+PathLike = Union[str, os.PathLike]
+
+RUN_JSON = "run.json"
+VOCAB_COPY = "vocab/spm.model"
+FORMAT_VERSION = 1
+ENGINE = "mcwq_t5x"
+VOCAB_ENV = "MCWQ_VOCAB"  # = mcwq_t5x.vocab.VOCAB_ENV (not imported: vocab imports seqio)
+
+
+class VocabularyMismatchError(ValueError):
+  """The vocabulary about to be used is not the one the checkpoint was trained with (the message
+  names both files and their SHA-256)."""
+
+
+def engine_version() -> str:
+  """The installed `mcwq-t5x` version, else the one in setup.py ("0.1.0")."""
+  try:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    return metadata.version("mcwq-t5x")
+  except Exception:  # pylint: disable=broad-except  # not installed: a source checkout
+    return "0.1.0"
+
+
+def network_fields(config: network.T5Config) -> dict[str, Any]:
+  """The `T5Config` as JSON-able fields (dtype as its name, activations as a list)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  out = {}
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if f.name == "dtype":
+      value = np.dtype(value).name
+    elif isinstance(value, (tuple, list)):
+      value = list(value)
+    out[f.name] = value
+  return out
+
+
+def network_config(run: Mapping[str, Any], source: PathLike = RUN_JSON) -> network.T5Config:
+  """The `T5Config` recorded in a run.json dict.
+
+  Raises:
+    ValueError: no "network" object, or fields `T5Config` does not have (names `source`).
+  """
+  fields = run.get("network")
+  if not isinstance(fields, dict):
+    raise ValueError(f"{source}: no \"network\" object (the model config)")
+  fields = dict(fields)
+  if isinstance(fields.get("mlp_activations"), list):
+    fields["mlp_activations"] = tuple(fields["mlp_activations"])
+  try:
+    return network.T5Config(**fields)
+  except TypeError as e:
+    raise ValueError(f"{source}: \"network\" does not fit network.T5Config: {e}") from e
+
+
+def _read_bytes(path: str) -> bytes:
+  if "://" in path:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return f.read()
+  return pathlib.Path(path).read_bytes()
+
+
+def vocabulary_identity(vocabulary: Any) -> Optional[dict[str, Any]]:
+  """{"path", "sha256", "extra_ids"} of a SentencePiece vocabulary (seqio's
+  `sentencepiece_model_file`), None for any other kind of vocabulary.
+
+  Raises:
+    OSError / DataNotFoundError: the model file cannot be read.
+  """
+  path = getattr(vocabulary, "sentencepiece_model_file", None)
+  if vocabulary is None or path is None:
+    return None
+  if hasattr(vocabulary, "_model_context") and "://" not in str(path) and not os.path.isfile(path):
+    vocabulary._model_context()  # pylint: disable=protected-access  # raises, naming the file
+  return {
+      "path": str(path),
+      "sha256": hashlib.sha256(_read_bytes(str(path))).hexdigest(),
+      "extra_ids": int(getattr(vocabulary, "extra_ids", 0) or 0),
+  }
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def write(model_dir: PathLike,
+          *,
+          model: Any,
+          task: Optional[str] = None,
+          split: Optional[str] = None,
+          feature_lengths: Optional[Mapping[str, int]] = None,
+          train_steps: Optional[int] = None,
+          batch_size: Optional[int] = None,
+          pack: Optional[bool] = None) -> dict[str, Any]:
+  """Writes MODEL_DIR/run.json and MODEL_DIR/vocab/spm.model (atomically) for `model`.
+
+  Args:
+    model_dir: MODEL_DIR.
+    model: the `EncoderDecoderModel` (its network config and `output_vocabulary`).
+    task, split, feature_lengths, train_steps, batch_size, pack: the training data, recorded.
+
+  Returns:
+    The dict written (format: the module docstring).
+  """
+  model_dir = pathlib.Path(model_dir)
+  ident = vocabulary_identity(getattr(model, "output_vocabulary", None))
+  if ident is not None:
+    data = _read_bytes(ident["path"])
+    copy = model_dir / VOCAB_COPY
+    if not copy.is_file() or copy.read_bytes() != data:
+      _atomic_write(copy, data)
+    ident["copy"] = VOCAB_COPY
+  run = {
+      "format": FORMAT_VERSION,
+      "engine": ENGINE,
+      "engine_version": engine_version(),
+      "network": network_fields(model.module.config),
+      "vocabulary": ident,
+      "task": task,
+      "split": split,
+      "feature_lengths": None if feature_lengths is None else dict(feature_lengths),
+      "train_steps": train_steps,
+      "batch_size": batch_size,
+      "pack": pack,
+  }
+  _atomic_write(model_dir / RUN_JSON, (json.dumps(run, indent=2, sort_keys=True) + "\n").encode())
+  return run
+
+
+def find(checkpoint_path: PathLike, levels: int = 3) -> Optional[pathlib.Path]:
+  """The run.json at `checkpoint_path` or up to `levels` folders above it (MODEL_DIR,
+  MODEL_DIR/checkpoint_<step>, MODEL_DIR/checkpoint_<step>/state); None if there is none."""
+  p = pathlib.Path(checkpoint_path).absolute()
+  for folder in [p, *p.parents][:levels + 1]:
+    if (folder / RUN_JSON).is_file():
+      return folder / RUN_JSON
+  return None
+
+
+def read(path: PathLike) -> dict[str, Any]:
+  """Reads a run.json.
+
+  Raises:
+    ValueError: not JSON, not an object, or a format newer than this engine reads (names the
+      file).
+  """
+  path = pathlib.Path(path)
+  try:
+    run = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path}: cannot read the run description: {e}") from e
+  if not isinstance(run, dict):
+    raise ValueError(f"{path}: expected a JSON object")
+  if not isinstance(run.get("format"), int) or run["format"] > FORMAT_VERSION:
+    raise ValueError(f"{path}: format {run.get('format')!r}; this engine reads format "
+                     f"{FORMAT_VERSION} or older")
+  return run
+
+
+def recorded_vocabulary_file(
+    run_path: PathLike,
+    run: Optional[Mapping[str, Any]] = None,
+) -> Optional[pathlib.Path]:
+  """The local file of the vocabulary recorded in `run_path`: the run's copy
+  (MODEL_DIR/vocab/spm.model), else the recorded path, whichever has the recorded SHA-256.
+
+  Returns:
+    The file, or None when the run recorded no (SentencePiece) vocabulary.
+
+  Raises:
+    ValueError: neither file exists with the recorded content (names both and the hash).
+  """
+  run_path = pathlib.Path(run_path)
+  run = read(run_path) if run is None else run
+  rec = run.get("vocabulary")
+  if not rec:
+    return None
+  candidates = []
+  if rec.get("copy"):
+    candidates.append(run_path.parent / rec["copy"])
+  if rec.get("path") and "://" not in rec["path"]:
+    candidates.append(pathlib.Path(rec["path"]))
+  for c in candidates:
+    if c.is_file() and hashlib.sha256(c.read_bytes()).hexdigest() == rec["sha256"]:
+      return c
+  raise ValueError(
+      f"{run_path}: the run's vocabulary (sha256 {rec['sha256']}) is not available: "
+      f"{' and '.join(str(c) for c in candidates) or 'no file recorded'} "
+      f"{'is' if len(candidates) == 1 else 'are'} missing or different; restore "
+      f"{run_path.parent / VOCAB_COPY} or set ${VOCAB_ENV} to a copy of the run's vocabulary")
+
+
+def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[pathlib.Path]:
+  """Makes the run's recorded vocabulary the default one, unless the user chose one.
+
+  When $MCWQ_VOCAB is unset and a run.json is found at or above `checkpoint_path` (see `find`),
+  sets $MCWQ_VOCAB to the run's vocabulary file (`recorded_vocabulary_file`), so that
+  `vocab.get_vocabulary()`, `vocab.mt5_vocabulary()` and the SeqIO tasks built afterwards use it.
+  Call it before the model and the tasks are built (the mains: right after parsing gin).
+
+  Returns:
+    The adopted file, or None (variable already set, no run.json, no recorded vocabulary).
+
+  Raises:
+    ValueError: see `recorded_vocabulary_file`.
+  """
+  if checkpoint_path is None or os.environ.get(VOCAB_ENV):
+    return None
+  run_path = find(checkpoint_path)
+  if run_path is None:
+    return None
+  path = recorded_vocabulary_file(run_path)
+  if path is not None:
+    logging.info("vocabulary: %s (recorded in %s; $%s was unset)", path, run_path, VOCAB_ENV)
+    os.environ[VOCAB_ENV] = str(path)
+    try:
+      from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
+      vocab.clear_vocabulary_cache()
+    except ImportError:  # no seqio: nothing cached either
+      pass
+  return path
+
+
+def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> None:
+  """Checks that `vocabulary` is the one recorded in the run.json at or above `checkpoint_path`.
+
+  Args:
+    vocabulary: the vocabulary about to be used (a seqio `SentencePieceVocabulary`; others are
+      not checked).
+    checkpoint_path: MODEL_DIR or a checkpoint in it.
+    where: who asks (for the message), e.g. "infer".
+
+  Raises:
+    VocabularyMismatchError: other file content or other `extra_ids` than recorded; the message
+      names both files with their SHA-256 and says how to use the recorded one.
+  """
+  run_path = find(checkpoint_path)
+  if run_path is None:
+    if pathlib.Path(checkpoint_path).exists():
+      logging.warning(
+          "%s: no %s at or above %s (a run trained before runs recorded their vocabulary, or "
+          "not one of ours): cannot check that the vocabulary is the one it was trained with",
+          where, RUN_JSON, checkpoint_path)
+    return
+  rec = read(run_path).get("vocabulary")
+  ident = vocabulary_identity(vocabulary)
+  if not rec or ident is None:
+    return
+  if ident["sha256"] == rec["sha256"] and ident["extra_ids"] == int(rec.get("extra_ids", 0)):
+    return
+  copy = run_path.parent / rec.get("copy", VOCAB_COPY)
+  raise VocabularyMismatchError(
+      f"{where}: the vocabulary {ident['path']} (sha256 {ident['sha256']}, extra_ids "
+      f"{ident['extra_ids']}) is not the one {run_path.parent} was trained with: {rec['path']} "
+      f"(sha256 {rec['sha256']}, extra_ids {rec.get('extra_ids', 0)}), recorded in {run_path} "
+      f"and copied to {copy}. Its outputs would be nonsense. Unset ${VOCAB_ENV} (the mains then "
+      f"use the recorded copy) or set {VOCAB_ENV}={copy}")

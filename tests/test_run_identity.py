@@ -1,0 +1,228 @@
+"""A run knows what it is (MODEL_DIR/run.json + vocab/spm.model, `mcwq_t5x.run_info`), and
+questions are normalised in one place for training, evaluation and inference
+(`readers.normalize_question`).
+
+One tiny run (SMALL_MODEL, 2 steps on the 155 Hebrew gold questions) is trained once per session
+in a fresh process; the other tests read it, two of them with a fresh `python -m mcwq_t5x.infer`.
+"""
+import hashlib
+import json
+import logging
+import shutil
+import unicodedata
+
+import numpy as np
+import pytest
+import seqio
+
+from mcwq_t5x import export_hf
+from mcwq_t5x import infer as infer_lib
+from mcwq_t5x import readers
+from mcwq_t5x import run_info
+import mains
+
+TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
+MODEL = "gin/mcwq_t5x/models/tiny.gin"
+RUN = mains.SMALL_MODEL + [
+    "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
+    "FINAL_EVAL_SPLIT = 'test'", "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 96}",
+    "BATCH_SIZE = 8", "TRAIN_STEPS = 2", "EVAL_PERIOD = 0", "CHECKPOINT_PERIOD = 2",
+    "FINAL_EVAL_NUM_EXAMPLES = 4", "INFER_BATCH_SIZE = 4", "WARMUP_STEPS = 1",
+    "HOST_DEVICE_COUNT = 1", "LOG_EVERY_STEPS = 1"
+]
+KN_DEV = "official/random_split/dev.kn.txt"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, mcwq_dir):
+  """MODEL_DIR of a 2-step run trained by `python -m mcwq_t5x.train` (the default vocabulary)."""
+  del mcwq_dir  # the real data must be there
+  model_dir = tmp_path_factory.mktemp("identity_run")
+  mains.python_m("mcwq_t5x.train", f"--gin_file={TINY}",
+                 *mains.gin_flags(RUN + [f"MODEL_DIR = '{model_dir}'"]))
+  return model_dir
+
+
+@pytest.fixture(scope="session")
+def other_vocab(tiny_run, tmp_path_factory):
+  """A SentencePiece model of the same size as the run's but other content (two pieces' scores
+  changed): the size check passes, the identity check must not."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  proto = sentencepiece_model_pb2.ModelProto.FromString(
+      (tiny_run / run_info.VOCAB_COPY).read_bytes())
+  proto.pieces[-1].score, proto.pieces[-2].score = proto.pieces[-2].score, proto.pieces[-1].score
+  proto.pieces[-1].score -= 1.0
+  path = tmp_path_factory.mktemp("other_vocab") / "other.model"
+  path.write_bytes(proto.SerializeToString())
+  return path
+
+
+def _sha(path):
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _infer(checkpoint, text, env):
+  return mains.python_m(
+      "mcwq_t5x.infer",
+      f"--gin_file={MODEL}",
+      "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+      f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+      "--gin.MAX_DECODE_LENGTH=8",
+      *mains.gin_flags(mains.SMALL_MODEL),
+      input=text,
+      env=env,
+      check=False)
+
+
+# --- run.json ----------------------------------------------------------------------------------
+def test_run_json_records_the_run(tiny_run):
+  run = json.loads((tiny_run / "run.json").read_text())
+  assert run["format"] == 1 and run["engine"] == "mcwq_t5x" and run["engine_version"]
+  assert run["network"]["vocab_size"] == 2000 and run["network"]["emb_dim"] == 32
+  assert run["network"]["num_encoder_layers"] == 1 and run["network"]["dtype"] == "float32"
+  assert run["task"] == "mcwq_gold_he" and run["split"] == "test"
+  assert run["feature_lengths"] == {"inputs": 40, "targets": 96}
+  assert run["train_steps"] == 2 and run["batch_size"] == 8
+  vocab = run["vocabulary"]
+  assert vocab["copy"] == "vocab/spm.model" and vocab["extra_ids"] == 0
+  copy = tiny_run / "vocab/spm.model"
+  assert vocab["sha256"] == _sha(copy) and copy.read_bytes() == open(vocab["path"], "rb").read()
+  assert run_info.network_config(run).emb_dim == 32
+
+
+def test_check_vocabulary_in_process(tiny_run, other_vocab, caplog):
+  same = seqio.SentencePieceVocabulary(str(tiny_run / "vocab/spm.model"))
+  run_info.check_vocabulary(same, tiny_run / "checkpoint_2", "test")  # no error
+  with pytest.raises(run_info.VocabularyMismatchError) as e:
+    run_info.check_vocabulary(
+        seqio.SentencePieceVocabulary(str(other_vocab)), tiny_run, "train (resuming)")
+  msg = str(e.value)
+  assert str(other_vocab) in msg and _sha(other_vocab) in msg
+  assert str(tiny_run / "vocab/spm.model") in msg and _sha(tiny_run / "vocab/spm.model") in msg
+  with pytest.raises(run_info.VocabularyMismatchError, match="extra_ids 5"):
+    run_info.check_vocabulary(
+        seqio.SentencePieceVocabulary(str(tiny_run / "vocab/spm.model"), extra_ids=5), tiny_run,
+        "eval")
+  # A run without run.json (trained before it existed): loads, with a warning.
+  legacy = tiny_run.parent / "legacy_run"
+  legacy.mkdir(exist_ok=True)
+  with caplog.at_level(logging.WARNING):
+    run_info.check_vocabulary(same, legacy, "infer")
+  assert "no run.json" in caplog.text
+
+
+def test_infer_with_another_vocabulary_is_an_error(tiny_run, other_vocab):
+  out = _infer(tiny_run, "Did M0 direct M1\n", {"MCWQ_VOCAB": str(other_vocab)})
+  assert out.returncode != 0
+  assert "VocabularyMismatchError" in out.stderr
+  for text in (str(other_vocab), _sha(other_vocab), str(tiny_run / "vocab/spm.model"),
+               _sha(tiny_run / "vocab/spm.model")):
+    assert text in out.stderr, (text, out.stderr[-3000:])
+  assert out.stdout == ""
+
+
+def test_infer_uses_the_recorded_vocabulary_and_normalises(tiny_run, tmp_path, mcwq_dir):
+  # A data folder whose default vocabulary would differ (no kn/zh files, one English dev file):
+  # with $MCWQ_VOCAB unset the run's recorded vocabulary is used. The input starts with a BOM,
+  # has an empty and a whitespace-only line, and one Kannada question in NFC and in NFD form.
+  data = tmp_path / "mcwq/official/random_split"
+  data.mkdir(parents=True)
+  lines = (mcwq_dir / "official/random_split/dev.en.txt").read_text().splitlines()[:30]
+  (data / "dev.en.txt").write_text("\n".join(lines) + "\n")
+  kn = readers.read_official(mcwq_dir / KN_DEV)[0].question
+  nfd = unicodedata.normalize("NFD", kn)
+  assert nfd != kn
+  text = f"\ufeffDid M0 direct M1\n\n   \nDid M0 direct M1\n{kn}\n{nfd}\n"
+  env = {"MCWQ_DATA_DIR": str(tmp_path / "mcwq"), "MCWQ_CACHE_DIR": str(tmp_path / "cache")}
+  out = _infer(tiny_run, text, dict(env, MCWQ_VOCAB=""))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "recorded in" in out.stderr
+  assert not (tmp_path / "cache/spm").exists()  # no vocabulary trained from the other data
+  got = out.stdout.split("\n")
+  assert len(got) == 7 and got[-1] == ""
+  assert got[1] == got[2] == ""
+  assert got[0] == got[3]  # the BOM changed nothing
+  assert got[4] == got[5]  # NFD and NFC: the same tokens, the same output
+  assert out.stderr.count("is empty") == 2
+
+
+# --- export reads run.json ---------------------------------------------------------------------
+def test_export_reads_run_json(tiny_run, other_vocab, tmp_path, caplog):
+  run_dir = tmp_path / "run"
+  shutil.copytree(tiny_run, run_dir)
+  (run_dir / "config.gin").unlink()  # nothing but run.json describes the model
+  out = export_hf.export_checkpoint(run_dir, tmp_path / "hf")
+  config = json.loads((out / "config.json").read_text())
+  assert config["d_model"] == 32 and config["num_layers"] == 1 and config["vocab_size"] == 2000
+  assert (out / "spiece.model").read_bytes() == (run_dir / "vocab/spm.model").read_bytes()
+  # An explicit other vocabulary is an error naming both.
+  with pytest.raises(ValueError) as e:
+    export_hf.export_checkpoint(run_dir, tmp_path / "hf2", vocab=other_vocab)
+  assert str(other_vocab) in str(e.value) and _sha(run_dir / "vocab/spm.model") in str(e.value)
+  # The recorded vocabulary gone (copy deleted, recorded path changed): a clear error.
+  run = json.loads((run_dir / "run.json").read_text())
+  run["vocabulary"]["path"] = str(tmp_path / "gone.model")
+  (run_dir / "run.json").write_text(json.dumps(run))
+  (run_dir / "vocab/spm.model").unlink()
+  with pytest.raises(ValueError, match="the run's vocabulary .* is not available"):
+    export_hf.export_checkpoint(run_dir, tmp_path / "hf3")
+  # An older run (config.gin, no run.json) still exports, with a warning.
+  legacy = tmp_path / "legacy"
+  shutil.copytree(tiny_run, legacy)
+  (legacy / "run.json").unlink()
+  with caplog.at_level(logging.WARNING):
+    out = export_hf.export_checkpoint(legacy, tmp_path / "hf4")
+  assert "no run.json" in caplog.text
+  assert json.loads((out / "config.json").read_text())["d_model"] == 32
+
+
+# --- normalisation (in process) ----------------------------------------------------------------
+def test_normalize_question():
+  assert readers.normalize_question("\ufeff  Did M0 direct M1 ") == "Did M0 direct M1"
+  assert readers.normalize_question(" \t ") == ""
+  kn = "\u0c95\u0cbf"  # Kannada KI: already NFC
+  assert readers.normalize_question(unicodedata.normalize("NFD", "\u0cc0")) == "\u0cc0"
+  assert readers.normalize_question(kn) == kn
+  # Full-width Chinese punctuation is kept (NFC, not NFKC).
+  assert readers.normalize_question("M0是谁？") == "M0是谁？"
+  assert readers.Example("\ufeffe\u0301 ", None, None, "en").question == "\u00e9"
+
+
+def test_bom_at_the_start_of_a_data_file(tmp_path, mcwq_dir):
+  src = (mcwq_dir / "official/random_split/dev.en.txt").read_text().splitlines()[:3]
+  path = tmp_path / "dev.en.txt"
+  path.write_text("\ufeff" + "\n".join(src) + "\n", encoding="utf-8")
+  got = readers.read_official(path, with_rir=True)
+  assert [e.question for e in got] == [readers.split_official_line(l)[0] for l in src]
+  assert infer_lib.read_lines("\ufeffa\nb\n") == ["a", "b"]
+
+
+def test_nfd_and_nfc_kannada_tokenise_identically(tiny_run, tmp_path, mcwq_dir):
+  """Through the SeqIO task (the training/evaluation path) and `infer.encode_questions` (the
+  inference path): the Kannada dev questions in NFD form (and after a BOM) give the NFC tokens."""
+  import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  vocab = seqio.SentencePieceVocabulary(str(tiny_run / "vocab/spm.model"))
+  lines = (mcwq_dir / KN_DEV).read_text(encoding="utf-8").splitlines()[:40]
+  nfd_lines = [unicodedata.normalize("NFD", l) for l in lines]
+  for name, text in (("nfc", lines), ("nfd", nfd_lines)):
+    folder = tmp_path / name / "official/random_split"
+    folder.mkdir(parents=True)
+    bom = "\ufeff" if name == "nfd" else ""
+    (folder / "dev.kn.txt").write_text(bom + "\n".join(text) + "\n", encoding="utf-8")
+    tasks.mcwq.register_mcwq_tasks(
+        vocabulary=vocab, suffix=f"_norm_{name}", data_dir=str(tmp_path / name))
+
+  def inputs(suffix):
+    task = seqio.get_mixture_or_task(f"mcwq_random_split_kn_norm_{suffix}")
+    ds = task.get_dataset(None, split="validation", shuffle=False)
+    return [list(ex["inputs"]) for ex in ds.as_numpy_iterator()]
+
+  nfc, nfd = inputs("nfc"), inputs("nfd")
+  assert len(nfc) == 40 and nfc == nfd
+  # Without the normalisation most of them would differ.
+  questions = [readers.split_official_line(l)[0] for l in lines]
+  raw_nfd = [unicodedata.normalize("NFD", q) for q in questions]
+  assert sum(vocab.encode(a) != vocab.encode(b) for a, b in zip(questions, raw_nfd)) > 20
+  np.testing.assert_array_equal(
+      infer_lib.encode_questions(questions, vocab, 40),
+      infer_lib.encode_questions(["\ufeff" + q for q in raw_nfd], vocab, 40))
