@@ -75,6 +75,25 @@ def migrated_cfq_sample(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def our_run(tmp_path_factory, mcwq_dir) -> pathlib.Path:
+  """MODEL_DIR of `python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin` with
+  `scenarios.OUR_RUN` and the very small network, run once per session in a fresh process (read-only for
+  the tests: copy it before changing it)."""
+  del mcwq_dir  # the real data must be there
+  import mains  # pylint: disable=g-import-not-at-top
+  import scenarios  # pylint: disable=g-import-not-at-top
+
+  def build(model_dir):
+    out = mains.python_m(
+        "mcwq_t5x.train", "--gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+        *mains.gin_flags(mains.SMALL_MODEL + scenarios.OUR_RUN + [f"MODEL_DIR = '{model_dir}'"]))
+    return {"stderr": out.stderr[-20000:]}
+
+  folder, _ = scenarios.once(tmp_path_factory, "our_run", build)
+  return folder
+
+
+@pytest.fixture(scope="session")
 def readme(tmp_path_factory, mcwq_dir):
   """The README's commands, run once per session as printed (plus size overrides) in a temporary
   copy of the repository (`scenarios.ReadmeRun`; `readme.result(i)` runs commands 0..i first)."""

@@ -18,18 +18,12 @@ from mcwq_t5x import readers
 from mcwq_t5x import train as train_lib
 from mcwq_t5x import trainer as trainer_lib
 import mains
+import scenarios
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 MODEL = "gin/mcwq_t5x/models/tiny.gin"
-# 300 steps at lr 1e-2 on the 155 Hebrew gold questions (train = test): long enough to learn them
-# (37.5% exact match on the first 32, BLEU 67, on a 2-core machine), short enough for the suite.
-STEPS = 300
-RUN = mains.SMALL_MODEL + [
-    "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "BATCH_SIZE = 8",
-    "LOG_EVERY_STEPS = 50", "CHECKPOINT_PERIOD = 100", "EVAL_PERIOD = 150", "EVAL_STEPS = None",
-    "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 6", "FINAL_EVAL_NUM_EXAMPLES = 32",
-    "WARMUP_STEPS = 20", "LEARNING_RATE = 1e-2", "HOST_DEVICE_COUNT = 2", f"TRAIN_STEPS = {STEPS}"
-]
+STEPS = scenarios.OUR_RUN_STEPS
+RUN = mains.SMALL_MODEL + scenarios.OUR_RUN
 # The 155 human-translated gold test questions (Hebrew) load in a second: real MCWQ text, small.
 GOLD = [
     "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
@@ -51,12 +45,9 @@ def losses(model_dir):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, mcwq_dir):
-  """One uninterrupted run of STEPS steps (module-scoped: the infer test reuses it)."""
-  del mcwq_dir  # the real data must be there
-  model_dir = tmp_path_factory.mktemp("tiny_run")
-  train(model_dir)
-  return model_dir
+def trained(our_run):
+  """The session's run of our engine (conftest.our_run: OUR_RUN, STEPS steps)."""
+  return our_run
 
 
 # The training loss at steps 50 and 100 of this run (seed 0 of the tiny gin file), recorded on a

@@ -2,8 +2,9 @@
 questions are normalised in one place for training, evaluation and inference
 (`readers.normalize_question`).
 
-One tiny run (SMALL_MODEL, 2 steps on the 155 Hebrew gold questions) is trained once per session
-in a fresh process; the other tests read it, two of them with a fresh `python -m mcwq_t5x.infer`.
+The session's run of our engine (conftest.our_run: SMALL_MODEL, 300 steps on the 155 Hebrew gold
+questions, trained once in a fresh process) is what the tests read, two of them with a fresh
+`python -m mcwq_t5x.infer`.
 """
 import hashlib
 import json
@@ -20,27 +21,17 @@ from mcwq_t5x import infer as infer_lib
 from mcwq_t5x import readers
 from mcwq_t5x import run_info
 import mains
+import scenarios
 
-TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 MODEL = "gin/mcwq_t5x/models/tiny.gin"
-RUN = mains.SMALL_MODEL + [
-    "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
-    "FINAL_EVAL_SPLIT = 'test'", "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 96}",
-    "BATCH_SIZE = 8", "TRAIN_STEPS = 2", "EVAL_PERIOD = 0", "CHECKPOINT_PERIOD = 2",
-    "FINAL_EVAL_NUM_EXAMPLES = 4", "INFER_BATCH_SIZE = 4", "WARMUP_STEPS = 1",
-    "HOST_DEVICE_COUNT = 1", "LOG_EVERY_STEPS = 1"
-]
 KN_DEV = "official/random_split/dev.kn.txt"
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory, mcwq_dir):
-  """MODEL_DIR of a 2-step run trained by `python -m mcwq_t5x.train` (the default vocabulary)."""
-  del mcwq_dir  # the real data must be there
-  model_dir = tmp_path_factory.mktemp("identity_run")
-  mains.python_m("mcwq_t5x.train", f"--gin_file={TINY}",
-                 *mains.gin_flags(RUN + [f"MODEL_DIR = '{model_dir}'"]))
-  return model_dir
+def tiny_run(our_run):
+  """MODEL_DIR of the session's run of `python -m mcwq_t5x.train` (conftest.our_run; the default
+  vocabulary)."""
+  return our_run
 
 
 @pytest.fixture(scope="session")
@@ -81,8 +72,8 @@ def test_run_json_records_the_run(tiny_run):
   assert run["network"]["vocab_size"] == 2000 and run["network"]["emb_dim"] == 32
   assert run["network"]["num_encoder_layers"] == 1 and run["network"]["dtype"] == "float32"
   assert run["task"] == "mcwq_gold_he" and run["split"] == "test"
-  assert run["feature_lengths"] == {"inputs": 40, "targets": 96}
-  assert run["train_steps"] == 2 and run["batch_size"] == 8
+  assert run["feature_lengths"] == {"inputs": 40, "targets": 128}
+  assert run["train_steps"] == scenarios.OUR_RUN_STEPS and run["batch_size"] == 8
   vocab = run["vocabulary"]
   assert vocab["copy"] == "vocab/spm.model" and vocab["extra_ids"] == 0
   copy = tiny_run / "vocab/spm.model"
@@ -90,9 +81,10 @@ def test_run_json_records_the_run(tiny_run):
   assert run_info.network_config(run).emb_dim == 32
 
 
-def test_check_vocabulary_in_process(tiny_run, other_vocab, caplog):
+def test_check_vocabulary_in_process(tiny_run, other_vocab, caplog, tmp_path):
   same = seqio.SentencePieceVocabulary(str(tiny_run / "vocab/spm.model"))
-  run_info.check_vocabulary(same, tiny_run / "checkpoint_2", "test")  # no error
+  run_info.check_vocabulary(same, tiny_run / f"checkpoint_{scenarios.OUR_RUN_STEPS}",
+                            "test")  # no error
   with pytest.raises(run_info.VocabularyMismatchError) as e:
     run_info.check_vocabulary(
         seqio.SentencePieceVocabulary(str(other_vocab)), tiny_run, "train (resuming)")
@@ -104,8 +96,8 @@ def test_check_vocabulary_in_process(tiny_run, other_vocab, caplog):
         seqio.SentencePieceVocabulary(str(tiny_run / "vocab/spm.model"), extra_ids=5), tiny_run,
         "eval")
   # A run without run.json (trained before it existed): loads, with a warning.
-  legacy = tiny_run.parent / "legacy_run"
-  legacy.mkdir(exist_ok=True)
+  legacy = tmp_path / "legacy_run"
+  legacy.mkdir()
   with caplog.at_level(logging.WARNING):
     run_info.check_vocabulary(same, legacy, "infer")
   assert "no run.json" in caplog.text
