@@ -31,11 +31,13 @@ Counterpart of T5X's `t5x/checkpoints.py` (`OrbaxCheckpointManagerInterface`, `C
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import pathlib
 import re
-from typing import Any, Mapping, Optional
+import time
+from typing import Any, Mapping, Optional, Sequence
 
 from flax import serialization
 from flax import traverse_util
@@ -67,6 +69,16 @@ CheckpointMismatchError = checkpoint_import.CheckpointMismatchError
 
 class NoUsableCheckpointError(RuntimeError):
   """Checkpoints exist but every one of them is unreadable (corrupt or incomplete files)."""
+
+
+class UnreadableCheckpointError(NoUsableCheckpointError):
+  """A checkpoint named by its `checkpoint_<step>` folder cannot be read (corrupt or incomplete
+  files); the message names the folder and the underlying error."""
+
+
+class CheckpointSaveError(RuntimeError):
+  """Writing a checkpoint failed (e.g. the disk is full); the message names the checkpoint, the
+  cause and the last good checkpoint."""
 
 
 class NotACheckpointError(FileNotFoundError):
@@ -291,6 +303,56 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
   return traverse_util.unflatten_dict(flat), step
 
 
+def _unreadable(folder: pathlib.Path, e: BaseException) -> str:
+  return f"checkpoint {folder} is unreadable ({type(e).__name__}: {e})"
+
+
+def restore_params_and_step(
+    path: str | pathlib.Path,
+    abstract_params: PyTree,
+    *,
+    fallback_params: Optional[PyTree] = None) -> tuple[dict, pathlib.Path, int]:
+  """`restore_params`, also returning where the parameters came from: (params, MODEL_DIR, step).
+
+  A MODEL_DIR gives its newest READABLE checkpoint: a corrupt newer one (unreadable files) is
+  skipped with a warning naming it. A `checkpoint_<step>` folder (or its item) named by the caller
+  is read or fails: an unreadable one raises `UnreadableCheckpointError`, never another step.
+
+  Raises:
+    As `restore_params`.
+  """
+  p = pathlib.Path(path).absolute()
+  directory, step = resolve_checkpoint(p)
+  folder = checkpoint_dir(directory, step)
+  named = p in (folder, folder / STATE_ITEM, folder / T5X_MSGPACK_FILE)
+  steps = [step] if named else [s for s in reversed(finished_steps(directory)) if s <= step]
+  errors = []
+  for s in steps:
+    folder = checkpoint_dir(directory, s)
+    try:
+      params, _ = _restore_target(folder, checkpoint_format(folder), abstract_params,
+                                  fallback_params)
+      jax.block_until_ready(params)  # corrupt chunks fail here, not later
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
+      msg = _unreadable(folder, e)
+      if named:
+        raise UnreadableCheckpointError(
+            f"{msg}; name another {CHECKPOINT_PREFIX}_<step> folder, or the MODEL_DIR {directory} "
+            "to use its newest readable checkpoint") from e
+      logging.warning("%s; falling back to the previous checkpoint", msg)
+      errors.append(msg)
+      continue
+    if errors:
+      logging.warning("using checkpoint %s: the newer checkpoint(s) are unreadable: %s", folder,
+                      "; ".join(errors))
+    logging.info("restored the parameters of %s", folder)
+    return params, directory, s
+  raise NoUsableCheckpointError("no checkpoint in %s could be read:\n%s" %
+                                (directory, "\n".join(errors)))
+
+
 def restore_params(path: str | pathlib.Path,
                    abstract_params: PyTree,
                    *,
@@ -304,6 +366,8 @@ def restore_params(path: str | pathlib.Path,
 
   Args:
     path: anything `resolve_checkpoint` accepts (MODEL_DIR, `checkpoint_<step>/`, its `state/`).
+      A MODEL_DIR gives its newest readable checkpoint (an unreadable newer one is skipped with a
+      warning naming it); a named `checkpoint_<step>` is that one or an error.
     abstract_params: nested dict of `jax.ShapeDtypeStruct` with T5X names (e.g.
       `Trainer.state_shapes(...).params`); each leaf's `sharding` (if set) and dtype are those of
       the result (float32 checkpoints are cast to the given dtype).
@@ -318,12 +382,10 @@ def restore_params(path: str | pathlib.Path,
     NotACheckpointError: no checkpoint of ours/T5X at `path` (Hugging Face folders: use
       `checkpoint_import.load_pretrained`).
     CheckpointMismatchError: a parameter has another shape, or is missing without fallback.
+    UnreadableCheckpointError: the named `checkpoint_<step>` folder's files cannot be read.
+    NoUsableCheckpointError: no checkpoint of the MODEL_DIR can be read (each one named).
   """
-  directory, step = resolve_checkpoint(path)
-  folder = checkpoint_dir(directory, step)
-  params, _ = _restore_target(folder, checkpoint_format(folder), abstract_params, fallback_params)
-  logging.info("restored the parameters of %s", folder)
-  return params
+  return restore_params_and_step(path, abstract_params, fallback_params=fallback_params)[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -410,7 +472,9 @@ class CheckpointManager:
   (`save_interval_steps`, forced saves always happen), keep the last `max_to_keep`, asynchronous
   writes, atomic finalisation (temporary folder + rename; leftovers of a killed run are removed on
   start, `cleanup_tmp_directories`), plus what T5X lacks: fallback to an older checkpoint when the
-  newest is corrupt, a clear error when the optimizer changed, and params-only restores.
+  newest is corrupt (moved aside on resume, so retention keeps the readable ones), a clear error
+  when the optimizer changed, a clear error naming the last good checkpoint when a save fails (e.g.
+  disk full), and params-only restores.
 
   Args:
     directory: MODEL_DIR itself (checkpoints are `MODEL_DIR/checkpoint_<step>/`, as T5X).
@@ -444,6 +508,8 @@ class CheckpointManager:
     self.metric_mode = metric_mode
     self._keep = max_to_keep
     self._metrics: dict[int, float] = {}
+    self._pending: Optional[int] = None  # step of an asynchronous save not yet awaited
+    self._closed = False
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(int(save_interval_steps), 1),
         max_to_keep=None if metric_name_to_monitor else max_to_keep,
@@ -507,6 +573,43 @@ class CheckpointManager:
                      checkpoint_dir(self.directory, step), self._keep, self.metric_name_to_monitor,
                      sorted(keep))
 
+  def _save_error(self, step: int, e: BaseException) -> CheckpointSaveError:
+    """A `CheckpointSaveError` naming checkpoint `step`, the cause and the last good checkpoint."""
+    last = [s for s in self.all_steps() if s != step]
+    good = (f"the last good checkpoint is {checkpoint_dir(self.directory, last[-1])}"
+            if last else f"no checkpoint of this run in {self.directory} was written")
+    hint = ("; free disk space, then rerun the same command to resume"
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC else "")
+    return CheckpointSaveError(f"writing checkpoint {checkpoint_dir(self.directory, step)} failed "
+                               f"({type(e).__name__}: {e}); {good}{hint}")
+
+  def _await_pending(self) -> None:
+    """Waits for the pending asynchronous save; raises its failure as a `CheckpointSaveError`."""
+    step, self._pending = self._pending, None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (whatever the writer raised)
+      self._drain_failed_save()
+      if step is None:
+        raise
+      raise self._save_error(step, e) from e
+
+  def _drain_failed_save(self) -> None:
+    """Waits for the other writes of a failed asynchronous save to end.
+
+    Orbax stops waiting at the first failed item, while the writes of the other items go on in
+    background threads; left running, they fail at interpreter shutdown with thousands of lines
+    ("cannot schedule new futures after interpreter shutdown", "sys.meta_path is None") after
+    the real error. Their own failures are the same cause and are not raised again.
+    """
+    checkpointer = getattr(self._manager, "_checkpointer", None)
+    futures = getattr(getattr(checkpointer, "_async_manager", None), "_commit_futures", None)
+    for f in futures or ():
+      try:
+        f.result()
+      except Exception:  # pylint: disable=broad-except
+        pass
+
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (ours and T5X's), ascending."""
     return finished_steps(self.directory)
@@ -540,6 +643,9 @@ class CheckpointManager:
 
     Raises:
       TypeError: `state` has no `params`/`opt_state`.
+      CheckpointSaveError: writing this checkpoint, or the previous asynchronous one (awaited
+        here), failed; the message names it, the cause (e.g. "No space left on device") and the
+        last good checkpoint.
     """
     if not (hasattr(state, "params") and hasattr(state, "opt_state")):
       raise TypeError(f"CheckpointManager.save needs a TrainState (params, opt_state), got "
@@ -563,14 +669,20 @@ class CheckpointManager:
       sig = optimizer_state_signature(state.opt_state, state.params)
       items[OPTIMIZER_ITEM] = ocp.args.StandardSave(
           state.opt_state, custom_metadata={_OPT_METADATA_KEY: sig})
-    saved = self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+    self._await_pending()
+    try:
+      saved = self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+    except Exception as e:  # pylint: disable=broad-except  (whatever the writer raised)
+      raise self._save_error(int(step), e) from e
+    if saved and self._async:
+      self._pending = int(step)
     if saved:
       logging.info("checkpoint %s %s", checkpoint_dir(self.directory, step),
                    "being written" if self._async else "written")
       if self.metric_name_to_monitor:
         if metrics and self.metric_name_to_monitor in metrics:
           self._metrics[int(step)] = float(metrics[self.metric_name_to_monitor])
-        self._manager.wait_until_finished()
+        self._await_pending()
         self._remove_all_but_best()
     return bool(saved)
 
@@ -678,6 +790,10 @@ class CheckpointManager:
     Returns:
       (step, state, data_state), or None when there is no checkpoint at all.
 
+    Unreadable checkpoints newer than the restored one are moved aside (renamed
+    `checkpoint_<step>.corrupt-<time>`, with a warning), so that the resumed run writes those steps
+    anew and retention keeps the readable ones.
+
     Raises:
       OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError: the newest
         checkpoint does not fit the run (raised at once: older checkpoints would not fit either).
@@ -707,17 +823,54 @@ class CheckpointManager:
         logging.warning(
             "resumed from checkpoint %d after skipping corrupt newer checkpoint(s): "
             "%s", step, "; ".join(errors))
+        self._move_aside([s for s in steps if s > step])
       return step, state, data_state
     if steps:
       raise NoUsableCheckpointError("no checkpoint in %s could be restored:\n%s" %
                                     (self.directory, "\n".join(errors)))
     return None
 
+  def _move_aside(self, steps: Sequence[int]) -> None:
+    """Renames the unreadable checkpoints `steps` to `checkpoint_<step>.corrupt-<time>` (process 0;
+    kept for inspection, no longer a checkpoint), so that the run goes on from the restored one:
+    new checkpoints of those steps can be written, and retention, which counts finished
+    checkpoints, never deletes the restored (readable) one while keeping an unreadable newer one.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    if jax.process_index() == 0:
+      for s in steps:
+        folder = checkpoint_dir(self.directory, s)
+        aside = folder.with_name(f"{folder.name}.corrupt-{stamp}")
+        folder.rename(aside)
+        logging.warning(
+            "moved the unreadable checkpoint %s aside to %s (the run goes on from an "
+            "older one; delete it when no longer needed)", folder, aside)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("mcwq_t5x.checkpoints.move_aside")
+    self._manager.reload()
+    self._metrics = {k: v for k, v in self._metrics.items() if k not in set(steps)}
+
   def wait(self) -> None:
-    """Blocks until an asynchronous save has finished."""
-    self._manager.wait_until_finished()
+    """Blocks until an asynchronous save has finished (no-op after `close`).
+
+    Raises:
+      CheckpointSaveError: that save failed (raised once; the next `wait` returns).
+    """
+    if not self._closed:
+      self._await_pending()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for pending saves and releases the manager (its threads end; idempotent). The
+    manager is released even when the pending save failed.
+
+    Raises:
+      CheckpointSaveError: the pending save failed.
+    """
+    if self._closed:
+      return
+    try:
+      self._await_pending()
+    finally:
+      self._closed = True
+      self._manager.close()

@@ -12,9 +12,11 @@ Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>):
   predictions/<task>_<split>.txt   one prediction per line, in source order
   metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
 
-CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` or one `checkpoint_<step>`
-folder (only the parameters are read), or a pretrained Hugging Face / T5X-native checkpoint
-(`mcwq_t5x.inference.load_params`).
+CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` (its newest readable
+checkpoint: an unreadable newer one is skipped with a warning naming it) or one `checkpoint_<step>`
+folder (only the parameters are read; an unreadable one is an error), or a pretrained Hugging Face
+/ T5X-native checkpoint (`mcwq_t5x.inference.load_params`). PREDICT_KWARGS and the output folder
+are checked before anything is loaded or decoded.
 
 Vocabulary: with $MCWQ_VOCAB unset, the one recorded in the run's run.json (MODEL_DIR/vocab/
 spm.model, `mcwq_t5x.run_info`); a different one (set explicitly) is an error naming both.
@@ -51,18 +53,28 @@ def evaluate(*,
     checkpoint_path: CHECKPOINT_PATH (see `inference.load_params`).
     output_dir: EVAL_OUTPUT_DIR (None: <MODEL_DIR>/eval_<step>).
     partitioner: mesh (default one model partition).
-    predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 4, "alpha": 0.6} for beam search.
+    predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 4, "decoder_params":
+      {"alpha": 0.6}} for beam search (see gin/mcwq_t5x/runs/eval.gin and
+      `inference.check_predict_kwargs`).
     num_examples: only the first N examples (None = all).
 
   Returns:
     {"metrics": {...}, "predictions_path": str, "metrics_path": str}.
 
   Raises:
-    ValueError: unknown task or vocabulary/model mismatch.
+    ValueError: invalid `predict_kwargs` (before anything is loaded), unknown task or
+      vocabulary/model mismatch.
     run_info.VocabularyMismatchError: the task's or the model's vocabulary is not the one the
       checkpoint's run.json records (both named).
+    inference.UnwritableOutputError: `output_dir` (or the default one) cannot be written; checked
+      before decoding (a given `output_dir` before anything is loaded).
     FileNotFoundError: no checkpoint at `checkpoint_path`.
+    checkpoints.UnreadableCheckpointError: a named `checkpoint_<step>` folder is unreadable;
+      checkpoints.NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
+  inference.check_predict_kwargs(model, predict_kwargs)
+  if output_dir is not None:
+    inference.check_writable(output_dir, "EVAL_OUTPUT_DIR")
   partitioner = partitioner or partitioning.Partitioner()
   vocab = utils.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   utils.check_vocab_size(
@@ -73,6 +85,7 @@ def evaluate(*,
   params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
     output_dir = str(folder / (f"eval_{step}" if step is not None else "eval"))
+    inference.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
   infer_fn = inference.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
   metrics, predictions = inference.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
   pred_path, met_path = inference.write_predictions(

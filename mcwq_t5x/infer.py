@@ -12,6 +12,12 @@ it); one output line per input line, in order. Questions are normalised as the t
 or whitespace-only line gives an empty output line and a warning. With --sparql the RIR is converted by `mcwq_t5x.rir.rir_to_sparql`; a prediction
 that is not valid RIR gives the line `ERROR: <reason>` (and a warning on stderr), so lines stay
 aligned.
+
+All decodes of a beam (or of samples): --gin.PREDICT_KWARGS="{'num_decodes': 4,
+'return_all_decodes': True}" prints, still one line per question, its `num_decodes` predictions
+separated by tabs, in the model's order (ascending score: the last one is the prediction printed
+without `return_all_decodes`); tabs inside a prediction become spaces. PREDICT_KWARGS is checked
+before the checkpoint is loaded.
 """
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ def infer(questions: Sequence[str],
           max_decode_length: int = 256,
           batch_size: int = 64,
           predict_kwargs: Optional[dict[str, Any]] = None,
-          partitioner: Optional[partitioning.Partitioner] = None) -> list[str]:
+          partitioner: Optional[partitioning.Partitioner] = None) -> list[Any]:
   """Predicts the RIR query of each question.
 
   Args:
@@ -73,18 +79,23 @@ def infer(questions: Sequence[str],
     input_length: input tokens (EOS included; longer questions are trimmed).
     max_decode_length: output tokens.
     batch_size: decoding batch size (rounded up to a multiple of the data-parallel devices).
-    predict_kwargs: `model.predict_batch` options (e.g. beam search {"num_decodes": 4}).
+    predict_kwargs: `model.predict_batch` options (e.g. beam search {"num_decodes": 4,
+      "decoder_params": {"alpha": 0.6}}; all beams: add "return_all_decodes": True).
     partitioner: mesh.
 
   Returns:
-    The predicted RIR strings, in input order; "" (and a warning) for a question that is empty or
-    whitespace-only after normalisation (`readers.normalize_question`), which is not decoded.
+    The predicted RIR strings, in input order; with `return_all_decodes`, one list of
+    `num_decodes` strings per question (ascending score, best last). "" (and a warning) for a
+    question that is empty or whitespace-only after normalisation (`readers.normalize_question`),
+    which is not decoded.
 
   Raises:
-    ValueError: no vocabulary, or vocabulary/model size mismatch.
+    ValueError: invalid `predict_kwargs` (checked first), no vocabulary, or vocabulary/model size
+      mismatch.
     run_info.VocabularyMismatchError: the vocabulary is not the one the checkpoint's run.json
       records (both named).
   """
+  predict_kwargs = inference.check_predict_kwargs(model, predict_kwargs, allow_all_decodes=True)
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
   if vocabulary is None:
     raise ValueError("infer needs a vocabulary (gin: infer.vocabulary = %VOCABULARY)")
@@ -103,7 +114,11 @@ def infer(questions: Sequence[str],
       "decoder_input_tokens": np.zeros((len(todo), max_decode_length), np.int32)
   }
   infer_fn = inference.get_infer_fn(model, partitioner, batch_size, predict_kwargs)
-  decoded = iter(vocabulary.decode([int(t) for t in row]) for row in infer_fn(params, arrays))
+  tokens = infer_fn(params, arrays)
+  if predict_kwargs.get("return_all_decodes"):
+    decoded = iter([vocabulary.decode([int(t) for t in row]) for row in rows] for rows in tokens)
+  else:
+    decoded = iter(vocabulary.decode([int(t) for t in row]) for row in tokens)
   return [next(decoded) if q else "" for q in normalized]
 
 
@@ -112,21 +127,37 @@ def empty_question_lines(questions: Sequence[str]) -> list[int]:
   return [i for i, q in enumerate(questions, 1) if not readers.normalize_question(q)]
 
 
-def to_sparql_lines(rirs: Iterable[str], skip: Iterable[int] = ()) -> list[str]:
+def to_sparql_lines(rirs: Iterable[Any], skip: Iterable[int] = ()) -> list[Any]:
   """RIR -> SPARQL per line; malformed RIR -> 'ERROR: ...' (warned on stderr); the 1-based lines
-  in `skip` (empty questions) stay empty."""
+  in `skip` (empty questions) stay empty. A line may be a list of predictions
+  (`return_all_decodes`): each is converted."""
   from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top
-  out, skip = [], set(skip)
-  for i, r in enumerate(rirs, 1):
+  skip = set(skip)
+
+  def convert(i, r):
     if i in skip:
-      out.append("")
-      continue
+      return ""
     try:
-      out.append(rir.rir_to_sparql(r))
+      return rir.rir_to_sparql(r)
     except rir.RIRError as e:
       logging.warning("line %d: prediction is not valid RIR (%s): %s", i, e, r)
-      out.append(f"ERROR: {e}")
-  return out
+      return f"ERROR: {e}"
+
+  return [[convert(i, x)
+           for x in r] if isinstance(r, list) else convert(i, r)
+          for i, r in enumerate(rirs, 1)]
+
+
+def format_lines(predictions: Sequence[Any]) -> str:
+  """One output line per question: a prediction's line breaks become spaces; a list of
+  predictions (`return_all_decodes`) is joined by tabs (tabs inside one become spaces)."""
+
+  def one(p: str) -> str:
+    return " ".join(p.splitlines())
+
+  return "".join(("\t".join(one(x).replace("\t", " ")
+                            for x in p) if isinstance(p, list) else one(p)) + "\n"
+                 for p in predictions)
 
 
 def read_lines(text: str) -> list[str]:
@@ -166,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   if args.sparql:
     predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))
-  out = "".join(" ".join(p.splitlines()) + "\n" for p in predictions)
+  out = format_lines(predictions)
   if args.output == "-":
     sys.stdout.write(out)
   else:

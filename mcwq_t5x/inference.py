@@ -11,14 +11,18 @@ compiled decoding step of each batch shape.
 * `seqio_predict_fn(infer_fn, params)`: the same as a `seqio.Evaluator` `predict_fn`.
 * `evaluate_split(cfg, infer_fn, params)`: decodes one task split through `seqio.Evaluator`
   and returns the task's metrics (its `metric_fns`) and the predictions as strings, source order.
-* `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write.
+* `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write;
+  `check_writable(out_dir)` checks, before anything is loaded or decoded, that they can be written.
+* `check_predict_kwargs(model, predict_kwargs)`: PREDICT_KWARGS checked before anything is loaded.
 
 SeqIO/TensorFlow are imported lazily (only `evaluate_split` needs them).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import os
 import pathlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -27,6 +31,7 @@ import numpy as np
 import optax
 
 from mcwq_t5x import checkpoints as checkpoints_lib
+from mcwq_t5x import model as model_lib
 from mcwq_t5x import partitioning
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
@@ -53,6 +58,100 @@ def decoding_batch_size(batch_size: int, partitioner: partitioning.Partitioner) 
   return rounded
 
 
+class UnwritableOutputError(OSError):
+  """An output folder cannot be created or written (checked before any decoding)."""
+
+
+def check_writable(out_dir: str | pathlib.Path, what: str = "output folder") -> pathlib.Path:
+  """Creates `out_dir` (and its parents) and writes and removes a probe file in it (process 0,
+  the one that writes), so that an unwritable folder fails before a split is decoded, not after.
+
+  Args:
+    out_dir: the folder.
+    what: its name in the error (e.g. "EVAL_OUTPUT_DIR").
+
+  Returns:
+    `out_dir` as a path.
+
+  Raises:
+    UnwritableOutputError: (an OSError) the folder cannot be created or written; the message
+      names it and the cause.
+  """
+  out_dir = pathlib.Path(out_dir)
+  if jax.process_index() != 0:
+    return out_dir
+  probe = out_dir / f".write-probe-{os.getpid()}"
+  try:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as e:
+    error = UnwritableOutputError(f"cannot write to the {what} {out_dir} ({type(e).__name__}: "
+                                  f"{e}); nothing was decoded: choose a writable folder")
+    error.errno = e.errno
+    raise error from e
+  return out_dir
+
+
+def check_predict_kwargs(model: Any,
+                         predict_kwargs: Optional[Mapping[str, Any]],
+                         allow_all_decodes: bool = False) -> dict[str, Any]:
+  """Checks PREDICT_KWARGS against the model's decoding function, before anything is loaded.
+
+  The names must be keyword arguments of `model.predict_batch_with_aux` (or `predict_batch`):
+  for `EncoderDecoderModel` `num_decodes`, `method`, `decoder_params` (the method's options, e.g.
+  {"alpha": 0.6} for beam search), `return_all_decodes`, `prompt_with_targets`,
+  `max_decode_length`; their values are checked by `model.check_decode_options`.
+
+  Args:
+    model: the model.
+    predict_kwargs: the options (None = {}).
+    allow_all_decodes: whether `return_all_decodes=True` is accepted (`mcwq_t5x.infer` prints all
+      decodes; evaluation scores one prediction per example, so it refuses them).
+
+  Returns:
+    `predict_kwargs` as a dict.
+
+  Raises:
+    ValueError: not a mapping, an unknown option (named, with the accepted ones), an invalid
+      value, or `return_all_decodes` where it is not allowed.
+  """
+  if predict_kwargs is not None and not isinstance(predict_kwargs, Mapping):
+    raise ValueError(f"PREDICT_KWARGS must be a dict, got {predict_kwargs!r}")
+  kwargs = dict(predict_kwargs or {})
+  fn = getattr(model, "predict_batch_with_aux", None) or model.predict_batch
+  params = inspect.signature(fn).parameters.values()
+  if not any(q.kind == q.VAR_KEYWORD for q in params):
+    accepted = [
+        q.name
+        for q in params
+        if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY) and q.name not in ("self", "params",
+                                                                                  "batch", "rng")
+    ]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+      hint = ""
+      if isinstance(model, model_lib.EncoderDecoderModel):
+        taken = sorted({k for ks in model_lib.DECODER_PARAMS.values() for k in ks})
+        if set(unknown) & set(taken):
+          hint = ("; options of the decoding method go into decoder_params, e.g. beam search "
+                  "{'num_decodes': 4, 'decoder_params': {'alpha': 0.6}}")
+      raise ValueError(f"PREDICT_KWARGS {predict_kwargs!r}: unknown option(s) {unknown} of "
+                       f"{type(model).__name__}.{fn.__name__} (it takes {accepted}){hint}")
+  if isinstance(model, model_lib.EncoderDecoderModel):
+    try:
+      model_lib.check_decode_options(
+          kwargs.get("num_decodes", 1), kwargs.get("method"), kwargs.get("decoder_params"))
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"PREDICT_KWARGS {predict_kwargs!r}: {e}") from e
+  if kwargs.get("return_all_decodes") and not allow_all_decodes:
+    raise ValueError(
+        f"PREDICT_KWARGS {predict_kwargs!r}: return_all_decodes=True gives num_decodes sequences "
+        "per example, but evaluation scores one prediction per example: remove it (the best "
+        "decode is the prediction; mcwq_t5x.infer prints all decodes)")
+  return kwargs
+
+
 def get_infer_fn(model: Any,
                  partitioner: partitioning.Partitioner,
                  batch_size: int,
@@ -65,17 +164,22 @@ def get_infer_fn(model: Any,
       the data axis.
     batch_size: global decoding batch size (rounded up to a multiple of the data-parallel size).
     predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 1} (greedy) or
-      {"num_decodes": 4, "alpha": 0.6} (beam search).
+      {"num_decodes": 4, "decoder_params": {"alpha": 0.6}} (beam search); see
+      `check_predict_kwargs`.
 
   Returns:
     `infer_fn(params, arrays, rng=None)`: `arrays` maps feature names to int32 arrays [N, ...]
     (at least `encoder_input_tokens` [N, input_length] and `decoder_input_tokens`
-    [N, max_decode_length]); returns int32 tokens [N, max_decode_length] in the rows' order
-    (same on every process). Rows are decoded longest-input first, so that the decoding loop,
-    which stops when a whole batch has ended, wastes little.
+    [N, max_decode_length]); returns int32 tokens [N, max_decode_length] (with
+    `return_all_decodes`: [N, num_decodes, max_decode_length], ascending score, best last) in the
+    rows' order (same on every process). Rows are decoded longest-input first, so that the
+    decoding loop, which stops when a whole batch has ended, wastes little.
+
+  Raises:
+    ValueError: invalid `predict_kwargs` (`check_predict_kwargs`) or batch size.
   """
+  kwargs = check_predict_kwargs(model, predict_kwargs, allow_all_decodes=True)
   batch_size = decoding_batch_size(batch_size, partitioner)
-  kwargs = dict(predict_kwargs or {})
   compiled: dict[Any, Callable] = {}
 
   def compiled_for(params, batch):
@@ -97,7 +201,8 @@ def get_infer_fn(model: Any,
                rng: Optional[jax.Array] = None) -> np.ndarray:
     n = len(arrays["encoder_input_tokens"])
     if n == 0:
-      return np.zeros((0, arrays["decoder_input_tokens"].shape[1]), np.int32)
+      decodes = (int(kwargs.get("num_decodes", 1)),) if kwargs.get("return_all_decodes") else ()
+      return np.zeros((0,) + decodes + (arrays["decoder_input_tokens"].shape[1],), np.int32)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
     outs = []
@@ -203,6 +308,9 @@ def write_predictions(
 
   Returns:
     (predictions path, metrics path).
+
+  Raises:
+    OSError: the files cannot be written (callers check `check_writable` before decoding).
   """
   out_dir = pathlib.Path(out_dir)
   name = f"{cfg.mixture_or_task_name}_{cfg.split}"
@@ -246,6 +354,9 @@ def load_params(model: Any,
   Raises:
     FileNotFoundError: nothing usable at `checkpoint_path` (the message names it).
     mcwq_t5x.checkpoint_import.CheckpointMismatchError: shapes or names differ from the model.
+    mcwq_t5x.checkpoints.UnreadableCheckpointError: the named `checkpoint_<step>` folder is
+      unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
+      the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
   if abstract_params is None:
     tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
@@ -255,7 +366,7 @@ def load_params(model: Any,
     }
     abstract_params = tr.state_shapes(shapes).params
   try:
-    folder, step = checkpoints_lib.resolve_checkpoint(checkpoint_path)
+    checkpoints_lib.resolve_checkpoint(checkpoint_path)
   except checkpoints_lib.NotACheckpointError:
     if not pathlib.Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
       raise
@@ -264,5 +375,5 @@ def load_params(model: Any,
     params = jax.tree_util.tree_map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding),
                                     params, abstract_params)
     return params, None, pathlib.Path(checkpoint_path)
-  params = checkpoints_lib.restore_params(checkpoint_path, abstract_params)
+  params, folder, step = checkpoints_lib.restore_params_and_step(checkpoint_path, abstract_params)
   return params, step, folder

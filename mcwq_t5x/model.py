@@ -87,6 +87,45 @@ DECODER_PARAMS = {
 }
 
 
+def check_decode_options(
+    num_decodes: int = 1,
+    method: Optional[str] = None,
+    decoder_params: Optional[Mapping[str, Any]] = None) -> tuple[str, dict[str, Any]]:
+  """Checks `predict_batch` decoding options before anything is decoded (or loaded).
+
+  Returns:
+    (the decoding method, `"greedy"` if `num_decodes == 1` else `"beam_search"` when None;
+    `decoder_params` as a dict with `topk` an int and `alpha`/`temperature` floats).
+
+  Raises:
+    ValueError: `num_decodes` < 1, an unknown method, greedy with `num_decodes > 1`, or
+      `decoder_params` keys the method does not take.
+  """
+  if int(num_decodes) < 1:
+    raise ValueError(f"num_decodes must be >= 1, got {num_decodes}")
+  if method is None:
+    method = "greedy" if num_decodes == 1 else "beam_search"
+  if method not in DECODER_PARAMS:
+    raise ValueError(f"predict_batch: unknown method {method!r}; expected "
+                     f"one of {sorted(DECODER_PARAMS)}")
+  if method == "greedy" and num_decodes != 1:
+    raise ValueError("predict_batch: greedy decoding gives one sequence; "
+                     "use num_decodes=1, or method='beam_search' or "
+                     "'temperature_sample'")
+  decoder_params = dict(decoder_params or {})
+  unknown = sorted(set(decoder_params) - set(DECODER_PARAMS[method]))
+  if unknown:
+    raise ValueError(f"predict_batch: decoder_params {unknown} are not taken by method "
+                     f"{method!r} (it takes {list(DECODER_PARAMS[method])}; methods: "
+                     f"{DECODER_PARAMS})")
+  if "topk" in decoder_params:
+    decoder_params["topk"] = int(decoder_params["topk"])
+  for key in ("alpha", "temperature"):
+    if key in decoder_params:
+      decoder_params[key] = float(decoder_params[key])
+  return method, decoder_params
+
+
 def cross_entropy_with_logits(logits: Array, targets: Array, z_loss: float) -> tuple[Array, Array]:
   """Per-token soft-target cross-entropy plus z-loss (T5X `losses.py`).
 
@@ -496,28 +535,7 @@ class EncoderDecoderModel:
     """
     if "encoder_segment_ids" in batch:
       raise ValueError("predict_batch: packed batches are not supported")
-    if num_decodes < 1:
-      raise ValueError(f"num_decodes must be >= 1, got {num_decodes}")
-    if method is None:
-      method = "greedy" if num_decodes == 1 else "beam_search"
-    if method not in DECODER_PARAMS:
-      raise ValueError(f"predict_batch: unknown method {method!r}; expected "
-                       f"one of {sorted(DECODER_PARAMS)}")
-    if method == "greedy" and num_decodes != 1:
-      raise ValueError("predict_batch: greedy decoding gives one sequence; "
-                       "use num_decodes=1, or method='beam_search' or "
-                       "'temperature_sample'")
-    decoder_params = dict(decoder_params or {})
-    unknown = sorted(set(decoder_params) - set(DECODER_PARAMS[method]))
-    if unknown:
-      raise ValueError(f"predict_batch: decoder_params {unknown} are not taken by method "
-                       f"{method!r} (it takes {list(DECODER_PARAMS[method])}; methods: "
-                       f"{DECODER_PARAMS})")
-    if "topk" in decoder_params:
-      decoder_params["topk"] = int(decoder_params["topk"])
-    for key in ("alpha", "temperature"):
-      if key in decoder_params:
-        decoder_params[key] = float(decoder_params[key])
+    method, decoder_params = check_decode_options(num_decodes, method, decoder_params)
     samples = method == "temperature_sample" and (decoder_params.get("temperature", 1.0) != 0.0 and
                                                   decoder_params.get("topk", 0) != 1)
     if samples and rng is None:
@@ -573,5 +591,5 @@ def unbox(variables: PyTree) -> PyTree:
 
 __all__ = [
     "DECODER_PARAMS", "EncoderDecoderModel", "SPECIAL_LOSS_NORMALIZING_FACTORS",
-    "compute_weighted_cross_entropy", "cross_entropy_with_logits", "unbox"
+    "check_decode_options", "compute_weighted_cross_entropy", "cross_entropy_with_logits", "unbox"
 ]

@@ -116,6 +116,48 @@ def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
       f.write(json.dumps(utils.to_jsonable(record), sort_keys=True) + "\n")
 
 
+METRICS_FILES = ("train_metrics.jsonl", "eval_metrics.jsonl")
+
+
+def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str, int]:
+  """Drops the rows of steps after `step` from MODEL_DIR's `METRICS_FILES` (process 0).
+
+  On resume from checkpoint `step`, the steps after it are trained again and their rows written
+  again; without this the files would hold them twice (TensorBoard readers likewise drop events
+  after a restart step). Lines that are not JSON (cut off when a run was killed) are dropped too.
+
+  Returns:
+    {file name: rows dropped} for the files that lost rows (each logged).
+
+  Raises:
+    OSError: a file cannot be rewritten.
+  """
+  dropped: dict[str, int] = {}
+  if jax.process_index() != 0:
+    return dropped
+  for name in METRICS_FILES:
+    path = pathlib.Path(model_dir) / name
+    if not path.is_file():
+      continue
+    kept = []
+    lines = path.read_text().splitlines()
+    for line in lines:
+      try:
+        row_step = json.loads(line).get("step")
+      except (ValueError, AttributeError):
+        continue
+      if isinstance(row_step, (int, float)) and row_step <= step:
+        kept.append(line)
+    if len(kept) != len(lines):
+      tmp = path.with_name(path.name + ".tmp")
+      tmp.write_text("".join(l + "\n" for l in kept))
+      tmp.replace(path)
+      dropped[name] = len(lines) - len(kept)
+      logging.info("%s: dropped %d row(s) after step %d (the run goes on from step %d)", path,
+                   dropped[name], step, step)
+  return dropped
+
+
 # --------------------------------------------------------------------------------------------
 # train()
 # --------------------------------------------------------------------------------------------
@@ -190,11 +232,15 @@ def train(*,
      "decoded_step": the step whose parameters the final evaluation decoded}.
 
   Raises:
-    ValueError: unknown task, vocabulary/model mismatch, bad batch size.
+    ValueError: invalid predict_kwargs (checked first), unknown task, vocabulary/model mismatch,
+      bad batch size.
     run_info.VocabularyMismatchError: resuming MODEL_DIR with another vocabulary than the one its
       run.json records.
     trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept).
+    checkpoints.CheckpointSaveError: writing a checkpoint failed (e.g. disk full); the message
+      names it, the cause and the last good checkpoint; the checkpoint manager is closed first.
   """
+  inference.check_predict_kwargs(model, predict_kwargs)
   t_start = time.time()
   model_dir_p = pathlib.Path(model_dir).absolute()
   model_dir_p.mkdir(parents=True, exist_ok=True)
@@ -284,6 +330,7 @@ def train(*,
   else:
     state = trainer.create_state(global_shapes, input_types)
   start_step = int(state.step)
+  drop_metric_rows_after(model_dir_p, start_step)  # a resumed run writes those steps again
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   logging.info("model: %.2fM parameters; starting at step %d of %d", n_params / 1e6, start_step,
                total_steps)
@@ -369,6 +416,7 @@ def train(*,
           metrics=None if record is None else {
               k: v for k, v in record.items() if k != "step"
           })
+    ckpt.wait()  # the last save's failure (e.g. disk full) surfaces here, handled below
   except trainer_lib.NonFiniteLossError as e:
     ckpt.wait()
     last = ckpt.latest_step()
@@ -376,6 +424,10 @@ def train(*,
         "stopping on a non-finite loss at step %d; %s", e.step,
         (f"the last good checkpoint is step {last} in {ckpt.directory}" if last is not None else
          "no checkpoint had been written yet, so there is nothing to resume from"))
+    raise
+  except checkpoints_lib.CheckpointSaveError as e:
+    logging.error("stopping: %s", e)
+    ckpt.close()  # no save left running when the interpreter exits
     raise
   finally:
     train_writer.flush()
@@ -453,7 +505,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
   Raises:
     gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
-    `partitioning.initialize_from_flags`); and whatever `train` raises.
+    `partitioning.initialize_from_flags`); SystemExit: a checkpoint could not be written (its
+    message, the last line printed, is `train`'s `CheckpointSaveError`); and whatever else
+    `train` raises.
   """
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
@@ -468,7 +522,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   model_dir = gin_utils.macro_value("MODEL_DIR")
   if model_dir and checkpoints_lib.finished_steps(model_dir):  # resuming: the run's vocabulary
     run_info.adopt_recorded_vocabulary(model_dir)
-  return gin_utils.call_configured(train)
+  try:
+    return gin_utils.call_configured(train)
+  except checkpoints_lib.CheckpointSaveError as e:
+    # One clear last line (Orbax has logged the details above), exit status 1; gin raises a proxy
+    # whose message adds "In call to configurable ...", the original is its context.
+    error = e.__context__ if isinstance(e.__context__, checkpoints_lib.CheckpointSaveError) else e
+    raise SystemExit(f"{type(error).__name__}: {error}") from e
 
 
 if __name__ == "__main__":

@@ -294,3 +294,87 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
   (tmp_path / "old" / "checkpoints" / "100" / "state").mkdir(parents=True)
   with pytest.raises(checkpoints.NotACheckpointError, match="no longer read"):
     checkpoints.resolve_checkpoint(tmp_path / "old")
+
+
+# --- Faults: corrupt checkpoints, failed saves (issue 26 items 7 and 10) ------------------------
+def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog):
+  """eval/infer on a MODEL_DIR whose newest checkpoint is corrupt: the newest readable one, with a
+  warning naming the corrupt one; a corrupt checkpoint named by its folder: a clear error."""
+  from mcwq_t5x import inference  # pylint: disable=g-import-not-at-top
+  model_dir, _ = _train_and_save(tmp_path)
+  p = partitioning.Partitioner(num_partitions=2)
+  tr = make_trainer(p)
+  abstract = tr.state_shapes(shapes()).params
+  step1 = jax.device_get(checkpoints.restore_params(model_dir / "checkpoint_1", abstract))
+  _corrupt(model_dir / "checkpoint_2")
+  with caplog.at_level("WARNING"):
+    params, step, folder = inference.load_params(tr.model, p, str(model_dir))
+  assert (step, folder) == (1, model_dir.absolute())
+  _assert_same(params, step1)
+  assert any("checkpoint_2 is unreadable" in r.getMessage() for r in caplog.records)
+  for named in (model_dir / "checkpoint_2", model_dir / "checkpoint_2" / "state"):
+    with pytest.raises(
+        checkpoints.UnreadableCheckpointError,
+        match=r"checkpoint .*checkpoint_2 is unreadable \(.*\); name another checkpoint_<step> "
+        r"folder, or the MODEL_DIR"):
+      checkpoints.restore_params(named, abstract)
+  _corrupt(model_dir / "checkpoint_1")
+  with pytest.raises(checkpoints.NoUsableCheckpointError, match="checkpoint_1 is unreadable"):
+    checkpoints.restore_params(model_dir, abstract)
+
+
+def test_resume_past_a_corrupt_checkpoint_moves_it_aside(tmp_path):
+  """Resuming from checkpoint_1 past a corrupt checkpoint_2 renames checkpoint_2 aside, so the run
+  writes step 2 again and retention (keep 2) keeps the readable checkpoints, not the corrupt one."""
+  model_dir, _ = _train_and_save(tmp_path)
+  _corrupt(model_dir / "checkpoint_2")
+  tr = make_trainer(partitioning.Partitioner(num_partitions=2))
+  mgr = checkpoints.CheckpointManager(
+      model_dir, save_interval_steps=1, max_to_keep=2, async_save=False)
+  step, state, _ = mgr.restore_latest(tr.state_shapes(shapes()))
+  assert step == 1 and mgr.all_steps() == [1]
+  aside = [c.name for c in model_dir.iterdir() if c.name.startswith("checkpoint_2.corrupt-")]
+  assert len(aside) == 1, sorted(c.name for c in model_dir.iterdir())
+  batches = utils.DeterministicBatches(synthetic_arrays(), 8, seed=2)
+  train_losses(tr, state, batches, 1, 3, ckpt=mgr)
+  mgr.close()
+  assert mgr.all_steps() == [2, 3]
+  assert checkpoints.resolve_checkpoint(model_dir) == (model_dir.absolute(), 3)
+  # Both are readable: the rewritten step 2 is not the corrupt one.
+  for s in (2, 3):
+    checkpoints.restore_params(model_dir / f"checkpoint_{s}", tr.state_shapes(shapes()).params)
+
+
+def _fail_json_writes(monkeypatch):
+  """Makes the writer of the `data/` item fail as on a full disk (in the asynchronous commit)."""
+  import errno  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  async def disk_full(self, x, directory):
+    del self, x, directory
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", disk_full)
+
+
+def test_failed_async_save_is_one_clear_error(tmp_path, monkeypatch):
+  """A failed asynchronous save surfaces, at the next save or wait, as one CheckpointSaveError
+  naming the checkpoint, the cause and the last good checkpoint; that one is kept and the manager
+  closes cleanly."""
+  tree = trainer_lib.TrainState(step=np.int32(0), params={"w": np.arange(6.0)}, opt_state={})
+  mgr = checkpoints.CheckpointManager(tmp_path, save_interval_steps=1, max_to_keep=1)
+  assert mgr.save(1, tree)
+  mgr.wait()
+  _fail_json_writes(monkeypatch)
+  assert mgr.save(2, tree)  # written in the background: fails there
+  expected = (r"writing checkpoint .*checkpoint_2 failed \(OSError: \[Errno 28\] No space left on "
+              r"device\); the last good checkpoint is .*checkpoint_1; free disk space")
+  with pytest.raises(checkpoints.CheckpointSaveError, match=expected):
+    mgr.save(3, tree)
+  assert mgr.all_steps() == [1]  # retention did not delete the last good checkpoint
+  mgr.wait()  # reported once
+  assert mgr.save(3, tree)
+  with pytest.raises(checkpoints.CheckpointSaveError, match="checkpoint_3 failed"):
+    mgr.close()  # the pending save's failure, and the manager is released all the same
+  mgr.close()
+  assert mgr.all_steps() == [1]

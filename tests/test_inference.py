@@ -48,3 +48,108 @@ def test_infer_fn_empty_input(model_and_params):
       "decoder_input_tokens": np.zeros((0, 10), np.int32)
   }
   assert inference.get_infer_fn(model, partitioner, 4)(params, empty).shape == (0, 10)
+
+
+# --- PREDICT_KWARGS, all decodes, output folders (issue 26 items 8 and 11) ----------------------
+def test_predict_kwargs_checked_before_loading(model_and_params, tmp_path):
+  """The documented beam-search form works; a misplaced decoding option is named at once, before
+  any checkpoint or task is read."""
+  from mcwq_t5x import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
+  model, partitioner, _ = model_and_params
+  for ok in ({}, None, {
+      "num_decodes": 4,
+      "decoder_params": {
+          "alpha": 0.6
+      }
+  }, {
+      "method": "temperature_sample",
+      "num_decodes": 1,
+      "decoder_params": {
+          "temperature": 0.7
+      }
+  }):
+    inference.check_predict_kwargs(model, ok)
+  with pytest.raises(
+      ValueError,
+      match=r"unknown option\(s\) \['alpha'\].*decoder_params, e.g. beam search "
+      r"\{'num_decodes': 4, 'decoder_params': \{'alpha': 0.6\}\}"):
+    inference.check_predict_kwargs(model, {"num_decodes": 4, "alpha": 0.6})
+  with pytest.raises(ValueError, match=r"decoder_params \['temperature'\] are not taken"):
+    inference.check_predict_kwargs(model, {"num_decodes": 4, "decoder_params": {"temperature": 1}})
+  with pytest.raises(ValueError, match="greedy decoding gives one sequence"):
+    inference.check_predict_kwargs(model, {"num_decodes": 2, "method": "greedy"})
+  all_decodes = {"num_decodes": 2, "return_all_decodes": True}
+  assert inference.check_predict_kwargs(model, all_decodes, allow_all_decodes=True) == all_decodes
+  with pytest.raises(ValueError, match="return_all_decodes=True .* evaluation scores one"):
+    inference.check_predict_kwargs(model, all_decodes)
+  with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
+    inference.get_infer_fn(model, partitioner, 4, {"alpha": 0.6})
+  # eval: the error comes first (no checkpoint exists, the task's vocabulary is not read).
+  cfg = utils.DatasetConfig("mcwq_gold_he", None, "test", 4)
+  with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
+    eval_lib.evaluate(
+        model=model,
+        dataset_cfg=cfg,
+        checkpoint_path=str(tmp_path / "missing"),
+        predict_kwargs={
+            "num_decodes": 4,
+            "alpha": 0.6
+        })
+
+
+class _Vocab:
+  """A stand-in vocabulary over tiny_engine's 64 tokens: one token per character."""
+  vocab_size = tiny_engine.VOCAB
+  eos_id = 1
+
+  def encode(self, text):
+    return [2 + ord(c) % (tiny_engine.VOCAB - 2) for c in text]
+
+  def decode(self, ids):
+    return " ".join(str(i) for i in ids if i > 1)
+
+
+def test_infer_prints_all_decodes(model_and_params, tmp_path):
+  """infer with return_all_decodes: num_decodes predictions per question (the last the best, the
+  one printed without it), printed on the question's line separated by tabs."""
+  from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
+  model, partitioner, params = model_and_params
+  mgr = checkpoints.CheckpointManager(tmp_path, async_save=False)
+  mgr.save(1, trainer_lib.TrainState(step=np.int32(1), params=params, opt_state={}), force=True)
+  mgr.close()
+  questions = ["Did M0 direct M1", "Who", "Was M2 a film"]
+  kwargs = dict(
+      model=model,
+      checkpoint_path=str(tmp_path),
+      vocabulary=_Vocab(),
+      input_length=12,
+      max_decode_length=6,
+      batch_size=4,
+      partitioner=partitioner)
+  beams = infer_lib.infer(
+      questions, predict_kwargs={
+          "num_decodes": 3,
+          "return_all_decodes": True
+      }, **kwargs)
+  assert [len(b) for b in beams] == [3, 3, 3] and all(isinstance(x, str) for b in beams for x in b)
+  best = infer_lib.infer(questions, predict_kwargs={"num_decodes": 3}, **kwargs)
+  assert [b[-1] for b in beams] == best
+  lines = infer_lib.format_lines(beams).split("\n")
+  assert lines[-1] == "" and [l.split("\t") for l in lines[:-1]] == beams
+  assert infer_lib.format_lines([["a\tb", "c\nd"], "e"]) == "a b\tc d\ne\n"
+  with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
+    infer_lib.infer(questions, predict_kwargs={"alpha": 0.6}, **dict(kwargs, checkpoint_path="x"))
+
+
+def test_check_writable(tmp_path):
+  """An output folder that cannot be created (here under a regular file, which stops root too)
+  fails with a clear error; a writable one is created and left empty."""
+  out = inference.check_writable(tmp_path / "a" / "b", "EVAL_OUTPUT_DIR")
+  assert out.is_dir() and not list(out.iterdir())
+  (tmp_path / "file").write_text("")
+  with pytest.raises(
+      inference.UnwritableOutputError,
+      match=r"cannot write to the EVAL_OUTPUT_DIR .*file/out \(.*Error: .*\); nothing was decoded"):
+    inference.check_writable(tmp_path / "file" / "out", "EVAL_OUTPUT_DIR")

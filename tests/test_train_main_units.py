@@ -26,3 +26,21 @@ def test_loss_over_split_scores_every_row_once():
   # A batch larger than the split still gives a loss (it is one padded batch).
   single = train_lib.loss_over_split(tr, state, rows, 16, partitioner)
   np.testing.assert_allclose(single["loss"], chunked["loss"], rtol=1e-5)
+
+
+def test_resume_drops_metric_rows_after_the_resumed_step(tmp_path):
+  """A run killed at step 40 after checkpoint 20 resumes from 20: the rows of steps 25-40 are
+  dropped (they are written again), so no step appears twice; a line cut off by the kill too."""
+  import json  # pylint: disable=g-import-not-at-top
+  train_rows = [{"step": s, "loss": 1.0} for s in range(5, 45, 5)]
+  (tmp_path / "train_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows) +
+                                                '{"step": 4')
+  (tmp_path / "eval_metrics.jsonl").write_text("".join(
+      json.dumps({"step": s}) + "\n" for s in (20, 40)))
+  dropped = train_lib.drop_metric_rows_after(tmp_path, 20)
+  assert dropped == {"train_metrics.jsonl": 5, "eval_metrics.jsonl": 1}
+  rows = [json.loads(l) for l in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [5, 10, 15, 20]
+  assert (tmp_path / "eval_metrics.jsonl").read_text() == '{"step": 20}\n'
+  assert train_lib.drop_metric_rows_after(tmp_path, 20) == {}  # nothing more to drop
+  assert train_lib.drop_metric_rows_after(tmp_path / "missing", 0) == {}
