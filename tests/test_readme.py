@@ -103,8 +103,9 @@ def _t5x_infer(repo, out):
   rows = [json.loads(l) for l in _lines(path)]
   assert len(rows) == 155  # every gold question, one prediction each
   questions = readers.read_split("gold", "test", "he", mains.REPO.parent / "shared/mcwq")
-  assert rows[0]["inputs"].startswith("translate Hebrew to Sparql: ")
-  assert rows[0]["inputs"].endswith(questions[0].question)
+  first = rows[0]["inputs"]["inputs_pretokenized"]  # T5X writes the features it decoded
+  assert first == "translate Hebrew to Sparql: " + questions[0].question
+  assert rows[0]["inputs"]["targets_pretokenized"] == questions[0].rir
 
 
 def _our_paper_run(repo, out):
