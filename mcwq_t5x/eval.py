@@ -8,7 +8,8 @@ Usage:
 The run file configures `evaluate` by dynamic registration (`from mcwq_t5x import eval as
 eval_script`, `eval_script.evaluate: ...`).
 
-Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>):
+Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>; `mcwq_t5x.report
+MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
   predictions/<task>_<split>.txt   one prediction per line, in source order
   metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
 
@@ -28,6 +29,14 @@ from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
 from mcwq_t5x import utils
+
+
+def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Path:
+  """EVAL_OUTPUT_DIR when unset: `<MODEL_DIR>/eval_<step>` (`<folder>/eval` without a step).
+
+  `mcwq_t5x.report` names the model after `folder` (the run), not after this subfolder.
+  """
+  return pathlib.Path(folder) / (f"eval_{step}" if step is not None else "eval")
 
 
 def evaluate(*,
@@ -63,7 +72,7 @@ def evaluate(*,
       vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
   params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
-    output_dir = str(folder / (f"eval_{step}" if step is not None else "eval"))
+    output_dir = str(default_output_dir(folder, step))
   infer_fn = inference.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
   metrics, predictions = inference.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
   pred_path, met_path = inference.write_predictions(

@@ -222,3 +222,31 @@ def test_discover_train_layout(tmp_path):
          ] == [("run_mcd2_en", "monolingual", "mcd2", "en", False),
                ("run_mcd2_en", "zeroshot", "mcd2", "he", False),
                ("run_mcd2_en", "zeroshot", "mcd2", "he", True)]
+
+
+def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
+  """The README's chain: `mcwq_t5x.eval` without EVAL_OUTPUT_DIR writes
+  MODEL_DIR/eval_<step>/predictions/; `report runs` names each model after its MODEL_DIR, so the
+  Hebrew model's test run and the English model's zero-shot runs stay apart (issue 30)."""
+  from mcwq_t5x import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  runs = tmp_path / "runs"
+  he_dir = eval_lib.default_output_dir(runs / "tiny_mcd1_he", 2000)
+  en_dir = eval_lib.default_output_dir(runs / "tiny_mcd1_en", 2000)
+  assert he_dir == runs / "tiny_mcd1_he" / "eval_2000"
+  he_test = (mcwq_dir / "translations/mcd1/test.he.sparql").read_text().splitlines()
+  gold_he = (mcwq_dir / "translations/gold/test.he.sparql").read_text().splitlines()
+  # Laid out as inference.write_predictions writes them under EVAL_OUTPUT_DIR.
+  for folder, name, lines in ((he_dir, "mcwq_mcd1_he_test.txt", he_test),
+                              (en_dir, "mcwq_mcd1_zeroshot_he_test.txt", ["x"] * len(he_test)),
+                              (runs / "tiny_mcd1_en" / "gold_he", "mcwq_gold_he_prefixed_test.txt",
+                               gold_he)):
+    (folder / "predictions").mkdir(parents=True)
+    (folder / "predictions" / name).write_text("\n".join(lines) + "\n")
+  result = report.build(runs, mcwq_dir / "translations", mcwq_dir)
+  got = sorted((r["model"], r["mode"], r["language"], r["gold"], r["exact_match"])
+               for r in result["runs"])
+  assert got == [("tiny_mcd1_en", "zeroshot", "he", False, 0.0),
+                 ("tiny_mcd1_en", "zeroshot", "he", True, 100.0),
+                 ("tiny_mcd1_he", "monolingual", "he", False, 100.0)]
+  names = {row[0] for header, rows in report.tables(result).values() for row in rows}
+  assert names == {"tiny_mcd1_en", "tiny_mcd1_he"}
