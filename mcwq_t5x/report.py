@@ -54,7 +54,8 @@ skipped with a message.
 
 Test-intersection (Table 6): the gold set's examples are found in the split's test set with
 `metrics.match_test_intersection` (same RIR target, then the most similar question of the same
-language); the MT column scores the split's monolingual predictions on those lines.
+language); the MT and gold columns score the split's predictions and the gold-set predictions on
+those matched examples only (like with like), the `(all n)` columns every gold example.
 """
 from __future__ import annotations
 
@@ -344,7 +345,8 @@ def build(results_dir: str | pathlib.Path,
     {"runs": [one dict per prediction file: model, mode, split, language, gold, path, n, scores,
       error_categories, by_complexity (or None)],
      "intersection": [one dict per gold prediction file: model, mode, split, language,
-      matched, n_gold, mt: scores, gold: scores],
+      matched, n_gold, mt and gold: scores on the matched examples (None if none), gold_all:
+      scores on all n_gold],
      "messages": [skipped analyses and files, with reasons], "eval_split": eval_split}
 
   Raises:
@@ -407,7 +409,8 @@ def build(results_dir: str | pathlib.Path,
         split=run["split"],
         language=run["language"],
         n_gold=run["n"],
-        gold={k: run[k] for k in SCORES},
+        gold_all={k: run[k] for k in SCORES},
+        gold=None,
         matched=0,
         mt=None)
     if mt_preds is None or mcd_set is None:
@@ -416,12 +419,16 @@ def build(results_dir: str | pathlib.Path,
           "test set")
     else:
       index = _intersection_index(loader, run["split"], gold_set, mcd_set, index_cache)
-      lines = [j for j in index if j is not None]
-      entry["matched"] = len(lines)
-      if lines:
+      pairs = [(i, j) for i, j in enumerate(index) if j is not None]
+      entry["matched"] = len(pairs)
+      if pairs:  # like with like: both columns score the same matched examples
+        gold_preds = predictions_of[key + (True,)]
         entry["mt"] = _scores(
-            metrics.score_predictions([mcd_set.targets[j] for j in lines],
-                                      [mt_preds[j] for j in lines]))
+            metrics.score_predictions([mcd_set.targets[j] for _, j in pairs],
+                                      [mt_preds[j] for _, j in pairs]))
+        entry["gold"] = _scores(
+            metrics.score_predictions([gold_set.targets[i] for i, _ in pairs],
+                                      [gold_preds[i] for i, _ in pairs]))
     intersection.append(entry)
   return {
       "runs": runs,
@@ -516,17 +523,20 @@ def tables(report: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]
       out[f"table5_zeroshot_{score}"] = (["model", "split"] + list(languages), rows)
   rows = []
   for e in report["intersection"]:
-    mt = e["mt"] or {}
+    mt, gold = e["mt"] or {}, e["gold"] or {}
     rows.append([
         e["model"], e["mode"],
         _title(e["split"]), e["language"], e["n_gold"], e["matched"],
-        mt.get("exact_match"), e["gold"]["exact_match"],
-        mt.get("bleu"), e["gold"]["bleu"]
+        mt.get("exact_match"),
+        gold.get("exact_match"),
+        mt.get("bleu"),
+        gold.get("bleu"), e["gold_all"]["exact_match"], e["gold_all"]["bleu"]
     ])
   if rows:
     out["table6_gold_test"] = ([
-        "model", "mode", "split", "language", "n", "matched in test", "EM MT", "EM gold", "BLEU MT",
-        "BLEU gold"
+        "model", "mode", "trained on", "language", "n gold", "matched in test", "EM MT (matched)",
+        "EM gold (matched)", "BLEU MT (matched)", "BLEU gold (matched)", "EM gold (all n)",
+        "BLEU gold (all n)"
     ], rows)
   rows = []
   for r in runs:
@@ -680,7 +690,9 @@ def write_report(report: dict[str, Any], out_dir: str | pathlib.Path) -> dict[st
       heading = f"{titles[name[:-len(score) - 1]]}, {SCORE_TITLES[score]}"
     elif name == "table6_gold_test":
       heading = ("Table 6: test-intersection-MT vs test-intersection-gold (exact match %, "
-                 "BLEU)")
+                 "BLEU; the MT and gold columns score the same `matched in test` examples, the "
+                 "`all n` columns every gold example. The gold set was drawn from the MCD splits' "
+                 "test sets, so a model of another split matches only some of it)")
     else:
       heading = "Error categories (§6.2; definitions in mcwq_t5x.metrics.ErrorAnalysis)"
     md += [f"## {heading}", "", to_markdown(header, rows), ""]

@@ -71,7 +71,7 @@ def test_table5_zeroshot(shared_report):
 
 def test_table6_gold_test(shared_report):
   rows = _read_csv(shared_report / "table6_gold_test.csv")
-  assert rows[0][:6] == ["model", "mode", "split", "language", "n", "matched in test"]
+  assert rows[0][:6] == ["model", "mode", "trained on", "language", "n gold", "matched in test"]
   by_lang = {r[3]: r for r in rows[1:]}
   assert sorted(by_lang) == ["he", "kn", "zh"]
   gold_em = {l: round(float(r[7]), 1) for l, r in by_lang.items()}
@@ -80,6 +80,7 @@ def test_table6_gold_test(shared_report):
   for r in by_lang.values():
     assert r[4] == "155" and r[5] == "155"
     assert 40.0 < float(r[6]) < 55.0  # MT counterpart, same examples
+    assert r[10] == r[7]  # all 155 matched: the matched and all-n gold columns agree
 
 
 def test_error_table_and_results_json(shared_report):
@@ -250,3 +251,22 @@ def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
                  ("tiny_mcd1_he", "monolingual", "he", False, 100.0)]
   names = {row[0] for header, rows in report.tables(result).values() for row in rows}
   assert names == {"tiny_mcd1_en", "tiny_mcd1_he"}
+
+
+def test_table6_compares_like_with_like(mcwq_dir, tmp_path):
+  """A random-split model matches only some gold examples (drawn from the MCD tests): the MT and
+  gold columns both score those matched examples; `all n` scores every gold example."""
+  run = tmp_path / "runs" / "tiny_random_split_he" / "predictions"
+  run.mkdir(parents=True)
+  test = report.readers.read_split("random_split", "test", "he", mcwq_dir)
+  (run / "mcwq_random_split_he_test.txt").write_text("x\n" * len(test))
+  gold = (mcwq_dir / "translations/gold/test.he.sparql").read_text().splitlines()
+  (run / "mcwq_gold_he_test.txt").write_text("\n".join(gold[:100] + ["x"] * 55) + "\n")
+  result = report.build(tmp_path / "runs", mcwq_dir / "translations", mcwq_dir)
+  (entry,) = result["intersection"]
+  assert 0 < entry["matched"] < entry["n_gold"] == 155
+  assert entry["mt"]["exact_match"] == 0.0
+  assert round(entry["gold_all"]["exact_match"], 1) == round(100 * 100 / 155, 1)
+  header, rows = report.tables(result)["table6_gold_test"]
+  assert header[4:8] == ["n gold", "matched in test", "EM MT (matched)", "EM gold (matched)"]
+  assert rows[0][5] == entry["matched"] and rows[0][7] == entry["gold"]["exact_match"]
