@@ -200,8 +200,9 @@ def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFi
     splits = _test_splits(names)
   if len(splits) != 1:
     return None
-  zeroshot = any(n in names for n in (f"mcwq_{splits[0]}_zeroshot_{lang}{p}_test.txt"
-                                      for p in ("", "_prefixed")))
+  zeroshot = any(
+      n in names
+      for n in (f"mcwq_{splits[0]}_zeroshot_{lang}{p}_test.txt" for p in ("", "_prefixed")))
   return PredictionFile(model, "zeroshot" if zeroshot else "monolingual", splits[0], lang, True,
                         path)
 

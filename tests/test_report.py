@@ -238,14 +238,14 @@ def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
   gold_he = (mcwq_dir / "translations/gold/test.he.sparql").read_text().splitlines()
   # Laid out as inference.write_predictions writes them under EVAL_OUTPUT_DIR.
   for folder, name, lines in ((he_dir, "mcwq_mcd1_he_test.txt", he_test),
-                              (en_dir, "mcwq_mcd1_zeroshot_he_test.txt", ["x"] * len(he_test)),
-                              (runs / "tiny_mcd1_en" / "gold_he", "mcwq_gold_he_prefixed_test.txt",
-                               gold_he)):
+                              (en_dir, "mcwq_mcd1_zeroshot_he_test.txt",
+                               ["x"] * len(he_test)), (runs / "tiny_mcd1_en" / "gold_he",
+                                                       "mcwq_gold_he_prefixed_test.txt", gold_he)):
     (folder / "predictions").mkdir(parents=True)
     (folder / "predictions" / name).write_text("\n".join(lines) + "\n")
   result = report.build(runs, mcwq_dir / "translations", mcwq_dir)
-  got = sorted((r["model"], r["mode"], r["language"], r["gold"], r["exact_match"])
-               for r in result["runs"])
+  got = sorted(
+      (r["model"], r["mode"], r["language"], r["gold"], r["exact_match"]) for r in result["runs"])
   assert got == [("tiny_mcd1_en", "zeroshot", "he", False, 0.0),
                  ("tiny_mcd1_en", "zeroshot", "he", True, 100.0),
                  ("tiny_mcd1_he", "monolingual", "he", False, 100.0)]
