@@ -21,7 +21,8 @@ import json
 import logging
 import math
 import pathlib
-from typing import Mapping, Optional
+import sys
+from typing import Mapping, Optional, Sequence
 
 from mcwq_t5x import checkpoints as checkpoints_lib
 
@@ -171,3 +172,37 @@ def t5x_save_best_checkpointer(metric_name_to_monitor: str,
       metric_name_to_monitor=metric_name_to_monitor,
       metric_mode=metric_mode,
       keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mcwq_t5x.best_checkpoint MODEL_DIR [--metric NAME] [--mode min|max]`: prints the
+  checkpoint `checkpoint_path` chooses.
+
+  Returns:
+    The exit status: 0, or 1 when MODEL_DIR holds no checkpoint (one line on stderr).
+  """
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m mcwq_t5x.best_checkpoint",
+      description="Print the checkpoint of a MODEL_DIR (ours or T5X's) with the best logged "
+      "metric, the one the eval files decode.")
+  parser.add_argument("model_dir", help="a training MODEL_DIR (or one checkpoint_<step> folder)")
+  parser.add_argument(
+      "--metric",
+      default="training_eval/loss",
+      help="eval_metrics.jsonl key or T5X's {run}/{tag} TensorBoard name (default: "
+      "training_eval/loss, the dev loss); 'none' = the newest checkpoint")
+  parser.add_argument("--mode", choices=("min", "max"), default="min", help="default min")
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+  try:
+    metric = None if args.metric.lower() == "none" else args.metric
+    print(checkpoint_path(args.model_dir, metric, args.mode))
+  except checkpoints_lib.NotACheckpointError as e:
+    print(f"best_checkpoint: error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -90,11 +90,23 @@ def evaluate(*,
   return {"metrics": metrics, "predictions_path": str(pred_path), "metrics_path": str(met_path)}
 
 
+#: `--help` epilog: the gin files and macros of this main.
+GIN_HELP = gin_utils.gin_help([
+    'gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/eval.gin (any task and checkpoint)',
+    'gin/mcwq_t5x/{test,zeroshot,gold}/mt5_small_mcd1_he.gin (paper evaluations)'
+], [
+    'MIXTURE_OR_TASK_NAME', 'CHECKPOINT_PATH', 'SPLIT',
+    'EVAL_OUTPUT_DIR (default MODEL_DIR/eval_<step>)', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE',
+    'PREDICT_KWARGS', 'NUM_EXAMPLES', 'HOST_DEVICE_COUNT'
+])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
-  gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
+  gin_utils.parse_flags(
+      argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
   gin_utils.call_configured(partitioning.set_host_device_count)
   gin_utils.call_configured(partitioning.initialize_distributed)
   result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
