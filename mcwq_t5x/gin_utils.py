@@ -238,7 +238,15 @@ def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
 
 
 def setup_logging() -> None:
-  """Console logging at INFO with timestamps (absl's handler if absl logging is active)."""
+  """Console logging at INFO with timestamps (absl's handler if absl logging is active).
+
+  On a machine without an NVIDIA driver, TensorFlow (the data pipeline only) is told not to log
+  its C++ errors (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), which there are its failed CUDA probe
+  ("failed call to cuInit"); TensorFlow's errors still raise Python exceptions. Takes effect when
+  TensorFlow has not been imported yet (the mains import it lazily).
+  """
+  if not os.path.exists("/proc/driver/nvidia") and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
   logging.basicConfig(
       level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
   for noisy in ("absl", "tensorflow", "jax._src", "orbax"):

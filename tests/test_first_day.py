@@ -139,3 +139,14 @@ def test_tensorboard_metrics_are_plain_scalars(tmp_path):
   assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 1.5)]
   # best_checkpoint reads them too (T5X's {run}/{tag} form).
   assert best_checkpoint.read_metric(tmp_path, "train/loss") == {1: 2.5, 2: 1.5}
+
+
+def test_cpu_runs_silence_tensorflow_cuda_probe(monkeypatch):
+  import os  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
+  gin_utils.setup_logging()
+  expected = None if os.path.exists("/proc/driver/nvidia") else "3"
+  assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == expected
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # the user's setting wins
+  gin_utils.setup_logging()
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"

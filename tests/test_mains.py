@@ -46,7 +46,8 @@ def trained(tmp_path_factory, mcwq_dir):
   """One uninterrupted 4-step run (module-scoped: reused by the eval/infer tests)."""
   del mcwq_dir  # the real data must be there
   model_dir = tmp_path_factory.mktemp("tiny_run")
-  train(model_dir)
+  out = train(model_dir)
+  (model_dir.parent / f"{model_dir.name}.log").write_text(out.stderr)  # for test_train_log
   return model_dir
 
 
@@ -70,6 +71,20 @@ def test_train_output_layout(trained):
       "training_eval/loss", "training_eval/accuracy", "inference_eval/exact_match",
       "inference_eval/bleu"
   } <= set(evals[0])
+
+
+def test_train_log_is_short_and_says_what_it_decodes(trained):
+  """The log: a config summary (the full config is config.gin), the truncation count, and, with
+  no held-out dev (EVAL_SPLIT = FINAL_EVAL_SPLIT = 'test'), the last checkpoint decoded."""
+  log = (trained.parent / f"{trained.name}.log").read_text()
+  assert "Parameters for" not in log and "gin: files" in log
+  assert "Parameters for" in (trained / "config.gin").read_text()
+  assert "TRUNCATED" in log or "no example exceeds TASK_FEATURE_LENGTHS" in log
+  assert "monitoring on the reported split" in log
+  assert "final evaluation decodes the last checkpoint (checkpoint_4)" in log
+  assert "'logger_cls' is empty" not in log
+  metrics = json.loads((trained / "metrics/mcwq_gold_he_test.json").read_text())
+  assert metrics["selected_by"] == "last checkpoint" and metrics["step"] == 4
 
 
 def test_kill_and_resume_reproduces_losses(trained, tmp_path):
