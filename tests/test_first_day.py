@@ -236,3 +236,16 @@ def test_release_without_entities_binds_placeholders_from_its_sparql(tmp_path):
       }]))
   (query,) = execution.load_release_queries(tmp_path, "s", "test")
   assert query.entities == {"M0": "Q42"}
+
+
+def test_readme_seqio_example_runs(mcwq_dir):
+  """The README's "Data from Python" block, as printed."""
+  del mcwq_dir
+  import re  # pylint: disable=g-import-not-at-top
+  readme = (mains.REPO / "README.md").read_text()
+  section = readme.split("## Data from Python", 1)[1]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  scope = {}
+  exec(code, scope)  # pylint: disable=exec-used
+  example = next(scope["ds"].as_numpy_iterator())
+  assert {"inputs", "targets", "inputs_pretokenized"} <= set(example)

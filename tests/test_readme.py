@@ -91,7 +91,7 @@ OUTPUTS = [
     "runs/tiny_random_split_en", "runs/tiny_2proc", "runs/t5x/tiny_random_split_en",
     "runs/t5x/mt5_small_mcd1_en", "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report",
     "runs/he.json", "runs/mcwq_sample", "runs/complexity.png", "runs/tiny_mt_en_fr",
-    "runs/mcwq_spm.model", "runs/mcwq_spm.vocab", "runs/newlang"
+    "runs/mcwq_spm.model", "runs/mcwq_spm.vocab", "runs/newlang", "runs/tiny_random_split_en_hf"
 ]
 
 
