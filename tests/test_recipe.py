@@ -440,6 +440,8 @@ def _argmin(values):
 
 def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_vocab_env):
   model_dir = tmp_path / "ours"
+  # A dev split apart from the reported test split: the engine never selects a checkpoint on the
+  # split it reports (train.selection_metric).
   mains.python_m(
       "mcwq_t5x.train",
       "--gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
@@ -454,8 +456,6 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path,
           "INFER_TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}", "EVAL_PERIOD = 5",
           "CHECKPOINT_PERIOD = 5", "EVAL_STEPS = 2", "EVAL_BATCH_SIZE = 8",
           "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 8", "FINAL_EVAL_NUM_EXAMPLES = 16",
-          # A dev split apart from the reported test split: the engine never selects a
-          # checkpoint on the split it reports (train.selection_metric).
           "LOG_EVERY_STEPS = 5", f"MIXTURE_OR_TASK_NAME = '{OUR_TINY_TASK}'",
           "TRAIN_SPLIT = 'validation'", "EVAL_SPLIT = 'validation'", "FINAL_EVAL_SPLIT = 'test'"
       ]),
