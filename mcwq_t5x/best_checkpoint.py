@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import pathlib
+import re
 import sys
 from typing import Mapping, Optional, Sequence
 
@@ -110,6 +111,19 @@ def best_step(model_dir: str | pathlib.Path,
   return best_of(values, metric_mode)
 
 
+_EVAL_SPLIT_RE = re.compile(r"^EVAL_SPLIT\s*=\s*['\"](\w+)['\"]\s*$", re.M)
+
+
+def monitored_split(model_dir: str | pathlib.Path) -> Optional[str]:
+  """The split of the run's periodic evaluation (`EVAL_SPLIT` of our `MODEL_DIR/config.gin`), or
+  None when the run does not say (no config.gin, or T5X's)."""
+  config = pathlib.Path(model_dir) / "config.gin"
+  if not config.is_file():
+    return None
+  m = _EVAL_SPLIT_RE.search(config.read_text(errors="replace"))
+  return m.group(1) if m else None
+
+
 def checkpoint_path(path: str,
                     metric_name_to_monitor: Optional[str] = None,
                     metric_mode: str = "min") -> str:
@@ -123,7 +137,9 @@ def checkpoint_path(path: str,
 
   Returns:
     `MODEL_DIR/checkpoint_<step>` (absolute) of the best finished checkpoint by the metric; the
-    newest one when no kept checkpoint has the metric (logged as a warning).
+    newest one when no kept checkpoint has the metric, or when the run's periodic evaluation read
+    the test split (`monitored_split`: its "dev loss" is a test loss, and no checkpoint is
+    selected on the test set), logged as a warning.
 
   Raises:
     checkpoints.NotACheckpointError: `path` holds no checkpoint.
@@ -132,6 +148,12 @@ def checkpoint_path(path: str,
   directory, newest = checkpoints_lib.resolve_checkpoint(path)
   p = pathlib.Path(path).absolute()
   if p.name.startswith(checkpoints_lib.CHECKPOINT_PREFIX + "_") or not metric_name_to_monitor:
+    return str(checkpoints_lib.checkpoint_dir(directory, newest))
+  if monitored_split(directory) == "test":
+    logging.warning(
+        "%s: the run's %s was measured on the test split (EVAL_SPLIT = 'test': no held-out "
+        "dev); not selecting on it, using the newest checkpoint (step %d)", directory,
+        metric_name_to_monitor, newest)
     return str(checkpoints_lib.checkpoint_dir(directory, newest))
   step = best_step(directory, metric_name_to_monitor, metric_mode)
   if step is None:

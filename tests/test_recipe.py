@@ -399,6 +399,12 @@ def test_checkpoint_manager_keeps_the_best_and_the_newest(tmp_path):
   assert best_checkpoint.checkpoint_path(str(tmp_path / "checkpoint_4"),
                                          "training_eval/loss") == str(tmp_path / "checkpoint_4")
   assert best_checkpoint.checkpoint_path(str(tmp_path)) == str(tmp_path / "checkpoint_4")
+  # A run whose periodic evaluation read the test split (the tiny job): no selection on it.
+  (tmp_path / "config.gin").write_text("EVAL_SPLIT = 'test'\nFINAL_EVAL_SPLIT = 'test'\n")
+  assert best_checkpoint.monitored_split(tmp_path) == "test"
+  assert best_checkpoint.checkpoint_path(str(tmp_path),
+                                         "training_eval/loss") == str(tmp_path / "checkpoint_4")
+  (tmp_path / "config.gin").unlink()
   with pytest.raises(ValueError, match="metric_mode"):
     checkpoints.CheckpointManager(tmp_path, metric_name_to_monitor="x", metric_mode="lowest")
 
