@@ -222,22 +222,37 @@ def answer_records(examples: Sequence[execution.ReleaseQuery], preds: Sequence[s
                    outcomes: Sequence[str], endpoint: Any,
                    max_answers: int) -> list[dict[str, Any]]:
   """Per line: outcome and the gold and predicted answers (JSON: a bool or a sorted list; None
-  when not executed). Re-runs the queries (a `CachedEndpoint` answers from its cache)."""
+  when not executed). Re-runs the queries (a `CachedEndpoint` answers from its cache); a store
+  failure on a re-run leaves the answers None and is recorded under "error" (never an answer)."""
   records = []
   for i, (example, pred, outcome) in enumerate(zip(examples, preds, outcomes), start=1):
     record: dict[str, Any] = {"line": i, "outcome": outcome, "gold": None, "predicted": None}
-    if outcome in (execution.CORRECT, execution.WRONG_ANSWER):
-      gold = sparql_lib.parse_sparql(example.pattern)
-      record["gold_query"] = example.pattern
-      record["gold"] = execution.execute(gold, example.entities, endpoint, max_answers).to_json()
-      parsed = metrics.parse_query(pred, metrics.RIR)
-      if parsed.canonical() == gold.canonical():
-        record["predicted"] = record["gold"]
-      else:
-        record["predicted"] = execution.execute(parsed, example.entities, endpoint,
-                                                max_answers).to_json()
+    try:
+      _add_answers(record, example, pred, outcome, endpoint, max_answers)
+    except endpoint_lib.EndpointError as e:
+      record.update(gold=None, predicted=None, error=str(e))
     records.append(record)
   return records
+
+
+def _add_answers(record: dict[str, Any], example: execution.ReleaseQuery, pred: str, outcome: str,
+                 endpoint: Any, max_answers: int) -> None:
+  """Fills `record`'s gold and predicted answers of an executed line (see `answer_records`).
+
+  Raises:
+    preprocessing.endpoint.EndpointError: the store failed.
+  """
+  if outcome not in (execution.CORRECT, execution.WRONG_ANSWER):
+    return
+  gold = sparql_lib.parse_sparql(example.pattern)
+  record["gold_query"] = example.pattern
+  record["gold"] = execution.execute(gold, example.entities, endpoint, max_answers).to_json()
+  parsed = metrics.parse_query(pred, metrics.RIR)
+  if parsed.canonical() == gold.canonical():
+    record["predicted"] = record["gold"]
+  else:
+    record["predicted"] = execution.execute(parsed, example.entities, endpoint,
+                                            max_answers).to_json()
 
 
 def evaluate_files(predictions: str | pathlib.Path,
