@@ -21,7 +21,9 @@ import json
 import logging
 import math
 import pathlib
-from typing import Mapping, Optional
+import re
+import sys
+from typing import Mapping, Optional, Sequence
 
 from mcwq_t5x import checkpoints as checkpoints_lib
 
@@ -109,6 +111,19 @@ def best_step(model_dir: str | pathlib.Path,
   return best_of(values, metric_mode)
 
 
+_EVAL_SPLIT_RE = re.compile(r"^EVAL_SPLIT\s*=\s*['\"](\w+)['\"]\s*$", re.M)
+
+
+def monitored_split(model_dir: str | pathlib.Path) -> Optional[str]:
+  """The split of the run's periodic evaluation (`EVAL_SPLIT` of our `MODEL_DIR/config.gin`), or
+  None when the run does not say (no config.gin, or T5X's)."""
+  config = pathlib.Path(model_dir) / "config.gin"
+  if not config.is_file():
+    return None
+  m = _EVAL_SPLIT_RE.search(config.read_text(errors="replace"))
+  return m.group(1) if m else None
+
+
 def checkpoint_path(path: str,
                     metric_name_to_monitor: Optional[str] = None,
                     metric_mode: str = "min") -> str:
@@ -122,7 +137,9 @@ def checkpoint_path(path: str,
 
   Returns:
     `MODEL_DIR/checkpoint_<step>` (absolute) of the best finished checkpoint by the metric; the
-    newest one when no kept checkpoint has the metric (logged as a warning).
+    newest one when no kept checkpoint has the metric, or when the run's periodic evaluation read
+    the test split (`monitored_split`: its "dev loss" is a test loss, and no checkpoint is
+    selected on the test set), logged as a warning.
 
   Raises:
     checkpoints.NotACheckpointError: `path` holds no checkpoint.
@@ -131,6 +148,12 @@ def checkpoint_path(path: str,
   directory, newest = checkpoints_lib.resolve_checkpoint(path)
   p = pathlib.Path(path).absolute()
   if p.name.startswith(checkpoints_lib.CHECKPOINT_PREFIX + "_") or not metric_name_to_monitor:
+    return str(checkpoints_lib.checkpoint_dir(directory, newest))
+  if monitored_split(directory) == "test":
+    logging.warning(
+        "%s: the run's %s was measured on the test split (EVAL_SPLIT = 'test': no held-out "
+        "dev); not selecting on it, using the newest checkpoint (step %d)", directory,
+        metric_name_to_monitor, newest)
     return str(checkpoints_lib.checkpoint_dir(directory, newest))
   step = best_step(directory, metric_name_to_monitor, metric_mode)
   if step is None:
@@ -171,3 +194,37 @@ def t5x_save_best_checkpointer(metric_name_to_monitor: str,
       metric_name_to_monitor=metric_name_to_monitor,
       metric_mode=metric_mode,
       keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mcwq_t5x.best_checkpoint MODEL_DIR [--metric NAME] [--mode min|max]`: prints the
+  checkpoint `checkpoint_path` chooses.
+
+  Returns:
+    The exit status: 0, or 1 when MODEL_DIR holds no checkpoint (one line on stderr).
+  """
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m mcwq_t5x.best_checkpoint",
+      description="Print the checkpoint of a MODEL_DIR (ours or T5X's) with the best logged "
+      "metric, the one the eval files decode.")
+  parser.add_argument("model_dir", help="a training MODEL_DIR (or one checkpoint_<step> folder)")
+  parser.add_argument(
+      "--metric",
+      default="training_eval/loss",
+      help="eval_metrics.jsonl key or T5X's {run}/{tag} TensorBoard name (default: "
+      "training_eval/loss, the dev loss); 'none' = the newest checkpoint")
+  parser.add_argument("--mode", choices=("min", "max"), default="min", help="default min")
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+  try:
+    metric = None if args.metric.lower() == "none" else args.metric
+    print(checkpoint_path(args.model_dir, metric, args.mode))
+  except checkpoints_lib.NotACheckpointError as e:
+    print(f"best_checkpoint: error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

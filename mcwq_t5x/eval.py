@@ -8,7 +8,8 @@ Usage:
 The run file configures `evaluate` by dynamic registration (`from mcwq_t5x import eval as
 eval_script`, `eval_script.evaluate: ...`).
 
-Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>):
+Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>; `mcwq_t5x.report
+MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
   predictions/<task>_<split>.txt   one prediction per line, in source order
   metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
 
@@ -34,6 +35,14 @@ from mcwq_t5x import inference
 from mcwq_t5x import partitioning
 from mcwq_t5x import run_info
 from mcwq_t5x import utils
+
+
+def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Path:
+  """EVAL_OUTPUT_DIR when unset: `<MODEL_DIR>/eval_<step>` (`<folder>/eval` without a step).
+
+  `mcwq_t5x.report` names the model after `folder` (the run), not after this subfolder.
+  """
+  return pathlib.Path(folder) / (f"eval_{step}" if step is not None else "eval")
 
 
 def evaluate(*,
@@ -84,7 +93,7 @@ def evaluate(*,
     run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
   params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
-    output_dir = str(folder / (f"eval_{step}" if step is not None else "eval"))
+    output_dir = str(default_output_dir(folder, step))
     inference.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
   infer_fn = inference.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
   metrics, predictions = inference.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
@@ -103,11 +112,23 @@ def evaluate(*,
   return {"metrics": metrics, "predictions_path": str(pred_path), "metrics_path": str(met_path)}
 
 
+#: `--help` epilog: the gin files and macros of this main.
+GIN_HELP = gin_utils.gin_help([
+    'gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/eval.gin (any task and checkpoint)',
+    'gin/mcwq_t5x/{test,zeroshot,gold}/mt5_small_mcd1_he.gin (paper evaluations)'
+], [
+    'MIXTURE_OR_TASK_NAME', 'CHECKPOINT_PATH', 'SPLIT',
+    'EVAL_OUTPUT_DIR (default MODEL_DIR/eval_<step>)', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE',
+    'PREDICT_KWARGS', 'NUM_EXAMPLES', 'HOST_DEVICE_COUNT'
+])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
-  gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
+  gin_utils.parse_flags(
+      argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(partitioning.set_host_device_count)
   gin_utils.call_configured(partitioning.initialize_distributed)

@@ -17,16 +17,22 @@ With `--release DIR --split NAME --part PART` the gold queries come from a relea
 (`dataset.json` + `splits/NAME.json`, as `preprocessing.migrate` writes it): the predictions are
 line-parallel with the part's index list, i.e. with `official/NAME/PART.*.txt`. `--targets` may
 then be left out; when given, each target must be the release's query of that line (the check
-names the file and line). `--execute` adds execution accuracy (`mcwq_t5x.execution`): each
-prediction gets the example's entities substituted for its placeholders and is run next to the
-gold query on a SPARQL store, by default the embedded pyoxigraph store loaded from `--codex`
+names the file and line). `--execute` adds execution accuracy (`mcwq_t5x.execution`; not a
+metric of the paper): each prediction gets the example's entities substituted for its
+placeholders and is run next to the gold query on a SPARQL store. It runs where the store covers
+the query: the placeholders must be bound, which a release does (its `entities`, or the published
+release's `sparql` field); without `--release` (e.g. MCWQ's `official/` files, where every query
+has placeholders) only targets without placeholders run. The result says "x of n executable (n of
+N)" (`execution.executable_of`); `--answers FILE` writes each line's gold and predicted answers.
+The store is by default the embedded pyoxigraph store loaded from `--codex`
 (`../shared/wikidata/codex-m`), or `--endpoint remote` (`--url`, default the Wikidata Query
 Service, one request per `--rate` seconds, retries); `--cache FILE` keeps the answers across runs.
 
 The result is printed as JSON (and written to `--json OUT`):
   {"n": N, "exact_match": percent, "bleu": corpus BLEU, "equivalence": percent,
    "error_categories": {category: count}, ["by_complexity": {depth: {...}}],
-   ["execution_accuracy": percent, "execution": {"n", "correct", "outcomes", ...}],
+   ["execution_accuracy": percent, "execution": {"n", "correct", "outcomes", "executable_of",
+    ...}],
    "predictions": P, "targets": T}
 See `mcwq_t5x.metrics` and `mcwq_t5x.execution` for the definitions (paper: Cui et al., TACL
 2022, §5.2 and §6.2; execution accuracy is not in the paper).
@@ -199,6 +205,65 @@ def check_targets_match_release(targets: str | pathlib.Path, gold: Sequence[str]
                        "--split/--part right?")
 
 
+def targets_as_examples(gold: Sequence[str], source: str) -> list[execution.ReleaseQuery]:
+  """Gold RIR queries without a release (e.g. MCWQ's `official/{split}/{part}.{lang}.txt`) as
+  execution examples: a query without placeholders runs as it is (no entities needed); one with
+  placeholders `M0`... is not executable (nothing binds them: only a release's `entities`, or its
+  `sparql` field, does), and is left out of execution accuracy's denominator."""
+  out = []
+  for i, g in enumerate(gold):
+    pattern = rir_lib.rir_to_sparql(g)
+    has_placeholder = any(execution._PLACEHOLDER_RE.fullmatch(t) for t in pattern.split())  # pylint: disable=protected-access
+    out.append(execution.ReleaseQuery(pattern, None if has_placeholder else {}, source, i, i + 1))
+  return out
+
+
+def execution_line(result: dict[str, Any]) -> str:
+  """Execution accuracy as "x of n executable (n of N)": the correct predictions among the n
+  examples that could be executed, and those n among all N lines."""
+  ex = result["execution"]
+  total = sum(ex["outcomes"].values())
+  return (f"execution accuracy {result['execution_accuracy']:.1f}%: {ex['correct']} of {ex['n']} "
+          f"executable ({ex['n']} of {total})")
+
+
+def answer_records(examples: Sequence[execution.ReleaseQuery], preds: Sequence[str],
+                   outcomes: Sequence[str], endpoint: Any,
+                   max_answers: int) -> list[dict[str, Any]]:
+  """Per line: outcome and the gold and predicted answers (JSON: a bool or a sorted list; None
+  when not executed). Re-runs the queries (a `CachedEndpoint` answers from its cache); a store
+  failure on a re-run leaves the answers None and is recorded under "error" (never an answer)."""
+  records = []
+  for i, (example, pred, outcome) in enumerate(zip(examples, preds, outcomes), start=1):
+    record: dict[str, Any] = {"line": i, "outcome": outcome, "gold": None, "predicted": None}
+    try:
+      _add_answers(record, example, pred, outcome, endpoint, max_answers)
+    except endpoint_lib.EndpointError as e:
+      record.update(gold=None, predicted=None, error=str(e))
+    records.append(record)
+  return records
+
+
+def _add_answers(record: dict[str, Any], example: execution.ReleaseQuery, pred: str, outcome: str,
+                 endpoint: Any, max_answers: int) -> None:
+  """Fills `record`'s gold and predicted answers of an executed line (see `answer_records`).
+
+  Raises:
+    preprocessing.endpoint.EndpointError: the store failed.
+  """
+  if outcome not in (execution.CORRECT, execution.WRONG_ANSWER):
+    return
+  gold = sparql_lib.parse_sparql(example.pattern)
+  record["gold_query"] = example.pattern
+  record["gold"] = execution.execute(gold, example.entities, endpoint, max_answers).to_json()
+  parsed = metrics.parse_query(pred, metrics.RIR)
+  if parsed.canonical() == gold.canonical():
+    record["predicted"] = record["gold"]
+  else:
+    record["predicted"] = execution.execute(parsed, example.entities, endpoint,
+                                            max_answers).to_json()
+
+
 def evaluate_files(predictions: str | pathlib.Path,
                    targets: Optional[str | pathlib.Path] = None,
                    target_format: str = metrics.RIR,
@@ -209,7 +274,8 @@ def evaluate_files(predictions: str | pathlib.Path,
                    split: Optional[str] = None,
                    part: Optional[str] = None,
                    endpoint: Optional[Any] = None,
-                   max_answers: int = execution.DEFAULT_MAX_ANSWERS) -> dict[str, Any]:
+                   max_answers: int = execution.DEFAULT_MAX_ANSWERS,
+                   answers_out: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
   """Scores a prediction file against a target file (what the command line does).
 
   Args:
@@ -224,9 +290,12 @@ def evaluate_files(predictions: str | pathlib.Path,
     release, split, part: a release folder and one of its split parts; the gold queries and
       entities of the lines (`execution.load_release_queries`). All three or none.
     endpoint: a `mcwq_t5x.endpoint.Endpoint`, or a function without arguments returning
-      one (called once the other inputs are read and checked; see `_make_endpoint`):
-      with a release, adds execution accuracy (`execution.score_execution`).
+      one (called once the other inputs are read and checked; see `_make_endpoint`): adds
+      execution accuracy (`execution.score_execution`); without a release only the targets
+      without placeholders are executable (`targets_as_examples`).
     max_answers: SELECT answers with more values count as truncated (never equal).
+    answers_out: with `endpoint`, a JSON-lines file with each line's outcome and its gold and
+      predicted answers (`answer_records`).
 
   Returns:
     `metrics.score_predictions`'s dict, plus "by_complexity" when depths are given,
@@ -238,16 +307,13 @@ def evaluate_files(predictions: str | pathlib.Path,
     InputError: missing files, length mismatch (names both counts and both files), malformed
       target, bad depth, a bad release, a target that is not the release's query, a store that
       cannot be loaded.
-    ValueError: no targets and no release, only some of release/split/part, or an endpoint
-      without a release.
+    ValueError: no targets and no release, or only some of release/split/part.
     retry.RetryAfterTooLong: the remote endpoint asks to wait longer than it is configured to.
   """
   if (release is None) != (split is None) or (release is None) != (part is None):
     raise ValueError("give --release, --split and --part together")
   if targets is None and release is None:
     raise ValueError("give --targets, or --release with --split and --part")
-  if endpoint is not None and release is None:
-    raise ValueError("--execute needs --release, --split and --part (the entities of each line)")
   examples = None
   if release is not None:
     examples = load_release_targets(release, split, part)
@@ -276,6 +342,8 @@ def evaluate_files(predictions: str | pathlib.Path,
     check_same_length("questions", questions, question_list, "targets", targets, gold)
   outcomes = None
   if endpoint is not None:
+    if examples is None:
+      examples = targets_as_examples(gold, str(targets))
     if not isinstance(endpoint, endpoint_lib.Endpoint):
       try:
         endpoint = endpoint()
@@ -290,6 +358,11 @@ def evaluate_files(predictions: str | pathlib.Path,
     reason = scores.undefined_reason()
     if reason is not None:
       result["execution"]["undefined"] = f"execution accuracy is undefined: {reason}"
+    result["execution"]["executable_of"] = execution_line(result)
+    if answers_out is not None:
+      with open(answers_out, "w", encoding="utf-8") as f:
+        for record in answer_records(examples, preds, outcomes, endpoint, max_answers):
+          f.write(json.dumps(record, ensure_ascii=False) + "\n")
     if isinstance(endpoint, endpoint_lib.CachedEndpoint):
       result["execution"]["store_requests"] = endpoint.misses
   if errors_out is not None:
@@ -341,7 +414,14 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--errors_out", help="write per-example error categories (JSON lines)")
   group = parser.add_argument_group(
       "release and execution accuracy",
-      "the predictions are line-parallel with splits/SPLIT.json's PARTIdxs of the release")
+      "Execution accuracy is not a metric of the MCWQ paper: a prediction is right when it has "
+      "the gold query's answers on a SPARQL store (the embedded CoDEx-M subgraph of Wikidata, or "
+      "a remote endpoint). It runs where the store covers the query: a query's placeholders "
+      "M0... must be bound to entities, which only a release gives (--release: dataset.json's "
+      "`entities`, or its `sparql` field in the published MCWQ release); without --release only "
+      "the targets without placeholders run (none of MCWQ's official/ files). Reported as "
+      "'x of n executable (n of N)'. With --release the predictions are line-parallel with "
+      "splits/SPLIT.json's PARTIdxs")
   group.add_argument(
       "--release",
       help="release folder (dataset.json, splits/), e.g. the output "
@@ -351,8 +431,13 @@ def _parser() -> argparse.ArgumentParser:
   group.add_argument(
       "--execute",
       action="store_true",
-      help="run predictions and gold queries with the release's entities and "
-      "report execution accuracy")
+      help="run predictions and gold queries on the store (with the release's "
+      "entities) and report execution accuracy")
+  group.add_argument(
+      "--answers",
+      dest="answers_out",
+      help="with --execute: write each line's outcome and its gold and predicted "
+      "answers here (JSON lines)")
   group.add_argument(
       "--endpoint",
       choices=("oxigraph", "remote"),
@@ -397,8 +482,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("give --targets, or --release with --split and --part")
   if args.release is not None and (args.split is None or args.part is None):
     parser.error("--release needs --split and --part")
-  if args.execute and args.release is None:
-    parser.error("--execute needs --release, --split and --part (the entities of each line)")
+  if args.answers_out and not args.execute:
+    parser.error("--answers needs --execute")
   if args.max_answers < 1:
     parser.error("--max_answers must be at least 1")
   endpoint = None
@@ -416,7 +501,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         split=args.split,
         part=args.part,
         endpoint=endpoint,
-        max_answers=args.max_answers)
+        max_answers=args.max_answers,
+        answers_out=args.answers_out)
   except InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -438,6 +524,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           file=sys.stderr)
   text = json.dumps(result, indent=2, ensure_ascii=False)
   print(text)
+  if args.execute:
+    print(result["execution"]["executable_of"], file=sys.stderr)
   if args.json_out:
     pathlib.Path(args.json_out).write_text(text + "\n", encoding="utf-8")
   if undefined:

@@ -179,12 +179,41 @@ def check_entities(entities: Any) -> dict[str, str]:
   return out
 
 
+def entities_from_sparql(pattern: str, query: str) -> Optional[dict[str, str]]:
+  """The placeholder assignment that turns `pattern` (`sparqlPatternModEntities`) into `query`
+  (the record's `sparql`, entities substituted), read off token by token: how a release that
+  stores no `entities` field (the published MCWQ `dataset.json`) binds its placeholders.
+
+  Returns:
+    {placeholder: Q-id}, or None when the two do not align (different token counts, another
+    difference than placeholder -> `wd:Q<n>`, or one placeholder given two entities).
+  """
+  a, b = pattern.split(), query.split()
+  if len(a) != len(b):
+    return None
+  out: dict[str, str] = {}
+  for x, y in zip(a, b):
+    if x == y:
+      continue
+    if not _PLACEHOLDER_RE.fullmatch(x) or not y.startswith("wd:"):
+      return None
+    try:
+      qid = _qid(y[3:])
+    except ValueError:
+      return None
+    if out.setdefault(x, qid) != qid:
+      return None
+  return out
+
+
 def load_release_queries(release_dir: PathLike, split: str, part: str) -> list[ReleaseQuery]:
   """Reads the gold queries and entity assignments of one split/part of a release.
 
   The release is the folder `preprocessing.migrate` writes (or the full MCWQ release layout):
   `dataset.json` (records with `sparqlPatternModEntities` and, when substituted, `entities`) and
-  `splits/{split}.json` (`{"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]}`).
+  `splits/{split}.json` (`{"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]}`). A record
+  without an `entities` field but with its `sparql` (the published MCWQ release) gets the
+  assignment `entities_from_sparql` reads off it.
 
   Args:
     release_dir: the release folder.
@@ -226,6 +255,8 @@ def load_release_queries(release_dir: PathLike, split: str, part: str) -> list[R
                                     f"record {idx} has no string 'sparqlPatternModEntities'")
     pattern = " ".join(pattern.split())
     entities = record.get("entities")
+    if "entities" not in record and isinstance(record.get("sparql"), str):
+      entities = entities_from_sparql(pattern, record["sparql"])
     try:
       sparql_lib.parse_sparql(pattern)
       if entities is not None:

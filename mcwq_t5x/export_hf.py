@@ -39,13 +39,24 @@ the untied T5.1.1/mT5 layout and `transformers.T5ForConditionalGeneration` for T
   config.json             `hf_config` (model_type "mt5" untied / "t5" tied)
   model.safetensors       float32 state dict, names and transposes from the one table
                           `checkpoint_import.hf_name_map`
-  generation_config.json  decoder_start_token_id 0, eos_token_id 1, pad_token_id 0 (T5)
+  generation_config.json  decoder_start_token_id 0, eos_token_id 1, pad_token_id 0 (T5), greedy,
+                          max_new_tokens = the run's target feature length
+                          (TASK_FEATURE_LENGTHS['targets'] of its config.gin; --max_new_tokens),
+                          so a plain `model.generate(**inputs)` decodes as our `infer` does
   spiece.model            the SentencePiece model, unchanged
   tokenizer.json          the same tokenizer for the `tokenizers` library (transformers'
                           `SpmConverter`, which follows the model's own normalizer and BPE/unigram
                           settings) with `</s>` appended and the `<extra_id_N>` sentinels at the
                           ids seqio gives them (vocab_size - 1 - N)
   tokenizer_config.json, special_tokens_map.json
+
+Files get ordinary modes (0644, folders 0755, less the umask). Loading and generating with
+transformers 5 (no `text2text-generation` pipeline there):
+
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.MT5ForConditionalGeneration.from_pretrained(out)
+  batch = tok(["Did M0 direct M1"], return_tensors="pt", padding=True)
+  print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
 
 Importing the folder again (`checkpoint_import.load_params`) gives the exported params bit for
 bit. Activations are float32 in transformers; a run trained with `dtype='bfloat16'` differs from
@@ -76,6 +87,8 @@ PathLike = str | os.PathLike
 
 RUN_GIN_FILE = "config.gin"  # what `mcwq_t5x.train` writes into MODEL_DIR
 PAD_ID, EOS_ID, DECODER_START_ID = 0, 1, 0  # T5 convention, used by `model.EncoderDecoderModel`
+#: generation_config.json's max_new_tokens when no run config gives a target length (the paper's).
+DEFAULT_MAX_NEW_TOKENS = 512
 
 # (mlp_activations) -> HF `feed_forward_proj`. HF's "gated-gelu" and "gelu_new" are the tanh
 # approximation of GELU, as `network._ACTIVATIONS["gelu"]`; HF's plain "gelu" is the exact one.
@@ -205,6 +218,7 @@ class RunConfig:
   model: Optional[network.T5Config]
   vocabulary: Optional[VocabularySpec]
   source: str
+  target_length: Optional[int] = None  # TASK_FEATURE_LENGTHS['targets']: the decoding length
 
 
 def _gin_statements(path: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()) -> list[Any]:
@@ -351,7 +365,11 @@ def read_gin_config(path: PathLike) -> RunConfig:
   elif vocab_ref is not None:
     raise ValueError(f"{path}: the output vocabulary is {vocab_ref!r}, not a configurable "
                      "reference")
-  return RunConfig(model, vocabulary, str(path))
+  lengths = resolve(macros.get("TASK_FEATURE_LENGTHS"))
+  target_length = lengths.get("targets") if isinstance(lengths, dict) else None
+  if target_length is not None and not isinstance(target_length, int):
+    raise ValueError(f"{path}: TASK_FEATURE_LENGTHS['targets'] is {target_length!r}, not an int")
+  return RunConfig(model, vocabulary, str(path), target_length)
 
 
 def find_run_gin(checkpoint: PathLike, levels: int = 3) -> Optional[pathlib.Path]:
@@ -504,6 +522,15 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
   path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def _normal_permissions(folder: pathlib.Path) -> None:
+  """Gives `folder` and its files the modes of ordinary `mkdir` and `open` (0777 / 0666 less the
+  umask: 0755 / 0644 under the usual 022) instead of `mkdtemp`'s 0700 and safetensors' 0600."""
+  umask = os.umask(0)
+  os.umask(umask)
+  for path in [folder, *folder.rglob("*")]:
+    path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 # ------------------------------------------------------------------------------------------------
 # Export
 # ------------------------------------------------------------------------------------------------
@@ -513,6 +540,7 @@ def export_params(params: Mapping[str, Any],
                   spm_path: PathLike,
                   extra_ids: int = 0,
                   *,
+                  max_new_tokens: Optional[int] = DEFAULT_MAX_NEW_TOKENS,
                   overwrite: bool = False) -> pathlib.Path:
   """Writes a Hugging Face folder for `params` of `network.Transformer(config)`.
 
@@ -525,6 +553,8 @@ def export_params(params: Mapping[str, Any],
     out_dir: folder to create.
     spm_path: SentencePiece model of the vocabulary.
     extra_ids: sentinels appended after its pieces.
+    max_new_tokens: decoding length written to generation_config.json (the run's target feature
+      length), so that a plain `generate()` decodes as far as the run did.
     overwrite: replace an existing non-empty `out_dir`.
 
   Returns:
@@ -548,11 +578,16 @@ def export_params(params: Mapping[str, Any],
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     del state
     _write_json(tmp / "config.json", config_json)
-    _write_json(tmp / "generation_config.json", {
-        "decoder_start_token_id": DECODER_START_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID
-    })
+    _write_json(
+        tmp / "generation_config.json", {
+            "decoder_start_token_id": DECODER_START_ID,
+            "eos_token_id": EOS_ID,
+            "pad_token_id": PAD_ID,
+            "max_new_tokens": int(max_new_tokens),
+            "num_beams": 1,
+            "do_sample": False
+        })
+    _normal_permissions(tmp)
     if out_dir.exists():
       shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
     os.replace(tmp, out_dir)
@@ -592,6 +627,8 @@ def resolve_sources(
     vocab: Optional[PathLike] = None,
     extra_ids: Optional[int] = None) -> tuple[network.T5Config, pathlib.Path, int, str]:
   """(model config, SentencePiece file, extra ids, where they came from) for a checkpoint.
+
+  The decoding length comes from `decoding_length`.
 
   Order (see the module docstring): explicit arguments; the Hugging Face folder's own files;
   the run's `run.json` at or up to 3 folders above the checkpoint (`mcwq_t5x.run_info`: network
@@ -676,6 +713,30 @@ def resolve_sources(
   return config, spm_path, int(n_extra or 0), "; ".join(notes)
 
 
+def decoding_length(checkpoint: PathLike, gin_file: Optional[PathLike] = None) -> tuple[int, str]:
+  """(max_new_tokens, where it came from) for the export of `checkpoint`: the run's target
+  feature length (TASK_FEATURE_LENGTHS['targets'] of `gin_file` or the run's config.gin), a
+  Hugging Face folder's own generation_config.json, else `DEFAULT_MAX_NEW_TOKENS`.
+
+  Raises:
+    ValueError: not a checkpoint, or an unreadable gin file.
+  """
+  fmt, where = checkpoint_import.locate_checkpoint(checkpoint)
+  gin_path = (
+      pathlib.Path(gin_file)
+      if gin_file is not None else None if fmt.name == "hf" else find_run_gin(where))
+  if gin_path is not None:
+    length = read_gin_config(gin_path).target_length
+    if length is not None:
+      return length, f"TASK_FEATURE_LENGTHS['targets'] of {gin_path}"
+  gen = where / "generation_config.json"
+  if fmt.name == "hf" and gen.is_file():
+    length = json.loads(gen.read_text()).get("max_new_tokens")
+    if isinstance(length, int):
+      return length, str(gen)
+  return DEFAULT_MAX_NEW_TOKENS, "the paper's target length (no run config says; --max_new_tokens)"
+
+
 def export_checkpoint(checkpoint: PathLike,
                       out_dir: PathLike,
                       *,
@@ -683,6 +744,7 @@ def export_checkpoint(checkpoint: PathLike,
                       model_config: Optional[str] = None,
                       vocab: Optional[PathLike] = None,
                       extra_ids: Optional[int] = None,
+                      max_new_tokens: Optional[int] = None,
                       overwrite: bool = False) -> pathlib.Path:
   """Exports any checkpoint `checkpoint_import.load_params` reads to a Hugging Face folder.
 
@@ -691,6 +753,7 @@ def export_checkpoint(checkpoint: PathLike,
     out_dir: folder to create; must not be, contain or lie inside the checkpoint.
     gin_file, model_config, vocab, extra_ids: override the discovered sources
       (`resolve_sources`).
+    max_new_tokens: decoding length for generation_config.json (default `decoding_length`).
     overwrite: replace an existing non-empty `out_dir`.
 
   Returns:
@@ -710,9 +773,20 @@ def export_checkpoint(checkpoint: PathLike,
                      f"{src}")
   config, spm_path, n_extra, notes = resolve_sources(
       checkpoint, gin_file=gin_file, model_config=model_config, vocab=vocab, extra_ids=extra_ids)
-  logging.info("exporting %s checkpoint %s: %s", fmt.name, where, notes)
+  length_note = "--max_new_tokens"
+  if max_new_tokens is None:
+    max_new_tokens, length_note = decoding_length(checkpoint, gin_file)
+  logging.info("exporting %s checkpoint %s: %s; generate() decodes up to %d tokens (%s)", fmt.name,
+               where, notes, max_new_tokens, length_note)
   params = checkpoint_import.load_params(where, config)
-  out = export_params(params, config, out_dir, spm_path, n_extra, overwrite=overwrite)
+  out = export_params(
+      params,
+      config,
+      out_dir,
+      spm_path,
+      n_extra,
+      max_new_tokens=max_new_tokens,
+      overwrite=overwrite)
   logging.info(
       "wrote %s (%s, %d parameters)", out,
       hf_config(config)["architectures"][0],
@@ -749,11 +823,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       default=None,
       choices=sorted(network.CONFIGS),
       help="a preset of network.CONFIGS instead of a gin config")
+  parser.add_argument(
+      "--max_new_tokens",
+      type=int,
+      default=None,
+      help="decoding length written to generation_config.json (default: the run's "
+      f"TASK_FEATURE_LENGTHS['targets'], else {DEFAULT_MAX_NEW_TOKENS})")
   parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   try:
-    options = ("gin_file", "model_config", "vocab", "extra_ids", "overwrite")
+    options = ("gin_file", "model_config", "vocab", "extra_ids", "max_new_tokens", "overwrite")
     export_checkpoint(args.checkpoint, args.out, **{k: getattr(args, k) for k in options})
   except ValueError as e:  # includes CheckpointMismatchError / IncompleteCheckpointError
     print(f"export_hf: error: {e}", file=sys.stderr)

@@ -138,15 +138,53 @@ def parse_gin(gin_files: Sequence[str],
                          f"{list(gin_bindings)}): {e}") from e
 
 
+#: Macros shown by `config_summary` (those a config defines), in this order.
+SUMMARY_MACROS = ("MIXTURE_OR_TASK_NAME", "MODEL_DIR", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
+                  "TRAIN_SPLIT", "EVAL_SPLIT", "FINAL_EVAL_SPLIT", "SPLIT", "TASK_FEATURE_LENGTHS",
+                  "TRAIN_STEPS", "BATCH_SIZE", "LEARNING_RATE", "EVAL_OUTPUT_DIR",
+                  "METRIC_NAME_TO_MONITOR", "HOST_DEVICE_COUNT", "NUM_PARTITIONS")
+
+
+def gin_help(files: Sequence[str], macros: Sequence[str]) -> str:
+  """The `--help` epilog of a main: its gin files, main macros and the binding forms."""
+  return "\n".join([
+      "gin configuration (T5X's flags; later flags override earlier ones):",
+      "  --gin_file=FILE       repeatable; e.g.",
+      *(f"                          {f}" for f in files),
+      "  --gin.NAME=VALUE      a macro or binding; VALUE is a gin literal (strings quoted twice:",
+      "                        --gin.MODEL_DIR=\"'runs/x'\" --gin.TRAIN_STEPS=100)",
+      "  --gin_bindings='NAME = VALUE'   the same, T5X's raw form",
+      "main macros: " + ", ".join(macros),
+      "The full operative config is written to MODEL_DIR/config.gin (training) and logged at "
+      "DEBUG level; the log shows a summary.",
+  ])
+
+
+def config_summary() -> str:
+  """One line: the main macros of the parsed config (the full config is `gin.config_str()`)."""
+  parts = []
+  for name in SUMMARY_MACROS:
+    try:
+      value = gin.query_parameter(f"%{name}")
+    except ValueError:
+      continue
+    parts.append(f"{name}={value!r}")
+  return ", ".join(parts)
+
+
 def parse_flags(argv: Optional[Sequence[str]] = None,
                 description: str = "",
-                extra_args: Optional[callable] = None) -> argparse.Namespace:
+                extra_args: Optional[callable] = None,
+                prog: Optional[str] = None,
+                epilog: Optional[str] = None) -> argparse.Namespace:
   """Parses the T5X-style gin flags of `argv` (default `sys.argv[1:]`) and configures gin.
 
   Args:
     argv: command-line arguments without the program name.
     description: help text.
     extra_args: optional `fn(parser)` adding main-specific arguments.
+    prog: program name in the usage line (e.g. "python -m mcwq_t5x.train").
+    epilog: text after the options in `--help` (`gin_help`).
 
   Returns:
     The argparse namespace (with `gin_file`, `gin_bindings`, `gin_search_paths` and any extras).
@@ -156,7 +194,11 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   argv, dotted = rewrite_gin_args(argv)
-  parser = argparse.ArgumentParser(description=description)
+  parser = argparse.ArgumentParser(
+      prog=prog,
+      description=description,
+      epilog=epilog,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument(
       "--gin_file", action="append", default=[], help="gin config file (repeatable)")
   parser.add_argument(
@@ -171,7 +213,9 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
   args = parser.parse_args(argv)
   search = [s for s in args.gin_search_paths.split(",") if s]
   parse_gin(args.gin_file, list(args.gin_bindings) + dotted, search)
-  logging.info("gin configuration:\n%s", gin.config_str())
+  logging.info("gin: files %s, %d command-line bindings; %s", list(args.gin_file),
+               len(args.gin_bindings) + len(dotted), config_summary())
+  logging.debug("gin configuration:\n%s", gin.config_str())
   return args
 
 
@@ -214,8 +258,27 @@ def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
 
 
 def setup_logging() -> None:
-  """Console logging at INFO with timestamps (absl's handler if absl logging is active)."""
+  """Console logging at INFO with timestamps (absl's handler if absl logging is active).
+
+  On a machine without an NVIDIA driver, TensorFlow (the data pipeline only) is told not to log
+  its C++ errors (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), which there are its failed CUDA probe
+  ("failed call to cuInit"); TensorFlow's errors still raise Python exceptions. Takes effect when
+  TensorFlow has not been imported yet (the mains import it lazily).
+  """
+  if not os.path.exists("/proc/driver/nvidia") and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
   logging.basicConfig(
       level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
   for noisy in ("absl", "tensorflow", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  absl_logger = logging.getLogger("absl")
+  if not any(isinstance(f, _QuietFilter) for f in absl_logger.filters):
+    absl_logger.addFilter(_QuietFilter())
+
+
+class _QuietFilter(logging.Filter):
+  """Drops warnings that say nothing about a run: seqio.Evaluator's "'logger_cls' is empty" (we
+  write the metrics ourselves)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "'logger_cls' is empty" not in str(record.msg)

@@ -171,6 +171,13 @@ def read_lines(text: str) -> list[str]:
   return [l[:-1] if l.endswith("\r") else l for l in lines]
 
 
+#: `--help` epilog: the gin files and macros of this main.
+GIN_HELP = gin_utils.gin_help(['gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/infer.gin'], [
+    'CHECKPOINT_PATH', 'INPUT_PREFIX', 'INPUT_LENGTH', 'MAX_DECODE_LENGTH', 'BATCH_SIZE',
+    'PREDICT_KWARGS', 'HOST_DEVICE_COUNT'
+])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   """Entry point (`python -m mcwq_t5x.infer`): gin flags + --input/--output/--sparql -> `infer`."""
   gin_utils.setup_logging()
@@ -184,6 +191,12 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
         action="store_true",
         help="print executable SPARQL (mcwq_t5x.rir.rir_to_sparql) instead of RIR")
 
+  args = gin_utils.parse_flags(
+      argv,
+      description=__doc__.splitlines()[0],
+      extra_args=extra,
+      prog="python -m mcwq_t5x.infer",
+      epilog=GIN_HELP)
   args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(partitioning.set_host_device_count)

@@ -265,6 +265,7 @@ def evaluate_split(cfg: utils.DatasetConfig,
   """
   import seqio  # pylint: disable=g-import-not-at-top
   utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  utils.warn_truncated(cfg, utils.count_truncated(cfg, num_examples=num_examples))
   evaluator = seqio.Evaluator(
       mixture_or_task_name=cfg.mixture_or_task_name,
       feature_converter=seqio.EncDecFeatureConverter(pack=False),

@@ -16,6 +16,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from mcwq_t5x import paths
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -142,12 +144,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Command line `python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]` (module docstring).
 
   Returns:
-    The exit status: 0 on success, non-zero when the task or its data cannot be read.
+    The exit status: 0 on success, 2 for an unknown task, 1 when its data cannot be found or the
+    split does not exist (one line on stderr, no traceback).
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+      prog="python -m mcwq_t5x.inspect_task", description=__doc__.split("\n\n")[0])
   parser.add_argument("task", help="seqio task or mixture name, e.g. mcwq_mcd1_he")
   parser.add_argument("--split", default="validation", help="train, validation or test")
-  parser.add_argument("-n", "--num-examples", type=int, default=5)
+  parser.add_argument(
+      "-n", "--num-examples", type=int, default=5, help="examples to print (default 5)")
   parser.add_argument(
       "--max-examples",
       type=int,
@@ -159,6 +164,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except UnknownTaskError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except (paths.DataNotFoundError, ValueError) as e:  # e.g. --split train without train files
+    print(f"error: {args.task} split {args.split!r}: {e}", file=sys.stderr)
+    return 1
   return 0
 
 

@@ -59,6 +59,13 @@ def not_found(path: PathLike,
   Returns:
     A DataNotFoundError (the caller raises it).
   """
+  if out_dir is not None and pathlib.Path(out_dir).is_dir():
+    # A copy exists but lacks this part (the shared copy has dev and test files only): do not
+    # suggest writing into it.
+    return DataNotFoundError(
+        f"{what} not found: expected {path}; this copy ({out_dir}) has no such files. Get the "
+        "full release with `python scripts/download_mcwq.py --out DIR`, then "
+        f"`export {DATA_DIR_ENV}=DIR`.")
   return DataNotFoundError(
       f"{what} not found: expected {path}. Fetch the public MCWQ files with "
       f"`{fetch_command(out_dir)}` (or copy a local copy with "

@@ -39,8 +39,10 @@ Prediction layouts (one predicted RIR query per line, line-parallel with the gol
   3. `mcwq_t5x.train` output: `MODEL_DIR/predictions/{task}_test.txt` with the task names of
      `tasks/mcwq.py`: `mcwq_{split}_{lang}` (monolingual), `mcwq_{split}_zeroshot_{lang}`
      (zero-shot) and `mcwq_gold_{lang}` (gold test set; its split is that of the other test
-     predictions in the directory, skipped if that is not unique). The model is MODEL_DIR's
-     name. Validation (`_validation.txt`) predictions are read only with `--split validation`
+     predictions in the directory, skipped if that is not unique), each also as `…_prefixed`.
+     `mcwq_t5x.eval` writes the same files to `MODEL_DIR/eval_<step>/predictions/` (its default
+     EVAL_OUTPUT_DIR; the generated eval files use `MODEL_DIR/{test,zeroshot,gold}_<lang>`). The model is the run's name: MODEL_DIR (the folder CHECKPOINT_PATH
+     names), never `eval_<step>`; a second file of the same run and test set is skipped. Validation (`_validation.txt`) predictions are read only with `--split validation`
      (and then the test ones are not).
 
 Gold queries: `{targets_dir}/{split}/test.{lang}.sparql` (RIR) and `{targets_dir}/gold/test.{lang}.sparql`;
@@ -52,7 +54,8 @@ skipped with a message.
 
 Test-intersection (Table 6): the gold set's examples are found in the split's test set with
 `metrics.match_test_intersection` (same RIR target, then the most similar question of the same
-language); the MT column scores the split's monolingual predictions on those lines.
+language); the MT and gold columns score the split's predictions and the gold-set predictions on
+those matched examples only (like with like), the `(all n)` columns every gold example.
 """
 from __future__ import annotations
 
@@ -96,8 +99,13 @@ SCORE_TITLES = {
 _LANG = r"(?P<lang>[a-z]{2,3})"
 _SPLIT = r"(?P<split>[A-Za-z0-9][A-Za-z0-9_]*?)"
 _UPSTREAM_RE = re.compile(r"^generated_predictions_%s(?P<gold>-gold)?\.txt$" % _LANG)
-_TRAIN_RE = re.compile(r"^mcwq_%s(?P<zeroshot>_zeroshot)?_%s_(?P<part>test|validation)\.txt$" %
-                       (_SPLIT, _LANG))
+_TRAIN_RE = re.compile(
+    r"^mcwq_%s(?P<zeroshot>_zeroshot)?_%s(?P<prefixed>_prefixed)?_(?P<part>test|validation)\.txt$" %
+    (_SPLIT, _LANG))
+#: Folders that `mcwq_t5x.eval` (EVAL_OUTPUT_DIR default `MODEL_DIR/eval_<step>`) and the
+#: generated eval files (`MODEL_DIR/{test,zeroshot,gold}_<lang>`) put inside a run:
+#: the model is named after the run folder above them.
+_EVAL_SUBDIR_RE = re.compile(r"^(eval(_\d+)?|(test|zeroshot|gold)_[a-z]{2,3})$")
 _OWN_RE = re.compile(r"^predictions_%s_%s(?P<gold>-gold)?\.txt$" % (_SPLIT, _LANG))
 #: seqio split -> MCWQ part of the gold queries.
 EVAL_SPLITS = {"test": "test", "validation": "dev"}
@@ -176,21 +184,50 @@ def discover(results_dir: str | pathlib.Path, eval_split: str = "test") -> list[
 def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFile]:
   """A `MODEL_DIR/predictions/{task}_test.txt` file of `mcwq_t5x.train` (layout 3)."""
   directory = path.parent
-  model = (directory.parent.name if directory.name == "predictions" else directory.name) or "model"
+  model = run_name(directory)
   lang = m.group("lang")
   if m.group("split") != GOLD:
     mode = "zeroshot" if m.group("zeroshot") else "monolingual"
     return PredictionFile(model, mode, m.group("split"), lang, False, path)
   if m.group("part") != "test":
     return None
-  # Gold predictions: the training split is that of the directory's other test predictions.
-  others = [_TRAIN_RE.match(p.name) for p in directory.glob("mcwq_*_test.txt")]
-  splits = sorted({o.group("split") for o in others if o and o.group("split") != GOLD})
+  # Gold predictions: the training split is that of the run's other test predictions (in this
+  # directory, else anywhere in the run folder).
+  names = [p.name for p in directory.glob("mcwq_*_test.txt")]
+  splits = _test_splits(names)
+  if not splits and run_dir(directory) != directory.absolute():
+    names = [p.name for p in run_dir(directory).rglob("mcwq_*_test.txt")]
+    splits = _test_splits(names)
   if len(splits) != 1:
     return None
-  zeroshot = (directory / f"mcwq_{splits[0]}_zeroshot_{lang}_test.txt").is_file()
+  zeroshot = any(
+      n in names
+      for n in (f"mcwq_{splits[0]}_zeroshot_{lang}{p}_test.txt" for p in ("", "_prefixed")))
   return PredictionFile(model, "zeroshot" if zeroshot else "monolingual", splits[0], lang, True,
                         path)
+
+
+def run_dir(directory: pathlib.Path) -> pathlib.Path:
+  """The run folder of predictions in `directory` (MODEL_DIR, or the folder CHECKPOINT_PATH
+  names): not `predictions/` nor the `eval_<step>/` (`{test,zeroshot,gold}_<lang>/`) folder that
+  `mcwq_t5x.eval` writes into it."""
+  d = directory.absolute()
+  if d.name == "predictions":
+    d = d.parent
+  while _EVAL_SUBDIR_RE.match(d.name) and d.parent != d:
+    d = d.parent
+  return d
+
+
+def run_name(directory: pathlib.Path) -> str:
+  """The model name of predictions in `directory`: the name of `run_dir(directory)`."""
+  return run_dir(directory).name or "model"
+
+
+def _test_splits(names: Sequence[str]) -> list[str]:
+  """The training splits named by test prediction files (gold ones aside)."""
+  matches = [_TRAIN_RE.match(n) for n in names]
+  return sorted({m.group("split") for m in matches if m and m.group("split") != GOLD})
 
 
 @dataclasses.dataclass
@@ -309,7 +346,8 @@ def build(results_dir: str | pathlib.Path,
     {"runs": [one dict per prediction file: model, mode, split, language, gold, path, n, scores,
       error_categories, by_complexity (or None)],
      "intersection": [one dict per gold prediction file: model, mode, split, language,
-      matched, n_gold, mt: scores, gold: scores],
+      matched, n_gold, mt and gold: scores on the matched examples (None if none), gold_all:
+      scores on all n_gold],
      "messages": [skipped analyses and files, with reasons], "eval_split": eval_split}
 
   Raises:
@@ -325,7 +363,13 @@ def build(results_dir: str | pathlib.Path,
   loader = _GoldLoader(targets_dir, data_dir, EVAL_SPLITS[eval_split])
   runs: list[dict[str, Any]] = []
   predictions_of: dict[tuple, list[str]] = {}
+  first_path: dict[tuple, pathlib.Path] = {}
   for pf in discover(results_dir, eval_split):
+    key = (pf.model, pf.mode, pf.split, pf.language, pf.gold)
+    if key in first_path:  # e.g. MODEL_DIR/predictions and MODEL_DIR/eval_<step>/predictions
+      loader.messages.append(f"skipped {pf.path}: the same run and test set as {first_path[key]}")
+      continue
+    first_path[key] = pf.path
     gold_set = loader.get(GOLD if pf.gold else pf.split, pf.language)
     if gold_set is None:
       loader.messages.append(f"skipped {pf.path}: no gold queries")
@@ -366,7 +410,8 @@ def build(results_dir: str | pathlib.Path,
         split=run["split"],
         language=run["language"],
         n_gold=run["n"],
-        gold={k: run[k] for k in SCORES},
+        gold_all={k: run[k] for k in SCORES},
+        gold=None,
         matched=0,
         mt=None)
     if mt_preds is None or mcd_set is None:
@@ -375,12 +420,16 @@ def build(results_dir: str | pathlib.Path,
           "test set")
     else:
       index = _intersection_index(loader, run["split"], gold_set, mcd_set, index_cache)
-      lines = [j for j in index if j is not None]
-      entry["matched"] = len(lines)
-      if lines:
+      pairs = [(i, j) for i, j in enumerate(index) if j is not None]
+      entry["matched"] = len(pairs)
+      if pairs:  # like with like: both columns score the same matched examples
+        gold_preds = predictions_of[key + (True,)]
         entry["mt"] = _scores(
-            metrics.score_predictions([mcd_set.targets[j] for j in lines],
-                                      [mt_preds[j] for j in lines]))
+            metrics.score_predictions([mcd_set.targets[j] for _, j in pairs],
+                                      [mt_preds[j] for _, j in pairs]))
+        entry["gold"] = _scores(
+            metrics.score_predictions([gold_set.targets[i] for i, _ in pairs],
+                                      [gold_preds[i] for i, _ in pairs]))
     intersection.append(entry)
   return {
       "runs": runs,
@@ -475,17 +524,20 @@ def tables(report: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]
       out[f"table5_zeroshot_{score}"] = (["model", "split"] + list(languages), rows)
   rows = []
   for e in report["intersection"]:
-    mt = e["mt"] or {}
+    mt, gold = e["mt"] or {}, e["gold"] or {}
     rows.append([
         e["model"], e["mode"],
         _title(e["split"]), e["language"], e["n_gold"], e["matched"],
-        mt.get("exact_match"), e["gold"]["exact_match"],
-        mt.get("bleu"), e["gold"]["bleu"]
+        mt.get("exact_match"),
+        gold.get("exact_match"),
+        mt.get("bleu"),
+        gold.get("bleu"), e["gold_all"]["exact_match"], e["gold_all"]["bleu"]
     ])
   if rows:
     out["table6_gold_test"] = ([
-        "model", "mode", "split", "language", "n", "matched in test", "EM MT", "EM gold", "BLEU MT",
-        "BLEU gold"
+        "model", "mode", "trained on", "language", "n gold", "matched in test", "EM MT (matched)",
+        "EM gold (matched)", "BLEU MT (matched)", "BLEU gold (matched)", "EM gold (all n)",
+        "BLEU gold (all n)"
     ], rows)
   rows = []
   for r in runs:
@@ -639,7 +691,9 @@ def write_report(report: dict[str, Any], out_dir: str | pathlib.Path) -> dict[st
       heading = f"{titles[name[:-len(score) - 1]]}, {SCORE_TITLES[score]}"
     elif name == "table6_gold_test":
       heading = ("Table 6: test-intersection-MT vs test-intersection-gold (exact match %, "
-                 "BLEU)")
+                 "BLEU; the MT and gold columns score the same `matched in test` examples, the "
+                 "`all n` columns every gold example. The gold set was drawn from the MCD splits' "
+                 "test sets, so a model of another split matches only some of it)")
     else:
       heading = "Error categories (§6.2; definitions in mcwq_t5x.metrics.ErrorAnalysis)"
     md += [f"## {heading}", "", to_markdown(header, rows), ""]

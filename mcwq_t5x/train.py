@@ -79,11 +79,46 @@ def check_model_and_task(model: Any, cfg: utils.DatasetConfig) -> None:
     utils.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
 
 
-def create_metric_writer(logdir: str, asynchronous: bool = True):
-  """A clu metric writer: console + TensorBoard event files in `logdir` (process 0 only)."""
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  return metric_writers.create_default_writer(
-      logdir, just_logging=jax.process_index() > 0, asynchronous=asynchronous)
+class ScalarWriter:
+  """TensorBoard event files whose metrics are plain scalar summaries (`simple_value`), so that
+  `EventAccumulator(dir).Scalars(tag)` reads them as well as TensorBoard does (clu's writer, like
+  TF2's `tf.summary.scalar`, stores tensor summaries, which `Scalars()` does not list). Only
+  process 0 writes; no TensorFlow needed.
+
+  Args:
+    logdir: the folder of the event file (created).
+  """
+
+  def __init__(self, logdir: str):
+    self._writer = None
+    if jax.process_index() == 0:
+      from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
+      pathlib.Path(logdir).mkdir(parents=True, exist_ok=True)
+      self._writer = event_file_writer.EventFileWriter(str(logdir))
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Writes one scalar per entry at `step`."""
+    if self._writer is None:
+      return
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+    self._writer.add_event(
+        event_pb2.Event(
+            step=int(step), wall_time=time.time(), summary=summary_pb2.Summary(value=values)))
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+def create_metric_writer(logdir: str) -> ScalarWriter:
+  """The TensorBoard writer of `logdir` (`ScalarWriter`; the console log is `train`'s own)."""
+  return ScalarWriter(logdir)
 
 
 def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
@@ -108,6 +143,24 @@ def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[st
       for k, v in trainer_lib.summarize_metrics(sums).items()
       if k in ("loss", "cross_ent_loss", "accuracy")
   }
+
+
+def selection_metric(metric_name_to_monitor: Optional[str],
+                     train_eval_dataset_cfg: Optional[utils.DatasetConfig],
+                     final_eval_dataset_cfgs: Sequence[utils.DatasetConfig]) -> Optional[str]:
+  """The metric that may select the decoded checkpoint: None when the periodic evaluation reads a
+  split the final evaluation reports (no held-out dev, e.g. the tiny job: its "dev loss" is the
+  test loss), so that no checkpoint is chosen on the test set; a warning says so."""
+  if not metric_name_to_monitor or train_eval_dataset_cfg is None:
+    return metric_name_to_monitor
+  key = (train_eval_dataset_cfg.mixture_or_task_name, train_eval_dataset_cfg.split)
+  if any((c.mixture_or_task_name, c.split) == key for c in final_eval_dataset_cfgs):
+    logging.warning(
+        "metric_name_to_monitor=%r would select the checkpoint on %s/%s, the split the final "
+        "evaluation reports: no held-out dev split, so the final evaluation decodes the last "
+        "checkpoint and the periodic figures are monitoring only", metric_name_to_monitor, *key)
+    return None
+  return metric_name_to_monitor
 
 
 def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
@@ -296,6 +349,8 @@ def train(*,
   example = batches.batch(0, local_rows)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
+  metric_name_to_monitor = selection_metric(metric_name_to_monitor, train_eval_dataset_cfg,
+                                            final_eval_dataset_cfgs)
   if metric_name_to_monitor and not (eval_period and train_eval_dataset_cfg is not None):
     logging.warning(
         "metric_name_to_monitor=%r needs evaluations (eval_period > 0 and a training-eval "
@@ -348,9 +403,16 @@ def train(*,
   eval_writer = create_metric_writer(str(model_dir_p / "eval"))
   infer_fn = inference.get_infer_fn(model, partitioner, infer_batch_size, predict_kwargs)
 
+  reported = {(c.mixture_or_task_name, c.split) for c in final_eval_dataset_cfgs}
+  monitor_note = ""
+  if any((c.mixture_or_task_name, c.split) in reported
+         for c in (train_eval_dataset_cfg, infer_eval_dataset_cfg)
+         if c is not None):
+    monitor_note = " (monitoring on the reported split, selects nothing)"
+
   def evaluate(step):
     record: dict[str, Any] = {"step": step}
-    if eval_arrays is not None:
+    if eval_arrays is not None:  # the "dev loss" (of whatever split EVAL_SPLIT names)
       losses = loss_over_split(trainer, state, eval_arrays, eval_batch_size, partitioner)
       record.update({f"training_eval/{k}": v for k, v in losses.items()})
     if infer_eval_dataset_cfg is not None:
@@ -362,7 +424,7 @@ def train(*,
     if len(record) > 1:
       eval_writer.write_scalars(step, {k: v for k, v in record.items() if k != "step"})
       eval_writer.flush()
-      logging.info("eval step %d: %s", step, {
+      logging.info("eval step %d%s: %s", step, monitor_note, {
           k: round(v, 4) for k, v in record.items() if k != "step"
       })
       _append_jsonl(model_dir_p / "eval_metrics.jsonl", record)
@@ -462,6 +524,10 @@ def train(*,
       decode_params = checkpoints_lib.restore_params(
           checkpoints_lib.checkpoint_dir(ckpt.directory, best), abstract_state.params)
       decoded_step = best
+  else:
+    selection = {"selected_by": "last checkpoint"}
+    logging.info("final evaluation decodes the last checkpoint (checkpoint_%d)%s", step,
+                 "" if not monitor_note else ": no held-out dev split, no checkpoint selection")
   result["decoded_step"] = decoded_step
   for cfg in final_eval_dataset_cfgs:
     t = time.time()
@@ -490,6 +556,18 @@ def train(*,
   return result
 
 
+#: `--help` epilog: the gin files and macros of this main.
+GIN_HELP = gin_utils.gin_help([
+    'gin/mcwq_t5x/tiny_random_split_en.gin (the main job)',
+    'gin/mcwq_t5x/mt5_small_mcd1_en.gin (paper experiments: gin/mcwq_t5x/{mt5,t5}_*.gin)',
+    'gin/mcwq_t5x/recipes/t5x_adafactor.gin (after an experiment file)'
+], [
+    'MODEL_DIR', 'MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'TRAIN_STEPS', 'BATCH_SIZE',
+    'LEARNING_RATE', 'TRAIN_SPLIT', 'EVAL_SPLIT', 'FINAL_EVAL_SPLIT', 'INITIAL_CHECKPOINT_PATH',
+    'METRIC_NAME_TO_MONITOR', 'HOST_DEVICE_COUNT', 'NUM_PARTITIONS'
+])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
@@ -512,7 +590,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
   args = gin_utils.parse_flags(
-      argv, description=__doc__.splitlines()[0], extra_args=partitioning.add_multiprocess_flags)
+      argv,
+      description=__doc__.splitlines()[0],
+      extra_args=partitioning.add_multiprocess_flags,
+      prog="python -m mcwq_t5x.train",
+      epilog=GIN_HELP)
   gin_utils.call_configured(partitioning.set_host_device_count)
   partitioning.set_xla_cpu_flags()
   if partitioning.initialize_from_flags(args) is None:

@@ -158,6 +158,7 @@ def load_feature_arrays(cfg: DatasetConfig,
       feature_converter=seqio.EncDecFeatureConverter(pack=False))
   if num_examples is not None:
     ds = ds.take(num_examples)
+  warn_truncated(cfg, count_truncated(cfg, shard_index, num_shards, num_examples))
   arrays = dataset_to_arrays(ds.batch(1024).as_numpy_iterator())
   if cfg.pack and arrays:
     arrays = packing.pack(arrays, cfg.task_feature_lengths["inputs"],
@@ -170,6 +171,70 @@ def load_feature_arrays(cfg: DatasetConfig,
                    k: v.shape[1:] for k, v in arrays.items()
                })
   return arrays
+
+
+def count_truncated(cfg: DatasetConfig,
+                    shard_index: int = 0,
+                    num_shards: int = 1,
+                    num_examples: Optional[int] = None) -> dict[str, dict[str, int]]:
+  """How many examples of `cfg`'s split `cfg.task_feature_lengths` cuts short.
+
+  Reads the split once more without a length limit (the task's preprocessing, EOS included).
+
+  Returns:
+    feature ("inputs", "targets") -> {"truncated", "examples", "longest", "length"}; {} when
+    `task_feature_lengths` is None (nothing is truncated).
+
+  Raises:
+    ValueError: unknown task.
+  """
+  if not cfg.task_feature_lengths:
+    return {}
+  import seqio  # pylint: disable=g-import-not-at-top
+  task = get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  features = [k for k in ("inputs", "targets") if k in cfg.task_feature_lengths]
+  ds = task.get_dataset(
+      sequence_length=None,
+      split=cfg.split,
+      use_cached=cfg.use_cached,
+      shuffle=False,
+      num_epochs=1,
+      seed=cfg.seed,
+      shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards))
+  if num_examples is not None:
+    ds = ds.take(num_examples)
+  lengths: dict[str, list[int]] = {k: [] for k in features}
+  for ex in ds.as_numpy_iterator():
+    for k in features:
+      lengths[k].append(len(ex[k]))
+  out = {}
+  for k in features:
+    limit = int(cfg.task_feature_lengths[k])
+    arr = np.asarray(lengths[k], np.int64)
+    out[k] = {
+        "truncated": int((arr > limit).sum()),
+        "examples": int(arr.size),
+        "longest": int(arr.max()) if arr.size else 0,
+        "length": limit
+    }
+  return out
+
+
+def warn_truncated(cfg: DatasetConfig, counts: Mapping[str, Mapping[str, int]]) -> None:
+  """Logs a warning with the numbers when `count_truncated` found truncated examples."""
+  parts = [
+      f"{c['truncated']:,} of {c['examples']:,} {k} (longest {c['longest']} > {c['length']} "
+      "tokens)" for k, c in counts.items() if c["truncated"]
+  ]
+  if parts:
+    logging.warning(
+        "TRUNCATED: TASK_FEATURE_LENGTHS %s cut %s of %s/%s; the model never sees their ends "
+        "(raise TASK_FEATURE_LENGTHS; `python -m mcwq_t5x.inspect_task %s` prints the length "
+        "percentiles)", dict(cfg.task_feature_lengths), " and ".join(parts),
+        cfg.mixture_or_task_name, cfg.split, cfg.mixture_or_task_name)
+  elif counts:
+    logging.info("%s/%s: no example exceeds TASK_FEATURE_LENGTHS %s", cfg.mixture_or_task_name,
+                 cfg.split, dict(cfg.task_feature_lengths))
 
 
 def dataset_to_arrays(batches: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:

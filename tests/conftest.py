@@ -87,7 +87,8 @@ def our_run(tmp_path_factory, mcwq_dir) -> pathlib.Path:
     out = mains.python_m(
         "mcwq_t5x.train", "--gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
         *mains.gin_flags(mains.SMALL_MODEL + scenarios.OUR_RUN + [f"MODEL_DIR = '{model_dir}'"]))
-    return {"stderr": out.stderr[-20000:]}
+    (model_dir.parent / f"{model_dir.name}.log").write_text(out.stderr)  # beside MODEL_DIR
+    return {"log": str(model_dir.parent / f"{model_dir.name}.log")}
 
   folder, _ = scenarios.once(tmp_path_factory, "our_run", build)
   return folder

@@ -286,10 +286,11 @@ def test_execution_cli_input_errors(tmp_path, capsys):
     evaluate.main([
         "--predictions",
         str(tmp_path / "p.txt"), "--targets",
-        str(tmp_path / "t.txt"), "--execute"
+        str(tmp_path / "t.txt"), "--answers",
+        str(tmp_path / "a.jsonl")
     ])
   assert e.value.code == 2
-  assert "--execute needs --release" in capsys.readouterr().err
+  assert "--answers needs --execute" in capsys.readouterr().err
   base = ["--predictions", str(tmp_path / "p.txt"), "--release", str(tmp_path), "--split", "s"]
   assert evaluate.main(base + ["--part", "test", "--execute"]) == 2
   assert f"{tmp_path / 'splits' / 's.json'}:1: expected an object with an index list 'testIdxs'" \

@@ -59,6 +59,7 @@ import tasks.mcwq
 # ==============================================================================
 DROPOUT_RATE = 0.0
 MODEL = @model.EncoderDecoderModel()
+TASK_FEATURE_LENGTHS = {{'inputs': 32, 'targets': {target_length}}}
 VOCABULARY = @vocab.get_vocabulary()
 
 # Parameters for EncoderDecoderModel:
@@ -250,7 +251,8 @@ def tiny_run(tmp_path_factory, mcwq_batch):
   manager = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
   manager.save(8, state, {"step": 8})
   manager.close()
-  (model_dir / "config.gin").write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS))
+  (model_dir / "config.gin").write_text(
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN))
   return model.module.config, jax.device_get(state.params), model_dir
 
 
@@ -270,7 +272,10 @@ def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm
   assert json.loads((out / "generation_config.json").read_text()) == {
       "decoder_start_token_id": 0,
       "eos_token_id": 1,
-      "pad_token_id": 0
+      "pad_token_id": 0,
+      "max_new_tokens": DECODE_LEN,  # the run's TASK_FEATURE_LENGTHS['targets']
+      "num_beams": 1,
+      "do_sample": False
   }
   hf = _load_hf(out, config)
   _check_parity(hf, config, params, mcwq_batch)
@@ -416,7 +421,7 @@ def test_export_t5x_native_checkpoint_with_gin_file(tiny_run, spm_path, tmp_path
   ckpt = ci.save_t5x_checkpoint(params, tmp_path / "t5x" / "checkpoint_8", step=8)
   gin_file = tmp_path / "model.gin"
   gin_file.write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN).replace(
           "VOCABULARY = @vocab.get_vocabulary()",
           f"VOCABULARY = @vocab.get_vocabulary()\nget_vocabulary.path = '{spm_path}'"))
   out = export_hf.export_checkpoint(tmp_path / "t5x", tmp_path / "hf", gin_file=gin_file)
@@ -452,8 +457,9 @@ def test_export_rejects_another_architecture(tiny_run, spm_path, tmp_path, capsy
   _, _, model_dir = tiny_run
   wider = tmp_path / "wider.gin"
   wider.write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace("T5Config.emb_dim = 16",
-                                                               "T5Config.emb_dim = 32"))
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS,
+                          target_length=DECODE_LEN).replace("T5Config.emb_dim = 16",
+                                                            "T5Config.emb_dim = 32"))
   with pytest.raises(
       ci.CheckpointMismatchError,
       match=r"token_embedder/embedding has shape \(2000, 16\), the model expects "
@@ -469,7 +475,8 @@ def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys
   ckpt = ci.save_t5x_checkpoint(params, tmp_path / "ckpt" / "checkpoint_8", step=8)
   no_vocab = tmp_path / "no_vocab.gin"
   no_vocab.write_text("\n".join(
-      line for line in TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).splitlines()
+      line for line in TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS,
+                                           target_length=DECODE_LEN).splitlines()
       if "VOCABULARY" not in line))
   out = tmp_path / "out"
   assert export_hf.main(["--checkpoint",
@@ -488,7 +495,7 @@ def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys
     export_hf.export_checkpoint(ckpt, out, gin_file=no_vocab, vocab=not_spm)
   remote = tmp_path / "remote.gin"
   remote.write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS).replace(
+      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN).replace(
           "VOCABULARY = @vocab.get_vocabulary()",
           "VOCABULARY = @vocab.mt5_vocabulary()\nmt5_vocabulary.path = 'gs://bucket/spm.model'"))
   with pytest.raises(ValueError, match="gs://bucket/spm.model is not a local file; pass --vocab"):
@@ -520,3 +527,47 @@ def test_export_output_folder_checks(tiny_run, spm_path, tmp_path):
   assert (model_dir / "config.gin").is_file()
   with pytest.raises(ValueError, match="feed_forward_proj"):
     export_hf.hf_config(network.T5Config(mlp_activations=("gelu", "gelu")))
+
+
+def test_export_generate_without_arguments_decodes_like_infer(tiny_run, mcwq_dir, small_vocab,
+                                                              tmp_path, monkeypatch):
+  """generation_config.json carries the run's decoding length: a plain `generate(**batch)` (no
+  max_length) gives what `mcwq_t5x.infer` gives at the run's target length, not transformers'
+  20-token default; the folder and files have ordinary modes (issue 30)."""
+  from mcwq_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
+  _, _, model_dir = tiny_run
+  monkeypatch.delenv("MCWQ_VOCAB", raising=False)
+  out, gin_file, length = tmp_path / "hf", tmp_path / "config.gin", 40  # beyond the default 20
+  gin_file.write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=length))
+  old_umask = os.umask(0o022)
+  try:
+    assert export_hf.main(
+        ["--checkpoint",
+         str(model_dir), "--gin_file",
+         str(gin_file), "--out",
+         str(out)]) == 0
+  finally:
+    os.umask(old_umask)
+  assert json.loads((out / "generation_config.json").read_text())["max_new_tokens"] == length
+  assert oct(out.stat().st_mode & 0o777) == oct(0o755)
+  assert {
+      p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()
+  } == {
+      name: oct(0o644) for name in EXPORTED_FILES
+  }
+  questions = _texts(mcwq_dir, "txt", "en", 0, 4)
+  ours = infer_lib.infer(
+      questions,
+      model=tiny_engine.tiny_model(0.0, vocab_size=SMALL_VOCAB_ROWS),
+      checkpoint_path=str(model_dir),
+      vocabulary=small_vocab,
+      max_decode_length=length)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+  hf = transformers.MT5ForConditionalGeneration.from_pretrained(str(out)).eval()
+  batch = tokenizer(questions, return_tensors="pt", padding=True)
+  with torch.no_grad():
+    generated = hf.generate(**batch)
+  assert max(len(small_vocab.encode(p)) for p in ours) > 20  # would be cut at 20 by default
+  # Same tokens (decoded with one vocabulary: an 8-step model emits byte pieces, which the two
+  # tokenizers render differently when they form no valid UTF-8).
+  assert [small_vocab.decode(row[1:]) for row in generated.tolist()] == ours

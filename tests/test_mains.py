@@ -86,6 +86,20 @@ def test_train_learns_and_writes_its_layout(trained):
   assert evals[1]["training_eval/loss"] < evals[0]["training_eval/loss"]
 
 
+def test_train_log_is_short_and_says_what_it_decodes(trained):
+  """The log: a config summary (the full config is config.gin), the truncation count, and, with
+  no held-out dev (EVAL_SPLIT = FINAL_EVAL_SPLIT = 'test'), the last checkpoint decoded."""
+  log = (trained.parent / f"{trained.name}.log").read_text()
+  assert "Parameters for" not in log and "gin: files" in log
+  assert "Parameters for" in (trained / "config.gin").read_text()
+  assert "TRUNCATED" in log or "no example exceeds TASK_FEATURE_LENGTHS" in log
+  assert "monitoring on the reported split" in log
+  assert f"final evaluation decodes the last checkpoint (checkpoint_{STEPS})" in log
+  assert "'logger_cls' is empty" not in log
+  metrics_file = json.loads((trained / "metrics/mcwq_gold_he_test.json").read_text())
+  assert metrics_file["selected_by"] == "last checkpoint" and metrics_file["step"] == STEPS
+
+
 def test_infer_main_one_line_per_input_line(trained, tmp_path):
   # A form feed and a Unicode line separator inside questions do not split them; CRLF is fine.
   questions = "Did M0 direct M1\r\nWho edited\x0c M0\nWas M2 \u2028 a film\n"

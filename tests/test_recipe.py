@@ -398,6 +398,12 @@ def test_checkpoint_manager_keeps_the_best_and_the_newest(tmp_path):
   assert best_checkpoint.checkpoint_path(str(tmp_path / "checkpoint_4"),
                                          "training_eval/loss") == str(tmp_path / "checkpoint_4")
   assert best_checkpoint.checkpoint_path(str(tmp_path)) == str(tmp_path / "checkpoint_4")
+  # A run whose periodic evaluation read the test split (the tiny job): no selection on it.
+  (tmp_path / "config.gin").write_text("EVAL_SPLIT = 'test'\nFINAL_EVAL_SPLIT = 'test'\n")
+  assert best_checkpoint.monitored_split(tmp_path) == "test"
+  assert best_checkpoint.checkpoint_path(str(tmp_path),
+                                         "training_eval/loss") == str(tmp_path / "checkpoint_4")
+  (tmp_path / "config.gin").unlink()
   with pytest.raises(ValueError, match="metric_mode"):
     checkpoints.CheckpointManager(tmp_path, metric_name_to_monitor="x", metric_mode="lowest")
 
@@ -424,6 +430,7 @@ def test_best_checkpoint_reads_t5x_event_files(tmp_path):
 # steps; training, dev loss and decoding on the 155 Hebrew gold questions (real text, quick to load).
 TINY_STEPS = 30
 TINY_TASK = "mcwq_gold_he_prefixed"
+OUR_TINY_TASK = "mcwq_mcd1_he_prefixed"  # has a dev split (validation) apart from test
 
 
 @pytest.fixture(scope="module")
@@ -438,6 +445,8 @@ def _argmin(values):
 
 def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_vocab_env):
   model_dir = tmp_path / "ours"
+  # A dev split apart from the reported test split: the engine never selects a checkpoint on the
+  # split it reports (train.selection_metric).
   mains.python_m(
       "mcwq_t5x.train",
       "--gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
@@ -452,8 +461,8 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path,
           "INFER_TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}", "EVAL_PERIOD = 5",
           "CHECKPOINT_PERIOD = 5", "EVAL_STEPS = 2", "EVAL_BATCH_SIZE = 8",
           "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 8", "FINAL_EVAL_NUM_EXAMPLES = 16",
-          "LOG_EVERY_STEPS = 5", f"MIXTURE_OR_TASK_NAME = '{TINY_TASK}'", "TRAIN_SPLIT = 'test'",
-          "EVAL_SPLIT = 'test'", "FINAL_EVAL_SPLIT = 'test'"
+          "LOG_EVERY_STEPS = 5", f"MIXTURE_OR_TASK_NAME = '{OUR_TINY_TASK}'",
+          "TRAIN_SPLIT = 'validation'", "EVAL_SPLIT = 'validation'", "FINAL_EVAL_SPLIT = 'test'"
       ]),
       env=small_vocab_env)
   dev = best_checkpoint.read_metric(model_dir, "training_eval/loss")
@@ -461,7 +470,7 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path,
   best = _argmin(dev)
   # kept: the best and the newest only
   assert checkpoints.finished_steps(model_dir) == sorted({best, TINY_STEPS})
-  result = json.loads((model_dir / f"metrics/{TINY_TASK}_test.json").read_text())
+  result = json.loads((model_dir / f"metrics/{OUR_TINY_TASK}_test.json").read_text())
   assert result["step"] == best and result["checkpoint"] == str(model_dir / f"checkpoint_{best}")
   assert result["training_eval/loss"] == pytest.approx(dev[best])
   assert result["num_examples"] == 16 and 0.0 <= result["exact_match"] <= 100.0

@@ -71,7 +71,7 @@ def test_table5_zeroshot(shared_report):
 
 def test_table6_gold_test(shared_report):
   rows = _read_csv(shared_report / "table6_gold_test.csv")
-  assert rows[0][:6] == ["model", "mode", "split", "language", "n", "matched in test"]
+  assert rows[0][:6] == ["model", "mode", "trained on", "language", "n gold", "matched in test"]
   by_lang = {r[3]: r for r in rows[1:]}
   assert sorted(by_lang) == ["he", "kn", "zh"]
   gold_em = {l: round(float(r[7]), 1) for l, r in by_lang.items()}
@@ -80,6 +80,7 @@ def test_table6_gold_test(shared_report):
   for r in by_lang.values():
     assert r[4] == "155" and r[5] == "155"
     assert 40.0 < float(r[6]) < 55.0  # MT counterpart, same examples
+    assert r[10] == r[7]  # all 155 matched: the matched and all-n gold columns agree
 
 
 def test_error_table_and_results_json(shared_report):
@@ -222,3 +223,50 @@ def test_discover_train_layout(tmp_path):
          ] == [("run_mcd2_en", "monolingual", "mcd2", "en", False),
                ("run_mcd2_en", "zeroshot", "mcd2", "he", False),
                ("run_mcd2_en", "zeroshot", "mcd2", "he", True)]
+
+
+def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
+  """The README's chain: `mcwq_t5x.eval` without EVAL_OUTPUT_DIR writes
+  MODEL_DIR/eval_<step>/predictions/; `report runs` names each model after its MODEL_DIR, so the
+  Hebrew model's test run and the English model's zero-shot runs stay apart (issue 30)."""
+  from mcwq_t5x import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  runs = tmp_path / "runs"
+  he_dir = eval_lib.default_output_dir(runs / "tiny_mcd1_he", 2000)
+  en_dir = eval_lib.default_output_dir(runs / "tiny_mcd1_en", 2000)
+  assert he_dir == runs / "tiny_mcd1_he" / "eval_2000"
+  he_test = (mcwq_dir / "translations/mcd1/test.he.sparql").read_text().splitlines()
+  gold_he = (mcwq_dir / "translations/gold/test.he.sparql").read_text().splitlines()
+  # Laid out as inference.write_predictions writes them under EVAL_OUTPUT_DIR.
+  for folder, name, lines in ((he_dir, "mcwq_mcd1_he_test.txt", he_test),
+                              (en_dir, "mcwq_mcd1_zeroshot_he_test.txt",
+                               ["x"] * len(he_test)), (runs / "tiny_mcd1_en" / "gold_he",
+                                                       "mcwq_gold_he_prefixed_test.txt", gold_he)):
+    (folder / "predictions").mkdir(parents=True)
+    (folder / "predictions" / name).write_text("\n".join(lines) + "\n")
+  result = report.build(runs, mcwq_dir / "translations", mcwq_dir)
+  got = sorted(
+      (r["model"], r["mode"], r["language"], r["gold"], r["exact_match"]) for r in result["runs"])
+  assert got == [("tiny_mcd1_en", "zeroshot", "he", False, 0.0),
+                 ("tiny_mcd1_en", "zeroshot", "he", True, 100.0),
+                 ("tiny_mcd1_he", "monolingual", "he", False, 100.0)]
+  names = {row[0] for header, rows in report.tables(result).values() for row in rows}
+  assert names == {"tiny_mcd1_en", "tiny_mcd1_he"}
+
+
+def test_table6_compares_like_with_like(mcwq_dir, tmp_path):
+  """A random-split model matches only some gold examples (drawn from the MCD tests): the MT and
+  gold columns both score those matched examples; `all n` scores every gold example."""
+  run = tmp_path / "runs" / "tiny_random_split_he" / "predictions"
+  run.mkdir(parents=True)
+  test = report.readers.read_split("random_split", "test", "he", mcwq_dir)
+  (run / "mcwq_random_split_he_test.txt").write_text("x\n" * len(test))
+  gold = (mcwq_dir / "translations/gold/test.he.sparql").read_text().splitlines()
+  (run / "mcwq_gold_he_test.txt").write_text("\n".join(gold[:100] + ["x"] * 55) + "\n")
+  result = report.build(tmp_path / "runs", mcwq_dir / "translations", mcwq_dir)
+  (entry,) = result["intersection"]
+  assert 0 < entry["matched"] < entry["n_gold"] == 155
+  assert entry["mt"]["exact_match"] == 0.0
+  assert round(entry["gold_all"]["exact_match"], 1) == round(100 * 100 / 155, 1)
+  header, rows = report.tables(result)["table6_gold_test"]
+  assert header[4:8] == ["n gold", "matched in test", "EM MT (matched)", "EM gold (matched)"]
+  assert rows[0][5] == entry["matched"] and rows[0][7] == entry["gold"]["exact_match"]
