@@ -20,13 +20,15 @@ MCWQ_DIR = SHARED_DIR / "mcwq"
 def pytest_collection_modifyitems(config, items):
   """Under pytest-xdist's `--dist loadgroup` (pytest.ini): a test without an `xdist_group` mark
   is grouped with the other tests of its file (module fixtures then run once, as with
-  `--dist loadfile`); the "readme" group (the README's commands and the tests that read their
-  runs) is scheduled first, so its long chain starts at once on one worker."""
+  `--dist loadfile`); the "readme-<chain>" groups (the README's commands of one chain and the
+  tests that read their runs; `readme_commands.chain`) are scheduled first (`pytest.ini` keeps this
+  order), so that the long chains start at once."""
   del config
   for item in items:
     if not any(item.iter_markers("xdist_group")):
       item.add_marker(pytest.mark.xdist_group(item.path.stem))
-  items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != "readme")
+  items.sort(
+      key=lambda item: not item.get_closest_marker("xdist_group").args[0].startswith("readme"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -97,7 +99,8 @@ def our_run(tmp_path_factory, mcwq_dir) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def readme(tmp_path_factory, mcwq_dir):
   """The README's commands, run once per session as printed (plus size overrides) in a temporary
-  copy of the repository (`scenarios.ReadmeRun`; `readme.result(i)` runs commands 0..i first)."""
+  copy of the repository (`scenarios.ReadmeRun`; `readme.result(i)` runs the commands whose
+  outputs command i reads first: `readme_commands.DEPENDS`)."""
   del mcwq_dir  # the real data must be there
   import readme_commands  # pylint: disable=g-import-not-at-top
   import scenarios  # pylint: disable=g-import-not-at-top

@@ -70,9 +70,12 @@ OVERRIDES = [
      "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
      OUR_SIZE + ["BATCH_SIZE=256"], []),
     # The main job: 4 steps; the final evaluation decodes the whole test set (the README's
-    # `mcwq_t5x.evaluate` command scores the file against all 6,282 references).
+    # `mcwq_t5x.evaluate` command scores the file against all 6,282 references), up to 16 target
+    # tokens (a 4-step model runs on to the limit; the whole test set at the split's longest
+    # target, 66 tokens, would take 4 times as long).
     ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
-     OUR_SIZE + OUR_STEPS + ["INFER_BATCH_SIZE=512"], []),
+     OUR_SIZE + OUR_STEPS +
+     ["INFER_BATCH_SIZE=512", "INFER_TASK_FEATURE_LENGTHS={'inputs':32,'targets':16}"], []),
     ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
         "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
         "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
@@ -165,6 +168,94 @@ def env_of(index: int, small_vocab_path: str) -> dict:
           value = small_vocab_path
         env[name] = value
   return env
+
+
+# What each README command reads of the others' outputs: (its prefix, prefixes of the commands it
+# needs). Every command the tests run must match exactly one entry (test_readme.py checks), so a
+# new README command is placed deliberately: in a chain, or on its own.
+MAIN_JOB_PREFIX = "pip install -e . && python -m mcwq_t5x.train"
+T5X_TRAIN_PREFIX = "python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin"
+OUR_PAPER_PREFIX = "python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin"
+MIGRATE = "python -m preprocessing.migrate"
+TINY_MT = "python scripts/make_tiny_translation_model.py"
+TRANSLATE = "python -m preprocessing.translate"
+VOCAB = "python scripts/train_vocab.py"
+NEWLANG_EN = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+              "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_en'\"")
+NEWLANG_ZEROSHOT = ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin "
+                    "--gin_file=gin/mcwq_t5x/runs/eval.gin "
+                    "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"")
+NEWLANG_FR = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+              "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_fr'\"")
+DEPENDS = [
+    (MAIN_JOB_PREFIX, []),
+    ("python -m mcwq_t5x.evaluate --predictions runs/tiny_random_split_en", [MAIN_JOB_PREFIX]),
+    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin --gin_file=gin/mcwq_t5x/runs/"
+     "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random", [MAIN_JOB_PREFIX]),
+    ("echo \"Did M0 direct M1\" | python -m mcwq_t5x.infer", [MAIN_JOB_PREFIX]),
+    (T5X_TRAIN_PREFIX, []),
+    ("python -m t5x.eval --gin_file=gin/zeroshot/", [T5X_TRAIN_PREFIX]),
+    ("python -m t5x.infer", [T5X_TRAIN_PREFIX]),
+    (OUR_PAPER_PREFIX, []),
+    ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/", [OUR_PAPER_PREFIX]),
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MODEL_DIR=\"'runs/tiny_2proc'\"", []),
+    ("python scripts/benchmark.py", []),
+    ("python -m mcwq_t5x.export_hf --checkpoint runs/tiny_random_split_en", [MAIN_JOB_PREFIX]),
+    ("python scripts/download_mcwq.py", []),
+    ("python -m mcwq_t5x.inspect_task mcwq_mcd1_he", []),
+    ("python -m mcwq_t5x.evaluate --predictions ../shared", []),
+    ("python -m mcwq_t5x.report ../shared", []),
+    ("python -m preprocessing.derive_mapping", []),
+    (MIGRATE, []),
+    ("python -m preprocessing.stats --dataset runs/mcwq_sample", [MIGRATE]),
+    (TINY_MT, []),
+    (TRANSLATE, [MIGRATE, TINY_MT]),
+    (VOCAB, []),
+    ("python -m mcwq_t5x.inspect_task mcwq_cfq_sample", [TRANSLATE, VOCAB]),
+    (NEWLANG_EN, [TRANSLATE, VOCAB]),
+    (NEWLANG_ZEROSHOT, [NEWLANG_EN]),
+    (NEWLANG_FR, [TRANSLATE, VOCAB]),
+    ("python -m mcwq_t5x.report runs/newlang", [NEWLANG_EN, NEWLANG_ZEROSHOT, NEWLANG_FR]),
+]
+
+
+def runnable(index: int) -> bool:
+  """Whether the tests run command `index` (not an `export` line, not the test command itself)."""
+  command = COMMANDS[index][1]
+  return command != TEST_COMMAND and not command.startswith("export ")
+
+
+def depends_entries(index: int) -> list[tuple[str, list[str]]]:
+  """The `DEPENDS` entries whose prefix command `index` starts with."""
+  return [e for e in DEPENDS if COMMANDS[index][1].startswith(e[0])]
+
+
+def depends(index: int) -> list[int]:
+  """The indices of the earlier commands whose outputs command `index` reads."""
+  entries = depends_entries(index)
+  if len(entries) != 1:
+    raise KeyError(
+        f"README command {index} matches {len(entries)} entries of DEPENDS (expected 1): "
+        f"{COMMANDS[index][1]}")
+  return [index_of(prefix) for prefix in entries[0][1]]
+
+
+def chain(index: int) -> int:
+  """The first command of the group of commands linked to `index` by `depends` (in either
+  direction): the tests of one chain run on one xdist worker (`xdist_group`)."""
+  parent = {i: i for i in range(len(COMMANDS)) if runnable(i)}
+
+  def root(i):
+    while parent[i] != i:
+      i = parent[i]
+    return i
+
+  for i in parent:
+    for d in depends(i):
+      parent[max(root(i), root(d))] = min(root(i), root(d))
+  return root(index)
 
 
 # Indices of the commands other tests read.

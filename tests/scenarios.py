@@ -7,10 +7,10 @@ folder. Without xdist the folder is the session's own temporary folder. Nothing 
 sessions: pytest makes a new base folder for each.
 
 `ReadmeRun` runs the README's commands, as printed (with the appended size overrides of
-`test_readme.py`), in a temporary copy of the repository with `../shared` beside it, in README
-order, each at most once per session: a test that needs command 12 has commands 0-12 run first
-(later commands read what earlier ones wrote), whichever test asks first. `python` and `pip` on the
-commands' PATH are the interpreter that runs the tests (see `ReadmeRun.shims`).
+`readme_commands.py`), in a temporary copy of the repository with `../shared` beside it, each at
+most once per session and after the commands whose outputs it reads
+(`readme_commands.DEPENDS`), whichever test asks first. `python` and `pip` on the commands' PATH
+are the interpreter that runs the tests (see `ReadmeRun.shims`).
 """
 from __future__ import annotations
 
@@ -96,28 +96,35 @@ exit 2
 
 
 class ReadmeRun:
-  """The README's commands run in order in one temporary copy of the repository.
+  """The README's commands, each run at most once per session, in one temporary copy of the
+  repository, after the commands whose outputs it reads (`depends`).
+
+  Each command has its own lock and result file, so that commands of independent chains (the main
+  job, the T5X runs, the new-language flow...) run on different xdist workers at the same time
+  while a command that reads another's outputs waits for it (or runs it first). No lock is held
+  while a dependency runs, so no two workers wait on each other.
 
   Attributes:
-    folder: the scenario folder (`repo/`, `shared/`, `bin/`, `results.json`).
+    folder: the scenario folder (`repo/`, `shared/`, `bin/`, `result_<i>.json`).
     repo: the copy the commands run in (their current folder).
   """
 
   def __init__(self, tmp_path_factory, commands: Sequence[str], env_of: Callable[[int], dict],
-               with_overrides: Callable[[str, pathlib.Path], str]):
+               with_overrides: Callable[[str, pathlib.Path],
+                                        str], depends: Callable[[int], Sequence[int]]):
     self.commands = list(commands)
     self._env_of = env_of
     self._with_overrides = with_overrides
+    self._depends = depends
     self.folder = session_root(tmp_path_factory) / "scenario_readme"
     self.repo = self.folder / "repo"
-    self._lock = filelock.FileLock(str(self.folder) + ".lock")
-    with self._lock:
-      if not (self.folder / "results.json").exists():
+    with filelock.FileLock(str(self.folder) + ".lock"):
+      if not (self.folder / "ready").exists():
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder.mkdir(parents=True)
         copy_repository(self.folder)
         self.shims()
-        (self.folder / "results.json").write_text("{}")
+        (self.folder / "ready").touch()
 
   def shims(self) -> pathlib.Path:
     """`bin/python` (the tests' interpreter) and `bin/pip` (see `_PIP_SHIM`), first on PATH."""
@@ -128,20 +135,19 @@ class ReadmeRun:
     (bin_dir / "pip").chmod(0o755)
     return bin_dir
 
-  def _results(self) -> dict:
-    return json.loads((self.folder / "results.json").read_text())
-
   def result(self, index: int) -> dict:
-    """Runs commands up to `index` that have not run yet (in order) and returns command `index`'s
+    """Runs command `index` (after its dependencies) unless it has run, and returns its
     `{"command", "returncode", "stdout", "stderr", "seconds"}` (`returncode` None: not run, an
     `export` line or the test command)."""
-    with self._lock:
-      results = self._results()
-      for i in range(index + 1):
-        if str(i) not in results:
-          results[str(i)] = self._run(i)
-          (self.folder / "results.json").write_text(json.dumps(results))
-      return results[str(index)]
+    for dependency in self._depends(index):
+      done = self.result(dependency)
+      assert done["returncode"] == 0, (f"command {index} reads the outputs of command "
+                                       f"{dependency}, which failed:\n" + str(check_message(done)))
+    with filelock.FileLock(str(self.folder / f"command_{index}.lock")):
+      path = self.folder / f"result_{index}.json"
+      if not path.exists():
+        path.write_text(json.dumps(self._run(index)))
+      return json.loads(path.read_text())
 
   def _run(self, index: int) -> dict:
     command = self.commands[index]
@@ -169,9 +175,13 @@ class ReadmeRun:
     }
 
 
+def check_message(result: dict) -> str:
+  return (
+      f"{result['command']}\nexited {result['returncode']}\nstdout: {result['stdout'][-3000:]}\n"
+      f"stderr: {result['stderr'][-6000:]}")
+
+
 def check(result: dict) -> dict:
   """Asserts that a `ReadmeRun.result` exited 0 (with the end of its output) and returns it."""
-  assert result["returncode"] == 0, (f"{result['command']}\nexited {result['returncode']}\n"
-                                     f"stdout: {result['stdout'][-3000:]}\n"
-                                     f"stderr: {result['stderr'][-6000:]}")
+  assert result["returncode"] == 0, check_message(result)
   return result

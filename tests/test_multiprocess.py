@@ -33,7 +33,8 @@ import scenarios
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 STEPS, STOP = rc.MULTIPROCESS_STEPS, rc.MULTIPROCESS_CHECKPOINT
 RUN = [b.replace("=", " = ", 1) for b in rc.MULTIPROCESS]
-pytestmark = pytest.mark.xdist_group("readme")  # reads the README's 2-process run
+pytestmark = pytest.mark.xdist_group(
+    f"readme-{rc.chain(rc.MULTIPROCESS_RUN)}")  # reads its README runs
 
 
 def losses(model_dir) -> dict[int, float]:

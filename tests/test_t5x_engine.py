@@ -20,7 +20,7 @@ import scenarios
 
 pytest.importorskip(
     "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
-pytestmark = pytest.mark.xdist_group("readme")
+pytestmark = pytest.mark.xdist_group(f"readme-{rc.chain(rc.T5X_TRAIN)}")  # reads its README runs
 
 SIZE = [b.replace("=", " = ", 1) for b in rc.T5X_SIZE]
 
