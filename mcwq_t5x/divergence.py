@@ -400,9 +400,7 @@ def split_queries(split: str,
   Raises:
     ValueError: unknown split or part. DataNotFoundError: the part is missing.
   """
-  if language is None:
-    langs = readers.discover(data_dir).languages_of(split)
-    language = "en" if "en" in langs else langs[0]
+  language = language or _default_language(split, data_dir)
   layout, files = readers.split_files(split, part, language, data_dir)
   if layout == "official":
     examples = readers.read_official(files[0], language, with_rir=False)
@@ -443,21 +441,44 @@ def read_query_file(path: readers.PathLike) -> list[str]:
   return out
 
 
-def split_divergences(split: str,
-                      data_dir: Optional[readers.PathLike] = None,
-                      language: Optional[str] = None) -> dict[tuple[str, str], Divergences]:
+def _default_language(split: str, data_dir: Optional[readers.PathLike]) -> str:
+  langs = readers.discover(data_dir).languages_of(split)
+  return "en" if "en" in langs else langs[0]
+
+
+def split_figures(split: str,
+                  data_dir: Optional[readers.PathLike] = None,
+                  language: Optional[str] = None) -> list[tuple[str, str, int, int, Divergences]]:
   """Atom and compound divergence between every two parts a split has (train/dev, train/test,
   dev/test, whichever exist; the first of a pair is the training side P).
 
+  Args:
+    split: a split of `data_dir` (`readers.discover`).
+    data_dir: the MCWQ folder; default `paths.data_dir()`.
+    language: whose files to read (the queries are the same in every language); default "en" if
+      the split has it.
+
   Returns:
-    {(part_a, part_b): Divergences}; empty when the split has fewer than two parts.
+    [(part_a, part_b, size_a, size_b, Divergences)]; empty when the split has fewer than two
+    parts.
+
+  Raises:
+    ValueError: unknown split; malformed data (`readers.DataFormatError`, a query that does not
+      parse).
   """
-  if language is None:
-    langs = readers.discover(data_dir).languages_of(split)
-    language = "en" if "en" in langs else langs[0]
+  language = language or _default_language(split, data_dir)
   parts = readers.available_parts(split, language, data_dir)
-  dists = {p: distributions(split_queries(split, p, data_dir, language)) for p in parts}
-  return {(a, b): compare(dists[a], dists[b]) for a, b in itertools.combinations(parts, 2)}
+  queries = {p: split_queries(split, p, data_dir, language) for p in parts}
+  dists = {p: distributions(q) for p, q in queries.items()}
+  return [(a, b, len(queries[a]), len(queries[b]), compare(dists[a], dists[b]))
+          for a, b in itertools.combinations(parts, 2)]
+
+
+def split_divergences(split: str,
+                      data_dir: Optional[readers.PathLike] = None,
+                      language: Optional[str] = None) -> dict[tuple[str, str], Divergences]:
+  """{(part_a, part_b): Divergences} of `split_figures`."""
+  return {(a, b): d for a, b, _, _, d in split_figures(split, data_dir, language)}
 
 
 def format_table(rows: Sequence[tuple[str, str, str, int, int, Divergences]]) -> str:
@@ -498,20 +519,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   else:
     splits = args.split or readers.discover(args.data_dir).splits
     for split in splits:
-      language = args.language
-      if language is None:
-        langs = readers.discover(args.data_dir).languages_of(split)
-        language = "en" if "en" in langs else langs[0]
-      parts = readers.available_parts(split, language, args.data_dir)
-      if len(parts) < 2:
-        print(
-            f"{split}: fewer than two parts ({', '.join(parts) or 'none'}), skipped",
-            file=sys.stderr)
-        continue
-      queries = {p: split_queries(split, p, args.data_dir, language) for p in parts}
-      dists = {p: distributions(q) for p, q in queries.items()}
-      for a, b in itertools.combinations(parts, 2):
-        rows.append((split, a, b, len(queries[a]), len(queries[b]), compare(dists[a], dists[b])))
+      figures = split_figures(split, args.data_dir, args.language)
+      if not figures:
+        print(f"{split}: fewer than two parts, skipped", file=sys.stderr)
+      rows += [(split,) + f for f in figures]
   print(format_table(rows))
   print(f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
   return 0 if rows else 1

@@ -222,3 +222,15 @@ def test_discover_train_layout(tmp_path):
          ] == [("run_mcd2_en", "monolingual", "mcd2", "en", False),
                ("run_mcd2_en", "zeroshot", "mcd2", "he", False),
                ("run_mcd2_en", "zeroshot", "mcd2", "he", True)]
+
+
+def test_split_divergences(shared_report, mcwq_dir):
+  """The report gives the DBCA divergences of every split it reports on (here mcd1: dev/test)."""
+  from mcwq_t5x import divergence  # pylint: disable=g-import-not-at-top
+  rows = _read_csv(shared_report / "split_divergences.csv")
+  assert rows[0] == ["split", "parts (P/Q)", "n P", "n Q", "atom divergence", "compound divergence"]
+  assert [r[:4] for r in rows[1:]] == [["MCD1", "dev/test", "5408", "5310"]]
+  expected = divergence.split_divergences("mcd1", mcwq_dir)[("dev", "test")]
+  assert float(rows[1][4]) == pytest.approx(expected.atom, abs=1e-4)
+  assert float(rows[1][5]) == pytest.approx(expected.compound, abs=1e-4)
+  assert "## Split divergences" in (shared_report / "report.md").read_text(encoding="utf-8")
