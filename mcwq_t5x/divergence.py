@@ -55,8 +55,11 @@ more than a train compound missing from test). The order matters for compounds: 
 side.
 
 Speed: a query's atoms and compounds are computed once per distinct query text (cached), the
-canonical form once per distinct raw sub-graph; the command takes about 10 s for the 47,168
-English queries of the shared copy's eight files on one core (README).
+canonical form once per distinct sub-graph shape. `python -m mcwq_t5x.divergence` on the shared
+copy (its four splits: 47,168 English queries, 21,805 distinct) takes 11.7 s of CPU (0.4 ms per
+distinct query; 131 s wall on the 2 cores shared with five other jobs when measured). A full
+release (124,187 queries) is thus about 45 s of one core; from `PARALLEL_MIN` distinct queries on,
+`analyse_many` spreads the work over one worker process per core.
 
 This module imports nothing from TensorFlow or seqio.
 """
@@ -67,6 +70,8 @@ import collections
 import dataclasses
 import functools
 import itertools
+import multiprocessing
+import os
 import pathlib
 import sys
 import time
@@ -82,6 +87,8 @@ ALPHA_ATOMS = 0.5
 ALPHA_COMPOUNDS = 0.1
 #: The largest compound, in edges (triples and filters) of the query graph.
 MAX_COMPOUND_SIZE = 3
+#: Distinct queries from which `analyse_many` uses worker processes.
+PARALLEL_MIN = 20000
 
 _FORMS = {sparql_lib.ASK: "ASK", sparql_lib.SELECT: "SELECT", sparql_lib.COUNT: "COUNT"}
 
@@ -278,6 +285,32 @@ def analyse(query: str, max_size: int = MAX_COMPOUND_SIZE) -> QueryStructure:
   return QueryStructure(dict(atom_counts), frozenset(found))
 
 
+def analyse_many(queries: Iterable[str],
+                 processes: Optional[int] = None) -> dict[str, QueryStructure]:
+  """`analyse` of every distinct query, in worker processes for large inputs.
+
+  Args:
+    queries: SPARQL queries (repeats are analysed once).
+    processes: worker processes; default: one per core (at most 4) when there are at least
+      `PARALLEL_MIN` distinct queries (a full release), else none (this process, with
+      `analyse`'s cache).
+
+  Returns:
+    {query: QueryStructure}.
+
+  Raises:
+    sparql.SparqlParseError: a query does not parse.
+  """
+  distinct = list(dict.fromkeys(queries))
+  if processes is None:
+    processes = min(4, os.cpu_count() or 1) if len(distinct) >= PARALLEL_MIN else 1
+  if processes <= 1:
+    return {q: analyse(q) for q in distinct}
+  with multiprocessing.get_context("spawn").Pool(processes) as pool:
+    chunk = max(1, min(2000, len(distinct) // (4 * processes)))
+    return dict(zip(distinct, pool.map(analyse, distinct, chunksize=chunk)))
+
+
 def atoms(query: str) -> dict[str, int]:
   """The atoms of a query with their numbers of occurrences (module docstring)."""
   return dict(analyse(query).atoms)
@@ -310,8 +343,9 @@ def distributions(queries: Iterable[str], max_size: int = MAX_COMPOUND_SIZE) -> 
   """
   atom_counts, compound_counts = collections.Counter(), collections.Counter()
   per_text = collections.Counter(queries)
+  analysed = analyse_many(per_text) if max_size == MAX_COMPOUND_SIZE else {}
   for text, k in per_text.items():
-    structure = analyse(text, max_size)
+    structure = analysed.get(text) or analyse(text, max_size)
     for a, c in structure.atoms.items():
       atom_counts[a] += c * k
     for c in structure.compounds:

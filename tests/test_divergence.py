@@ -197,3 +197,11 @@ def test_files_command_fresh_process(tmp_path, mcwq_dir):
   row = [l for l in proc.stdout.splitlines() if l.startswith("| files")][0].split("|")
   assert row[2].strip() == f"{a} (40)" and row[3].strip() == f"{b} (40)"
   assert float(row[4]) == 0.0 and float(row[5]) == 0.0
+
+
+def test_analyse_many_in_worker_processes_equals_analyse(mcwq_dir):
+  queries = [e.sparql for e in readers.read_official(mcwq_dir / "official" / "mcd3" / "dev.en.txt")]
+  queries = queries[:60] + queries[:10]  # repeats are analysed once
+  parallel = dv.analyse_many(queries, processes=2)
+  assert list(parallel) == list(dict.fromkeys(queries))
+  assert all(parallel[q] == dv.analyse(q) for q in queries)

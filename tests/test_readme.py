@@ -81,6 +81,13 @@ OVERRIDES = [
     ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/", OUR_SIZE +
      ["network.get_config.vocab_size=2000", "network.get_config.dtype='float32'", "NUM_EXAMPLES=8"],
      []),
+    # The gap on a generated MCD split and its random twin (README, "Compositional splits").
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"",
+     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"",
+     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
     ("python scripts/benchmark.py", [], [
         "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
         "--target_length", "16", "--steps", "1", "--beam", "2"
@@ -91,7 +98,7 @@ OUTPUTS = [
     "runs/tiny_random_split_en", "runs/tiny_2proc", "runs/t5x/tiny_random_split_en",
     "runs/t5x/mt5_small_mcd1_en", "runs/mt5_small_mcd1_en", "runs/mcwq_copy", "runs/report",
     "runs/he.json", "runs/mcwq_sample", "runs/complexity.png", "runs/tiny_mt_en_fr",
-    "runs/mcwq_spm.model", "runs/mcwq_spm.vocab", "runs/newlang"
+    "runs/mcwq_spm.model", "runs/mcwq_spm.vocab", "runs/newlang", "runs/mcwq_splits", "runs/gap"
 ]
 
 
@@ -186,6 +193,13 @@ def test_readme_command(index, workspace):
     state = REPO / "runs/tiny_2proc/checkpoint_4/state"
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in state.iterdir()}
     assert (REPO / "runs/tiny_2proc/predictions/mcwq_gold_he_test.txt").is_file()
+  if "mcwq_t5x.divergence" in command:
+    assert "| mcd1 | dev (5,408) | test (5,310) | 0.0003 | 0.0578 |" in out.stdout
+  if "preprocessing.make_splits" in command:
+    report = json.loads((REPO / "runs/mcwq_splits/make_splits.json").read_text())
+    assert report["splits"]["mcd"]["sizes"] == {"train": 6222, "dev": 777, "test": 777}
+  if "'mcwq_mcd_en'" in command:
+    assert (REPO / "runs/gap/mcd_en/predictions/mcwq_mcd_en_test.txt").is_file()
   if command.startswith("echo"):
     assert len(out.stdout.splitlines()) == 1
   if "preprocessing.translate" in command:
