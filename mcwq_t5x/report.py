@@ -13,6 +13,9 @@ Reads every prediction file under RESULTS_DIR, scores it against the gold querie
     he/kn/zh; the "en" column is the same model's monolingual English result);
   * `table6_gold_test.csv` (Table 6: test-intersection-MT vs test-intersection-gold);
   * `error_categories.csv` (§6.2 counts per model/mode/split/language);
+  * `split_divergences.csv`: DBCA atom and compound divergence (`mcwq_t5x.divergence`; Keysers et
+    al. 2020) between the parts of every split reported on, for the parts `--data_dir` holds
+    (dev/test in the shared copy; train/dev, train/test, dev/test in a full release);
   * `results.json` (every score);
   * figures (PNG, matplotlib Agg): `errors_{model}_{mode}_{split}.png` (error categories per
     language, Figures 5-6) and, when recursionDepth is known, `complexity_{model}_{mode}_{split}.png`
@@ -71,6 +74,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mcwq_t5x import evaluate as evaluate_lib
+from mcwq_t5x import divergence
 from mcwq_t5x import metrics
 from mcwq_t5x import readers
 
@@ -432,11 +436,47 @@ def build(results_dir: str | pathlib.Path,
                                       [gold_preds[i] for i, _ in pairs]))
     intersection.append(entry)
   return {
-      "runs": runs,
-      "intersection": intersection,
-      "messages": loader.messages,
-      "eval_split": eval_split
+      "runs":
+          runs,
+      "intersection":
+          intersection,
+      "divergences":
+          split_divergences(sorted({r["split"] for r in runs}), data_dir, loader.messages),
+      "messages":
+          loader.messages,
+      "eval_split":
+          eval_split
   }
+
+
+def split_divergences(splits: Sequence[str], data_dir: pathlib.Path,
+                      messages: list[str]) -> list[dict[str, Any]]:
+  """DBCA atom and compound divergences between the parts of each split (`mcwq_t5x.divergence`;
+  Keysers et al. 2020 §2) that `data_dir` holds at least two parts of.
+
+  Returns:
+    [{"split", "parts": "dev/test", "sizes": [n_a, n_b], "atom", "compound"}]; a split without
+    two parts, or whose data cannot be read, gets a line in `messages` instead.
+  """
+  out = []
+  for split in splits:
+    try:
+      figures = divergence.split_figures(split, data_dir)
+    except (ValueError, OSError) as e:
+      messages.append(f"divergences of {split} skipped: {e}")
+      continue
+    if not figures:
+      messages.append(f"divergences of {split} skipped: {data_dir} holds fewer than two of its "
+                      "parts (train, dev, test)")
+    for a, b, n_a, n_b, d in figures:
+      out.append({
+          "split": split,
+          "parts": f"{a}/{b}",
+          "sizes": [n_a, n_b],
+          "atom": d.atom,
+          "compound": d.compound
+      })
+  return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -548,6 +588,12 @@ def tables(report: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]
   if rows:
     out["error_categories"] = (["model", "mode", "test set", "language", "n"] +
                                list(metrics.ERROR_CATEGORIES), rows)
+  rows = [[_title(d["split"]), d["parts"], d["sizes"][0], d["sizes"][1], d["atom"], d["compound"]]
+          for d in report.get("divergences", ())]
+  if rows:
+    out["split_divergences"] = ([
+        "split", "parts (P/Q)", "n P", "n Q", "atom divergence", "compound divergence"
+    ], rows)
   return out
 
 
@@ -694,9 +740,13 @@ def write_report(report: dict[str, Any], out_dir: str | pathlib.Path) -> dict[st
                  "BLEU; the MT and gold columns score the same `matched in test` examples, the "
                  "`all n` columns every gold example. The gold set was drawn from the MCD splits' "
                  "test sets, so a model of another split matches only some of it)")
+    elif name == "split_divergences":
+      heading = ("Split divergences (DBCA, Keysers et al. 2020: atoms alpha 0.5, compounds "
+                 "alpha 0.1; mcwq_t5x.divergence)")
     else:
       heading = "Error categories (§6.2; definitions in mcwq_t5x.metrics.ErrorAnalysis)"
-    md += [f"## {heading}", "", to_markdown(header, rows), ""]
+    digits = 4 if name == "split_divergences" else 1
+    md += [f"## {heading}", "", to_markdown(header, rows, digits), ""]
   md += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
   md += ["## Files read", ""] + [
       f"- `{r['path']}`: {r['model']} {r['mode']} {r['split']} {r['language']}"

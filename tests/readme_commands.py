@@ -101,6 +101,13 @@ OVERRIDES = [
     ] + GOLD_HE, []),
     ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/",
      OUR_SIZE_2048 + ["NUM_EXAMPLES=8"], []),
+    # The gap on a generated MCD split and its random twin (README, "Compositional splits").
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"",
+     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"",
+     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
     ("python scripts/benchmark.py", [], [
         "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
         "--target_length", "16", "--steps", "1", "--beam", "2"
@@ -180,6 +187,7 @@ MIGRATE = "python -m preprocessing.migrate"
 TINY_MT = "python scripts/make_tiny_translation_model.py"
 TRANSLATE = "python -m preprocessing.translate"
 VOCAB = "python scripts/train_vocab.py"
+MAKE_SPLITS = "python -m preprocessing.make_splits"
 NEWLANG_EN = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
               "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_en'\"")
 NEWLANG_ZEROSHOT = ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin "
@@ -218,7 +226,16 @@ DEPENDS = [
     (NEWLANG_ZEROSHOT, [NEWLANG_EN]),
     (NEWLANG_FR, [TRANSLATE, VOCAB]),
     ("python -m mcwq_t5x.report runs/newlang", [NEWLANG_EN, NEWLANG_ZEROSHOT, NEWLANG_FR]),
+    ("python -m mcwq_t5x.divergence", []),
+    (MAKE_SPLITS, []),
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"", [MAKE_SPLITS, VOCAB]),
+    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"", [MAKE_SPLITS, VOCAB]),
 ]
+# Commands whose outputs several chains read, quick to run: they do not join those chains into one
+# xdist group (whichever worker asks first runs them; the other waits for its lock).
+SHARED = [VOCAB]
 
 
 def runnable(index: int) -> bool:
@@ -252,9 +269,11 @@ def chain(index: int) -> int:
       i = parent[i]
     return i
 
+  shared = {index_of(prefix) for prefix in SHARED}
   for i in parent:
     for d in depends(i):
-      parent[max(root(i), root(d))] = min(root(i), root(d))
+      if d not in shared:
+        parent[max(root(i), root(d))] = min(root(i), root(d))
   return root(index)
 
 

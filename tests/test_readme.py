@@ -225,6 +225,27 @@ def _newlang_report(repo, out):
     np.testing.assert_allclose(scores["bleu"], metrics.bleu_metric(gold, preds)["bleu"], rtol=1e-6)
 
 
+def _divergence(repo, out):
+  del repo
+  assert "| mcd1 | dev (5,408) | test (5,310) | 0.0003 | 0.0578 |" in out["stdout"], out["stdout"]
+
+
+def _make_splits(repo, out):
+  del out
+  report_file = json.loads((repo / "runs/mcwq_splits/make_splits.json").read_text())
+  assert report_file["splits"]["mcd"]["sizes"] == {"train": 6222, "dev": 777, "test": 777}
+
+
+def _gap_run(name):
+
+  def check_run(repo, out):
+    del out
+    preds = _lines(repo / f"runs/gap/{name}/predictions/mcwq_{name}_test.txt")
+    assert len(preds) == 8
+
+  return check_run
+
+
 CHECKS = {
     rc.MAIN_JOB:
         lambda repo, out: _main_job(repo),

@@ -270,3 +270,15 @@ def test_table6_compares_like_with_like(mcwq_dir, tmp_path):
   header, rows = report.tables(result)["table6_gold_test"]
   assert header[4:8] == ["n gold", "matched in test", "EM MT (matched)", "EM gold (matched)"]
   assert rows[0][5] == entry["matched"] and rows[0][7] == entry["gold"]["exact_match"]
+
+
+def test_split_divergences(shared_report, mcwq_dir):
+  """The report gives the DBCA divergences of every split it reports on (here mcd1: dev/test)."""
+  from mcwq_t5x import divergence  # pylint: disable=g-import-not-at-top
+  rows = _read_csv(shared_report / "split_divergences.csv")
+  assert rows[0] == ["split", "parts (P/Q)", "n P", "n Q", "atom divergence", "compound divergence"]
+  assert [r[:4] for r in rows[1:]] == [["MCD1", "dev/test", "5408", "5310"]]
+  expected = divergence.split_divergences("mcd1", mcwq_dir)[("dev", "test")]
+  assert float(rows[1][4]) == pytest.approx(expected.atom, abs=1e-4)
+  assert float(rows[1][5]) == pytest.approx(expected.compound, abs=1e-4)
+  assert "## Split divergences" in (shared_report / "report.md").read_text(encoding="utf-8")
