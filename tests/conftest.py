@@ -31,19 +31,6 @@ def pytest_collection_modifyitems(config, items):
       key=lambda item: not item.get_closest_marker("xdist_group").args[0].startswith("readme"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """JAX's persistent compilation cache for the commands the tests run in fresh processes (they
-  inherit this environment): processes that compile the same programs (an eval after a training
-  run of the same shapes, both engines' evaluations of one checkpoint) compile them once. One
-  folder per session (shared by the xdist workers), so no test depends on an earlier session."""
-  import scenarios  # pylint: disable=g-import-not-at-top
-  folder = scenarios.session_root(tmp_path_factory) / "jax_compilation_cache"
-  folder.mkdir(exist_ok=True)
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
-  yield folder
-
-
 @pytest.fixture(scope="session")
 def shared_dir() -> pathlib.Path:
   """The read-only `../shared` folder with the real data (see ../shared/README.md)."""
