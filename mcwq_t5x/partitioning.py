@@ -292,6 +292,27 @@ def set_host_malloc_options() -> bool:
   return ok
 
 
+# XLA CPU flags and host malloc options of the decoding mains (eval, infer): see
+# `set_inference_cpu_options` for the measurements behind them.
+XLA_CPU_INFERENCE_FLAGS: tuple[str, ...] = ()
+INFERENCE_MALLOC_OPTIONS = False
+
+
+def set_inference_cpu_options() -> list[str]:
+  """The decoding mains' CPU settings: `XLA_CPU_INFERENCE_FLAGS` (unless XLA_FLAGS names them)
+  and, if `INFERENCE_MALLOC_OPTIONS`, `set_host_malloc_options`.
+
+  Must run before JAX initialises its backends; accelerators ignore the flags.
+
+  Returns:
+    The XLA flags added.
+  """
+  added = set_xla_cpu_flags(XLA_CPU_INFERENCE_FLAGS)
+  if INFERENCE_MALLOC_OPTIONS:
+    set_host_malloc_options()
+  return added
+
+
 @dataclasses.dataclass(frozen=True)
 class DataShardInfo:
   """Which part of the data this process reads (mirrors `seqio.ShardInfo`)."""
