@@ -102,14 +102,15 @@ def get_infer_fn(model: Any,
       return np.zeros((0, arrays["decoder_input_tokens"].shape[1]), np.int32)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
+    # Every batch is dispatched before any result is fetched (one host sync at the end, not one
+    # per batch): the host pads and transfers the next batch while the device decodes.
     outs = []
     for i, start in enumerate(range(0, n, batch_size)):
       rows = order[start:start + batch_size]
       chunk, real = utils.pad_batch({k: arrays[k][rows] for k in DECODE_FEATURES}, batch_size)
       batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
-      tokens = compiled_for(params, batch)(params, batch, jax.random.fold_in(rng, i))
-      outs.append(np.asarray(jax.device_get(tokens))[:real])
-    tokens = np.concatenate(outs)
+      outs.append((compiled_for(params, batch)(params, batch, jax.random.fold_in(rng, i)), real))
+    tokens = np.concatenate([np.asarray(t)[:real] for t, real in jax.device_get(outs)])
     result = np.empty_like(tokens)
     result[order] = tokens
     return result
