@@ -87,6 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   gin_utils.use_main_module_as("mcwq_t5x.eval")
   gin_utils.parse_flags(argv, description=__doc__.splitlines()[0])
   gin_utils.call_configured(partitioning.set_host_device_count)
+  partitioning.set_inference_cpu_options()
   gin_utils.call_configured(partitioning.initialize_distributed)
   result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   print(result["metrics"])
