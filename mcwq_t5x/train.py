@@ -331,6 +331,8 @@ def train(*,
       state, metrics, guard = trainer.train_step_async(state, batch, guard)
       step += 1
       pending.append(metrics)
+      if len(pending) > 2:  # at most 2 steps in flight: the host does not queue a whole interval
+        jax.block_until_ready(pending[-3]["loss"])
       if step % log_every_steps == 0 or step == stop_at:
         trainer.check_finite(guard, state)
         sums: dict[str, float] = {}
