@@ -187,7 +187,10 @@ def train(*,
 
   Raises:
     ValueError: unknown task, vocabulary/model mismatch, bad batch size.
-    trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept).
+    trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept). Steps run
+      without waiting for the device, so it is raised at the first log, evaluation or checkpoint
+      step at or after the bad step (at most one such interval later), naming the bad step;
+      nothing from the bad step or after it is logged or saved.
   """
   t_start = time.time()
   model_dir_p = pathlib.Path(model_dir).absolute()
