@@ -200,6 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(partitioning.set_host_device_count)
+  partitioning.set_inference_cpu_options()
   gin_utils.call_configured(partitioning.initialize_distributed)
   if args.input == "-":
     text = sys.stdin.buffer.read().decode("utf-8")

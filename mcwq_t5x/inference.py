@@ -10,7 +10,9 @@ compiled decoding step of each batch shape.
   devices is rounded up to the next multiple, as T5X pads inference batches).
 * `seqio_predict_fn(infer_fn, params)`: the same as a `seqio.Evaluator` `predict_fn`.
 * `evaluate_split(cfg, infer_fn, params)`: decodes one task split through `seqio.Evaluator`
-  and returns the task's metrics (its `metric_fns`) and the predictions as strings, source order.
+  and returns the task's metrics (its `metric_fns`) and the predictions as strings, source order;
+  `make_evaluator` builds (and tokenises) the split once for repeated evaluations.
+* `decode_predictions(vocabulary, tokens)`: token rows to strings.
 * `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write;
   `check_writable(out_dir)` checks, before anything is loaded or decoded, that they can be written.
 * `check_predict_kwargs(model, predict_kwargs)`: PREDICT_KWARGS checked before anything is loaded.
@@ -205,14 +207,15 @@ def get_infer_fn(model: Any,
       return np.zeros((0,) + decodes + (arrays["decoder_input_tokens"].shape[1],), np.int32)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
+    # Every batch is dispatched before any result is fetched (one host sync at the end, not one
+    # per batch): the host pads and transfers the next batch while the device decodes.
     outs = []
     for i, start in enumerate(range(0, n, batch_size)):
       rows = order[start:start + batch_size]
       chunk, real = utils.pad_batch({k: arrays[k][rows] for k in DECODE_FEATURES}, batch_size)
       batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
-      tokens = compiled_for(params, batch)(params, batch, jax.random.fold_in(rng, i))
-      outs.append(np.asarray(jax.device_get(tokens))[:real])
-    tokens = np.concatenate(outs)
+      outs.append((compiled_for(params, batch)(params, batch, jax.random.fold_in(rng, i)), real))
+    tokens = np.concatenate([np.asarray(t)[:real] for t, real in jax.device_get(outs)])
     result = np.empty_like(tokens)
     result[order] = tokens
     return result
@@ -238,27 +241,28 @@ def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
     if not arrays:
       return []
     tokens = infer_fn(params, arrays)
-    return [(int(i), [int(t) for t in row]) for i, row in zip(np.concatenate(indices), tokens)]
+    # One `tolist` per array (not a Python int per token): the same lists, much faster.
+    return list(zip(np.concatenate(indices).tolist(), np.asarray(tokens).tolist()))
 
   return predict_fn
 
 
-def evaluate_split(cfg: utils.DatasetConfig,
-                   infer_fn: InferFn,
-                   params: Any,
-                   num_examples: Optional[int] = None) -> tuple[dict[str, float], list[str]]:
-  """Decoding-based evaluation of one task split through `seqio.Evaluator`.
+def decode_predictions(vocabulary: Any, tokens: Any) -> list[str]:
+  """Token rows (int array [N, L], or N lists of ints) -> N strings, each `vocabulary.decode(row)` (up to the first EOS).
+
+  One `tolist()` for the whole array, then the vocabulary's decode per row: the same strings as
+  decoding each row's Python ints, without a Python conversion per token.
+  """
+  rows = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
+  return [vocabulary.decode(row) for row in rows]
+
+
+def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None) -> Any:
+  """A `seqio.Evaluator` of `cfg`'s split: tokenises and caches it once, for many evaluations.
 
   Args:
     cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
-    infer_fn: from `get_infer_fn`.
-    params: the (sharded) parameters.
     num_examples: first N examples only (None = all).
-
-  Returns:
-    (metrics {name: float} from the task's metric_fns, e.g. exact_match and bleu, prefixed by
-    `<task>/` for a mixture; the predictions decoded to strings and postprocessed by the task,
-    as the metrics saw them and as T5X writes them, in source order).
 
   Raises:
     ValueError: unknown task (see `utils.get_mixture_or_task`).
@@ -266,7 +270,7 @@ def evaluate_split(cfg: utils.DatasetConfig,
   import seqio  # pylint: disable=g-import-not-at-top
   utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
   utils.warn_truncated(cfg, utils.count_truncated(cfg, num_examples=num_examples))
-  evaluator = seqio.Evaluator(
+  return seqio.Evaluator(
       mixture_or_task_name=cfg.mixture_or_task_name,
       feature_converter=seqio.EncDecFeatureConverter(pack=False),
       eval_split=cfg.split,
@@ -276,6 +280,39 @@ def evaluate_split(cfg: utils.DatasetConfig,
       num_examples=num_examples,
       shuffle=False,
       async_compute_metrics=False)
+
+
+def evaluate_split(cfg: utils.DatasetConfig,
+                   infer_fn: InferFn,
+                   params: Any,
+                   num_examples: Optional[int] = None,
+                   *,
+                   evaluator: Any = None,
+                   return_predictions: bool = True) -> tuple[dict[str, float], list[str]]:
+  """Decoding-based evaluation of one task split through `seqio.Evaluator`.
+
+  Args:
+    cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
+    infer_fn: from `get_infer_fn`.
+    params: the (sharded) parameters.
+    num_examples: first N examples only (None = all).
+    evaluator: `make_evaluator(cfg, num_examples)` made once by a caller that evaluates the same
+      split repeatedly (periodic evaluation; the split is tokenised once); None: a new one.
+    return_predictions: False: skip decoding the predictions to text a second time (the metrics
+      decode them themselves); the returned list is then empty.
+
+  Returns:
+    (metrics {name: float} from the task's metric_fns, e.g. exact_match and bleu, prefixed by
+    `<task>/` for a mixture; the predictions decoded to strings and postprocessed by the task,
+    as the metrics saw them and as T5X writes them, in source order, or [] without
+    `return_predictions`).
+
+  Raises:
+    ValueError: unknown task (see `utils.get_mixture_or_task`).
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  if evaluator is None:
+    evaluator = make_evaluator(cfg, num_examples)
   all_metrics, all_outputs = evaluator.evaluate(
       compute_metrics=True, predict_fn=seqio_predict_fn(infer_fn, params))
   metrics_by_task = all_metrics.result()
@@ -285,11 +322,11 @@ def evaluate_split(cfg: utils.DatasetConfig,
       key = k if len(metrics_by_task) == 1 else f"{task_name}/{k}"
       metrics[key] = float(np.asarray(getattr(v, "value", v)))
   predictions = []
-  for task in evaluator.eval_tasks:
+  for task in evaluator.eval_tasks if return_predictions else ():
     vocab = task.output_features["targets"].vocabulary
     tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
-    for row in tokens:  # what the metrics scored: the task's postprocessing, as T5X writes it
-      text = vocab.decode([int(t) for t in row])
+    # What the metrics scored: the task's postprocessing, as T5X writes it.
+    for text in decode_predictions(vocab, tokens):
       predictions.append(
           task.postprocess_fn(text, example=None, is_target=False) if task.postprocess_fn else text)
   return metrics, predictions

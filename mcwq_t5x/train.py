@@ -289,7 +289,10 @@ def train(*,
       bad batch size.
     run_info.VocabularyMismatchError: resuming MODEL_DIR with another vocabulary than the one its
       run.json records.
-    trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept).
+    trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept). Steps run
+      without waiting for the device, so it is raised at the first log, evaluation or checkpoint
+      step at or after the bad step (at most one such interval later), naming the bad step;
+      nothing from the bad step or after it is logged or saved.
     checkpoints.CheckpointSaveError: writing a checkpoint failed (e.g. disk full); the message
       names it, the cause and the last good checkpoint; the checkpoint manager is closed first.
   """
@@ -402,6 +405,7 @@ def train(*,
   train_writer = create_metric_writer(str(model_dir_p / "train"))
   eval_writer = create_metric_writer(str(model_dir_p / "eval"))
   infer_fn = inference.get_infer_fn(model, partitioner, infer_batch_size, predict_kwargs)
+  infer_eval: dict[str, Any] = {}
 
   reported = {(c.mixture_or_task_name, c.split) for c in final_eval_dataset_cfgs}
   monitor_note = ""
@@ -417,8 +421,16 @@ def train(*,
       record.update({f"training_eval/{k}": v for k, v in losses.items()})
     if infer_eval_dataset_cfg is not None:
       t = time.time()
-      metrics, _ = inference.evaluate_split(infer_eval_dataset_cfg, infer_fn, state.params,
-                                            infer_eval_num_examples)
+      if "evaluator" not in infer_eval:  # built (the split tokenised) once per run
+        infer_eval["evaluator"] = inference.make_evaluator(infer_eval_dataset_cfg,
+                                                           infer_eval_num_examples)
+      metrics, _ = inference.evaluate_split(
+          infer_eval_dataset_cfg,
+          infer_fn,
+          state.params,
+          infer_eval_num_examples,
+          evaluator=infer_eval["evaluator"],
+          return_predictions=False)
       record.update({f"inference_eval/{k}": v for k, v in metrics.items()})
       record["inference_eval/time_s"] = time.time() - t
     if len(record) > 1:
@@ -433,26 +445,38 @@ def train(*,
   # --- loop ---------------------------------------------------------------------------------
   stop_at = total_steps if stop_after_steps is None else min(stop_after_steps, total_steps)
   timer = trainer_lib.StepTimer()
-  sums: dict[str, float] = {}
   last_logged: dict[str, Any] = {}
   step = start_step
+  # Steps are dispatched without waiting for the device: their metrics stay on the device until
+  # the next log step, and non-finite steps are recorded in `guard` (the state freezes at the last
+  # good one), checked before every log, evaluation and checkpoint save; so nothing from a
+  # non-finite step is logged or saved, and the error names the first bad step (at most one log or
+  # checkpoint interval late).
+  pending: list[dict[str, Any]] = []
+  guard = trainer.initial_guard()
   t_train = time.time()
   try:
     while step < stop_at:
       local = batches.batch(step, local_rows)
       batch = partitioner.make_global_batch(local, train_dataset_cfg.batch_size)
-      state, metrics = trainer.train_step(state, batch)
+      state, metrics, guard = trainer.train_step_async(state, batch, guard)
       step += 1
-      host = jax.device_get(metrics)
-      for k in ("loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
-                "num_examples"):
-        if k in host:
-          sums[k] = sums.get(k, 0.0) + float(host[k])
-      sums["learning_rate"] = float(host["learning_rate"])
-      timer.add(
-          float(host.get("num_examples", train_dataset_cfg.batch_size)),
-          float(host.get("num_tokens", 0.0)))
+      pending.append(metrics)
+      if len(pending) > 2:  # at most 2 steps in flight: the host does not queue a whole interval
+        jax.block_until_ready(pending[-3]["loss"])
       if step % log_every_steps == 0 or step == stop_at:
+        trainer.check_finite(guard, state)
+        sums: dict[str, float] = {}
+        for host in jax.device_get(pending):
+          for k in ("loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
+                    "num_examples"):
+            if k in host:
+              sums[k] = sums.get(k, 0.0) + float(host[k])
+          sums["learning_rate"] = float(host["learning_rate"])
+          timer.add(
+              float(host.get("num_examples", train_dataset_cfg.batch_size)),
+              float(host.get("num_tokens", 0.0)))
+        pending = []
         summary = trainer_lib.summarize_metrics(sums)
         summary.update(timer.read_and_reset())
         summary.pop("num_tokens", None)
@@ -465,16 +489,19 @@ def train(*,
             summary["examples_per_s"], summary["tokens_per_s"])
         last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
         _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
-        sums = {}
       # Evaluate before saving, so that the checkpoint carries the step's metrics (best-keeping).
       record = None
       if eval_period and (step % eval_period == 0 or step == total_steps):
+        trainer.check_finite(guard, state)
         record = evaluate(step)
+      force = (step == stop_at) or (bool(metric_name_to_monitor) and record is not None)
+      if force or step % max(int(checkpoint_period), 1) == 0:
+        trainer.check_finite(guard, state)  # never save a state frozen after a non-finite step
       ckpt.save(
           step,
           state,
           data_state(step),
-          force=(step == stop_at) or (bool(metric_name_to_monitor) and record is not None),
+          force=force,
           metrics=None if record is None else {
               k: v for k, v in record.items() if k != "step"
           })

@@ -23,7 +23,10 @@ Lean counterpart of T5X's `t5x/trainer.py` + `t5x/utils.py` (train-state creatio
   The masks differ from threefry's and may differ between meshes of different shapes.
 * Non-finite loss or gradients: the step leaves the state unchanged and `Trainer.train_step` raises
   `NonFiniteLossError` with the step and the unchanged state; whether a checkpoint of an earlier
-  step exists is for the caller (which saves them) to say.
+  step exists is for the caller (which saves them) to say. `Trainer.train_step_async` does not
+  wait for the device: it records the first bad step in a device-side `FiniteGuard` and freezes
+  the state from then on; `Trainer.check_finite` (at log and checkpoint steps) raises the same
+  error, for the same step and state, up to one check interval later.
 
 Nothing here imports TensorFlow or SeqIO.
 """
@@ -68,6 +71,21 @@ class NonFiniteLossError(FloatingPointError):
     self.grad_norm = float(grad_norm)
     super().__init__(f"non-finite loss or gradient at step {self.step} (loss sum={self.loss}, "
                      f"grad norm={self.grad_norm}); the train state was not updated")
+
+
+@flax.struct.dataclass
+class FiniteGuard:
+  """Device-side record of the first non-finite train step (`Trainer.train_step_async`).
+
+  Attributes:
+    bad_step: int32 scalar, the step (`state.step` before the update) of the first update whose
+      loss or gradient norm was NaN/Inf; -1 while every step was finite.
+    loss: float32 scalar, that step's summed token loss (0 while none).
+    grad_norm: float32 scalar, that step's global gradient norm (0 while none).
+  """
+  bad_step: jax.Array
+  loss: jax.Array
+  grad_norm: jax.Array
 
 
 @flax.struct.dataclass
@@ -461,33 +479,93 @@ class Trainer:
     totals, _ = jax.lax.scan(body, init, (jnp.arange(self.num_microbatches), mbs))
     return totals
 
-  def _train_step(self, state: TrainState, batch: Batch, base_rng: jax.Array):
+  def _train_step(self, state: TrainState, batch: Batch, base_rng: jax.Array, guard: FiniteGuard):
     rng = jax.random.fold_in(base_rng, state.step)
     loss, grads, metrics = self._loss_grads_and_metrics(state.params, batch, rng)
     updates, new_opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    halted = guard.bad_step >= 0
     new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
-    # Keep the old state when the step is not finite: the caller raises, nothing bad is saved.
-    new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_state, state)
+    # Keep the old state when the step is not finite, or an earlier one was not (the state stays
+    # frozen at the last good one until the caller checks the guard): nothing bad is saved.
+    new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite & ~halted, n, o), new_state,
+                                       state)
+    first_bad = ~finite & ~halted
+    new_guard = FiniteGuard(
+        bad_step=jnp.where(first_bad, state.step, guard.bad_step).astype(jnp.int32),
+        loss=jnp.where(first_bad, metrics["loss"].astype(jnp.float32), guard.loss),
+        grad_norm=jnp.where(first_bad, grad_norm.astype(jnp.float32), guard.grad_norm))
     metrics = dict(metrics)
     metrics["learning_rate"] = jnp.asarray(self.learning_rate_fn(state.step), jnp.float32)
     metrics["grad_norm"] = grad_norm
     metrics["is_finite"] = finite
-    return new_state, metrics
+    return new_state, metrics, new_guard
 
   def compile_train_step(self, state_shardings: TrainState, batch: Batch):
-    """Compiles the train step for `batch`'s features (donates the old state)."""
+    """Compiles the train step for `batch`'s features (donates the old state).
+
+    The compiled function maps `(state, batch, dropout_rng, guard)` to
+    `(new_state, metrics, new_guard)` (see `train_step_async`).
+    """
     p = self.partitioner
     return p.partition(
         self._train_step,
-        in_shardings=(state_shardings, p.batch_shardings(batch), p.replicated),
-        out_shardings=(state_shardings, p.replicated),
+        in_shardings=(state_shardings, p.batch_shardings(batch), p.replicated, p.replicated),
+        out_shardings=(state_shardings, p.replicated, p.replicated),
         donate_argnums=(0,))
 
+  def train_step_async(self, state: TrainState, batch: Batch,
+                       guard: FiniteGuard) -> tuple[TrainState, dict[str, jax.Array], FiniteGuard]:
+    """One optimizer update, dispatched without waiting for the device (no host sync).
+
+    Non-finite steps are recorded on the device in `guard` instead of raising: the first step
+    whose loss or gradient norm is NaN/Inf leaves the state unchanged, and so do all later steps
+    (the state stays the last good one, `state.step` == the bad step) until the caller calls
+    `check_finite(guard, state)`, which raises `NonFiniteLossError` naming that first bad step.
+    A caller that checks the guard before every checkpoint save and every metric log never saves
+    or logs anything from a non-finite step; the error comes at most one check interval late.
+
+    Args:
+      state: the train state (donated: do not reuse it).
+      batch: a global batch (already sharded, or plain numpy on one host).
+      guard: `FiniteGuard` from `initial_guard()` or the previous call.
+
+    Returns:
+      (new_state, metric sums of this step as device scalars, "learning_rate", "grad_norm" and
+      bool "is_finite" added; the new guard).
+    """
+    if self._train_step_fn is None:
+      shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
+      self._train_step_fn = self.compile_train_step(shardings, batch)
+    return self._train_step_fn(state, dict(batch), self.dropout_rng, guard)
+
+  def initial_guard(self) -> "FiniteGuard":
+    """A `FiniteGuard` with no bad step (bad_step -1), replicated over the mesh."""
+    guard = FiniteGuard(
+        bad_step=np.array(-1, np.int32),
+        loss=np.array(0.0, np.float32),
+        grad_norm=np.array(0.0, np.float32))
+    return jax.device_put(guard, self.partitioner.replicated)
+
+  @staticmethod
+  def check_finite(guard: "FiniteGuard", state: TrainState) -> None:
+    """Waits for `guard` (a host sync) and raises if a step since the start was not finite.
+
+    Raises:
+      NonFiniteLossError: with the first non-finite step, its loss sum and gradient norm, and
+        `state` (the last good state: the updates stopped at that step).
+    """
+    host = jax.device_get(guard)
+    if int(host.bad_step) >= 0:
+      raise NonFiniteLossError(int(host.bad_step), state, float(host.loss), float(host.grad_norm))
+
   def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update on a global batch (already sharded or plain numpy on one host).
+    """One optimizer update on a global batch, checked at once (waits for the device).
+
+    `train_step_async` followed by `check_finite`; loops that should not wait on every step use
+    those two directly (as `mcwq_t5x.train.train` does).
 
     Returns:
       (new_state, metric sums as device scalars; "learning_rate", "grad_norm", "is_finite" added).
@@ -496,13 +574,8 @@ class Trainer:
       NonFiniteLossError: if the loss or the gradient norm is NaN/Inf; the state is NOT updated
         (the exception's `state`), `step` is `int(state.step)`.
     """
-    if self._train_step_fn is None:
-      shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
-      self._train_step_fn = self.compile_train_step(shardings, batch)
-    step = int(state.step)
-    new_state, metrics = self._train_step_fn(state, dict(batch), self.dropout_rng)
-    if not bool(metrics["is_finite"]):
-      raise NonFiniteLossError(step, new_state, float(metrics["loss"]), float(metrics["grad_norm"]))
+    new_state, metrics, guard = self.train_step_async(state, batch, self.initial_guard())
+    self.check_finite(guard, new_state)
     return new_state, metrics
 
   def _eval_step(self, params, batch):

@@ -12,7 +12,12 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-r"""Speed benchmark of the T5/mT5 network: a training step and decoding.
+r"""Speed benchmark of the T5/mT5 network on a GPU/TPU: a training step and decoding.
+
+A GPU/TPU benchmark: on a CPU it still runs but says so first (the defaults, bfloat16 at 64/128
+tokens, take minutes there; `scripts/benchmark_vs_hf.py` is the CPU comparison). It prints a line
+as each phase starts (compiling the train step, timing it, each decoding mode) and the results
+at the end.
 
 Builds `network.Transformer` at a preset size with random params, then times
 (after compilation, on one device) an Adafactor training step (optax, as T5X
@@ -132,6 +137,14 @@ def synthetic_batch(rng: np.random.Generator, vocab: int, batch: int, in_len: in
   }
 
 
+def _phase(text: str) -> None:
+  """Prints a progress line (with the time since the process started) at once."""
+  print(f"[{time.perf_counter() - _START:7.1f}s] {text}", flush=True)
+
+
+_START = time.perf_counter()
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   """Command line (module docstring): prints the timings and returns them as a dict."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -163,8 +176,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   cfg = network.get_config(args.model, **overrides)
   model = model_lib.EncoderDecoderModel(network.Transformer(cfg))
   device = jax.devices()[0]
-  print(f"device: {device.platform} {device.device_kind} "
-        f"(timing uses 1 of {jax.device_count()} devices)")
+  print(
+      f"device: {device.platform} {device.device_kind} "
+      f"(timing uses 1 of {jax.device_count()} devices)",
+      flush=True)
+  if device.platform == "cpu":
+    print(
+        "NOTE: this is a GPU/TPU benchmark; on a CPU each phase can take minutes (use a small "
+        "--model/--batch_size/--target_length, or scripts/benchmark_vs_hf.py to compare with "
+        "transformers on a CPU)",
+        flush=True)
   shapes = {
       "encoder_input_tokens": (1, args.input_length),
       "decoder_input_tokens": (1, args.target_length)
@@ -186,6 +207,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return optax.apply_updates(p, updates), s, loss
 
   step = jax.jit(train_step, donate_argnums=(0, 1))
+  _phase("compiling the training step")
   t0 = time.perf_counter()
   compiled = step.lower(params, opt_state, batch, jax.random.PRNGKey(1)).compile()
   compile_s = time.perf_counter() - t0
@@ -204,6 +226,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                             jax.random.PRNGKey(state["i"]))
     return loss
 
+  _phase(f"timing {args.steps} training steps (compiled in {compile_s:.1f}s)")
   _, step_s = _time(run_step, args.steps)
   flops = model_flops(cfg, args.batch_size, args.input_length, args.target_length)
   results: dict[str, Any] = {
@@ -241,6 +264,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
           num_decodes=n,
           decoder_params={"alpha": args.alpha} if n > 1 else None,
           max_decode_length=decode_len)
+      _phase(f"decoding: {name}" + (f" (beam {n})" if n > 1 else "") +
+             f", {decode_len} tokens, compiling then timing {max(1, args.steps // 2)} batches")
       first, per = _time(fn, max(1, args.steps // 2))
       tokens, _ = fn()
       decoded = int(np.sum(np.asarray(tokens) > 0))

@@ -49,6 +49,24 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   device (with the training main's XLA CPU flags) against the same HF step: kernels against
   kernels.
 
+* **decode** (`--modes decode`): decoding the split's questions with one checkpoint, greedy and
+  beam search (4 beams, length penalty alpha 0.6), each (system, method) in its own process. The
+  checkpoint is `--checkpoint` (a MODEL_DIR or `checkpoint_<step>` of the `--decode_model` preset
+  of `mcwq_t5x.network.CONFIGS`, default `tiny`, the main job's model), or else that preset
+  trained for `--decode_train_steps` steps on the split (`mcwq_t5x.train.train`, batch
+  `--batch_size`) in a fresh process; it is exported once with `mcwq_t5x.export_hf`. Ours is the
+  eval main's decoding path, `mcwq_t5x.inference` (`get_infer_fn`, compilation included, and
+  `decode_predictions`), with the eval main's CPU settings; theirs is
+  `MT5ForConditionalGeneration.generate` on the export in batches of similar lengths (sorted by
+  input length, dynamic padding, `torch.inference_mode()`, `do_sample=False`, `num_beams` 1 or 4,
+  `length_penalty` 0.6; note that transformers' length penalty is `score / length ** alpha`,
+  T5X's is GNMT's `((5 + length) / 6) ** alpha`, so beam results may differ). Both decode up to
+  `--decode_length` tokens (default: the split's longest target) in batches of
+  `--decode_batch_size` (default 64, the eval main's) and turn the tokens into text with the
+  task's vocabulary; times are from the first batch to the last text (tokenisation excluded).
+  Prints questions/s, wall time, peak RSS and the number of predictions identical to the other
+  system's, and last `decode ratio ours/hf: X.XX` (greedy questions/s of ours / theirs).
+
 Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
 EOS included), wall time, peak RSS (GiB), and as its last two lines
 `epoch ratio ours/hf: X.XX` and `fixed-shape ratio ours/hf: X.XX` (examples/s of ours / theirs).
@@ -59,6 +77,7 @@ Examples:
   python scripts/benchmark_vs_hf.py
   python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 1
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
+  python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
 """
 
 from __future__ import annotations
@@ -366,11 +385,183 @@ def hf_fixed(args: argparse.Namespace) -> dict[str, Any]:
   return _fixed_result("hf", args, (batch["labels"] != -100).sum(), times)
 
 
+# --- decode -----------------------------------------------------------------------------------
+DECODE_METHODS = {
+    "greedy": {
+        "num_decodes": 1
+    },
+    "beam4": {
+        "num_decodes": 4,
+        "decoder_params": {
+            "alpha": 0.6
+        }
+    },
+}
+
+
+def _decode_config(args: argparse.Namespace):
+  from mcwq_t5x import network
+  return network.get_config(args.decode_model, dropout_rate=0.0)
+
+
+def _decode_questions(args: argparse.Namespace) -> tuple[list[list[int]], int]:
+  """The split's input ids (with EOS, source order) and the decode length."""
+  examples = _examples(args)
+  length = args.decode_length or max(len(t) for _, t in examples)
+  return [i for i, _ in examples], length
+
+
+def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
+  """Trains the `--decode_model` preset unless `--checkpoint` is given; exports it for HF."""
+  from mcwq_t5x import export_hf
+  from mcwq_t5x import inference
+  from mcwq_t5x import model as model_lib
+  from mcwq_t5x import network
+  from mcwq_t5x import partitioning
+  from mcwq_t5x import train as train_lib
+  from mcwq_t5x import utils
+  config = _decode_config(args)
+  model = model_lib.EncoderDecoderModel(network.Transformer(config))
+  checkpoint = args.checkpoint
+  if not checkpoint:
+    checkpoint = os.path.join(args.work_dir, "model")
+    cfg = utils.DatasetConfig(
+        mixture_or_task_name=args.task,
+        task_feature_lengths={
+            "inputs": args.input_length,
+            "targets": args.target_length
+        },
+        split=args.split,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=0,
+        module="tasks.mcwq")
+    steps = max(args.decode_train_steps, 1)
+    train_lib.train(
+        model=model_lib.EncoderDecoderModel(
+            network.Transformer(network.get_config(args.decode_model))),
+        train_dataset_cfg=cfg,
+        model_dir=checkpoint,
+        total_steps=steps,
+        partitioner=partitioning.Partitioner(),
+        trainer_cls=_our_trainer_cls(args),
+        eval_period=0,
+        log_every_steps=steps,
+        checkpoint_period=10**9,
+        keep_checkpoints=1)
+  params = inference.load_params(model, partitioning.Partitioner(), checkpoint)[0]
+  vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  hf_dir = os.path.join(args.work_dir, "hf")
+  export_hf.export_params(
+      jax_to_numpy(params),
+      config,
+      hf_dir,
+      vocab.sentencepiece_model_file,
+      vocab.extra_ids,
+      overwrite=True)
+  return {"checkpoint": checkpoint, "hf_dir": hf_dir}
+
+
+def jax_to_numpy(tree):
+  import jax
+  return jax.tree_util.tree_map(lambda x: __import__("numpy").asarray(x), jax.device_get(tree))
+
+
+def _decode_result(system: str, method: str, args: argparse.Namespace, texts: list[str],
+                   seconds: float) -> dict[str, Any]:
+  with open(os.path.join(args.work_dir, f"{system}_{method}.json"), "w") as f:
+    json.dump(texts, f)
+  return {
+      "system": system,
+      "mode": "decode",
+      "method": method,
+      "questions": len(texts),
+      "seconds": seconds,
+      "questions_per_s": len(texts) / seconds,
+      "peak_rss_gib": _peak_rss_gib()
+  }
+
+
+def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
+  """`mcwq_t5x.inference` on the questions (the eval main's path); see the module docstring."""
+  import numpy as np
+
+  from mcwq_t5x import inference
+  from mcwq_t5x import model as model_lib
+  from mcwq_t5x import network
+  from mcwq_t5x import partitioning
+  from mcwq_t5x import utils
+  questions, length = _decode_questions(args)
+  arrays = {
+      "encoder_input_tokens": np.zeros((len(questions), max(map(len, questions))), np.int32),
+      "decoder_input_tokens": np.zeros((len(questions), length), np.int32)
+  }
+  for r, q in enumerate(questions):
+    arrays["encoder_input_tokens"][r, :len(q)] = q
+  model = model_lib.EncoderDecoderModel(network.Transformer(_decode_config(args)))
+  partitioner = partitioning.Partitioner()
+  params = inference.load_params(model, partitioner, args.checkpoint)[0]
+  vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  t = time.time()
+  infer_fn = inference.get_infer_fn(model, partitioner, args.decode_batch_size,
+                                    DECODE_METHODS[method])
+  texts = inference.decode_predictions(vocab, infer_fn(params, arrays))
+  return _decode_result("ours", method, args, texts, time.time() - t)
+
+
+def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
+  """transformers' `generate` on the export, length-sorted batches; see the module docstring."""
+  import numpy as np
+  import torch
+  import transformers
+
+  from mcwq_t5x import inference
+  from mcwq_t5x import utils
+  questions, length = _decode_questions(args)
+  model = transformers.MT5ForConditionalGeneration.from_pretrained(args.hf_dir)
+  model.eval()
+  vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  beams = DECODE_METHODS[method]["num_decodes"]
+  order = sorted(range(len(questions)), key=lambda i: -len(questions[i]))
+  texts: list[str] = [""] * len(questions)
+  t = time.time()
+  with torch.inference_mode():
+    for k in range(0, len(order), args.decode_batch_size):
+      rows = order[k:k + args.decode_batch_size]
+      li = max(len(questions[i]) for i in rows)
+      ids = torch.zeros((len(rows), li), dtype=torch.long)
+      mask = torch.zeros((len(rows), li), dtype=torch.long)
+      for r, i in enumerate(rows):
+        ids[r, :len(questions[i])] = torch.tensor(questions[i])
+        mask[r, :len(questions[i])] = 1
+      out = model.generate(
+          input_ids=ids,
+          attention_mask=mask,
+          max_new_tokens=length,
+          do_sample=False,
+          num_beams=beams,
+          length_penalty=DECODE_METHODS[method].get("decoder_params", {}).get("alpha", 1.0),
+          decoder_start_token_id=0,
+          eos_token_id=1,
+          pad_token_id=0)
+      tokens = out[:, 1:].numpy().astype(np.int32)  # drop the decoder start token
+      for i, text in zip(rows, inference.decode_predictions(vocab, tokens)):
+        texts[i] = text
+  return _decode_result("hf", method, args, texts, time.time() - t)
+
+
 WORKERS = {
     ("ours", "epoch"): ours_epoch,
     ("ours", "fixed"): ours_fixed,
     ("hf", "epoch"): hf_epoch,
-    ("hf", "fixed"): hf_fixed
+    ("hf", "fixed"): hf_fixed,
+    ("prep", "decode"): prep_decode,
+    **{
+        ("ours", f"decode-{m}"): (lambda a, m=m: ours_decode(a, m)) for m in DECODE_METHODS
+    },
+    **{
+        ("hf", f"decode-{m}"): (lambda a, m=m: hf_decode(a, m)) for m in DECODE_METHODS
+    },
 }
 
 
@@ -401,6 +592,52 @@ def _line(r: dict[str, Any]) -> str:
   return (f"{r['system']:>4} {r['mode']:<5} {r['examples_per_s']:8.1f} ex/s "
           f"{r['target_tokens_per_s']:9.0f} tgt tok/s {r['seconds']:8.1f} s "
           f"{r['peak_rss_gib']:5.2f} GiB peak RSS  ({r['steps']} steps)")
+
+
+def _decode_line(r: dict[str, Any]) -> str:
+  return (f"{r['system']:>4} decode {r['method']:<6} {r['questions_per_s']:8.1f} questions/s "
+          f"{r['seconds']:8.1f} s {r['peak_rss_gib']:5.2f} GiB peak RSS  "
+          f"{r['identical']}/{r['questions']} identical")
+
+
+def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> None:
+  """`--modes decode`: prepare the checkpoint and its export, then ours/hf per method."""
+  print(
+      f"decode: {'checkpoint ' + args.checkpoint if args.checkpoint else 'training the '}"
+      f"{'' if args.checkpoint else args.decode_model + ' preset for '}"
+      f"{'' if args.checkpoint else str(args.decode_train_steps) + ' steps'}; exporting it",
+      flush=True)
+  prep = _run_worker("prep", "decode", argv + ["--work_dir", work_dir], 1)
+  argv = argv + [
+      "--work_dir", work_dir, "--checkpoint", prep["checkpoint"], "--hf_dir", prep["hf_dir"]
+  ]
+  runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  for _ in range(args.repeats):
+    for method in DECODE_METHODS:
+      pair = {}
+      for system in ("ours", "hf"):
+        pair[system] = _run_worker(system, f"decode-{method}", argv, 1)
+        with open(os.path.join(work_dir, f"{system}_{method}.json")) as f:
+          pair[system]["texts"] = json.load(f)
+      same = sum(a == b for a, b in zip(pair["ours"]["texts"], pair["hf"]["texts"]))
+      for system in ("ours", "hf"):
+        r = pair[system]
+        r["identical"] = same
+        del r["texts"]
+        runs.setdefault((system, method), []).append(r)
+        print(_decode_line(r), flush=True)
+  means = {}
+  for method in DECODE_METHODS:
+    for system in ("ours", "hf"):
+      rs = runs[(system, method)]
+      means[(system, method)] = sum(r["questions_per_s"] for r in rs) / len(rs)
+      print(f"mean {system} decode {method}: {means[(system, method)]:.1f} questions/s over "
+            f"{len(rs)} run(s)")
+  print(f"decode beam4 ratio ours/hf: "
+        f"{means[('ours', 'beam4')] / means[('hf', 'beam4')]:.2f}")
+  print(
+      f"decode ratio ours/hf: {means[('ours', 'greedy')] / means[('hf', 'greedy')]:.2f}",
+      flush=True)
 
 
 def main(argv=None) -> None:
@@ -439,7 +676,22 @@ def main(argv=None) -> None:
   parser.add_argument(
       "--host_devices", type=int, default=2, help="XLA CPU devices, our epoch (fixed: 1)")
   parser.add_argument("--repeats", type=int, default=1)
-  parser.add_argument("--modes", default="epoch,fixed")
+  parser.add_argument("--modes", default="epoch,fixed", help="any of epoch,fixed,decode")
+  parser.add_argument(
+      "--checkpoint",
+      default="",
+      help="decode: a checkpoint of the --decode_model preset (default: train one)")
+  parser.add_argument("--decode_model", default="tiny", help="decode: network.CONFIGS preset")
+  parser.add_argument(
+      "--decode_train_steps",
+      type=int,
+      default=300,
+      help="decode: steps to train --decode_model when no --checkpoint is given")
+  parser.add_argument(
+      "--decode_length", type=int, default=0, help="decode: 0 = the split's longest target")
+  parser.add_argument("--decode_batch_size", type=int, default=64)
+  parser.add_argument("--work_dir", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--hf_dir", default="", help=argparse.SUPPRESS)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
 
@@ -447,16 +699,25 @@ def main(argv=None) -> None:
     import logging
     logging.basicConfig(level=logging.WARNING)
     system, mode = args.worker.split(":")
-    if system == "ours":  # as the training main does (flags before JAX starts its backend)
+    if system in ("ours", "prep"):  # flags before JAX starts its backend
       from mcwq_t5x import partitioning
-      partitioning.set_xla_cpu_flags()
-      partitioning.set_host_malloc_options()
+      if mode.startswith("decode-"):  # as the eval and infer mains do
+        partitioning.set_inference_cpu_options()
+      else:  # as the training main does
+        partitioning.set_xla_cpu_flags()
+        partitioning.set_host_malloc_options()
     print(json.dumps(WORKERS[(system, mode)](args)))
     return
 
   argv = [a for a in (argv if argv is not None else sys.argv[1:])]
   results: dict[tuple[str, str], list[dict[str, Any]]] = {}
   modes = [m for m in args.modes.split(",") if m]
+  if "decode" in modes:
+    modes.remove("decode")
+    with tempfile.TemporaryDirectory() as work_dir:
+      _decode_driver(args, argv, work_dir)
+    if not modes:
+      return
   for _ in range(args.repeats):
     for mode in modes:
       for system in ("ours", "hf"):
