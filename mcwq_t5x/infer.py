@@ -26,7 +26,6 @@ import logging
 import sys
 from typing import Any, Iterable, Optional, Sequence
 
-import gin
 import numpy as np
 
 from mcwq_t5x import gin_utils

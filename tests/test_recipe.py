@@ -20,7 +20,6 @@ import pathlib
 import sys
 
 import gin
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -28,11 +27,9 @@ import pytest
 
 from mcwq_t5x import best_checkpoint
 from mcwq_t5x import checkpoints
-from mcwq_t5x import eval as eval_lib
 from mcwq_t5x import gin_utils
 from mcwq_t5x import network
 from mcwq_t5x import partitioning
-from mcwq_t5x import train as train_lib
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
 from mcwq_t5x import vocab
