@@ -28,7 +28,6 @@ import logging
 import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
-
 from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
