@@ -287,6 +287,16 @@ CHECKS = {
         _train_vocab,
     rc.NEWLANG_REPORT:
         _newlang_report,
+    rc.index_of("python -m mcwq_t5x.export_hf"):
+        _export_hf,
+    rc.index_of("python -m mcwq_t5x.divergence"):
+        _divergence,
+    rc.index_of(rc.MAKE_SPLITS):
+        _make_splits,
+    rc.index_of(rc.DEPENDS[-2][0]):
+        _gap_run("mcd_en"),
+    rc.index_of(rc.DEPENDS[-1][0]):
+        _gap_run("random_en"),
 }
 
 # The test command is what CI runs; `export` lines set the variables of the commands after them.
