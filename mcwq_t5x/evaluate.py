@@ -223,7 +223,9 @@ def execution_line(result: dict[str, Any]) -> str:
   examples that could be executed, and those n among all N lines."""
   ex = result["execution"]
   total = sum(ex["outcomes"].values())
-  return (f"execution accuracy {result['execution_accuracy']:.1f}%: {ex['correct']} of {ex['n']} "
+  accuracy = result["execution_accuracy"]  # None: undefined (no example could be scored)
+  head = "undefined" if accuracy is None else f"{accuracy:.1f}%"
+  return (f"execution accuracy {head}: {ex['correct']} of {ex['n']} "
           f"executable ({ex['n']} of {total})")
 
 
