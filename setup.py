@@ -17,7 +17,7 @@ def _requirements(name):
 setuptools.setup(
     name="mcwq-t5x",
     version="0.1.0",
-    description=__doc__,
+    description=" ".join(__doc__.split()),
     long_description=(_HERE / "README.md").read_text() if (_HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
@@ -37,4 +37,5 @@ setuptools.setup(
         ],
     },
     license="Apache-2.0",
+    license_files=["LICENSE"],
 )
