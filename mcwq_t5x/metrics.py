@@ -533,7 +533,7 @@ def match_test_intersection(gold_targets: Sequence[str],
       continue
     if languages:
 
-      def score(j: int) -> float:
+      def score(j: int, i: int = i) -> float:
         total = 0.0
         for l in languages:
           a, b = gold_cols[l][i].strip(), mcd_cols[l][j].strip()

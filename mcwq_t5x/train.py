@@ -340,7 +340,7 @@ def train(*,
       batches.num_rows,
       time.time() - t0, jax.process_index(), jax.process_count(), local_rows.start, local_rows.stop,
       train_dataset_cfg.batch_size)
-  eval_arrays = None
+  eval_arrays, eval_batch_size = None, None
   if train_eval_dataset_cfg is not None:
     check_model_and_task(model, train_eval_dataset_cfg)
     eval_batch_size = inference.decoding_batch_size(train_eval_dataset_cfg.batch_size, partitioner)
@@ -402,8 +402,6 @@ def train(*,
         "split": train_dataset_cfg.split
     }
 
-  train_writer = create_metric_writer(str(model_dir_p / "train"))
-  eval_writer = create_metric_writer(str(model_dir_p / "eval"))
   infer_fn = inference.get_infer_fn(model, partitioner, infer_batch_size, predict_kwargs)
   infer_eval: dict[str, Any] = {}
 
@@ -414,10 +412,11 @@ def train(*,
          if c is not None):
     monitor_note = " (monitoring on the reported split, selects nothing)"
 
-  def evaluate(step):
+  def evaluate(step: int, train_state: Any) -> dict[str, Any]:
+    """The training-time evaluation of `train_state` at `step` (logged and written)."""
     record: dict[str, Any] = {"step": step}
     if eval_arrays is not None:  # the "dev loss" (of whatever split EVAL_SPLIT names)
-      losses = loss_over_split(trainer, state, eval_arrays, eval_batch_size, partitioner)
+      losses = loss_over_split(trainer, train_state, eval_arrays, eval_batch_size, partitioner)
       record.update({f"training_eval/{k}": v for k, v in losses.items()})
     if infer_eval_dataset_cfg is not None:
       t = time.time()
@@ -427,7 +426,7 @@ def train(*,
       metrics, _ = inference.evaluate_split(
           infer_eval_dataset_cfg,
           infer_fn,
-          state.params,
+          train_state.params,
           infer_eval_num_examples,
           evaluator=infer_eval["evaluator"],
           return_predictions=False)
@@ -454,6 +453,9 @@ def train(*,
   # checkpoint interval late).
   pending: list[dict[str, Any]] = []
   guard = trainer.initial_guard()
+  # Closed when the loop ends, however it ends (nothing is written to them after it).
+  train_writer = create_metric_writer(str(model_dir_p / "train"))
+  eval_writer = create_metric_writer(str(model_dir_p / "eval"))
   t_train = time.time()
   try:
     while step < stop_at:
@@ -493,7 +495,7 @@ def train(*,
       record = None
       if eval_period and (step % eval_period == 0 or step == total_steps):
         trainer.check_finite(guard, state)
-        record = evaluate(step)
+        record = evaluate(step, state)
       force = (step == stop_at) or (bool(metric_name_to_monitor) and record is not None)
       if force or step % max(int(checkpoint_period), 1) == 0:
         trainer.check_finite(guard, state)  # never save a state frozen after a non-finite step
@@ -519,7 +521,8 @@ def train(*,
     ckpt.close()  # no save left running when the interpreter exits
     raise
   finally:
-    train_writer.flush()
+    train_writer.close()
+    eval_writer.close()
     ckpt.wait()
   train_time = time.time() - t_train
   result: dict[str, Any] = {
@@ -576,8 +579,6 @@ def train(*,
                  time.time() - t, metrics, pred_path)
     result["final_eval"][f"{cfg.mixture_or_task_name}_{cfg.split}"] = metrics
   ckpt.close()
-  train_writer.close()
-  eval_writer.close()
   result["wall_s"] = time.time() - t_start
   logging.info("done in %.1fs (training %.1fs)", result["wall_s"], train_time)
   return result

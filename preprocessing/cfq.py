@@ -500,7 +500,7 @@ def _twin_classes(q: ParsedQuery) -> dict[str, tuple[str, ...]]:
       if b in out:
         continue
       swap = {a: b, b: a}
-      s = lambda t: swap.get(t, t)  # noqa: E731
+      s = lambda t, swap=swap: swap.get(t, t)  # noqa: E731
       swapped = collections.Counter(
           Clause(s(c.subject), s(c.predicate), s(c.object)) for c in q.clauses)
       if swapped == clauses:

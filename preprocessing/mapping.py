@@ -220,7 +220,7 @@ def equal_up_to_renaming(a: str, b: str) -> tuple[bool, dict[str, str] | None]:
   target = qb.canonical()
   for perm in itertools.permutations(pb):
     ren = dict(zip(pa, perm))
-    r = lambda t: ren.get(t, t)  # noqa: E731
+    r = lambda t, ren=ren: ren.get(t, t)  # noqa: E731
     qr = sparql_lib.Query(
         qa.prefix,
         tuple(sparql_lib.Triple(r(t.subject), t.predicate, r(t.object)) for t in qa.triples),

@@ -109,7 +109,7 @@ def assignment_query(q: Migrated, limit: int, counts: dict[str, int] | None = No
 
 def substituted_sparql(q: Migrated, assignment: dict[str, str]) -> str:
   """The MCWQ-format query with placeholders replaced by the assigned `wd:Q…` entities."""
-  for m, e in assignment.items():
+  for e in assignment.values():
     _checked(e)
   sub = lambda t: assignment.get(t, t)  # noqa: E731
   return cfq.ParsedQuery(

@@ -569,7 +569,8 @@ def _run_worker(system: str, mode: str, argv: list[str], host_devices: int) -> d
        os.path.abspath(__file__), "--worker", f"{system}:{mode}", *argv],
       env=env,
       capture_output=True,
-      text=True)
+      text=True,
+      check=False)
   if proc.returncode != 0:
     raise RuntimeError(f"{system} {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])

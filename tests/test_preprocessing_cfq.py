@@ -70,7 +70,7 @@ def cfq_shaped(question, prefix, mod_entities, mids):
   types = sorted({c[2] for c in mod_entities if c[1] == "a"})
   abstract = {t: f"M{len(used) + k}" for k, t in enumerate(types)}
   props: dict[str, str] = {}
-  for s, p, o in sorted(mod_entities, key=lambda c: (c[0], c[2])):
+  for _, p, _ in sorted(mod_entities, key=lambda c: (c[0], c[2])):
     if p not in ("a", "!="):
       props.setdefault(p, f"P{len(props)}")
   sub = lambda t: mid.get(t, t)  # noqa: E731

@@ -452,8 +452,8 @@ def test_google_backend_200_that_is_not_a_v2_answer_is_a_clear_error_and_progres
   assert t.translate(texts, "kn") == ["[kn] Who did M0 star", None, None]
   assert "not JSON" in t.failures[("kn", texts[1])].detail
   assert "no 'data.translations'" in t.failures[("kn", texts[2])].detail
-  assert tr.Translator(g, tmp_path / "c.jsonl").cache.get(t._key(texts[0], "kn",
-                                                                 "en")) == "[kn] Who did M0 star"  # pylint: disable=protected-access
+  key = t._key(texts[0], "kn", "en")  # pylint: disable=protected-access
+  assert tr.Translator(g, tmp_path / "c.jsonl").cache.get(key) == "[kn] Who did M0 star"
 
 
 # ---------------------------------------------------------------- runs that finish (issue 14)

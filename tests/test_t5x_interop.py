@@ -117,42 +117,42 @@ def mcwq_batch(mcwq_dir):
   }
 
 
-def test_parameter_trees_are_t5x_trees():
+@pytest.mark.parametrize("vocab_size, overrides",
+                         [(64, {}), (250112, dict(num_encoder_layers=8, num_decoder_layers=8))])
+def test_parameter_trees_are_t5x_trees(vocab_size, overrides):
   """Same names, shapes and dtypes as T5X's example network for the same config (mT5 sizes too:
   vocabulary 250112, 8+8 layers, so that mT5 checkpoints map one to one)."""
-  for vocab_size, overrides in ((64, {}), (250112, dict(num_encoder_layers=8,
-                                                        num_decoder_layers=8))):
-    shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 6)}
-    types = {k: jnp.int32 for k in shapes}
-    ours = network.Transformer(
-        network.get_config("tiny", vocab_size=vocab_size, **{
-            **TINY,
-            **overrides
-        }))
-    theirs = t5x_network.Transformer(
-        t5x_network.T5Config(vocab_size=vocab_size, **{
-            **TINY,
-            **overrides
-        }))
-    ours_shapes = jax.eval_shape(
-        lambda r: model_lib.unbox(
-            model_lib.EncoderDecoderModel(ours).get_initial_variables(r, shapes, types)["params"]),
-        jax.random.PRNGKey(0))
-    t5x_shapes = jax.eval_shape(
-        lambda r: unfrozen(
-            t5x_models.EncoderDecoderModel(theirs, None, None, None).get_initial_variables(
-                r, shapes, types)["params"]), jax.random.PRNGKey(0))
-    flat = lambda t: {
-        jax.tree_util.keystr(p): (x.shape, x.dtype)
-        for p, x in jax.tree_util.tree_flatten_with_path(t)[0]
-    }
-    assert flat(ours_shapes) == flat(t5x_shapes)
-    layers_enc = overrides.get("num_encoder_layers", 2)
-    layers_dec = overrides.get("num_decoder_layers", 2)
-    # embedding, 2 final norms, 2 relative-position tables, logits_dense; 9 per encoder layer
-    # (q, k, v, out, wi_0, wi_1, wo, 2 norms), 14 per decoder layer (2 attentions, 3 norms).
-    assert len(flat(ours_shapes)) == 6 + 9 * layers_enc + 14 * layers_dec
-    assert "['decoder']['logits_dense']['kernel']" in flat(ours_shapes)
+  shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 6)}
+  types = {k: jnp.int32 for k in shapes}
+  ours = network.Transformer(
+      network.get_config("tiny", vocab_size=vocab_size, **{
+          **TINY,
+          **overrides
+      }))
+  theirs = t5x_network.Transformer(
+      t5x_network.T5Config(vocab_size=vocab_size, **{
+          **TINY,
+          **overrides
+      }))
+  ours_shapes = jax.eval_shape(
+      lambda r: model_lib.unbox(
+          model_lib.EncoderDecoderModel(ours).get_initial_variables(r, shapes, types)["params"]),
+      jax.random.PRNGKey(0))
+  t5x_shapes = jax.eval_shape(
+      lambda r: unfrozen(
+          t5x_models.EncoderDecoderModel(theirs, None, None, None).get_initial_variables(
+              r, shapes, types)["params"]), jax.random.PRNGKey(0))
+  flat = lambda t: {
+      jax.tree_util.keystr(p): (x.shape, x.dtype)
+      for p, x in jax.tree_util.tree_flatten_with_path(t)[0]
+  }
+  assert flat(ours_shapes) == flat(t5x_shapes)
+  layers_enc = overrides.get("num_encoder_layers", 2)
+  layers_dec = overrides.get("num_decoder_layers", 2)
+  # embedding, 2 final norms, 2 relative-position tables, logits_dense; 9 per encoder layer
+  # (q, k, v, out, wi_0, wi_1, wo, 2 norms), 14 per decoder layer (2 attentions, 3 norms).
+  assert len(flat(ours_shapes)) == 6 + 9 * layers_enc + 14 * layers_dec
+  assert "['decoder']['logits_dense']['kernel']" in flat(ours_shapes)
 
 
 def test_same_logits_and_greedy_decodes_as_t5x(mcwq_batch):
