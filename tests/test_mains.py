@@ -144,6 +144,26 @@ def test_vocab_model_size_mismatch(tmp_path):
     configured_train(tmp_path, "network.get_config.vocab_size = 1000")()
 
 
+def test_early_stop_closes_the_metric_writers(tmp_path, monkeypatch):
+  """`stop_after_steps`: the run returns after its checkpoint, without the final evaluation, and
+  its TensorBoard writers are closed (their events, the evaluation's too, are on disk)."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  writers = []
+  create = train_lib.create_metric_writer
+  monkeypatch.setattr(train_lib, "create_metric_writer",
+                      lambda logdir: writers.append(create(logdir)) or writers[-1])
+  run = configured_train(tmp_path, "EVAL_PERIOD = 2", "LOG_EVERY_STEPS = 2",
+                         "INFER_EVAL_NUM_EXAMPLES = 2")
+  result = run(stop_after_steps=2)
+  assert result["step"] == 2 and result["final_eval"] == {}
+  assert checkpoints.finished_steps(tmp_path)[-1] == 2
+  assert len(writers) == 2 and all(w._writer is None for w in writers)  # pylint: disable=protected-access
+  for run, tag in (("train", "loss"), ("eval", "training_eval/loss")):
+    acc = event_accumulator.EventAccumulator(str(tmp_path / run))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars(tag)] == [2], run
+
+
 def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
   """An absurd learning rate blows the weights up: the loss of step 2 is not finite."""
   with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss"):
