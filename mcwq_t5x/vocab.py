@@ -16,7 +16,7 @@
   splitting is off too (`split_by_whitespace=False`, since format version 3), so pieces span
   spaces: RIR's bracket runs become single pieces (`▁)▁)▁.▁(`, `▁(▁wdt:P57`) and the English
   `random_split` dev queries shrink from 46.0 to 20.7 pieces on average (questions from 13.7
-  to 10.6). That halves the decoder's work per example: the embedded default (README) reaches
+  to 10.6). That halves the decoder's work per example: the embedded default (docs/main_job.md) reaches
   the exact match of 4,000 whitespace-split steps in 59% of the wall time. Placeholders and
   variables (`▁M0`, `▁?x0`) stay single pieces (`RIR_SYMBOLS`). Training is reproducible
   (fixed seed, deterministic input order, one thread), and the model is cached in

@@ -38,7 +38,7 @@ splits are found by `readers.discover`):
 
 Speed: for the 12,445 pooled random_split dev+test examples of the shared copy (seed 0, defaults),
 21 s of CPU, 48 s wall on 2 cores shared with other jobs (reading and analysing 15 s, the greedy
-procedure 22 s: 6,999 steps of 256 candidates; README).
+procedure 22 s: 6,999 steps of 256 candidates; docs/splits.md).
 """
 from __future__ import annotations
 

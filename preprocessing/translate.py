@@ -382,7 +382,7 @@ class KeepPlaceholdersBackend(Backend):
   translated pieces in the source's order (pieces without one, such as the "?" `Translator`
   appends, are kept as they are). The sentence's word order around the placeholders stays the
   source's, so fluency suffers: this is for models that do not copy placeholders (small models,
-  or the random-weight model of the README's worked example), where the alternative is a release
+  or the random-weight model of the worked example in docs/dataset_creation.md), where the alternative is a release
   in which most questions are "placeholders" problems. A piece's translation that itself holds a
   placeholder is kept, so `Translator`'s placeholder check still reports it.
 

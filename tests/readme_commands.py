@@ -1,6 +1,7 @@
-"""The README's commands and the size overrides the tests append to them.
+"""The README's commands (README.md and the docs pages) and the size overrides the tests append.
 
-Every line of every ```bash block of README.md is a command; `with_overrides` appends small
+Every line of every ```bash block of README.md and of the pages of `PAGES` is a command, in the
+order of `PAGES`; `with_overrides` appends small
 `--gin.NAME=VALUE` overrides (fewer steps, a tiny network, the small offline vocabulary instead of
 the mT5 one, no pretrained checkpoint: neither can be downloaded here) and nothing else. Several
 overrides are chosen so that the run is also the scenario other tests read (see `README_RUN`):
@@ -13,7 +14,21 @@ import socket
 
 import mains
 
-README = (mains.REPO / "README.md").read_text()
+# README.md, then the docs pages in the order of the README's table: the commands run in this order,
+# and an `export` line holds for every command after it, as in one shell session that follows the
+# pages in turn. Every page of docs/ is listed (test_readme.py checks).
+PAGES = (
+    "README.md",
+    "docs/main_job.md",
+    "docs/t5x.md",
+    "docs/recipe.md",
+    "docs/benchmarks.md",
+    "docs/export_hf.md",
+    "docs/data.md",
+    "docs/evaluation.md",
+    "docs/dataset_creation.md",
+    "docs/splits.md",
+)
 TEST_COMMAND = 'pip install -e ".[test]" && bash scripts/install_t5x.sh && python -m pytest -q tests'
 
 # A very small mT5-layout network in T5X's names and ours, over the small vocabulary's 2,048 rows
@@ -118,16 +133,21 @@ OVERRIDES = [
 README_PORT = "127.0.0.1:12345"
 
 
-def readme_commands() -> list[tuple[str, str]]:
-  """(section heading, command) for every line of every ```bash block of the README."""
+def page_commands(text: str) -> list[tuple[str, str]]:
+  """(section heading, command) for every line of every ```bash block of one Markdown page."""
   out, heading = [], ""
-  for block in re.finditer(r"^(#+ [^\n]*)$|```bash\n(.*?)```", README, re.M | re.S):
+  for block in re.finditer(r"^(#+ [^\n]*)$|```bash\n(.*?)```", text, re.M | re.S):
     if block.group(1):
       heading = block.group(1).lstrip("# ")
       continue
-    text = block.group(2).replace("\\\n", " ")
-    out += [(heading, l.strip()) for l in text.splitlines() if l.strip()]
+    lines = block.group(2).replace("\\\n", " ").splitlines()
+    out += [(heading, l.strip()) for l in lines if l.strip()]
   return out
+
+
+def readme_commands() -> list[tuple[str, str]]:
+  """(section heading, command) for every command of README.md and the docs pages (`PAGES`)."""
+  return [c for page in PAGES for c in page_commands((mains.REPO / page).read_text())]
 
 
 COMMANDS = readme_commands()

@@ -4,7 +4,7 @@ not have) gets its SeqIO tasks with no configuration; `mcwq_t5x.train` / `mcwq_t
 real T5X train and evaluate on them, and `mcwq_t5x.report` lists the new language.
 
 The translation here is a deterministic stand-in (`FR <question>`, placeholders kept) so that the
-test is quick; the README's worked example translates with a (random-weight) Hugging Face model,
+test is quick; the worked example of docs/dataset_creation.md translates with a (random-weight) Hugging Face model,
 trains our engine on English and French, evaluates zero-shot and reports: test_readme.py runs it
 and checks the report's rows and each run's metrics against its predictions."""
 import json

@@ -256,7 +256,7 @@ def test_keep_placeholders_backend():
 
 
 def test_random_weight_model_script_with_keep_placeholders(release, tmp_path):
-  """scripts/make_tiny_translation_model.py (the README's worked example): a random Marian model
+  """scripts/make_tiny_translation_model.py (the worked example of docs/dataset_creation.md): a random Marian model
   that never writes a placeholder; with --keep-placeholders the release is complete, every
   question keeps its placeholders, and a rerun translates nothing again (the cache)."""
   pytest.importorskip("torch")

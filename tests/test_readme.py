@@ -1,10 +1,11 @@
-"""Every command the README prints is run once, as printed (plus the size overrides of
-`readme_commands.OVERRIDES`), in a fresh process, in README order, in a temporary copy of the
-repository (the `readme` fixture of conftest.py: a user's `runs/` is never touched, and a test
-selected alone runs the commands before it first). Each test checks what its command printed or
-wrote against real values: the paper's numbers, a re-scoring of the written predictions, the
-shared data's line counts, another command's output. The test command itself is what CI runs
-(`.ci/run` runs it verbatim), so it is checked against `.ci/run`, not run again."""
+"""Every command the README and the docs pages print (`readme_commands.PAGES`) is run once, as
+printed (plus the size overrides of `readme_commands.OVERRIDES`), in a fresh process, in the pages'
+order, in a temporary copy of the repository (the `readme` fixture of conftest.py: a user's `runs/`
+is never touched, and a test selected alone runs the commands before it first). Each test checks
+what its command printed or wrote against real values: the paper's numbers, a re-scoring of the
+written predictions, the shared data's line counts, another command's output. The test command
+itself is what CI runs (`.ci/run` runs it verbatim), so it is checked against `.ci/run`, not run
+again."""
 import json
 
 import numpy as np
@@ -24,6 +25,10 @@ def test_readme_commands_are_covered():
   assert ("Set-up and the two commands", rc.TEST_COMMAND) in COMMANDS
   assert rc.TEST_COMMAND in (mains.REPO / ".ci/run").read_text()  # CI runs the README's command
   assert len(COMMANDS) >= 15
+  # Every docs page is read (a page left out would hold untested commands), README.md first.
+  assert rc.PAGES[0] == "README.md"
+  assert sorted(rc.PAGES[1:]) == sorted(
+      f"docs/{p.name}" for p in (mains.REPO / "docs").glob("*.md"))
   for _, command in COMMANDS:
     assert command.startswith(("pip ", "python ", "echo ", "export ")), command
   # Every command the tests run is placed in the dependency table exactly once, and every entry

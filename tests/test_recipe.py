@@ -1,4 +1,4 @@
-"""The paper's training recipe (README "Recipe card") in the generated experiment files of both
+"""The paper's training recipe (the recipe card, docs/recipe.md) in the generated experiment files of both
 engines, value by value, for every experiment (32 mT5 files, 8 T5-base files, and the zero-shot,
 gold and test evaluation files); the T5X-habit alternative; best-by-dev-loss checkpoint keeping; and
 a tiny run of each engine with the recipe (sizes and steps overridden) that keeps the checkpoint of
