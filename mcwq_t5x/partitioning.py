@@ -218,17 +218,10 @@ def set_host_device_count(count: Optional[int] = None) -> bool:
 
 
 # XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark model of
-# `scripts/benchmark_vs_hf.py`). The matmuls and reductions run as YNNPACK fusions; the elementwise
-# ops stay with XLA's own loop fusions. History: with the relative-position biases gathered per
-# packed example, YNN fusion of the elementwise ops as well ("dot,eltwise,reduce") removed
-# transposed copies of the gated-GELU gradients (4.68 -> 3.84 s per fixed-shape 32x64/128 step).
-# With the biases computed from indices (one per row shape) that gain is gone, and YNN's elementwise
-# fusions cost more than they save: they materialise broadcast constants as full tensors and split
-# the gated-GELU chain into several passes (`jax.profiler` trace of a 40/72 packed step on 2
-# devices, summed over devices: 3,221 ms of thunks, of which 112 ms materialised broadcasts, with
-# "eltwise"; 2,822 ms without). Dropping "eltwise": packed 40/72 step 1.35-1.8 -> 1.13-1.5 s,
-# fixed-shape 64/128 step 2.90-2.96 -> 2.26-2.67 s, our benchmark epoch 112 -> 96 s. Logits stay
-# within the transformers-parity tolerances.
+# `scripts/benchmark_vs_hf.py`; the measurements are in CHANGELOG.md). The matmuls and reductions
+# run as YNNPACK fusions; the elementwise ops stay with XLA's own loop fusions (YNN's elementwise
+# fusions materialise broadcast constants as full tensors and split the gated-GELU chain into
+# several passes). Logits stay within the transformers-parity tolerances.
 XLA_CPU_TRAINING_FLAGS = (
     "--xla_cpu_experimental_ynn_fusion_type=dot,reduce",
     "--xla_cpu_use_xnnpack=false",

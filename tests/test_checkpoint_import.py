@@ -318,7 +318,7 @@ def test_tied_mt5_without_lm_head_loads_as_transformers_does(hf_model, tmp_path)
 
 def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
   kind, _, path, config, params = hf_model
-  # A config with fewer layers than the checkpoint no longer drops the extra blocks silently.
+  # A config with fewer layers than the checkpoint is an error (the extra blocks are not dropped).
   shallower = network.T5Config(**{**config.__dict__, "num_encoder_layers": 1})
   with pytest.raises(
       ci.CheckpointMismatchError,

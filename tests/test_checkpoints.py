@@ -174,7 +174,7 @@ def test_initial_checkpoint_import_into_sharded_state(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-# --- Params-only restores, optimizer changes, paths (issue 11 item 4) ---------------------------
+# --- Params-only restores, optimizer changes, paths ----------------------------------------------
 def _train_and_save(tmp_path, steps=2):
   """Adafactor run of `steps` updates, a checkpoint after each; returns (model_dir, params)."""
   tr = make_trainer(partitioning.Partitioner(num_partitions=2))
@@ -296,7 +296,7 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
     checkpoints.resolve_checkpoint(tmp_path / "old")
 
 
-# --- Faults: corrupt checkpoints, failed saves (issue 26 items 7 and 10) ------------------------
+# --- Faults: corrupt checkpoints, failed saves --------------------------------------------------
 def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog):
   """eval/infer on a MODEL_DIR whose newest checkpoint is corrupt: the newest readable one, with a
   warning naming the corrupt one; a corrupt checkpoint named by its folder: a clear error."""

@@ -325,7 +325,7 @@ def test_evaluate_and_migrate_build_the_same_remote_endpoint_from_their_flags(
                                                                  ep.DEFAULT_MAX_RETRY_AFTER_S)
 
 
-# ---- An endpoint's error is never an answer (issue 26, item 3) ----
+# ---- An endpoint's error is never an answer ----
 
 
 class _Fixed(http.server.BaseHTTPRequestHandler):
@@ -411,7 +411,7 @@ def test_remote_select_reads_sparql_json_results(fixed):
   }, {}]
 
 
-# ---- Redirects of a POST re-send the query (issue 26, item 4) ----
+# ---- Redirects of a POST re-send the query ----
 
 
 class _Moved(http.server.BaseHTTPRequestHandler):

@@ -533,7 +533,7 @@ def test_export_generate_without_arguments_decodes_like_infer(tiny_run, mcwq_dir
                                                               tmp_path, monkeypatch):
   """generation_config.json carries the run's decoding length: a plain `generate(**batch)` (no
   max_length) gives what `mcwq_t5x.infer` gives at the run's target length, not transformers'
-  20-token default; the folder and files have ordinary modes (issue 30)."""
+  20-token default; the folder and files have ordinary modes."""
   from mcwq_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
   _, _, model_dir = tiny_run
   monkeypatch.delenv("MCWQ_VOCAB", raising=False)

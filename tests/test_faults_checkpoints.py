@@ -1,4 +1,4 @@
-"""The mains on faulty checkpoints and output folders (issue 26 items 7-10), each run as users run
+"""The mains on faulty checkpoints and output folders, each run as users run
 it, in a fresh process, with a very small model and a few steps on real MCWQ text: a disk that
 fills up while a checkpoint is written, a corrupt newest checkpoint (eval falls back, a resumed
 run moves it aside), the metric rows of a resumed run, an unwritable EVAL_OUTPUT_DIR."""

@@ -1,4 +1,4 @@
-"""A researcher's first day (issue 30): help texts, log lines, truncation counts, checkpoint
+"""A researcher's first day: help texts, log lines, truncation counts, checkpoint
 selection without a held-out dev split, TensorBoard scalars; in this process, on real MCWQ text
 where data is needed (the 155 gold questions load in a second)."""
 import json

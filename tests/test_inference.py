@@ -50,7 +50,7 @@ def test_infer_fn_empty_input(model_and_params):
   assert inference.get_infer_fn(model, partitioner, 4)(params, empty).shape == (0, 10)
 
 
-# --- PREDICT_KWARGS, all decodes, output folders (issue 26 items 8 and 11) ----------------------
+# --- PREDICT_KWARGS, all decodes, output folders ------------------------------------------------
 def test_predict_kwargs_checked_before_loading(model_and_params, tmp_path):
   """The documented beam-search form works; a misplaced decoding option is named at once, before
   any checkpoint or task is read."""

@@ -1,4 +1,4 @@
-"""A fifth language, end to end (issue 14): a release made by `preprocessing.migrate` (the CFQ
+"""A fifth language, end to end: a release made by `preprocessing.migrate` (the CFQ
 sample, split `cfq_sample`) and `preprocessing.translate` (into French, `fr`, a language MCWQ does
 not have) gets its SeqIO tasks with no configuration; `mcwq_t5x.train` / `mcwq_t5x.eval` and the
 real T5X train and evaluate on them, and `mcwq_t5x.report` lists the new language.

@@ -456,7 +456,7 @@ def test_google_backend_200_that_is_not_a_v2_answer_is_a_clear_error_and_progres
   assert tr.Translator(g, tmp_path / "c.jsonl").cache.get(key) == "[kn] Who did M0 star"
 
 
-# ---------------------------------------------------------------- runs that finish (issue 14)
+# ---------------------------------------------------------------- runs that finish
 
 
 def _texts(release):

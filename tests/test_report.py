@@ -228,7 +228,7 @@ def test_discover_train_layout(tmp_path):
 def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
   """The README's chain: `mcwq_t5x.eval` without EVAL_OUTPUT_DIR writes
   MODEL_DIR/eval_<step>/predictions/; `report runs` names each model after its MODEL_DIR, so the
-  Hebrew model's test run and the English model's zero-shot runs stay apart (issue 30)."""
+  Hebrew model's test run and the English model's zero-shot runs stay apart."""
   from mcwq_t5x import eval as eval_lib  # pylint: disable=g-import-not-at-top
   runs = tmp_path / "runs"
   he_dir = eval_lib.default_output_dir(runs / "tiny_mcd1_he", 2000)
