@@ -25,7 +25,7 @@ import re
 import sys
 from typing import Mapping, Optional, Sequence
 
-from mcwq_t5x import checkpoints as checkpoints_lib
+from mcwq_t5x import checkpoint_paths
 
 EVAL_METRICS_FILE = "eval_metrics.jsonl"
 
@@ -106,7 +106,7 @@ def best_step(model_dir: str | pathlib.Path,
               metric_name_to_monitor: str,
               metric_mode: str = "min") -> Optional[int]:
   """The best step among the FINISHED checkpoints of `model_dir` with a logged metric, or None."""
-  steps = set(checkpoints_lib.finished_steps(model_dir))
+  steps = set(checkpoint_paths.finished_steps(model_dir))
   values = {s: v for s, v in read_metric(model_dir, metric_name_to_monitor).items() if s in steps}
   return best_of(values, metric_mode)
 
@@ -142,19 +142,19 @@ def checkpoint_path(path: str,
     selected on the test set), logged as a warning.
 
   Raises:
-    checkpoints.NotACheckpointError: `path` holds no checkpoint.
+    checkpoint_paths.NotACheckpointError: `path` holds no checkpoint.
     ValueError: bad `metric_mode`.
   """
-  directory, newest = checkpoints_lib.resolve_checkpoint(path)
+  directory, newest = checkpoint_paths.resolve_checkpoint(path)
   p = pathlib.Path(path).absolute()
-  if p.name.startswith(checkpoints_lib.CHECKPOINT_PREFIX + "_") or not metric_name_to_monitor:
-    return str(checkpoints_lib.checkpoint_dir(directory, newest))
+  if p.name.startswith(checkpoint_paths.CHECKPOINT_PREFIX + "_") or not metric_name_to_monitor:
+    return str(checkpoint_paths.checkpoint_dir(directory, newest))
   if monitored_split(directory) == "test":
     logging.warning(
         "%s: the run's %s was measured on the test split (EVAL_SPLIT = 'test': no held-out "
         "dev); not selecting on it, using the newest checkpoint (step %d)", directory,
         metric_name_to_monitor, newest)
-    return str(checkpoints_lib.checkpoint_dir(directory, newest))
+    return str(checkpoint_paths.checkpoint_dir(directory, newest))
   step = best_step(directory, metric_name_to_monitor, metric_mode)
   if step is None:
     logging.warning("%s: no kept checkpoint has a logged %r; using the newest (step %d)", directory,
@@ -164,7 +164,7 @@ def checkpoint_path(path: str,
     logging.info("%s: checkpoint_%d has the %s %s (%s)", directory, step,
                  "lowest" if metric_mode == "min" else "highest", metric_name_to_monitor,
                  read_metric(directory, metric_name_to_monitor)[step])
-  return str(checkpoints_lib.checkpoint_dir(directory, step))
+  return str(checkpoint_paths.checkpoint_dir(directory, step))
 
 
 def t5x_save_best_checkpointer(metric_name_to_monitor: str,
@@ -220,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     metric = None if args.metric.lower() == "none" else args.metric
     print(checkpoint_path(args.model_dir, metric, args.mode))
-  except checkpoints_lib.NotACheckpointError as e:
+  except checkpoint_paths.NotACheckpointError as e:
     print(f"best_checkpoint: error: {e}", file=sys.stderr)
     return 1
   return 0

@@ -1,49 +1,48 @@
-"""Import pre-trained T5/mT5 weights into the `network.Transformer` tree.
+"""Readers of pre-trained T5/mT5 weights into the `network.Transformer` tree.
 
-Three formats are read (`load_params` picks the one a path holds, see
-`CHECKPOINT_FORMATS`), all returning the same nested dict of float32 numpy
-arrays keyed by T5X's parameter names (`token_embedder/embedding`,
+Two foreign formats are read, both returning the same nested dict of float32
+numpy arrays keyed by T5X's parameter names (`token_embedder/embedding`,
 `encoder/layers_0/attention/query/kernel`, ...):
 
 * Hugging Face (`config.json` + `model.safetensors`, or `pytorch_model.bin`
   when torch is installed) of `T5ForConditionalGeneration` /
-  `MT5ForConditionalGeneration`. Torch `Linear` weights are [out, in]; T5X
-  kernels are [in, out], so every kernel is transposed; the relative position
-  table [buckets, heads] becomes [heads, buckets]. No rescaling is needed: HF
-  T5 and T5X both leave the attention logits unscaled.
-* T5X native checkpoints (a `checkpoint_N/` directory as published under
-  gs://t5-data/pretrained_models/t5x/): a msgpack file `checkpoint` holding
-  the train state `{"target": params, "state": optimizer state}`, where large
-  arrays are replaced by a reference to a TensorStore zarr array stored in a
-  sub-directory named after the flattened path (`target.encoder.layers_0...`).
-  The reference is either a TensorStore spec dict (T5X's own writer; the
-  kvstore path is relative to the checkpoint directory) or a string
-  `PLACEHOLDER://target.encoder...` (Orbax-style writer). Only `target` is
-  read; the optimizer state is ignored. An array without a fill value must
-  have every chunk file: a missing one raises `IncompleteCheckpointError`
-  (TensorStore would otherwise read zeros there).
-* This engine's Orbax checkpoints (`mcwq_t5x.checkpoints`):
-  `MODEL_DIR/checkpoints/<step>/state/` holds the train state as an Orbax
-  PyTree whose parameters are under the top-level key `params` (today's
-  `{params, opt_state, step}`) or `target` (T5X's `{target, state}` layout),
-  see `ORBAX_PARAMS_KEYS`. Only the parameters are read.
+  `MT5ForConditionalGeneration` (`load_hf_checkpoint`). Torch `Linear` weights
+  are [out, in]; T5X kernels are [in, out], so every kernel is transposed; the
+  relative position table [buckets, heads] becomes [heads, buckets]. No
+  rescaling is needed: HF T5 and T5X both leave the attention logits unscaled.
+* T5X native checkpoints (`load_t5x_checkpoint`; a `checkpoint_N/` directory as
+  published under gs://t5-data/pretrained_models/t5x/): a msgpack file
+  `checkpoint` holding the train state `{"target": params, "state": optimizer
+  state}`, where large arrays are replaced by a reference to a TensorStore zarr
+  array stored in a sub-directory named after the flattened path
+  (`target.encoder.layers_0...`). The reference is either a TensorStore spec
+  dict (T5X's own writer; the kvstore path is relative to the checkpoint
+  directory) or a string `PLACEHOLDER://target.encoder...` (Orbax-style
+  writer). Only `target` is read; the optimizer state is ignored. An array
+  without a fill value must have every chunk file: a missing one raises
+  `IncompleteCheckpointError` (TensorStore would otherwise read zeros there).
+  The writer is `mcwq_t5x.t5x_checkpoint_writer`.
 
-Every import is checked against the parameter shapes of
-`network.Transformer(config)`: missing, unexpected or mis-shaped parameters
-raise `CheckpointMismatchError` naming every one of them. The Hugging Face
-name table `hf_name_map` serves both directions (`mcwq_t5x.export_hf` writes
-with it).
+Which format a path holds is `mcwq_t5x.checkpoint_paths.locate`'s answer; the
+one entry point that loads any checkpoint (these two and the Orbax ones of
+`mcwq_t5x.checkpoints`) is `mcwq_t5x.checkpoint_loaders.load_params`.
+
+Imports are checked against the parameter shapes of `network.Transformer(config)`
+(`expected_param_shapes`, `check_params`): missing, unexpected or mis-shaped
+parameters raise `CheckpointMismatchError` naming every one of them. The Hugging
+Face name table `hf_name_map` serves both directions (`mcwq_t5x.export_hf`
+writes with it). Nothing here imports the project's other checkpoint modules
+except the leaf `checkpoint_paths`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import os
 import pathlib
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from flax import serialization
 from flax import traverse_util
@@ -52,17 +51,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mcwq_t5x import checkpoint_paths
 from mcwq_t5x import network
 
 PathLike = str | os.PathLike
 Params = dict[str, Any]
 
-_PLACEHOLDER = "PLACEHOLDER://"
-T5X_CHECKPOINT_FILE = "checkpoint"
-
-
-class CheckpointMismatchError(ValueError):
-  """A checkpoint's parameter names or shapes do not match the model."""
+_PLACEHOLDER = checkpoint_paths.T5X_PLACEHOLDER
+CheckpointMismatchError = checkpoint_paths.CheckpointMismatchError
 
 
 class IncompleteCheckpointError(ValueError):
@@ -289,9 +285,6 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
   return m
 
 
-_hf_name_map = hf_name_map  # the name before the export used it
-
-
 def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
   """Reads model.safetensors (or shards, or pytorch_model.bin) as numpy."""
   single = directory / "model.safetensors"
@@ -508,7 +501,7 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
     ValueError: unreadable msgpack, no `target` tree, unreadable arrays.
   """
   path = pathlib.Path(path)
-  msgpack_file = path if path.is_file() else path / T5X_CHECKPOINT_FILE
+  msgpack_file = path if path.is_file() else path / checkpoint_paths.T5X_MSGPACK_FILE
   directory = msgpack_file.parent
   try:
     tree = serialization.msgpack_restore(msgpack_file.read_bytes())
@@ -531,242 +524,3 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
   if config is not None:
     check_params(params, config, str(msgpack_file))
   return params
-
-
-def save_t5x_checkpoint(params: Mapping[str, Any],
-                        path: PathLike,
-                        *,
-                        step: int = 0,
-                        reference: str = "placeholder",
-                        optimizer_state: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
-  """Writes params in the T5X native layout (msgpack + TensorStore zarr).
-
-  Each parameter goes to the zarr array `path/target.<dotted name>`; the
-  msgpack `path/checkpoint` holds `{"version": 3, "target": refs, "state":
-  {"step": step, "param_states": optimizer_state or {}}}`.
-
-  Args:
-    params: nested dict of arrays (boxed or plain).
-    path: the checkpoint directory to create.
-    step: training step stored in `state`.
-    reference: "placeholder" (`PLACEHOLDER://target....` strings) or "spec"
-      (TensorStore spec dicts with relative kvstore paths, T5X's own writer).
-    optimizer_state: optional tree written inline under state/param_states.
-
-  Returns:
-    The checkpoint directory.
-
-  Raises:
-    ValueError: unknown `reference`.
-  """
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  if reference not in ("placeholder", "spec"):
-    raise ValueError(f"reference must be 'placeholder' or 'spec', got "
-                     f"{reference!r}")
-  directory = pathlib.Path(path)
-  directory.mkdir(parents=True, exist_ok=True)
-  flat = traverse_util.flatten_dict(nn.unbox(dict(params)))
-  refs = {}
-  for key, value in flat.items():
-    value = np.asarray(value, dtype=np.float32)
-    rel = "target." + ".".join(key)
-    spec = {
-        "driver": "zarr",
-        "kvstore": {
-            "driver": "file",
-            "path": str(directory / rel)
-        },
-        "metadata": {
-            "shape": list(value.shape),
-            "dtype": "<f4",
-            "chunks": list(value.shape) or [1],
-            "compressor": {
-                "id": "gzip"
-            }
-        },
-        "create": True,
-        "delete_existing": True
-    }
-    ts.open(spec).result().write(value).result()
-    if reference == "placeholder":
-      refs[key] = _PLACEHOLDER + rel
-    else:
-      refs[key] = {
-          "driver": "zarr",
-          "kvstore": {
-              "driver": "file",
-              "path": rel
-          },
-          "metadata": {
-              "shape": list(value.shape),
-              "dtype": "<f4"
-          }
-      }
-  tree = {
-      "version": 3,
-      "target": traverse_util.unflatten_dict(refs),
-      "state": {
-          "step": np.asarray(step, np.int64),
-          "param_states": dict(optimizer_state or {})
-      }
-  }
-  (directory / T5X_CHECKPOINT_FILE).write_bytes(serialization.msgpack_serialize(tree))
-  return directory
-
-
-# ---------------------------------------------------------------------------
-# Orbax checkpoints (this engine's and `t5x.train`'s): read by `mcwq_t5x.checkpoints`.
-# ---------------------------------------------------------------------------
-def locate_orbax_state(path: PathLike) -> Optional[pathlib.Path]:
-  """The `checkpoint_<step>` folder (ours or `t5x.train`'s, Orbax) `path` designates, or None.
-
-  Accepted: whatever `mcwq_t5x.checkpoints.resolve_checkpoint` accepts (MODEL_DIR: newest step,
-  `checkpoint_<step>/`, its `state/`).
-  """
-  from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top  (imports this module)
-  try:
-    directory, step = checkpoints.resolve_checkpoint(path)
-  except checkpoints.NotACheckpointError:
-    return None
-  folder = checkpoints.checkpoint_dir(directory, step)
-  return None if checkpoints.checkpoint_format(folder) == checkpoints.FORMAT_T5X_MSGPACK else folder
-
-
-def load_orbax_params(path: PathLike, config: network.T5Config) -> Params:
-  """Parameters of an Orbax checkpoint of this engine or of `t5x.train` (its `target` tree only,
-  whatever optimizer state sits next to it), through `mcwq_t5x.checkpoints.restore_params`.
-
-  Args:
-    path: any path `locate_orbax_state` accepts.
-    config: the model config; names and shapes are checked against it.
-
-  Returns:
-    Nested dict of float32 numpy arrays in T5X layout.
-
-  Raises:
-    CheckpointMismatchError: names/shapes differ from the model (every one named).
-    ValueError: no Orbax checkpoint at `path`.
-  """
-  from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top  (imports this module)
-  abstract = traverse_util.unflatten_dict(
-      {
-          k: jax.ShapeDtypeStruct(shape, jnp.float32)
-          for k, shape in expected_param_shapes(config).items()
-      },
-      sep="/")
-  try:
-    params = checkpoints.restore_params(path, abstract)
-  except checkpoints.NotACheckpointError as e:
-    raise ValueError(f"{path}: no Orbax checkpoint: {e}") from e
-  return jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-
-
-# ---------------------------------------------------------------------------
-# Format detection and the one entry point.
-# ---------------------------------------------------------------------------
-def _locate_hf(p: pathlib.Path) -> Optional[pathlib.Path]:
-  if p.is_dir() and any(
-      (p / f).is_file()
-      for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
-    return p
-  return None
-
-
-def _locate_t5x(p: pathlib.Path) -> Optional[pathlib.Path]:
-  """`checkpoint_N/` (or its msgpack file), or a T5X MODEL_DIR (newest N)."""
-  if p.is_file() and p.name == T5X_CHECKPOINT_FILE:
-    return p.parent
-  if p.is_dir():
-    if (p / T5X_CHECKPOINT_FILE).is_file():
-      return p
-    steps = [
-        d for d in p.iterdir() if d.name.startswith("checkpoint_") and d.name[11:].isdigit() and
-        (d / T5X_CHECKPOINT_FILE).is_file()
-    ]
-    if steps:
-      return max(steps, key=lambda d: int(d.name[11:]))
-  return None
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointFormat:
-  """A checkpoint layout `load_params` reads.
-
-  Attributes:
-    name: short name ("hf", "t5x", "orbax"), returned by `detect_format`.
-    locate: path -> the location `load` takes, or None if the path does not
-      hold this format. Must not raise for paths of other formats.
-    load: (location, config or None) -> nested dict of float32 numpy arrays
-      (T5X names), checked against the config when one is given.
-    description: what the format looks like, for error messages.
-  """
-  name: str
-  locate: Callable[[pathlib.Path], Optional[pathlib.Path]]
-  load: Callable[[pathlib.Path, Optional[network.T5Config]], Params]
-  description: str
-
-
-# Tried in order; the first whose `locate` answers wins. A new layout is one
-# more entry (or, for the Orbax train state, one more `ORBAX_PARAMS_KEYS`).
-CHECKPOINT_FORMATS: list[CheckpointFormat] = [
-    CheckpointFormat("hf", _locate_hf, load_hf_checkpoint,
-                     "a Hugging Face directory with model.safetensors / pytorch_model.bin"),
-    CheckpointFormat("t5x", _locate_t5x, load_t5x_checkpoint,
-                     "a T5X checkpoint_N directory with a 'checkpoint' msgpack file"),
-    CheckpointFormat(
-        "orbax", locate_orbax_state, load_orbax_params,
-        "an Orbax checkpoint of this engine or of t5x.train (MODEL_DIR or "
-        "MODEL_DIR/checkpoint_<step>)"),
-]
-
-
-def locate_checkpoint(path: PathLike) -> tuple[CheckpointFormat, pathlib.Path]:
-  """(format, location) of the checkpoint at `path` (first match in order).
-
-  Raises:
-    ValueError: no format matches (message lists what was looked for).
-  """
-  p = pathlib.Path(path)
-  for fmt in CHECKPOINT_FORMATS:
-    where = fmt.locate(p)
-    if where is not None:
-      return fmt, where
-  looked_for = "; or ".join(f.description for f in CHECKPOINT_FORMATS)
-  raise ValueError(f"{p}: not a checkpoint: expected {looked_for}")
-
-
-def detect_format(path: PathLike) -> str:
-  """'hf', 't5x' or 'orbax' (the `name` of the matching `CheckpointFormat`).
-
-  Raises:
-    ValueError: neither layout found (message lists what was looked for).
-  """
-  return locate_checkpoint(path)[0].name
-
-
-def load_params(path: PathLike, config: network.T5Config) -> Params:
-  """Params of any checkpoint `CHECKPOINT_FORMATS` reads, checked against `config`.
-
-  Args:
-    path: a Hugging Face directory, a T5X `checkpoint_N` directory (or T5X
-      MODEL_DIR: newest), or an Orbax checkpoint of this engine (MODEL_DIR,
-      MODEL_DIR/checkpoints, .../<step>; newest step when not given).
-    config: model config the params must fit.
-
-  Returns:
-    Nested dict of float32 numpy arrays (plain, unboxed; T5X names), shapes of
-    `expected_param_shapes(config)`.
-
-  Raises:
-    ValueError: not a checkpoint, or unreadable (message names the path).
-    CheckpointMismatchError: names/shapes differ from the model (every
-      offending parameter named).
-    IncompleteCheckpointError: stored data missing (names the array).
-  """
-  fmt, where = locate_checkpoint(path)
-  return fmt.load(where, config)
-
-
-def load_pretrained(path: PathLike, config: network.T5Config) -> Params:
-  """`load_params` (the name `train`/`eval` use for INITIAL_CHECKPOINT_PATH)."""
-  return load_params(path, config)

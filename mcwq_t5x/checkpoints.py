@@ -28,6 +28,12 @@ optimizer state is created fresh and a log line says so) and T5X's legacy one (a
 Counterpart of T5X's `t5x/checkpoints.py` (`OrbaxCheckpointManagerInterface`, `Checkpointer`,
 `find_checkpoint`) and of `RestoreCheckpointConfig`'s `strict` / `fallback_to_scratch` semantics in
 `t5x/utils.py`; no T5X code is imported here. Nothing here imports TensorFlow or SeqIO.
+
+Folder names, item formats and finding a checkpoint (`checkpoint_dir`, `checkpoint_format`,
+`finished_steps`, `resolve_checkpoint`, `NotACheckpointError`) live in the leaf
+`mcwq_t5x.checkpoint_paths` and are re-exported here. Loading parameters from a path of any format
+(Hugging Face and standalone T5X-native folders too) goes through
+`mcwq_t5x.checkpoint_loaders.load_params`, which calls `restore_params_and_step` for this layout.
 """
 from __future__ import annotations
 
@@ -35,7 +41,6 @@ import errno
 import hashlib
 import logging
 import pathlib
-import re
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -47,24 +52,30 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mcwq_t5x import best_checkpoint
 from mcwq_t5x import checkpoint_import
+from mcwq_t5x import checkpoint_paths
 
 PyTree = Any
 
-CHECKPOINT_PREFIX = "checkpoint"  # T5X: `checkpoints_utils.get_checkpoint_prefix()`
-STATE_ITEM = "state"  # T5X's item name (`checkpoints._STATE_KEY`)
-OPTIMIZER_ITEM = "optimizer"  # ours
-DATA_ITEM = "data"  # ours
-T5X_MSGPACK_FILE = "checkpoint"  # legacy T5X: the msgpack file in the step folder
+# The names of `checkpoint_paths` (the leaf: folder names, item formats, finding checkpoints) that
+# belong to this module's API, as T5X's `checkpoints` module has them.
+CHECKPOINT_PREFIX = checkpoint_paths.CHECKPOINT_PREFIX
+STATE_ITEM = checkpoint_paths.STATE_ITEM
+OPTIMIZER_ITEM = checkpoint_paths.OPTIMIZER_ITEM
+DATA_ITEM = checkpoint_paths.DATA_ITEM
+T5X_MSGPACK_FILE = checkpoint_paths.T5X_MSGPACK_FILE
+FORMAT_MCWQ = checkpoint_paths.ITEM_FORMAT_MCWQ
+FORMAT_T5X_ORBAX = checkpoint_paths.ITEM_FORMAT_T5X_ORBAX
+FORMAT_T5X_MSGPACK = checkpoint_paths.ITEM_FORMAT_T5X_MSGPACK
+NotACheckpointError = checkpoint_paths.NotACheckpointError
+CheckpointMismatchError = checkpoint_paths.CheckpointMismatchError
+checkpoint_dir = checkpoint_paths.checkpoint_dir
+checkpoint_format = checkpoint_paths.checkpoint_format
+finished_steps = checkpoint_paths.finished_steps
+resolve_checkpoint = checkpoint_paths.resolve_checkpoint
 
-FORMAT_MCWQ = "mcwq_t5x"
-FORMAT_T5X_ORBAX = "t5x-orbax"
-FORMAT_T5X_MSGPACK = "t5x-msgpack"
-
-_STEP_DIR_RE = re.compile(rf"^{CHECKPOINT_PREFIX}_(\d+)$")
 _OPT_METADATA_KEY = "mcwq_t5x_optimizer_state"
-
-CheckpointMismatchError = checkpoint_import.CheckpointMismatchError
 
 
 class NoUsableCheckpointError(RuntimeError):
@@ -81,10 +92,6 @@ class CheckpointSaveError(RuntimeError):
   cause and the last good checkpoint."""
 
 
-class NotACheckpointError(FileNotFoundError):
-  """A path holds no finished checkpoint of ours or of T5X."""
-
-
 class OptimizerStateMismatchError(ValueError):
   """The checkpoint's optimizer state was written by a different optimizer than the run's."""
 
@@ -96,99 +103,6 @@ class MissingOptimizerError(ValueError):
 # Errors that say "this checkpoint does not fit this run" rather than "this checkpoint is
 # corrupt": `restore_latest` raises them at once instead of falling back to an older checkpoint.
 _INCOMPATIBLE = (CheckpointMismatchError, OptimizerStateMismatchError, MissingOptimizerError)
-
-
-# ------------------------------------------------------------------------------------------------
-# Finding checkpoints
-# ------------------------------------------------------------------------------------------------
-def checkpoint_dir(directory: str | pathlib.Path, step: int) -> pathlib.Path:
-  """`directory/checkpoint_<step>` (T5X `checkpoints_utils.get_checkpoint_dir`)."""
-  return pathlib.Path(directory) / f"{CHECKPOINT_PREFIX}_{int(step)}"
-
-
-def checkpoint_format(folder: str | pathlib.Path) -> str:
-  """Format of a finished step folder `.../checkpoint_<step>`.
-
-  Returns:
-    FORMAT_MCWQ (ours: `state/` plus our `data/` item), FORMAT_T5X_ORBAX (`state/` only, as
-    `t5x.train` writes it) or FORMAT_T5X_MSGPACK (a `checkpoint` msgpack file, T5X's legacy
-    `Checkpointer`).
-
-  Raises:
-    NotACheckpointError: none of these is there (e.g. an unfinished Orbax temporary folder).
-  """
-  folder = pathlib.Path(folder)
-  if (folder / STATE_ITEM).is_dir():
-    if (folder / DATA_ITEM).is_dir() or (folder / OPTIMIZER_ITEM).is_dir():
-      return FORMAT_MCWQ
-    return FORMAT_T5X_ORBAX
-  if (folder / T5X_MSGPACK_FILE).is_file():
-    return FORMAT_T5X_MSGPACK
-  raise NotACheckpointError(
-      f"{folder}: not a finished checkpoint (expected a '{STATE_ITEM}/' Orbax item or a "
-      f"'{T5X_MSGPACK_FILE}' msgpack file)")
-
-
-def _is_finished(folder: pathlib.Path) -> bool:
-  try:
-    checkpoint_format(folder)
-    return True
-  except NotACheckpointError:
-    return False
-
-
-def finished_steps(directory: str | pathlib.Path) -> list[int]:
-  """Ascending steps of the finished `checkpoint_<step>` folders in `directory` (any format).
-
-  Orbax's temporary folders (`checkpoint_<step>.orbax-checkpoint-tmp-*`) and T5X's
-  (`checkpoint_<step>.tmp-*`) do not match the name, so a half-written checkpoint is never listed.
-  """
-  d = pathlib.Path(directory)
-  if not d.is_dir():
-    return []
-  steps = []
-  for child in d.iterdir():
-    m = _STEP_DIR_RE.match(child.name)
-    if m and child.is_dir() and _is_finished(child):
-      steps.append(int(m.group(1)))
-  return sorted(steps)
-
-
-def resolve_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, int]:
-  """(directory holding `checkpoint_<step>/`, step) for any way of naming a checkpoint.
-
-  Accepted (ours and T5X's alike, T5X `checkpoints.find_checkpoint`):
-    * `MODEL_DIR`: its newest finished checkpoint (also found in `MODEL_DIR/checkpoints/`, where
-      managers constructed with MODEL_DIR/checkpoints put them);
-    * `MODEL_DIR/checkpoint_<step>`;
-    * `MODEL_DIR/checkpoint_<step>/state` (the Orbax item) or `.../checkpoint` (the legacy msgpack).
-
-  Returns:
-    (MODEL_DIR, step); the step folder is `checkpoint_dir(MODEL_DIR, step)`.
-
-  Raises:
-    NotACheckpointError: (a FileNotFoundError) nothing of the above at `path`; callers that also
-      accept Hugging Face folders fall back to `checkpoint_import.load_pretrained` on it.
-  """
-  p = pathlib.Path(path).absolute()
-  if p.name in (STATE_ITEM, T5X_MSGPACK_FILE) and _STEP_DIR_RE.match(p.parent.name):
-    p = p.parent
-  m = _STEP_DIR_RE.match(p.name)
-  if m and p.is_dir():
-    checkpoint_format(p)  # raises NotACheckpointError for an unfinished folder
-    return p.parent, int(m.group(1))
-  for folder in (p, p / "checkpoints"):  # MODEL_DIR/checkpoints: mains that predate MODEL_DIR
-    steps = finished_steps(folder)
-    if steps:
-      return folder, steps[-1]
-  hint = ""
-  if (p / "checkpoints").is_dir() and any(c.name.isdigit() for c in (p / "checkpoints").iterdir()):
-    hint = (" (MODEL_DIR/checkpoints/<step>/ is the layout of mcwq_t5x before it adopted T5X's "
-            "checkpoint_<step>/; it is no longer read)")
-  raise NotACheckpointError(
-      f"{p}: no checkpoint: expected MODEL_DIR holding {CHECKPOINT_PREFIX}_<step>/ folders, a "
-      f"{CHECKPOINT_PREFIX}_<step>/ folder or its '{STATE_ITEM}' item, written by mcwq_t5x.train "
-      f"or T5X (Orbax or msgpack+zarr){hint}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,8 +293,8 @@ def restore_params(path: str | pathlib.Path,
     Nested dict of jax arrays (T5X names) with `abstract_params`' shardings and dtypes.
 
   Raises:
-    NotACheckpointError: no checkpoint of ours/T5X at `path` (Hugging Face folders: use
-      `checkpoint_import.load_pretrained`).
+    NotACheckpointError: no checkpoint of ours/T5X at `path` (any format, Hugging Face folders
+      included: `checkpoint_loaders.load_params`).
     CheckpointMismatchError: a parameter has another shape, or is missing without fallback.
     UnreadableCheckpointError: the named `checkpoint_<step>` folder's files cannot be read.
     NoUsableCheckpointError: no checkpoint of the MODEL_DIR can be read (each one named).
@@ -546,7 +460,6 @@ class CheckpointManager:
     None (no metric monitored, or no kept checkpoint has a value)."""
     if not self.metric_name_to_monitor:
       return None
-    from mcwq_t5x import best_checkpoint  # pylint: disable=g-import-not-at-top  (imports this module)
     kept = set(self.all_steps())
     return best_checkpoint.best_of({
         s: v for s, v in self._metrics.items() if s in kept
@@ -557,7 +470,6 @@ class CheckpointManager:
     steps = self.all_steps()
     if not steps or self._keep is None:
       return
-    from mcwq_t5x import best_checkpoint  # pylint: disable=g-import-not-at-top
     keep = {steps[-1]}
     candidates = {s: v for s, v in self._metrics.items() if s in steps}
     for _ in range(max(int(self._keep), 0)):

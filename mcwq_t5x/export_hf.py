@@ -5,7 +5,7 @@ Usage:
   python -m mcwq_t5x.export_hf --checkpoint ckpts/checkpoint_1000000 --model_config mt5_small \
       --vocab mc4.250000.100extra/sentencepiece.model --out exported/mt5_small
 
-Input: any checkpoint `checkpoint_import.load_params` reads (this engine's Orbax checkpoints, T5X
+Input: any checkpoint `checkpoint_loaders.load_params` reads (this engine's Orbax checkpoints, T5X
 native `checkpoint_N` folders, Hugging Face folders). The model config comes from, in order,
 `--model_config` (a preset of `network.CONFIGS`) or `--gin_file`; the Hugging Face folder's
 `config.json`; the run's `run.json` found at or above the checkpoint (a MODEL_DIR written by
@@ -45,7 +45,7 @@ transformers 5 (no `text2text-generation` pipeline there):
   batch = tok(["Did M0 direct M1"], return_tensors="pt", padding=True)
   print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
 
-Importing the folder again (`checkpoint_import.load_params`) gives the exported params bit for
+Importing the folder again (`checkpoint_loaders.load_params`) gives the exported params bit for
 bit. Activations are float32 in transformers; a run trained with `dtype='bfloat16'` differs from
 its export by bfloat16 rounding only.
 """
@@ -67,6 +67,8 @@ import flax.linen as nn
 import numpy as np
 
 from mcwq_t5x import checkpoint_import
+from mcwq_t5x import checkpoint_loaders
+from mcwq_t5x import checkpoint_paths
 from mcwq_t5x import network
 from mcwq_t5x import run_info
 
@@ -628,13 +630,13 @@ def resolve_sources(
       which flag to pass); a preset name that does not exist; an explicit vocabulary other than
       the recorded one; an unreadable run.json or a missing recorded vocabulary.
   """
-  fmt, where = checkpoint_import.locate_checkpoint(checkpoint)
+  fmt, where = checkpoint_paths.locate(checkpoint)
   # A Hugging Face folder describes itself; other checkpoints have the run's run.json, or (runs
   # from before it) the run's gin config.
-  run_path = None if fmt.name == "hf" else run_info.find(where)
+  run_path = None if fmt == checkpoint_paths.FORMAT_HF else run_info.find(where)
   run = run_info.read(run_path) if run_path is not None else None
   legacy_gin = None
-  if fmt.name != "hf" and run_path is None:
+  if fmt != checkpoint_paths.FORMAT_HF and run_path is None:
     legacy_gin = find_run_gin(where)
     if legacy_gin is not None:
       logging.warning(
@@ -652,7 +654,7 @@ def resolve_sources(
     config, notes = network.CONFIGS[model_config], [f"model config preset {model_config}"]
   elif gin_file is not None and gin_run.model is not None:
     config, notes = gin_run.model, [f"model config from {gin_path}"]
-  elif fmt.name == "hf":
+  elif fmt == checkpoint_paths.FORMAT_HF:
     config = checkpoint_import.config_from_hf(where / "config.json")
     notes = [f"model config from {where / 'config.json'}"]
   elif run is not None:
@@ -674,7 +676,7 @@ def resolve_sources(
       n_extra = gin_run.vocabulary.extra_ids
     _check_against_run(spm_path, n_extra, run_path, run, "--vocab")
     notes.append(f"vocabulary {spm_path}")
-  elif fmt.name == "hf" and (where / "spiece.model").is_file():
+  elif fmt == checkpoint_paths.FORMAT_HF and (where / "spiece.model").is_file():
     spm_path, n_extra = where / "spiece.model", extra_ids
     if n_extra is None and hf_tokenizer_config.is_file():
       n_extra = _hf_extra_ids(hf_tokenizer_config)
@@ -693,7 +695,8 @@ def resolve_sources(
     n_extra = gin_run.vocabulary.extra_ids if extra_ids is None else extra_ids
     notes.append(f"vocabulary {spm_path} (from {gin_run.vocabulary.source})")
   else:
-    where_looked = ("the Hugging Face folder has no spiece.model" if fmt.name == "hf" else
+    where_looked = ("the Hugging Face folder has no spiece.model"
+                    if fmt == checkpoint_paths.FORMAT_HF else
                     f"{run_path} records none" if run_path is not None else gin_note)
     raise ValueError(f"{checkpoint}: no vocabulary found ({where_looked}); pass --vocab PATH, "
                      "the SentencePiece model the checkpoint was trained with")
@@ -708,16 +711,16 @@ def decoding_length(checkpoint: PathLike, gin_file: Optional[PathLike] = None) -
   Raises:
     ValueError: not a checkpoint, or an unreadable gin file.
   """
-  fmt, where = checkpoint_import.locate_checkpoint(checkpoint)
+  fmt, where = checkpoint_paths.locate(checkpoint)
   gin_path = (
-      pathlib.Path(gin_file)
-      if gin_file is not None else None if fmt.name == "hf" else find_run_gin(where))
+      pathlib.Path(gin_file) if gin_file is not None else
+      None if fmt == checkpoint_paths.FORMAT_HF else find_run_gin(where))
   if gin_path is not None:
     length = read_gin_config(gin_path).target_length
     if length is not None:
       return length, f"TASK_FEATURE_LENGTHS['targets'] of {gin_path}"
   gen = where / "generation_config.json"
-  if fmt.name == "hf" and gen.is_file():
+  if fmt == checkpoint_paths.FORMAT_HF and gen.is_file():
     length = json.loads(gen.read_text()).get("max_new_tokens")
     if isinstance(length, int):
       return length, str(gen)
@@ -733,10 +736,10 @@ def export_checkpoint(checkpoint: PathLike,
                       extra_ids: Optional[int] = None,
                       max_new_tokens: Optional[int] = None,
                       overwrite: bool = False) -> pathlib.Path:
-  """Exports any checkpoint `checkpoint_import.load_params` reads to a Hugging Face folder.
+  """Exports any checkpoint `checkpoint_loaders.load_params` reads to a Hugging Face folder.
 
   Args:
-    checkpoint: checkpoint path (see `checkpoint_import.load_params`).
+    checkpoint: checkpoint path (see `checkpoint_paths.locate`).
     out_dir: folder to create; must not be, contain or lie inside the checkpoint.
     gin_file, model_config, vocab, extra_ids: override the discovered sources
       (`resolve_sources`).
@@ -751,9 +754,9 @@ def export_checkpoint(checkpoint: PathLike,
       checkpoint's params do not fit the model config (another architecture or size);
       IncompleteCheckpointError: a checkpoint array lacks data.
   """
-  fmt, where = checkpoint_import.locate_checkpoint(checkpoint)
+  fmt, where = checkpoint_paths.locate(checkpoint)
   # The whole checkpoint: an Orbax state item lives in a step folder with other items.
-  src = (where.parent if fmt.name == "orbax" else where).resolve()
+  src = (where.parent if fmt == checkpoint_paths.FORMAT_ORBAX else where).resolve()
   dst = pathlib.Path(out_dir).resolve()
   if dst == src or dst in src.parents or src in dst.parents:
     raise ValueError(f"--out {out_dir}: must not be, contain or lie inside the checkpoint "
@@ -763,9 +766,9 @@ def export_checkpoint(checkpoint: PathLike,
   length_note = "--max_new_tokens"
   if max_new_tokens is None:
     max_new_tokens, length_note = decoding_length(checkpoint, gin_file)
-  logging.info("exporting %s checkpoint %s: %s; generate() decodes up to %d tokens (%s)", fmt.name,
+  logging.info("exporting %s checkpoint %s: %s; generate() decodes up to %d tokens (%s)", fmt,
                where, notes, max_new_tokens, length_note)
-  params = checkpoint_import.load_params(where, config)
+  params = checkpoint_loaders.load_params(where, config).params
   out = export_params(
       params,
       config,
@@ -822,7 +825,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     options = ("gin_file", "model_config", "vocab", "extra_ids", "max_new_tokens", "overwrite")
     export_checkpoint(args.checkpoint, args.out, **{k: getattr(args, k) for k in options})
-  except ValueError as e:  # includes CheckpointMismatchError / IncompleteCheckpointError
+  except (ValueError, checkpoint_paths.NotACheckpointError) as e:
+    # ValueError includes CheckpointMismatchError / IncompleteCheckpointError.
     print(f"export_hf: error: {e}", file=sys.stderr)
     return 1
   return 0

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from mcwq_t5x import cpu_settings
 from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
@@ -198,8 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
       epilog=GIN_HELP)
   args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
-  gin_utils.call_configured(partitioning.set_host_device_count)
-  partitioning.set_inference_cpu_options()
+  gin_utils.call_configured(cpu_settings.set_host_device_count)
+  cpu_settings.set_inference_cpu_options()
   gin_utils.call_configured(partitioning.initialize_distributed)
   if args.input == "-":
     text = sys.stdin.buffer.read().decode("utf-8")

@@ -16,6 +16,8 @@ compiled decoding step of each batch shape.
 * `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write;
   `check_writable(out_dir)` checks, before anything is loaded or decoded, that they can be written.
 * `check_predict_kwargs(model, predict_kwargs)`: PREDICT_KWARGS checked before anything is loaded.
+* `load_params(model, partitioner, path)`: parameters of a checkpoint of any format, sharded
+  (`checkpoint_loaders.load_params`, with `param_shapes`: the model's init by `jax.eval_shape`).
 
 SeqIO/TensorFlow are imported lazily (only `evaluate_split` needs them).
 """
@@ -30,12 +32,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
-import optax
 
-from mcwq_t5x import checkpoints as checkpoints_lib
+from mcwq_t5x import checkpoint_loaders
 from mcwq_t5x import model as model_lib
 from mcwq_t5x import partitioning
-from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
 
 # Features the decoder reads (the rest of a feature-converted batch is dropped before decoding).
@@ -370,6 +370,26 @@ def write_predictions(
   return pred_path, met_path
 
 
+def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
+  """The model's parameters as `jax.ShapeDtypeStruct`s with their shardings on the mesh.
+
+  `jax.eval_shape` of the model's init (`Partitioner.abstract_params`): nothing is allocated and no
+  optimizer is built; the same shapes, dtypes and shardings as `Trainer.state_shapes(...).params`.
+
+  Args:
+    model: the `EncoderDecoderModel` (anything with `get_initial_variables(rng, input_shapes)`).
+    partitioner: the mesh.
+
+  Returns:
+    Nested dict (T5X names) of `jax.ShapeDtypeStruct` with `NamedSharding`s.
+  """
+  shapes = {
+      "encoder_input_tokens": (partitioner.data_parallel_size, 8),
+      "decoder_input_tokens": (partitioner.data_parallel_size, 8)
+  }
+  return partitioner.abstract_params(lambda rng: model.get_initial_variables(rng, shapes)["params"])
+
+
 def load_params(model: Any,
                 partitioner: partitioning.Partitioner,
                 checkpoint_path: str,
@@ -379,39 +399,25 @@ def load_params(model: Any,
   Args:
     model: the `EncoderDecoderModel` (its network config gives the parameter shapes).
     partitioner: the mesh.
-    checkpoint_path: a MODEL_DIR or `checkpoint_<step>` folder written by `mcwq_t5x.train` or by
-      `t5x.train` (`checkpoints.restore_params`), or a pretrained Hugging Face folder or
-      T5X-native checkpoint (`checkpoint_import.load_pretrained`).
-    abstract_params: the parameters' `jax.ShapeDtypeStruct`s with shardings (default: derived
-      from the model and the mesh).
+    checkpoint_path: any path `checkpoint_loaders.load_params` reads: a MODEL_DIR or
+      `checkpoint_<step>` folder written by `mcwq_t5x.train` or by `t5x.train`, a pretrained
+      Hugging Face folder or T5X-native checkpoint.
+    abstract_params: the parameters' `jax.ShapeDtypeStruct`s with shardings (default:
+      `param_shapes(model, partitioner)`).
 
   Returns:
     (params with the model's shardings and dtypes, step or None, the MODEL_DIR-like folder the
     checkpoint came from).
 
   Raises:
-    FileNotFoundError: nothing usable at `checkpoint_path` (the message names it).
-    mcwq_t5x.checkpoint_import.CheckpointMismatchError: shapes or names differ from the model.
+    FileNotFoundError: nothing at `checkpoint_path` (the message names it); ValueError: no
+      checkpoint there.
+    mcwq_t5x.checkpoint_paths.CheckpointMismatchError: shapes or names differ from the model.
     mcwq_t5x.checkpoints.UnreadableCheckpointError: the named `checkpoint_<step>` folder is
       unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
       the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
   if abstract_params is None:
-    tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
-    shapes = {
-        "encoder_input_tokens": (partitioner.data_parallel_size, 8),
-        "decoder_input_tokens": (partitioner.data_parallel_size, 8)
-    }
-    abstract_params = tr.state_shapes(shapes).params
-  try:
-    checkpoints_lib.resolve_checkpoint(checkpoint_path)
-  except checkpoints_lib.NotACheckpointError:
-    if not pathlib.Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
-      raise
-    from mcwq_t5x import checkpoint_import  # pylint: disable=g-import-not-at-top
-    params = checkpoint_import.load_pretrained(checkpoint_path, model.module.config)
-    params = jax.tree_util.tree_map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding),
-                                    params, abstract_params)
-    return params, None, pathlib.Path(checkpoint_path)
-  params, folder, step = checkpoints_lib.restore_params_and_step(checkpoint_path, abstract_params)
-  return params, step, folder
+    abstract_params = param_shapes(model, partitioner)
+  loaded = checkpoint_loaders.load_params(checkpoint_path, model.module.config, abstract_params)
+  return loaded.params, loaded.step, loaded.directory

@@ -38,8 +38,9 @@ trainer only sums):
 Batches use the keys of seqio's `EncDecFeatureConverter`:
 `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`,
 `decoder_loss_weights` and, when packed, `encoder_segment_ids`,
-`decoder_segment_ids`, `encoder_positions`, `decoder_positions`. PAD = 0,
-EOS = 1, decoder BOS = 0 (T5 convention).
+`decoder_segment_ids`, `encoder_positions`, `decoder_positions` (the positions
+are accepted and not read: relative attention needs only the segment ids).
+PAD = 0, EOS = 1, decoder BOS = 0 (T5 convention).
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ Array = jax.Array
 Batch = Mapping[str, Array]
 PyTree = Any
 
-_PACKING_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
-                 "decoder_positions")
+# The packing features the network reads. A packed batch's `encoder_positions` and
+# `decoder_positions` are accepted and not read: relative attention takes key index - query index,
+# which equals the position difference within a segment (see `network.Transformer.__call__`).
+_SEGMENT_KEYS = ("encoder_segment_ids", "decoder_segment_ids")
 
 # T5X's `losses.SpecialLossNormalizingFactor` names.
 SPECIAL_LOSS_NORMALIZING_FACTORS = ("NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS",
@@ -252,7 +255,8 @@ class EncoderDecoderModel:
     Args:
       rng: PRNG key.
       input_shapes: at least "encoder_input_tokens" and "decoder_input_tokens"
-        ([batch, len]); segment ids/positions shapes optional.
+        ([batch, len]); segment id shapes optional (position shapes are
+        accepted and not used).
       input_types: optional dtypes per key (default int32).
 
     Raises:
@@ -268,7 +272,7 @@ class EncoderDecoderModel:
     dec = jnp.ones(input_shapes["decoder_input_tokens"],
                    input_types.get("decoder_input_tokens", jnp.int32))
     extra = {}
-    for key in _PACKING_KEYS:
+    for key in _SEGMENT_KEYS:
       if key in input_shapes:
         extra[key] = jnp.ones(input_shapes[key], input_types.get(key, jnp.int32))
     variables = self.module.init({
@@ -290,7 +294,7 @@ class EncoderDecoderModel:
                       batch: Batch,
                       dropout_rng: Optional[Array] = None) -> Array:
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    extra = {k: batch[k] for k in _PACKING_KEYS if k in batch}
+    extra = {k: batch[k] for k in _SEGMENT_KEYS if k in batch}
     return self.module.apply({"params": params},
                              batch["encoder_input_tokens"],
                              batch["decoder_input_tokens"],

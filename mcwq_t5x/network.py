@@ -407,28 +407,16 @@ class RelativePositionBiases(nn.Module):
   dtype: DType = jnp.float32
 
   @nn.compact
-  def __call__(self,
-               qlen: int,
-               klen: int,
-               bidirectional: bool = True,
-               query_positions: Optional[Array] = None,
-               key_positions: Optional[Array] = None) -> Array:
-    """Bias [1 or batch, heads, qlen, klen].
+  def __call__(self, qlen: int, klen: int, bidirectional: bool = True) -> Array:
+    """Bias [1, heads, qlen, klen] (dtype `self.dtype`) for `qlen` queries and `klen` keys.
 
-    Without positions, relative position = key index - query index (T5X); with
-    positions ([batch, qlen] / [batch, klen], packed examples) it is
-    key_position - query_position, so a packed example sees the same biases as
-    unpacked (cross-segment pairs are masked separately). The layers of `Transformer` call it
-    without positions: for contiguous segments both give the same biases on every unmasked pair
-    (see `Transformer.__call__`), and [1, ...] costs `batch` times less.
+    The relative position of a (query, key) pair is key index - query index (T5X). Packed rows
+    need no positions: for contiguous segments this equals key position - query position on
+    every pair of the same segment, and the segment mask removes every other pair (see
+    `Transformer.__call__`); one [1, ...] bias serves the whole batch.
     """
-    if query_positions is None:
-      relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
-                  jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
-    else:
-      relative = (
-          key_positions[:, None, :].astype(jnp.int32) -
-          query_positions[:, :, None].astype(jnp.int32))
+    relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
+                jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
     buckets = relative_position_bucket(relative, bidirectional, self.num_buckets, self.max_distance)
     table = self.param(
         "rel_embedding",
@@ -776,14 +764,12 @@ class Transformer(nn.Module):
   def encode(self,
              encoder_input_tokens: Array,
              encoder_segment_ids: Optional[Array] = None,
-             encoder_positions: Optional[Array] = None,
              *,
              enable_dropout: bool = True) -> Array:
-    """Encodes [batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed].
+    """Encodes [batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed] (`config.dtype`).
 
-    Packed inputs: tokens attend only within their segment
-    (`encoder_segment_ids`). `encoder_positions` is accepted for T5X's interface and not read: see
-    `__call__`.
+    Packed inputs: tokens attend only within their segment (`encoder_segment_ids`, [batch,
+    in_len]). T5X's signature (no positions: see `__call__`).
     """
     cfg = self.config
     mask = make_attention_mask(encoder_input_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
@@ -801,14 +787,14 @@ class Transformer(nn.Module):
              decoder_target_tokens: Array,
              encoder_segment_ids: Optional[Array] = None,
              decoder_segment_ids: Optional[Array] = None,
-             decoder_positions: Optional[Array] = None,
              *,
              enable_dropout: bool = True,
              decode: bool = False,
              max_decode_length: Optional[int] = None) -> Array:
     """Decoder logits [batch, tgt_len, vocab] float32.
 
-    `decoder_positions` is accepted for T5X's interface and not read: see `__call__`.
+    T5X's network also takes `decoder_positions` here, which no caller of T5X's or ours passes
+    and relative attention does not read (see `__call__`); this one does not.
 
     With `decode=True` (cached autoregressive decoding) no self-attention mask
     is built (the cache applies causality) and packing is not allowed.
@@ -867,7 +853,10 @@ class Transformer(nn.Module):
         masks only).
       encoder_segment_ids, decoder_segment_ids: [batch, len] packing ids.
       encoder_positions, decoder_positions: [batch, len] positions in packed
-        examples; accepted for T5X's interface and not read. As in T5X's network, relative
+        examples; not read. They stay in the signature because T5X's `EncoderDecoderModel`
+        passes them by keyword (`get_initial_variables`, `_compute_logits`), so that T5X's model
+        can drive this network; `model.EncoderDecoderModel` does not pass them. As in T5X's
+        network, relative
         positions are key index - query index in the row, one [1, heads, len, len] bias for the
         whole batch. For packed rows (SeqIO: segments are contiguous and their positions count
         from 0) this equals key position - query position on every pair of the same segment,
@@ -878,8 +867,8 @@ class Transformer(nn.Module):
       decode: cached decoding mode (the first call creates the cache).
       max_decode_length: cache length for `decode`.
     """
-    encoded = self.encode(
-        encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout=enable_dropout)
+    del encoder_positions, decoder_positions  # see the docstring
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout=enable_dropout)
     return self.decode(
         encoded,
         encoder_input_tokens,
@@ -887,7 +876,6 @@ class Transformer(nn.Module):
         decoder_target_tokens,
         encoder_segment_ids,
         decoder_segment_ids,
-        decoder_positions,
         enable_dropout=enable_dropout,
         decode=decode,
         max_decode_length=max_decode_length)

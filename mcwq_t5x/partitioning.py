@@ -14,9 +14,14 @@ the per-process numpy rows with `jax.make_array_from_process_local_data`. Becaus
 the mesh, a global batch holds the same examples in the same order however many processes feed
 it: 2 processes x 2 devices train exactly like 1 process x 4 devices.
 
-CPU hosts: `set_host_device_count` splits the CPU into XLA host devices, `set_xla_cpu_flags` adds
-the XLA CPU compiler flags for training, and `set_host_malloc_options` keeps freed host memory for
-reuse; the training main calls all three.
+Parameter shardings: `Partitioner.param_mesh_specs` maps a parameter tree's logical axis names to
+mesh `PartitionSpec`s (a mesh axis that does not divide a dimension is dropped,
+`fit_spec_to_mesh`), and `Partitioner.abstract_params` gives the parameters' shapes, dtypes and
+shardings from a model's init by `jax.eval_shape`, allocating nothing.
+
+The CPU settings of the mains (XLA host devices, XLA CPU flags, glibc `malloc` options) are in
+`mcwq_t5x.cpu_settings`; `set_host_device_count` is also reachable here, under the name the gin
+files configure (`partitioning.set_host_device_count.count`).
 
 Nothing here imports TensorFlow or SeqIO.
 """
@@ -26,7 +31,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -35,11 +39,17 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
+from mcwq_t5x import cpu_settings
+
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Optional[str | tuple[str, ...]]]]
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
+
+# The name gin files configure (`partitioning.set_host_device_count.count = N`); the function is
+# `cpu_settings.set_host_device_count` (the same object, so one gin binding serves both names).
+set_host_device_count = cpu_settings.set_host_device_count
 
 
 def standard_logical_axis_rules(
@@ -196,117 +206,28 @@ def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
                                 args.process_index, args.initialization_timeout)
 
 
-def set_host_device_count(count: Optional[int] = None) -> bool:
-  """Splits the CPU into `count` XLA host devices (`--xla_force_host_platform_device_count`).
-
-  On a CPU-only machine several host devices run the data-parallel shards of a step in parallel,
-  which uses the cores better than one device for small models (measured ~1.7x on 2 cores with the
-  tiny model). Must run before JAX initialises its backends (the mains call it right after
-  parsing gin, through `gin_utils.call_configured`); it does nothing if XLA_FLAGS already sets
-  the flag, and it does not affect accelerators.
-
-  Returns:
-    True if XLA_FLAGS was changed.
-  """
-  if not count:
-    return False
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" in flags:
-    return False
-  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(count)}".strip()
-  return True
-
-
-# XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark model of
-# `scripts/benchmark_vs_hf.py`; the measurements are in CHANGELOG.md). The matmuls and reductions
-# run as YNNPACK fusions; the elementwise ops stay with XLA's own loop fusions (YNN's elementwise
-# fusions materialise broadcast constants as full tensors and split the gated-GELU chain into
-# several passes). Logits stay within the transformers-parity tolerances.
-XLA_CPU_TRAINING_FLAGS = (
-    "--xla_cpu_experimental_ynn_fusion_type=dot,reduce",
-    "--xla_cpu_use_xnnpack=false",
-)
-
-
-def set_xla_cpu_flags(flags: Sequence[str] = XLA_CPU_TRAINING_FLAGS) -> list[str]:
-  """Adds XLA CPU compiler flags to XLA_FLAGS, each unless XLA_FLAGS already names it.
-
-  Must run before JAX initialises its backends (as `set_host_device_count`); accelerators ignore
-  these flags. The training main calls it; set a flag in XLA_FLAGS yourself to override it.
+def fit_spec_to_mesh(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  """`spec` without the mesh axes that do not divide the dimension they shard (e.g. an odd
+  vocabulary size over 2 `model` devices): that dimension is replicated instead.
 
   Args:
-    flags: "--name=value" strings (default `XLA_CPU_TRAINING_FLAGS`).
+    spec: a mesh-axis `PartitionSpec` (may be shorter than `shape`).
+    shape: the array's shape.
+    mesh: the mesh whose axis sizes count.
 
   Returns:
-    The flags added.
+    A `PartitionSpec` with one entry per dimension of `shape`.
   """
-  current = os.environ.get("XLA_FLAGS", "")
-  added = [f for f in flags if f.split("=")[0] not in current]
-  if added:
-    os.environ["XLA_FLAGS"] = " ".join([current] + added).strip()
-  return added
-
-
-# glibc `mallopt` parameters (<malloc.h>).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
-
-
-def set_host_malloc_options() -> bool:
-  """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
-
-  The XLA CPU runtime allocates a step's temporary buffers with `malloc` and frees them after the
-  step. By default glibc gives such large blocks back to the kernel (fresh `mmap`s, and the
-  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: about
-  160,000 minor page faults (about 630 MiB) and 0.44 s of system time per 1.3 s step of the
-  benchmark model of `scripts/benchmark_vs_hf.py` (2 cores, packed rows of 40/72, 2 devices).
-  With one arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap
-  trimmed only above 2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), the same step had no
-  page faults and no system time and took 1.06-1.11 s. Peak RSS is the same high-water mark;
-  memory freed below it stays with the process instead of going back to the kernel.
-
-  Call it once at the start of a CPU training process (the training main does, after JAX has
-  chosen its backend, only when that backend is the CPU); it affects later allocations only.
-
-  Returns:
-    True if the options were set; False where the C library is not glibc (macOS, musl) or
-    refused an option, in which case nothing else changes.
-  """
-  try:
-    import ctypes
-    libc = ctypes.CDLL("libc.so.6")
-    mallopt = libc.mallopt
-  except (OSError, AttributeError):
-    return False
-  ok = True
-  for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
-    ok = bool(mallopt(param, value)) and ok
-  return ok
-
-
-# XLA CPU flags and host malloc options of the decoding mains (eval, infer; `mcwq_t5x.eval.main`,
-# `mcwq_t5x.infer.main` call `set_inference_cpu_options`). None so far: with the training flags
-# (`XLA_CPU_TRAINING_FLAGS`) greedy decoding of 640 questions by the `tiny` model (batch 64,
-# 2 loaded cores, one run each, interleaved) compiled in 21 s instead of 13-15 s and decoded in
-# 7.7 s instead of 1.6-1.9 s; the malloc options are not measured for decoding yet.
-XLA_CPU_INFERENCE_FLAGS: tuple[str, ...] = ()
-INFERENCE_MALLOC_OPTIONS = False
-
-
-def set_inference_cpu_options() -> list[str]:
-  """The decoding mains' CPU settings: `XLA_CPU_INFERENCE_FLAGS` (unless XLA_FLAGS names them)
-  and, if `INFERENCE_MALLOC_OPTIONS`, `set_host_malloc_options`.
-
-  Must run before JAX initialises its backends; accelerators ignore the flags.
-
-  Returns:
-    The XLA flags added.
-  """
-  added = set_xla_cpu_flags(XLA_CPU_INFERENCE_FLAGS)
-  if INFERENCE_MALLOC_OPTIONS:
-    set_host_malloc_options()
-  return added
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  fitted = []
+  for dim, entry in zip(shape, entries):
+    if entry is None:
+      fitted.append(None)
+      continue
+    axes = entry if isinstance(entry, tuple) else (entry,)
+    size = int(np.prod([mesh.shape[a] for a in axes]))
+    fitted.append(entry if dim % size == 0 else None)
+  return PartitionSpec(*fitted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,6 +401,58 @@ class Partitioner:
 
     return jax.tree_util.tree_map(
         to_sharding, logical_specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
+
+  def param_mesh_specs(self, boxed_params: PyTree, params: PyTree) -> PyTree:
+    """Mesh `PartitionSpec`s of a parameter tree.
+
+    Args:
+      boxed_params: the tree as a Flax init returns it, leaves boxed with their logical axis names
+        (`nn.LogicallyPartitioned`; arrays or `jax.ShapeDtypeStruct`s); an unboxed leaf is
+        replicated.
+      params: the same tree unboxed (arrays or `jax.ShapeDtypeStruct`s), for the shapes.
+
+    Returns:
+      A tree like `params` of `PartitionSpec`s: `logical_axis_rules` applied, then
+      `fit_spec_to_mesh`.
+    """
+    is_spec = lambda x: x is None or isinstance(x, PartitionSpec)
+    logical = nn.get_partition_spec(boxed_params)
+    mesh_specs = jax.tree_util.tree_map(
+        lambda s: PartitionSpec()
+        if s is None else nn.logical_to_mesh_axes(s, self.logical_axis_rules),
+        logical,
+        is_leaf=is_spec)
+    return jax.tree_util.tree_map(
+        lambda s, a: fit_spec_to_mesh(s, a.shape, self.mesh),
+        mesh_specs,
+        params,
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+  def abstract_params(self,
+                      init_params: Callable[[jax.Array], PyTree],
+                      rng: Optional[jax.Array] = None) -> PyTree:
+    """Shapes, dtypes and shardings of the parameters `init_params` creates, allocating nothing.
+
+    Args:
+      init_params: rng -> the parameter tree boxed with logical axis names (e.g.
+        `lambda r: model.get_initial_variables(r, input_shapes)["params"]`); traced twice with
+        `jax.eval_shape` under `context()`, never run.
+      rng: the PRNG key passed to it (default `PRNGKey(0)`; shapes do not depend on it).
+
+    Returns:
+      The unboxed tree of `jax.ShapeDtypeStruct`s, each with its `NamedSharding` on this mesh
+      (`param_mesh_specs`): what `Trainer.state_shapes(...).params` holds for the same model.
+    """
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    with self.context():
+      boxed = jax.eval_shape(init_params, rng)
+      shapes = jax.eval_shape(lambda r: nn.unbox(init_params(r)), rng)
+    specs = self.param_mesh_specs(boxed, shapes)
+    return jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(self.mesh, s)),
+        shapes,
+        specs,
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
 
   @property
   def replicated(self) -> NamedSharding:

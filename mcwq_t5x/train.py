@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcwq_t5x import checkpoints as checkpoints_lib
+from mcwq_t5x import cpu_settings
 from mcwq_t5x import gin_utils
 from mcwq_t5x import inference
 from mcwq_t5x import partitioning
@@ -604,8 +605,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   `--multiprocess_gpu --coordinator_address=HOST:PORT --process_count=N --process_index=I`)
   initialise `jax.distributed` before any device is used; every process runs the same command
   with its own `--process_index` and the same MODEL_DIR. On CPU, XLA gets the training flags of
-  `partitioning.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them, and the process keeps freed
-  host memory for reuse (`partitioning.set_host_malloc_options`). When MODEL_DIR holds a
+  `cpu_settings.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them, and the process keeps freed
+  host memory for reuse (`cpu_settings.set_host_malloc_options`). When MODEL_DIR holds a
   checkpoint and $MCWQ_VOCAB is unset, the vocabulary recorded in its run.json is used
   (`run_info.adopt_recorded_vocabulary`).
 
@@ -623,12 +624,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       extra_args=partitioning.add_multiprocess_flags,
       prog="python -m mcwq_t5x.train",
       epilog=GIN_HELP)
-  gin_utils.call_configured(partitioning.set_host_device_count)
-  partitioning.set_xla_cpu_flags()
+  gin_utils.call_configured(cpu_settings.set_host_device_count)
+  cpu_settings.set_xla_cpu_flags()
   if partitioning.initialize_from_flags(args) is None:
     gin_utils.call_configured(partitioning.initialize_distributed)
   if jax.default_backend() == "cpu":
-    partitioning.set_host_malloc_options()
+    cpu_settings.set_host_malloc_options()
   model_dir = gin_utils.macro_value("MODEL_DIR")
   if model_dir and checkpoints_lib.finished_steps(model_dir):  # resuming: the run's vocabulary
     run_info.adopt_recorded_vocabulary(model_dir)

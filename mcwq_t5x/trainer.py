@@ -215,20 +215,6 @@ def _path_keys(path) -> tuple[str, ...]:
   return tuple(out)
 
 
-def _fit_spec_to_mesh(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> PartitionSpec:
-  """Drops mesh axes that do not divide the dimension they shard (e.g. an odd vocabulary size)."""
-  entries = list(spec) + [None] * (len(shape) - len(spec))
-  fitted = []
-  for dim, entry in zip(shape, entries):
-    if entry is None:
-      fitted.append(None)
-      continue
-    axes = entry if isinstance(entry, tuple) else (entry,)
-    size = int(np.prod([mesh.shape[a] for a in axes]))
-    fitted.append(entry if dim % size == 0 else None)
-  return PartitionSpec(*fitted)
-
-
 def optimizer_state_specs(opt_state_shapes: PyTree, params_shapes: PyTree,
                           params_specs: PyTree) -> PyTree:
   """Mesh PartitionSpecs for an optax state, derived from the parameters' specs.
@@ -369,20 +355,10 @@ class Trainer:
       boxed = jax.eval_shape(
           lambda r: self.model.get_initial_variables(r, input_shapes, input_types)["params"], rng)
       state_shapes = jax.eval_shape(self._init_fn(input_shapes, input_types), rng)
-    logical = nn.get_partition_spec(boxed)
-    mesh_specs = jax.tree_util.tree_map(
-        lambda s: PartitionSpec()
-        if s is None else nn.logical_to_mesh_axes(s, p.logical_axis_rules),
-        logical,
-        is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
-    mesh_specs = jax.tree_util.tree_map(
-        lambda s, a: _fit_spec_to_mesh(s, a.shape, p.mesh),
-        mesh_specs,
-        state_shapes.params,
-        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    mesh_specs = p.param_mesh_specs(boxed, state_shapes.params)
     opt_specs = optimizer_state_specs(state_shapes.opt_state, state_shapes.params, mesh_specs)
     opt_specs = jax.tree_util.tree_map(
-        lambda s, a: _fit_spec_to_mesh(s, getattr(a, "shape", ()), p.mesh),
+        lambda s, a: partitioning_lib.fit_spec_to_mesh(s, getattr(a, "shape", ()), p.mesh),
         opt_specs,
         state_shapes.opt_state,
         is_leaf=lambda x: isinstance(x, PartitionSpec))

@@ -15,8 +15,8 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
   arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 2, data
   parallel), `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
-  `partitioning.XLA_CPU_TRAINING_FLAGS` and its host `malloc` options
-  (`partitioning.set_host_malloc_options`; the HF process keeps glibc's defaults), dropout masks
+  `cpu_settings.XLA_CPU_TRAINING_FLAGS` and its host `malloc` options
+  (`cpu_settings.set_host_malloc_options`; the HF process keeps glibc's defaults), dropout masks
   from the `unsafe_rbg` PRNG as the main job
   draws them, `USE_HARDWARE_RNG`; `--no-use_hardware_rng`: threefry): examples packed into rows of
   `--pack_input_length`/`--pack_target_length` tokens (`PACK = True`, first-fit decreasing:
@@ -688,12 +688,12 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.WARNING)
     system, mode = args.worker.split(":")
     if system in ("ours", "prep"):  # flags before JAX starts its backend
-      from mcwq_t5x import partitioning
+      from mcwq_t5x import cpu_settings
       if mode.startswith("decode-"):  # as the eval and infer mains do
-        partitioning.set_inference_cpu_options()
+        cpu_settings.set_inference_cpu_options()
       else:  # as the training main does
-        partitioning.set_xla_cpu_flags()
-        partitioning.set_host_malloc_options()
+        cpu_settings.set_xla_cpu_flags()
+        cpu_settings.set_host_malloc_options()
     print(json.dumps(WORKERS[(system, mode)](args)))
     return
 

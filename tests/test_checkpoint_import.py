@@ -21,6 +21,10 @@ torch = pytest.importorskip(
 transformers = pytest.importorskip("transformers")
 
 from mcwq_t5x import checkpoint_import as ci
+from mcwq_t5x import checkpoint_loaders
+from mcwq_t5x import checkpoint_paths
+from mcwq_t5x import checkpoints
+from mcwq_t5x import t5x_checkpoint_writer
 from mcwq_t5x import model as model_lib
 from mcwq_t5x import network
 
@@ -145,7 +149,7 @@ def _build_hf(kind, tmp_path, batch):
 def hf_model(request, tmp_path_factory, mcwq_batch):
   hf, path = _build_hf(request.param, tmp_path_factory.mktemp("hf"), mcwq_batch)
   config = ci.config_from_hf(path / "config.json")
-  params = ci.load_pretrained(path, config)
+  params = checkpoint_loaders.load_params(path, config).params
   return request.param, hf, path, config, params
 
 
@@ -220,12 +224,12 @@ def test_t5x_native_round_trip(hf_model, tmp_path):
   flat_opt = {"encoder": {"encoder_norm": {"scale": {"v": np.ones(config.emb_dim, np.float32)}}}}
   for reference in ("placeholder", "spec"):
     path = tmp_path / f"{kind}_{reference}" / "checkpoint_1000000"
-    ci.save_t5x_checkpoint(
+    t5x_checkpoint_writer.save_t5x_checkpoint(
         params, path, step=1000000, reference=reference, optimizer_state=flat_opt)
     assert (path / "checkpoint").is_file()
     assert (path / "target.encoder.layers_0.attention.query.kernel").is_dir()
-    assert ci.detect_format(path) == "t5x"
-    loaded = ci.load_pretrained(path, config)
+    assert checkpoint_paths.detect_format(path) == "t5x"
+    loaded = checkpoint_loaders.load_params(path, config).params
     flat_a = jax.tree_util.tree_leaves_with_path(params)
     flat_b = dict(jax.tree_util.tree_leaves_with_path(loaded))
     assert len(flat_a) == len(flat_b)
@@ -238,18 +242,18 @@ def test_mismatch_names_the_parameter(hf_model, tmp_path):
   wider = network.T5Config(**{**config.__dict__, "mlp_dim": 64})
   wi = "wi" if kind == "t5_1_0" else "wi_0"
   with pytest.raises(ci.CheckpointMismatchError, match=f"encoder/layers_0/mlp/{wi}/kernel"):
-    ci.load_pretrained(path, wider)
+    checkpoint_loaders.load_params(path, wider)
   deeper = network.T5Config(**{**config.__dict__, "num_encoder_layers": 3})
   with pytest.raises(ci.CheckpointMismatchError, match="encoder.block.2"):
-    ci.load_pretrained(path, deeper)
+    checkpoint_loaders.load_params(path, deeper)
   # T5X native: a missing array is named.
   incomplete = jax.tree_util.tree_map(lambda x: x, params)
   del incomplete["decoder"]["decoder_norm"]
-  t5x_path = ci.save_t5x_checkpoint(incomplete, tmp_path / "ckpt")
+  t5x_path = t5x_checkpoint_writer.save_t5x_checkpoint(incomplete, tmp_path / "ckpt")
   with pytest.raises(ci.CheckpointMismatchError, match="decoder/decoder_norm/scale"):
-    ci.load_pretrained(t5x_path, config)
+    checkpoint_loaders.load_params(t5x_path, config)
   with pytest.raises(ValueError, match="not a checkpoint"):
-    ci.load_pretrained(tmp_path, config)
+    checkpoint_loaders.load_params(tmp_path, config)
 
 
 def _copy_hf(path, tmp_path, edit, **config_changes):
@@ -283,7 +287,7 @@ def test_missing_hf_tensors_are_all_named(hf_model, tmp_path):
   edited = _copy_hf(path, tmp_path, remove, tie_word_embeddings=False)
   assert not config.logits_via_embedding or kind == "t5_1_0"
   with pytest.raises(ci.CheckpointMismatchError) as e:
-    ci.load_pretrained(edited, config)
+    checkpoint_loaders.load_params(edited, config)
   message = str(e.value)
   assert "2 tensor(s) missing" in message
   for key in drop:
@@ -308,7 +312,7 @@ def test_tied_mt5_without_lm_head_loads_as_transformers_does(hf_model, tmp_path)
     return state
 
   edited = _copy_hf(path, tmp_path, remove, tie_word_embeddings=True)
-  loaded = ci.load_pretrained(edited, config)
+  loaded = checkpoint_loaders.load_params(edited, config).params
   np.testing.assert_array_equal(loaded["decoder"]["logits_dense"]["kernel"],
                                 params["token_embedder"]["embedding"].T)
   hf = transformers.MT5ForConditionalGeneration.from_pretrained(str(edited))
@@ -323,7 +327,7 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
   with pytest.raises(
       ci.CheckpointMismatchError,
       match=r"tensor\(s\) the model has no parameter for .*encoder\.block\.1\."):
-    ci.load_pretrained(path, shallower)
+    checkpoint_loaders.load_params(path, shallower)
   # Stored copies of the embedding must equal it; an unknown tensor is named.
   def add(state):
     state["encoder.embed_tokens.weight"] = state["shared.weight"].copy()
@@ -335,7 +339,7 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
 
   edited = _copy_hf(path, tmp_path, add)
   with pytest.raises(ci.CheckpointMismatchError) as e:
-    ci.load_pretrained(edited, config)
+    checkpoint_loaders.load_params(edited, config)
   message = str(e.value)
   assert "encoder.block.0.layer.0.SelfAttention.extra.weight (shape (2, 2))" in message
   assert "decoder.embed_tokens.weight" in message
@@ -349,7 +353,8 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
     return state
 
   (tmp_path / "equal").mkdir()
-  loaded = ci.load_pretrained(_copy_hf(path, tmp_path / "equal", add_equal), config)
+  loaded = checkpoint_loaders.load_params(_copy_hf(path, tmp_path / "equal", add_equal),
+                                          config).params
   np.testing.assert_array_equal(loaded["token_embedder"]["embedding"],
                                 params["token_embedder"]["embedding"])
 
@@ -374,7 +379,7 @@ def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
   """Issue 11: a TensorStore array with a deleted chunk file loaded as zeros in that block."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   kind, _, _, config, params = hf_model
-  path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_1")
+  path = t5x_checkpoint_writer.save_t5x_checkpoint(params, tmp_path / "checkpoint_1")
   # Rewrite one array with 4 chunks, as T5X writes large arrays.
   name = "target.decoder.layers_1.mlp.wo.kernel"
   value = params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]
@@ -397,15 +402,21 @@ def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
       "delete_existing": True
   }).result().write(value).result()
   assert sorted(f.name for f in (path / name).iterdir()) == [".zarray", "0.0", "0.1", "1.0", "1.1"]
-  loaded = ci.load_pretrained(path, config)  # complete: loads unchanged
+  loaded = checkpoint_loaders.load_params(path, config).params  # complete: loads unchanged
   np.testing.assert_array_equal(loaded["decoder"]["layers_1"]["mlp"]["wo"]["kernel"], value)
   (path / name / "1.0").unlink()
   with pytest.raises(
       ci.IncompleteCheckpointError,
       match=rf"array {name} is incomplete, a chunk file is missing.*1\.0"):
-    ci.load_pretrained(path, config)
+    ci.load_t5x_checkpoint(path, config)
+  # Named as a checkpoint_<step> folder, the loader says so and names the array.
+  with pytest.raises(
+      checkpoints.UnreadableCheckpointError,
+      match=rf"checkpoint_1 is unreadable.*array {name} is incomplete"):
+    checkpoint_loaders.load_params(path, config)
   # A single-chunk array (our writer) without its chunk: named as well.
-  path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_2", reference="spec")
+  path = t5x_checkpoint_writer.save_t5x_checkpoint(
+      params, tmp_path / "checkpoint_2", reference="spec")
   single = "target.encoder.layers_0.attention.query.kernel"
   (path / single / "0").unlink() if (path / single / "0").exists() else (path / single /
                                                                          "0.0").unlink()
@@ -416,7 +427,8 @@ def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
 def test_t5x_array_shape_differs_from_recorded_metadata(hf_model, tmp_path):
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   _, _, _, config, params = hf_model
-  path = ci.save_t5x_checkpoint(params, tmp_path / "checkpoint_1", reference="spec")
+  path = t5x_checkpoint_writer.save_t5x_checkpoint(
+      params, tmp_path / "checkpoint_1", reference="spec")
   name = "target.encoder.encoder_norm.scale"
   ts.open({
       "driver": "zarr",
@@ -436,7 +448,7 @@ def test_t5x_array_shape_differs_from_recorded_metadata(hf_model, tmp_path):
       ci.IncompleteCheckpointError,
       match=rf"array {name} has shape \(3,\), the checkpoint recorded "
       rf"\({config.emb_dim},\)"):
-    ci.load_pretrained(path, config)
+    ci.load_t5x_checkpoint(path, config)
 
 
 def test_arrays_with_a_fill_value_may_omit_chunks(tmp_path):

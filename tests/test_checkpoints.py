@@ -155,16 +155,17 @@ def test_kill_and_resume_reproduces_losses(tmp_path):
 
 
 def test_initial_checkpoint_import_into_sharded_state(tmp_path):
-  """INITIAL_CHECKPOINT_PATH path of train(): T5X-native checkpoint -> load_pretrained -> state."""
-  from mcwq_t5x import checkpoint_import  # pylint: disable=g-import-not-at-top
+  """INITIAL_CHECKPOINT_PATH path of train(): T5X-native checkpoint -> load_params -> state."""
+  from mcwq_t5x import checkpoint_loaders  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import t5x_checkpoint_writer  # pylint: disable=g-import-not-at-top
   p = partitioning.Partitioner(num_partitions=2)
   source = make_trainer(p)
   source.seed = 123
   params = jax.device_get(source.create_state(shapes()).params)
-  checkpoint_import.save_t5x_checkpoint(params, tmp_path / "checkpoint_1000000", step=1000000)
+  t5x_checkpoint_writer.save_t5x_checkpoint(params, tmp_path / "checkpoint_1000000", step=1000000)
   tr = make_trainer(p)
-  loaded = checkpoint_import.load_pretrained(tmp_path / "checkpoint_1000000",
-                                             tr.model.module.config)
+  loaded = checkpoint_loaders.load_params(tmp_path / "checkpoint_1000000",
+                                          tr.model.module.config).params
   state = tr.create_state(shapes(), init_params=loaded)
   assert int(state.step) == 0
   emb = state.params["token_embedder"]["embedding"]

@@ -32,11 +32,14 @@ transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file
 
 from mcwq_t5x import checkpoint_import as ci
+from mcwq_t5x import checkpoint_loaders
+from mcwq_t5x import checkpoint_paths
 from mcwq_t5x import checkpoints
 from mcwq_t5x import export_hf
 from mcwq_t5x import model as model_lib
 from mcwq_t5x import network
 from mcwq_t5x import partitioning
+from mcwq_t5x import t5x_checkpoint_writer
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import vocab as vocab_lib
 import tiny_engine
@@ -260,7 +263,7 @@ def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm
                                                        monkeypatch):
   config, params, model_dir = tiny_run
   monkeypatch.delenv("MCWQ_VOCAB", raising=False)  # the run used the small vocabulary
-  assert ci.detect_format(model_dir) == "orbax"
+  assert checkpoint_paths.detect_format(model_dir) == "orbax"
   out = tmp_path / "hf"
   # Model config and vocabulary both come from MODEL_DIR/config.gin.
   assert export_hf.main(["--checkpoint", str(model_dir), "--out", str(out)]) == 0
@@ -280,8 +283,8 @@ def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm
   hf = _load_hf(out, config)
   _check_parity(hf, config, params, mcwq_batch)
   # Round trip: the export imports back to the checkpoint's params, bit for bit.
-  _assert_same_params(ci.load_params(model_dir, config), params)
-  _assert_same_params(ci.load_params(out, ci.config_from_hf(out)), params)
+  _assert_same_params(checkpoint_loaders.load_params(model_dir, config).params, params)
+  _assert_same_params(checkpoint_loaders.load_params(out, ci.config_from_hf(out)).params, params)
 
 
 def _mt5_small_layout(vocab_size):
@@ -313,7 +316,7 @@ def test_export_mt5_small_layout_matches_transformers(vocab_size, mcwq_batch, sp
   assert hf.config.d_model == 512 and hf.config.num_decoder_layers == 8
   assert hf.config.feed_forward_proj == "gated-gelu"
   _check_parity(hf, config, params, mcwq_batch)
-  _assert_same_params(ci.load_params(out, config), params)
+  _assert_same_params(checkpoint_loaders.load_params(out, config).params, params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,14 +396,14 @@ def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
   original = _hf_folder(kind, tmp_path / "original")
   config = ci.config_from_hf(original)
   assert config.logits_via_embedding == (kind == "t5_1_0")
-  params = ci.load_params(original, config)
+  params = checkpoint_loaders.load_params(original, config).params
   out = tmp_path / "exported"
   assert export_hf.main(
       ["--checkpoint", str(original), "--out",
        str(out), "--vocab",
        str(spm_path)]) == 0
   assert ci.config_from_hf(out) == config
-  _assert_same_params(ci.load_params(out, config), params)
+  _assert_same_params(checkpoint_loaders.load_params(out, config).params, params)
   # The exported tensors are the original ones, and nothing else.
   before, after = load_file(str(original / "model.safetensors")), load_file(
       str(out / "model.safetensors"))
@@ -418,15 +421,16 @@ def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
 
 def test_export_t5x_native_checkpoint_with_gin_file(tiny_run, spm_path, tmp_path):
   config, params, _ = tiny_run
-  ckpt = ci.save_t5x_checkpoint(params, tmp_path / "t5x" / "checkpoint_8", step=8)
+  ckpt = t5x_checkpoint_writer.save_t5x_checkpoint(
+      params, tmp_path / "t5x" / "checkpoint_8", step=8)
   gin_file = tmp_path / "model.gin"
   gin_file.write_text(
       TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN).replace(
           "VOCABULARY = @vocab.get_vocabulary()",
           f"VOCABULARY = @vocab.get_vocabulary()\nget_vocabulary.path = '{spm_path}'"))
   out = export_hf.export_checkpoint(tmp_path / "t5x", tmp_path / "hf", gin_file=gin_file)
-  _assert_same_params(ci.load_params(out, config), params)
-  _assert_same_params(ci.load_params(ckpt, config), params)
+  _assert_same_params(checkpoint_loaders.load_params(out, config).params, params)
+  _assert_same_params(checkpoint_loaders.load_params(ckpt, config).params, params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -472,7 +476,8 @@ def test_export_rejects_another_architecture(tiny_run, spm_path, tmp_path, capsy
 
 def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys):
   config, params, _ = tiny_run
-  ckpt = ci.save_t5x_checkpoint(params, tmp_path / "ckpt" / "checkpoint_8", step=8)
+  ckpt = t5x_checkpoint_writer.save_t5x_checkpoint(
+      params, tmp_path / "ckpt" / "checkpoint_8", step=8)
   no_vocab = tmp_path / "no_vocab.gin"
   no_vocab.write_text("\n".join(
       line for line in TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS,
@@ -519,7 +524,7 @@ def test_export_output_folder_checks(tiny_run, spm_path, tmp_path):
   assert (out / "keep.txt").is_file()
   export_hf.export_params(params, config, out, spm_path, overwrite=True)
   assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)
-  step_dir = ci.locate_orbax_state(model_dir)
+  step_dir = checkpoint_paths.locate(model_dir)[1]
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):
     export_hf.export_checkpoint(model_dir, step_dir / "hf", vocab=spm_path)
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):

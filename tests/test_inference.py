@@ -153,3 +153,23 @@ def test_check_writable(tmp_path):
       inference.UnwritableOutputError,
       match=r"cannot write to the EVAL_OUTPUT_DIR .*file/out \(.*Error: .*\); nothing was decoded"):
     inference.check_writable(tmp_path / "file" / "out", "EVAL_OUTPUT_DIR")
+
+
+@pytest.mark.parametrize("num_partitions", [1, 2])
+def test_param_shapes_are_the_trainers_without_a_trainer(num_partitions):
+  """`param_shapes` (eval_shape of the model's init) gives the shapes, dtypes and shardings of
+  `Trainer.state_shapes(...).params`, which builds an optimizer state as well."""
+  partitioner = partitioning.Partitioner(num_partitions=num_partitions, devices=jax.devices()[:4])
+  model = tiny_engine.tiny_model(0.0)
+  tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
+  shapes = {
+      "encoder_input_tokens": (partitioner.data_parallel_size, 8),
+      "decoder_input_tokens": (partitioner.data_parallel_size, 8)
+  }
+  expected = tr.state_shapes(shapes).params
+  got = inference.param_shapes(model, partitioner)
+  assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+    assert (a.shape, a.dtype, a.sharding) == (b.shape, b.dtype, b.sharding)
+  split = [a for a in jax.tree_util.tree_leaves(got) if not a.sharding.is_fully_replicated]
+  assert bool(split) == (num_partitions > 1)

@@ -113,11 +113,9 @@ def test_infer_main_one_line_per_input_line(trained, tmp_path):
       "--sparql",
       *mains.gin_flags(mains.SMALL_MODEL),
       input=questions)
-  lines = out.stdout.splitlines() if "\u2028" not in out.stdout else out.stdout.split("\n")[:-1]
   assert len(out.stdout.split("\n")) == 4 and out.stdout.endswith("\n")
   for line in out.stdout.split("\n")[:-1]:  # untrained: valid SPARQL or an explicit error
     assert line.startswith(("ASK", "SELECT", "ERROR: ")), line
-  del lines
 
 
 # --- configuration errors, through gin in this process (no training needed) -------------------
@@ -174,6 +172,5 @@ def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
   assert f"the last good checkpoint is step {steps[-1]}" in caplog.text
   curve = losses(tmp_path) if (tmp_path / "train_metrics.jsonl").exists() else {}
   assert all(np.isfinite(v) for v in curve.values())
-  folder, step = checkpoints.resolve_checkpoint(tmp_path)
+  _, step = checkpoints.resolve_checkpoint(tmp_path)
   assert step == steps[-1]
-  del folder

@@ -130,8 +130,8 @@ def test_logical_to_mesh_sharding():
 
 _PAGE_FAULT_PROBE = r"""
 import ctypes, resource, sys
-from mcwq_t5x import partitioning
-applied = partitioning.set_host_malloc_options() if sys.argv[1] == "1" else None
+from mcwq_t5x import cpu_settings
+applied = cpu_settings.set_host_malloc_options() if sys.argv[1] == "1" else None
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

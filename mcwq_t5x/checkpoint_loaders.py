@@ -1,0 +1,138 @@
+"""Loading parameters from a checkpoint of any format: one registry, format -> loader.
+
+Every parameter load of the project from a path goes through `load_params` (`inference.load_params`
+for eval, infer and INITIAL_CHECKPOINT_PATH; `export_hf`): `checkpoint_paths.locate` names the
+format, `LOADERS` maps it to the function that reads it:
+
+| format (`checkpoint_paths`) | loader | reads with |
+| --- | --- | --- |
+| `FORMAT_ORBAX` ("orbax") | `load_model_dir` | `checkpoints.restore_params_and_step` |
+| `FORMAT_T5X` ("t5x") | `load_t5x` | in a MODEL_DIR layout: `load_model_dir`; a standalone folder: `checkpoint_import.load_t5x_checkpoint` |
+| `FORMAT_HF` ("hf") | `load_hf` | `checkpoint_import.load_hf_checkpoint` |
+
+A new format is one more `checkpoint_paths` format and one more `LOADERS` entry.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Callable, NamedTuple, Optional
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mcwq_t5x import checkpoint_import
+from mcwq_t5x import checkpoint_paths
+from mcwq_t5x import checkpoints
+from mcwq_t5x import network
+
+PyTree = Any
+
+
+class LoadedParams(NamedTuple):
+  """What a loader returns.
+
+  Attributes:
+    params: nested dict of arrays with T5X names: with `abstract_params`, jax arrays of its dtypes
+      and shardings; without, float32 numpy arrays.
+    step: the checkpoint's training step, or None when the format has none (Hugging Face, a
+      standalone T5X-native folder).
+    directory: MODEL_DIR for T5X's layout (the folder holding `checkpoint_<step>/`), else the
+      path loaded.
+  """
+  params: PyTree
+  step: Optional[int]
+  directory: pathlib.Path
+
+
+# (path, model config, abstract params or None) -> LoadedParams.
+Loader = Callable[[pathlib.Path, network.T5Config, Optional[PyTree]], LoadedParams]
+
+
+def _float32_abstract(config: network.T5Config) -> PyTree:
+  """Unsharded float32 `jax.ShapeDtypeStruct`s of `network.Transformer(config)`'s parameters."""
+  return traverse_util.unflatten_dict(
+      {
+          k: jax.ShapeDtypeStruct(shape, jnp.float32)
+          for k, shape in checkpoint_import.expected_param_shapes(config).items()
+      },
+      sep="/")
+
+
+def _place(params: PyTree, abstract_params: Optional[PyTree]) -> PyTree:
+  """Numpy `params` as `abstract_params` describes them (dtype, sharding); unchanged without."""
+  if abstract_params is None:
+    return params
+  return jax.tree_util.tree_map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding), params,
+                                abstract_params)
+
+
+def load_model_dir(path: pathlib.Path, config: network.T5Config,
+                   abstract_params: Optional[PyTree]) -> LoadedParams:
+  """T5X's MODEL_DIR layout (Orbax or msgpack step folders): a MODEL_DIR gives its newest
+  readable checkpoint, a named `checkpoint_<step>` that one (`checkpoints.restore_params_and_step`,
+  whose errors it raises); parameters the model lacks are ignored with a warning."""
+  target = abstract_params if abstract_params is not None else _float32_abstract(config)
+  params, directory, step = checkpoints.restore_params_and_step(path, target)
+  if abstract_params is None:
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
+  return LoadedParams(params, step, directory)
+
+
+def load_t5x(path: pathlib.Path, config: network.T5Config,
+             abstract_params: Optional[PyTree]) -> LoadedParams:
+  """A T5X-native (msgpack + zarr) checkpoint: in a MODEL_DIR layout as `load_model_dir`; a
+  standalone folder (or its `checkpoint` file) with `checkpoint_import.load_t5x_checkpoint`,
+  checked strictly against `config`."""
+  try:
+    checkpoint_paths.resolve_checkpoint(path)
+  except checkpoint_paths.NotACheckpointError:
+    params = checkpoint_import.load_t5x_checkpoint(path, config)
+    return LoadedParams(_place(params, abstract_params), None, path)
+  return load_model_dir(path, config, abstract_params)
+
+
+def load_hf(path: pathlib.Path, config: network.T5Config,
+            abstract_params: Optional[PyTree]) -> LoadedParams:
+  """A Hugging Face T5/mT5 folder (`checkpoint_import.load_hf_checkpoint`), checked strictly
+  against `config`."""
+  params = checkpoint_import.load_hf_checkpoint(path, config)
+  return LoadedParams(_place(params, abstract_params), None, path)
+
+
+LOADERS: dict[str, Loader] = {
+    checkpoint_paths.FORMAT_ORBAX: load_model_dir,
+    checkpoint_paths.FORMAT_T5X: load_t5x,
+    checkpoint_paths.FORMAT_HF: load_hf,
+}
+
+
+def load_params(path: checkpoint_paths.PathLike,
+                config: network.T5Config,
+                abstract_params: Optional[PyTree] = None) -> LoadedParams:
+  """Parameters (no optimizer state) of the checkpoint at `path`, whatever its format.
+
+  Args:
+    path: anything `checkpoint_paths.locate` accepts: a MODEL_DIR or `checkpoint_<step>` folder
+      (or its item) written by `mcwq_t5x.train` or T5X (Orbax or msgpack), a standalone T5X-native
+      folder or a Hugging Face folder.
+    config: the model's network config; parameter names and shapes are checked against it.
+    abstract_params: the parameters' `jax.ShapeDtypeStruct`s (e.g.
+      `Partitioner.abstract_params`): the result gets their dtypes and shardings. None: float32
+      numpy arrays.
+
+  Returns:
+    `LoadedParams(params, step or None, directory)`.
+
+  Raises:
+    checkpoint_paths.NotACheckpointError: (a FileNotFoundError) `path` does not exist.
+    ValueError: `path` holds no checkpoint, or unreadable files (the message names them).
+    checkpoint_paths.CheckpointMismatchError: names or shapes differ from the model (every
+      offending parameter named).
+    checkpoint_import.IncompleteCheckpointError: stored data missing (names the array).
+    checkpoints.UnreadableCheckpointError: a named `checkpoint_<step>` folder is unreadable;
+      checkpoints.NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
+  """
+  fmt, _ = checkpoint_paths.locate(path)
+  return LOADERS[fmt](pathlib.Path(path), config, abstract_params)

@@ -1,0 +1,229 @@
+"""Checkpoint paths and formats: where a checkpoint lies and which format it is in.
+
+The leaf of the checkpoint code (T5X's `checkpoints_utils.py`): it reads directory listings and
+file names only, never a checkpoint's contents, and imports nothing else of this project. The
+modules that read and write checkpoints build on it:
+
+    checkpoint_paths  <-  checkpoint_import (Hugging Face, T5X-native readers)
+                      <-  t5x_checkpoint_writer (T5X-native writer)
+                      <-  checkpoints (Orbax save/restore, CheckpointManager)
+                      <-  best_checkpoint (the best step of a MODEL_DIR)
+                      <-  checkpoint_loaders (format -> loader: every parameter load)
+
+Formats (`detect_format`, `locate`):
+
+* `FORMAT_ORBAX` ("orbax"): T5X's MODEL_DIR layout with Orbax items, written by `mcwq_t5x.train`
+  or `t5x.train`: `MODEL_DIR/checkpoint_<step>/state/` (see `mcwq_t5x.checkpoints`).
+* `FORMAT_T5X` ("t5x"): a T5X-native checkpoint, a folder holding the msgpack file `checkpoint`
+  and TensorStore zarr arrays (published under gs://t5-data/pretrained_models/t5x/, and written by
+  T5X's legacy `Checkpointer`), alone or as the `checkpoint_<step>` folders of a MODEL_DIR.
+* `FORMAT_HF` ("hf"): a Hugging Face `save_pretrained` folder (`config.json` + `model.safetensors`,
+  its sharded index, or `pytorch_model.bin`).
+
+Inside a MODEL_DIR, each finished `checkpoint_<step>` folder has one item format
+(`checkpoint_format`): ours (`ITEM_FORMAT_MCWQ`), `t5x.train`'s Orbax one (`ITEM_FORMAT_T5X_ORBAX`)
+or T5X's legacy msgpack one (`ITEM_FORMAT_T5X_MSGPACK`).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+from typing import Optional
+
+PathLike = str | os.PathLike
+
+CHECKPOINT_PREFIX = "checkpoint"  # T5X: `checkpoints_utils.get_checkpoint_prefix()`
+STATE_ITEM = "state"  # T5X's Orbax item name (`checkpoints._STATE_KEY`)
+OPTIMIZER_ITEM = "optimizer"  # ours
+DATA_ITEM = "data"  # ours
+T5X_MSGPACK_FILE = "checkpoint"  # T5X-native: the msgpack file of a checkpoint folder
+# T5X-native: a msgpack leaf `PLACEHOLDER://<zarr folder>` stands for an array stored beside it.
+T5X_PLACEHOLDER = "PLACEHOLDER://"
+# Hugging Face weight files, any of which makes a folder a Hugging Face checkpoint.
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+# Item formats of a finished `checkpoint_<step>` folder (`checkpoint_format`).
+ITEM_FORMAT_MCWQ = "mcwq_t5x"
+ITEM_FORMAT_T5X_ORBAX = "t5x-orbax"
+ITEM_FORMAT_T5X_MSGPACK = "t5x-msgpack"
+
+# Checkpoint formats of any path (`detect_format`).
+FORMAT_HF = "hf"
+FORMAT_T5X = "t5x"
+FORMAT_ORBAX = "orbax"
+
+FORMAT_DESCRIPTIONS = {
+    FORMAT_ORBAX:
+        "an Orbax checkpoint of mcwq_t5x.train or t5x.train (MODEL_DIR holding "
+        f"{CHECKPOINT_PREFIX}_<step>/ folders, one such folder, or its '{STATE_ITEM}' item)",
+    FORMAT_T5X: f"a T5X checkpoint_N directory with a '{T5X_MSGPACK_FILE}' msgpack file",
+    FORMAT_HF: "a Hugging Face directory with model.safetensors / pytorch_model.bin",
+}
+
+_STEP_DIR_RE = re.compile(rf"^{CHECKPOINT_PREFIX}_(\d+)$")
+
+
+class NotACheckpointError(FileNotFoundError):
+  """A path holds no finished checkpoint of ours or of T5X."""
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint's parameter names or shapes do not match the model."""
+
+
+def checkpoint_dir(directory: PathLike, step: int) -> pathlib.Path:
+  """`directory/checkpoint_<step>` (T5X `checkpoints_utils.get_checkpoint_dir`)."""
+  return pathlib.Path(directory) / f"{CHECKPOINT_PREFIX}_{int(step)}"
+
+
+def checkpoint_format(folder: PathLike) -> str:
+  """Item format of a finished step folder `.../checkpoint_<step>`.
+
+  Returns:
+    ITEM_FORMAT_MCWQ (ours: `state/` plus our `data/` or `optimizer/` item), ITEM_FORMAT_T5X_ORBAX
+    (`state/` only, as `t5x.train` writes it) or ITEM_FORMAT_T5X_MSGPACK (a `checkpoint` msgpack
+    file, T5X's legacy `Checkpointer`).
+
+  Raises:
+    NotACheckpointError: none of these is there (e.g. an unfinished Orbax temporary folder).
+  """
+  folder = pathlib.Path(folder)
+  if (folder / STATE_ITEM).is_dir():
+    if (folder / DATA_ITEM).is_dir() or (folder / OPTIMIZER_ITEM).is_dir():
+      return ITEM_FORMAT_MCWQ
+    return ITEM_FORMAT_T5X_ORBAX
+  if (folder / T5X_MSGPACK_FILE).is_file():
+    return ITEM_FORMAT_T5X_MSGPACK
+  raise NotACheckpointError(
+      f"{folder}: not a finished checkpoint (expected a '{STATE_ITEM}/' Orbax item or a "
+      f"'{T5X_MSGPACK_FILE}' msgpack file)")
+
+
+def _is_finished(folder: pathlib.Path) -> bool:
+  try:
+    checkpoint_format(folder)
+    return True
+  except NotACheckpointError:
+    return False
+
+
+def finished_steps(directory: PathLike) -> list[int]:
+  """Ascending steps of the finished `checkpoint_<step>` folders in `directory` (any item format).
+
+  Orbax's temporary folders (`checkpoint_<step>.orbax-checkpoint-tmp-*`) and T5X's
+  (`checkpoint_<step>.tmp-*`) do not match the name, so a half-written checkpoint is never listed.
+  A missing `directory` has none.
+  """
+  d = pathlib.Path(directory)
+  if not d.is_dir():
+    return []
+  steps = []
+  for child in d.iterdir():
+    m = _STEP_DIR_RE.match(child.name)
+    if m and child.is_dir() and _is_finished(child):
+      steps.append(int(m.group(1)))
+  return sorted(steps)
+
+
+def resolve_checkpoint(path: PathLike) -> tuple[pathlib.Path, int]:
+  """(directory holding `checkpoint_<step>/`, step) for any way of naming a checkpoint.
+
+  Accepted (ours and T5X's alike, T5X `checkpoints.find_checkpoint`):
+    * `MODEL_DIR`: its newest finished checkpoint (also found in `MODEL_DIR/checkpoints/`, where
+      managers constructed with MODEL_DIR/checkpoints put them);
+    * `MODEL_DIR/checkpoint_<step>`;
+    * `MODEL_DIR/checkpoint_<step>/state` (the Orbax item) or `.../checkpoint` (the msgpack file).
+
+  Returns:
+    (MODEL_DIR, step), MODEL_DIR absolute; the step folder is `checkpoint_dir(MODEL_DIR, step)`.
+
+  Raises:
+    NotACheckpointError: (a FileNotFoundError) nothing of the above at `path` (Hugging Face and
+      standalone T5X-native folders are found by `locate`).
+  """
+  p = pathlib.Path(path).absolute()
+  if p.name in (STATE_ITEM, T5X_MSGPACK_FILE) and _STEP_DIR_RE.match(p.parent.name):
+    p = p.parent
+  m = _STEP_DIR_RE.match(p.name)
+  if m and p.is_dir():
+    checkpoint_format(p)  # raises NotACheckpointError for an unfinished folder
+    return p.parent, int(m.group(1))
+  for folder in (p, p / "checkpoints"):  # MODEL_DIR/checkpoints: mains that predate MODEL_DIR
+    steps = finished_steps(folder)
+    if steps:
+      return folder, steps[-1]
+  hint = ""
+  if (p / "checkpoints").is_dir() and any(c.name.isdigit() for c in (p / "checkpoints").iterdir()):
+    hint = (" (MODEL_DIR/checkpoints/<step>/ is the layout of mcwq_t5x before it adopted T5X's "
+            "checkpoint_<step>/; it is no longer read)")
+  raise NotACheckpointError(
+      f"{p}: no checkpoint: expected MODEL_DIR holding {CHECKPOINT_PREFIX}_<step>/ folders, a "
+      f"{CHECKPOINT_PREFIX}_<step>/ folder or its '{STATE_ITEM}' item, written by mcwq_t5x.train "
+      f"or T5X (Orbax or msgpack+zarr){hint}")
+
+
+def hf_folder(path: PathLike) -> Optional[pathlib.Path]:
+  """`path` if it is a folder holding one of `HF_WEIGHT_FILES`, else None."""
+  p = pathlib.Path(path)
+  if p.is_dir() and any((p / f).is_file() for f in HF_WEIGHT_FILES):
+    return p
+  return None
+
+
+def t5x_native_folder(path: PathLike) -> Optional[pathlib.Path]:
+  """The T5X-native checkpoint folder `path` designates (the folder of a `checkpoint` msgpack
+  file, or a folder holding one), else None."""
+  p = pathlib.Path(path)
+  if p.is_file() and p.name == T5X_MSGPACK_FILE:
+    return p.parent
+  if p.is_dir() and (p / T5X_MSGPACK_FILE).is_file():
+    return p
+  return None
+
+
+def locate(path: PathLike) -> tuple[str, pathlib.Path]:
+  """(format, folder) of the checkpoint at `path`; the one format detection of the project.
+
+  Tried in order:
+    1. T5X's MODEL_DIR layout (`resolve_checkpoint`: a MODEL_DIR, a `checkpoint_<step>` folder or
+       its item): FORMAT_ORBAX, or FORMAT_T5X when the step folder holds a msgpack file; the
+       folder is the step folder (a MODEL_DIR's newest finished one).
+    2. A Hugging Face folder (`hf_folder`): FORMAT_HF, that folder.
+    3. A standalone T5X-native checkpoint (`t5x_native_folder`): FORMAT_T5X, its folder.
+
+  Returns:
+    (one of FORMAT_ORBAX, FORMAT_T5X, FORMAT_HF; the folder holding the checkpoint's files).
+
+  Raises:
+    NotACheckpointError: (a FileNotFoundError) `path` does not exist (and is no URL); the
+      message says what was looked for.
+    ValueError: `path` exists but holds none of the formats (the message lists them).
+  """
+  p = pathlib.Path(path)
+  try:
+    directory, step = resolve_checkpoint(p)
+  except NotACheckpointError:
+    if not p.exists() and "://" not in str(path):
+      raise
+  else:
+    folder = checkpoint_dir(directory, step)
+    item_format = checkpoint_format(folder)
+    return (FORMAT_T5X if item_format == ITEM_FORMAT_T5X_MSGPACK else FORMAT_ORBAX), folder
+  hf = hf_folder(p)
+  if hf is not None:
+    return FORMAT_HF, hf
+  native = t5x_native_folder(p)
+  if native is not None:
+    return FORMAT_T5X, native
+  looked_for = "; or ".join(FORMAT_DESCRIPTIONS[f] for f in (FORMAT_HF, FORMAT_T5X, FORMAT_ORBAX))
+  raise ValueError(f"{p}: not a checkpoint: expected {looked_for}")
+
+
+def detect_format(path: PathLike) -> str:
+  """FORMAT_HF, FORMAT_T5X or FORMAT_ORBAX: the format `locate` finds at `path`.
+
+  Raises:
+    As `locate`.
+  """
+  return locate(path)[0]

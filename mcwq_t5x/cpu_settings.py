@@ -1,0 +1,235 @@
+"""CPU settings of the mains: XLA host devices, XLA CPU compiler flags, glibc `malloc` options.
+
+Process-wide settings, each to be made before JAX initialises its backends (the XLA flags) or once
+at the start of a process (the `malloc` options); accelerators ignore them:
+
+* `set_host_device_count`: splits the CPU into XLA host devices (every main; gin:
+  `partitioning.set_host_device_count.count`, the name the gin files use);
+* `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`: the XLA CPU compiler flags for training;
+* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training);
+* `set_inference_cpu_options`: the decoding mains' settings (`XLA_CPU_INFERENCE_FLAGS`,
+  `INFERENCE_MALLOC_OPTIONS`).
+
+Imports nothing of JAX or of this project: it only edits `XLA_FLAGS` and calls the C library.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+
+def set_host_device_count(count: Optional[int] = None) -> bool:
+  """Splits the CPU into `count` XLA host devices (`--xla_force_host_platform_device_count`).
+
+  On a CPU-only machine several host devices run the data-parallel shards of a step in parallel,
+  which uses the cores better than one device for small models (measured ~1.7x on 2 cores with the
+  tiny model). Must run before JAX initialises its backends (the mains call it right after
+  parsing gin, through `gin_utils.call_configured`); it does nothing if XLA_FLAGS already sets
+  the flag, and it does not affect accelerators.
+
+  Returns:
+    True if XLA_FLAGS was changed.
+  """
+  if not count:
+    return False
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" in flags:
+    return False
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(count)}".strip()
+  return True
+
+
+# XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark model of
+# `scripts/benchmark_vs_hf.py`; the measurements are in CHANGELOG.md). The matmuls and reductions
+# run as YNNPACK fusions; the elementwise ops stay with XLA's own loop fusions (YNN's elementwise
+# fusions materialise broadcast constants as full tensors and split the gated-GELU chain into
+# several passes). Logits stay within the transformers-parity tolerances.
+XLA_CPU_TRAINING_FLAGS = (
+    "--xla_cpu_experimental_ynn_fusion_type=dot,reduce",
+    "--xla_cpu_use_xnnpack=false",
+)
+
+
+def set_xla_cpu_flags(flags: Sequence[str] = XLA_CPU_TRAINING_FLAGS) -> list[str]:
+  """Adds XLA CPU compiler flags to XLA_FLAGS, each unless XLA_FLAGS already names it.
+
+  Must run before JAX initialises its backends (as `set_host_device_count`); accelerators ignore
+  these flags. The training main calls it; set a flag in XLA_FLAGS yourself to override it.
+
+  Args:
+    flags: "--name=value" strings (default `XLA_CPU_TRAINING_FLAGS`).
+
+  Returns:
+    The flags added.
+  """
+  current = os.environ.get("XLA_FLAGS", "")
+  added = [f for f in flags if f.split("=")[0] not in current]
+  if added:
+    os.environ["XLA_FLAGS"] = " ".join([current] + added).strip()
+  return added
+
+
+# glibc `mallopt` parameters (<malloc.h>).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+
+
+def set_host_malloc_options() -> bool:
+  """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
+
+  The XLA CPU runtime allocates a step's temporary buffers with `malloc` and frees them after the
+  step. By default glibc gives such large blocks back to the kernel (fresh `mmap`s, and the
+  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: about
+  160,000 minor page faults (about 630 MiB) and 0.44 s of system time per 1.3 s step of the
+  benchmark model of `scripts/benchmark_vs_hf.py` (2 cores, packed rows of 40/72, 2 devices).
+  With one arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap
+  trimmed only above 2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), the same step had no
+  page faults and no system time and took 1.06-1.11 s. Peak RSS is the same high-water mark;
+  memory freed below it stays with the process instead of going back to the kernel.
+
+  Call it once at the start of a CPU training process (the training main does, after JAX has
+  chosen its backend, only when that backend is the CPU); it affects later allocations only.
+
+  Returns:
+    True if the options were set; False where the C library is not glibc (macOS, musl) or
+    refused an option, in which case nothing else changes.
+  """
+  try:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    mallopt = libc.mallopt
+  except (OSError, AttributeError):
+    return False
+  ok = True
+  for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
+    ok = bool(mallopt(param, value)) and ok
+  return ok
+
+
+# XLA CPU flags and host malloc options of the decoding mains (eval, infer; `mcwq_t5x.eval.main`,
+# `mcwq_t5x.infer.main` call `set_inference_cpu_options`). None: the training flags
+# (`XLA_CPU_TRAINING_FLAGS`) made greedy decoding slower (CHANGELOG.md); the malloc options are not
+# measured for decoding.
+XLA_CPU_INFERENCE_FLAGS`,
+  `INFERENCE_MALLOC_OPTIONS`).
+
+Imports nothing of JAX or of this project: it only edits `XLA_FLAGS` and calls the C library.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+
+def set_host_device_count(count: Optional[int] = None) -> bool:
+  """Splits the CPU into `count` XLA host devices (`--xla_force_host_platform_device_count`).
+
+  On a CPU-only machine several host devices run the data-parallel shards of a step in parallel,
+  which uses the cores better than one device for small models (measured ~1.7x on 2 cores with the
+  tiny model). Must run before JAX initialises its backends (the mains call it right after
+  parsing gin, through `gin_utils.call_configured`); it does nothing if XLA_FLAGS already sets
+  the flag, and it does not affect accelerators.
+
+  Returns:
+    True if XLA_FLAGS was changed.
+  """
+  if not count:
+    return False
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" in flags:
+    return False
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(count)}".strip()
+  return True
+
+
+# XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark model of
+# `scripts/benchmark_vs_hf.py`; the measurements are in CHANGELOG.md). The matmuls and reductions
+# run as YNNPACK fusions; the elementwise ops stay with XLA's own loop fusions (YNN's elementwise
+# fusions materialise broadcast constants as full tensors and split the gated-GELU chain into
+# several passes). Logits stay within the transformers-parity tolerances.
+XLA_CPU_TRAINING_FLAGS = (
+    "--xla_cpu_experimental_ynn_fusion_type=dot,reduce",
+    "--xla_cpu_use_xnnpack=false",
+)
+
+
+def set_xla_cpu_flags(flags: Sequence[str] = XLA_CPU_TRAINING_FLAGS) -> list[str]:
+  """Adds XLA CPU compiler flags to XLA_FLAGS, each unless XLA_FLAGS already names it.
+
+  Must run before JAX initialises its backends (as `set_host_device_count`); accelerators ignore
+  these flags. The training main calls it; set a flag in XLA_FLAGS yourself to override it.
+
+  Args:
+    flags: "--name=value" strings (default `XLA_CPU_TRAINING_FLAGS`).
+
+  Returns:
+    The flags added.
+  """
+  current = os.environ.get("XLA_FLAGS", "")
+  added = [f for f in flags if f.split("=")[0] not in current]
+  if added:
+    os.environ["XLA_FLAGS"] = " ".join([current] + added).strip()
+  return added
+
+
+# glibc `mallopt` parameters (<malloc.h>).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+
+
+def set_host_malloc_options() -> bool:
+  """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
+
+  The XLA CPU runtime allocates a step's temporary buffers with `malloc` and frees them after the
+  step. By default glibc gives such large blocks back to the kernel (fresh `mmap`s, and the
+  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: about
+  160,000 minor page faults (about 630 MiB) and 0.44 s of system time per 1.3 s step of the
+  benchmark model of `scripts/benchmark_vs_hf.py` (2 cores, packed rows of 40/72, 2 devices).
+  With one arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap
+  trimmed only above 2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), the same step had no
+  page faults and no system time and took 1.06-1.11 s. Peak RSS is the same high-water mark;
+  memory freed below it stays with the process instead of going back to the kernel.
+
+  Call it once at the start of a CPU training process (the training main does, after JAX has
+  chosen its backend, only when that backend is the CPU); it affects later allocations only.
+
+  Returns:
+    True if the options were set; False where the C library is not glibc (macOS, musl) or
+    refused an option, in which case nothing else changes.
+  """
+  try:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    mallopt = libc.mallopt
+  except (OSError, AttributeError):
+    return False
+  ok = True
+  for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
+    ok = bool(mallopt(param, value)) and ok
+  return ok
+
+
+# XLA CPU flags and host malloc options of the decoding mains (eval, infer; `mcwq_t5x.eval.main`,
+# `mcwq_t5x.infer.main` call `set_inference_cpu_options`). None so far: with the training flags
+# (`XLA_CPU_TRAINING_FLAGS`) greedy decoding of 640 questions by the `tiny` model (batch 64,
+# 2 loaded cores, one run each, interleaved) compiled in 21 s instead of 13-15 s and decoded in
+# 7.7 s instead of 1.6-1.9 s; the malloc options are not measured for decoding yet.
+XLA_CPU_INFERENCE_FLAGS: tuple[str, ...] = ()
+INFERENCE_MALLOC_OPTIONS = False
+
+
+def set_inference_cpu_options() -> list[str]:
+  """The decoding mains' CPU settings: `XLA_CPU_INFERENCE_FLAGS` (unless XLA_FLAGS names them)
+  and, if `INFERENCE_MALLOC_OPTIONS`, `set_host_malloc_options`.
+
+  Must run before JAX initialises its backends; accelerators ignore the flags.
+
+  Returns:
+    The XLA flags added.
+  """
+  added = set_xla_cpu_flags(XLA_CPU_INFERENCE_FLAGS)
+  if INFERENCE_MALLOC_OPTIONS:
+    set_host_malloc_options()
+  return added
