@@ -8,6 +8,11 @@ import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Two workers share two cores (pytest.ini): one OpenMP thread per process (PyTorch, BLAS), inherited
+# by the commands the tests start. With one OpenMP thread per core each, the threads spin while
+# the other worker runs: the README's translation command took 259 s of wall time and 105 s of CPU
+# instead of 99 s and 16 s on a loaded 2-core machine. A variable set before the tests wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
