@@ -85,12 +85,12 @@ OVERRIDES = [
      "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
      OUR_SIZE + ["BATCH_SIZE=256"], []),
     # The main job: 4 steps; the final evaluation decodes the whole test set (the README's
-    # `mcwq_t5x.evaluate` command scores the file against all 6,282 references), up to 16 target
+    # `mcwq_t5x.evaluate` command scores the file against all 6,282 references), up to 8 target
     # tokens (a 4-step model runs on to the limit; the whole test set at the split's longest
-    # target, 66 tokens, would take 4 times as long).
+    # target, 66 tokens, would take 8 times as long).
     ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
      OUR_SIZE + OUR_STEPS +
-     ["INFER_BATCH_SIZE=512", "INFER_TASK_FEATURE_LENGTHS={'inputs':32,'targets':16}"], []),
+     ["INFER_BATCH_SIZE=512", "INFER_TASK_FEATURE_LENGTHS={'inputs':32,'targets':8}"], []),
     ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
         "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
         "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"

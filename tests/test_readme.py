@@ -78,7 +78,7 @@ def _our_eval(repo, out):
   assert evaluated, "the eval command wrote no predictions"
   # Same checkpoint, same first 16 test questions, greedy: the training run's final evaluation's
   # lines up to the shorter decoding length (eval decodes up to the 16 questions' longest target,
-  # the training run's test up to 16 tokens; a 4-step model runs on to the limit).
+  # the training run's test up to 8 tokens; a 4-step model runs on to the limit).
   ours = _lines(evaluated[-1])
   theirs = _lines(run / "predictions/mcwq_random_split_en_test.txt")[:16]
   assert len(ours) == 16 and len(set(ours)) > 1
