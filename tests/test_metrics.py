@@ -62,6 +62,15 @@ def test_bleu_identity_and_sacrebleu_defaults():
   assert 0 < expected < 100
 
 
+def test_bleu_smooths_as_sacrebleus_default():
+  """No 4-gram in common: the score depends on the smoothing (sacrebleu's default, exponential)."""
+  targets = ["SELECT DISTINCT ?x0 WHERE { ?x0 a M1 }"]
+  preds = ["SELECT ?x0 DISTINCT WHERE { M1 a ?x0 }"]
+  expected = sacrebleu.corpus_bleu(preds, [targets], smooth_method="exp").score
+  assert expected == pytest.approx(15.1068770, abs=1e-6)
+  assert metrics.bleu_metric(targets, preds)["bleu"] == pytest.approx(expected)
+
+
 def test_paper_table4_mcd1_english(mcwq_dir):
   """Paper Table 4, mT5-small+RIR, MCD1, English: exact match 77.6, BLEU 97.4."""
   targets = _lines(mcwq_dir / "translations/mcd1/test.en.sparql")

@@ -404,3 +404,18 @@ def test_bad_arguments(params, batch):
     model.predict_batch(params, {"encoder_input_tokens": batch["encoder_input_tokens"]})
   with pytest.raises(ValueError, match="packed"):
     model.predict_batch(params, dict(batch, encoder_segment_ids=batch["encoder_input_tokens"]))
+
+
+def test_loss_reads_decoder_loss_weights(params, batch):
+  """`decoder_loss_weights` that differ from `targets > 0` (a zero on a real target token, a
+  weight of 3) are the ones the loss, its normaliser and the metrics use."""
+  weights = batch["decoder_loss_weights"].copy()
+  weights[0, 0] = 0.0
+  weights[1, 2] = 3.0
+  reweighted = dict(batch, decoder_loss_weights=weights)
+  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
+  loss, metrics = jax.jit(model.eval_fn)(params, reweighted)
+  total = sum(_numpy_losses(_logits(params, batch), batch["decoder_target_tokens"], 0.0, 1e-4))
+  np.testing.assert_allclose(metrics["num_tokens"], weights.sum(), rtol=1e-6)
+  np.testing.assert_allclose(metrics["loss"], (total * weights).sum(), rtol=1e-5)
+  np.testing.assert_allclose(loss, (total * weights).sum() / weights.sum(), rtol=1e-5)
