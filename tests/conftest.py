@@ -6,7 +6,11 @@ Eight fake CPU devices are configured before JAX is imported, so partitioning te
 import os
 import pathlib
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA's LLVM back end without its optimisation passes: the tests' networks are tiny, so compiling
+# dominates their time (the tiny train step compiled in about half the time; its loss changed in the
+# 7th digit). Commands started by the tests do not inherit XLA_FLAGS (tests/mains.py).
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Two workers share two cores (pytest.ini): one OpenMP thread per process (PyTorch, BLAS), inherited
 # by the commands the tests start. With one OpenMP thread per core each, the threads spin while

@@ -104,10 +104,11 @@ def test_adafactor_factored_state_specs():
 
 
 def test_losses_are_mesh_invariant():
-  """A few Adafactor steps (dropout on) give the same losses on 1 device and on 8x1/4x2/2x4."""
+  """A few Adafactor steps (dropout on) give the same losses on 1 device and on 4x2 (data and model
+  parallel) and 2x4 (4 model shards: the 2 heads and odd sizes are replicated, `fit_spec_to_mesh`)."""
   _, ref = run_steps(partitioning.Partitioner(devices=jax.devices()[:1]))
   assert np.all(np.isfinite(ref)) and ref[2] < ref[0] and ref[3] < ref[1]
-  for num_partitions in (1, 2, 4):
+  for num_partitions in (2, 4):
     _, losses = run_steps(partitioning.Partitioner(num_partitions=num_partitions))
     np.testing.assert_allclose(
         losses, ref, rtol=2e-5, atol=0, err_msg=f"num_partitions={num_partitions}")

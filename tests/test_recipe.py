@@ -423,9 +423,9 @@ def test_best_checkpoint_reads_t5x_event_files(tmp_path):
 
 
 # --- tiny runs with the recipe ----------------------------------------------------------------
-# Sizes and steps overridden: a very small network, 30 steps of 8 questions, dev loss every 5
+# Sizes and steps overridden: a very small network, 12 steps of 8 questions, dev loss every 4
 # steps; training, dev loss and decoding on the 155 Hebrew gold questions (real text, quick to load).
-TINY_STEPS = 30
+TINY_STEPS, PERIOD = 12, 4
 TINY_TASK = "mcwq_gold_he_prefixed"
 OUR_TINY_TASK = "mcwq_mcd1_he_prefixed"  # has a dev split (validation) apart from test
 
@@ -455,15 +455,15 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path,
           f"MODEL_DIR = '{model_dir}'", "INITIAL_CHECKPOINT_PATH = None",
           f"TRAIN_STEPS = {TINY_STEPS}", "BATCH_SIZE = 8", "LEARNING_RATE = 1.0",
           "TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}",
-          "INFER_TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}", "EVAL_PERIOD = 5",
-          "CHECKPOINT_PERIOD = 5", "EVAL_STEPS = 2", "EVAL_BATCH_SIZE = 8",
+          "INFER_TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}", f"EVAL_PERIOD = {PERIOD}",
+          f"CHECKPOINT_PERIOD = {PERIOD}", "EVAL_STEPS = 2", "EVAL_BATCH_SIZE = 8",
           "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 8", "FINAL_EVAL_NUM_EXAMPLES = 16",
-          "LOG_EVERY_STEPS = 5", f"MIXTURE_OR_TASK_NAME = '{OUR_TINY_TASK}'",
+          f"LOG_EVERY_STEPS = {PERIOD}", f"MIXTURE_OR_TASK_NAME = '{OUR_TINY_TASK}'",
           "TRAIN_SPLIT = 'validation'", "EVAL_SPLIT = 'validation'", "FINAL_EVAL_SPLIT = 'test'"
       ]),
       env=small_vocab_env)
   dev = best_checkpoint.read_metric(model_dir, "training_eval/loss")
-  assert sorted(dev) == list(range(5, TINY_STEPS + 1, 5))
+  assert sorted(dev) == list(range(PERIOD, TINY_STEPS + 1, PERIOD))
   best = _argmin(dev)
   # kept: the best and the newest only
   assert checkpoints.finished_steps(model_dir) == sorted({best, TINY_STEPS})
@@ -476,7 +476,7 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path,
       r["step"]: r["learning_rate"]
       for r in map(json.loads, (model_dir / "train_metrics.jsonl").read_text().splitlines())
   }
-  assert lrs[5] == pytest.approx(1.0 * (1 - 4 / TINY_STEPS), rel=1e-5)
+  assert lrs[PERIOD] == pytest.approx(1.0 * (1 - (PERIOD - 1) / TINY_STEPS), rel=1e-5)
   assert lrs[TINY_STEPS] == pytest.approx(1.0 / TINY_STEPS, rel=1e-5)
   print(f"ours: dev losses {dev}; kept and decoded checkpoint_{best}")
 
@@ -500,8 +500,8 @@ def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_
               f"MODEL_DIR='{model_dir}'", f"TRAIN_STEPS={TINY_STEPS}",
               f"FINETUNE_STEPS={TINY_STEPS}", "PRETRAINING_STEPS=0", "BATCH_SIZE=8",
               "INITIAL_CHECKPOINT_PATH=None", "TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 128}",
-              "EVAL_PERIOD=5", "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=8",
-              "utils.SaveCheckpointConfig.period=5", "LEARNING_RATE=1.0",
+              f"EVAL_PERIOD={PERIOD}", "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=8",
+              f"utils.SaveCheckpointConfig.period={PERIOD}", "LEARNING_RATE=1.0",
               f"MIXTURE_OR_TASK_NAME='{TINY_TASK}'", f"METRIC_NAME_TO_MONITOR='{metric}'",
               "train/utils.DatasetConfig.split='test'",
               "train_eval/utils.DatasetConfig.split='test'",
@@ -510,7 +510,7 @@ def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_
       ],
       env=small_vocab_env)
   dev = best_checkpoint.read_metric(model_dir, metric)
-  assert sorted(dev) == list(range(5, TINY_STEPS + 1, 5))
+  assert sorted(dev) == list(range(PERIOD, TINY_STEPS + 1, PERIOD))
   best = _argmin(dev)
   kept = checkpoints.finished_steps(model_dir)
   # T5X's Orbax manager: the newest, the best among those with a logged dev loss when it last
@@ -518,11 +518,11 @@ def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_
   assert best in kept and TINY_STEPS in kept
   assert set(kept) <= {0, best, TINY_STEPS, _argmin({s: dev[s] for s in dev if s < TINY_STEPS})}
   assert len([s for s in kept if s not in (0, TINY_STEPS)]) <= 1
-  # the logged learning rate (T5X: the mean over the 5 steps before each log) decays linearly
-  # from 1.0 to 0 over the 30 steps
+  # the logged learning rate (T5X: the mean over the PERIOD steps before each log) decays
+  # linearly from 1.0 to 0 over the TINY_STEPS steps
   lrs = best_checkpoint.read_metric(model_dir, "train/learning_rate")
-  for step in range(5, TINY_STEPS + 1, 5):
-    expected = np.mean([1.0 - s / TINY_STEPS for s in range(step - 5, step)])
+  for step in range(PERIOD, TINY_STEPS + 1, PERIOD):
+    expected = np.mean([1.0 - s / TINY_STEPS for s in range(step - PERIOD, step)])
     assert lrs[step] == pytest.approx(expected, rel=1e-4), step
   # the test-set evaluation file decodes the best checkpoint
   out_dir = tmp_path / "test_eval"
