@@ -432,6 +432,9 @@ class EncoderDecoderModel:
                                 method=self.module.encode)
     encoded = decoding.flat_batch_beam_expand(encoded, num_decodes)
     raw_inputs = decoding.flat_batch_beam_expand(encoder_input_tokens, num_decodes)
+    # The cross-attention keys and values are the same at every step: projected once here, in
+    # the layout the decoding loop reads (no transposed copy per step; network.cross_attention_kv).
+    cross_kv = network.cross_attention_kv(self.module.config, params, encoded)
 
     def tokens_to_logits(state: decoding.DecodingState):
       ids = state.cur_token[:, None].astype(jnp.int32)
@@ -446,6 +449,7 @@ class EncoderDecoderModel:
                                            enable_dropout=False,
                                            decode=True,
                                            max_decode_length=max_decode_length,
+                                           cross_kv=cross_kv,
                                            mutable=["cache"],
                                            method=self.module.decode)
       return logits[:, 0, :], new_vars["cache"]

@@ -453,7 +453,8 @@ class MultiHeadDotProductAttention(nn.Module):
                bias: Optional[Array] = None,
                *,
                decode: bool = False,
-               deterministic: bool = False) -> Array:
+               deterministic: bool = False,
+               precomputed_kv: Optional[tuple[Array, Array]] = None) -> Array:
     """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed].
 
     Args:
@@ -465,13 +466,19 @@ class MultiHeadDotProductAttention(nn.Module):
       decode: use and update the cache (one query position per call once the
         cache exists; the first call with decode=True only creates it).
       deterministic: disables dropout.
+      precomputed_kv: (key, value) [b, heads, head_dim, k] in `dtype` (the layout of the
+        decode cache), the projections of `inputs_kv` by this module's `key` and `value`
+        kernels (`cross_attention_kv`), or None (computed here). Cached decoding passes the
+        encoder-decoder attention's: XLA hoists their projection out of the decoding loop
+        either way, but in the [b, k, heads, head_dim] layout it then copied them transposed at
+        every step for the batched products, which read this layout as it is.
 
     Returns:
       [b, q, embed] in `dtype`.
 
     Raises:
       ValueError: in cached decoding, if the query is not a single position of
-        the cached batch size.
+        the cached batch size; `precomputed_kv` with `decode`.
     """
     projection = functools.partial(
         DenseGeneral,
@@ -485,11 +492,18 @@ class MultiHeadDotProductAttention(nn.Module):
       return self.kernel_init(*args) / depth_scaling
 
     query = projection(kernel_init=query_init, name="query")(inputs_q)
-    key = projection(kernel_init=self.kernel_init, name="key")(inputs_kv)
-    value = projection(kernel_init=self.kernel_init, name="value")(inputs_kv)
     query = _constrain(query, ("batch", "length", "heads", "kv"))
-    key = _constrain(key, ("batch", "length", "heads", "kv"))
-    value = _constrain(value, ("batch", "length", "heads", "kv"))
+    if precomputed_kv is None:
+      key = projection(kernel_init=self.kernel_init, name="key")(inputs_kv)
+      value = projection(kernel_init=self.kernel_init, name="value")(inputs_kv)
+      key = _constrain(key, ("batch", "length", "heads", "kv"))
+      value = _constrain(value, ("batch", "length", "heads", "kv"))
+      kv_layout = "bkhd"
+    elif decode:
+      raise ValueError("precomputed_kv is for attention without a cache (decode=False)")
+    else:
+      key, value = precomputed_kv
+      kv_layout = "bhdk"  # einsum letters of key and value's axes
 
     if decode:
       is_initialized = self.has_variable("cache", "cached_key")
@@ -505,14 +519,15 @@ class MultiHeadDotProductAttention(nn.Module):
           raise ValueError(f"autoregressive cache: expected query shape "
                            f"{expected}, got {query.shape}")
         cur_index = cache_index.value
-        one_hot = jax.nn.one_hot(cur_index, length, dtype=key.dtype)
-        key = cached_key.value + jnp.moveaxis(key, -3, -1) * one_hot
-        value = cached_value.value + jnp.moveaxis(value, -3, -1) * one_hot
+        # Writes position cur_index in place (the values of T5X's one-hot sum, without
+        # reading and rewriting the whole cache at every step).
+        at = (0, 0, 0, cur_index)
+        key = lax.dynamic_update_slice(cached_key.value, jnp.moveaxis(key, -3, -1), at)
+        value = lax.dynamic_update_slice(cached_value.value, jnp.moveaxis(value, -3, -1), at)
         cached_key.value = key
         cached_value.value = value
         cache_index.value = cur_index + 1
-        key = jnp.moveaxis(key, -1, -3)
-        value = jnp.moveaxis(value, -1, -3)
+        kv_layout = "bhdk"
         mask = combine_masks(
             mask, jnp.broadcast_to(jnp.arange(length) <= cur_index, (batch, 1, 1, length)))
         if bias is not None:
@@ -522,7 +537,7 @@ class MultiHeadDotProductAttention(nn.Module):
       query = query.astype(jnp.float32)
       key = key.astype(jnp.float32)
     # [b, heads, q, k]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
+    logits = jnp.einsum(f"bqhd,{kv_layout}->bhqk", query, key)
     if bias is not None:
       logits = logits + bias.astype(logits.dtype)
     if mask is not None:
@@ -536,7 +551,7 @@ class MultiHeadDotProductAttention(nn.Module):
       weights = weights * (
           jnp.broadcast_to(keep, weights.shape).astype(self.dtype) /
           jnp.asarray(keep_prob, self.dtype))
-    x = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(self.dtype))
+    x = jnp.einsum(f"bhqk,{kv_layout}->bqhd", weights, value.astype(self.dtype))
     return DenseGeneral(
         features=inputs_q.shape[-1],
         axis=(-2, -1),
@@ -653,7 +668,8 @@ class DecoderLayer(nn.Module):
                encoder_decoder_mask: Optional[Array] = None,
                deterministic: bool = False,
                decode: bool = False,
-               max_decode_length: Optional[int] = None) -> Array:
+               max_decode_length: Optional[int] = None,
+               cross_kv: Optional[tuple[Array, Array]] = None) -> Array:
     cfg = self.config
     length = (max_decode_length if decode and max_decode_length else inputs.shape[-2])
     bias = self.relative_embedding(length, length, False)
@@ -664,7 +680,7 @@ class DecoderLayer(nn.Module):
     y = _residual(
         cfg, x, "pre_cross_attention_layer_norm", deterministic,
         lambda h: _attention(cfg, "encoder_decoder_attention")
-        (h, encoded, encoder_decoder_mask, deterministic=deterministic))
+        (h, encoded, encoder_decoder_mask, deterministic=deterministic, precomputed_kv=cross_kv))
     return _residual(cfg, y, "pre_mlp_layer_norm", deterministic, lambda h: _mlp(cfg)
                      (h, deterministic=deterministic))
 
@@ -723,7 +739,8 @@ class Decoder(nn.Module):
                encoder_decoder_mask: Optional[Array] = None,
                deterministic: bool = False,
                decode: bool = False,
-               max_decode_length: Optional[int] = None) -> Array:
+               max_decode_length: Optional[int] = None,
+               cross_kv: Optional[Sequence[tuple[Array, Array]]] = None) -> Array:
     cfg = self.config
     rel_emb, y = _embed(cfg, self.shared_embedding, decoder_input_tokens, deterministic)
     for i in range(cfg.num_decoder_layers):
@@ -735,7 +752,8 @@ class Decoder(nn.Module):
               encoder_decoder_mask=encoder_decoder_mask,
               deterministic=deterministic,
               decode=decode,
-              max_decode_length=max_decode_length)
+              max_decode_length=max_decode_length,
+              cross_kv=None if cross_kv is None else cross_kv[i])
     y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg, y, deterministic)
     if cfg.logits_via_embedding:
@@ -745,6 +763,46 @@ class Decoder(nn.Module):
           cfg.vocab_size, dtype=jnp.float32, kernel_axes=("embed", "vocab"), name="logits_dense")(
               y)
     return _constrain(logits, ("batch", "length", "vocab"))
+
+
+def cross_attention_kv(config: T5Config, params: Any, encoded: Array) -> list[tuple[Array, Array]]:
+  """The encoder-decoder attentions' key and value projections of `encoded`, for each layer.
+
+  What every decoder layer's `encoder_decoder_attention` computes from the encoder output: in
+  cached decoding they are the same at every step, so the caller computes them once per batch, in
+  the layout the attention's products read without a transposed copy, and passes them to
+  `Transformer.decode(..., cross_kv=...)` (Hugging Face's decoders likewise keep the
+  cross-attention keys and values; T5X projects them at every step and leaves the hoisting to
+  XLA, which then copies them transposed at every step).
+
+  Args:
+    config: the network's config.
+    params: the Transformer's unboxed params (`params["decoder"]["layers_<i>"]
+      ["encoder_decoder_attention"]["key"|"value"]["kernel"]`).
+    encoded: [batch, in_len, emb_dim] encoder output (`Transformer.encode`).
+
+  Returns:
+    `num_decoder_layers` pairs (key, value), each [batch, num_heads, head_dim, in_len] in
+    `config.dtype` (the layout of the self-attention cache).
+
+  Raises:
+    KeyError: `params` lacks a decoder layer's attention kernels.
+  """
+  projection = DenseGeneral(
+      axis=-1,
+      features=(config.num_heads, config.head_dim),
+      kernel_axes=("embed", "joined_kv"),
+      dtype=config.dtype)
+  out = []
+  for i in range(config.num_decoder_layers):
+    attention = params["decoder"][f"layers_{i}"]["encoder_decoder_attention"]
+    kv = (
+        jnp.moveaxis(
+            _constrain(
+                projection.apply({"params": attention[name]}, encoded),
+                ("batch", "length", "heads", "kv")), -3, -1) for name in ("key", "value"))
+    out.append(tuple(kv))
+  return out
 
 
 class Transformer(nn.Module):
@@ -790,7 +848,8 @@ class Transformer(nn.Module):
              *,
              enable_dropout: bool = True,
              decode: bool = False,
-             max_decode_length: Optional[int] = None) -> Array:
+             max_decode_length: Optional[int] = None,
+             cross_kv: Optional[Sequence[tuple[Array, Array]]] = None) -> Array:
     """Decoder logits [batch, tgt_len, vocab] float32.
 
     T5X's network also takes `decoder_positions` here, which no caller of T5X's or ours passes
@@ -798,6 +857,10 @@ class Transformer(nn.Module):
 
     With `decode=True` (cached autoregressive decoding) no self-attention mask
     is built (the cache applies causality) and packing is not allowed.
+
+    `cross_kv`: per decoder layer, the encoder-decoder attention's (key, value) projections of
+    `encoded` ([batch, heads, head_dim, in_len] each, `cross_attention_kv`), or None (projected
+    here). The same logits either way; cached decoding computes them once per batch.
 
     Raises:
       ValueError: `decode=True` with segment ids.
@@ -829,7 +892,8 @@ class Transformer(nn.Module):
         encoder_decoder_mask=enc_dec_mask,
         deterministic=not enable_dropout,
         decode=decode,
-        max_decode_length=max_decode_length)
+        max_decode_length=max_decode_length,
+        cross_kv=cross_kv)
 
   def __call__(self,
                encoder_input_tokens: Array,

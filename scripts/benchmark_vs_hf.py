@@ -54,9 +54,15 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   Prints questions/s, wall time, peak RSS and the number of predictions identical to the other
   system's, and last `decode ratio ours/hf: X.XX` (greedy questions/s of ours / theirs).
 
+  `--decode_methods` picks the methods (default `greedy,beam4`; e.g. `greedy` alone).
+
 Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
 EOS included), wall time, peak RSS (GiB), and as its last two lines
 `epoch ratio ours/hf: X.XX` and `fixed-shape ratio ours/hf: X.XX` (examples/s of ours / theirs).
+With the epoch mode it also prints `ours epoch: X GFLOP/s of Y GFLOP/s matmul peak (Z%)`: the
+matmul FLOPs of our epoch (`train_step_flops` per step, times the steps) over its time
+(compilation included), against the best of 5 float32 `numpy` matmuls of 2,048 x 2,048 (2 n^3
+FLOPs each; NumPy's BLAS on all cores) measured by the driver right after the runs.
 
 Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data.
 
@@ -192,6 +198,8 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   seen_rows = steps * args.batch_size
   n = seen_rows * float(per_row.mean())
   tokens = seen_rows * float(rows["decoder_loss_weights"].sum(axis=1).mean())
+  step_flops = train_step_flops(
+      _network_config(args), args.batch_size, args.pack_input_length, args.pack_target_length)
   return {
       "system": "ours",
       "mode": "epoch",
@@ -203,13 +211,65 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "target_tokens_per_s": tokens / seconds,
       "peak_rss_gib": _peak_rss_gib(),
       "devices": _device_count(),
-      "split_target_tokens": split_tokens if not args.max_examples else None
+      "split_target_tokens": split_tokens if not args.max_examples else None,
+      "flops": steps * step_flops
   }
 
 
 def _device_count() -> int:
   import jax
   return jax.device_count()
+
+
+def train_step_flops(config, batch: int, input_length: int, target_length: int) -> float:
+  """Matmul FLOPs of one training step (forward and backward) of `config`'s network.
+
+  Counted per matmul of the forward pass over the padded shapes (what the step computes; a
+  multiply-add is 2 FLOPs), times 3 for forward + backward (the backward pass does two matmuls
+  of each forward one's size: gradients of the activations and of the weights). With
+  B = batch, Li/Lt = input/target length, d = emb_dim, a = num_heads * head_dim, f = mlp_dim,
+  m = len(mlp_activations), V = vocab_size:
+
+    encoder layer: 2 B [Li d a 4 + Li^2 a 2 + Li d f (m + 1)]
+    decoder layer: 2 B [Lt d a 4 + Lt^2 a 2 + (Lt + Li) d a 2 + Lt Li a 2 + Lt d f (m + 1)]
+    output layer:  2 B Lt d V
+    step = 3 (num_encoder_layers encoder + num_decoder_layers decoder + output)
+
+  Elementwise work (softmax, layer norms, activations, dropout, the optimizer) is not counted.
+  Without the attention products (the Li^2, Lt^2 and Lt Li terms) this is the usual
+  "6 * params * tokens" rule, each weight counted on the tokens it is applied to.
+
+  Args:
+    config: `mcwq_t5x.network.T5Config`.
+    batch: rows per step.
+    input_length, target_length: tokens per encoder / decoder row.
+
+  Returns:
+    FLOPs as a float.
+  """
+  b, li, lt = batch, input_length, target_length
+  d, a, f = config.emb_dim, config.num_heads * config.head_dim, config.mlp_dim
+  m = len(config.mlp_activations)
+  encoder = 2 * b * (li * d * a * 4 + li * li * a * 2 + li * d * f * (m + 1))
+  decoder = 2 * b * (
+      lt * d * a * 4 + lt * lt * a * 2 + (lt + li) * d * a * 2 + lt * li * a * 2 + lt * d * f *
+      (m + 1))
+  output = 2 * b * lt * d * config.vocab_size
+  return 3.0 * (config.num_encoder_layers * encoder + config.num_decoder_layers * decoder + output)
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+  """Best GFLOP/s of `repeats` float32 `numpy` matmuls [n, n] x [n, n] (2 n^3 FLOPs each)."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((n, n), dtype=np.float32)
+  y = rng.standard_normal((n, n), dtype=np.float32)
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    np.matmul(x, y)
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n**3 / best / 1e9
 
 
 def _fixed_batch(args: argparse.Namespace, examples) -> dict[str, Any]:
@@ -599,9 +659,10 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
   argv = argv + [
       "--work_dir", work_dir, "--checkpoint", prep["checkpoint"], "--hf_dir", prep["hf_dir"]
   ]
+  methods = _decode_methods(args)
   runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
   for _ in range(args.repeats):
-    for method in DECODE_METHODS:
+    for method in methods:
       pair = {}
       for system in ("ours", "hf"):
         pair[system] = _run_worker(system, f"decode-{method}", argv, 1)
@@ -615,17 +676,34 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
         runs.setdefault((system, method), []).append(r)
         print(_decode_line(r), flush=True)
   means = {}
-  for method in DECODE_METHODS:
+  for method in methods:
     for system in ("ours", "hf"):
       rs = runs[(system, method)]
       means[(system, method)] = sum(r["questions_per_s"] for r in rs) / len(rs)
       print(f"mean {system} decode {method}: {means[(system, method)]:.1f} questions/s over "
             f"{len(rs)} run(s)")
-  print(f"decode beam4 ratio ours/hf: "
-        f"{means[('ours', 'beam4')] / means[('hf', 'beam4')]:.2f}")
-  print(
-      f"decode ratio ours/hf: {means[('ours', 'greedy')] / means[('hf', 'greedy')]:.2f}",
-      flush=True)
+  for method in methods:
+    if method != "greedy":
+      print(f"decode {method} ratio ours/hf: "
+            f"{means[('ours', method)] / means[('hf', method)]:.2f}")
+  if "greedy" in methods:
+    print(
+        f"decode ratio ours/hf: {means[('ours', 'greedy')] / means[('hf', 'greedy')]:.2f}",
+        flush=True)
+
+
+def _decode_methods(args: argparse.Namespace) -> list[str]:
+  """The `--decode_methods` names, in order, without repeats.
+
+  Raises:
+    SystemExit: (argparse's error) an unknown name, or none.
+  """
+  methods = list(dict.fromkeys(m.strip() for m in args.decode_methods.split(",") if m.strip()))
+  unknown = [m for m in methods if m not in DECODE_METHODS]
+  if unknown or not methods:
+    raise SystemExit(f"--decode_methods {args.decode_methods!r}: unknown {unknown}; choose from "
+                     f"{sorted(DECODE_METHODS)}")
+  return methods
 
 
 def main(argv=None) -> None:
@@ -678,6 +756,10 @@ def main(argv=None) -> None:
   parser.add_argument(
       "--decode_length", type=int, default=0, help="decode: 0 = the split's longest target")
   parser.add_argument("--decode_batch_size", type=int, default=64)
+  parser.add_argument(
+      "--decode_methods",
+      default="greedy,beam4",
+      help=f"decode: comma-separated methods of {sorted(DECODE_METHODS)}")
   parser.add_argument("--work_dir", default="", help=argparse.SUPPRESS)
   parser.add_argument("--hf_dir", default="", help=argparse.SUPPRESS)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -701,6 +783,7 @@ def main(argv=None) -> None:
   results: dict[tuple[str, str], list[dict[str, Any]]] = {}
   modes = [m for m in args.modes.split(",") if m]
   if "decode" in modes:
+    _decode_methods(args)  # checked before anything runs
     modes.remove("decode")
     with tempfile.TemporaryDirectory() as work_dir:
       _decode_driver(args, argv, work_dir)
@@ -725,6 +808,12 @@ def main(argv=None) -> None:
       means[system] = sum(r["examples_per_s"] for r in runs) / len(runs)
       print(f"mean {system} {mode}: {means[system]:.1f} ex/s over {len(runs)} run(s)")
     ratios[mode] = means["ours"] / means["hf"]
+  if "epoch" in modes:
+    ours = results[("ours", "epoch")]
+    achieved = sum(r["flops"] / r["seconds"] for r in ours) / len(ours) / 1e9
+    peak = matmul_peak_gflops()
+    print(f"ours epoch: {achieved:.1f} GFLOP/s of {peak:.1f} GFLOP/s matmul peak "
+          f"({100 * achieved / peak:.1f}%)")
   if "epoch" in ratios:
     print(f"epoch ratio ours/hf: {ratios['epoch']:.2f}")
   if "fixed" in ratios:

@@ -231,6 +231,17 @@ def test_beam_dim_helpers():
 # ------------------------------------------------------------------------------------------------
 
 
+def test_argmax_last_is_argmax():
+  """First index of the maximum, ties and NaN (first NaN) included, any leading shape."""
+  x = np.random.RandomState(0).randint(0, 4, size=(3, 5, 7)).astype(np.float32)
+  x[0, 0, 3] = np.nan
+  x[1, 2, [1, 5]] = np.nan
+  x[2, 1] = -np.inf
+  got = decoding.argmax_last(jnp.asarray(x))
+  np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x), axis=-1))
+  assert got.dtype == jnp.int32
+
+
 def test_greedy_matches_python_loop():
   batch, length = 3, 6
   model = ToyModel(seed=4, batch=batch, max_len=length)
