@@ -5,6 +5,8 @@ Eight fake CPU devices are configured before JAX is imported, so partitioning te
 """
 import os
 import pathlib
+import shutil
+import tempfile
 
 # XLA's LLVM back end without its optimisation passes: the tests' networks are tiny, so compiling
 # dominates their time (the tiny train step compiled in about half the time; its loss changed in the
@@ -17,12 +19,31 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # the other worker runs: the README's translation command took 259 s of wall time and 105 s of CPU
 # instead of 99 s and 16 s on a loaded 2-core machine. A variable set before the tests wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# JAX's persistent compilation cache, shared by the session's xdist workers and every command they
+# start (environment variables, read when JAX is imported): a program compiled once (a train step,
+# a decoder loop of the same shapes) is loaded by every later process or Trainer that builds it
+# again. The cache key covers the program, XLA_FLAGS and the devices, so the in-process tests' flags
+# above never share an entry with a command's. A size limit turns on JAX's file locking (two workers
+# write at once). The controller (or the only process, under `-n 0`) creates the folder before the
+# workers start and removes it at the end (`pytest_unconfigure`); a cache set by the user is kept.
+_OWN_COMPILATION_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+  _OWN_COMPILATION_CACHE = tempfile.mkdtemp(prefix="mcwq-t5x-tests-jax-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_COMPILATION_CACHE
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 MCWQ_DIR = SHARED_DIR / "mcwq"
+
+
+def pytest_unconfigure(config):
+  """Removes the session's compilation cache (in the process that created it)."""
+  del config
+  if _OWN_COMPILATION_CACHE is not None:
+    shutil.rmtree(_OWN_COMPILATION_CACHE, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
