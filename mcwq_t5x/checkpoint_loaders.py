@@ -1,6 +1,6 @@
 """Loading parameters from a checkpoint of any format: one registry, format -> loader.
 
-Every parameter load of the project from a path goes through `load_params` (`inference.load_params`
+Every parameter load of the project from a path goes through `load_params` (`prediction.load_params`
 for eval, infer and INITIAL_CHECKPOINT_PATH; `export_hf`): `checkpoint_paths.locate` names the
 format, `LOADERS` maps it to the function that reads it:
 

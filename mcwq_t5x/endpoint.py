@@ -26,7 +26,7 @@ not retried. `CachedEndpoint` wraps either one and keeps every answer in an appe
 kept, except that a timed-out query is recorded as `{"timed_out_after_s": T}` and not re-run by a
 later run unless asked (`retry_timeouts=True`).
 
-Command lines that query a store (`preprocessing.migrate`, `mcwq_t5x.evaluate`) define the remote
+Command lines that query a store (`preprocessing.migrate`, `mcwq_t5x.score`) define the remote
 endpoint's flags with `add_endpoint_arguments` and build the store they name with
 `endpoint_from_arguments` (the embedded one through `embedded_store`).
 
@@ -1017,7 +1017,7 @@ def embedded_store(codex: str | pathlib.Path | None = None,
   """Builds the embedded pyoxigraph store from a CoDEx folder and/or N-Triples files.
 
   The one place both commands that query a store (`preprocessing.migrate` and
-  `mcwq_t5x.evaluate --execute`) build their embedded store; `endpoint_from_arguments` picks it or
+  `mcwq_t5x.score --execute`) build their embedded store; `endpoint_from_arguments` picks it or
   the remote one from a command line.
 
   Args:

@@ -16,7 +16,7 @@ MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
 CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` (its newest readable
 checkpoint: an unreadable newer one is skipped with a warning naming it) or one `checkpoint_<step>`
 folder (only the parameters are read; an unreadable one is an error), or a pretrained Hugging Face
-/ T5X-native checkpoint (`mcwq_t5x.inference.load_params`). PREDICT_KWARGS and the output folder
+/ T5X-native checkpoint (`mcwq_t5x.prediction.load_params`). PREDICT_KWARGS and the output folder
 are checked before anything is loaded or decoded.
 
 Vocabulary: with $MCWQ_VOCAB unset, the one recorded in the run's run.json (MODEL_DIR/vocab/
@@ -30,8 +30,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from mcwq_t5x import cpu_settings
 from mcwq_t5x import gin_utils
-from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import prediction
 from mcwq_t5x import run_info
 from mcwq_t5x import utils
 
@@ -58,12 +58,12 @@ def evaluate(*,
     model: MODEL.
     dataset_cfg: task (MIXTURE_OR_TASK_NAME), split, batch size; `task_feature_lengths` None =
       each split's longest example (nothing truncated).
-    checkpoint_path: CHECKPOINT_PATH (see `inference.load_params`).
+    checkpoint_path: CHECKPOINT_PATH (see `prediction.load_params`).
     output_dir: EVAL_OUTPUT_DIR (None: <MODEL_DIR>/eval_<step>).
     partitioner: mesh (default one model partition).
     predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 4, "decoder_params":
       {"alpha": 0.6}} for beam search (see gin/mcwq_t5x/runs/eval.gin and
-      `inference.check_predict_kwargs`).
+      `prediction.check_predict_kwargs`).
     num_examples: only the first N examples (None = all).
 
   Returns:
@@ -74,15 +74,15 @@ def evaluate(*,
       vocabulary/model mismatch.
     run_info.VocabularyMismatchError: the task's or the model's vocabulary is not the one the
       checkpoint's run.json records (both named).
-    inference.UnwritableOutputError: `output_dir` (or the default one) cannot be written; checked
+    prediction.UnwritableOutputError: `output_dir` (or the default one) cannot be written; checked
       before decoding (a given `output_dir` before anything is loaded).
     FileNotFoundError: no checkpoint at `checkpoint_path`.
     checkpoints.UnreadableCheckpointError: a named `checkpoint_<step>` folder is unreadable;
       checkpoints.NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
-  inference.check_predict_kwargs(model, predict_kwargs)
+  prediction.check_predict_kwargs(model, predict_kwargs)
   if output_dir is not None:
-    inference.check_writable(output_dir, "EVAL_OUTPUT_DIR")
+    prediction.check_writable(output_dir, "EVAL_OUTPUT_DIR")
   partitioner = partitioner or partitioning.Partitioner()
   vocab = utils.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   utils.check_vocab_size(
@@ -90,13 +90,13 @@ def evaluate(*,
   run_info.check_vocabulary(vocab, checkpoint_path, f"task {dataset_cfg.mixture_or_task_name}")
   if getattr(model, "output_vocabulary", None) is not None:
     run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
-  params, step, folder = inference.load_params(model, partitioner, checkpoint_path)
+  params, step, folder = prediction.load_params(model, partitioner, checkpoint_path)
   if output_dir is None:
     output_dir = str(default_output_dir(folder, step))
-    inference.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
-  infer_fn = inference.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
-  metrics, predictions = inference.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
-  pred_path, met_path = inference.write_predictions(
+    prediction.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
+  infer_fn = prediction.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
+  metrics, predictions = prediction.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
+  pred_path, met_path = prediction.write_predictions(
       output_dir,
       dataset_cfg,
       predictions,

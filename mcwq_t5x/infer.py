@@ -30,8 +30,8 @@ import numpy as np
 
 from mcwq_t5x import cpu_settings
 from mcwq_t5x import gin_utils
-from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import prediction
 from mcwq_t5x import readers
 from mcwq_t5x import run_info
 from mcwq_t5x import utils
@@ -73,7 +73,7 @@ def infer(questions: Sequence[str],
   Args:
     questions: question strings.
     model: MODEL.
-    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.inference.load_params`).
+    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.prediction.load_params`).
     vocabulary: input/output vocabulary (default the model's `input_vocabulary`).
     input_prefix: prepended to each question; must match training (tasks' `prefix`, default "").
     input_length: input tokens (EOS included; longer questions are trimmed).
@@ -95,14 +95,14 @@ def infer(questions: Sequence[str],
     run_info.VocabularyMismatchError: the vocabulary is not the one the checkpoint's run.json
       records (both named).
   """
-  predict_kwargs = inference.check_predict_kwargs(model, predict_kwargs, allow_all_decodes=True)
+  predict_kwargs = prediction.check_predict_kwargs(model, predict_kwargs, allow_all_decodes=True)
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
   if vocabulary is None:
     raise ValueError("infer needs a vocabulary (gin: infer.vocabulary = %VOCABULARY)")
   utils.check_vocab_size(vocabulary, model.module.config.vocab_size, where="infer")
   run_info.check_vocabulary(vocabulary, checkpoint_path, "infer")
   partitioner = partitioner or partitioning.Partitioner()
-  params, _, _ = inference.load_params(model, partitioner, checkpoint_path)
+  params, _, _ = prediction.load_params(model, partitioner, checkpoint_path)
   normalized = [readers.normalize_question(q) for q in questions]
   for i in empty_question_lines(normalized):
     logging.warning("question %d is empty: its output line is left empty", i)
@@ -113,7 +113,7 @@ def infer(questions: Sequence[str],
       "encoder_input_tokens": encode_questions(todo, vocabulary, input_length, input_prefix),
       "decoder_input_tokens": np.zeros((len(todo), max_decode_length), np.int32)
   }
-  infer_fn = inference.get_infer_fn(model, partitioner, batch_size, predict_kwargs)
+  infer_fn = prediction.get_infer_fn(model, partitioner, batch_size, predict_kwargs)
   tokens = infer_fn(params, arrays)
   if predict_kwargs.get("return_all_decodes"):
     decoded = iter([vocabulary.decode([int(t) for t in row]) for row in rows] for rows in tokens)
@@ -197,7 +197,6 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
       extra_args=extra,
       prog="python -m mcwq_t5x.infer",
       epilog=GIN_HELP)
-  args = gin_utils.parse_flags(argv, description=__doc__.splitlines()[0], extra_args=extra)
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(cpu_settings.set_host_device_count)
   cpu_settings.set_inference_cpu_options()

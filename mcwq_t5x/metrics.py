@@ -18,7 +18,7 @@ features) and return a dict `{name: float}`:
 Further analyses: `analyze_error` / `classify_error` / `error_category_counts` (§6.2, Figures
 5-6; definitions in `ErrorAnalysis`), `accuracy_by_complexity` (Figure 4),
 `match_test_intersection` (test-intersection-gold vs -MT, Table 6) and `score_predictions` (every
-score the `mcwq_t5x.evaluate` command line prints but execution accuracy, which needs a SPARQL
+score the `mcwq_t5x.score` command line prints but execution accuracy, which needs a SPARQL
 store: `mcwq_t5x.execution`).
 
 No metric ever raises on a malformed PREDICTION (empty line, truncated query, unbalanced

@@ -73,10 +73,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mcwq_t5x import evaluate as evaluate_lib
 from mcwq_t5x import divergence
 from mcwq_t5x import metrics
 from mcwq_t5x import readers
+from mcwq_t5x import score as score_lib
 
 SPLITS = readers.SPLITS
 MCD_SPLITS = tuple(s for s in SPLITS if s.startswith("mcd"))
@@ -264,8 +264,8 @@ class _GoldLoader:
     rir_file = self.targets_dir / split / f"{part}.{language}.sparql"
     question_file = rir_file.with_suffix(".txt")
     if rir_file.is_file():
-      targets = evaluate_lib.load_targets(rir_file)
-      questions = (evaluate_lib.read_lines(question_file) if question_file.is_file() else None)
+      targets = score_lib.load_targets(rir_file)
+      questions = (score_lib.read_lines(question_file) if question_file.is_file() else None)
       if questions is not None and len(questions) != len(targets):
         questions = None
       source = str(rir_file)
@@ -356,7 +356,7 @@ def build(results_dir: str | pathlib.Path,
 
   Raises:
     FileNotFoundError: `results_dir` does not exist.
-    evaluate.InputError: a prediction file's length differs from its gold file, or a gold file
+    score.InputError: a prediction file's length differs from its gold file, or a gold file
       is malformed.
     ValueError: an unknown `eval_split`.
   """
@@ -378,9 +378,9 @@ def build(results_dir: str | pathlib.Path,
     if gold_set is None:
       loader.messages.append(f"skipped {pf.path}: no gold queries")
       continue
-    preds = evaluate_lib.read_lines(pf.path, strict=False)
-    evaluate_lib.check_same_length("predictions", pf.path, preds, "targets", gold_set.source,
-                                   gold_set.targets)
+    preds = score_lib.read_lines(pf.path, strict=False)
+    score_lib.check_same_length("predictions", pf.path, preds, "targets", gold_set.source,
+                                gold_set.targets)
     result = metrics.score_predictions(gold_set.targets, preds)
     by_complexity = None
     if gold_set.depths is not None:
@@ -790,7 +790,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     targets_dir = paths.data_dir() / "translations"
   try:
     report = build(args.results_dir, targets_dir, args.data_dir, args.split)
-  except (FileNotFoundError, evaluate_lib.InputError) as e:
+  except (FileNotFoundError, score_lib.InputError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if not report["runs"]:

@@ -26,7 +26,7 @@ What it does (all gin-configurable through `train`):
      checkpoints every `checkpoint_period`; every `eval_period` computes the loss on the
      `train_eval_dataset_cfg` split (logged as `training_eval/...`, every row of it when
      `eval_steps` is None) and a decoding-based evaluation through `seqio.Evaluator`
-     (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.inference`);
+     (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.prediction`);
   5. at the end decodes the `final_eval_dataset_cfgs` splits (with METRIC_NAME_TO_MONITOR set: the
      kept checkpoint with the best value of that metric, e.g. the lowest dev loss) and writes
      MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
@@ -60,8 +60,8 @@ import numpy as np
 from mcwq_t5x import checkpoints as checkpoints_lib
 from mcwq_t5x import cpu_settings
 from mcwq_t5x import gin_utils
-from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import prediction
 from mcwq_t5x import run_info
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
@@ -297,7 +297,7 @@ def train(*,
     checkpoints.CheckpointSaveError: writing a checkpoint failed (e.g. disk full); the message
       names it, the cause and the last good checkpoint; the checkpoint manager is closed first.
   """
-  inference.check_predict_kwargs(model, predict_kwargs)
+  prediction.check_predict_kwargs(model, predict_kwargs)
   t_start = time.time()
   model_dir_p = pathlib.Path(model_dir).absolute()
   model_dir_p.mkdir(parents=True, exist_ok=True)
@@ -344,7 +344,7 @@ def train(*,
   eval_arrays, eval_batch_size = None, None
   if train_eval_dataset_cfg is not None:
     check_model_and_task(model, train_eval_dataset_cfg)
-    eval_batch_size = inference.decoding_batch_size(train_eval_dataset_cfg.batch_size, partitioner)
+    eval_batch_size = prediction.decoding_batch_size(train_eval_dataset_cfg.batch_size, partitioner)
     n = None if eval_steps is None else eval_steps * eval_batch_size
     eval_arrays = utils.load_feature_arrays(train_eval_dataset_cfg, 0, 1, num_examples=n)
 
@@ -382,7 +382,7 @@ def train(*,
   elif initial_checkpoint_path:
     logging.info("initialising the parameters from %s (fresh optimizer state)",
                  initial_checkpoint_path)
-    params = inference.load_params(
+    params = prediction.load_params(
         model, partitioner, initial_checkpoint_path, abstract_params=abstract_state.params)[0]
     state = trainer.create_state(global_shapes, input_types, init_params=params)
     del params
@@ -403,7 +403,7 @@ def train(*,
         "split": train_dataset_cfg.split
     }
 
-  infer_fn = inference.get_infer_fn(model, partitioner, infer_batch_size, predict_kwargs)
+  infer_fn = prediction.get_infer_fn(model, partitioner, infer_batch_size, predict_kwargs)
   infer_eval: dict[str, Any] = {}
 
   reported = {(c.mixture_or_task_name, c.split) for c in final_eval_dataset_cfgs}
@@ -422,9 +422,9 @@ def train(*,
     if infer_eval_dataset_cfg is not None:
       t = time.time()
       if "evaluator" not in infer_eval:  # built (the split tokenised) once per run
-        infer_eval["evaluator"] = inference.make_evaluator(infer_eval_dataset_cfg,
-                                                           infer_eval_num_examples)
-      metrics, _ = inference.evaluate_split(
+        infer_eval["evaluator"] = prediction.make_evaluator(infer_eval_dataset_cfg,
+                                                            infer_eval_num_examples)
+      metrics, _ = prediction.evaluate_split(
           infer_eval_dataset_cfg,
           infer_fn,
           train_state.params,
@@ -562,9 +562,9 @@ def train(*,
   result["decoded_step"] = decoded_step
   for cfg in final_eval_dataset_cfgs:
     t = time.time()
-    metrics, predictions = inference.evaluate_split(cfg, infer_fn, decode_params,
-                                                    final_eval_num_examples)
-    pred_path, met_path = inference.write_predictions(
+    metrics, predictions = prediction.evaluate_split(cfg, infer_fn, decode_params,
+                                                     final_eval_num_examples)
+    pred_path, met_path = prediction.write_predictions(
         model_dir_p,
         cfg,
         predictions,

@@ -242,7 +242,7 @@ def dataset_to_arrays(batches: Iterable[Mapping[str, Any]]) -> dict[str, np.ndar
   dataset) into one int32 array per feature: feature -> [N, ...]; {} when there is no batch.
 
   Entries that are (index, features) tuples, as seqio's evaluator yields, are not accepted here;
-  see `mcwq_t5x.inference`.
+  see `mcwq_t5x.prediction`.
   """
   chunks: dict[str, list[np.ndarray]] = {}
   for batch in batches:

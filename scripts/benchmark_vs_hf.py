@@ -42,7 +42,7 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   of `mcwq_t5x.network.CONFIGS`, default `tiny`, the main job's model), or else that preset
   trained for `--decode_train_steps` steps on the split (`mcwq_t5x.train.train`, batch
   `--batch_size`) in a fresh process; it is exported once with `mcwq_t5x.export_hf`. Ours is the
-  eval main's decoding path, `mcwq_t5x.inference` (`get_infer_fn`, compilation included, and
+  eval main's decoding path, `mcwq_t5x.prediction` (`get_infer_fn`, compilation included, and
   `decode_predictions`), with the eval main's CPU settings; theirs is
   `MT5ForConditionalGeneration.generate` on the export in batches of similar lengths (sorted by
   input length, dynamic padding, `torch.inference_mode()`, `do_sample=False`, `num_beams` 1 or 4,
@@ -461,7 +461,7 @@ def _decode_questions(args: argparse.Namespace) -> tuple[list[list[int]], int]:
 def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
   """Trains the `--decode_model` preset unless `--checkpoint` is given; exports it for HF."""
   from mcwq_t5x import export_hf
-  from mcwq_t5x import inference
+  from mcwq_t5x import prediction
   from mcwq_t5x import model as model_lib
   from mcwq_t5x import network
   from mcwq_t5x import partitioning
@@ -496,7 +496,7 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
         log_every_steps=steps,
         checkpoint_period=10**9,
         keep_checkpoints=1)
-  params = inference.load_params(model, partitioning.Partitioner(), checkpoint)[0]
+  params = prediction.load_params(model, partitioning.Partitioner(), checkpoint)[0]
   vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
   hf_dir = os.path.join(args.work_dir, "hf")
   export_hf.export_params(
@@ -530,10 +530,10 @@ def _decode_result(system: str, method: str, args: argparse.Namespace, texts: li
 
 
 def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
-  """`mcwq_t5x.inference` on the questions (the eval main's path); see the module docstring."""
+  """`mcwq_t5x.prediction` on the questions (the eval main's path); see the module docstring."""
   import numpy as np
 
-  from mcwq_t5x import inference
+  from mcwq_t5x import prediction
   from mcwq_t5x import model as model_lib
   from mcwq_t5x import network
   from mcwq_t5x import partitioning
@@ -547,12 +547,12 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
     arrays["encoder_input_tokens"][r, :len(q)] = q
   model = model_lib.EncoderDecoderModel(network.Transformer(_decode_config(args)))
   partitioner = partitioning.Partitioner()
-  params = inference.load_params(model, partitioner, args.checkpoint)[0]
+  params = prediction.load_params(model, partitioner, args.checkpoint)[0]
   vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
   t = time.time()
-  infer_fn = inference.get_infer_fn(model, partitioner, args.decode_batch_size,
-                                    DECODE_METHODS[method])
-  texts = inference.decode_predictions(vocab, infer_fn(params, arrays))
+  infer_fn = prediction.get_infer_fn(model, partitioner, args.decode_batch_size,
+                                     DECODE_METHODS[method])
+  texts = prediction.decode_predictions(vocab, infer_fn(params, arrays))
   return _decode_result("ours", method, args, texts, time.time() - t)
 
 
@@ -562,7 +562,7 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   import torch
   import transformers
 
-  from mcwq_t5x import inference
+  from mcwq_t5x import prediction
   from mcwq_t5x import utils
   questions, length = _decode_questions(args)
   model = transformers.MT5ForConditionalGeneration.from_pretrained(args.hf_dir)
@@ -592,7 +592,7 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
           eos_token_id=1,
           pad_token_id=0)
       tokens = out[:, 1:].numpy().astype(np.int32)  # drop the decoder start token
-      for i, text in zip(rows, inference.decode_predictions(vocab, tokens)):
+      for i, text in zip(rows, prediction.decode_predictions(vocab, tokens)):
         texts[i] = text
   return _decode_result("hf", method, args, texts, time.time() - t)
 

@@ -85,7 +85,7 @@ OVERRIDES = [
      "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"",
      OUR_SIZE + ["BATCH_SIZE=256"], []),
     # The main job: 4 steps; the final evaluation decodes the whole test set (the README's
-    # `mcwq_t5x.evaluate` command scores the file against all 6,282 references), up to 8 target
+    # `mcwq_t5x.score` command scores the file against all 6,282 references), up to 8 target
     # tokens (a 4-step model runs on to the limit; the whole test set at the split's longest
     # target, 66 tokens, would take 8 times as long).
     ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
@@ -217,7 +217,7 @@ NEWLANG_FR = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_spli
               "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_fr'\"")
 DEPENDS = [
     (MAIN_JOB_PREFIX, []),
-    ("python -m mcwq_t5x.evaluate --predictions runs/tiny_random_split_en", [MAIN_JOB_PREFIX]),
+    ("python -m mcwq_t5x.score --predictions runs/tiny_random_split_en", [MAIN_JOB_PREFIX]),
     ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", []),
     ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny.gin --gin_file=gin/mcwq_t5x/runs/"
      "eval.gin --gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random", [MAIN_JOB_PREFIX]),
@@ -233,7 +233,7 @@ DEPENDS = [
     ("python -m mcwq_t5x.export_hf --checkpoint runs/tiny_random_split_en", [MAIN_JOB_PREFIX]),
     ("python scripts/download_mcwq.py", []),
     ("python -m mcwq_t5x.inspect_task mcwq_mcd1_he", []),
-    ("python -m mcwq_t5x.evaluate --predictions ../shared", []),
+    ("python -m mcwq_t5x.score --predictions ../shared", []),
     ("python -m mcwq_t5x.report ../shared", []),
     ("python -m preprocessing.derive_mapping", []),
     (MIGRATE, []),

@@ -301,7 +301,7 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
 def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog):
   """eval/infer on a MODEL_DIR whose newest checkpoint is corrupt: the newest readable one, with a
   warning naming the corrupt one; a corrupt checkpoint named by its folder: a clear error."""
-  from mcwq_t5x import inference  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import prediction  # pylint: disable=g-import-not-at-top
   model_dir, _ = _train_and_save(tmp_path)
   p = partitioning.Partitioner(num_partitions=2)
   tr = make_trainer(p)
@@ -309,7 +309,7 @@ def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog
   step1 = jax.device_get(checkpoints.restore_params(model_dir / "checkpoint_1", abstract))
   _corrupt(model_dir / "checkpoint_2")
   with caplog.at_level("WARNING"):
-    params, step, folder = inference.load_params(tr.model, p, str(model_dir))
+    params, step, folder = prediction.load_params(tr.model, p, str(model_dir))
   assert (step, folder) == (1, model_dir.absolute())
   _assert_same(params, step1)
   assert any("checkpoint_2 is unreadable" in r.getMessage() for r in caplog.records)

@@ -172,7 +172,7 @@ def _tiny_store(tmp_path):
 def test_execution_on_targets_without_a_release(tmp_path, capsys):
   """MCWQ's own files carry no entities: queries with placeholders are not executable, those
   without run; reported as "x of n executable (n of N)", answers per line with --answers."""
-  from mcwq_t5x import evaluate  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import score  # pylint: disable=g-import-not-at-top
   targets = [
       "ASK WHERE { M0 wdt:P27 wd:Q29 }",  # placeholder: nothing binds it
       "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P27 wd:Q29 }",
@@ -185,7 +185,7 @@ def test_execution_on_targets_without_a_release(tmp_path, capsys):
       for q in (targets[0], targets[1].replace("Q29", "Q142"), targets[2].replace("Q29", "Q142"))
   ]
   (tmp_path / "pred.txt").write_text("\n".join(preds) + "\n")
-  assert evaluate.main([
+  assert score.main([
       "--predictions",
       str(tmp_path / "pred.txt"), "--targets",
       str(tmp_path / "targets.txt"), "--target_format", "sparql", "--execute", "--codex", "",
@@ -206,9 +206,9 @@ def test_execution_on_targets_without_a_release(tmp_path, capsys):
 
 
 def test_execution_help_says_what_it_is(capsys):
-  from mcwq_t5x import evaluate  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import score  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit):
-    evaluate.main(["--help"])
+    score.main(["--help"])
   out = " ".join(capsys.readouterr().out.split())
   assert "not a metric of the MCWQ paper" in out and "x of n executable (n of N)" in out
   assert "--answers" in out

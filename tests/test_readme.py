@@ -254,7 +254,7 @@ def _gap_run(name):
 CHECKS = {
     rc.MAIN_JOB:
         lambda repo, out: _main_job(repo),
-    rc.index_of("python -m mcwq_t5x.evaluate --predictions runs/tiny_random_split_en"):
+    rc.index_of("python -m mcwq_t5x.score --predictions runs/tiny_random_split_en"):
         _evaluate_main_job,
     rc.index_of("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin"):
         _t5x_tiny,
@@ -278,7 +278,7 @@ CHECKS = {
         _download_copy,
     rc.index_of("python -m mcwq_t5x.inspect_task mcwq_mcd1_he"):
         _inspect,
-    rc.index_of("python -m mcwq_t5x.evaluate --predictions ../shared"):
+    rc.index_of("python -m mcwq_t5x.score --predictions ../shared"):
         _evaluate_published,
     rc.index_of("python -m mcwq_t5x.report ../shared"):
         _report_published,

@@ -236,7 +236,7 @@ def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
   assert he_dir == runs / "tiny_mcd1_he" / "eval_2000"
   he_test = (mcwq_dir / "translations/mcd1/test.he.sparql").read_text().splitlines()
   gold_he = (mcwq_dir / "translations/gold/test.he.sparql").read_text().splitlines()
-  # Laid out as inference.write_predictions writes them under EVAL_OUTPUT_DIR.
+  # Laid out as prediction.write_predictions writes them under EVAL_OUTPUT_DIR.
   for folder, name, lines in ((he_dir, "mcwq_mcd1_he_test.txt", he_test),
                               (en_dir, "mcwq_mcd1_zeroshot_he_test.txt",
                                ["x"] * len(he_test)), (runs / "tiny_mcd1_en" / "gold_he",

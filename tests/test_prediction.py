@@ -1,4 +1,4 @@
-"""Tests of mcwq_t5x.inference with a tiny model and inputs built here: decoding a dataset in
+"""Tests of mcwq_t5x.prediction with a tiny model and inputs built here: decoding a dataset in
 batches (sorted by length, last batch padded, batch sizes rounded to the data-parallel devices)
 gives, row for row, what the model decodes for the whole array at once."""
 import jax
@@ -6,8 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from mcwq_t5x import inference
 from mcwq_t5x import partitioning
+from mcwq_t5x import prediction
 from mcwq_t5x import trainer as trainer_lib
 import tiny_engine
 
@@ -23,18 +23,18 @@ def model_and_params():
 
 def test_batch_size_rounded_up_to_the_devices(model_and_params):
   _, partitioner, _ = model_and_params
-  assert inference.decoding_batch_size(6, partitioner) == 8
-  assert inference.decoding_batch_size(8, partitioner) == 8
+  assert prediction.decoding_batch_size(6, partitioner) == 8
+  assert prediction.decoding_batch_size(8, partitioner) == 8
   with pytest.raises(ValueError, match="positive"):
-    inference.decoding_batch_size(0, partitioner)
+    prediction.decoding_batch_size(0, partitioner)
 
 
 def test_infer_fn_matches_one_big_batch_in_row_order(model_and_params):
   model, partitioner, params = model_and_params
   rows = tiny_engine.synthetic_batch(3, batch=11)
-  arrays = {k: rows[k] for k in inference.DECODE_FEATURES}
+  arrays = {k: rows[k] for k in prediction.DECODE_FEATURES}
   # 11 rows in batches of 6 -> 8 (4 devices): two batches, the second padded with 5 empty rows.
-  tokens = inference.get_infer_fn(model, partitioner, 6)(params, arrays)
+  tokens = prediction.get_infer_fn(model, partitioner, 6)(params, arrays)
   assert tokens.shape == (11, arrays["decoder_input_tokens"].shape[1])
   padded = {k: np.concatenate([v, np.zeros((1,) + v.shape[1:], v.dtype)]) for k, v in arrays.items()}
   reference = np.asarray(model.predict_batch(params, padded))[:11]
@@ -47,7 +47,7 @@ def test_infer_fn_empty_input(model_and_params):
       "encoder_input_tokens": np.zeros((0, 12), np.int32),
       "decoder_input_tokens": np.zeros((0, 10), np.int32)
   }
-  assert inference.get_infer_fn(model, partitioner, 4)(params, empty).shape == (0, 10)
+  assert prediction.get_infer_fn(model, partitioner, 4)(params, empty).shape == (0, 10)
 
 
 # --- PREDICT_KWARGS, all decodes, output folders ------------------------------------------------
@@ -69,22 +69,22 @@ def test_predict_kwargs_checked_before_loading(model_and_params, tmp_path):
           "temperature": 0.7
       }
   }):
-    inference.check_predict_kwargs(model, ok)
+    prediction.check_predict_kwargs(model, ok)
   with pytest.raises(
       ValueError,
       match=r"unknown option\(s\) \['alpha'\].*decoder_params, e.g. beam search "
       r"\{'num_decodes': 4, 'decoder_params': \{'alpha': 0.6\}\}"):
-    inference.check_predict_kwargs(model, {"num_decodes": 4, "alpha": 0.6})
+    prediction.check_predict_kwargs(model, {"num_decodes": 4, "alpha": 0.6})
   with pytest.raises(ValueError, match=r"decoder_params \['temperature'\] are not taken"):
-    inference.check_predict_kwargs(model, {"num_decodes": 4, "decoder_params": {"temperature": 1}})
+    prediction.check_predict_kwargs(model, {"num_decodes": 4, "decoder_params": {"temperature": 1}})
   with pytest.raises(ValueError, match="greedy decoding gives one sequence"):
-    inference.check_predict_kwargs(model, {"num_decodes": 2, "method": "greedy"})
+    prediction.check_predict_kwargs(model, {"num_decodes": 2, "method": "greedy"})
   all_decodes = {"num_decodes": 2, "return_all_decodes": True}
-  assert inference.check_predict_kwargs(model, all_decodes, allow_all_decodes=True) == all_decodes
+  assert prediction.check_predict_kwargs(model, all_decodes, allow_all_decodes=True) == all_decodes
   with pytest.raises(ValueError, match="return_all_decodes=True .* evaluation scores one"):
-    inference.check_predict_kwargs(model, all_decodes)
+    prediction.check_predict_kwargs(model, all_decodes)
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
-    inference.get_infer_fn(model, partitioner, 4, {"alpha": 0.6})
+    prediction.get_infer_fn(model, partitioner, 4, {"alpha": 0.6})
   # eval: the error comes first (no checkpoint exists, the task's vocabulary is not read).
   cfg = utils.DatasetConfig("mcwq_gold_he", None, "test", 4)
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
@@ -146,13 +146,13 @@ def test_infer_prints_all_decodes(model_and_params, tmp_path):
 def test_check_writable(tmp_path):
   """An output folder that cannot be created (here under a regular file, which stops root too)
   fails with a clear error; a writable one is created and left empty."""
-  out = inference.check_writable(tmp_path / "a" / "b", "EVAL_OUTPUT_DIR")
+  out = prediction.check_writable(tmp_path / "a" / "b", "EVAL_OUTPUT_DIR")
   assert out.is_dir() and not list(out.iterdir())
   (tmp_path / "file").write_text("")
   with pytest.raises(
-      inference.UnwritableOutputError,
+      prediction.UnwritableOutputError,
       match=r"cannot write to the EVAL_OUTPUT_DIR .*file/out \(.*Error: .*\); nothing was decoded"):
-    inference.check_writable(tmp_path / "file" / "out", "EVAL_OUTPUT_DIR")
+    prediction.check_writable(tmp_path / "file" / "out", "EVAL_OUTPUT_DIR")
 
 
 @pytest.mark.parametrize("num_partitions", [1, 2])
@@ -167,7 +167,7 @@ def test_param_shapes_are_the_trainers_without_a_trainer(num_partitions):
       "decoder_input_tokens": (partitioner.data_parallel_size, 8)
   }
   expected = tr.state_shapes(shapes).params
-  got = inference.param_shapes(model, partitioner)
+  got = prediction.param_shapes(model, partitioner)
   assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
     assert (a.shape, a.dtype, a.sharding) == (b.shape, b.dtype, b.sharding)

@@ -1,4 +1,5 @@
-"""Tests for the evaluation command line `python -m mcwq_t5x.evaluate` (paper Table 4/5 values)."""
+"""Tests for the scoring command line `python -m mcwq_t5x.score` (paper Table 4/5 values) and its
+former name `python -m mcwq_t5x.evaluate`."""
 import json
 import pathlib
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from mcwq_t5x import evaluate
+from mcwq_t5x import score
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ G2 = "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 ) ( M0 , M1 ) ) rb"
 
 
 def _run(capsys, argv):
-  status = evaluate.main(argv)
+  status = score.main(argv)
   out = capsys.readouterr()
   return status, out.out, out.err
 
@@ -58,7 +59,7 @@ def test_cli_subprocess_english(mcwq_dir, tmp_path):
   """The real command line, English: exact match 77.6 and BLEU 97.4 (paper Table 4)."""
   out_json = tmp_path / "en.json"
   proc = subprocess.run([
-      sys.executable, "-m", "mcwq_t5x.evaluate", *_args(mcwq_dir, "monolingual", "en"), "--json",
+      sys.executable, "-m", "mcwq_t5x.score", *_args(mcwq_dir, "monolingual", "en"), "--json",
       str(out_json)
   ],
                         cwd=REPO_ROOT,
@@ -74,13 +75,38 @@ def test_cli_subprocess_english(mcwq_dir, tmp_path):
   assert set(printed) >= {"n", "exact_match", "bleu", "equivalence", "error_categories"}
 
 
+def test_former_command_name_is_an_alias(mcwq_dir, capsys):
+  """`python -m mcwq_t5x.evaluate` (a fresh process) prints what `mcwq_t5x.score` prints for the
+  same arguments (Hebrew: 57.8, paper Table 4), and exits 2 on a missing file, as score does."""
+  args = _args(mcwq_dir, "monolingual", "he")
+  status, out, _ = _run(capsys, args)
+  assert status == 0
+  alias = subprocess.run([sys.executable, "-m", "mcwq_t5x.evaluate", *args],
+                         cwd=REPO_ROOT,
+                         capture_output=True,
+                         text=True,
+                         check=False)
+  assert alias.returncode == 0, alias.stderr
+  assert json.loads(alias.stdout) == json.loads(out)
+  assert round(json.loads(out)["exact_match"], 1) == PAPER_MONOLINGUAL_EM["he"]
+  missing = subprocess.run([
+      sys.executable, "-m", "mcwq_t5x.evaluate", "--predictions", "no/such/file", "--targets",
+      args[args.index("--targets") + 1]
+  ],
+                           cwd=REPO_ROOT,
+                           capture_output=True,
+                           text=True,
+                           check=False)
+  assert missing.returncode == 2 and "no/such/file" in missing.stderr, missing.stderr
+
+
 def test_sparql_targets_give_the_same_scores(mcwq_dir, tmp_path, capsys):
   """official/ SPARQL targets (converted with sparql_to_rir) score like the RIR targets."""
   n = 400
-  official = evaluate.read_lines(mcwq_dir / "official/mcd1/test.kn.txt")[:n]
-  rir = evaluate.read_lines(mcwq_dir / "translations/mcd1/test.kn.sparql")[:n]
-  preds = evaluate.read_lines(mcwq_dir /
-                              "results/mt5_small/monolingual/mcd1/generated_predictions_kn.txt")[:n]
+  official = score.read_lines(mcwq_dir / "official/mcd1/test.kn.txt")[:n]
+  rir = score.read_lines(mcwq_dir / "translations/mcd1/test.kn.sparql")[:n]
+  preds = score.read_lines(mcwq_dir /
+                           "results/mt5_small/monolingual/mcd1/generated_predictions_kn.txt")[:n]
   (tmp_path / "official.txt").write_text("\n".join(official))
   (tmp_path / "plain.sparql").write_text("\n".join(l.split("  OUT: ", 1)[1] for l in official) +
                                          "\n")

@@ -1,4 +1,4 @@
-"""Decoding a dataset with given parameters: the inference library shared by the mains.
+"""The prediction stage (files -> task -> model -> **predictions** -> metrics), shared by the mains.
 
 Counterpart of T5X's `utils.get_infer_fn` and the decoding half of `t5x/train.py` / `t5x/eval.py`.
 Functions take the parameters and return the outputs; nothing is held between calls except the
