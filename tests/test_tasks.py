@@ -52,9 +52,13 @@ def test_all_names_registered(mcwq_tasks):
     assert f"mcwq_{split}_multilingual" in seqio.MixtureRegistry.names()
   for lang in ("he", "kn", "zh"):
     assert f"mcwq_gold_{lang}" in names
-  # the bare-question tasks and the paper's form (`_prefixed`) of each
-  assert len([n for n in names if n.startswith("mcwq_") and not n.endswith("_prefixed")]) == 31
-  assert len([n for n in names if n.startswith("mcwq_") and n.endswith("_prefixed")]) == 31
+  # The bare-question tasks and mixtures and the paper's form (`_prefixed`) of each, as
+  # registered at import (other modules' tests register variants under their own suffixes).
+  # 4 splits x (4 languages + 3 zero-shot) + 3 gold tasks, and one mixture per split.
+  bare, prefixed = mcwq_tasks.REGISTERED, mcwq_tasks.REGISTERED_PREFIXED
+  assert len([n for n in bare if n in names]) == 31 and len(set(bare)) == len(bare) == 35
+  assert [f"{n}_prefixed" for n in bare] == prefixed
+  assert set(bare + prefixed) <= names | set(seqio.MixtureRegistry.names())
   assert "mcwq_mcd1_multilingual_prefixed" in seqio.MixtureRegistry.names()
   task = seqio.get_mixture_or_task("mcwq_mcd1_en")
   assert set(task.splits) == {"train", "validation", "test"}
