@@ -38,12 +38,13 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Any, Optional, Sequence, Union
-
-import seqio
+from typing import Any, Optional, Sequence, TYPE_CHECKING, Union
 
 from mcwq_t5x import paths
 from mcwq_t5x import readers
+
+if TYPE_CHECKING:  # annotations only: SeqIO is imported where a vocabulary is made
+  import seqio
 
 MT5_VOCAB_PATH = "gs://t5-data/vocabs/mc4.250000.100extra/sentencepiece.model"
 VOCAB_ENV = "MCWQ_VOCAB"
@@ -240,29 +241,51 @@ def small_vocab_path(data_dir: Optional[PathLike] = None,
   return path
 
 
-class _CachedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-  """A `seqio.SentencePieceVocabulary` whose model file may not exist until it is first used.
+def _cached_vocabulary_class() -> type:
+  """`_CachedSentencePieceVocabulary`, defined on first use: SeqIO (and with it TensorFlow, about
+  10 s of CPU time to import) is imported only by the processes that make a vocabulary, not by
+  those that only train or locate the small model file (`scripts/train_vocab.py`)."""
+  cls = globals().get("_CachedSentencePieceVocabulary")
+  if cls is not None:
+    return cls
+  import seqio  # pylint: disable=g-import-not-at-top
 
-  It adds no state to its parent, so it compares equal (seqio compares `__getstate__`, i.e. the
-  model file path and options) to a plain `seqio.SentencePieceVocabulary` of the same file: T5X's
-  "Model and Task vocabularies do not match" check passes whichever of the two a gin file binds.
-  The only difference is the error when the file is missing: `DataNotFoundError` naming the
-  file, the data directory and the command that creates it.
-  """
+  class _CachedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+    """A `seqio.SentencePieceVocabulary` whose model file may not exist until it is first used.
 
-  def _model_context(self):
-    if not self._model and not os.path.isfile(self._sentencepiece_model_file):
-      raise paths.not_found(
-          self._sentencepiece_model_file,
-          "small MCWQ SentencePiece model (trained from the MCWQ train/dev text by "
-          "`python scripts/train_vocab.py`; no data was found to train it)")
-    return super()._model_context()
+    It adds no state to its parent, so it compares equal (seqio compares `__getstate__`, i.e. the
+    model file path and options) to a plain `seqio.SentencePieceVocabulary` of the same file:
+    T5X's "Model and Task vocabularies do not match" check passes whichever of the two a gin file
+    binds. The only difference is the error when the file is missing: `DataNotFoundError` naming
+    the file, the data directory and the command that creates it.
+    """
+
+    def _model_context(self):
+      if not self._model and not os.path.isfile(self._sentencepiece_model_file):
+        raise paths.not_found(
+            self._sentencepiece_model_file,
+            "small MCWQ SentencePiece model (trained from the MCWQ train/dev text by "
+            "`python scripts/train_vocab.py`; no data was found to train it)")
+      return super()._model_context()
+
+  # A module-level name, so that pickle finds the class by reference.
+  _CachedSentencePieceVocabulary.__qualname__ = "_CachedSentencePieceVocabulary"
+  globals()["_CachedSentencePieceVocabulary"] = _CachedSentencePieceVocabulary
+  return _CachedSentencePieceVocabulary
+
+
+def __getattr__(name: str) -> Any:
+  """`_CachedSentencePieceVocabulary` on first access (PEP 562; see `_cached_vocabulary_class`)."""
+  if name == "_CachedSentencePieceVocabulary":
+    return _cached_vocabulary_class()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.lru_cache(maxsize=None)
 def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
                 data_dir: str) -> seqio.SentencePieceVocabulary:
   del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
+  import seqio  # pylint: disable=g-import-not-at-top
   if path is not None:
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
   try:
@@ -271,7 +294,7 @@ def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
     # No data to train (or to key) the small model: tasks still register; using the vocabulary
     # raises DataNotFoundError.
     model_file = paths.cache_dir(create=False) / "spm" / "mcwq_spm_untrained.model"
-  return _CachedSentencePieceVocabulary(str(model_file))
+  return _cached_vocabulary_class()(str(model_file))
 
 
 def get_vocabulary(path: Optional[PathLike] = None,

@@ -38,8 +38,10 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
 
 * **decode** (`--modes decode`): decoding the split's questions with one checkpoint, greedy and
   beam search (4 beams, length penalty alpha 0.6), each (system, method) in its own process. The
-  checkpoint is `--checkpoint` (a MODEL_DIR or `checkpoint_<step>` of the `--decode_model` preset
-  of `mcwq_t5x.network.CONFIGS`, default `tiny`, the main job's model), or else that preset
+  checkpoint is `--checkpoint` (a MODEL_DIR or `checkpoint_<step>` of our engine: the network
+  recorded in its run.json, or without one the `--decode_model` preset of
+  `mcwq_t5x.network.CONFIGS`, default `tiny`, the main job's model; the task's vocabulary must be
+  the one the run recorded), or else that preset
   trained for `--decode_train_steps` steps on the split (`mcwq_t5x.train.train`, batch
   `--batch_size`) in a fresh process; it is exported once with `mcwq_t5x.export_hf`. Ours is the
   eval main's decoding path, `mcwq_t5x.prediction` (`get_infer_fn`, compilation included, and
@@ -447,8 +449,21 @@ DECODE_METHODS = {
 
 
 def _decode_config(args: argparse.Namespace):
+  """The decoded network: the one recorded in `--checkpoint`'s run.json (any run of our engine),
+  else the `--decode_model` preset; dropout off.
+
+  Raises:
+    ValueError: a run.json that cannot be read or does not describe a `T5Config`.
+  """
+  import dataclasses
+
   from mcwq_t5x import network
-  return network.get_config(args.decode_model, dropout_rate=0.0)
+  from mcwq_t5x import run_info
+  run_path = run_info.find(args.checkpoint) if args.checkpoint else None
+  if run_path is None:
+    return network.get_config(args.decode_model, dropout_rate=0.0)
+  config = run_info.network_config(run_info.read(run_path), run_path)
+  return dataclasses.replace(config, dropout_rate=0.0)
 
 
 def _decode_questions(args: argparse.Namespace) -> tuple[list[list[int]], int]:
@@ -465,6 +480,7 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
   from mcwq_t5x import model as model_lib
   from mcwq_t5x import network
   from mcwq_t5x import partitioning
+  from mcwq_t5x import run_info
   from mcwq_t5x import train as train_lib
   from mcwq_t5x import utils
   config = _decode_config(args)
@@ -498,6 +514,7 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
         keep_checkpoints=1)
   params = prediction.load_params(model, partitioning.Partitioner(), checkpoint)[0]
   vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  run_info.check_vocabulary(vocab, checkpoint, f"task {args.task}")
   hf_dir = os.path.join(args.work_dir, "hf")
   export_hf.export_params(
       jax_to_numpy(params),
@@ -746,7 +763,8 @@ def main(argv=None) -> None:
   parser.add_argument(
       "--checkpoint",
       default="",
-      help="decode: a checkpoint of the --decode_model preset (default: train one)")
+      help="decode: a MODEL_DIR or checkpoint of our engine (its run.json gives the network; "
+      "without one, the --decode_model preset); default: train the preset")
   parser.add_argument("--decode_model", default="tiny", help="decode: network.CONFIGS preset")
   parser.add_argument(
       "--decode_train_steps",

@@ -308,3 +308,5 @@ T5X_INFER = index_of("python -m t5x.infer")
 OUR_PAPER_TRAIN = index_of("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin")
 MULTIPROCESS_RUN = [i for i, (_, c) in enumerate(COMMANDS) if "--process_index=1" in c][0]
 NEWLANG_REPORT = index_of("python -m mcwq_t5x.report runs/newlang")
+REPORT = index_of("python -m mcwq_t5x.report ../shared")
+DOWNLOAD = index_of("python scripts/download_mcwq.py")

@@ -1,12 +1,14 @@
 """`scripts/benchmark_vs_hf.py` runs as users run it (a fresh process) on real MCWQ questions and
 prints its figures: one line per system, and the ratio line last.
 
-Speed itself is never asserted (the figures depend on the machine). One tiny run (a 1-layer
-width-32 network) of two modes, as one command: the epoch mode (64 questions; our real training
-path, `mcwq_t5x.train.train`, against transformers; the fixed-shape mode times a plain step loop of
-the same trainer and model, which the trainer and model tests cover) and the decode mode, greedy
-(the tiny preset trained 2 steps, exported, 24 questions decoded by both systems; beam search
-takes the same path with another method, covered by the decoding tests)."""
+Speed itself is never asserted (the figures depend on the machine). One tiny run of two modes, as
+one command, on 64 of the 155 Hebrew gold questions: the epoch mode (a 1-layer width-32 network; our
+real training path, `mcwq_t5x.train.train`, against transformers; the fixed-shape mode times a plain
+step loop of the same trainer and model, which the trainer and model tests cover) and the decode
+mode, greedy, of the session's trained run of our engine (`conftest.our_run`: its run.json gives
+the network), exported and decoded by both systems: greedy search on the same weights gives the
+same queries (beam search takes the same path with another method, covered by the decoding tests).
+"""
 import re
 import sys
 
@@ -18,18 +20,20 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 TINY = [
-    "--modes", "epoch,decode", "--max_examples", "64", "--emb_dim", "32", "--num_heads", "2",
-    "--head_dim", "16", "--mlp_dim", "64", "--num_layers", "1", "--batch_size", "16",
-    "--decode_methods", "greedy", "--decode_train_steps", "2", "--decode_batch_size", "16",
-    "--input_length", "32", "--target_length", "72"
+    "--modes", "epoch,decode", "--task", "mcwq_gold_he", "--split", "test", "--max_examples", "64",
+    "--emb_dim", "32", "--num_heads", "2", "--head_dim", "16", "--mlp_dim", "64", "--num_layers",
+    "1", "--batch_size", "16", "--decode_methods", "greedy", "--decode_batch_size", "16",
+    "--input_length", "40", "--target_length", "128"
 ]
 DECODE_QUESTIONS = 64
 
 
 @pytest.fixture(scope="module")
-def lines(mcwq_dir):
-  del mcwq_dir
-  out = mains.run([sys.executable, "scripts/benchmark_vs_hf.py", *TINY], timeout=1200)
+def lines(our_run):
+  out = mains.run(
+      [sys.executable, "scripts/benchmark_vs_hf.py", *TINY, "--checkpoint",
+       str(our_run)],
+      timeout=1200)
   assert "WARNING" not in out.stdout, out.stdout  # both trained on the same target tokens
   return out.stdout.strip().splitlines()
 
@@ -61,6 +65,7 @@ def test_decode_prints_both_systems_and_the_ratio(lines):
         r"([\d.]+) questions/s\s+([\d.]+) s\s+([\d.]+) GiB peak RSS\s+(\d+)/(\d+) identical",
         line).groups()
     assert float(rate) > 0 and float(seconds) > 0 and 0.1 < float(rss) < 24, line
-    assert int(n) == DECODE_QUESTIONS and 0 <= int(same) <= DECODE_QUESTIONS, line
+    # Float32 on both sides: a near-tie between two tokens may go either way, nothing more.
+    assert int(n) == DECODE_QUESTIONS and int(same) >= DECODE_QUESTIONS - 2, line
   assert sum(bool(re.fullmatch(r"decode ratio ours/hf: \d+\.\d\d", l)) for l in lines) == 1
   assert not any("beam4" in l for l in lines)

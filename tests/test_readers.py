@@ -2,12 +2,15 @@
 import importlib.util
 import json
 import pathlib
+import shutil
 import stat
 
 import pytest
 
 from mcwq_t5x import paths
 from mcwq_t5x import readers
+import readme_commands as rc
+import scenarios
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -360,22 +363,26 @@ def _download_script():
   return module
 
 
-def test_download_from_local_copy(tmp_path, mcwq_dir, capsys):
-  dl = _download_script()
-  out = tmp_path / "mcwq"
-  assert dl.main(["--from", str(mcwq_dir), "--out", str(out)]) == 0
-  stdout = capsys.readouterr().out
+@pytest.mark.xdist_group(f"readme-{rc.chain(rc.DOWNLOAD)}")  # reads its README run
+def test_download_from_local_copy(tmp_path, mcwq_dir, readme, capsys):
+  """The README's `python scripts/download_mcwq.py --from ../shared/mcwq --out runs/mcwq_copy`
+  (run once per session by the `readme` fixture) copies and verifies the release."""
+  stdout = scenarios.check(readme.result(rc.DOWNLOAD))["stdout"]
   assert "mcd1   dev: en=5,408  he=5,408  kn=5,408  zh=5,408" in stdout
   assert "gold  test: he=155  kn=155  zh=155" in stdout
-  assert (out /
+  copy = readme.repo / "runs/mcwq_copy"
+  assert (copy /
           "official/mcd1/dev.en.txt").read_bytes() == (mcwq_dir /
                                                        "official/mcd1/dev.en.txt").read_bytes()
-  assert len(readers.read_split("mcd3", "test", "kn", out)) == 6151
+  assert len(readers.read_split("mcd3", "test", "kn", copy)) == 6151
   # CI's ../shared has no write bits; the copy must not inherit them (root ignores them, so
   # check the bits rather than a write).
-  for p in [out / "official", out / "official/mcd2", out / "official/mcd2/test.he.txt"]:
+  for p in [copy / "official", copy / "official/mcd2", copy / "official/mcd2/test.he.txt"]:
     assert p.stat().st_mode & stat.S_IWUSR, p
-  # A truncated language file is caught.
+  # A truncated language file is caught (in a copy of the README's copy).
+  dl = _download_script()
+  out = tmp_path / "mcwq"
+  shutil.copytree(copy, out)
   f = out / "official/mcd2/test.he.txt"
   f.write_text("\n".join(_lines(f)[:-1]) + "\n", encoding="utf-8")
   assert dl.main(["--verify-only", "--out", str(out)]) == 1

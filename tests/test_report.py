@@ -7,8 +7,11 @@ import pytest
 
 from mcwq_t5x import report
 from mcwq_t5x import rir
+import readme_commands as rc
+import scenarios
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+pytestmark = pytest.mark.xdist_group(f"readme-{rc.chain(rc.REPORT)}")  # reads its README run
 
 
 def _read_csv(path):
@@ -26,15 +29,12 @@ def _check_png(path):
 
 
 @pytest.fixture(scope="module")
-def shared_report(mcwq_dir, tmp_path_factory):
-  out = tmp_path_factory.mktemp("report")
-  status = report.main([
-      str(mcwq_dir / "results"), "--targets_dir",
-      str(mcwq_dir / "translations"), "--out",
-      str(out)
-  ])
-  assert status == 0
-  return out
+def shared_report(readme):
+  """The report of the published predictions that the README's command writes (`python -m
+  mcwq_t5x.report ../shared/mcwq/results --out runs/report/`, run once per session by the `readme`
+  fixture); read-only."""
+  scenarios.check(readme.result(rc.REPORT))
+  return readme.repo / "runs/report"
 
 
 def test_discover_upstream_layout(mcwq_dir):
