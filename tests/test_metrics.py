@@ -71,6 +71,16 @@ def test_bleu_smooths_as_sacrebleus_default():
   assert metrics.bleu_metric(targets, preds)["bleu"] == pytest.approx(expected)
 
 
+def test_bleu_scores_the_predictions_against_the_targets():
+  """`corpus_bleu(predictions, [targets])`, not the other way round: a prediction shorter than its
+  target gets the brevity penalty (13 of 20 tokens: exp(1 - 20/13) = 0.58); with the roles swapped,
+  57.68 (no penalty, lower precision). The paper's English MCD1 figure (97.4) is the same either
+  way to one decimal, so the value is pinned here."""
+  targets = ["SELECT DISTINCT ?x0 WHERE lb ?x0 wdt:P57 M0 . ?x0 wdt:P58 M1 rb"]
+  preds = ["SELECT DISTINCT ?x0 WHERE lb ?x0 wdt:P57 M0 rb"]
+  assert metrics.bleu_metric(targets, preds)["bleu"] == pytest.approx(54.3143318, abs=1e-6)
+
+
 def test_paper_table4_mcd1_english(mcwq_dir):
   """Paper Table 4, mT5-small+RIR, MCD1, English: exact match 77.6, BLEU 97.4."""
   targets = _lines(mcwq_dir / "translations/mcd1/test.en.sparql")
