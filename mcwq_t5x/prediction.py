@@ -257,6 +257,7 @@ def decode_predictions(vocabulary: Any, tokens: Any) -> list[str]:
   return [vocabulary.decode(row) for row in rows]
 
 
+@utils.without_autograph
 def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None) -> Any:
   """A `seqio.Evaluator` of `cfg`'s split: tokenises and caches it once, for many evaluations.
 

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import filelock
 
+import mains
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
@@ -156,6 +158,7 @@ class ReadmeRun:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
     env.pop("PYTEST_XDIST_WORKER", None)
+    env = {**mains.CHILD_ENV, **env}
     env.update(self._env_of(index))
     env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     full = self._with_overrides(command, self.repo)

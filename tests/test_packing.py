@@ -124,3 +124,58 @@ def test_load_feature_arrays_packs_with_the_configured_method():
     assert sorted(rows) == sorted(expected)
     for k in expected:
       np.testing.assert_array_equal(rows[k], expected[k], err_msg=f"{method} {k}")
+
+
+def test_a_preprocessor_that_needs_autograph_is_built_with_it(caplog):
+  """`utils.without_autograph`: a task whose preprocessor has a Python `if` on a tensor (which only
+  AutoGraph can trace) loads as `seqio.get_dataset` gives it, and the log says why."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tasks.mcwq  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+
+  def source(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({
+        "inputs": ["Did M0 direct M1", "Who"],
+        "targets": ["SELECT count(*) WHERE { M0 wdt:P57 M1 }", "SELECT ?x0"]
+    })
+
+  def exclaim_long_questions(ds):
+
+    def fn(ex):
+      inputs = ex["inputs"]
+      if tf.strings.length(inputs) > 3:  # a Python `if` on a tensor: AutoGraph makes it a tf.cond
+        inputs = tf.strings.join([inputs, " !"])
+      return {**ex, "inputs": inputs}
+
+    return ds.map(fn)
+
+  name = "test_packing_needs_autograph"
+  seqio.TaskRegistry.add(
+      name,
+      source=seqio.FunctionDataSource(source, splits=["validation"]),
+      preprocessors=[
+          exclaim_long_questions, seqio.preprocessors.tokenize,
+          seqio.preprocessors.append_eos_after_trim
+      ],
+      output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features)
+  try:
+    with caplog.at_level("INFO"):
+      ours = utils.load_feature_arrays(utils.DatasetConfig(name, LENGTHS, "validation", 2))
+    ds = seqio.get_dataset(
+        name,
+        task_feature_lengths=LENGTHS,
+        dataset_split="validation",
+        shuffle=False,
+        num_epochs=1,
+        feature_converter=seqio.EncDecFeatureConverter(pack=False))
+    expected = utils.dataset_to_arrays(ds.batch(8).as_numpy_iterator())
+  finally:
+    seqio.TaskRegistry.remove(name)
+  assert sorted(ours) == sorted(expected)
+  for k in expected:
+    np.testing.assert_array_equal(ours[k], expected[k], err_msg=k)
+  vocabulary = seqio.get_mixture_or_task("mcwq_gold_he").output_features["inputs"].vocabulary
+  assert vocabulary.decode(ours["encoder_input_tokens"][1].tolist()) == "Who"
+  assert vocabulary.decode(ours["encoder_input_tokens"][0].tolist()) == "Did M0 direct M1 !"
+  assert "load_feature_arrays: a preprocessor needs AutoGraph" in caplog.text
