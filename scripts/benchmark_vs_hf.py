@@ -51,10 +51,12 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   `length_penalty` 0.6; note that transformers' length penalty is `score / length ** alpha`,
   T5X's is GNMT's `((5 + length) / 6) ** alpha`, so beam results may differ). Both decode up to
   `--decode_length` tokens (default: the split's longest target) in batches of
-  `--decode_batch_size` (default 64, the eval main's) and turn the tokens into text with the
-  task's vocabulary; times are from the first batch to the last text (tokenisation excluded).
+  `--decode_batch_size` (default 64, the eval main's) and turn the tokens into text, ours with
+  the task's vocabulary, theirs with the export's tokenizer (`AutoTokenizer`, `batch_decode`);
+  times are from the first batch to the last text (tokenisation excluded).
   Prints questions/s, wall time, peak RSS and the number of predictions identical to the other
-  system's, and last `decode ratio ours/hf: X.XX` (greedy questions/s of ours / theirs).
+  system's (the same token ids up to EOS), and last `decode ratio ours/hf: X.XX` (greedy
+  questions/s of ours / theirs).
 
   `--decode_methods` picks the methods (default `greedy,beam4`; e.g. `greedy` alone).
 
@@ -66,7 +68,9 @@ matmul FLOPs of our epoch (`train_step_flops` per step, times the steps) over it
 (compilation included), against the best of 5 float32 `numpy` matmuls of 2,048 x 2,048 (2 n^3
 FLOPs each; NumPy's BLAS on all cores) measured by the driver right after the runs.
 
-Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data.
+Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data. Our first
+worker of a run tokenises the split and writes it to the run's work folder; the HF workers read it
+there and never import TensorFlow (as a transformers user's process would not).
 
 Examples:
   python scripts/benchmark_vs_hf.py
@@ -128,8 +132,20 @@ def _dataset_config(args: argparse.Namespace, pack: bool):
       module="tasks.mcwq")
 
 
+EXAMPLES_FILE = "examples.json"
+
+
 def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
-  """The split's (input ids, target ids) with EOS, truncated to the lengths, source order."""
+  """The split's (input ids, target ids) with EOS, truncated to the lengths, source order.
+
+  The first worker of a run tokenises the split with SeqIO and writes the pairs to
+  `--work_dir`/examples.json; the later workers read them there, so that the HF processes never
+  import TensorFlow (as a transformers user's would not).
+  """
+  path = os.path.join(args.work_dir, EXAMPLES_FILE) if args.work_dir else ""
+  if path and os.path.exists(path):
+    with open(path) as f:
+      return [(list(i), list(t)) for i, t in json.load(f)]
   from mcwq_t5x import utils
   task = utils.get_mixture_or_task(args.task, "tasks.mcwq")
   ds = task.get_dataset(
@@ -145,6 +161,9 @@ def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
         (ex["inputs"][:args.input_length].tolist(), ex["targets"][:args.target_length].tolist()))
     if args.max_examples and len(out) >= args.max_examples:
       break
+  if path:
+    with open(path, "w") as f:
+      json.dump(out, f)
   return out
 
 
@@ -175,6 +194,7 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   from mcwq_t5x import partitioning
   from mcwq_t5x import train as train_lib
   from mcwq_t5x import utils
+  _examples(args)  # written for the HF worker that runs next (not timed)
   cfg = _dataset_config(args, pack=True)
   rows = utils.load_feature_arrays(cfg, 0, 1)
   per_row = rows["decoder_segment_ids"].max(axis=1)  # examples packed into each row
@@ -531,10 +551,22 @@ def jax_to_numpy(tree):
   return jax.tree_util.tree_map(lambda x: __import__("numpy").asarray(x), jax.device_get(tree))
 
 
-def _decode_result(system: str, method: str, args: argparse.Namespace, texts: list[str],
-                   seconds: float) -> dict[str, Any]:
+def until_eos(row: Any) -> list[int]:
+  """A decoded row's token ids up to its first EOS (id 1, included), without padding (id 0)."""
+  ids = [int(i) for i in row]
+  if 1 in ids:
+    ids = ids[:ids.index(1) + 1]
+  while ids and ids[-1] == 0:
+    ids.pop()
+  return ids
+
+
+def _decode_result(system: str, method: str, args: argparse.Namespace, tokens: Any,
+                   texts: list[str], seconds: float) -> dict[str, Any]:
+  """Writes the predictions' token ids (`until_eos`) to `--work_dir`/{system}_{method}.json (the
+  driver compares the systems' token ids) and returns the figures."""
   with open(os.path.join(args.work_dir, f"{system}_{method}.json"), "w") as f:
-    json.dump(texts, f)
+    json.dump([until_eos(row) for row in tokens], f)
   return {
       "system": system,
       "mode": "decode",
@@ -569,25 +601,24 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   t = time.time()
   infer_fn = prediction.get_infer_fn(model, partitioner, args.decode_batch_size,
                                      DECODE_METHODS[method])
-  texts = prediction.decode_predictions(vocab, infer_fn(params, arrays))
-  return _decode_result("ours", method, args, texts, time.time() - t)
+  tokens = np.asarray(infer_fn(params, arrays))
+  texts = prediction.decode_predictions(vocab, tokens)
+  return _decode_result("ours", method, args, tokens, texts, time.time() - t)
 
 
 def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   """transformers' `generate` on the export, length-sorted batches; see the module docstring."""
-  import numpy as np
   import torch
   import transformers
 
-  from mcwq_t5x import prediction
-  from mcwq_t5x import utils
   questions, length = _decode_questions(args)
   model = transformers.MT5ForConditionalGeneration.from_pretrained(args.hf_dir)
   model.eval()
-  vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(args.hf_dir)
   beams = DECODE_METHODS[method]["num_decodes"]
   order = sorted(range(len(questions)), key=lambda i: -len(questions[i]))
   texts: list[str] = [""] * len(questions)
+  tokens: list[Any] = [None] * len(questions)
   t = time.time()
   with torch.inference_mode():
     for k in range(0, len(order), args.decode_batch_size):
@@ -608,10 +639,11 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
           decoder_start_token_id=0,
           eos_token_id=1,
           pad_token_id=0)
-      tokens = out[:, 1:].numpy().astype(np.int32)  # drop the decoder start token
-      for i, text in zip(rows, prediction.decode_predictions(vocab, tokens)):
-        texts[i] = text
-  return _decode_result("hf", method, args, texts, time.time() - t)
+      batch_tokens = out[:, 1:].tolist()  # without the decoder start token
+      batch_texts = tokenizer.batch_decode(batch_tokens, skip_special_tokens=True)
+      for r, i in enumerate(rows):
+        tokens[i], texts[i] = batch_tokens[r], batch_texts[r]
+  return _decode_result("hf", method, args, tokens, texts, time.time() - t)
 
 
 WORKERS = {
@@ -672,10 +704,8 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
       f"{'' if args.checkpoint else args.decode_model + ' preset for '}"
       f"{'' if args.checkpoint else str(args.decode_train_steps) + ' steps'}; exporting it",
       flush=True)
-  prep = _run_worker("prep", "decode", argv + ["--work_dir", work_dir], 1)
-  argv = argv + [
-      "--work_dir", work_dir, "--checkpoint", prep["checkpoint"], "--hf_dir", prep["hf_dir"]
-  ]
+  prep = _run_worker("prep", "decode", argv, 1)
+  argv = argv + ["--checkpoint", prep["checkpoint"], "--hf_dir", prep["hf_dir"]]
   methods = _decode_methods(args)
   runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
   for _ in range(args.repeats):
@@ -684,12 +714,12 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
       for system in ("ours", "hf"):
         pair[system] = _run_worker(system, f"decode-{method}", argv, 1)
         with open(os.path.join(work_dir, f"{system}_{method}.json")) as f:
-          pair[system]["texts"] = json.load(f)
-      same = sum(a == b for a, b in zip(pair["ours"]["texts"], pair["hf"]["texts"]))
+          pair[system]["tokens"] = json.load(f)
+      same = sum(a == b for a, b in zip(pair["ours"]["tokens"], pair["hf"]["tokens"]))
       for system in ("ours", "hf"):
         r = pair[system]
         r["identical"] = same
-        del r["texts"]
+        del r["tokens"]
         runs.setdefault((system, method), []).append(r)
         print(_decode_line(r), flush=True)
   means = {}
@@ -797,14 +827,23 @@ def main(argv=None) -> None:
     print(json.dumps(WORKERS[(system, mode)](args)))
     return
 
-  argv = [a for a in (argv if argv is not None else sys.argv[1:])]
-  results: dict[tuple[str, str], list[dict[str, Any]]] = {}
   modes = [m for m in args.modes.split(",") if m]
   if "decode" in modes:
     _decode_methods(args)  # checked before anything runs
+  # One work folder for the run's workers: the tokenised examples (`_examples`), the checkpoint
+  # and export of the decode mode, the predictions.
+  with tempfile.TemporaryDirectory() as work_dir:
+    argv = [a for a in (argv if argv is not None else sys.argv[1:])] + ["--work_dir", work_dir]
+    args.work_dir = work_dir
+    _drive(args, argv, modes, work_dir)
+
+
+def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir: str) -> None:
+  """Runs the workers of `modes` (see `main`) and prints their lines and the ratios."""
+  results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  if "decode" in modes:
     modes.remove("decode")
-    with tempfile.TemporaryDirectory() as work_dir:
-      _decode_driver(args, argv, work_dir)
+    _decode_driver(args, argv, work_dir)
     if not modes:
       return
   for _ in range(args.repeats):
