@@ -166,14 +166,21 @@ def test_same_logits_and_greedy_decodes_as_t5x(mcwq_batch):
   theirs = t5x_model(vocab_size, vocabulary, decode_fn=greedy)
   ours = our_model(vocab_size, vocabulary)
   shapes = {k: v.shape for k, v in batch.items()}
+  # Jitted (op by op, every primitive compiled apart: twice the time).
   params = unfrozen(
-      theirs.get_initial_variables(jax.random.PRNGKey(7), shapes,
-                                   {k: jnp.int32 for k in shapes})["params"])
+      jax.jit(lambda rng: theirs.get_initial_variables(rng, shapes, {k: jnp.int32 for k in shapes}))
+      (jax.random.PRNGKey(7))["params"])
 
   args = (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
           batch["decoder_target_tokens"])
-  t5x_logits = np.asarray(theirs.module.apply({"params": params}, *args, enable_dropout=False))
-  our_logits = np.asarray(ours.module.apply({"params": params}, *args, enable_dropout=False))
+
+  def logits(model):
+    return np.asarray(
+        jax.jit(functools.partial(model.module.apply, enable_dropout=False))({
+            "params": params
+        }, *args))
+
+  t5x_logits, our_logits = logits(theirs), logits(ours)
   assert our_logits.shape == t5x_logits.shape == args[2].shape + (vocab_size,)
   assert np.std(t5x_logits) > 0.1  # a real forward pass, not zeros
   max_diff = float(np.max(np.abs(our_logits - t5x_logits)))
@@ -181,8 +188,9 @@ def test_same_logits_and_greedy_decodes_as_t5x(mcwq_batch):
   print(f"max |logit difference| ours vs T5X: {max_diff:.3g}")
   assert max_diff <= 1e-5
 
-  t5x_tokens, t5x_aux = theirs.predict_batch_with_aux(params, batch, rng=jax.random.PRNGKey(0))
-  our_tokens, our_aux = ours.predict_batch_with_aux(params, batch)
+  t5x_tokens, t5x_aux = jax.jit(
+      lambda p, b: theirs.predict_batch_with_aux(p, b, rng=jax.random.PRNGKey(0)))(params, batch)
+  our_tokens, our_aux = jax.jit(ours.predict_batch_with_aux)(params, batch)
   t5x_tokens, our_tokens = np.asarray(t5x_tokens), np.asarray(our_tokens)
   assert t5x_tokens.shape == our_tokens.shape == args[2].shape
   assert len({tuple(r) for r in t5x_tokens}) > 1  # rows decode differently
@@ -206,8 +214,9 @@ def t5x_trained_state(partitioner, optimizer_def=True):
                                          model.get_initial_variables, SHAPES, partitioner, TYPES)
   state = init.from_scratch(jax.random.PRNGKey(3))
   batch = {k: jnp.asarray(v) for k, v in tiny_engine.synthetic_batch(5).items()}
-  grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(state.params)
-  state = state.apply_gradient(grads, learning_rate=0.05)
+  # Jitted: op by op, the gradient and the update compiled every primitive apart (37 s of 45).
+  grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(state.params)
+  state = jax.jit(lambda s, g: s.apply_gradient(g, learning_rate=0.05))(state, grads)
   return model, init, state
 
 
