@@ -158,10 +158,11 @@ class ReadmeRun:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
     env.pop("PYTEST_XDIST_WORKER", None)
-    env = {**mains.CHILD_ENV, **env}
     env.update(self._env_of(index))
     env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     full = self._with_overrides(command, self.repo)
+    for name, value in mains.child_env(full).items():
+      env.setdefault(name, value)
     start = time.monotonic()
     out = subprocess.run(["bash", "-c", full],
                          cwd=self.repo,
