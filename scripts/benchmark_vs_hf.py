@@ -494,13 +494,12 @@ def _decode_questions(args: argparse.Namespace) -> tuple[list[list[int]], int]:
 
 
 def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
-  """Trains the `--decode_model` preset unless `--checkpoint` is given; exports it for HF."""
-  from mcwq_t5x import export_hf
-  from mcwq_t5x import prediction
+  """Without `--checkpoint`: trains the `--decode_model` preset and exports it for HF (with one,
+  the first `ours_decode` worker exports it)."""
   from mcwq_t5x import model as model_lib
   from mcwq_t5x import network
   from mcwq_t5x import partitioning
-  from mcwq_t5x import run_info
+  from mcwq_t5x import prediction
   from mcwq_t5x import train as train_lib
   from mcwq_t5x import utils
   config = _decode_config(args)
@@ -533,9 +532,29 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_period=10**9,
         keep_checkpoints=1)
   params = prediction.load_params(model, partitioning.Partitioner(), checkpoint)[0]
+  vocab = _checked_vocabulary(args, checkpoint)
+  _export(params, config, _hf_dir(args), vocab)
+  return {"checkpoint": checkpoint}
+
+
+def _hf_dir(args: argparse.Namespace) -> str:
+  return os.path.join(args.work_dir, "hf")
+
+
+def _checked_vocabulary(args: argparse.Namespace, checkpoint: str):
+  """The task's vocabulary, checked against the one the run recorded (`run_info`)."""
+  from mcwq_t5x import run_info
+  from mcwq_t5x import utils
   vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
   run_info.check_vocabulary(vocab, checkpoint, f"task {args.task}")
-  hf_dir = os.path.join(args.work_dir, "hf")
+  return vocab
+
+
+def _export(params, config, hf_dir: str, vocab) -> None:
+  """`mcwq_t5x.export_hf` of `params` to `hf_dir`, unless a worker of this run already did."""
+  from mcwq_t5x import export_hf
+  if os.path.exists(os.path.join(hf_dir, "config.json")):
+    return
   export_hf.export_params(
       jax_to_numpy(params),
       config,
@@ -543,7 +562,6 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
       vocab.sentencepiece_model_file,
       vocab.extra_ids,
       overwrite=True)
-  return {"checkpoint": checkpoint, "hf_dir": hf_dir}
 
 
 def jax_to_numpy(tree):
@@ -586,7 +604,6 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   from mcwq_t5x import model as model_lib
   from mcwq_t5x import network
   from mcwq_t5x import partitioning
-  from mcwq_t5x import utils
   questions, length = _decode_questions(args)
   arrays = {
       "encoder_input_tokens": np.zeros((len(questions), max(map(len, questions))), np.int32),
@@ -594,16 +611,19 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   }
   for r, q in enumerate(questions):
     arrays["encoder_input_tokens"][r, :len(q)] = q
-  model = model_lib.EncoderDecoderModel(network.Transformer(_decode_config(args)))
+  config = _decode_config(args)
+  model = model_lib.EncoderDecoderModel(network.Transformer(config))
   partitioner = partitioning.Partitioner()
   params = prediction.load_params(model, partitioner, args.checkpoint)[0]
-  vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  vocab = _checked_vocabulary(args, args.checkpoint)
   t = time.time()
   infer_fn = prediction.get_infer_fn(model, partitioner, args.decode_batch_size,
                                      DECODE_METHODS[method])
   tokens = np.asarray(infer_fn(params, arrays))
   texts = prediction.decode_predictions(vocab, tokens)
-  return _decode_result("ours", method, args, tokens, texts, time.time() - t)
+  result = _decode_result("ours", method, args, tokens, texts, time.time() - t)
+  _export(params, config, _hf_dir(args), vocab)  # after the peak RSS is read
+  return result
 
 
 def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
@@ -612,9 +632,9 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   import transformers
 
   questions, length = _decode_questions(args)
-  model = transformers.MT5ForConditionalGeneration.from_pretrained(args.hf_dir)
+  model = transformers.MT5ForConditionalGeneration.from_pretrained(_hf_dir(args))
   model.eval()
-  tokenizer = transformers.AutoTokenizer.from_pretrained(args.hf_dir)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(_hf_dir(args))
   beams = DECODE_METHODS[method]["num_decodes"]
   order = sorted(range(len(questions)), key=lambda i: -len(questions[i]))
   texts: list[str] = [""] * len(questions)
@@ -704,8 +724,9 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
       f"{'' if args.checkpoint else args.decode_model + ' preset for '}"
       f"{'' if args.checkpoint else str(args.decode_train_steps) + ' steps'}; exporting it",
       flush=True)
-  prep = _run_worker("prep", "decode", argv, 1)
-  argv = argv + ["--checkpoint", prep["checkpoint"], "--hf_dir", prep["hf_dir"]]
+  if not args.checkpoint:
+    prep = _run_worker("prep", "decode", argv, 1)
+    argv = argv + ["--checkpoint", prep["checkpoint"]]
   methods = _decode_methods(args)
   runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
   for _ in range(args.repeats):
@@ -809,7 +830,6 @@ def main(argv=None) -> None:
       default="greedy,beam4",
       help=f"decode: comma-separated methods of {sorted(DECODE_METHODS)}")
   parser.add_argument("--work_dir", default="", help=argparse.SUPPRESS)
-  parser.add_argument("--hf_dir", default="", help=argparse.SUPPRESS)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
 
