@@ -1,6 +1,7 @@
 """A researcher's first day: help texts, log lines, truncation counts, checkpoint
 selection without a held-out dev split, TensorBoard scalars; in this process, on real MCWQ text
 where data is needed (the 155 gold questions load in a second)."""
+import dataclasses
 import json
 import logging
 
@@ -98,6 +99,22 @@ def test_truncation_is_counted_and_logged(mcwq_dir, caplog):
   counts = utils.count_truncated(cfg)
   assert counts["inputs"]["examples"] == 155 and counts["inputs"]["truncated"] == 155
   assert counts["targets"]["truncated"] == 0 and counts["inputs"]["longest"] > 16
+  # At the boundary: an example exactly as long as the limit fits; counted against the lengths of
+  # the task's own examples, read one by one.
+  import seqio  # pylint: disable=g-import-not-at-top
+  lengths = [
+      len(ex["inputs"]) for ex in seqio.get_mixture_or_task("mcwq_gold_he_prefixed").get_dataset(
+          None, split="test", shuffle=False).as_numpy_iterator()
+  ]
+  longest = counts["inputs"]["longest"]
+  assert longest == max(lengths) and sum(l == longest for l in lengths) >= 1
+  for limit in (longest - 1, longest):
+    at = utils.count_truncated(
+        dataclasses.replace(cfg, task_feature_lengths={
+            "inputs": limit,
+            "targets": 512
+        }))
+    assert at["inputs"]["truncated"] == sum(l > limit for l in lengths), limit
   with caplog.at_level(logging.WARNING):
     arrays = utils.load_feature_arrays(cfg)
   assert arrays["encoder_input_tokens"].shape == (155, 16)
