@@ -10,7 +10,7 @@ import tempfile
 
 # XLA's LLVM back end without its optimisation passes: the tests' networks are tiny, so compiling
 # dominates their time (the tiny train step compiled in about half the time; its loss changed in the
-# 7th digit). Commands started by the tests do not inherit XLA_FLAGS (tests/mains.py: `child_env`).
+# 7th digit). Commands started by the tests do not inherit XLA_FLAGS (tests/mains.py: `CHILD_ENV`).
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -24,20 +24,10 @@ SMALL_MODEL = [
 # command's small programs (initialisation, evaluation steps, the decoder of a tiny model) are
 # loaded from the cache by the next command that builds them: about 2 s less CPU per command,
 # measured alternately. Not for the tests' own processes, where writing every small program cost
-# more than it saved.
+# more than it saved. (XLA's `--xla_backend_optimization_level=0` is not set for them: it made the
+# tests' T5X training runs cheaper but their decoding dearer, and our 300-step
+# `conftest.our_run` 133 s of CPU instead of 90 s.)
 CHILD_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-
-
-def child_env(command: str) -> dict:
-  """What the tests add to the environment of a command they start (`command`: its text).
-
-  The same for every command: XLA's `--xla_backend_optimization_level=0` made the tests' T5X
-  training runs cheaper (a 12-step run: 51 s of CPU instead of 66 s) but their decoding dearer (in
-  a whole CI run with it, the README's `t5x.eval` took 43 s of wall time instead of 19 s), and our
-  300-step `conftest.our_run` 133 s of CPU instead of 90 s; so no command gets it.
-  """
-  del command
-  return dict(CHILD_ENV)
 
 
 def run(args: Sequence[str],
@@ -54,7 +44,7 @@ def run(args: Sequence[str],
   """
   full_env = dict(os.environ)
   full_env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
-  for name, value in child_env(" ".join(map(str, args))).items():
+  for name, value in CHILD_ENV.items():
     full_env.setdefault(name, value)
   full_env.update(env or {})
   out = subprocess.run(

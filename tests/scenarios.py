@@ -161,7 +161,7 @@ class ReadmeRun:
     env.update(self._env_of(index))
     env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     full = self._with_overrides(command, self.repo)
-    for name, value in mains.child_env(full).items():
+    for name, value in mains.CHILD_ENV.items():
       env.setdefault(name, value)
     start = time.monotonic()
     out = subprocess.run(["bash", "-c", full],

@@ -76,16 +76,21 @@ def dev_unpacked():
   return utils.load_feature_arrays(cfg)
 
 
-def test_greedy_gives_seqios_packed_rows_exactly(dev_unpacked):
+def seqio_arrays(name: str, pack: bool) -> dict:
+  """`seqio.get_dataset`'s validation rows of task `name` (AutoGraph on, as SeqIO runs it)."""
   import seqio  # pylint: disable=g-import-not-at-top
   ds = seqio.get_dataset(
-      "mcwq_random_split_en",
+      name,
       task_feature_lengths=LENGTHS,
       dataset_split="validation",
       shuffle=False,
       num_epochs=1,
-      feature_converter=seqio.EncDecFeatureConverter(pack=True))
-  expected = utils.dataset_to_arrays(ds.batch(1024).as_numpy_iterator())
+      feature_converter=seqio.EncDecFeatureConverter(pack=pack))
+  return utils.dataset_to_arrays(ds.batch(1024).as_numpy_iterator())
+
+
+def test_greedy_gives_seqios_packed_rows_exactly(dev_unpacked):
+  expected = seqio_arrays("mcwq_random_split_en", pack=True)
   ours = packing.pack(dev_unpacked, 64, 128, "greedy")
   assert sorted(ours) == sorted(expected)
   assert len(ours["decoder_target_tokens"]) == len(expected["decoder_target_tokens"]) == 1317
@@ -162,14 +167,7 @@ def test_a_preprocessor_that_needs_autograph_is_built_with_it(caplog):
   try:
     with caplog.at_level("INFO"):
       ours = utils.load_feature_arrays(utils.DatasetConfig(name, LENGTHS, "validation", 2))
-    ds = seqio.get_dataset(
-        name,
-        task_feature_lengths=LENGTHS,
-        dataset_split="validation",
-        shuffle=False,
-        num_epochs=1,
-        feature_converter=seqio.EncDecFeatureConverter(pack=False))
-    expected = utils.dataset_to_arrays(ds.batch(8).as_numpy_iterator())
+    expected = seqio_arrays(name, pack=False)
   finally:
     seqio.TaskRegistry.remove(name)
   assert sorted(ours) == sorted(expected)
