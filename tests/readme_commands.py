@@ -43,12 +43,25 @@ OUR_SIZE = [b.replace(" = ", "=") for b in mains.SMALL_MODEL]
 OUR_SIZE_2048 = OUR_SIZE + [
     "network.get_config.vocab_size=2048", "network.get_config.dtype='float32'"
 ]
-# T5X on the 155 Hebrew gold test questions (real text, quick to load), 20 steps.
-T5X_STEPS = 20
+# The T5X tiny file's runs (the README's and test_new_language's): 4 steps of 8 rows, dev loss and
+# decoding of 16 questions at step 4. Both have T5X_SIZE: the same programs, compiled once for the
+# two (JAX's persistent compilation cache, tests/conftest.py).
+T5X_TINY = [
+    "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=4", "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=16"
+]
+# T5X on the 155 Hebrew gold test questions (real text, quick to load), 20 steps of the paper
+# file's recipe: the learning rate decays linearly from the file's 5e-4 to 0 over the 20 steps
+# (fine-tuning from step 0: no pretrained checkpoint here); dev loss, decoding of 16 questions and a
+# checkpoint every 10 steps, the checkpoint with the lowest dev loss kept (test_recipe reads this
+# run) and decoded by the README's `t5x.eval`.
+T5X_STEPS, T5X_PERIOD = 20, 10
+T5X_DEV_LOSS = "training_eval/mcwq_gold_he/loss"
 T5X_TRAIN = [
-    f"TRAIN_STEPS={T5X_STEPS}", "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
-    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}", f"EVAL_PERIOD={T5X_STEPS}", "EVAL_STEPS=2",
-    "EVALUATOR_NUM_EXAMPLES=16", "train/utils.DatasetConfig.split='test'",
+    f"TRAIN_STEPS={T5X_STEPS}", "PRETRAINING_STEPS=0", f"FINETUNE_STEPS={T5X_STEPS}",
+    "BATCH_SIZE=8", "INITIAL_CHECKPOINT_PATH=None",
+    "TASK_FEATURE_LENGTHS={'inputs':40,'targets':128}", f"EVAL_PERIOD={T5X_PERIOD}",
+    f"utils.SaveCheckpointConfig.period={T5X_PERIOD}", f"METRIC_NAME_TO_MONITOR='{T5X_DEV_LOSS}'",
+    "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=16", "train/utils.DatasetConfig.split='test'",
     "train_eval/utils.DatasetConfig.split='test'", "infer_eval/utils.DatasetConfig.split='test'",
     "MIXTURE_OR_TASK_NAME='mcwq_gold_he'"
 ]
@@ -91,10 +104,7 @@ OVERRIDES = [
     ("pip install -e . && python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
      OUR_SIZE + OUR_STEPS +
      ["INFER_BATCH_SIZE=512", "INFER_TASK_FEATURE_LENGTHS={'inputs':32,'targets':8}"], []),
-    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", [
-        "network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=64", "TRAIN_STEPS=4",
-        "EVAL_PERIOD=4", "EVAL_STEPS=1", "EVALUATOR_NUM_EXAMPLES=8", "BATCH_SIZE=8"
-    ], []),
+    ("python -m t5x.train --gin_file=gin/tiny_random_split_en.gin", T5X_SIZE + T5X_TINY, []),
     # The 2-process run on 127.0.0.1 (each process gets the overrides; see `with_overrides`).
     ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
      "--gin.MODEL_DIR=\"'runs/tiny_2proc'\"", MULTIPROCESS, []),
@@ -102,8 +112,10 @@ OVERRIDES = [
      OUR_SIZE + ["NUM_EXAMPLES=16"], []),
     ("echo", OUR_SIZE + ["MAX_DECODE_LENGTH=32"], []),
     ("python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin", T5X_SIZE + T5X_TRAIN, []),
-    ("python -m t5x.eval",
-     T5X_SIZE + ["utils.DatasetConfig.batch_size=16", "seqio.Evaluator.num_examples=16"], []),
+    ("python -m t5x.eval", T5X_SIZE + [
+        "utils.DatasetConfig.batch_size=16", "seqio.Evaluator.num_examples=16",
+        f"METRIC_NAME_TO_MONITOR='{T5X_DEV_LOSS}'"
+    ], []),
     # The 20-step run's last checkpoint stands in for the README's checkpoint_1050000.
     ("python -m t5x.infer", T5X_SIZE + [
         "TASK_FEATURE_LENGTHS={'inputs':40,'targets':32}",

@@ -18,6 +18,7 @@ from mcwq_t5x import readers
 from mcwq_t5x import vocab
 from preprocessing import translate as tr
 import mains
+import readme_commands as rc
 
 OUR_SIZE = [b.replace(" = ", "=") for b in mains.SMALL_MODEL]
 OUR_RUN = [
@@ -125,13 +126,6 @@ def test_small_release_vocabulary_error_says_what_to_do(tmp_path):
     vocab.train_sentencepiece(["Did M0 direct M1", "ASK WHERE lb rb"], tmp_path / "v.model")
 
 
-T5X_SIZE = [
-    "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
-    "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
-    "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1"
-]
-
-
 def test_real_t5x_trains_and_evaluates_on_the_fifth_language(release, env, tmp_path):
   pytest.importorskip(
       "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
@@ -141,9 +135,9 @@ def test_real_t5x_trains_and_evaluates_on_the_fifth_language(release, env, tmp_p
       f"--gin.MODEL_DIR='{tmp_path}'",
       "--gin.MIXTURE_OR_TASK_NAME='mcwq_cfq_sample_fr'",
       *[
-          f"--gin.{b}" for b in T5X_SIZE + [
-              "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=4", "EVAL_STEPS=2",
-              "EVALUATOR_NUM_EXAMPLES=16", "train/utils.DatasetConfig.split='train'",
+          # the size and steps of the README's T5X tiny run (the same programs: compiled once)
+          f"--gin.{b}" for b in rc.T5X_SIZE + rc.T5X_TINY + [
+              "train/utils.DatasetConfig.split='train'",
               "train_eval/utils.DatasetConfig.split='validation'",
               "infer_eval/utils.DatasetConfig.split='validation'"
           ]

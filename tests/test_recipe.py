@@ -1,8 +1,8 @@
 """The paper's training recipe (the recipe card, docs/recipe.md) in the generated experiment files of both
 engines, value by value, for every experiment (32 mT5 files, 8 T5-base files, and the zero-shot,
 gold and test evaluation files); the T5X-habit alternative; best-by-dev-loss checkpoint keeping; and
-a tiny run of each engine with the recipe (sizes and steps overridden) that keeps the checkpoint of
-the lowest dev loss and decodes it.
+a tiny run of each engine with the recipe (sizes and steps overridden; the real T5X's is the
+README's run of the paper file) that keeps the checkpoint of the lowest dev loss and decodes it.
 
 Recipe (Cui et al., TACL 2022, Sec. 5; coastalcph/seq2sparql hf/run_mt5.sh, hf/run_t5.sh,
 hf/pred_eval_mt5_zero_shot.sh with the Hugging Face Seq2SeqTrainer's defaults): AdamW (0.9, 0.999,
@@ -34,6 +34,8 @@ from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
 from mcwq_t5x import vocab
 import mains
+import readme_commands as rc
+import scenarios
 import tiny_engine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -423,10 +425,9 @@ def test_best_checkpoint_reads_t5x_event_files(tmp_path):
 
 
 # --- tiny runs with the recipe ----------------------------------------------------------------
-# Sizes and steps overridden: a very small network, 12 steps of 8 questions, dev loss every 4
-# steps; training, dev loss and decoding on the 155 Hebrew gold questions (real text, quick to load).
+# Ours: sizes and steps overridden: a very small network, 12 steps of 8 questions, dev loss every 4
+# steps. The real T5X's: the README's run of the paper file (readme_commands.T5X_TRAIN).
 TINY_STEPS, PERIOD = 12, 4
-TINY_TASK = "mcwq_gold_he_prefixed"
 OUR_TINY_TASK = "mcwq_mcd1_he_prefixed"  # has a dev split (validation) apart from test
 
 
@@ -481,75 +482,35 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path,
   print(f"ours: dev losses {dev}; kept and decoded checkpoint_{best}")
 
 
-def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_vocab_env):
+@pytest.mark.xdist_group(f"readme-{rc.chain(rc.T5X_TRAIN)}")  # reads the README's T5X runs
+def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(readme):
+  """The README's `t5x.train --gin_file=gin/mt5_small_mcd1_en.gin` (20 steps of the recipe, dev
+  loss and a checkpoint every 10; readme_commands.T5X_TRAIN) and its `t5x.eval`, which decodes
+  the run folder's best checkpoint."""
   pytest.importorskip(
       "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
-  size = [
-      "network.T5Config.vocab_size=2048", "network.T5Config.emb_dim=32",
-      "network.T5Config.num_heads=2", "network.T5Config.head_dim=16", "network.T5Config.mlp_dim=64",
-      "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1",
-      "network.T5Config.dtype='float32'"
-  ]
-  metric = f"training_eval/{TINY_TASK}/loss"
-  model_dir = tmp_path / "t5x"
-  mains.python_m(
-      "t5x.train",
-      "--gin_file=gin/mt5_small_mcd1_en.gin",
-      *[
-          f"--gin.{b}" for b in size + [
-              f"MODEL_DIR='{model_dir}'",
-              f"TRAIN_STEPS={TINY_STEPS}",
-              f"FINETUNE_STEPS={TINY_STEPS}",
-              "PRETRAINING_STEPS=0",
-              "BATCH_SIZE=8",
-              "INITIAL_CHECKPOINT_PATH=None",
-              "TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 128}",
-              f"EVAL_PERIOD={PERIOD}",
-              "EVAL_STEPS=2",
-              "EVALUATOR_NUM_EXAMPLES=8",
-              f"utils.SaveCheckpointConfig.period={PERIOD}",
-              "LEARNING_RATE=1.0",
-              f"MIXTURE_OR_TASK_NAME='{TINY_TASK}'",
-              f"METRIC_NAME_TO_MONITOR='{metric}'",
-              "train/utils.DatasetConfig.split='test'",
-              "train_eval/utils.DatasetConfig.split='test'",
-              "infer_eval/utils.DatasetConfig.split='test'",
-              # no decoding during training (the README's T5X runs decode): the checkpoint
-              # kept is chosen on the dev loss, and t5x.eval decodes it below
-              "train.infer_eval_dataset_cfg=None"
-          ]
-      ],
-      env=small_vocab_env)
-  dev = best_checkpoint.read_metric(model_dir, metric)
-  assert sorted(dev) == list(range(PERIOD, TINY_STEPS + 1, PERIOD))
+  scenarios.check(readme.result(rc.T5X_EVAL))  # after the training run (readme_commands.DEPENDS)
+  model_dir = readme.repo / "runs/t5x/mt5_small_mcd1_en"
+  steps, period = rc.T5X_STEPS, rc.T5X_PERIOD
+  dev = best_checkpoint.read_metric(model_dir, rc.T5X_DEV_LOSS)
+  assert sorted(dev) == list(range(period, steps + 1, period))
   best = _argmin(dev)
   kept = checkpoints.finished_steps(model_dir)
   # T5X's Orbax manager: the newest, the best among those with a logged dev loss when it last
   # collected, and those without one (step 0); nothing else
-  assert best in kept and TINY_STEPS in kept
-  assert set(kept) <= {0, best, TINY_STEPS, _argmin({s: dev[s] for s in dev if s < TINY_STEPS})}
-  assert len([s for s in kept if s not in (0, TINY_STEPS)]) <= 1
-  # the logged learning rate (T5X: the mean over the PERIOD steps before each log) decays
-  # linearly from 1.0 to 0 over the TINY_STEPS steps
+  assert best in kept and steps in kept
+  assert set(kept) <= {0, best, steps, _argmin({s: dev[s] for s in dev if s < steps})}
+  assert len([s for s in kept if s not in (0, steps)]) <= 1
+  # the logged learning rate (T5X: the mean over the `period` steps before each log) decays
+  # linearly from the file's LEARNING_RATE to 0 over the fine-tuning steps
+  assert "\nLEARNING_RATE = 0.0005\n" in (model_dir / "config.gin").read_text()  # LR: the paper's
   lrs = best_checkpoint.read_metric(model_dir, "train/learning_rate")
-  for step in range(PERIOD, TINY_STEPS + 1, PERIOD):
-    expected = np.mean([1.0 - s / TINY_STEPS for s in range(step - PERIOD, step)])
+  for step in range(period, steps + 1, period):
+    expected = np.mean([LR * (1.0 - s / steps) for s in range(step - period, step)])
     assert lrs[step] == pytest.approx(expected, rel=1e-4), step
-  # the test-set evaluation file decodes the best checkpoint
-  out_dir = tmp_path / "test_eval"
-  mains.python_m(
-      "t5x.eval",
-      "--gin_file=gin/test/mt5_small_mcd1_en.gin",
-      *[f"--gin.{b}" for b in size],
-      f"--gin.CHECKPOINT_PATH='{model_dir}'",
-      f"--gin.EVAL_OUTPUT_DIR='{out_dir}'",
-      f"--gin.MIXTURE_OR_TASK_NAME='{TINY_TASK}'",
-      f"--gin.METRIC_NAME_TO_MONITOR='{metric}'",
-      "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 128}",
-      "--gin.utils.DatasetConfig.batch_size=16",
-      "--gin.seqio.Evaluator.num_examples=16",
-      env=small_vocab_env)
-  lines = (out_dir / f"inference_eval/{TINY_TASK}-metrics.jsonl").read_text().splitlines()
+  # the README's zero-shot evaluation file decodes the best checkpoint
+  lines = (model_dir / "zeroshot_he/inference_eval/"
+           "mcwq_mcd1_zeroshot_he_prefixed-metrics.jsonl").read_text().splitlines()
   metrics = json.loads(lines[-1])
   assert metrics["step"] == best and {"exact_match", "bleu"} <= set(metrics)
   print(f"t5x: dev losses {dev}; kept {kept}; decoded checkpoint_{best}")
