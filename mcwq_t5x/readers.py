@@ -235,10 +235,17 @@ def _cached(fn: Callable[..., tuple[Example, ...]]) -> Callable[..., tuple[Examp
   return wrapper
 
 
-def _sparql_to_rir(sparql: str, path: PathLike, line: int) -> str:
+@functools.lru_cache(maxsize=1 << 18)
+def _rir_of(sparql: str) -> str:
+  """`rir.sparql_to_rir`, kept per query: the four languages of a split share their queries (a
+  failed conversion is not kept: it raises again)."""
   from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  return rir.sparql_to_rir(sparql)
+
+
+def _sparql_to_rir(sparql: str, path: PathLike, line: int) -> str:
   try:
-    return rir.sparql_to_rir(sparql)
+    return _rir_of(sparql)
   except ValueError as e:  # RIRError and SparqlParseError are ValueErrors.
     raise DataFormatError(path, line, f"cannot convert SPARQL to RIR: {e}") from e
 
