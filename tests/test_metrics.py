@@ -62,6 +62,20 @@ def test_bleu_identity_and_sacrebleu_defaults():
   assert 0 < expected < 100
 
 
+def test_bleu_is_case_sensitive_and_keeps_no_stale_references():
+  """sacrebleu's default is case-sensitive (lowercased, these predictions would score 100). The
+  references' statistics are kept between calls (`metrics._bleu_of_references`): scores against the
+  same, then other references are those of a fresh `corpus_bleu`."""
+  targets = ["SELECT DISTINCT ?x0 WHERE lb ?x0 wdt:P57 M0 . ?x0 wdt:P58 M1 rb"]
+  preds = ["select distinct ?x0 where lb ?x0 wdt:P57 M0 . ?x0 wdt:P58 m1 rb"]
+  assert metrics.bleu_metric(targets, preds)["bleu"] == pytest.approx(66.6020734, abs=1e-6)
+  assert metrics.bleu_metric(targets, targets)["bleu"] == pytest.approx(100.0)
+  other = [targets[0].replace("wdt:P58", "wdt:P86")]
+  assert metrics.bleu_metric(other, targets)["bleu"] == pytest.approx(
+      sacrebleu.corpus_bleu(targets, [other]).score)
+  assert metrics.bleu_metric(targets, preds)["bleu"] == pytest.approx(66.6020734, abs=1e-6)
+
+
 def test_bleu_smooths_as_sacrebleus_default():
   """No 4-gram in common: the score depends on the smoothing (sacrebleu's default, exponential)."""
   targets = ["SELECT DISTINCT ?x0 WHERE { ?x0 a M1 }"]

@@ -128,7 +128,7 @@ def _our_paper_run(repo, out):
   del out
   run = repo / "runs/mt5_small_mcd1_en"
   assert (run / f"checkpoint_{rc.OUR_PAPER_STEPS}" / "state").is_dir()
-  scores = json.loads((run / "metrics/mcwq_gold_he_test.json").read_text())
+  scores = json.loads((run / f"metrics/{rc.OUR_PAPER_TASK}_test.json").read_text())
   assert scores["num_examples"] == 8
 
 

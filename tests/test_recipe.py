@@ -32,7 +32,6 @@ from mcwq_t5x import network
 from mcwq_t5x import partitioning
 from mcwq_t5x import trainer as trainer_lib
 from mcwq_t5x import utils
-from mcwq_t5x import vocab
 import mains
 import readme_commands as rc
 import scenarios
@@ -425,60 +424,40 @@ def test_best_checkpoint_reads_t5x_event_files(tmp_path):
 
 
 # --- tiny runs with the recipe ----------------------------------------------------------------
-# Ours: sizes and steps overridden: a very small network, 12 steps of 8 questions, dev loss every 4
-# steps. The real T5X's: the README's run of the paper file (readme_commands.T5X_TRAIN).
-TINY_STEPS, PERIOD = 12, 4
-OUR_TINY_TASK = "mcwq_mcd1_he_prefixed"  # has a dev split (validation) apart from test
-
-
-@pytest.fixture(scope="module")
-def small_vocab_env(mcwq_dir):
-  del mcwq_dir
-  return {"MCWQ_VOCAB": str(vocab.small_vocab_path())}
+# The README's runs of the paper files, sizes and steps overridden (readme_commands.OUR_PAPER_*,
+# T5X_*): a very small network, 40 (ours) or 20 (T5X) steps of 8 questions, dev loss and a
+# checkpoint every 10 steps.
 
 
 def _argmin(values):
   return best_checkpoint.best_of(values, "min")
 
 
-def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(tmp_path, small_vocab_env):
-  model_dir = tmp_path / "ours"
-  # A dev split apart from the reported test split: the engine never selects a checkpoint on the
-  # split it reports (train.selection_metric).
-  mains.python_m(
-      "mcwq_t5x.train",
-      "--gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin",
-      *mains.gin_flags([
-          "network.get_config.vocab_size = 2048", "network.get_config.emb_dim = 32",
-          "network.get_config.num_heads = 2", "network.get_config.head_dim = 16",
-          "network.get_config.mlp_dim = 64", "network.get_config.num_encoder_layers = 1",
-          "network.get_config.num_decoder_layers = 1", "network.get_config.dtype = 'float32'",
-          f"MODEL_DIR = '{model_dir}'", "INITIAL_CHECKPOINT_PATH = None",
-          f"TRAIN_STEPS = {TINY_STEPS}", "BATCH_SIZE = 8", "LEARNING_RATE = 1.0",
-          "TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}",
-          "INFER_TASK_FEATURE_LENGTHS = {'inputs': 48, 'targets': 128}", f"EVAL_PERIOD = {PERIOD}",
-          f"CHECKPOINT_PERIOD = {PERIOD}", "EVAL_STEPS = 2", "EVAL_BATCH_SIZE = 8",
-          "INFER_EVAL_NUM_EXAMPLES = 8", "INFER_BATCH_SIZE = 8", "FINAL_EVAL_NUM_EXAMPLES = 16",
-          f"LOG_EVERY_STEPS = {PERIOD}", f"MIXTURE_OR_TASK_NAME = '{OUR_TINY_TASK}'",
-          "TRAIN_SPLIT = 'validation'", "EVAL_SPLIT = 'validation'", "FINAL_EVAL_SPLIT = 'test'"
-      ]),
-      env=small_vocab_env)
+@pytest.mark.xdist_group(f"readme-{rc.chain(rc.OUR_PAPER_TRAIN)}")  # reads the README's run
+def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(readme):
+  """The README's `mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin`: trained and
+  selected on the mcd1 dev split, the kept best checkpoint decoded on the test split (the engine
+  never selects a checkpoint on the split it reports: train.selection_metric)."""
+  model_dir = readme.repo / "runs/mt5_small_mcd1_en"
+  scenarios.check(readme.result(rc.OUR_PAPER_TRAIN))
+  steps, period, task = rc.OUR_PAPER_STEPS, rc.OUR_PAPER_PERIOD, rc.OUR_PAPER_TASK
   dev = best_checkpoint.read_metric(model_dir, "training_eval/loss")
-  assert sorted(dev) == list(range(PERIOD, TINY_STEPS + 1, PERIOD))
+  assert sorted(dev) == list(range(period, steps + 1, period))
   best = _argmin(dev)
   # kept: the best and the newest only
-  assert checkpoints.finished_steps(model_dir) == sorted({best, TINY_STEPS})
-  result = json.loads((model_dir / f"metrics/{OUR_TINY_TASK}_test.json").read_text())
+  assert checkpoints.finished_steps(model_dir) == sorted({best, steps})
+  result = json.loads((model_dir / f"metrics/{task}_test.json").read_text())
   assert result["step"] == best and result["checkpoint"] == str(model_dir / f"checkpoint_{best}")
   assert result["training_eval/loss"] == pytest.approx(dev[best])
-  assert result["num_examples"] == 16 and 0.0 <= result["exact_match"] <= 100.0
-  # the logged learning rate decays linearly from 1.0 to 0
+  assert result["num_examples"] == 8 and 0.0 <= result["exact_match"] <= 100.0
+  # the logged learning rate decays linearly from LEARNING_RATE to 0, without warm-up
   lrs = {
       r["step"]: r["learning_rate"]
       for r in map(json.loads, (model_dir / "train_metrics.jsonl").read_text().splitlines())
   }
-  assert lrs[PERIOD] == pytest.approx(1.0 * (1 - (PERIOD - 1) / TINY_STEPS), rel=1e-5)
-  assert lrs[TINY_STEPS] == pytest.approx(1.0 / TINY_STEPS, rel=1e-5)
+  lr = rc.OUR_PAPER_LR
+  assert lrs[period] == pytest.approx(lr * (1 - (period - 1) / steps), rel=1e-5)
+  assert lrs[steps] == pytest.approx(lr / steps, rel=1e-5)
   print(f"ours: dev losses {dev}; kept and decoded checkpoint_{best}")
 
 

@@ -40,7 +40,8 @@ def trained_en(readme):
 
 @pytest.fixture(scope="module")
 def ours_trained(readme):
-  """The README's `mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin` run (40 steps)."""
+  """The README's `mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_small_mcd1_en.gin` run (40 steps,
+  mcd1 he dev)."""
   scenarios.check(readme.result(rc.OUR_PAPER_TRAIN))
   return readme.repo / "runs/mt5_small_mcd1_en"
 
@@ -143,13 +144,17 @@ def our_gold_predictions(checkpoint_dir, out_dir, env):
 
 
 def test_t5x_checkpoint_decoded_by_our_eval_as_by_t5x_eval(trained_en, tmp_path, small_vocab_env):
-  theirs = t5x_gold_predictions(trained_en, tmp_path / "t5x", small_vocab_env)
-  ours = our_gold_predictions(trained_en, tmp_path / "ours", small_vocab_env)
+  checkpoint = trained_en / f"checkpoint_{rc.T5X_STEPS}"  # named, as below
+  theirs = t5x_gold_predictions(checkpoint, tmp_path / "t5x", small_vocab_env)
+  ours = our_gold_predictions(checkpoint, tmp_path / "ours", small_vocab_env)
   assert_same_greedy_decodes(ours, theirs)
 
 
 def test_our_checkpoint_evaluated_by_t5x_eval_as_by_ours(ours_trained, tmp_path, small_vocab_env):
-  assert (ours_trained / f"checkpoint_{rc.OUR_PAPER_STEPS}" / "state").is_dir()
-  theirs = t5x_gold_predictions(ours_trained, tmp_path / "t5x", small_vocab_env)
-  ours = our_gold_predictions(ours_trained, tmp_path / "ours", small_vocab_env)
+  # The newest checkpoint, named: the two engines' evaluation files select a run folder's best
+  # checkpoint by their own metric names.
+  checkpoint = ours_trained / f"checkpoint_{rc.OUR_PAPER_STEPS}"
+  assert (checkpoint / "state").is_dir()
+  theirs = t5x_gold_predictions(checkpoint, tmp_path / "t5x", small_vocab_env)
+  ours = our_gold_predictions(checkpoint, tmp_path / "ours", small_vocab_env)
   assert_same_greedy_decodes(ours, theirs)
