@@ -98,8 +98,8 @@ def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[st
   The score of `sacrebleu.corpus_bleu(predictions, [targets])`, sacrebleu's default
   settings (13a tokenisation, exponential smoothing, case-sensitive), one reference
   per example; the references' statistics are kept for the next call with the same
-  references (`_bleu_of_references`). Lines are whitespace-stripped first (as for exact match). Any string,
-  including empty or junk predictions, is accepted.
+  references (`_bleu_of_references`). Lines are whitespace-stripped first (as for exact
+  match). Any string, including empty or junk predictions, is accepted.
 
   Args:
     targets: gold strings, length N.
