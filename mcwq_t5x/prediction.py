@@ -9,9 +9,11 @@ compiled decoding step of each batch shape.
   together; the last batch is padded, and a batch size that does not divide the data-parallel
   devices is rounded up to the next multiple, as T5X pads inference batches).
 * `seqio_predict_fn(infer_fn, params)`: the same as a `seqio.Evaluator` `predict_fn`.
-* `evaluate_split(cfg, infer_fn, params)`: decodes one task split through `seqio.Evaluator`
-  and returns the task's metrics (its `metric_fns`) and the predictions as strings, source order;
-  `make_evaluator` builds (and tokenises) the split once for repeated evaluations.
+* `evaluate_split(cfg, infer_fn, params)`: decodes one task split and returns the task's metrics
+  (its `metric_fns`, the values `seqio.Evaluator` gives) and the predictions as strings, source
+  order; `make_evaluator` builds (and tokenises) the split once for repeated evaluations: an
+  `EvalSplit` (the split as NumPy arrays and examples, read in batches) where the metrics allow,
+  else a `seqio.Evaluator`.
 * `decode_predictions(vocabulary, tokens)`: token rows to strings.
 * `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write;
   `check_writable(out_dir)` checks, before anything is loaded or decoded, that they can be written.
@@ -23,6 +25,7 @@ SeqIO/TensorFlow are imported lazily (only `evaluate_split` needs them).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -257,30 +260,169 @@ def decode_predictions(vocabulary: Any, tokens: Any) -> list[str]:
   return [vocabulary.decode(row) for row in rows]
 
 
+@dataclasses.dataclass
+class EvalSplit:
+  """A split decoded and scored repeatedly, read once: `seqio.Evaluator`'s preparation, in batches.
+
+  Built by `make_evaluator` when every evaluated task's metrics are `prediction_metric_fns`; it
+  holds what `seqio.Evaluator` caches, as NumPy: each task's examples (for the metrics' targets
+  and the postprocessing) and its model features (for the decoder), read from the task's cached
+  dataset in batches rather than one example at a time.
+
+  Attributes:
+    tasks: the evaluated tasks: the subtasks of the task or mixture that have the split and
+      metrics (`seqio.evaluation.get_valid_eval_tasks`), in the mixture's order.
+    examples: task name -> the task split's examples (`task_examples`), source order.
+    arrays: task name -> int32 model features [N, ...] of those examples
+      (`seqio.EncDecFeatureConverter(pack=False)` at `sequence_length`).
+    sequence_length: the lengths the features have: the config's, else each feature's longest
+      example over all the tasks (as `seqio.Evaluator` with `sequence_length=None`).
+  """
+  tasks: list[Any]
+  examples: dict[str, list[dict[str, Any]]]
+  arrays: dict[str, dict[str, np.ndarray]]
+  sequence_length: dict[str, int]
+
+  @property
+  def eval_tasks(self) -> list[Any]:
+    """`tasks`, under `seqio.Evaluator`'s name."""
+    return self.tasks
+
+
 @utils.without_autograph
 def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None) -> Any:
-  """A `seqio.Evaluator` of `cfg`'s split: tokenises and caches it once, for many evaluations.
+  """`cfg`'s split tokenised and cached once, for many evaluations (`evaluate_split`).
 
   Args:
     cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
-    num_examples: first N examples only (None = all).
+    num_examples: first N examples of each task only (None = all).
+
+  Returns:
+    An `EvalSplit` when all the evaluated tasks' metrics are `prediction_metric_fns` (MCWQ's
+    tasks), else a `seqio.Evaluator`.
 
   Raises:
-    ValueError: unknown task (see `utils.get_mixture_or_task`).
+    ValueError: unknown task (see `utils.get_mixture_or_task`), or no task with this split and
+      metrics.
   """
   import seqio  # pylint: disable=g-import-not-at-top
-  utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  task_or_mixture = utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
   utils.warn_truncated(cfg, utils.count_truncated(cfg, num_examples=num_examples))
-  return seqio.Evaluator(
-      mixture_or_task_name=cfg.mixture_or_task_name,
-      feature_converter=seqio.EncDecFeatureConverter(pack=False),
-      eval_split=cfg.split,
-      use_cached=cfg.use_cached,
-      seed=cfg.seed,
-      sequence_length=dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None,
-      num_examples=num_examples,
-      shuffle=False,
-      async_compute_metrics=False)
+  lengths = dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None
+  tasks = list(
+      seqio.evaluation.get_valid_eval_tasks(seqio.get_subtasks(task_or_mixture), cfg.split))
+  if not tasks or not all(prediction_metric_fns(task) is not None for task in tasks):
+    return seqio.Evaluator(
+        mixture_or_task_name=cfg.mixture_or_task_name,
+        feature_converter=seqio.EncDecFeatureConverter(pack=False),
+        eval_split=cfg.split,
+        use_cached=cfg.use_cached,
+        seed=cfg.seed,
+        sequence_length=lengths,
+        num_examples=num_examples,
+        shuffle=False,
+        async_compute_metrics=False)
+  datasets, examples = {}, {}
+  longest = {"inputs": 0, "targets": 0}
+  for task in tasks:
+    ds = task.get_dataset(
+        sequence_length=lengths,
+        split=cfg.split,
+        shuffle=False,
+        num_epochs=1,
+        seed=cfg.seed,
+        use_cached=cfg.use_cached)
+    if num_examples:
+      ds = ds.take(num_examples)
+    datasets[task.name] = ds.cache()
+    examples[task.name] = task_examples(datasets[task.name])
+    for k in longest:
+      longest[k] = max([longest[k]] + [len(ex[k]) for ex in examples[task.name]])
+  sequence_length = {k: (lengths or {}).get(k) or longest[k] for k in longest}
+  converter = seqio.EncDecFeatureConverter(pack=False)
+  arrays = {
+      name: utils.dataset_to_arrays(
+          converter(ds, sequence_length).batch(1024).as_numpy_iterator())
+      for name, ds in datasets.items()
+  }
+  return EvalSplit(tasks, examples, arrays, sequence_length)
+
+
+def prediction_metric_fns(task: Any) -> Optional[list[Callable[..., Mapping[str, Any]]]]:
+  """The task's metrics when all of them are SeqIO `metric_fns` of (targets, predictions), else None.
+
+  Such metrics need only the decoded predictions and the targets, which `evaluate_split` computes
+  from one batched read of the split; any other kind (score, aux values, `metric_objs`) goes
+  through `seqio.Evaluator`'s own metric computation.
+  """
+  fns = list(task.metric_fns)
+  if fns and len(task.metric_objs) == len(fns) and len(task.predict_metric_fns) == len(fns):
+    return fns
+  return None
+
+
+def task_examples(dataset: Any, batch_size: int = 1024) -> list[dict[str, Any]]:
+  """The examples of a finite, unbatched task dataset, as `tfds.as_numpy` gives them one by one.
+
+  Each example is a dict of NumPy values: `bytes` for strings, NumPy scalars, and int32 arrays
+  for variable-length token ids. The dataset is read `batch_size` examples at a time
+  (`tf.data.Dataset.ragged_batch`), which is about ten times faster than one at a time.
+  """
+  examples: list[dict[str, Any]] = []
+  for batch in dataset.ragged_batch(batch_size):
+    columns = {k: list(v.numpy()) for k, v in batch.items()}
+    n = len(next(iter(columns.values()))) if columns else 0
+    examples.extend({k: column[i] for k, column in columns.items()} for i in range(n))
+  return examples
+
+
+def metrics_of_predictions(task: Any, examples: Sequence[Mapping[str, Any]],
+                           tokens: Any) -> tuple[dict[str, Any], list[str]]:
+  """The task's (targets, predictions) metrics of decoded tokens, as `seqio.Evaluator` computes them.
+
+  As SeqIO's legacy metrics (`seqio.metrics.LegacyMetric`): a target is the example's
+  `targets_pretokenized` (else its `targets` ids decoded), a prediction is the output vocabulary's
+  decoding of its row; both go through the task's `postprocess_fn(text, example=..., is_target=...)`
+  and every `metric_fn(targets=..., predictions=...)` gets the whole split at once.
+
+  Args:
+    task: a `seqio.Task` whose metrics are `prediction_metric_fns`.
+    examples: the task split's examples (`task_examples`), source order.
+    tokens: one row of token ids per example, same order (int array [N, L] or N lists).
+
+  Returns:
+    ({metric name: value} of all the task's metric functions, the postprocessed predictions).
+
+  Raises:
+    ValueError: not one row per example, or two metric functions returning the same name.
+  """
+  vocabulary = task.output_features["targets"].vocabulary
+  if len(tokens) != len(examples):
+    raise ValueError(f"task {task.name}: {len(tokens)} predictions for {len(examples)} examples")
+
+  def postprocess(text, example, is_target):
+    if isinstance(text, bytes):
+      text = text.decode("utf-8")
+    if task.postprocess_fn is None:
+      return text
+    return task.postprocess_fn(text, example=example, is_target=is_target)
+
+  targets = [
+      postprocess(
+          ex["targets_pretokenized"] if "targets_pretokenized" in ex else vocabulary.decode(
+              list(ex["targets"])), ex, True) for ex in examples
+  ]
+  predictions = [
+      postprocess(text, ex, False)
+      for ex, text in zip(examples, decode_predictions(vocabulary, tokens))
+  ]
+  metrics: dict[str, Any] = {}
+  for metric_fn in prediction_metric_fns(task) or ():
+    for name, value in metric_fn(targets=targets, predictions=predictions).items():
+      if name in metrics:
+        raise ValueError(f"Duplicate metric key '{name}' in Task '{task.name}'.")
+      metrics[name] = value
+  return metrics, predictions
 
 
 def evaluate_split(cfg: utils.DatasetConfig,
@@ -290,7 +432,12 @@ def evaluate_split(cfg: utils.DatasetConfig,
                    *,
                    evaluator: Any = None,
                    return_predictions: bool = True) -> tuple[dict[str, float], list[str]]:
-  """Decoding-based evaluation of one task split through `seqio.Evaluator`.
+  """Decoding-based evaluation of one task split, with the values of `seqio.Evaluator`.
+
+  With an `EvalSplit` (tasks whose metrics are all `metric_fns` of (targets, predictions), such as
+  MCWQ's exact match and BLEU), `infer_fn` decodes its feature arrays and
+  `metrics_of_predictions` scores them: SeqIO's values, without its reading the split one example
+  at a time for each metric. With a `seqio.Evaluator` (any other metric), its `evaluate`.
 
   Args:
     cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
@@ -299,8 +446,7 @@ def evaluate_split(cfg: utils.DatasetConfig,
     num_examples: first N examples only (None = all).
     evaluator: `make_evaluator(cfg, num_examples)` made once by a caller that evaluates the same
       split repeatedly (periodic evaluation; the split is tokenised once); None: a new one.
-    return_predictions: False: skip decoding the predictions to text a second time (the metrics
-      decode them themselves); the returned list is then empty.
+    return_predictions: False: the returned list is empty (the caller needs only the metrics).
 
   Returns:
     (metrics {name: float} from the task's metric_fns, e.g. exact_match and bleu, prefixed by
@@ -314,22 +460,29 @@ def evaluate_split(cfg: utils.DatasetConfig,
   import seqio  # pylint: disable=g-import-not-at-top
   if evaluator is None:
     evaluator = make_evaluator(cfg, num_examples)
-  all_metrics, all_outputs = evaluator.evaluate(
-      compute_metrics=True, predict_fn=seqio_predict_fn(infer_fn, params))
-  metrics_by_task = all_metrics.result()
+  metrics_by_task: dict[str, Mapping[str, Any]] = {}
+  predictions: list[str] = []
+  if isinstance(evaluator, EvalSplit):
+    for task in evaluator.tasks:
+      arrays = evaluator.arrays[task.name]
+      tokens = infer_fn(params, {k: arrays[k] for k in DECODE_FEATURES}) if arrays else []
+      metrics_by_task[task.name], texts = metrics_of_predictions(
+          task, evaluator.examples[task.name], tokens)
+      predictions.extend(texts if return_predictions else ())
+  else:
+    all_metrics, all_outputs = evaluator.evaluate(
+        compute_metrics=True, predict_fn=seqio_predict_fn(infer_fn, params))
+    metrics_by_task = all_metrics.result()
+    for task in evaluator.eval_tasks if return_predictions else ():
+      tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
+      for text in decode_predictions(task.output_features["targets"].vocabulary, tokens):
+        predictions.append(
+            task.postprocess_fn(text, example=None, is_target=False) if task.postprocess_fn else text)
   metrics: dict[str, float] = {}
   for task_name, task_metrics in metrics_by_task.items():
     for k, v in task_metrics.items():
       key = k if len(metrics_by_task) == 1 else f"{task_name}/{k}"
       metrics[key] = float(np.asarray(getattr(v, "value", v)))
-  predictions = []
-  for task in evaluator.eval_tasks if return_predictions else ():
-    vocab = task.output_features["targets"].vocabulary
-    tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
-    # What the metrics scored: the task's postprocessing, as T5X writes it.
-    for text in decode_predictions(vocab, tokens):
-      predictions.append(
-          task.postprocess_fn(text, example=None, is_target=False) if task.postprocess_fn else text)
   return metrics, predictions
 
 

@@ -60,13 +60,28 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
 
   `--decode_methods` picks the methods (default `greedy,beam4`; e.g. `greedy` alone).
 
+* **eval** (`--modes eval`): whole processes on the same checkpoint and export as the decode mode
+  (`--repeats` times, alternating). Ours is the README's eval command, `python -m mcwq_t5x.eval`
+  with `gin/mcwq_t5x/models/<--decode_model>.gin` and `gin/mcwq_t5x/runs/eval.gin` (greedy,
+  TASK_FEATURE_LENGTHS None, `--decode_batch_size`; where the checkpoint's network differs from
+  the preset, `network.get_config` bindings): imports, the task's data, decoding, exact match and
+  BLEU, the files. Theirs is a transformers user's script (`hf_eval`): imports, the export and its
+  tokenizer, the questions tokenised, greedy `generate` in length-sorted batches, exact match,
+  the predictions file; it reads the split's texts from the run's work folder, so it does no data
+  reading or RIR conversion and no BLEU. Each time is from the process's start to its exit,
+  measured by the driver, with the peak RSS of that process (`os.wait4`). Prints both, their
+  exact match and the number of identical predictions, and last `eval process time ours/hf: X.XX`
+  (mean wall times; at most 1.00 when ours is the faster).
+
 Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
 EOS included), wall time, peak RSS (GiB), and as its last two lines
 `epoch ratio ours/hf: X.XX` and `fixed-shape ratio ours/hf: X.XX` (examples/s of ours / theirs).
-With the epoch mode it also prints `ours epoch: X GFLOP/s of Y GFLOP/s matmul peak (Z%)`: the
-matmul FLOPs of our epoch (`train_step_flops` per step, times the steps) over its time
-(compilation included), against the best of 5 float32 `numpy` matmuls of 2,048 x 2,048 (2 n^3
-FLOPs each; NumPy's BLAS on all cores) measured by the driver right after the runs.
+With the epoch mode it also prints `ours epoch: X GFLOP/s of Y GFLOP/s matmul peak (Z%)` and the
+same line for `hf`: the matmul FLOPs of each system's epoch (`train_step_flops` of the shapes each
+computes: our packed rows, times the steps; each of transformers' padded batches) over its time
+(our compilation included), against the best of 5 float32 `numpy` matmuls of 2,048 x 2,048
+(2 n^3 FLOPs each; NumPy's BLAS on all cores) measured by the driver right after the runs. Both
+near the peak means that neither can go much faster on this machine.
 
 Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data. Our first
 worker of a run tokenises the split and writes it to the run's work folder; the HF workers read it
@@ -77,6 +92,8 @@ Examples:
   python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 1
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
   python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
+  python scripts/benchmark_vs_hf.py --modes eval --checkpoint runs/tiny_random_split_en \
+    --split test --repeats 2
 """
 
 from __future__ import annotations
@@ -133,6 +150,7 @@ def _dataset_config(args: argparse.Namespace, pack: bool):
 
 
 EXAMPLES_FILE = "examples.json"
+TEXTS_FILE = "texts.json"  # the same examples' (input, target) strings
 
 
 def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
@@ -155,15 +173,18 @@ def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
       },
       split=args.split,
       shuffle=False)
-  out = []
+  out, texts = [], []
   for ex in ds.as_numpy_iterator():
     out.append(
         (ex["inputs"][:args.input_length].tolist(), ex["targets"][:args.target_length].tolist()))
+    texts.append((ex["inputs_pretokenized"].decode(), ex["targets_pretokenized"].decode()))
     if args.max_examples and len(out) >= args.max_examples:
       break
   if path:
     with open(path, "w") as f:
       json.dump(out, f)
+    with open(os.path.join(args.work_dir, TEXTS_FILE), "w") as f:
+      json.dump(texts, f)
   return out
 
 
@@ -221,7 +242,7 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   n = seen_rows * float(per_row.mean())
   tokens = seen_rows * float(rows["decoder_loss_weights"].sum(axis=1).mean())
   step_flops = train_step_flops(
-      _network_config(args), args.batch_size, args.pack_input_length, args.pack_target_length)
+      _flop_config(args), args.batch_size, args.pack_input_length, args.pack_target_length)
   return {
       "system": "ours",
       "mode": "epoch",
@@ -241,6 +262,21 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
 def _device_count() -> int:
   import jax
   return jax.device_count()
+
+
+def _flop_config(args: argparse.Namespace) -> Any:
+  """The fields of the benchmark network that `train_step_flops` reads, without importing JAX (the
+  HF worker counts its FLOPs with the same formula)."""
+  import types
+  return types.SimpleNamespace(
+      emb_dim=args.emb_dim,
+      num_heads=args.num_heads,
+      head_dim=args.head_dim,
+      mlp_dim=args.mlp_dim,
+      mlp_activations=("gelu", "linear"),
+      num_encoder_layers=args.num_layers,
+      num_decoder_layers=args.num_layers,
+      vocab_size=args.vocab_size)
 
 
 def train_step_flops(config, batch: int, input_length: int, target_length: int) -> float:
@@ -425,6 +461,9 @@ def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
     _hf_step(model, optimizer, batch)
   seconds = time.time() - t
   tokens = sum(len(t) for _, t in examples)
+  flops = sum(
+      train_step_flops(_flop_config(args), *b["input_ids"].shape, b["labels"].shape[1])
+      for b in batches)
   return {
       "system": "hf",
       "mode": "epoch",
@@ -435,6 +474,7 @@ def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "target_tokens_per_s": tokens / seconds,
       "peak_rss_gib": _peak_rss_gib(),
       "threads": torch.get_num_threads(),
+      "flops": flops,
       "split_target_tokens": tokens if not args.max_examples else None
   }
 
@@ -534,6 +574,7 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
   params = prediction.load_params(model, partitioning.Partitioner(), checkpoint)[0]
   vocab = _checked_vocabulary(args, checkpoint)
   _export(params, config, _hf_dir(args), vocab)
+  _examples(args)  # the token ids and texts, for the HF workers
   return {"checkpoint": checkpoint}
 
 
@@ -666,12 +707,77 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   return _decode_result("hf", method, args, tokens, texts, time.time() - t)
 
 
+def hf_eval(args: argparse.Namespace) -> dict[str, Any]:
+  """What a transformers user's evaluation script does, as one process (timed by the driver).
+
+  Loads the export, tokenises the questions with its tokenizer, `generate`s greedily in
+  length-sorted batches of `--decode_batch_size` (`torch.inference_mode()`), decodes the texts,
+  scores exact match against the targets (whitespace runs as one space, as the task's
+  postprocessing) and writes one prediction per line. Its input is the split's (question, target)
+  strings that our first worker wrote, so it pays no data reading or RIR conversion of its own.
+  """
+  import torch
+  import transformers
+  with open(os.path.join(args.work_dir, TEXTS_FILE)) as f:
+    texts = json.load(f)
+  _, length = _decode_questions(args)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(_hf_dir(args))
+  model = transformers.MT5ForConditionalGeneration.from_pretrained(_hf_dir(args)).eval()
+  ids = tokenizer([q for q, _ in texts]).input_ids
+  order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+  predictions = [""] * len(ids)
+  with torch.inference_mode():
+    for k in range(0, len(order), args.decode_batch_size):
+      rows = order[k:k + args.decode_batch_size]
+      batch = tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+      out = model.generate(
+          **batch,
+          max_new_tokens=length,
+          do_sample=False,
+          num_beams=1,
+          decoder_start_token_id=0,
+          eos_token_id=1,
+          pad_token_id=0)
+      for i, text in zip(rows, tokenizer.batch_decode(out, skip_special_tokens=True)):
+        predictions[i] = " ".join(text.split())
+  exact = sum(p == " ".join(t.split()) for p, (_, t) in zip(predictions, texts))
+  with open(os.path.join(args.work_dir, "hf_eval.txt"), "w", encoding="utf-8") as f:
+    f.write("".join(p + "\n" for p in predictions))
+  return {"exact_match": 100.0 * exact / max(len(texts), 1), "questions": len(texts)}
+
+
+def _our_eval_command(args: argparse.Namespace, checkpoint: str, out_dir: str) -> list[str]:
+  """The README's eval command (`python -m mcwq_t5x.eval`, greedy, TASK_FEATURE_LENGTHS None) on
+  `checkpoint`, with the `--decode_model` preset's gin file and the fields where the decoded
+  network differs from that preset as `network.get_config` bindings."""
+  import dataclasses
+
+  from mcwq_t5x import network
+  preset = network.CONFIGS[args.decode_model]
+  config = _decode_config(args)
+  differ = [
+      f.name
+      for f in dataclasses.fields(config)
+      if getattr(config, f.name) != getattr(preset, f.name) and f.name != "dropout_rate"
+  ]
+  overrides = [f"--gin.network.get_config.{k}={getattr(config, k)!r}" for k in differ]
+  return [
+      sys.executable, "-m", "mcwq_t5x.eval",
+      f"--gin_file=gin/mcwq_t5x/models/{args.decode_model}.gin",
+      "--gin_file=gin/mcwq_t5x/runs/eval.gin", f"--gin.MIXTURE_OR_TASK_NAME={args.task!r}",
+      f"--gin.SPLIT={args.split!r}", f"--gin.CHECKPOINT_PATH={checkpoint!r}",
+      f"--gin.EVAL_OUTPUT_DIR={out_dir!r}", f"--gin.BATCH_SIZE={args.decode_batch_size}",
+      *([f"--gin.NUM_EXAMPLES={args.max_examples}"] if args.max_examples else []), *overrides
+  ]
+
+
 WORKERS = {
     ("ours", "epoch"): ours_epoch,
     ("ours", "fixed"): ours_fixed,
     ("hf", "epoch"): hf_epoch,
     ("hf", "fixed"): hf_fixed,
     ("prep", "decode"): prep_decode,
+    ("hf", "eval"): hf_eval,
     **{
         ("ours", f"decode-{m}"): (lambda a, m=m: ours_decode(a, m)) for m in DECODE_METHODS
     },
@@ -760,6 +866,64 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
         flush=True)
 
 
+def _timed_process(command: list[str]) -> tuple[float, float, str]:
+  """Runs `command` (cwd: the repository, without XLA_FLAGS) and returns (wall seconds from start
+  to exit, its peak RSS in GiB, its stdout).
+
+  Raises:
+    RuntimeError: it failed (the end of its stderr is in the message).
+  """
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  t = time.time()
+  with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.time() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    if proc.returncode != 0:
+      raise RuntimeError(f"{' '.join(command[:4])} ... failed (exit {proc.returncode}):\n"
+                         f"{err.read()[-4000:]}")
+    return seconds, usage.ru_maxrss / 2**20, out.read()
+
+
+def _eval_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> None:
+  """`--modes eval`: the README's eval command against a transformers user's script, each as a
+  whole process (imports, loading, data, decoding, scoring, writing), on the same checkpoint."""
+  checkpoint = args.checkpoint
+  if not os.path.exists(os.path.join(_hf_dir(args), "config.json")) or not os.path.exists(
+      os.path.join(work_dir, TEXTS_FILE)):
+    checkpoint = _run_worker("prep", "decode", argv, 1)["checkpoint"]
+  checkpoint = checkpoint or os.path.join(work_dir, "model")
+  name = f"{args.task}_{args.split}"
+  seconds: dict[str, list[float]] = {"ours": [], "hf": []}
+  for r in range(args.repeats):
+    out_dir = os.path.join(work_dir, f"ours_eval_{r}")
+    ours_s, ours_rss, _ = _timed_process(_our_eval_command(args, checkpoint, out_dir))
+    hf_s, hf_rss, hf_out = _timed_process(
+        [sys.executable, os.path.abspath(__file__), "--worker", "hf:eval", *argv])
+    with open(os.path.join(out_dir, "metrics", f"{name}.json")) as f:
+      ours_em = json.load(f)["exact_match"]
+    with open(os.path.join(out_dir, "predictions", f"{name}.txt"), encoding="utf-8") as f:
+      ours_p = f.read().splitlines()
+    with open(os.path.join(work_dir, "hf_eval.txt"), encoding="utf-8") as f:
+      hf_p = f.read().splitlines()
+    hf = json.loads(hf_out.strip().splitlines()[-1])
+    same = sum(a == b for a, b in zip(ours_p, hf_p))
+    rows = {"ours": (ours_s, ours_rss, ours_em), "hf": (hf_s, hf_rss, hf["exact_match"])}
+    for system, (s, rss, em) in rows.items():
+      seconds[system].append(s)
+      print(
+          f"{system:>4} eval process {s:8.1f} s {rss:5.2f} GiB peak RSS  exact match "
+          f"{em:.2f}  {same}/{hf['questions']} identical",
+          flush=True)
+  means = {k: sum(v) / len(v) for k, v in seconds.items()}
+  print(f"eval process time ours/hf: {means['ours'] / means['hf']:.2f}", flush=True)
+
+
 def _decode_methods(args: argparse.Namespace) -> list[str]:
   """The `--decode_methods` names, in order, without repeats.
 
@@ -810,7 +974,7 @@ def main(argv=None) -> None:
   parser.add_argument(
       "--host_devices", type=int, default=2, help="XLA CPU devices, our epoch (fixed: 1)")
   parser.add_argument("--repeats", type=int, default=1)
-  parser.add_argument("--modes", default="epoch,fixed", help="any of epoch,fixed,decode")
+  parser.add_argument("--modes", default="epoch,fixed", help="any of epoch,fixed,decode,eval")
   parser.add_argument(
       "--checkpoint",
       default="",
@@ -864,8 +1028,11 @@ def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir
   if "decode" in modes:
     modes.remove("decode")
     _decode_driver(args, argv, work_dir)
-    if not modes:
-      return
+  if "eval" in modes:
+    modes.remove("eval")
+    _eval_driver(args, argv, work_dir)
+  if not modes:
+    return
   for _ in range(args.repeats):
     for mode in modes:
       for system in ("ours", "hf"):
@@ -886,11 +1053,12 @@ def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir
       print(f"mean {system} {mode}: {means[system]:.1f} ex/s over {len(runs)} run(s)")
     ratios[mode] = means["ours"] / means["hf"]
   if "epoch" in modes:
-    ours = results[("ours", "epoch")]
-    achieved = sum(r["flops"] / r["seconds"] for r in ours) / len(ours) / 1e9
     peak = matmul_peak_gflops()
-    print(f"ours epoch: {achieved:.1f} GFLOP/s of {peak:.1f} GFLOP/s matmul peak "
-          f"({100 * achieved / peak:.1f}%)")
+    for system in ("ours", "hf"):
+      runs = results[(system, "epoch")]
+      achieved = sum(r["flops"] / r["seconds"] for r in runs) / len(runs) / 1e9
+      print(f"{system} epoch: {achieved:.1f} GFLOP/s of {peak:.1f} GFLOP/s matmul peak "
+            f"({100 * achieved / peak:.1f}%)")
   if "epoch" in ratios:
     print(f"epoch ratio ours/hf: {ratios['epoch']:.2f}")
   if "fixed" in ratios:

@@ -173,3 +173,55 @@ def test_param_shapes_are_the_trainers_without_a_trainer(num_partitions):
     assert (a.shape, a.dtype, a.sharding) == (b.shape, b.dtype, b.sharding)
   split = [a for a in jax.tree_util.tree_leaves(got) if not a.sharding.is_fully_replicated]
   assert bool(split) == (num_partitions > 1)
+
+
+# --- metrics of a decoded split -----------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mcwq_mcd1_he", "mcwq_mcd1_multilingual"])
+def test_evaluate_split_gives_seqios_metrics_and_predictions(name):
+  """`evaluate_split` computes the task's exact match and BLEU itself, from one batched read of the
+  split: the same values as `seqio.Evaluator`'s own metric computation, the predictions in source
+  order as SeqIO decodes and postprocesses them, and `<task>/<metric>` names for a mixture. The
+  "model" returns each row's gold target, cut short on every third row, so both metrics are
+  strictly between 0 and 100."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tasks.mcwq  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
+
+  def infer_fn(params, arrays):
+    del params
+    targets = np.roll(arrays["decoder_input_tokens"], -1, axis=1)  # gold targets, without EOS
+    targets[::3, 4:] = 0
+    return targets
+
+  cfg = utils.DatasetConfig(name, None, "test", 16, shuffle=False, module="tasks.mcwq")
+  split = prediction.make_evaluator(cfg, num_examples=30)
+  assert isinstance(split, prediction.EvalSplit)
+  metrics, predictions = prediction.evaluate_split(cfg, infer_fn, None, evaluator=split)
+  evaluator = seqio.Evaluator(
+      mixture_or_task_name=name,
+      feature_converter=seqio.EncDecFeatureConverter(pack=False),
+      eval_split="test",
+      num_examples=30,
+      shuffle=False)
+  for task in evaluator.eval_tasks:  # the same feature arrays as SeqIO's cached model dataset
+    rows = [ex for _, ex in evaluator.cached_model_datasets[task.name].as_numpy_iterator()]
+    assert sorted(split.arrays[task.name]) == sorted(rows[0])
+    for k, v in split.arrays[task.name].items():
+      np.testing.assert_array_equal(v, np.stack([row[k] for row in rows]), err_msg=k)
+  seqio_metrics, outputs = evaluator.evaluate(
+      compute_metrics=True, predict_fn=prediction.seqio_predict_fn(infer_fn, None))
+  expected_metrics, expected_predictions = {}, []
+  for task in evaluator.eval_tasks:
+    for k, v in seqio_metrics.result()[task.name].items():
+      expected_metrics[k if len(evaluator.eval_tasks) == 1 else f"{task.name}/{k}"] = v
+    tokens = outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
+    texts = prediction.decode_predictions(task.output_features["targets"].vocabulary, tokens)
+    expected_predictions += [task.postprocess_fn(t, example=None, is_target=False) for t in texts]
+  assert metrics == expected_metrics
+  assert predictions == expected_predictions
+  assert len(predictions) == 30 * len(evaluator.eval_tasks)
+  for k, v in metrics.items():
+    assert 0 < v < 100, (k, v)
+  if name.endswith("multilingual"):
+    assert sorted(metrics) == sorted(f"mcwq_mcd1_{lang}/{m}" for lang in ("en", "he", "kn", "zh")
+                                     for m in ("bleu", "exact_match"))
