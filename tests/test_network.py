@@ -163,6 +163,28 @@ def test_relative_position_buckets():
   np.testing.assert_array_equal(got, [0, 0, 5, 15, 16, 21, 26, 31, 31])
 
 
+def test_encoder_bias_is_bidirectional_and_the_decoders_causal(params, batch):
+  """Each stack reads its own relative position table with its own bucketing (T5: the encoder's
+  buckets are bidirectional, the decoder's causal); a decoder bucketing its table
+  bidirectionally passes the mask tests above, since the causal mask hides the future anyway."""
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, network.RelativePositionBiases):
+      calls.append((context.module.scope.path[0],
+                    args[2] if len(args) > 2 else kwargs.get("bidirectional", True)))
+    return next_fun(*args, **kwargs)
+
+  enc, dec, tgt = batch
+  with nn.intercept_methods(record):
+    network.Transformer(CFG).apply({"params": nn.unbox(params["params"])},
+                                   enc,
+                                   dec,
+                                   tgt,
+                                   enable_dropout=False)
+  assert sorted(set(calls)) == [("decoder", False), ("encoder", True)], calls
+
+
 def test_decoder_is_causal_and_padding_is_ignored(params, batch):
   enc, dec, tgt = batch
   p = nn.unbox(params["params"])

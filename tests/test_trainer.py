@@ -53,6 +53,12 @@ def test_schedules():
   assert float(lin(10)) == pytest.approx(1e-3)
   assert float(lin(60)) == pytest.approx(5e-4)
   assert float(lin(110)) == pytest.approx(0.0, abs=1e-12)
+  cos = trainer_lib.create_learning_rate_schedule(
+      1e-3, "cosine", warmup_steps=10, decay_steps=110, end_learning_rate_factor=0.1)
+  assert float(cos(10)) == pytest.approx(1e-3)
+  assert float(cos(35)) == pytest.approx(1e-3 * (0.1 + 0.9 * (1 + np.cos(np.pi / 4)) / 2))
+  assert float(cos(60)) == pytest.approx(5.5e-4)  # halfway: 0.1 + 0.9 * (1 + cos(pi / 2)) / 2
+  assert float(cos(110)) == pytest.approx(1e-4)
   rsqrt = trainer_lib.create_learning_rate_schedule(0.01, "rsqrt", warmup_steps=100)
   assert float(rsqrt(100)) == pytest.approx(0.01)
   assert float(rsqrt(400)) == pytest.approx(0.005)  # 0.01 * sqrt(100 / 400)
