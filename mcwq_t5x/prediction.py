@@ -302,8 +302,7 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
     tasks), else a `seqio.Evaluator`.
 
   Raises:
-    ValueError: unknown task (see `utils.get_mixture_or_task`), or no task with this split and
-      metrics.
+    ValueError: unknown task (see `utils.get_mixture_or_task`).
   """
   import seqio  # pylint: disable=g-import-not-at-top
   task_or_mixture = utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
@@ -322,8 +321,9 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
         num_examples=num_examples,
         shuffle=False,
         async_compute_metrics=False)
+  converter = seqio.EncDecFeatureConverter(pack=False)
   datasets, examples = {}, {}
-  longest = {"inputs": 0, "targets": 0}
+  longest = {k: 0 for k in converter.TASK_FEATURES}  # inputs, targets
   for task in tasks:
     ds = task.get_dataset(
         sequence_length=lengths,
@@ -339,10 +339,8 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
     for k in longest:
       longest[k] = max([longest[k]] + [len(ex[k]) for ex in examples[task.name]])
   sequence_length = {k: (lengths or {}).get(k) or longest[k] for k in longest}
-  converter = seqio.EncDecFeatureConverter(pack=False)
   arrays = {
-      name: utils.dataset_to_arrays(
-          converter(ds, sequence_length).batch(1024).as_numpy_iterator())
+      name: utils.dataset_to_arrays(converter(ds, sequence_length).batch(1024).as_numpy_iterator())
       for name, ds in datasets.items()
   }
   return EvalSplit(tasks, examples, arrays, sequence_length)
@@ -466,8 +464,8 @@ def evaluate_split(cfg: utils.DatasetConfig,
     for task in evaluator.tasks:
       arrays = evaluator.arrays[task.name]
       tokens = infer_fn(params, {k: arrays[k] for k in DECODE_FEATURES}) if arrays else []
-      metrics_by_task[task.name], texts = metrics_of_predictions(
-          task, evaluator.examples[task.name], tokens)
+      examples = evaluator.examples[task.name]
+      metrics_by_task[task.name], texts = metrics_of_predictions(task, examples, tokens)
       predictions.extend(texts if return_predictions else ())
   else:
     all_metrics, all_outputs = evaluator.evaluate(
@@ -475,9 +473,9 @@ def evaluate_split(cfg: utils.DatasetConfig,
     metrics_by_task = all_metrics.result()
     for task in evaluator.eval_tasks if return_predictions else ():
       tokens = all_outputs[task.name][seqio.metrics.ModelOutputType.PREDICTION]
+      post = task.postprocess_fn or (lambda text, **_: text)
       for text in decode_predictions(task.output_features["targets"].vocabulary, tokens):
-        predictions.append(
-            task.postprocess_fn(text, example=None, is_target=False) if task.postprocess_fn else text)
+        predictions.append(post(text, example=None, is_target=False))
   metrics: dict[str, float] = {}
   for task_name, task_metrics in metrics_by_task.items():
     for k, v in task_metrics.items():

@@ -225,3 +225,59 @@ def test_evaluate_split_gives_seqios_metrics_and_predictions(name):
   if name.endswith("multilingual"):
     assert sorted(metrics) == sorted(f"mcwq_mcd1_{lang}/{m}" for lang in ("en", "he", "kn", "zh")
                                      for m in ("bleu", "exact_match"))
+
+
+def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
+  """A task whose metric is a `metric_objs` entry (not a `metric_fns` function) is evaluated by
+  `seqio.Evaluator` itself; an otherwise equal task with the function as `metric_fns` takes the
+  batched path; both give the same metric and predictions."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
+
+  def source(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({
+        "inputs": ["Did M0 direct M1", "Who edited M0", "Was M1 a film"],
+        "targets": ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
+    })
+
+  def infer_fn(params, arrays):
+    del params
+    targets = np.roll(arrays["decoder_input_tokens"], -1, axis=1)
+    targets[1, 2:] = 0  # the second prediction is cut short
+    return targets
+
+  exact_match = metrics_lib.exact_match_metric
+  metric_kwargs = {
+      "metric_fns": {
+          "metric_fns": [exact_match]
+      },
+      "metric_objs": {
+          "metric_objs": [
+              seqio.metrics.LegacyMetric.empty(exact_match, tasks.mcwq.postprocess_query)
+          ]
+      }
+  }
+  results = {}
+  for kind, kwargs in metric_kwargs.items():
+    name = f"test_prediction_{kind}"
+    seqio.TaskRegistry.add(
+        name,
+        source=seqio.FunctionDataSource(source, splits=["validation"]),
+        preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+        output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features,
+        postprocess_fn=tasks.mcwq.postprocess_query,
+        **kwargs)
+    try:
+      cfg = utils.DatasetConfig(name, None, "validation", 2, shuffle=False)
+      evaluator = prediction.make_evaluator(cfg)
+      assert isinstance(evaluator, prediction.EvalSplit) == (kind == "metric_fns")
+      results[kind] = prediction.evaluate_split(cfg, infer_fn, None, evaluator=evaluator)
+    finally:
+      seqio.TaskRegistry.remove(name)
+  assert results["metric_fns"] == results["metric_objs"]
+  assert results["metric_fns"][0] == {"exact_match": pytest.approx(200 / 3)}
+  assert results["metric_fns"][1][0] == "ASK WHERE lb M0 wdt:P57 M1 rb"
