@@ -1,15 +1,15 @@
 """`scripts/benchmark_vs_hf.py` runs as users run it (a fresh process) on real MCWQ questions and
 prints its figures: one line per system, and the ratio line last.
 
-Speed itself is never asserted (the figures depend on the machine). One tiny run of three modes,
-as one command, on 64 of the 155 Hebrew gold questions: the epoch mode (a 1-layer width-32 network;
-our real training path, `mcwq_t5x.train.train`, against transformers; the fixed-shape mode times a
-plain step loop of the same trainer and model, which the trainer and model tests cover), the decode
+Speed itself is never asserted (the figures depend on the machine). One tiny run of two modes, as
+one command, on 64 of the 155 Hebrew gold questions: the epoch mode (a 1-layer width-32 network; our
+real training path, `mcwq_t5x.train.train`, against transformers; the fixed-shape mode times a plain
+step loop of the same trainer and model, which the trainer and model tests cover) and the decode
 mode, greedy, of the session's trained run of our engine (`conftest.our_run`: its run.json gives
 the network), exported and decoded by both systems: greedy search on the same weights gives the
-same queries (beam search takes the same path with another method, covered by the decoding tests),
-and the eval mode: the README's eval command (with gin bindings for the run's network) and a
-transformers user's script as whole processes, which give the same predictions and exact match.
+same queries (beam search takes the same path with another method, covered by the decoding tests).
+The eval mode's two whole processes (the README's eval command and a transformers user's script)
+are not run here: the command it builds for ours is checked in-process.
 """
 import re
 import sys
@@ -22,10 +22,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 TINY = [
-    "--modes", "epoch,decode,eval", "--task", "mcwq_gold_he", "--split", "test", "--max_examples",
-    "64", "--emb_dim", "32", "--num_heads", "2", "--head_dim", "16", "--mlp_dim", "64",
-    "--num_layers", "1", "--batch_size", "16", "--decode_methods", "greedy", "--decode_batch_size",
-    "16", "--input_length", "40", "--target_length", "128"
+    "--modes", "epoch,decode", "--task", "mcwq_gold_he", "--split", "test", "--max_examples", "64",
+    "--emb_dim", "32", "--num_heads", "2", "--head_dim", "16", "--mlp_dim", "64", "--num_layers",
+    "1", "--batch_size", "16", "--decode_methods", "greedy", "--decode_batch_size", "16",
+    "--input_length", "40", "--target_length", "128"
 ]
 DECODE_QUESTIONS = 64
 
@@ -75,18 +75,42 @@ def test_decode_prints_both_systems_and_the_ratio(lines):
   assert not any("beam4" in l for l in lines)
 
 
-def test_eval_prints_both_whole_processes_and_the_ratio(lines):
-  runs = [l for l in lines if re.match(r"^\s*(ours|hf) eval process", l)]
-  assert len(runs) == 2, lines
-  exact = []
-  for line in runs:
-    seconds, rss, em, same, n = re.search(
-        r"([\d.]+) s\s+([\d.]+) GiB peak RSS\s+exact match ([\d.]+)\s+(\d+)/(\d+) identical",
-        line).groups()
-    assert float(seconds) > 0 and 0.1 < float(rss) < 24, line
-    assert int(n) == DECODE_QUESTIONS and int(same) >= DECODE_QUESTIONS - 2, line
-    exact.append(float(em))
-  # Each prediction that differs moves an exact match by at most 100/64.
-  assert abs(exact[0] - exact[1]) <= 100 * (DECODE_QUESTIONS - int(same)) / DECODE_QUESTIONS + 0.01
-  assert 0 < exact[0] < 100, runs  # the run learned something, but not everything
-  assert sum(bool(re.fullmatch(r"eval process time ours/hf: \d+\.\d\d", l)) for l in lines) == 1
+def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run):
+  """`--modes eval` (run by hand for issue 28's figures; here without its two processes, which
+  the decode mode's comparison above covers): our side is the README's eval command, with the
+  bindings that give the checkpoint's network (the session run's is smaller than the preset)."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import ast  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  from mcwq_t5x import network  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import run_info  # pylint: disable=g-import-not-at-top
+
+  import readme_commands as rc  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("benchmark_vs_hf",
+                                                mains.REPO / "scripts/benchmark_vs_hf.py")
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  args = argparse.Namespace(
+      checkpoint=str(our_run),
+      decode_model="tiny",
+      task="mcwq_gold_he",
+      split="test",
+      decode_batch_size=16,
+      max_examples=64)
+  command = bench._our_eval_command(args, str(our_run), "/tmp/out")  # pylint: disable=protected-access
+  readme = rc.COMMANDS[rc.OUR_EVAL][1].split()
+  assert command[:2] == [sys.executable, "-m"] and command[2:5] == readme[2:5], (command, readme)
+  prefix = "--gin.network.get_config."
+  bindings = dict(a[len(prefix):].split("=", 1) for a in command if a.startswith(prefix))
+  assert "emb_dim" in bindings, command  # 32 in the run, 64 in the preset
+  built = dataclasses.replace(network.CONFIGS["tiny"], **{
+      k: ast.literal_eval(v) for k, v in bindings.items()
+  })
+  run_path = run_info.find(our_run)
+  recorded = run_info.network_config(run_info.read(run_path), run_path)
+  assert dataclasses.replace(
+      built, dropout_rate=0.0) == dataclasses.replace(
+          recorded, dropout_rate=0.0)
+  assert "--gin.NUM_EXAMPLES=64" in command and "--gin.BATCH_SIZE=16" in command
