@@ -310,10 +310,11 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
   lengths = dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None
   tasks = list(
       seqio.evaluation.get_valid_eval_tasks(seqio.get_subtasks(task_or_mixture), cfg.split))
+  converter = seqio.EncDecFeatureConverter(pack=False)
   if not tasks or not all(prediction_metric_fns(task) is not None for task in tasks):
     return seqio.Evaluator(
         mixture_or_task_name=cfg.mixture_or_task_name,
-        feature_converter=seqio.EncDecFeatureConverter(pack=False),
+        feature_converter=converter,
         eval_split=cfg.split,
         use_cached=cfg.use_cached,
         seed=cfg.seed,
@@ -321,7 +322,6 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
         num_examples=num_examples,
         shuffle=False,
         async_compute_metrics=False)
-  converter = seqio.EncDecFeatureConverter(pack=False)
   datasets, examples = {}, {}
   longest = {k: 0 for k in converter.TASK_FEATURES}  # inputs, targets
   for task in tasks:

@@ -118,16 +118,11 @@ def _peak_rss_gib() -> float:
 
 
 def _network_config(args: argparse.Namespace):
+  """The benchmark network as `mcwq_t5x.network.T5Config`: `_flop_config`'s fields, float32, an
+  untied output layer."""
   from mcwq_t5x import network
   return network.T5Config(
-      vocab_size=args.vocab_size,
-      emb_dim=args.emb_dim,
-      num_heads=args.num_heads,
-      head_dim=args.head_dim,
-      mlp_dim=args.mlp_dim,
-      num_encoder_layers=args.num_layers,
-      num_decoder_layers=args.num_layers,
-      mlp_activations=("gelu", "linear"),
+      **vars(_flop_config(args)),
       dropout_rate=args.dropout_rate,
       logits_via_embedding=False,
       dtype="float32")
