@@ -27,14 +27,10 @@ setuptools.setup(
     include_package_data=True,
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        "test":
-            _requirements("requirements-test.txt"),
+        "test": _requirements("requirements-test.txt"),
         # Runtime dependencies of the real T5X; T5X itself is not on the package index: install
         # it with scripts/install_t5x.sh (or `pip install --no-deps -r requirements-t5x.txt`).
-        "t5x": [
-            "cached_property==2.0.1", "chex==0.1.92", "fiddle==0.3.1", "jaxtyping==0.3.11",
-            "grain==0.2.12"
-        ],
+        "t5x": _requirements("requirements-t5x-runtime.txt"),
     },
     license="Apache-2.0",
     license_files=["LICENSE"],

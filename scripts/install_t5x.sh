@@ -18,5 +18,16 @@ else
   echo "installing T5X from GitHub (requirements-t5x.txt)"
   pip_install --no-deps -r requirements-t5x.txt
 fi
-pip_install -e ".[t5x]"
+# The `t5x` extra. Where this checkout is already installed in editable mode (the README's
+# `pip install -e ".[test]"`), its packages are installed by name: building and installing the
+# project again took 20 s and changed nothing.
+if python3 -I -c '
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("mcwq_t5x")  # -I: not from the current folder, from the install
+here = pathlib.Path.cwd().resolve()
+sys.exit(0 if spec and pathlib.Path(spec.origin).resolve().parents[1] == here else 1)'; then
+  pip_install -r requirements-t5x-runtime.txt
+else
+  pip_install -e ".[t5x]"
+fi
 python3 -c "import t5x.train, t5x.models, t5x.partitioning; print('t5x ok')"
