@@ -2,6 +2,7 @@
 checks of configuration errors, through gin in this process with the main standing in for
 `__main__` (as under `python -m`)."""
 import contextlib
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -64,6 +65,15 @@ def run(args: Sequence[str],
 def python_m(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
   """`python -m module args...` in a fresh process (see `run`)."""
   return run([sys.executable, "-m", module, *args], **kwargs)
+
+
+def load_script(name: str):
+  """`scripts/<name>.py` imported as a module (the scripts folder is not a package), for in-process
+  checks of its functions."""
+  spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def gin_flags(bindings: Sequence[str]) -> list[str]:

@@ -75,23 +75,19 @@ def test_decode_prints_both_systems_and_the_ratio(lines):
   assert not any("beam4" in l for l in lines)
 
 
-def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run):
+def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run, tmp_path):
   """`--modes eval` (run by hand for issue 28's figures; here without its two processes, which
   the decode mode's comparison above covers): our side is the README's eval command, with the
   bindings that give the checkpoint's network (the session run's is smaller than the preset)."""
   import argparse  # pylint: disable=g-import-not-at-top
   import ast  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
-  import importlib.util  # pylint: disable=g-import-not-at-top
 
   from mcwq_t5x import network  # pylint: disable=g-import-not-at-top
   from mcwq_t5x import run_info  # pylint: disable=g-import-not-at-top
 
   import readme_commands as rc  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("benchmark_vs_hf",
-                                                mains.REPO / "scripts/benchmark_vs_hf.py")
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = mains.load_script("benchmark_vs_hf")
   args = argparse.Namespace(
       checkpoint=str(our_run),
       decode_model="tiny",
@@ -99,7 +95,7 @@ def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run):
       split="test",
       decode_batch_size=16,
       max_examples=64)
-  command = bench._our_eval_command(args, str(our_run), "/tmp/out")  # pylint: disable=protected-access
+  command = bench._our_eval_command(args, str(our_run), str(tmp_path / "out"))  # pylint: disable=protected-access
   readme = rc.COMMANDS[rc.OUR_EVAL][1].split()
   assert command[:2] == [sys.executable, "-m"] and command[2:5] == readme[2:5], (command, readme)
   prefix = "--gin.network.get_config."

@@ -1,5 +1,4 @@
 """Tests of mcwq_t5x.paths, mcwq_t5x.readers and scripts/download_mcwq.py on the real data."""
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -9,10 +8,9 @@ import pytest
 
 from mcwq_t5x import paths
 from mcwq_t5x import readers
+import mains
 import readme_commands as rc
 import scenarios
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Published dev/test sizes (identical for the four languages).
 COUNTS = {
@@ -357,10 +355,7 @@ def test_paths_argument_env_and_default(tmp_path, monkeypatch, mcwq_dir):
 
 
 def _download_script():
-  spec = importlib.util.spec_from_file_location("download_mcwq", REPO / "scripts/download_mcwq.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return mains.load_script("download_mcwq")
 
 
 @pytest.mark.xdist_group(f"readme-{rc.chain(rc.DOWNLOAD)}")  # reads its README run

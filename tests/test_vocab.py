@@ -1,7 +1,5 @@
 """Tests of mcwq_t5x.vocab (small offline SentencePiece model, vocabulary selection)."""
 import hashlib
-import importlib.util
-import pathlib
 
 import pytest
 import seqio
@@ -9,8 +7,7 @@ import sentencepiece as spm
 
 from mcwq_t5x import readers
 from mcwq_t5x import vocab
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import mains
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +144,7 @@ def test_default_vocabulary_without_data_fails_on_use(monkeypatch, tmp_path):
 
 
 def test_train_vocab_script(tmp_path, mcwq_dir, capsys, small_model):
-  spec = importlib.util.spec_from_file_location("train_vocab", REPO / "scripts/train_vocab.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = mains.load_script("train_vocab")
   assert module.main([]) == 0  # cache hit
   out = capsys.readouterr().out
   assert f"model: {small_model}" in out
