@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from mcwq_t5x import paths
+from mcwq_t5x import utils
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -97,7 +98,7 @@ def inspect(name: str,
     print(
         f"input prefix: {prefix!r}" if prefix else "input prefix: none (the bare question)",
         file=out)
-  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False)
+  ds = _unlimited_dataset(task, split)
   if max_examples:
     ds = ds.take(max_examples)
   features = task.output_features
@@ -123,6 +124,13 @@ def inspect(name: str,
   suggestion = {k: int(-(-s["max"] // 8) * 8) for k, s in stats.items() if s.get("count")}
   print(f"TASK_FEATURE_LENGTHS covering every example (rounded up to 8): {suggestion}", file=out)
   return stats
+
+
+@utils.without_autograph
+def _unlimited_dataset(task, split: str):
+  """`task`'s preprocessed `split` in source order, without a length limit (traced without
+  AutoGraph: `utils.without_autograph`)."""
+  return task.get_dataset(sequence_length=None, split=split, shuffle=False)
 
 
 def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:
