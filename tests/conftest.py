@@ -61,6 +61,22 @@ def pytest_collection_modifyitems(config, items):
       key=lambda item: not item.get_closest_marker("xdist_group").args[0].startswith("readme"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mcwq_tasks_registered():
+  """Imports `tasks.mcwq` in each test process before its first test, with the environment the
+  session started with.
+
+  The module registers the SeqIO tasks at import with the vocabulary that `MCWQ_VOCAB`,
+  `MCWQ_DATA_DIR` and `MCWQ_CACHE_DIR` give (`vocab.get_vocabulary()`). Tests that point
+  `MCWQ_DATA_DIR` at a missing folder, to check the error a user sees, would otherwise register
+  them when they happen to be the first to import the module: with a vocabulary whose model file
+  does not exist (no data to train it), for every later test of that process. On CI that failed
+  ten tests of one worker after `test_mains.py::test_missing_data_dir`. Run alone, that test
+  followed by `test_vocab_model_size_mismatch` failed the same way.
+  """
+  import tasks.mcwq  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> pathlib.Path:
   """The read-only `../shared` folder with the real data (see ../shared/README.md)."""
