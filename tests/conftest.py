@@ -68,9 +68,9 @@ def pytest_xdist_node_collection_finished(node, ids):
   pytest-xdist gives a grouped test the id `<test id>@<group>` in its workers' collections and
   schedules the tests of one group as one unit. pytest 9.2.0 keeps a node's id in another attribute,
   and the suffix pytest-xdist 3.8.0 sets there is lost: every test is then its own unit, the tests
-  of one file run on both workers and each worker builds their module fixtures again (a fresh-clone
-  CI run took 1 to 2 minutes longer, with nothing to say why). `requirements-test.txt` pins a
-  pytest that works; this check covers an environment with other versions.
+  of one file run on both workers and each worker builds their module fixtures again, and nothing
+  fails to say so. `requirements-test.txt` pins a pytest that works; this check covers an
+  environment with other versions.
 
   Raises:
     pytest.UsageError: a worker collected tests without their group (`--dist loadgroup` only).
@@ -80,16 +80,12 @@ def pytest_xdist_node_collection_finished(node, ids):
   # as pytest-xdist splits an id: the group follows the last "@" after any parameters
   ungrouped = [nodeid for nodeid in ids if not nodeid.rfind("@") > nodeid.rfind("]")]
   if ungrouped:
+    import xdist  # pylint: disable=g-import-not-at-top
     raise pytest.UsageError(
         f"pytest-xdist did not group the tests ({len(ungrouped)} of {len(ids)} without a group, "
         f"e.g. {ungrouped[0]}): module fixtures would run on both workers. pytest "
-        f"{pytest.__version__} and pytest-xdist {_version('pytest-xdist')} do not work together "
+        f"{pytest.__version__} and pytest-xdist {xdist.__version__} do not work together "
         "here; install the versions of requirements-test.txt.")
-
-
-def _version(distribution: str) -> str:
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
-  return importlib.metadata.version(distribution)
 
 
 @pytest.fixture(scope="session", autouse=True)
