@@ -8,9 +8,10 @@
 #
 #   bash scripts/install_t5x.sh            # then: python -m t5x.train --gin_file=gin/...
 set -euo pipefail
+# `python` and `pip` are those of the README's test command: the active environment's.
 cd "$(dirname "$0")/.."
 wheels="${T5X_WHEELS:-../shared/wheels}"
-pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
+pip_install() { python -m pip install -q --disable-pip-version-check "$@"; }
 if ls "$wheels"/t5x-*.whl "$wheels"/airio-*.whl "$wheels"/jestimator-*.whl >/dev/null 2>&1; then
   echo "installing T5X from $wheels"
   pip_install --no-deps "$wheels"/t5x-*.whl "$wheels"/airio-*.whl "$wheels"/jestimator-*.whl
@@ -21,7 +22,7 @@ fi
 # The `t5x` extra. Where this checkout is already installed in editable mode (the README's
 # `pip install -e ".[test]"`), its packages are installed by name: building and installing the
 # project again (an editable build, about 20 s on 2 cores) would change nothing.
-if python3 -I -c '
+if python -I -c '
 import importlib.util, pathlib, sys
 spec = importlib.util.find_spec("mcwq_t5x")  # -I: not from the current folder, from the install
 here = pathlib.Path.cwd().resolve()
@@ -30,4 +31,4 @@ sys.exit(0 if spec and pathlib.Path(spec.origin).resolve().parents[1] == here el
 else
   pip_install -e ".[t5x]"
 fi
-python3 -c "import t5x.train, t5x.models, t5x.partitioning; print('t5x ok')"
+python -c "import t5x.train, t5x.models, t5x.partitioning; print('t5x ok')"

@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import sysconfig
 from typing import Optional, Sequence
 
 import gin
@@ -29,6 +30,20 @@ SMALL_MODEL = [
 # tests' T5X training runs cheaper but their decoding dearer, and our 300-step
 # `conftest.our_run` 133 s of CPU instead of 90 s.)
 CHILD_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
+def console_script(name: str) -> str:
+  """The path of an installed command (e.g. `oxigraph`) of the environment that runs the tests:
+  its scripts folder, whether or not the environment is activated (on PATH).
+
+  Raises:
+    AssertionError: the command is not installed there (every one the tests use is pinned in
+      requirements-test.txt).
+  """
+  path = pathlib.Path(sysconfig.get_path("scripts")) / name
+  assert path.exists(), (f"{path} is missing: install the test requirements into this "
+                         "environment (README, Tests)")
+  return str(path)
 
 
 def run(args: Sequence[str],

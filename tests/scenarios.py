@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def copy_repository(dest: pathlib.Path) -> pathlib.Path:
   """A copy of the repository's working tree at `dest/repo` (no `.git`, no `runs/`, no caches) with
   `dest/shared` linking to the real `../shared`, so commands that name `../shared/...` work."""
   anywhere = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".pytest_cache", "*.pyc")
-  top_level = {"runs", "build", "dist", ".cache", "tmp"}  # a user's outputs (not gin/.../runs/)
+  top_level = {"runs", "build", "dist", ".cache", "tmp", ".venv"}  # a user's outputs (not gin/.../runs/)
 
   def ignore(folder, names):
     skipped = set(anywhere(folder, names))
@@ -85,6 +86,10 @@ def copy_repository(dest: pathlib.Path) -> pathlib.Path:
   (dest / "shared").symlink_to(SHARED, target_is_directory=True)
   return repo
 
+
+_PYTHON_SHIM = """#!/bin/sh
+exec {python} "$@"
+"""
 
 _PIP_SHIM = """#!/bin/sh
 # The README's `pip install -e .` in a throwaway copy of the repository: installing the copy would
@@ -132,10 +137,32 @@ class ReadmeRun:
     """`bin/python` (the tests' interpreter) and `bin/pip` (see `_PIP_SHIM`), first on PATH."""
     bin_dir = self.folder / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "python").symlink_to(sys.executable)
+    # A script, not a symlink: a virtualenv's interpreter finds its environment (`pyvenv.cfg`)
+    # from the path it was started by, so a link to it elsewhere would start the base Python
+    # without the environment's packages.
+    (bin_dir / "python").write_text(_PYTHON_SHIM.format(python=shlex.quote(sys.executable)))
+    (bin_dir / "python").chmod(0o755)
     (bin_dir / "pip").write_text(_PIP_SHIM)
     (bin_dir / "pip").chmod(0o755)
     return bin_dir
+
+  def shell(self, command: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `command` with bash in the copy, in the environment of the README's commands: the
+    tests' environment variables (less the session's fake devices and xdist's worker name) plus
+    `extra_env`, `bin/` first on PATH."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.update(extra_env or {})
+    env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    for name, value in mains.CHILD_ENV.items():
+      env.setdefault(name, value)
+    return subprocess.run(["bash", "-c", command],
+                          cwd=self.repo,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=1500)
 
   def result(self, index: int) -> dict:
     """Runs command `index` (after its dependencies) unless it has run, and returns its
@@ -155,21 +182,9 @@ class ReadmeRun:
     command = self.commands[index]
     if command.startswith("export ") or command.startswith("pip install -e \".[test]\""):
       return {"command": command, "returncode": None, "stdout": "", "stderr": "", "seconds": 0.0}
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
-    env.pop("PYTEST_XDIST_WORKER", None)
-    env.update(self._env_of(index))
-    env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     full = self._with_overrides(command, self.repo)
-    for name, value in mains.CHILD_ENV.items():
-      env.setdefault(name, value)
     start = time.monotonic()
-    out = subprocess.run(["bash", "-c", full],
-                         cwd=self.repo,
-                         env=env,
-                         capture_output=True,
-                         text=True,
-                         timeout=1500)
+    out = self.shell(full, self._env_of(index))
     return {
         "command": full,
         "returncode": out.returncode,

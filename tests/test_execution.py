@@ -7,7 +7,6 @@ pyoxigraph store loaded from `../shared/wikidata/codex-m`.
 import http.server
 import json
 import pathlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 
 from mcwq_t5x import endpoint as ep
 from mcwq_t5x import execution, metrics, readers, rir, sparql
+import mains
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -388,9 +388,7 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path
 @pytest.fixture(scope="module")
 def sparql_server(shared_dir, tmp_path_factory):
   """A local SPARQL 1.1 server (`oxigraph serve-read-only`) with the CoDEx-M triples and types."""
-  exe = shutil.which("oxigraph")
-  if exe is None:
-    pytest.skip("the `oxigraph` server (pip install oxigraph) is not installed")
+  exe = mains.console_script("oxigraph")
   codex = shared_dir / "wikidata" / "codex-m"
   d = tmp_path_factory.mktemp("sparql_server")
   with open(d / "data.nt", "w") as f:

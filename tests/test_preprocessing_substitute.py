@@ -2,7 +2,6 @@
 
 import http.server
 import json
-import shutil
 import socket
 import subprocess
 import threading
@@ -13,6 +12,7 @@ import pytest
 from mcwq_t5x import endpoint as ep
 from mcwq_t5x import readers
 from preprocessing import cfq, mapping as mp, migrate, substitute as sb
+import mains
 
 
 @pytest.fixture(scope="module")
@@ -234,9 +234,7 @@ def free_port():
 
 @pytest.fixture(scope="module")
 def oxigraph_server(codex, tmp_path_factory):
-  exe = shutil.which("oxigraph")
-  if exe is None:
-    pytest.skip("the `oxigraph` server (pip install oxigraph) is not installed")
+  exe = mains.console_script("oxigraph")
   d = tmp_path_factory.mktemp("oxserver")
   nt = d / "data.nt"
   with open(nt, "w") as f:

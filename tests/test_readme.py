@@ -7,9 +7,13 @@ written predictions, the shared data's line counts, another command's output. Th
 itself is what CI runs (`.ci/run` runs it verbatim), so it is checked against `.ci/run`, not run
 again."""
 import json
+import pathlib
+import shlex
+import sys
 
 import numpy as np
 import pytest
+import sacrebleu
 import sentencepiece as spm
 
 from mcwq_t5x import best_checkpoint
@@ -43,6 +47,26 @@ def test_readme_commands_are_covered():
   for _, command in COMMANDS:
     if any(m in command for m in (".train ", ".eval ", ".infer ", "benchmark.py")):
       assert rc.with_overrides(command, "/r") != command, command
+
+
+def test_readme_commands_run_in_the_tests_environment(readme):
+  """`python` and `pip` of the README's commands are the environment that runs the tests (a
+  virtualenv, a conda environment or a plain interpreter): a pinned package imports, and
+  `sys.prefix` is the tests' own. A symlink to a virtualenv's interpreter would start the base
+  Python, without the environment's packages."""
+  probe = ("import sys, sacrebleu, seqio; "
+           "print(sys.prefix); print(sys.executable); print(sacrebleu.__version__)")
+  out = readme.shell(f"python -c {shlex.quote(probe)} && pip install -e .")
+  assert out.returncode == 0, out.stderr[-3000:]
+  prefix, executable, version = out.stdout.splitlines()[:3]
+  print(f"README commands' interpreter: sys.prefix={prefix} sys.executable={executable} "
+        f"sacrebleu {version}")
+  pinned = [l for l in (mains.REPO / "requirements.txt").read_text().splitlines()
+            if l.startswith("sacrebleu==")]
+  assert prefix == sys.prefix and [f"sacrebleu=={version}"] == pinned
+  assert version == sacrebleu.__version__
+  assert pathlib.Path(executable).resolve() == pathlib.Path(sys.executable).resolve()
+  assert "already installed" in out.stdout
 
 
 def _lines(path):
