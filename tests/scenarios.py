@@ -73,7 +73,8 @@ def copy_repository(dest: pathlib.Path) -> pathlib.Path:
   """A copy of the repository's working tree at `dest/repo` (no `.git`, no `runs/`, no caches) with
   `dest/shared` linking to the real `../shared`, so commands that name `../shared/...` work."""
   anywhere = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".pytest_cache", "*.pyc")
-  top_level = {"runs", "build", "dist", ".cache", "tmp", ".venv"}  # a user's outputs (not gin/.../runs/)
+  # A user's outputs (not gin/.../runs/) and CI's virtualenv.
+  top_level = {"runs", "build", "dist", ".cache", "tmp", ".venv"}
 
   def ignore(folder, names):
     skipped = set(anywhere(folder, names))

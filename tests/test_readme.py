@@ -61,8 +61,10 @@ def test_readme_commands_run_in_the_tests_environment(readme):
   prefix, executable, version = out.stdout.splitlines()[:3]
   print(f"README commands' interpreter: sys.prefix={prefix} sys.executable={executable} "
         f"sacrebleu {version}")
-  pinned = [l for l in (mains.REPO / "requirements.txt").read_text().splitlines()
-            if l.startswith("sacrebleu==")]
+  pinned = [
+      l for l in (mains.REPO / "requirements.txt").read_text().splitlines()
+      if l.startswith("sacrebleu==")
+  ]
   assert prefix == sys.prefix and [f"sacrebleu=={version}"] == pinned
   assert version == sacrebleu.__version__
   assert pathlib.Path(executable).resolve() == pathlib.Path(sys.executable).resolve()
