@@ -1,204 +1,20 @@
-"""The checkpoint with the best logged metric (e.g. the lowest dev loss) in a MODEL_DIR.
+"""Prints the checkpoint of a MODEL_DIR with the best logged metric
+(`mcwq_t5x.checkpointing.best_checkpoint`).
 
-The MCWQ paper's recipe (Cui et al., TACL 2022, Sec. 5, with the authors' Hugging Face scripts in
-coastalcph/seq2sparql: `load_best_model_at_end` by `eval_loss`) decodes the test set with the
-checkpoint of the lowest dev loss. Both engines keep that checkpoint while training (ours:
-`checkpoints.CheckpointManager(metric_name_to_monitor=...)`; T5X: `checkpoints.SaveBestCheckpointer`
-settings passed to its Orbax manager); this module finds it afterwards, for the eval files of both
-engines (`CHECKPOINT_PATH` = the training MODEL_DIR):
-
-* `read_metric(model_dir, name)`: step -> value of a metric, from our `eval_metrics.jsonl` (key
-  `name`, e.g. `training_eval/loss`) and from TensorBoard event files under MODEL_DIR (T5X's form:
-  `{run}/{tag}`, run a sub-folder such as `training_eval/mcwq_mcd1_en_prefixed`, tag `loss`);
-* `checkpoint_path(path, metric_name_to_monitor, metric_mode)`: `MODEL_DIR/checkpoint_<step>` of
-  the best finished checkpoint (a `checkpoint_<step>` path is returned unchanged).
-
-Nothing here imports TensorFlow (TensorBoard's own event reader is used, lazily).
+  python -m mcwq_t5x.best_checkpoint MODEL_DIR [--metric NAME] [--mode min|max]
 """
 from __future__ import annotations
 
-import json
 import logging
-import math
-import pathlib
-import re
 import sys
-from typing import Mapping, Optional, Sequence
-
-from mcwq_t5x import checkpoint_paths
-
-EVAL_METRICS_FILE = "eval_metrics.jsonl"
-
-
-def _from_jsonl(model_dir: pathlib.Path, name: str) -> dict[int, float]:
-  out = {}
-  f = model_dir / EVAL_METRICS_FILE
-  if f.is_file():
-    for line in f.read_text().splitlines():
-      if not line.strip():
-        continue
-      record = json.loads(line)
-      if name in record and "step" in record:
-        out[int(record["step"])] = float(record[name])
-  return out
-
-
-def _from_event_files(model_dir: pathlib.Path, name: str) -> dict[int, float]:
-  """T5X `populate_metrics_for_steps`: `name` = `{run}/{tag}`, run a folder under `model_dir`."""
-  parts = name.split("/")
-  out: dict[int, float] = {}
-  for i in range(len(parts) - 1, 0, -1):
-    run_dir = model_dir.joinpath(*parts[:i])
-    tag = "/".join(parts[i:])
-    if not run_dir.is_dir() or not any(run_dir.glob("events.out.tfevents*")):
-      continue
-    from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
-    from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
-    acc = event_accumulator.EventAccumulator(
-        str(run_dir), size_guidance={
-            event_accumulator.TENSORS: 0,
-            event_accumulator.SCALARS: 0
-        })
-    acc.Reload()
-    tags = acc.Tags()
-    if tag in tags.get("tensors", []):
-      for e in acc.Tensors(tag):
-        out[int(e.step)] = float(tensor_util.make_ndarray(e.tensor_proto))
-    elif tag in tags.get("scalars", []):
-      for e in acc.Scalars(tag):
-        out[int(e.step)] = float(e.value)
-    if out:
-      return out
-  return out
-
-
-def read_metric(model_dir: str | pathlib.Path, metric_name: str) -> dict[int, float]:
-  """Step -> value of `metric_name` as logged by either engine in `model_dir`.
-
-  Args:
-    model_dir: a training MODEL_DIR.
-    metric_name: our `eval_metrics.jsonl` key (e.g. "training_eval/loss") or T5X's
-      `{run}/{tag}` TensorBoard name (e.g. "training_eval/mcwq_mcd1_en_prefixed/loss").
-
-  Returns:
-    {step: float value}; empty when the metric was never logged. Later records of a step win.
-  """
-  d = pathlib.Path(model_dir)
-  return _from_jsonl(d, metric_name) or _from_event_files(d, metric_name)
-
-
-def best_of(values: Mapping[int, float], metric_mode: str = "min") -> Optional[int]:
-  """The step of the best finite value (`min` or `max`; ties: the earlier step), or None if none.
-
-  Raises:
-    ValueError: `metric_mode` is not "min" or "max".
-  """
-  if metric_mode not in ("min", "max"):
-    raise ValueError(f"metric_mode must be 'min' or 'max', got {metric_mode!r}")
-  finite = [(s, v) for s, v in values.items() if math.isfinite(v)]
-  if not finite:
-    return None
-  sign = 1.0 if metric_mode == "min" else -1.0
-  return min(finite, key=lambda sv: (sign * sv[1], sv[0]))[0]
-
-
-def best_step(model_dir: str | pathlib.Path,
-              metric_name_to_monitor: str,
-              metric_mode: str = "min") -> Optional[int]:
-  """The best step among the FINISHED checkpoints of `model_dir` with a logged metric, or None."""
-  steps = set(checkpoint_paths.finished_steps(model_dir))
-  values = {s: v for s, v in read_metric(model_dir, metric_name_to_monitor).items() if s in steps}
-  return best_of(values, metric_mode)
-
-
-_EVAL_SPLIT_RE = re.compile(r"^EVAL_SPLIT\s*=\s*['\"](\w+)['\"]\s*$", re.M)
-
-
-def monitored_split(model_dir: str | pathlib.Path) -> Optional[str]:
-  """The split of the run's periodic evaluation (`EVAL_SPLIT` of our `MODEL_DIR/config.gin`), or
-  None when the run does not say (no config.gin, or T5X's)."""
-  config = pathlib.Path(model_dir) / "config.gin"
-  if not config.is_file():
-    return None
-  m = _EVAL_SPLIT_RE.search(config.read_text(errors="replace"))
-  return m.group(1) if m else None
-
-
-def checkpoint_path(path: str,
-                    metric_name_to_monitor: Optional[str] = None,
-                    metric_mode: str = "min") -> str:
-  """The checkpoint to decode for `path` (gin: the eval files' `CHECKPOINT_PATH`).
-
-  Args:
-    path: a training MODEL_DIR, or one `checkpoint_<step>` folder (returned unchanged).
-    metric_name_to_monitor: the metric the training kept its best checkpoint by (see
-      `read_metric`); None = the newest checkpoint.
-    metric_mode: "min" (e.g. a loss) or "max".
-
-  Returns:
-    `MODEL_DIR/checkpoint_<step>` (absolute) of the best finished checkpoint by the metric; the
-    newest one when no kept checkpoint has the metric, or when the run's periodic evaluation read
-    the test split (`monitored_split`: its "dev loss" is a test loss, and no checkpoint is
-    selected on the test set), logged as a warning.
-
-  Raises:
-    checkpoint_paths.NotACheckpointError: `path` holds no checkpoint.
-    ValueError: bad `metric_mode`.
-  """
-  directory, newest = checkpoint_paths.resolve_checkpoint(path)
-  p = pathlib.Path(path).absolute()
-  if p.name.startswith(checkpoint_paths.CHECKPOINT_PREFIX + "_") or not metric_name_to_monitor:
-    return str(checkpoint_paths.checkpoint_dir(directory, newest))
-  if monitored_split(directory) == "test":
-    logging.warning(
-        "%s: the run's %s was measured on the test split (EVAL_SPLIT = 'test': no held-out "
-        "dev); not selecting on it, using the newest checkpoint (step %d)", directory,
-        metric_name_to_monitor, newest)
-    return str(checkpoint_paths.checkpoint_dir(directory, newest))
-  step = best_step(directory, metric_name_to_monitor, metric_mode)
-  if step is None:
-    logging.warning("%s: no kept checkpoint has a logged %r; using the newest (step %d)", directory,
-                    metric_name_to_monitor, newest)
-    step = newest
-  else:
-    logging.info("%s: checkpoint_%d has the %s %s (%s)", directory, step,
-                 "lowest" if metric_mode == "min" else "highest", metric_name_to_monitor,
-                 read_metric(directory, metric_name_to_monitor)[step])
-  return str(checkpoint_paths.checkpoint_dir(directory, step))
-
-
-def t5x_save_best_checkpointer(metric_name_to_monitor: str,
-                               metric_mode: str = "min",
-                               keep_checkpoints_without_metrics: bool = True):
-  """T5X's `checkpoints.SaveBestCheckpointer` with its best-keeping settings, as a partial.
-
-  For the real T5X's `utils.SaveCheckpointConfig.checkpointer_cls`: T5X's Orbax checkpoint manager
-  (`utils.create_checkpoint_manager_cls`, the default since T5X adopted Orbax) reads
-  `metric_name_to_monitor`, `metric_mode` and `keep_checkpoints_without_metrics` only from a
-  `functools.partial` of `SaveBestCheckpointer` (a bare class reference passes none of them, and
-  only the most recent checkpoints are kept). Imports T5X.
-
-  Args:
-    metric_name_to_monitor: T5X's `{run}/{tag}` name, e.g.
-      "training_eval/mcwq_mcd1_en_prefixed/loss" (the dev loss).
-    metric_mode: "min" or "max".
-    keep_checkpoints_without_metrics: keep checkpoints whose metric is not (yet) logged.
-
-  Returns:
-    `functools.partial(t5x.checkpoints.SaveBestCheckpointer, ...)`.
-  """
-  import functools  # pylint: disable=g-import-not-at-top
-  from t5x import checkpoints as t5x_checkpoints  # pylint: disable=g-import-not-at-top
-  return functools.partial(
-      t5x_checkpoints.SaveBestCheckpointer,
-      metric_name_to_monitor=metric_name_to_monitor,
-      metric_mode=metric_mode,
-      keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+from typing import Optional, Sequence
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.checkpointing import checkpoint_paths
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """`python -m mcwq_t5x.best_checkpoint MODEL_DIR [--metric NAME] [--mode min|max]`: prints the
-  checkpoint `checkpoint_path` chooses.
+  checkpoint `best_checkpoint.checkpoint_path` chooses.
 
   Returns:
     The exit status: 0, or 1 when MODEL_DIR holds no checkpoint (one line on stderr).
@@ -219,7 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
   try:
     metric = None if args.metric.lower() == "none" else args.metric
-    print(checkpoint_path(args.model_dir, metric, args.mode))
+    print(best_checkpoint.checkpoint_path(args.model_dir, metric, args.mode))
   except checkpoint_paths.NotACheckpointError as e:
     print(f"best_checkpoint: error: {e}", file=sys.stderr)
     return 1

@@ -8,7 +8,7 @@ Usage:
 The run file configures `evaluate` by dynamic registration (`from mcwq_t5x import eval as
 eval_script`, `eval_script.evaluate: ...`).
 
-Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>; `mcwq_t5x.report
+Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>; `mcwq_t5x.evaluation.report
 MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
   predictions/<task>_<split>.txt   one prediction per line, in source order
   metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
@@ -16,11 +16,11 @@ MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
 CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` (its newest readable
 checkpoint: an unreadable newer one is skipped with a warning naming it) or one `checkpoint_<step>`
 folder (only the parameters are read; an unreadable one is an error), or a pretrained Hugging Face
-/ T5X-native checkpoint (`mcwq_t5x.prediction.load_params`). PREDICT_KWARGS and the output folder
+/ T5X-native checkpoint (`mcwq_t5x.evaluation.prediction.load_params`). PREDICT_KWARGS and the output folder
 are checked before anything is loaded or decoded.
 
 Vocabulary: with $MCWQ_VOCAB unset, the one recorded in the run's run.json (MODEL_DIR/vocab/
-spm.model, `mcwq_t5x.run_info`); a different one (set explicitly) is an error naming both.
+spm.model, `mcwq_t5x.checkpointing.run_info`); a different one (set explicitly) is an error naming both.
 """
 from __future__ import annotations
 
@@ -28,25 +28,25 @@ import logging
 import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
-from mcwq_t5x import cpu_settings
+from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import cpu_settings
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.evaluation import prediction
 from mcwq_t5x import gin_utils
-from mcwq_t5x import partitioning
-from mcwq_t5x import prediction
-from mcwq_t5x import run_info
-from mcwq_t5x import utils
 
 
 def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Path:
   """EVAL_OUTPUT_DIR when unset: `<MODEL_DIR>/eval_<step>` (`<folder>/eval` without a step).
 
-  `mcwq_t5x.report` names the model after `folder` (the run), not after this subfolder.
+  `mcwq_t5x.evaluation.report` names the model after `folder` (the run), not after this subfolder.
   """
   return pathlib.Path(folder) / (f"eval_{step}" if step is not None else "eval")
 
 
 def evaluate(*,
              model: Any,
-             dataset_cfg: utils.DatasetConfig,
+             dataset_cfg: pipeline.DatasetConfig,
              checkpoint_path: str,
              output_dir: Optional[str] = None,
              partitioner: Optional[partitioning.Partitioner] = None,
@@ -84,8 +84,8 @@ def evaluate(*,
   if output_dir is not None:
     prediction.check_writable(output_dir, "EVAL_OUTPUT_DIR")
   partitioner = partitioner or partitioning.Partitioner()
-  vocab = utils.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
-  utils.check_vocab_size(
+  vocab = pipeline.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
+  pipeline.check_vocab_size(
       vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
   run_info.check_vocabulary(vocab, checkpoint_path, f"task {dataset_cfg.mixture_or_task_name}")
   if getattr(model, "output_vocabulary", None) is not None:

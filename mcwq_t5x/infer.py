@@ -9,7 +9,7 @@ One question per input line (entity placeholders M0..M9 as in MCWQ; lines end at
 trailing "\r" is dropped, so form feeds or Unicode line separators inside a question never split
 it); one output line per input line, in order. Questions are normalised as the training data is
 (`readers.normalize_question`: Unicode NFC, a leading byte order mark dropped, stripped); an empty
-or whitespace-only line gives an empty output line and a warning. With --sparql the RIR is converted by `mcwq_t5x.rir.rir_to_sparql`; a prediction
+or whitespace-only line gives an empty output line and a warning. With --sparql the RIR is converted by `mcwq_t5x.data.rir.rir_to_sparql`; a prediction
 that is not valid RIR gives the line `ERROR: <reason>` (and a warning on stderr), so lines stay
 aligned.
 
@@ -28,13 +28,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from mcwq_t5x import cpu_settings
+from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import readers
+from mcwq_t5x.engine import cpu_settings
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.evaluation import prediction
 from mcwq_t5x import gin_utils
-from mcwq_t5x import partitioning
-from mcwq_t5x import prediction
-from mcwq_t5x import readers
-from mcwq_t5x import run_info
-from mcwq_t5x import utils
 
 
 def encode_questions(questions: Sequence[str],
@@ -73,7 +73,7 @@ def infer(questions: Sequence[str],
   Args:
     questions: question strings.
     model: MODEL.
-    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.prediction.load_params`).
+    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.evaluation.prediction.load_params`).
     vocabulary: input/output vocabulary (default the model's `input_vocabulary`).
     input_prefix: prepended to each question; must match training (tasks' `prefix`, default "").
     input_length: input tokens (EOS included; longer questions are trimmed).
@@ -99,7 +99,7 @@ def infer(questions: Sequence[str],
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
   if vocabulary is None:
     raise ValueError("infer needs a vocabulary (gin: infer.vocabulary = %VOCABULARY)")
-  utils.check_vocab_size(vocabulary, model.module.config.vocab_size, where="infer")
+  pipeline.check_vocab_size(vocabulary, model.module.config.vocab_size, where="infer")
   run_info.check_vocabulary(vocabulary, checkpoint_path, "infer")
   partitioner = partitioner or partitioning.Partitioner()
   params, _, _ = prediction.load_params(model, partitioner, checkpoint_path)
@@ -131,7 +131,7 @@ def to_sparql_lines(rirs: Iterable[Any], skip: Iterable[int] = ()) -> list[Any]:
   """RIR -> SPARQL per line; malformed RIR -> 'ERROR: ...' (warned on stderr); the 1-based lines
   in `skip` (empty questions) stay empty. A line may be a list of predictions
   (`return_all_decodes`): each is converted."""
-  from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   skip = set(skip)
 
   def convert(i, r):
@@ -189,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     parser.add_argument(
         "--sparql",
         action="store_true",
-        help="print executable SPARQL (mcwq_t5x.rir.rir_to_sparql) instead of RIR")
+        help="print executable SPARQL (mcwq_t5x.data.rir.rir_to_sparql) instead of RIR")
 
   args = gin_utils.parse_flags(
       argv,

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mcwq_t5x import paths
-from mcwq_t5x import utils
+from mcwq_t5x.data import paths
+from mcwq_t5x.data import pipeline
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -126,10 +126,10 @@ def inspect(name: str,
   return stats
 
 
-@utils.without_autograph
+@pipeline.without_autograph
 def _unlimited_dataset(task, split: str):
   """`task`'s preprocessed `split` in source order, without a length limit (traced without
-  AutoGraph: `utils.without_autograph`)."""
+  AutoGraph: `pipeline.without_autograph`)."""
   return task.get_dataset(sequence_length=None, split=split, shuffle=False)
 
 

@@ -15,7 +15,7 @@ can parse the real T5X's files too (see `gin_utils`).
 
 What it does (all gin-configurable through `train`):
   1. builds the device mesh (`partitioning.Partitioner`), the model and the `trainer.Trainer`;
-  2. reads the training split (`utils.load_feature_arrays`) and batches it deterministically from
+  2. reads the training split (`pipeline.load_feature_arrays`) and batches it deterministically from
      (seed, step); each process gathers only its rows of each global batch (its data shard,
      `Partitioner.local_batch_rows`), so the examples of a step and their order do not depend on
      the number of processes;
@@ -26,7 +26,7 @@ What it does (all gin-configurable through `train`):
      checkpoints every `checkpoint_period`; every `eval_period` computes the loss on the
      `train_eval_dataset_cfg` split (logged as `training_eval/...`, every row of it when
      `eval_steps` is None) and a decoding-based evaluation through `seqio.Evaluator`
-     (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.prediction`);
+     (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.evaluation.prediction`);
   5. at the end decodes the `final_eval_dataset_cfgs` splits (with METRIC_NAME_TO_MONITOR set: the
      kept checkpoint with the best value of that metric, e.g. the lowest dev loss) and writes
      MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
@@ -57,27 +57,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcwq_t5x import checkpoints as checkpoints_lib
-from mcwq_t5x import cpu_settings
+from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
+from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import cpu_settings
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x.evaluation import prediction
 from mcwq_t5x import gin_utils
-from mcwq_t5x import partitioning
-from mcwq_t5x import prediction
-from mcwq_t5x import run_info
-from mcwq_t5x import trainer as trainer_lib
-from mcwq_t5x import utils
 
 
-def check_model_and_task(model: Any, cfg: utils.DatasetConfig) -> None:
+def check_model_and_task(model: Any, cfg: pipeline.DatasetConfig) -> None:
   """Checks the task exists and its vocabulary fits the model's `vocab_size`.
 
   Raises:
     ValueError: unknown task (names the closest registered ones) or vocabulary/model size
       mismatch (names both sizes).
   """
-  vocab = utils.output_vocabulary(cfg.mixture_or_task_name, cfg.module)
+  vocab = pipeline.output_vocabulary(cfg.mixture_or_task_name, cfg.module)
   size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
   if size is not None:
-    utils.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
+    pipeline.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
 
 
 class ScalarWriter:
@@ -133,7 +133,7 @@ def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[st
   sums: dict[str, float] = {}
   n_rows = len(next(iter(arrays.values())))
   for start in range(0, n_rows, batch_size):
-    chunk, _ = utils.pad_batch({
+    chunk, _ = pipeline.pad_batch({
         k: v[start:start + batch_size] for k, v in arrays.items()
     }, batch_size)
     batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
@@ -147,8 +147,8 @@ def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[st
 
 
 def selection_metric(metric_name_to_monitor: Optional[str],
-                     train_eval_dataset_cfg: Optional[utils.DatasetConfig],
-                     final_eval_dataset_cfgs: Sequence[utils.DatasetConfig]) -> Optional[str]:
+                     train_eval_dataset_cfg: Optional[pipeline.DatasetConfig],
+                     final_eval_dataset_cfgs: Sequence[pipeline.DatasetConfig]) -> Optional[str]:
   """The metric that may select the decoded checkpoint: None when the periodic evaluation reads a
   split the final evaluation reports (no held-out dev, e.g. the tiny job: its "dev loss" is the
   test loss), so that no checkpoint is chosen on the test set; a warning says so."""
@@ -167,7 +167,7 @@ def selection_metric(metric_name_to_monitor: Optional[str],
 def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
   if jax.process_index() == 0:
     with open(path, "a") as f:
-      f.write(json.dumps(utils.to_jsonable(record), sort_keys=True) + "\n")
+      f.write(json.dumps(pipeline.to_jsonable(record), sort_keys=True) + "\n")
 
 
 METRICS_FILES = ("train_metrics.jsonl", "eval_metrics.jsonl")
@@ -217,14 +217,14 @@ def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str
 # --------------------------------------------------------------------------------------------
 def train(*,
           model: Any,
-          train_dataset_cfg: utils.DatasetConfig,
+          train_dataset_cfg: pipeline.DatasetConfig,
           model_dir: str,
           total_steps: int,
           partitioner: Optional[partitioning.Partitioner] = None,
           trainer_cls: Callable[..., trainer_lib.Trainer] = trainer_lib.Trainer,
-          train_eval_dataset_cfg: Optional[utils.DatasetConfig] = None,
-          infer_eval_dataset_cfg: Optional[utils.DatasetConfig] = None,
-          final_eval_dataset_cfgs: Sequence[utils.DatasetConfig] = (),
+          train_eval_dataset_cfg: Optional[pipeline.DatasetConfig] = None,
+          infer_eval_dataset_cfg: Optional[pipeline.DatasetConfig] = None,
+          final_eval_dataset_cfgs: Sequence[pipeline.DatasetConfig] = (),
           final_eval_num_examples: Optional[int] = None,
           eval_period: int = 1000,
           eval_steps: Optional[int] = 20,
@@ -244,7 +244,7 @@ def train(*,
   """Trains, evaluates and checkpoints (see the module docstring). Gin names as in T5X.
 
   Args:
-    model: `mcwq_t5x.model.EncoderDecoderModel` (gin MODEL).
+    model: `mcwq_t5x.engine.model.EncoderDecoderModel` (gin MODEL).
     train_dataset_cfg: training data (MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE, ...).
     model_dir: MODEL_DIR (checkpoints, events, predictions, metrics).
     total_steps: TRAIN_STEPS (optimizer updates in total, counting resumed ones).
@@ -332,9 +332,9 @@ def train(*,
   # shard: `local_rows`), so the global batch of a step is the same for any number of processes.
   local_rows = partitioner.local_batch_rows(train_dataset_cfg.batch_size)
   t0 = time.time()
-  train_arrays = utils.load_feature_arrays(train_dataset_cfg)
+  train_arrays = pipeline.load_feature_arrays(train_dataset_cfg)
   data_seed = random_seed if train_dataset_cfg.seed is None else train_dataset_cfg.seed
-  batches = utils.DeterministicBatches(
+  batches = pipeline.DeterministicBatches(
       train_arrays, train_dataset_cfg.batch_size, seed=data_seed, shuffle=train_dataset_cfg.shuffle)
   logging.info(
       "training data: %d rows (%.1fs); process %d of %d feeds rows %d:%d of each batch of %d",
@@ -346,7 +346,7 @@ def train(*,
     check_model_and_task(model, train_eval_dataset_cfg)
     eval_batch_size = prediction.decoding_batch_size(train_eval_dataset_cfg.batch_size, partitioner)
     n = None if eval_steps is None else eval_steps * eval_batch_size
-    eval_arrays = utils.load_feature_arrays(train_eval_dataset_cfg, 0, 1, num_examples=n)
+    eval_arrays = pipeline.load_feature_arrays(train_eval_dataset_cfg, 0, 1, num_examples=n)
 
   # --- state --------------------------------------------------------------------------------
   trainer = trainer_cls(model=model, partitioner=partitioner, seed=random_seed)

@@ -10,12 +10,12 @@ Modules (each has a command line where it makes sense; see their docstrings):
 * `translate`: MT backends (file, Hugging Face, Google REST v2) with caching (§4.1).
 * `gold`: gold-set sampling from the MCD test intersection and BLEU (§4.2–4.3).
 * `stats`: Table 3 statistics and the complexity histogram (§3.4).
-* `make_splits`: MCD splits by DBCA (Keysers et al. 2020; `mcwq_t5x.divergence`) and random splits
+* `make_splits`: MCD splits by DBCA (Keysers et al. 2020; `mcwq_t5x.data.divergence`) and random splits
   of equal sizes, for any release.
 
 The SPARQL stores (embedded pyoxigraph, remote endpoints, the answer cache) are the library's:
-`mcwq_t5x.endpoint`, with `mcwq_t5x.jsonl_cache` (the crash-safe JSONL cache also used for
-translations) and `mcwq_t5x.retry` (request pacing and Retry-After, also used by the Google MT
+`mcwq_t5x.stores.endpoint`, with `mcwq_t5x.stores.jsonl_cache` (the crash-safe JSONL cache also used for
+translations) and `mcwq_t5x.stores.retry` (request pacing and Retry-After, also used by the Google MT
 client). The library never imports this package.
 
 Nothing here imports TensorFlow.

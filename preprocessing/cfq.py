@@ -29,8 +29,8 @@ import pathlib
 import re
 from typing import Any, Iterable, Iterator, Sequence
 
-from mcwq_t5x import readers
-from mcwq_t5x import sparql as sparql_lib
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import sparql as sparql_lib
 
 #: Keys every CFQ record must have for the migration.
 REQUIRED_KEYS = ("questionIdx", "questionPatternModEntities", "questionWithBrackets", "sparql",
@@ -98,7 +98,7 @@ class ParsedQuery:
 
 
 def is_placeholder(term: str) -> bool:
-  """True for the entity placeholders `M0`…`M9` of CFQ/MCWQ (`mcwq_t5x.sparql.is_placeholder`)."""
+  """True for the entity placeholders `M0`…`M9` of CFQ/MCWQ (`mcwq_t5x.data.sparql.is_placeholder`)."""
   return sparql_lib.is_placeholder(term)
 
 
@@ -671,11 +671,11 @@ def read_mcwq_official(files: Iterable[str | pathlib.Path]) -> dict[str, str]:
   """Reads MCWQ `official/*/*.en.txt` files into {question pattern: SPARQL}.
 
   Format: one example per line, `IN: <question>  OUT: <sparql>` (two spaces before `OUT:`), read
-  with `mcwq_t5x.readers.read_official` (question stripped, query whitespace-collapsed).
+  with `mcwq_t5x.data.readers.read_official` (question stripped, query whitespace-collapsed).
 
   Raises:
-    mcwq_t5x.paths.DataNotFoundError: a file does not exist.
-    mcwq_t5x.readers.DataFormatError: `FILE:LINE` of a malformed line, or of a question with two
+    mcwq_t5x.data.paths.DataNotFoundError: a file does not exist.
+    mcwq_t5x.data.readers.DataFormatError: `FILE:LINE` of a malformed line, or of a question with two
       different queries.
   """
   out: dict[str, str] = {}

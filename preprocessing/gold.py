@@ -1,7 +1,7 @@
 r"""Gold test set sampling and translation quality (MCWQ paper, §4.2–4.3).
 
 * `mcd_test_intersection`: the test examples shared by the three MCD splits (compared by query up
-  to clause order, `mcwq_t5x.sparql.Query.canonical`; on the published files this gives 1,318
+  to clause order, `mcwq_t5x.data.sparql.Query.canonical`; on the published files this gives 1,318
   distinct queries and contains all 155 gold queries).
 * `sample_gold`: from that intersection, two yes/no and two wh- questions per complexity level,
   with a seeded generator. The complexity level is `Example.recursionDepth` (CFQ's measure, in
@@ -25,7 +25,9 @@ from typing import Callable, Sequence
 
 import sacrebleu
 
-from mcwq_t5x import readers, sparql as sparql_lib
+from mcwq_t5x.data import readers
+
+from mcwq_t5x.data import sparql as sparql_lib
 
 MCD_SPLITS = ("mcd1", "mcd2", "mcd3")
 
@@ -122,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   sub = ap.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("sample", help="sample the gold set from the MCD test intersection")
   s.add_argument(
-      "--data-dir", default=None, help="MCWQ folder (default: mcwq_t5x.paths.data_dir())")
+      "--data-dir", default=None, help="MCWQ folder (default: mcwq_t5x.data.paths.data_dir())")
   s.add_argument("--language", default="en")
   s.add_argument("--seed", type=int, default=0)
   s.add_argument("--out", required=True, help="output in the official `IN: …  OUT: …` format")

@@ -11,7 +11,7 @@ further from its target size (so both grow in proportion); the example is the on
 candidates per step), that gives the highest compound divergence D_0.1(train‖test) among those that
 keep the atom divergence D_0.5 at most `--atom_bound` (or, while the sets are still too small for
 that, at most its current value); when no candidate does, the one with the lowest atom divergence.
-Each set starts from one random example. Atoms and compounds are those of `mcwq_t5x.divergence`
+Each set starts from one random example. Atoms and compounds are those of `mcwq_t5x.data.divergence`
 (read off the SPARQL). The held-out set is then split at random into dev and test, as CFQ's dev and
 test are two random halves of its MCD hold-out (Keysers et al. §4). Examples left over are not used
 (CFQ's MCD splits use half of CFQ, with train/dev/test 80/10/10 of that: the default fractions).
@@ -25,7 +25,7 @@ Pool: a release's `dataset.json` records (all of them; the full release or one w
 it has) pooled, with their questions in every language the split has (the language files of a part
 are line-parallel: the same line is the same example and query).
 
-Output (`--out`, a release that `mcwq_t5x.readers` and `tasks.mcwq` read like any other: the
+Output (`--out`, a release that `mcwq_t5x.data.readers` and `tasks.mcwq` read like any other: the
 splits are found by `readers.discover`):
 
   dataset.json                 the pool as CFQ-style records (`questionPatternModEntities`,
@@ -53,8 +53,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mcwq_t5x import divergence as dv
-from mcwq_t5x import readers
+from mcwq_t5x.data import divergence as dv
+from mcwq_t5x.data import readers
 
 DEFAULT_MCD_NAME = "mcd"
 DEFAULT_RANDOM_NAME = "random"

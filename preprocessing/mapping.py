@@ -27,7 +27,7 @@ import pathlib
 import re
 from typing import Any
 
-from mcwq_t5x import sparql as sparql_lib
+from mcwq_t5x.data import sparql as sparql_lib
 from preprocessing import cfq
 
 DEFAULT_MAPPING = pathlib.Path(__file__).resolve().parent / "data" / "property_mapping.json"
@@ -134,7 +134,7 @@ class Migrated:
     return cfq.ParsedQuery(self.prefix, self.clauses).to_sparql()
 
   def query(self) -> sparql_lib.Query:
-    """The `mcwq_t5x.sparql.Query` of this query."""
+    """The `mcwq_t5x.data.sparql.Query` of this query."""
     return sparql_lib.parse_sparql(self.to_sparql())
 
 
@@ -206,7 +206,7 @@ def migrate_record(record: dict[str, Any],
 def equal_up_to_renaming(a: str, b: str) -> tuple[bool, dict[str, str] | None]:
   """Whether two MCWQ queries are equal up to clause order and a consistent renaming of `Mk`.
 
-  Uses `mcwq_t5x.sparql.Query.canonical` for the order-insensitive comparison.
+  Uses `mcwq_t5x.data.sparql.Query.canonical` for the order-insensitive comparison.
 
   Returns:
     (equal, renaming of a's placeholders into b's that makes them equal, identity first) or

@@ -8,7 +8,7 @@ negative for each yes/no question (§3.2); (5) write the release formats.
 Output folder:
   dataset.json            JSON array, one record per migrated CFQ record (keys below)
   splits/{NAME}.json      {"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]} into dataset.json
-  official/{NAME}/{part}.en.txt   `IN: question  OUT: sparql` (read by mcwq_t5x.readers)
+  official/{NAME}/{part}.en.txt   `IN: question  OUT: sparql` (read by mcwq_t5x.data.readers)
   negatives.json          verified negatives of yes/no questions (same keys, expectedResponse False)
   report.json             counts (records read, malformed, migrated, skipped by reason, how the
                           entities were aligned (`cfq.alignment_source`), assigned,
@@ -51,9 +51,9 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from mcwq_t5x import readers
-from mcwq_t5x import sparql as sparql_lib
-from mcwq_t5x import endpoint as ep
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import sparql as sparql_lib
+from mcwq_t5x.stores import endpoint as ep
 from preprocessing import cfq, mapping as mp, substitute as sb
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ Definitions (CFQ/MCWQ): a question pattern is `questionPatternModEntities`; a un
 `questionWithBrackets` (the pattern when only patterns are known); a unique query is `sparql` with
 entities (else `sparqlPatternModEntities`); a query pattern is the query with entities and
 properties abstracted (`sparqlPattern`, computed when missing). Queries are compared up to clause
-order (`mcwq_t5x.sparql.Query.canonical`).
+order (`mcwq_t5x.data.sparql.Query.canonical`).
 
 Command line:
   python -m preprocessing.stats --dataset OUT/dataset.json --png complexity.png
@@ -25,7 +25,9 @@ import pathlib
 import sys
 from typing import Any, Iterable, Sequence
 
-from mcwq_t5x import readers, sparql as sparql_lib
+from mcwq_t5x.data import readers
+
+from mcwq_t5x.data import sparql as sparql_lib
 
 
 def query_pattern(query: str) -> tuple:

@@ -21,7 +21,7 @@ import random
 import re
 from typing import Any, Iterable, Sequence
 
-from mcwq_t5x.endpoint import QID_RE, Endpoint, order_triples
+from mcwq_t5x.stores.endpoint import QID_RE, Endpoint, order_triples
 from preprocessing import cfq
 from preprocessing.mapping import Migrated
 

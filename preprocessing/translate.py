@@ -64,9 +64,9 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from mcwq_t5x import readers
-from mcwq_t5x import retry
-from mcwq_t5x.jsonl_cache import JsonlCache, make_key
+from mcwq_t5x.data import readers
+from mcwq_t5x.stores.jsonl_cache import JsonlCache, make_key
+from mcwq_t5x.stores import retry
 
 _log = logging.getLogger(__name__)
 

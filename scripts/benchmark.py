@@ -43,8 +43,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from mcwq_t5x import model as model_lib  # noqa: E402
-from mcwq_t5x import network  # noqa: E402
+from mcwq_t5x.engine import model as model_lib  # noqa: E402
+from mcwq_t5x.engine import network  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip (vendor data sheets).
 _PEAK_TFLOPS = {

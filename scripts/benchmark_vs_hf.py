@@ -20,7 +20,7 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   from the `unsafe_rbg` PRNG as the main job
   draws them, `USE_HARDWARE_RNG`; `--no-use_hardware_rng`: threefry): examples packed into rows of
   `--pack_input_length`/`--pack_target_length` tokens (`PACK = True`, first-fit decreasing:
-  `mcwq_t5x.packing`), so the epoch is ceil(rows / batch) steps. The default rows of 40/72 tokens
+  `mcwq_t5x.data.packing`), so the epoch is ceil(rows / batch) steps. The default rows of 40/72 tokens
   hold the split's longest example (28 input / 66 target tokens, so nothing is truncated: the
   driver checks that both systems saw the same target tokens) and are 90% / 94% full; rows of
   64/128 are 93% / 88% full, and their attention costs (64^2 + 128^2) / (40^2 + 72^2) = 3x as
@@ -40,11 +40,11 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   beam search (4 beams, length penalty alpha 0.6), each (system, method) in its own process. The
   checkpoint is `--checkpoint` (a MODEL_DIR or `checkpoint_<step>` of our engine: the network
   recorded in its run.json, or without one the `--decode_model` preset of
-  `mcwq_t5x.network.CONFIGS`, default `tiny`, the main job's model; the task's vocabulary must be
+  `mcwq_t5x.engine.network.CONFIGS`, default `tiny`, the main job's model; the task's vocabulary must be
   the one the run recorded), or else that preset
   trained for `--decode_train_steps` steps on the split (`mcwq_t5x.train.train`, batch
-  `--batch_size`) in a fresh process; it is exported once with `mcwq_t5x.export_hf`. Ours is the
-  eval main's decoding path, `mcwq_t5x.prediction` (`get_infer_fn`, compilation included, and
+  `--batch_size`) in a fresh process; it is exported once with `mcwq_t5x.checkpointing.export_hf`. Ours is the
+  eval main's decoding path, `mcwq_t5x.evaluation.prediction` (`get_infer_fn`, compilation included, and
   `decode_predictions`), with the eval main's CPU settings; theirs is
   `MT5ForConditionalGeneration.generate` on the export in batches of similar lengths (sorted by
   input length, dynamic padding, `torch.inference_mode()`, `do_sample=False`, `num_beams` 1 or 4,
@@ -118,9 +118,9 @@ def _peak_rss_gib() -> float:
 
 
 def _network_config(args: argparse.Namespace):
-  """The benchmark network as `mcwq_t5x.network.T5Config`: `_flop_config`'s fields, float32, an
+  """The benchmark network as `mcwq_t5x.engine.network.T5Config`: `_flop_config`'s fields, float32, an
   untied output layer."""
-  from mcwq_t5x import network
+  from mcwq_t5x.engine import network
   return network.T5Config(
       **vars(_flop_config(args)),
       dropout_rate=args.dropout_rate,
@@ -129,8 +129,8 @@ def _network_config(args: argparse.Namespace):
 
 
 def _dataset_config(args: argparse.Namespace, pack: bool):
-  from mcwq_t5x import utils
-  return utils.DatasetConfig(
+  from mcwq_t5x.data import pipeline
+  return pipeline.DatasetConfig(
       mixture_or_task_name=args.task,
       task_feature_lengths={
           "inputs": args.pack_input_length,
@@ -159,8 +159,8 @@ def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
   if path and os.path.exists(path):
     with open(path) as f:
       return [(list(i), list(t)) for i, t in json.load(f)]
-  from mcwq_t5x import utils
-  task = utils.get_mixture_or_task(args.task, "tasks.mcwq")
+  from mcwq_t5x.data import pipeline
+  task = pipeline.get_mixture_or_task(args.task, "tasks.mcwq")
   ds = task.get_dataset(
       sequence_length={
           "inputs": args.input_length,
@@ -185,15 +185,15 @@ def _examples(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
 
 # --- ours -------------------------------------------------------------------------------------
 def _our_model(args: argparse.Namespace):
-  from mcwq_t5x import model as model_lib
-  from mcwq_t5x import network
+  from mcwq_t5x.engine import model as model_lib
+  from mcwq_t5x.engine import network
   return model_lib.EncoderDecoderModel(network.Transformer(_network_config(args)), z_loss=0.0)
 
 
 def _our_trainer_cls(args: argparse.Namespace):
   import functools
 
-  from mcwq_t5x import trainer as trainer_lib
+  from mcwq_t5x.engine import trainer as trainer_lib
   lr = trainer_lib.create_learning_rate_schedule(args.learning_rate, "constant")
   tx = trainer_lib.make_optimizer(lr, "adafactor", adafactor_multiply_by_parameter_scale=False)
   return functools.partial(
@@ -207,12 +207,12 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   """One epoch through `mcwq_t5x.train.train` (packed rows); see the module docstring."""
   import numpy as np
 
-  from mcwq_t5x import partitioning
+  from mcwq_t5x.data import pipeline
+  from mcwq_t5x.engine import partitioning
   from mcwq_t5x import train as train_lib
-  from mcwq_t5x import utils
   _examples(args)  # written for the HF worker that runs next (not timed)
   cfg = _dataset_config(args, pack=True)
-  rows = utils.load_feature_arrays(cfg, 0, 1)
+  rows = pipeline.load_feature_arrays(cfg, 0, 1)
   per_row = rows["decoder_segment_ids"].max(axis=1)  # examples packed into each row
   num_rows = len(per_row)
   if args.max_examples:  # as many rows as hold the first max_examples examples
@@ -293,7 +293,7 @@ def train_step_flops(config, batch: int, input_length: int, target_length: int) 
   "6 * params * tokens" rule, each weight counted on the tokens it is applied to.
 
   Args:
-    config: `mcwq_t5x.network.T5Config`.
+    config: `mcwq_t5x.engine.network.T5Config`.
     batch: rows per step.
     input_length, target_length: tokens per encoder / decoder row.
 
@@ -349,7 +349,7 @@ def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
   import jax
   import jax.numpy as jnp
 
-  from mcwq_t5x import partitioning
+  from mcwq_t5x.engine import partitioning
   examples = _examples(args)
   batch = _fixed_batch(args, examples)
   partitioner = partitioning.Partitioner(devices=jax.devices()[:1])
@@ -512,8 +512,8 @@ def _decode_config(args: argparse.Namespace):
   """
   import dataclasses
 
-  from mcwq_t5x import network
-  from mcwq_t5x import run_info
+  from mcwq_t5x.checkpointing import run_info
+  from mcwq_t5x.engine import network
   run_path = run_info.find(args.checkpoint) if args.checkpoint else None
   if run_path is None:
     return network.get_config(args.decode_model, dropout_rate=0.0)
@@ -531,18 +531,18 @@ def _decode_questions(args: argparse.Namespace) -> tuple[list[list[int]], int]:
 def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
   """Without `--checkpoint`: trains the `--decode_model` preset and exports it for HF (with one,
   the first `ours_decode` worker exports it)."""
-  from mcwq_t5x import model as model_lib
-  from mcwq_t5x import network
-  from mcwq_t5x import partitioning
-  from mcwq_t5x import prediction
+  from mcwq_t5x.data import pipeline
+  from mcwq_t5x.engine import model as model_lib
+  from mcwq_t5x.engine import network
+  from mcwq_t5x.engine import partitioning
+  from mcwq_t5x.evaluation import prediction
   from mcwq_t5x import train as train_lib
-  from mcwq_t5x import utils
   config = _decode_config(args)
   model = model_lib.EncoderDecoderModel(network.Transformer(config))
   checkpoint = args.checkpoint
   if not checkpoint:
     checkpoint = os.path.join(args.work_dir, "model")
-    cfg = utils.DatasetConfig(
+    cfg = pipeline.DatasetConfig(
         mixture_or_task_name=args.task,
         task_feature_lengths={
             "inputs": args.input_length,
@@ -579,16 +579,16 @@ def _hf_dir(args: argparse.Namespace) -> str:
 
 def _checked_vocabulary(args: argparse.Namespace, checkpoint: str):
   """The task's vocabulary, checked against the one the run recorded (`run_info`)."""
-  from mcwq_t5x import run_info
-  from mcwq_t5x import utils
-  vocab = utils.output_vocabulary(args.task, "tasks.mcwq")
+  from mcwq_t5x.checkpointing import run_info
+  from mcwq_t5x.data import pipeline
+  vocab = pipeline.output_vocabulary(args.task, "tasks.mcwq")
   run_info.check_vocabulary(vocab, checkpoint, f"task {args.task}")
   return vocab
 
 
 def _export(params, config, hf_dir: str, vocab) -> None:
-  """`mcwq_t5x.export_hf` of `params` to `hf_dir`, unless a worker of this run already did."""
-  from mcwq_t5x import export_hf
+  """`mcwq_t5x.checkpointing.export_hf` of `params` to `hf_dir`, unless a worker of this run already did."""
+  from mcwq_t5x.checkpointing import export_hf
   if os.path.exists(os.path.join(hf_dir, "config.json")):
     return
   export_hf.export_params(
@@ -633,13 +633,13 @@ def _decode_result(system: str, method: str, args: argparse.Namespace, tokens: A
 
 
 def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
-  """`mcwq_t5x.prediction` on the questions (the eval main's path); see the module docstring."""
+  """`mcwq_t5x.evaluation.prediction` on the questions (the eval main's path); see the module docstring."""
   import numpy as np
 
-  from mcwq_t5x import prediction
-  from mcwq_t5x import model as model_lib
-  from mcwq_t5x import network
-  from mcwq_t5x import partitioning
+  from mcwq_t5x.engine import model as model_lib
+  from mcwq_t5x.engine import network
+  from mcwq_t5x.engine import partitioning
+  from mcwq_t5x.evaluation import prediction
   questions, length = _decode_questions(args)
   arrays = {
       "encoder_input_tokens": np.zeros((len(questions), max(map(len, questions))), np.int32),
@@ -747,7 +747,7 @@ def _our_eval_command(args: argparse.Namespace, checkpoint: str, out_dir: str) -
   network differs from that preset as `network.get_config` bindings."""
   import dataclasses
 
-  from mcwq_t5x import network
+  from mcwq_t5x.engine import network
   preset = network.CONFIGS[args.decode_model]
   config = _decode_config(args)
   differ = [
@@ -997,7 +997,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.WARNING)
     system, mode = args.worker.split(":")
     if system in ("ours", "prep"):  # flags before JAX starts its backend
-      from mcwq_t5x import cpu_settings
+      from mcwq_t5x.engine import cpu_settings
       if mode.startswith("decode-"):  # as the eval and infer mains do
         cpu_settings.set_inference_cpu_options()
       else:  # as the training main does

@@ -33,7 +33,7 @@ _REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:
   sys.path.insert(0, str(_REPO))
 
-from mcwq_t5x import readers  # noqa: E402  pylint: disable=g-import-not-at-top
+from mcwq_t5x.data import readers  # noqa: E402  pylint: disable=g-import-not-at-top
 
 BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
 # Published example counts (dev, test) per split, identical for the four languages.

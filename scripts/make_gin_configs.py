@@ -117,8 +117,8 @@ T5X_FINETUNE = """\
 from __gin__ import dynamic_registration
 
 import optax
-from mcwq_t5x import best_checkpoint
-from mcwq_t5x import vocab
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.data import vocab
 from t5x import decoding
 from t5x import models
 from t5x import optimizers
@@ -173,7 +173,7 @@ from_pretrained/utils.RestoreCheckpointConfig:
 
 # Dev loss every EVAL_PERIOD steps over the whole dev set; keep the checkpoint with the lowest
 # plus the newest: T5X's SaveBestCheckpointer settings, which its Orbax manager reads from a
-# functools.partial of the class (mcwq_t5x.best_checkpoint.t5x_save_best_checkpointer).
+# functools.partial of the class (mcwq_t5x.checkpointing.best_checkpoint.t5x_save_best_checkpointer).
 EVAL_PERIOD = {eval_period}
 EVAL_STEPS = {eval_steps}  # ceil({dev_rows} dev rows / BATCH_SIZE)
 METRIC_NAME_TO_MONITOR = 'training_eval/{task}/loss'
@@ -245,7 +245,7 @@ INFER_TASK_FEATURE_LENGTHS = {{'inputs': {inputs_length}, 'targets': {targets_le
 T5X_EVAL = """\
 # {title}, with the real T5X: the {pretty} model fine-tuned on MCWQ {split} {train_language_name}
 # (gin/{train_name}.gin) decodes {what}, with the checkpoint of the lowest dev loss in its MODEL_DIR
-# (mcwq_t5x.best_checkpoint reads T5X's training-eval summaries) and greedy decoding.
+# (mcwq_t5x.checkpointing.best_checkpoint reads T5X's training-eval summaries) and greedy decoding.
 {header}#
 #   python -m t5x.eval --gin_file=gin/{path} \\
 #     --gin.CHECKPOINT_PATH="'$PWD/runs/t5x/{train_name}'" \\
@@ -254,8 +254,8 @@ T5X_EVAL = """\
 # checkpoint_<step> folder as CHECKPOINT_PATH is decoded as it is.)
 from __gin__ import dynamic_registration
 
-from mcwq_t5x import best_checkpoint
-from mcwq_t5x import vocab
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.data import vocab
 from t5x import decoding
 from t5x import models
 from t5x import utils
@@ -290,12 +290,12 @@ models.DecoderParams.num_decodes = %NUM_DECODES
 OURS_EVAL = """\
 # {title}, with mcwq_t5x: the {pretty} model fine-tuned on MCWQ {split} {train_language_name}
 # (gin/mcwq_t5x/{train_name}.gin) decodes {what}, with the checkpoint of the lowest dev loss in its
-# MODEL_DIR (mcwq_t5x.best_checkpoint) and greedy decoding.
+# MODEL_DIR (mcwq_t5x.checkpointing.best_checkpoint) and greedy decoding.
 {header}#
 #   python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/{path}
 from __gin__ import dynamic_registration
 
-from mcwq_t5x import best_checkpoint
+from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x import eval as eval_script
 
 include 'gin/mcwq_t5x/models/{model_file}.gin'
@@ -360,7 +360,7 @@ T5X_INFER = """\
 # (T5X's Orbax checkpointing needs absolute paths.)
 from __gin__ import dynamic_registration
 
-from mcwq_t5x import vocab
+from mcwq_t5x.data import vocab
 from t5x import utils
 
 include '{t5x_model}'
@@ -373,13 +373,13 @@ TASK_FEATURE_LENGTHS = {{'inputs': {inputs_length}, 'targets': {targets_length}}
 """
 
 OURS_MODEL = """\
-# {pretty} for mcwq_t5x: preset '{preset}' of `mcwq_t5x.network.CONFIGS` (the
+# {pretty} for mcwq_t5x: preset '{preset}' of `mcwq_t5x.engine.network.CONFIGS` (the
 # hyperparameters of T5X's `{t5x_model}`), with the {vocab_desc} from $MCWQ_VOCAB.
 {header}from __gin__ import dynamic_registration
 
-from mcwq_t5x import model
-from mcwq_t5x import network
-from mcwq_t5x import vocab
+from mcwq_t5x.data import vocab
+from mcwq_t5x.engine import model
+from mcwq_t5x.engine import network
 
 VOCABULARY = @vocab.{vocab}()
 Z_LOSS = 1e-4

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains (or finds in the cache) the small offline SentencePiece model of mcwq-t5x.
 
-The model (see `mcwq_t5x.vocab`) is trained on the questions and RIR queries of every
+The model (see `mcwq_t5x.data.vocab`) is trained on the questions and RIR queries of every
 available MCWQ `train`/`dev` file, reproducibly, and cached in `$MCWQ_CACHE_DIR/spm/`
 (default `~/.cache/mcwq_t5x/spm/`). Prints its path, size, MD5 and token-length figures.
 
@@ -23,7 +23,7 @@ _REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:
   sys.path.insert(0, str(_REPO))
 
-from mcwq_t5x import vocab  # noqa: E402  pylint: disable=g-import-not-at-top
+from mcwq_t5x.data import vocab  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,10 +1,10 @@
 """SeqIO tasks and mixtures for MCWQ (Cui et al., TACL 2022).
 
 Inputs are the questions (entity placeholders M0..M9), targets the queries in the reversible
-intermediate representation (RIR, `mcwq_t5x.rir`), as in the paper's mT5 experiments (§5).
+intermediate representation (RIR, `mcwq_t5x.data.rir`), as in the paper's mT5 experiments (§5).
 
 Importing this module registers the tasks below with the vocabulary of
-`mcwq_t5x.vocab.get_vocabulary()` (`$MCWQ_VOCAB`, else the small offline SentencePiece model) and
+`mcwq_t5x.data.vocab.get_vocabulary()` (`$MCWQ_VOCAB`, else the small offline SentencePiece model) and
 registers nothing with gin, so T5X can import it after parsing its flags
 (`MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`). `register_mcwq_tasks(...)` registers variants (another
 prefix, vocabulary, data folder, name suffix); calling it again replaces earlier registrations.
@@ -38,7 +38,7 @@ language (`input_prefix`); the zero-shot tasks use the TEST language's prefix, a
 zero-shot evaluation does. The paper's experiment files (gin/) train on the `_prefixed` tasks.
 
 Each example also carries `question`, `sparql`, `rir` (strings) and `recursionDepth` (int32,
--1 when unknown) for evaluation by complexity. Questions come normalised from `mcwq_t5x.readers`
+-1 when unknown) for evaluation by complexity. Questions come normalised from `mcwq_t5x.data.readers`
 (`readers.normalize_question`: NFC, no BOM; `mcwq_t5x.infer` applies the same function), so a
 question typed in another Unicode form tokenises as in training.
 """
@@ -51,9 +51,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
-from mcwq_t5x import metrics
-from mcwq_t5x import readers
-from mcwq_t5x import vocab as vocab_lib
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import vocab as vocab_lib
+from mcwq_t5x.evaluation import metrics
 
 SPLITS = readers.SPLITS
 LANGUAGES = readers.LANGUAGES
@@ -209,7 +209,7 @@ def register_mcwq_tasks(prefix: Union[str, Callable[[str], str]] = DEFAULT_INPUT
   Args:
     prefix: text prepended to every input, or a function language code -> that text (e.g.
       `input_prefix`, the paper's form); default none.
-    vocabulary: input and target vocabulary; default `mcwq_t5x.vocab.get_vocabulary()`
+    vocabulary: input and target vocabulary; default `mcwq_t5x.data.vocab.get_vocabulary()`
       (`$MCWQ_VOCAB`, else the small offline SentencePiece model, trained on first use).
     suffix: appended to every task/mixture name, to register variants side by side.
     data_dir: MCWQ directory; default (None) resolves `paths.data_dir()` when read. Its

@@ -163,7 +163,7 @@ def readme(tmp_path_factory, mcwq_dir):
   del mcwq_dir  # the real data must be there
   import readme_commands  # pylint: disable=g-import-not-at-top
   import scenarios  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import vocab  # pylint: disable=g-import-not-at-top
   small = str(vocab.small_vocab_path())
   return scenarios.ReadmeRun(tmp_path_factory, [c for _, c in readme_commands.COMMANDS],
                              lambda index: readme_commands.env_of(index, small),

@@ -1,5 +1,6 @@
-"""The import graph of the project's modules (ARCHITECTURE.md): no cycle, and the library is
-layered under the dataset-creation package.
+"""The import graph of the project's modules (ARCHITECTURE.md): no cycle, each wing of the library
+imports only what its rule allows, no wing imports an entry point, and the library is layered under
+the dataset-creation package.
 
 Every `.py` file of mcwq_t5x/, tasks/ and preprocessing/ is parsed with `ast` (nothing is imported),
 and every import statement counts, those inside functions included: a function-level import hides
@@ -8,12 +9,14 @@ a cycle from Python, not from the reader.
 import ast
 import pathlib
 
+import pytest
+
 PACKAGES = ("mcwq_t5x", "tasks", "preprocessing")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def module_name(path: pathlib.Path) -> str:
-  """`mcwq_t5x/checkpoints.py` -> "mcwq_t5x.checkpoints"; a package's `__init__.py` -> its name."""
+  """`mcwq_t5x/checkpointing/checkpoints.py` -> "mcwq_t5x.checkpointing.checkpoints"; a package's `__init__.py` -> its name."""
   parts = path.relative_to(ROOT).with_suffix("").parts
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -91,11 +94,64 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
   return []
 
 
+WINGS = ("engine", "data", "checkpointing", "evaluation", "stores")
+# What each wing may import of the project, besides itself (mcwq_t5x/<wing>/__init__.py says why).
+ALLOWED = {
+    "engine": set(),
+    "data": set(),
+    "stores": set(),
+    "checkpointing": {"engine", "data"},
+    "evaluation": {"engine", "data", "checkpointing", "stores"},
+}
+# Packages no module of a wing may import, anywhere in the module (the GPU image has neither
+# TensorFlow nor SeqIO; the stores are plain Python clients).
+FORBIDDEN_LIBRARIES = {
+    "engine": {"tensorflow", "seqio", "tensorflow_datasets", "t5x"},
+    "stores": {"jax", "flax", "optax", "tensorflow", "seqio", "tensorflow_datasets"},
+    "checkpointing": {"seqio", "tensorflow_datasets"},
+}
+# Imported only inside functions, where a wing module may import them at all.
+LAZY_LIBRARIES = {"checkpointing": {"tensorflow"}}
+
+
+def wing_of(module: str) -> str:
+  """"mcwq_t5x.engine.model" -> "engine"; an entry point ("mcwq_t5x.train") -> "entry"; a module
+  outside mcwq_t5x -> its package ("tasks", "preprocessing")."""
+  parts = module.split(".")
+  if parts[0] != "mcwq_t5x":
+    return parts[0]
+  if len(parts) > 2 or (len(parts) == 2 and parts[1] in WINGS):
+    return parts[1]
+  return "entry" if len(parts) == 2 else "mcwq_t5x"
+
+
+def external_imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
+  """(top-level packages imported at module level, those imported inside functions or classes)."""
+  tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+  top, nested = set(), set()
+
+  def names(node):
+    if isinstance(node, ast.Import):
+      return {a.name.split(".")[0] for a in node.names}
+    if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      return {node.module.split(".")[0]}
+    return set()
+
+  for node in tree.body:
+    top |= names(node)
+    if isinstance(node, (ast.If, ast.Try)):  # `if TYPE_CHECKING:`, guarded imports at top level
+      for child in ast.walk(node):
+        top |= names(child)
+  for node in ast.walk(tree):
+    nested |= names(node)
+  return top, nested - top
+
+
 def test_graph_sees_function_level_imports():
-  """The parser finds imports inside functions and `from mcwq_t5x import x` as module x."""
+  """The parser finds imports inside functions and `from package import x` as module x."""
   graph = import_graph()
-  assert "mcwq_t5x.network" in graph["mcwq_t5x.model"]
-  assert "mcwq_t5x.readers" in graph["mcwq_t5x.vocab"]
+  assert "mcwq_t5x.engine.network" in graph["mcwq_t5x.engine.model"]
+  assert "mcwq_t5x.data.readers" in graph["mcwq_t5x.data.vocab"]
   assert "tasks" in graph["mcwq_t5x.inspect_task"]  # a function-level `import tasks`
 
 
@@ -109,18 +165,83 @@ def test_no_import_cycle():
   assert not cycle, "import cycle among the project's modules: " + " -> ".join(cycle)
 
 
-def test_library_does_not_import_preprocessing():
+def test_every_library_module_is_in_a_wing():
+  """mcwq_t5x/ holds the entry points and gin handling; the library is in the wings."""
+  top = sorted(p.stem for p in (ROOT / "mcwq_t5x").glob("*.py") if p.stem != "__init__")
+  assert top == sorted(ENTRY_POINTS), top
+  assert sorted(p.name for p in (ROOT / "mcwq_t5x").iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()) == sorted(WINGS)
+  for wing in WINGS:
+    doc = ast.get_docstring(ast.parse((ROOT / "mcwq_t5x" / wing / "__init__.py").read_text()))
+    assert doc and "Imports:" in doc, f"mcwq_t5x/{wing}/__init__.py must say what it may import"
+
+
+ENTRY_POINTS = ("train", "eval", "infer", "score", "report", "export_hf", "inspect_task",
+                "divergence", "rir", "best_checkpoint", "gin_utils")
+
+
+def test_wings_import_only_what_their_rule_allows():
+  offenders = []
+  for name, imports in import_graph().items():
+    wing = wing_of(name)
+    if wing not in WINGS:
+      continue
+    for target in sorted(imports):
+      other = wing_of(target)
+      if other != wing and other not in ALLOWED[wing]:
+        offenders.append(f"{name} imports {target} ({wing} may import "
+                         f"{sorted(ALLOWED[wing]) or 'nothing else of the project'})")
+  assert not offenders, "\n".join(offenders)
+
+
+def test_wings_keep_out_of_forbidden_libraries():
+  offenders = []
+  for name, path in project_modules().items():
+    wing = wing_of(name)
+    top, nested = external_imports(path)
+    banned = FORBIDDEN_LIBRARIES.get(wing, set())
+    for package in sorted((top | nested) & banned):
+      offenders.append(f"{name} imports {package} (not in the {wing} wing)")
+    for package in sorted(top & LAZY_LIBRARIES.get(wing, set())):
+      offenders.append(f"{name} imports {package} at module level (only inside functions)")
+  assert not offenders, "\n".join(offenders)
+
+
+def test_no_wing_imports_an_entry_point_and_no_entry_point_another():
+  offenders = []
+  for name, imports in import_graph().items():
+    for target in sorted(imports):
+      if wing_of(target) == "entry" and target != "mcwq_t5x.gin_utils":
+        offenders.append(f"{name} imports the entry point {target}")
+      elif wing_of(name) in WINGS and target == "mcwq_t5x.gin_utils":
+        offenders.append(f"{name} imports gin handling ({target})")
+  assert not offenders, "\n".join(offenders)
+
+
+def test_library_does_not_import_preprocessing_or_tasks():
   offenders = {
-      name: sorted(m for m in imports if m.split(".")[0] == "preprocessing")
+      name: sorted(m for m in imports if m.split(".")[0] in ("preprocessing", "tasks"))
       for name, imports in import_graph().items()
-      if name.split(".")[0] == "mcwq_t5x"
+      if wing_of(name) in WINGS
   }
   offenders = {k: v for k, v in offenders.items() if v}
-  assert not offenders, f"mcwq_t5x modules import preprocessing: {offenders}"
+  assert not offenders, f"library modules import preprocessing or tasks: {offenders}"
 
 
-def test_checkpoint_paths_is_a_leaf():
-  """The leaf of the checkpoint code (ARCHITECTURE.md) imports no other module of the project."""
+def test_rules_catch_a_violation(tmp_path, monkeypatch):
+  """A wing module importing what its rule forbids is reported (the checks can fail)."""
   graph = import_graph()
-  assert graph["mcwq_t5x.checkpoint_paths"] == set()
-  assert graph["mcwq_t5x.cpu_settings"] == set()
+  graph["mcwq_t5x.engine.model"] = graph["mcwq_t5x.engine.model"] | {"mcwq_t5x.data.readers"}
+  monkeypatch.setattr(__import__(__name__), "import_graph", lambda: graph)
+  with pytest.raises(AssertionError, match="engine.model imports mcwq_t5x.data.readers"):
+    test_wings_import_only_what_their_rule_allows()
+  bad = tmp_path / "m.py"
+  bad.write_text("def f():\n  import tensorflow as tf\n")
+  assert external_imports(bad) == (set(), {"tensorflow"})
+
+
+def test_leaves():
+  """The leaf of the checkpoint code and the CPU settings import no other module of the project."""
+  graph = import_graph()
+  assert graph["mcwq_t5x.checkpointing.checkpoint_paths"] == set()
+  assert graph["mcwq_t5x.engine.cpu_settings"] == set()

@@ -85,8 +85,8 @@ def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run, tmp
   import ast  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
 
-  from mcwq_t5x import network  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import run_info  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.engine import network  # pylint: disable=g-import-not-at-top
 
   import readme_commands as rc  # pylint: disable=g-import-not-at-top
   bench = mains.load_script("benchmark_vs_hf")

@@ -20,13 +20,13 @@ torch = pytest.importorskip(
     "torch")  # test requirement: parity against an independent implementation
 transformers = pytest.importorskip("transformers")
 
-from mcwq_t5x import checkpoint_import as ci
-from mcwq_t5x import checkpoint_loaders
-from mcwq_t5x import checkpoint_paths
-from mcwq_t5x import checkpoints
-from mcwq_t5x import t5x_checkpoint_writer
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
+from mcwq_t5x.checkpointing import checkpoint_import as ci
+from mcwq_t5x.checkpointing import checkpoint_loaders
+from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.checkpointing import t5x_checkpoint_writer
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import network
 
 VOCAB = 256  # model rows; the SentencePiece vocab is smaller (as in mT5)
 SP_VOCAB = 160

@@ -1,4 +1,4 @@
-"""Tests of mcwq_t5x.checkpoints (+ the deterministic data order): save/restore, keep-last-K,
+"""Tests of mcwq_t5x.checkpointing.checkpoints (+ the deterministic data order): save/restore, keep-last-K,
 corrupt-latest fallback, and kill-and-resume reproducing the uninterrupted loss trajectory."""
 import pathlib
 
@@ -6,12 +6,12 @@ import jax
 import numpy as np
 import pytest
 
-from mcwq_t5x import checkpoints
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
-from mcwq_t5x import partitioning
-from mcwq_t5x import trainer as trainer_lib
-from mcwq_t5x import utils
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import network
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 import tiny_engine
 
 VOCAB = tiny_engine.VOCAB
@@ -59,8 +59,8 @@ def train_losses(tr, state, batches, start, stop, ckpt=None):
 
 def test_deterministic_batches():
   arrays = {"x": np.arange(10)[:, None]}
-  a = utils.DeterministicBatches(arrays, batch_size=4, seed=3)
-  b = utils.DeterministicBatches(arrays, batch_size=4, seed=3)
+  a = pipeline.DeterministicBatches(arrays, batch_size=4, seed=3)
+  b = pipeline.DeterministicBatches(arrays, batch_size=4, seed=3)
   # Batch s depends only on (seed, s), whatever was read before.
   np.testing.assert_array_equal(a.batch(7)["x"], b.batch(7)["x"])
   np.testing.assert_array_equal(a.batch(2)["x"], next(b.iterate(2))["x"])
@@ -68,9 +68,9 @@ def test_deterministic_batches():
   stream = np.concatenate([a.batch(s)["x"][:, 0] for s in range(5)])  # 20 items = 2 epochs
   assert sorted(stream[:10]) == list(range(10)) and sorted(stream[10:]) == list(range(10))
   assert list(stream[:10]) != list(stream[10:])
-  c = utils.DeterministicBatches(arrays, batch_size=4, seed=4)
+  c = pipeline.DeterministicBatches(arrays, batch_size=4, seed=4)
   assert list(c.batch(0)["x"][:, 0]) != list(a.batch(0)["x"][:, 0])
-  ordered = utils.DeterministicBatches(arrays, batch_size=4, shuffle=False)
+  ordered = pipeline.DeterministicBatches(arrays, batch_size=4, shuffle=False)
   assert list(ordered.batch(2)["x"][:, 0]) == [8, 9, 0, 1]
 
 
@@ -114,7 +114,7 @@ def _corrupt(step_dir: pathlib.Path):
 def test_corrupt_latest_falls_back_to_previous(tmp_path):
   p = partitioning.Partitioner(num_partitions=1)
   tr = make_trainer(p)
-  batches = utils.DeterministicBatches(synthetic_arrays(), 8, seed=0)
+  batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=0)
   mgr = checkpoints.CheckpointManager(tmp_path, save_interval_steps=1, async_save=False)
   state = tr.create_state(shapes())
   state, _ = train_losses(tr, state, batches, 0, 2, ckpt=mgr)
@@ -135,7 +135,7 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path):
 def test_kill_and_resume_reproduces_losses(tmp_path):
   """6 steps straight == 3 steps, 'kill' (new trainer + manager), restore, 3 more (dropout on)."""
   p = partitioning.Partitioner(num_partitions=2)
-  batches = utils.DeterministicBatches(synthetic_arrays(), 8, seed=11)
+  batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=11)
   tr = make_trainer(p)
   _, straight = train_losses(tr, tr.create_state(shapes()), batches, 0, 6)
 
@@ -149,15 +149,15 @@ def test_kill_and_resume_reproduces_losses(tmp_path):
   mgr2 = checkpoints.CheckpointManager(tmp_path, save_interval_steps=3)
   step, state, data = mgr2.restore_latest(tr2.state_shapes(shapes()))
   assert step == 3 and data["step"] == 3
-  fresh = utils.DeterministicBatches(synthetic_arrays(), 8, seed=data["data_seed"])
+  fresh = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=data["data_seed"])
   _, second = train_losses(tr2, state, fresh, step, 6)
   np.testing.assert_allclose(first + second, straight, rtol=1e-6)
 
 
 def test_initial_checkpoint_import_into_sharded_state(tmp_path):
   """INITIAL_CHECKPOINT_PATH path of train(): T5X-native checkpoint -> load_params -> state."""
-  from mcwq_t5x import checkpoint_loaders  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import t5x_checkpoint_writer  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import checkpoint_loaders  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import t5x_checkpoint_writer  # pylint: disable=g-import-not-at-top
   p = partitioning.Partitioner(num_partitions=2)
   source = make_trainer(p)
   source.seed = 123
@@ -179,7 +179,7 @@ def test_initial_checkpoint_import_into_sharded_state(tmp_path):
 def _train_and_save(tmp_path, steps=2):
   """Adafactor run of `steps` updates, a checkpoint after each; returns (model_dir, params)."""
   tr = make_trainer(partitioning.Partitioner(num_partitions=2))
-  batches = utils.DeterministicBatches(synthetic_arrays(), 8, seed=2)
+  batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=2)
   mgr = checkpoints.CheckpointManager(tmp_path / "model", save_interval_steps=1, async_save=False)
   state, _ = train_losses(tr, tr.create_state(shapes()), batches, 0, steps, ckpt=mgr)
   mgr.close()
@@ -301,7 +301,7 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
 def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog):
   """eval/infer on a MODEL_DIR whose newest checkpoint is corrupt: the newest readable one, with a
   warning naming the corrupt one; a corrupt checkpoint named by its folder: a clear error."""
-  from mcwq_t5x import prediction  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.evaluation import prediction  # pylint: disable=g-import-not-at-top
   model_dir, _ = _train_and_save(tmp_path)
   p = partitioning.Partitioner(num_partitions=2)
   tr = make_trainer(p)
@@ -336,7 +336,7 @@ def test_resume_past_a_corrupt_checkpoint_moves_it_aside(tmp_path):
   assert step == 1 and mgr.all_steps() == [1]
   aside = [c.name for c in model_dir.iterdir() if c.name.startswith("checkpoint_2.corrupt-")]
   assert len(aside) == 1, sorted(c.name for c in model_dir.iterdir())
-  batches = utils.DeterministicBatches(synthetic_arrays(), 8, seed=2)
+  batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=2)
   train_losses(tr, state, batches, 1, 3, ckpt=mgr)
   mgr.close()
   assert mgr.all_steps() == [2, 3]

@@ -1,4 +1,4 @@
-"""Tests of mcwq_t5x.decoding against brute-force NumPy references on a path-dependent toy model.
+"""Tests of mcwq_t5x.engine.decoding against brute-force NumPy references on a path-dependent toy model.
 
 The toy "model" keeps in its cache the sum of the tokens fed so far, the token history, a shared
 scalar `cache_index` and a per-example bias; its next-token logits depend on all of them, on
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mcwq_t5x import decoding
+from mcwq_t5x.engine import decoding
 
 V = 5  # vocabulary: 0 = BOS/pad, 1 = EOS, 2..4 other tokens
 EOS = 1

@@ -1,4 +1,4 @@
-"""DBCA atoms, compounds and divergences (`mcwq_t5x.divergence`; Keysers et al., ICLR 2020, §2)."""
+"""DBCA atoms, compounds and divergences (`mcwq_t5x.data.divergence`; Keysers et al., ICLR 2020, §2)."""
 import io
 import itertools
 import random
@@ -9,8 +9,9 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 
-from mcwq_t5x import divergence as dv
-from mcwq_t5x import readers
+from mcwq_t5x.data import divergence as dv
+from mcwq_t5x.data import readers
+from mcwq_t5x import divergence as divergence_cli
 
 # mcd1/dev.en.txt line 3 ("Did M0 's cinematographer , editor , and writer found M1 , M2 , and M3
 # and found M4 and M5").
@@ -161,7 +162,9 @@ def test_published_splits_figures(mcwq_dir):
   divergences are low; the atoms are shared almost exactly."""
   out = io.StringIO()
   with redirect_stdout(out):
-    assert dv.main(["--split", "mcd1", "--split", "random_split", "--data_dir", str(mcwq_dir)]) == 0
+    assert divergence_cli.main(
+        ["--split", "mcd1", "--split", "random_split", "--data_dir",
+         str(mcwq_dir)]) == 0
   rows = [
       l.split("|")
       for l in out.getvalue().splitlines()

@@ -17,9 +17,9 @@ import urllib.parse
 
 import pytest
 
-from mcwq_t5x import endpoint as ep
-from mcwq_t5x import retry
-from mcwq_t5x import score
+from mcwq_t5x import score as score_cli
+from mcwq_t5x.stores import endpoint as ep
+from mcwq_t5x.stores import retry
 from preprocessing import migrate
 
 NOW = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT, the injected wall clock
@@ -316,7 +316,7 @@ def test_migrate_bounds_embedded_queries_with_timeout_and_passes_retry_timeouts(
 def test_evaluate_and_migrate_build_the_same_remote_endpoint_from_their_flags(
     tmp_path, user_agent_flag):
   flags = ["--url", "http://x", user_agent_flag, "A", "--timeout", "3", "--retries", "2"]
-  for args in (score._parser().parse_args(["--predictions", "p"] + flags),
+  for args in (score_cli._parser().parse_args(["--predictions", "p"] + flags),
                migrate.build_parser().parse_args(["--out", str(tmp_path)] + flags)):
     remote = ep.remote_endpoint_from_arguments(args)
     assert (remote.url, remote.user_agent, remote.timeout_s, remote.max_retries) == ("http://x",

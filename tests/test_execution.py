@@ -1,4 +1,4 @@
-"""Tests of execution accuracy (`mcwq_t5x.execution`, `python -m mcwq_t5x.score --execute`).
+"""Tests of execution accuracy (`mcwq_t5x.evaluation.execution`, `python -m mcwq_t5x.score --execute`).
 
 The data is real: the shared CFQ sample migrated to Wikidata with entities from the CoDEx-M
 subgraph (`preprocessing.migrate`, fixture `migrated_cfq_sample`), executed on the embedded
@@ -15,8 +15,13 @@ import time
 
 import pytest
 
-from mcwq_t5x import endpoint as ep
-from mcwq_t5x import execution, metrics, readers, rir, sparql
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import rir
+from mcwq_t5x.data import sparql
+from mcwq_t5x.evaluation import execution
+from mcwq_t5x.evaluation import metrics
+from mcwq_t5x import score as score_cli
+from mcwq_t5x.stores import endpoint as ep
 import mains
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -266,7 +271,6 @@ def test_execution_cli_on_migrated_cfq_sample(train, migrated_cfq_sample, tmp_pa
 
 
 def test_execution_cli_input_errors(tmp_path, capsys):
-  from mcwq_t5x import score  # pylint: disable=g-import-not-at-top
   (tmp_path / "splits").mkdir()
   (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [1, 0]}')
   records = [{
@@ -283,7 +287,7 @@ def test_execution_cli_input_errors(tmp_path, capsys):
   (tmp_path / "p.txt").write_text("\n".join(gold) + "\n")
   (tmp_path / "t.txt").write_text("\n".join(gold[::-1]) + "\n")  # the wrong order
   with pytest.raises(SystemExit) as e:
-    score.main([
+    score_cli.main([
         "--predictions",
         str(tmp_path / "p.txt"), "--targets",
         str(tmp_path / "t.txt"), "--answers",
@@ -292,16 +296,17 @@ def test_execution_cli_input_errors(tmp_path, capsys):
   assert e.value.code == 2
   assert "--answers needs --execute" in capsys.readouterr().err
   base = ["--predictions", str(tmp_path / "p.txt"), "--release", str(tmp_path), "--split", "s"]
-  assert score.main(base + ["--part", "test", "--execute"]) == 2
+  assert score_cli.main(base + ["--part", "test", "--execute"]) == 2
   assert f"{tmp_path / 'splits' / 's.json'}:1: expected an object with an index list 'testIdxs'" \
       in capsys.readouterr().err
-  assert score.main(base + ["--part", "dev", "--targets", str(tmp_path / "t.txt")]) == 2
+  assert score_cli.main(base + ["--part", "dev", "--targets", str(tmp_path / "t.txt")]) == 2
   assert f"{tmp_path / 't.txt'}:1: target is not the query of {tmp_path / 'dataset.json'} " \
          "record 1" in capsys.readouterr().err
-  assert score.main(base + ["--part", "dev", "--execute", "--codex", str(tmp_path / "nope")]) == 2
+  assert score_cli.main(base + ["--part", "dev", "--execute", "--codex",
+                                str(tmp_path / "nope")]) == 2
   assert f"{tmp_path / 'nope' / 'train.txt'}: no such file" in capsys.readouterr().err
   # Without --targets the release's queries are the targets (no store needed without --execute).
-  assert score.main(base + ["--part", "dev"]) == 0
+  assert score_cli.main(base + ["--part", "dev"]) == 0
   result = json.loads(capsys.readouterr().out)
   assert result["n"] == 2 and result["exact_match"] == 100.0 and "execution" not in result
   assert not hasattr(metrics, "evaluate")  # scoring lives in the score command line
@@ -327,7 +332,6 @@ class _ErrorAnswers(http.server.BaseHTTPRequestHandler):
 def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path, capsys):
   """An endpoint answering errors (status 200, `{"error": ...}`) makes every gold query fail:
   execution accuracy is undefined (null, exit 3), not 0.0 with exit 0, and nothing is cached."""
-  from mcwq_t5x import score  # pylint: disable=g-import-not-at-top
   (tmp_path / "splits").mkdir()
   (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [0, 1, 2]}')
   records = [{
@@ -359,7 +363,7 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path
         str(tmp_path / "answers.jsonl"), "--json",
         str(tmp_path / "result.json")
     ]
-    assert score.main(argv) == 3  # score.EXIT_UNDEFINED
+    assert score_cli.main(argv) == 3  # score.EXIT_UNDEFINED
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["execution_accuracy"] is None and result["execution"]["n"] == 0
@@ -369,7 +373,7 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path
     assert url in captured.err and "an error object" in captured.err
     assert json.loads((tmp_path / "result.json").read_text())["execution_accuracy"] is None
     assert srv.requests == 2  # one per gold query: an error answer is not retried...
-    assert score.main(argv) == 3  # score.EXIT_UNDEFINED
+    assert score_cli.main(argv) == 3  # score.EXIT_UNDEFINED
     assert srv.requests == 4  # ...nor cached
     assert json.loads(capsys.readouterr().out)["execution"]["store_requests"] == 2
   finally:
@@ -378,7 +382,7 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path
   # No line with entities: nothing can be scored either.
   (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [2]}')
   (tmp_path / "p.txt").write_text(_rir(records[2]["sparqlPatternModEntities"]))
-  assert score.main(argv[:-2]) == 3
+  assert score_cli.main(argv[:-2]) == 3
   assert "undefined: no example has an entity assignment" in capsys.readouterr().err
   scores = execution.ExecutionScores([execution.GOLD_ERROR], [(1, "gold: HTTP 500")])
   assert scores.summary()["execution_accuracy"] is None

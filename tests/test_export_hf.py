@@ -1,10 +1,10 @@
-"""Export to Hugging Face (mcwq_t5x.export_hf).
+"""Export to Hugging Face (mcwq_t5x.checkpointing.export_hf).
 
 transformers loads the exported folder with `MT5ForConditionalGeneration` /
 `T5ForConditionalGeneration` and reproduces our teacher-forced logits (to 1e-4) and our greedy
 decodes (`generate(num_beams=1)` vs `model.predict_batch`, token for token) on 32 real MCWQ
 questions (mcd1 dev, 8 each in en/he/kn/zh, with their RIR targets) from ../shared, tokenised with
-the project's small vocabulary (`mcwq_t5x.vocab`); its tokenizer encodes like that vocabulary;
+the project's small vocabulary (`mcwq_t5x.data.vocab`); its tokenizer encodes like that vocabulary;
 import -> export -> import is the identity on params; bad input is a clear error.
 
 Models: a tiny model trained for a few steps with the engine (`tiny_engine`, `trainer`,
@@ -31,17 +31,18 @@ torch = pytest.importorskip(
 transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file
 
-from mcwq_t5x import checkpoint_import as ci
-from mcwq_t5x import checkpoint_loaders
-from mcwq_t5x import checkpoint_paths
-from mcwq_t5x import checkpoints
-from mcwq_t5x import export_hf
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
-from mcwq_t5x import partitioning
-from mcwq_t5x import t5x_checkpoint_writer
-from mcwq_t5x import trainer as trainer_lib
-from mcwq_t5x import vocab as vocab_lib
+from mcwq_t5x.checkpointing import checkpoint_import as ci
+from mcwq_t5x.checkpointing import checkpoint_loaders
+from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.checkpointing import export_hf
+from mcwq_t5x.checkpointing import t5x_checkpoint_writer
+from mcwq_t5x.data import vocab as vocab_lib
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import network
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x import export_hf as export_hf_cli
 import tiny_engine
 
 LANGUAGES = ("en", "he", "kn", "zh")
@@ -266,7 +267,7 @@ def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm
   assert checkpoint_paths.detect_format(model_dir) == "orbax"
   out = tmp_path / "hf"
   # Model config and vocabulary both come from MODEL_DIR/config.gin.
-  assert export_hf.main(["--checkpoint", str(model_dir), "--out", str(out)]) == 0
+  assert export_hf_cli.main(["--checkpoint", str(model_dir), "--out", str(out)]) == 0
   assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)
   assert (out / "spiece.model").read_bytes() == spm_path.read_bytes()
   cfg = json.loads((out / "config.json").read_text())
@@ -398,7 +399,7 @@ def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
   assert config.logits_via_embedding == (kind == "t5_1_0")
   params = checkpoint_loaders.load_params(original, config).params
   out = tmp_path / "exported"
-  assert export_hf.main(
+  assert export_hf_cli.main(
       ["--checkpoint", str(original), "--out",
        str(out), "--vocab",
        str(spm_path)]) == 0
@@ -448,7 +449,7 @@ def test_export_rejects_another_architecture(tiny_run, spm_path, tmp_path, capsy
           encoder_ffn_dim=32,
           decoder_ffn_dim=32))
   bart.save_pretrained(str(tmp_path / "bart"))
-  assert export_hf.main([
+  assert export_hf_cli.main([
       "--checkpoint",
       str(tmp_path / "bart"), "--out",
       str(tmp_path / "o"), "--vocab",
@@ -484,10 +485,10 @@ def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys
                                            target_length=DECODE_LEN).splitlines()
       if "VOCABULARY" not in line))
   out = tmp_path / "out"
-  assert export_hf.main(["--checkpoint",
-                         str(ckpt), "--out",
-                         str(out), "--gin_file",
-                         str(no_vocab)]) == 1
+  assert export_hf_cli.main(
+      ["--checkpoint", str(ckpt), "--out",
+       str(out), "--gin_file",
+       str(no_vocab)]) == 1
   assert "no vocabulary found" in capsys.readouterr().err
   # No config at all: a T5X checkpoint without a run folder around it.
   with pytest.raises(ValueError, match="no model config found.*--gin_file or --model_config"):
@@ -546,7 +547,7 @@ def test_export_generate_without_arguments_decodes_like_infer(tiny_run, mcwq_dir
   gin_file.write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=length))
   old_umask = os.umask(0o022)
   try:
-    assert export_hf.main(
+    assert export_hf_cli.main(
         ["--checkpoint",
          str(model_dir), "--gin_file",
          str(gin_file), "--out",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mcwq_t5x import checkpoints
+from mcwq_t5x.checkpointing import checkpoints
 import mains
 from test_checkpoints import _corrupt
 
@@ -117,6 +117,7 @@ def test_eval_checks_its_output_folder_before_loading(tmp_path):
   out = mains.python_m(
       "mcwq_t5x.eval", *eval_args(tmp_path / "no_checkpoint", tmp_path / "file/out"), check=False)
   assert out.returncode == 1
-  assert (f"mcwq_t5x.prediction.UnwritableOutputError: cannot write to the EVAL_OUTPUT_DIR "
-          f"{tmp_path}/file/out (NotADirectoryError: ") in out.stderr, out.stderr[-3000:]
+  assert (
+      f"mcwq_t5x.evaluation.prediction.UnwritableOutputError: cannot write to the EVAL_OUTPUT_DIR "
+      f"{tmp_path}/file/out (NotADirectoryError: ") in out.stderr, out.stderr[-3000:]
   assert "no checkpoint" not in out.stderr

@@ -8,13 +8,15 @@ import logging
 import gin
 import pytest
 
-from mcwq_t5x import best_checkpoint
+from mcwq_t5x import best_checkpoint as best_checkpoint_cli
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.data import pipeline
 from mcwq_t5x import eval as eval_lib
 from mcwq_t5x import gin_utils
 from mcwq_t5x import infer as infer_lib
 from mcwq_t5x import inspect_task
+from mcwq_t5x import score as score_cli
 from mcwq_t5x import train as train_lib
-from mcwq_t5x import utils
 import mains
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
@@ -34,7 +36,7 @@ def test_mains_help_lists_gin_files_macros_and_binding_form(main, name, capsys):
 
 def test_best_checkpoint_and_inspect_task_help(capsys):
   with pytest.raises(SystemExit):
-    best_checkpoint.main(["--help"])
+    best_checkpoint_cli.main(["--help"])
   out = capsys.readouterr().out
   assert out.startswith("usage: python -m mcwq_t5x.best_checkpoint") and "--metric" in out
   with pytest.raises(SystemExit):
@@ -45,7 +47,7 @@ def test_best_checkpoint_and_inspect_task_help(capsys):
 
 
 def test_best_checkpoint_prints_the_newest_or_best(tmp_path, capsys):
-  assert best_checkpoint.main([str(tmp_path)]) == 1
+  assert best_checkpoint_cli.main([str(tmp_path)]) == 1
   assert "no checkpoint" in capsys.readouterr().err
 
 
@@ -87,7 +89,7 @@ def test_seqio_logger_cls_warning_is_silenced():
 
 def test_truncation_is_counted_and_logged(mcwq_dir, caplog):
   del mcwq_dir
-  cfg = utils.DatasetConfig(
+  cfg = pipeline.DatasetConfig(
       "mcwq_gold_he_prefixed", {
           "inputs": 16,
           "targets": 512
@@ -96,7 +98,7 @@ def test_truncation_is_counted_and_logged(mcwq_dir, caplog):
       8,
       shuffle=False,
       module="tasks.mcwq")
-  counts = utils.count_truncated(cfg)
+  counts = pipeline.count_truncated(cfg)
   assert counts["inputs"]["examples"] == 155 and counts["inputs"]["truncated"] == 155
   assert counts["targets"]["truncated"] == 0 and counts["inputs"]["longest"] > 16
   # At the boundary: an example exactly as long as the limit fits; counted against the lengths of
@@ -109,24 +111,24 @@ def test_truncation_is_counted_and_logged(mcwq_dir, caplog):
   longest = counts["inputs"]["longest"]
   assert longest == max(lengths) and sum(l == longest for l in lengths) >= 1
   for limit in (longest - 1, longest):
-    at = utils.count_truncated(
+    at = pipeline.count_truncated(
         dataclasses.replace(cfg, task_feature_lengths={
             "inputs": limit,
             "targets": 512
         }))
     assert at["inputs"]["truncated"] == sum(l > limit for l in lengths), limit
   with caplog.at_level(logging.WARNING):
-    arrays = utils.load_feature_arrays(cfg)
+    arrays = pipeline.load_feature_arrays(cfg)
   assert arrays["encoder_input_tokens"].shape == (155, 16)
   (line,) = [r.getMessage() for r in caplog.records if "TRUNCATED" in r.getMessage()]
   assert "155 of 155 inputs" in line and "mcwq_gold_he_prefixed/test" in line
-  assert utils.count_truncated(
-      utils.DatasetConfig("mcwq_gold_he", None, "test", 8, module="tasks.mcwq")) == {}
+  assert pipeline.count_truncated(
+      pipeline.DatasetConfig("mcwq_gold_he", None, "test", 8, module="tasks.mcwq")) == {}
 
 
 def test_selection_is_never_on_the_reported_split(caplog):
-  test = utils.DatasetConfig("mcwq_random_split_en", None, "test", 8)
-  dev = utils.DatasetConfig("mcwq_random_split_en", None, "validation", 8)
+  test = pipeline.DatasetConfig("mcwq_random_split_en", None, "test", 8)
+  dev = pipeline.DatasetConfig("mcwq_random_split_en", None, "validation", 8)
   assert train_lib.selection_metric("training_eval/loss", dev, [test]) == "training_eval/loss"
   with caplog.at_level(logging.WARNING):
     assert train_lib.selection_metric("training_eval/loss", test, [test]) is None
@@ -189,20 +191,19 @@ def _tiny_store(tmp_path):
 def test_execution_on_targets_without_a_release(tmp_path, capsys):
   """MCWQ's own files carry no entities: queries with placeholders are not executable, those
   without run; reported as "x of n executable (n of N)", answers per line with --answers."""
-  from mcwq_t5x import score  # pylint: disable=g-import-not-at-top
   targets = [
       "ASK WHERE { M0 wdt:P27 wd:Q29 }",  # placeholder: nothing binds it
       "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P27 wd:Q29 }",
       "ASK WHERE { wd:Q7 wdt:P27 wd:Q29 }",
   ]
   (tmp_path / "targets.txt").write_text("\n".join(targets) + "\n")
-  from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   preds = [
       rir.sparql_to_rir(q)
       for q in (targets[0], targets[1].replace("Q29", "Q142"), targets[2].replace("Q29", "Q142"))
   ]
   (tmp_path / "pred.txt").write_text("\n".join(preds) + "\n")
-  assert score.main([
+  assert score_cli.main([
       "--predictions",
       str(tmp_path / "pred.txt"), "--targets",
       str(tmp_path / "targets.txt"), "--target_format", "sparql", "--execute", "--codex", "",
@@ -223,9 +224,8 @@ def test_execution_on_targets_without_a_release(tmp_path, capsys):
 
 
 def test_execution_help_says_what_it_is(capsys):
-  from mcwq_t5x import score  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit):
-    score.main(["--help"])
+    score_cli.main(["--help"])
   out = " ".join(capsys.readouterr().out.split())
   assert "not a metric of the MCWQ paper" in out and "x of n executable (n of N)" in out
   assert "--answers" in out
@@ -233,7 +233,7 @@ def test_execution_help_says_what_it_is(capsys):
 
 def test_release_without_entities_binds_placeholders_from_its_sparql(tmp_path):
   """The published MCWQ dataset.json has no `entities`: its `sparql` field binds them."""
-  from mcwq_t5x import execution  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.evaluation import execution  # pylint: disable=g-import-not-at-top
   assert execution.entities_from_sparql(
       "ASK WHERE { M0 wdt:P27 M1 . M0 wdt:P1 wd:Q3 }",
       "ASK WHERE { wd:Q42 wdt:P27 wd:Q29 . wd:Q42 wdt:P1 wd:Q3 }") == {

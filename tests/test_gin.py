@@ -8,14 +8,14 @@ import sys
 import gin
 import pytest
 
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import network
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import eval as eval_lib
 from mcwq_t5x import gin_utils
 from mcwq_t5x import infer as infer_lib
-from mcwq_t5x import network
-from mcwq_t5x import partitioning
 from mcwq_t5x import train as train_lib
-from mcwq_t5x import trainer as trainer_lib
-from mcwq_t5x import utils
 import mains
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_every_file_of_ours_parses_and_binds(path):
   if training:
     with gin.unlock_config():
       with gin.config_scope("train"):
-        ds = gin.get_configurable(utils.DatasetConfig)()
+        ds = gin.get_configurable(pipeline.DatasetConfig)()
       lr = gin.get_configurable(trainer_lib.create_learning_rate_schedule)()
       part = gin.get_configurable(partitioning.Partitioner)()
     assert ds.mixture_or_task_name.startswith("mcwq_") and ds.module == "tasks.mcwq"
@@ -134,13 +134,14 @@ def t5x_installed():
 
 # Parsing T5X's files in a fresh process, as `python -m t5x.train` does: T5X's own model files bind
 # short selectors without imports (`network.Transformer.config = ...` in t5x/examples/t5/mt5/
-# small.gin), which are ambiguous once our `mcwq_t5x.network.Transformer` is registered; so in one
+# small.gin), which are ambiguous once our `mcwq_t5x.engine.network.Transformer` is registered; so in one
 # process T5X's files are parsed first, then ours (test_both_engines_parse_in_one_process).
 PARSE_SCRIPT = r"""
 import json, sys
 import gin
 import t5x.eval, t5x.infer, t5x.train
-from mcwq_t5x import gin_utils, train as train_lib
+from mcwq_t5x import gin_utils
+from mcwq_t5x import train as train_lib
 def maybe(name):
   try:
     return gin.query_parameter(name)

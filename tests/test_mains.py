@@ -11,12 +11,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from mcwq_t5x import checkpoints
-from mcwq_t5x import metrics
-from mcwq_t5x import paths
-from mcwq_t5x import readers
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.data import paths
+from mcwq_t5x.data import readers
+from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x.evaluation import metrics
 from mcwq_t5x import train as train_lib
-from mcwq_t5x import trainer as trainer_lib
 import mains
 import scenarios
 

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from mcwq_t5x import divergence as dv
-from mcwq_t5x import readers
+from mcwq_t5x.data import divergence as dv
+from mcwq_t5x.data import readers
 from preprocessing import make_splits as ms
 
 POOL = 800  # examples of the shared random_split dev part used by the fast tests

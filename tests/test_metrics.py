@@ -1,10 +1,10 @@
-"""Tests for mcwq_t5x.metrics: paper values on the published predictions, hand-made error
+"""Tests for mcwq_t5x.evaluation.metrics: paper values on the published predictions, hand-made error
 categories, robustness to malformed predictions, and the test-intersection matching."""
 import pytest
 import sacrebleu
 
-from mcwq_t5x import metrics
-from mcwq_t5x import score as score_lib
+from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.evaluation import score as score_lib
 
 # Gold query used by most hand-made pairs: properties {P57, P58, P27}, entities {M0, wd:Q30}.
 G1 = "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 ) ) . ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) rb"

@@ -10,9 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from mcwq_t5x import decoding
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
+from mcwq_t5x.engine import decoding
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import network
 
 VOCAB = 160
 EOS = 1

@@ -23,9 +23,9 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
-from mcwq_t5x import checkpoints
-from mcwq_t5x import partitioning
-from mcwq_t5x import utils
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import partitioning
 import mains
 import readme_commands as rc
 import scenarios
@@ -148,7 +148,7 @@ def test_multiprocess_batch_rows_and_global_batch_single_process():
   with pytest.raises(ValueError, match="multiple of the data-parallel size 8"):
     p.local_batch_rows(12)
   arrays = {"x": np.arange(40, dtype=np.int32).reshape(20, 2)}
-  batches = utils.DeterministicBatches(arrays, 8, seed=5)
+  batches = pipeline.DeterministicBatches(arrays, 8, seed=5)
   np.testing.assert_array_equal(batches.batch(3, slice(4, 8))["x"], batches.batch(3)["x"][4:8])
   g = p.make_global_batch(batches.batch(3), 8)
   assert g["x"].shape == (8, 2) and g["x"].sharding == p.data_sharding
@@ -157,4 +157,4 @@ def test_multiprocess_batch_rows_and_global_batch_single_process():
       r"rows 0:8"):
     p.make_global_batch(batches.batch(3, slice(0, 4)), 8)
   with pytest.raises(ValueError, match="batch size must be positive"):
-    utils.DeterministicBatches(arrays, 0)
+    pipeline.DeterministicBatches(arrays, 0)

@@ -1,4 +1,4 @@
-"""Tests of the T5/mT5 Flax network (mcwq_t5x.network).
+"""Tests of the T5/mT5 Flax network (mcwq_t5x.engine.network).
 
 Inputs are real MCWQ questions and RIR targets from ../shared, as byte-level
 ids (byte + 3, as ByT5; 0 = PAD, 1 = EOS).
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mcwq_t5x import checkpoint_import
-from mcwq_t5x import network
+from mcwq_t5x.checkpointing import checkpoint_import
+from mcwq_t5x.engine import network
 
 VOCAB = 259
 CFG = network.T5Config(
@@ -340,7 +340,7 @@ def test_half_precision_padded_batch_has_finite_loss_and_logits(params, batch, d
                                                                 float32_logits):
   """Issue 11: in float16 the -1e10 mask bias overflowed to -inf, so every padded batch gave NaN
   logits at padding queries (all keys masked) and a NaN loss at step 0."""
-  from mcwq_t5x import model as model_lib  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.engine import model as model_lib  # pylint: disable=g-import-not-at-top
   enc, dec, tgt = batch
   assert (enc == 0).any() and (tgt == 0).any()  # the batch is padded
   p = nn.unbox(params["params"])

@@ -1,7 +1,7 @@
 """A fifth language, end to end: a release made by `preprocessing.migrate` (the CFQ
 sample, split `cfq_sample`) and `preprocessing.translate` (into French, `fr`, a language MCWQ does
 not have) gets its SeqIO tasks with no configuration; `mcwq_t5x.train` / `mcwq_t5x.eval` and the
-real T5X train and evaluate on them, and `mcwq_t5x.report` lists the new language.
+real T5X train and evaluate on them, and `mcwq_t5x.evaluation.report` lists the new language.
 
 The translation here is a deterministic stand-in (`FR <question>`, placeholders kept) so that the
 test is quick; the worked example of docs/dataset_creation.md translates with a (random-weight) Hugging Face model,
@@ -13,9 +13,9 @@ import shutil
 import pytest
 import seqio
 
-from mcwq_t5x import metrics
-from mcwq_t5x import readers
-from mcwq_t5x import vocab
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import vocab
+from mcwq_t5x.evaluation import metrics
 from preprocessing import translate as tr
 import mains
 import readme_commands as rc

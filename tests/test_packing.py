@@ -1,10 +1,10 @@
-"""Tests of mcwq_t5x.packing: SeqIO's rows exactly (greedy), and first-fit decreasing rows that
+"""Tests of mcwq_t5x.data.packing: SeqIO's rows exactly (greedy), and first-fit decreasing rows that
 hold every example once, within the row lengths, in fewer rows (real MCWQ data)."""
 import numpy as np
 import pytest
 
-from mcwq_t5x import packing
-from mcwq_t5x import utils
+from mcwq_t5x.data import packing
+from mcwq_t5x.data import pipeline
 
 LENGTHS = {"inputs": 64, "targets": 128}
 
@@ -71,9 +71,9 @@ def test_bad_input_is_named():
 @pytest.fixture(scope="module")
 def dev_unpacked():
   """English random_split dev set (6,163 questions), unpacked, 64/128 tokens."""
-  cfg = utils.DatasetConfig(
+  cfg = pipeline.DatasetConfig(
       "mcwq_random_split_en", LENGTHS, "validation", 32, pack=False, module="tasks.mcwq")
-  return utils.load_feature_arrays(cfg)
+  return pipeline.load_feature_arrays(cfg)
 
 
 def seqio_arrays(name: str, pack: bool) -> dict:
@@ -86,7 +86,7 @@ def seqio_arrays(name: str, pack: bool) -> dict:
       shuffle=False,
       num_epochs=1,
       feature_converter=seqio.EncDecFeatureConverter(pack=pack))
-  return utils.dataset_to_arrays(ds.batch(1024).as_numpy_iterator())
+  return pipeline.dataset_to_arrays(ds.batch(1024).as_numpy_iterator())
 
 
 def test_greedy_gives_seqios_packed_rows_exactly(dev_unpacked):
@@ -117,9 +117,9 @@ def test_first_fit_holds_every_dev_example_once_in_fewer_rows(dev_unpacked):
 def test_load_feature_arrays_packs_with_the_configured_method():
 
   def load(**kw):
-    cfg = utils.DatasetConfig(
+    cfg = pipeline.DatasetConfig(
         "mcwq_random_split_en", LENGTHS, "validation", 32, module="tasks.mcwq", **kw)
-    return utils.load_feature_arrays(cfg, num_examples=300)
+    return pipeline.load_feature_arrays(cfg, num_examples=300)
 
   unpacked = load()
   assert len(unpacked["encoder_input_tokens"]) == 300
@@ -132,7 +132,7 @@ def test_load_feature_arrays_packs_with_the_configured_method():
 
 
 def test_a_preprocessor_that_needs_autograph_is_built_with_it(caplog):
-  """`utils.without_autograph`: a task whose preprocessor has a Python `if` on a tensor (which only
+  """`pipeline.without_autograph`: a task whose preprocessor has a Python `if` on a tensor (which only
   AutoGraph can trace) loads as `seqio.get_dataset` gives it, and the log says why."""
   import seqio  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -166,7 +166,7 @@ def test_a_preprocessor_that_needs_autograph_is_built_with_it(caplog):
       output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features)
   try:
     with caplog.at_level("INFO"):
-      ours = utils.load_feature_arrays(utils.DatasetConfig(name, LENGTHS, "validation", 2))
+      ours = pipeline.load_feature_arrays(pipeline.DatasetConfig(name, LENGTHS, "validation", 2))
     expected = seqio_arrays(name, pack=False)
   finally:
     seqio.TaskRegistry.remove(name)

@@ -1,4 +1,4 @@
-"""Tests of mcwq_t5x.partitioning: T5X axis rules, meshes, sharded params, mesh-invariant losses.
+"""Tests of mcwq_t5x.engine.partitioning: T5X axis rules, meshes, sharded params, mesh-invariant losses.
 
 Runs on 8 fake CPU devices (tests/conftest.py sets XLA_FLAGS before JAX is imported).
 """
@@ -11,8 +11,8 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
-from mcwq_t5x import partitioning
-from mcwq_t5x import trainer as trainer_lib
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 import tiny_engine
 from tiny_engine import SHAPES, VOCAB, synthetic_batch
 
@@ -131,7 +131,7 @@ def test_logical_to_mesh_sharding():
 
 _PAGE_FAULT_PROBE = r"""
 import ctypes, resource, sys
-from mcwq_t5x import cpu_settings
+from mcwq_t5x.engine import cpu_settings
 applied = cpu_settings.set_host_malloc_options() if sys.argv[1] == "1" else None
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

@@ -1,4 +1,4 @@
-"""Tests of mcwq_t5x.prediction with a tiny model and inputs built here: decoding a dataset in
+"""Tests of mcwq_t5x.evaluation.prediction with a tiny model and inputs built here: decoding a dataset in
 batches (sorted by length, last batch padded, batch sizes rounded to the data-parallel devices)
 gives, row for row, what the model decodes for the whole array at once."""
 import jax
@@ -6,9 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from mcwq_t5x import partitioning
-from mcwq_t5x import prediction
-from mcwq_t5x import trainer as trainer_lib
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x.evaluation import prediction
 import tiny_engine
 
 
@@ -54,8 +54,8 @@ def test_infer_fn_empty_input(model_and_params):
 def test_predict_kwargs_checked_before_loading(model_and_params, tmp_path):
   """The documented beam-search form works; a misplaced decoding option is named at once, before
   any checkpoint or task is read."""
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
   from mcwq_t5x import eval as eval_lib  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
   model, partitioner, _ = model_and_params
   for ok in ({}, None, {
       "num_decodes": 4,
@@ -86,7 +86,7 @@ def test_predict_kwargs_checked_before_loading(model_and_params, tmp_path):
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
     prediction.get_infer_fn(model, partitioner, 4, {"alpha": 0.6})
   # eval: the error comes first (no checkpoint exists, the task's vocabulary is not read).
-  cfg = utils.DatasetConfig("mcwq_gold_he", None, "test", 4)
+  cfg = pipeline.DatasetConfig("mcwq_gold_he", None, "test", 4)
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['alpha'\]"):
     eval_lib.evaluate(
         model=model,
@@ -113,7 +113,7 @@ class _Vocab:
 def test_infer_prints_all_decodes(model_and_params, tmp_path):
   """infer with return_all_decodes: num_decodes predictions per question (the last the best, the
   one printed without it), printed on the question's line separated by tabs."""
-  from mcwq_t5x import checkpoints  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import checkpoints  # pylint: disable=g-import-not-at-top
   from mcwq_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
   model, partitioner, params = model_and_params
   mgr = checkpoints.CheckpointManager(tmp_path, async_save=False)
@@ -185,7 +185,7 @@ def test_evaluate_split_gives_seqios_metrics_and_predictions(name):
   strictly between 0 and 100."""
   import seqio  # pylint: disable=g-import-not-at-top
   import tasks.mcwq  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
-  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
 
   def infer_fn(params, arrays):
     del params
@@ -193,7 +193,7 @@ def test_evaluate_split_gives_seqios_metrics_and_predictions(name):
     targets[::3, 4:] = 0
     return targets
 
-  cfg = utils.DatasetConfig(name, None, "test", 16, shuffle=False, module="tasks.mcwq")
+  cfg = pipeline.DatasetConfig(name, None, "test", 16, shuffle=False, module="tasks.mcwq")
   split = prediction.make_evaluator(cfg, num_examples=30)
   assert isinstance(split, prediction.EvalSplit)
   metrics, predictions = prediction.evaluate_split(cfg, infer_fn, None, evaluator=split)
@@ -234,8 +234,8 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
   import seqio  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tasks.mcwq  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  from mcwq_t5x import utils  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
   def source(split, shuffle_files, seed=None):
     del split, shuffle_files, seed
@@ -272,7 +272,7 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
         postprocess_fn=tasks.mcwq.postprocess_query,
         **kwargs)
     try:
-      cfg = utils.DatasetConfig(name, None, "validation", 2, shuffle=False)
+      cfg = pipeline.DatasetConfig(name, None, "validation", 2, shuffle=False)
       evaluator = prediction.make_evaluator(cfg)
       assert isinstance(evaluator, prediction.EvalSplit) == (kind == "metric_fns")
       results[kind] = prediction.evaluate_split(cfg, infer_fn, None, evaluator=evaluator)

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from mcwq_t5x import readers
-from mcwq_t5x import sparql as sparql_lib
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import sparql as sparql_lib
 from preprocessing import cfq, derive_mapping, mapping as mp
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from mcwq_t5x import endpoint as ep
-from mcwq_t5x import readers
+from mcwq_t5x.data import readers
+from mcwq_t5x.stores import endpoint as ep
 from preprocessing import cfq, mapping as mp, migrate, substitute as sb
 import mains
 
@@ -211,7 +211,7 @@ def test_migrate_reports_answer_query_timeouts_instead_of_failing(store, tmp_pat
 
 
 def test_cache_survives_torn_line(tmp_path):
-  from mcwq_t5x.jsonl_cache import JsonlCache
+  from mcwq_t5x.stores.jsonl_cache import JsonlCache
   path = tmp_path / "c.jsonl"
   c = JsonlCache(path)
   c.put("a", [1, 2])

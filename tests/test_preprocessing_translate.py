@@ -11,7 +11,9 @@ import urllib.parse
 
 import pytest
 
-from mcwq_t5x import readers, rir
+from mcwq_t5x.data import readers
+
+from mcwq_t5x.data import rir
 from preprocessing import gold, migrate, stats, translate as tr
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -749,7 +751,7 @@ def test_statistics(mcwq_dir, release, tmp_path):
 
 
 def test_retry_delay_and_pacing():
-  from mcwq_t5x import retry  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.stores import retry  # pylint: disable=g-import-not-at-top
   assert retry.retry_delay(0.5, None) == 0.5
   assert retry.retry_delay(0.5, "") == 0.5
   assert retry.retry_delay(0.5, "7") == 7.0

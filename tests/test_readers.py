@@ -1,4 +1,4 @@
-"""Tests of mcwq_t5x.paths, mcwq_t5x.readers and scripts/download_mcwq.py on the real data."""
+"""Tests of mcwq_t5x.data.paths, mcwq_t5x.data.readers and scripts/download_mcwq.py on the real data."""
 import json
 import pathlib
 import shutil
@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from mcwq_t5x import paths
-from mcwq_t5x import readers
+from mcwq_t5x.data import paths
+from mcwq_t5x.data import readers
 import mains
 import readme_commands as rc
 import scenarios

@@ -16,9 +16,9 @@ import pytest
 import sacrebleu
 import sentencepiece as spm
 
-from mcwq_t5x import best_checkpoint
-from mcwq_t5x import metrics
-from mcwq_t5x import readers
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.data import readers
+from mcwq_t5x.evaluation import metrics
 import mains
 import readme_commands as rc
 import scenarios

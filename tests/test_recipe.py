@@ -25,13 +25,13 @@ import numpy as np
 import optax
 import pytest
 
-from mcwq_t5x import best_checkpoint
-from mcwq_t5x import checkpoints
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import network
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import gin_utils
-from mcwq_t5x import network
-from mcwq_t5x import partitioning
-from mcwq_t5x import trainer as trainer_lib
-from mcwq_t5x import utils
 import mains
 import readme_commands as rc
 import scenarios
@@ -302,11 +302,11 @@ def test_our_experiment_file_follows_the_recipe(exp):
     lr_fn = gin.get_configurable(trainer_lib.create_learning_rate_schedule)()
     tx = gin.get_configurable(trainer_lib.make_optimizer)()
     with gin.config_scope("train"):
-      train_ds = gin.get_configurable(utils.DatasetConfig)()
+      train_ds = gin.get_configurable(pipeline.DatasetConfig)()
     with gin.config_scope("train_eval"):
-      dev_ds = gin.get_configurable(utils.DatasetConfig)()
+      dev_ds = gin.get_configurable(pipeline.DatasetConfig)()
     with gin.config_scope("final_eval"):
-      final_ds = gin.get_configurable(utils.DatasetConfig)()
+      final_ds = gin.get_configurable(pipeline.DatasetConfig)()
     cfg = gin.get_configurable(network.get_config)()
   # optimizer, clipping, schedule, rate: the same updates as the reference
   assert q("%OPTIMIZER") == "adamw" and q("%GRAD_CLIP_NORM") == CLIP

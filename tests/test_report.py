@@ -5,8 +5,9 @@ import json
 import matplotlib.image
 import pytest
 
-from mcwq_t5x import report
-from mcwq_t5x import rir
+from mcwq_t5x.data import rir
+from mcwq_t5x.evaluation import report
+from mcwq_t5x import report as report_cli
 import readme_commands as rc
 import scenarios
 
@@ -31,7 +32,7 @@ def _check_png(path):
 @pytest.fixture(scope="module")
 def shared_report(readme):
   """The report of the published predictions that the README's command writes (`python -m
-  mcwq_t5x.report ../shared/mcwq/results --out runs/report/`, run once per session by the `readme`
+  mcwq_t5x.evaluation.report ../shared/mcwq/results --out runs/report/`, run once per session by the `readme`
   fixture); read-only."""
   scenarios.check(readme.result(rc.REPORT))
   return readme.repo / "runs/report"
@@ -156,7 +157,7 @@ def test_own_layout_and_complexity_figure(tmp_path):
                                                             ("tiny", "monolingual", "he"),
                                                             ("tiny", "zeroshot", "he")]
   out = tmp_path / "out"
-  status = report.main(
+  status = report_cli.main(
       [str(results), "--targets_dir",
        str(data / "translations"), "--out",
        str(out)])
@@ -188,7 +189,7 @@ def test_own_layout_and_complexity_figure(tmp_path):
 
 
 def test_missing_results_dir(tmp_path, capsys):
-  assert report.main([str(tmp_path / "none"), "--targets_dir", str(tmp_path)]) == 2
+  assert report_cli.main([str(tmp_path / "none"), "--targets_dir", str(tmp_path)]) == 2
   assert "no such results directory" in capsys.readouterr().err
 
 
@@ -196,7 +197,7 @@ def test_length_mismatch_is_reported(mcwq_dir, tmp_path, capsys):
   (tmp_path / "m").mkdir()
   (tmp_path / "m" /
    "predictions_mcd1_en.txt").write_text("ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb\n")
-  assert report.main([
+  assert report_cli.main([
       str(tmp_path), "--targets_dir",
       str(mcwq_dir / "translations"), "--out",
       str(tmp_path / "out")
@@ -277,7 +278,7 @@ def test_table6_compares_like_with_like(mcwq_dir, tmp_path):
 
 def test_split_divergences(shared_report, mcwq_dir):
   """The report gives the DBCA divergences of every split it reports on (here mcd1: dev/test)."""
-  from mcwq_t5x import divergence  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import divergence  # pylint: disable=g-import-not-at-top
   rows = _read_csv(shared_report / "split_divergences.csv")
   assert rows[0] == ["split", "parts (P/Q)", "n P", "n Q", "atom divergence", "compound divergence"]
   assert [r[:4] for r in rows[1:]] == [["MCD1", "dev/test", "5408", "5310"]]

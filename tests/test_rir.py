@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from mcwq_t5x import readers
-from mcwq_t5x import rir
-from mcwq_t5x import sparql
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import rir
+from mcwq_t5x.data import sparql
 
 LANGUAGES = ("en", "he", "kn", "zh")
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")

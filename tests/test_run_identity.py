@@ -1,4 +1,4 @@
-"""A run knows what it is (MODEL_DIR/run.json + vocab/spm.model, `mcwq_t5x.run_info`), and
+"""A run knows what it is (MODEL_DIR/run.json + vocab/spm.model, `mcwq_t5x.checkpointing.run_info`), and
 questions are normalised in one place for training, evaluation and inference
 (`readers.normalize_question`).
 
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import seqio
 
-from mcwq_t5x import export_hf
+from mcwq_t5x.checkpointing import export_hf
+from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import readers
 from mcwq_t5x import infer as infer_lib
-from mcwq_t5x import readers
-from mcwq_t5x import run_info
 import mains
 import scenarios
 

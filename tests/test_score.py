@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from mcwq_t5x import score
+from mcwq_t5x.evaluation import score
+from mcwq_t5x import score as score_cli
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -21,7 +22,7 @@ G2 = "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 ) ( M0 , M1 ) ) rb"
 
 
 def _run(capsys, argv):
-  status = score.main(argv)
+  status = score_cli.main(argv)
   out = capsys.readouterr()
   return status, out.out, out.err
 

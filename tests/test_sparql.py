@@ -1,7 +1,7 @@
 """The SPARQL model: parsing, canonical form and term classes."""
 import pytest
 
-from mcwq_t5x import sparql
+from mcwq_t5x.data import sparql
 
 
 def test_parse_real_query_keeps_order_and_classifies_terms():

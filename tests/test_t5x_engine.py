@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from mcwq_t5x import vocab
+from mcwq_t5x.data import vocab
 import mains
 import readme_commands as rc
 import scenarios
@@ -64,7 +64,7 @@ def test_t5x_train_writes_inference_eval_with_exact_match_and_bleu(trained_en):
   ]
   assert len(inferences) == 16
   assert inferences[0]["target"].startswith(("ASK", "SELECT"))
-  from mcwq_t5x import metrics  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.evaluation import metrics  # pylint: disable=g-import-not-at-top
   targets = [r["target"] for r in inferences]
   predictions = [r["prediction"] for r in inferences]
   assert metrics_row["exact_match"] == pytest.approx(

@@ -1,6 +1,6 @@
 """Our engine against the real T5X (installed from ../shared/wheels), on CPU with tiny shapes.
 
-* the networks: `mcwq_t5x.network.Transformer` and `t5x.examples.t5.network.Transformer` have the
+* the networks: `mcwq_t5x.engine.network.Transformer` and `t5x.examples.t5.network.Transformer` have the
   same parameter tree and, given T5X's initial parameters, the same logits (float32, 1e-5) and the
   same greedy decodes on real MCWQ batches with padding;
 * checkpoints both ways: what `t5x.train` writes (its Orbax manager) and T5X's legacy
@@ -29,12 +29,12 @@ from t5x import partitioning as t5x_partitioning
 from t5x import utils as t5x_utils
 from t5x.examples.t5 import network as t5x_network
 
-from mcwq_t5x import checkpoints
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
-from mcwq_t5x import partitioning
-from mcwq_t5x import trainer as trainer_lib
-from mcwq_t5x import vocab as vocab_lib
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.data import vocab as vocab_lib
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import network
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 
 import tiny_engine
 

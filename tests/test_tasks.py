@@ -6,9 +6,9 @@ import json
 import pytest
 import seqio
 
-from mcwq_t5x import metrics
-from mcwq_t5x import readers
-from mcwq_t5x import vocab
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import vocab
+from mcwq_t5x.evaluation import metrics
 
 
 @pytest.fixture(scope="module", autouse=True)

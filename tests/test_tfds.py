@@ -1,10 +1,10 @@
-"""Tests of the TFDS builder `mcwq` (mcwq_t5x/tfds_mcwq.py), local data only (no network)."""
+"""Tests of the TFDS builder `mcwq` (mcwq_t5x/data/tfds_mcwq.py), local data only (no network)."""
 import json
 
 import tensorflow_datasets as tfds
 
-from mcwq_t5x import readers
-from mcwq_t5x import tfds_mcwq
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import tfds_mcwq
 
 
 def test_configs():

@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import optax
 
-from mcwq_t5x import partitioning
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import train as train_lib
-from mcwq_t5x import trainer as trainer_lib
 import tiny_engine
 
 

@@ -1,11 +1,11 @@
-"""Tests of mcwq_t5x.trainer: schedules, optimizer, microbatching, NaN handling, metric summaries."""
+"""Tests of mcwq_t5x.engine.trainer: schedules, optimizer, microbatching, NaN handling, metric summaries."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mcwq_t5x import partitioning
-from mcwq_t5x import trainer as trainer_lib
+from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import trainer as trainer_lib
 import tiny_engine
 from tiny_engine import SHAPES, VOCAB
 

@@ -1,12 +1,12 @@
-"""Tests of mcwq_t5x.vocab (small offline SentencePiece model, vocabulary selection)."""
+"""Tests of mcwq_t5x.data.vocab (small offline SentencePiece model, vocabulary selection)."""
 import hashlib
 
 import pytest
 import seqio
 import sentencepiece as spm
 
-from mcwq_t5x import readers
-from mcwq_t5x import vocab
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import vocab
 import mains
 
 
@@ -138,7 +138,7 @@ def test_default_vocabulary_without_data_fails_on_use(monkeypatch, tmp_path):
   monkeypatch.setenv("MCWQ_CACHE_DIR", str(tmp_path / "cache"))
   monkeypatch.delenv("MCWQ_VOCAB", raising=False)
   v = vocab.get_vocabulary()  # registering tasks needs no data ...
-  from mcwq_t5x import paths  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import paths  # pylint: disable=g-import-not-at-top
   with pytest.raises(paths.DataNotFoundError, match="train_vocab.py"):
     v.encode("ASK")  # ... using the vocabulary does
 

@@ -1,8 +1,8 @@
 """A tiny model and synthetic feature-converter batches shared by the engine tests."""
 import numpy as np
 
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import network
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import network
 
 VOCAB = 64
 SHAPES = {

@@ -31,9 +31,9 @@ Counterpart of T5X's `t5x/checkpoints.py` (`OrbaxCheckpointManagerInterface`, `C
 
 Folder names, item formats and finding a checkpoint (`checkpoint_dir`, `checkpoint_format`,
 `finished_steps`, `resolve_checkpoint`, `NotACheckpointError`) live in the leaf
-`mcwq_t5x.checkpoint_paths` and are re-exported here. Loading parameters from a path of any format
+`mcwq_t5x.checkpointing.checkpoint_paths` and are re-exported here. Loading parameters from a path of any format
 (Hugging Face and standalone T5X-native folders too) goes through
-`mcwq_t5x.checkpoint_loaders.load_params`, which calls `restore_params_and_step` for this layout.
+`mcwq_t5x.checkpointing.checkpoint_loaders.load_params`, which calls `restore_params_and_step` for this layout.
 """
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from mcwq_t5x import best_checkpoint
-from mcwq_t5x import checkpoint_import
-from mcwq_t5x import checkpoint_paths
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.checkpointing import checkpoint_import
+from mcwq_t5x.checkpointing import checkpoint_paths
 
 PyTree = Any
 
@@ -759,7 +759,7 @@ class CheckpointManager:
             "older one; delete it when no longer needed)", folder, aside)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      multihost_utils.sync_global_devices("mcwq_t5x.checkpoints.move_aside")
+      multihost_utils.sync_global_devices("mcwq_t5x.checkpointing.checkpoints.move_aside")
     self._manager.reload()
     self._metrics = {k: v for k, v in self._metrics.items() if k not in set(steps)}
 

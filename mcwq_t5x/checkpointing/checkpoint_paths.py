@@ -13,7 +13,7 @@ modules that read and write checkpoints build on it:
 Formats (`detect_format`, `locate`):
 
 * `FORMAT_ORBAX` ("orbax"): T5X's MODEL_DIR layout with Orbax items, written by `mcwq_t5x.train`
-  or `t5x.train`: `MODEL_DIR/checkpoint_<step>/state/` (see `mcwq_t5x.checkpoints`).
+  or `t5x.train`: `MODEL_DIR/checkpoint_<step>/state/` (see `mcwq_t5x.checkpointing.checkpoints`).
 * `FORMAT_T5X` ("t5x"): a T5X-native checkpoint, a folder holding the msgpack file `checkpoint`
   and TensorStore zarr arrays (published under gs://t5-data/pretrained_models/t5x/, and written by
   T5X's legacy `Checkpointer`), alone or as the `checkpoint_<step>` folders of a MODEL_DIR.

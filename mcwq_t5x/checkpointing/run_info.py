@@ -31,7 +31,7 @@ Vocabulary rule (the mains `eval`, `infer`, and `train` when it resumes):
     `VocabularyMismatchError` naming both files and hashes.
   * a run without run.json (trained before it existed) still loads, with a warning, unchecked.
 
-`mcwq_t5x.export_hf` reads the network config and the vocabulary from run.json (legacy runs: from
+`mcwq_t5x.checkpointing.export_hf` reads the network config and the vocabulary from run.json (legacy runs: from
 config.gin). This module imports neither TensorFlow nor gin (TensorFlow only to read a `gs://`
 vocabulary).
 """
@@ -46,7 +46,7 @@ import pathlib
 import tempfile
 from typing import Any, Mapping, Optional, Union
 
-from mcwq_t5x import network
+from mcwq_t5x.engine import network
 
 PathLike = Union[str, os.PathLike]
 
@@ -54,7 +54,7 @@ RUN_JSON = "run.json"
 VOCAB_COPY = "vocab/spm.model"
 FORMAT_VERSION = 1
 ENGINE = "mcwq_t5x"
-VOCAB_ENV = "MCWQ_VOCAB"  # = mcwq_t5x.vocab.VOCAB_ENV (not imported: vocab imports seqio)
+VOCAB_ENV = "MCWQ_VOCAB"  # = mcwq_t5x.data.vocab.VOCAB_ENV (not imported: vocab imports seqio)
 
 
 class VocabularyMismatchError(ValueError):
@@ -273,7 +273,7 @@ def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[p
     logging.info("vocabulary: %s (recorded in %s; $%s was unset)", path, run_path, VOCAB_ENV)
     os.environ[VOCAB_ENV] = str(path)
     try:
-      from mcwq_t5x import vocab  # pylint: disable=g-import-not-at-top
+      from mcwq_t5x.data import vocab  # pylint: disable=g-import-not-at-top
       vocab.clear_vocabulary_cache()
     except ImportError:  # no seqio: nothing cached either
       pass

@@ -3,7 +3,7 @@
 
 Used by tests and tools that need a checkpoint as T5X's legacy `Checkpointer` (or the published
 pre-trained checkpoints under gs://t5-data/pretrained_models/t5x/) lays it out; training writes
-Orbax checkpoints (`mcwq_t5x.checkpoints`). Imports only the leaf `checkpoint_paths` of the
+Orbax checkpoints (`mcwq_t5x.checkpointing.checkpoints`). Imports only the leaf `checkpoint_paths` of the
 project.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from flax import traverse_util
 import flax.linen as nn
 import numpy as np
 
-from mcwq_t5x import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoint_paths
 
 PathLike = checkpoint_paths.PathLike
 

@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcwq_t5x import checkpoint_import
-from mcwq_t5x import checkpoint_paths
-from mcwq_t5x import checkpoints
-from mcwq_t5x import network
+from mcwq_t5x.checkpointing import checkpoint_import
+from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.engine import network
 
 PyTree = Any
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 import numpy as np
 
-from mcwq_t5x import packing
+from mcwq_t5x.data import packing
 
 
 @dataclasses.dataclass
@@ -50,7 +50,7 @@ class DatasetConfig:
     shuffle: shuffle each epoch (training) or keep source order (evaluation).
     seed: data seed (None = 0).
     use_cached: read a SeqIO cache instead of preprocessing (T5X's USE_CACHED_TASKS).
-    pack: pack several examples per row (training only; `mcwq_t5x.packing`).
+    pack: pack several examples per row (training only; `mcwq_t5x.data.packing`).
     packing_method: how rows are filled when packing: "first_fit" (first-fit decreasing, 23% more
       examples per row than SeqIO's rule on MCWQ) or "greedy" (SeqIO's stream-order rule, the
       rows `seqio.EncDecFeatureConverter(pack=True)` gives).
@@ -178,7 +178,7 @@ def load_feature_arrays(cfg: DatasetConfig,
 
   Raises:
     ValueError: unknown task, or a split without any example.
-    mcwq_t5x.paths.DataNotFoundError: when the data folder is missing.
+    mcwq_t5x.data.paths.DataNotFoundError: when the data folder is missing.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
@@ -288,7 +288,7 @@ def dataset_to_arrays(batches: Iterable[Mapping[str, Any]]) -> dict[str, np.ndar
   dataset) into one int32 array per feature: feature -> [N, ...]; {} when there is no batch.
 
   Entries that are (index, features) tuples, as seqio's evaluator yields, are not accepted here;
-  see `mcwq_t5x.prediction`.
+  see `mcwq_t5x.evaluation.prediction`.
   """
   chunks: dict[str, list[np.ndarray]] = {}
   for batch in batches:

@@ -40,8 +40,8 @@ import pathlib
 import tempfile
 from typing import Any, Optional, Sequence, TYPE_CHECKING, Union
 
-from mcwq_t5x import paths
-from mcwq_t5x import readers
+from mcwq_t5x.data import paths
+from mcwq_t5x.data import readers
 
 if TYPE_CHECKING:  # annotations only: SeqIO is imported where a vocabulary is made
   import seqio

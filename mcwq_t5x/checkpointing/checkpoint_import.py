@@ -21,16 +21,16 @@ numpy arrays keyed by T5X's parameter names (`token_embedder/embedding`,
   writer). Only `target` is read; the optimizer state is ignored. An array
   without a fill value must have every chunk file: a missing one raises
   `IncompleteCheckpointError` (TensorStore would otherwise read zeros there).
-  The writer is `mcwq_t5x.t5x_checkpoint_writer`.
+  The writer is `mcwq_t5x.checkpointing.t5x_checkpoint_writer`.
 
-Which format a path holds is `mcwq_t5x.checkpoint_paths.locate`'s answer; the
+Which format a path holds is `mcwq_t5x.checkpointing.checkpoint_paths.locate`'s answer; the
 one entry point that loads any checkpoint (these two and the Orbax ones of
-`mcwq_t5x.checkpoints`) is `mcwq_t5x.checkpoint_loaders.load_params`.
+`mcwq_t5x.checkpointing.checkpoints`) is `mcwq_t5x.checkpointing.checkpoint_loaders.load_params`.
 
 Imports are checked against the parameter shapes of `network.Transformer(config)`
 (`expected_param_shapes`, `check_params`): missing, unexpected or mis-shaped
 parameters raise `CheckpointMismatchError` naming every one of them. The Hugging
-Face name table `hf_name_map` serves both directions (`mcwq_t5x.export_hf`
+Face name table `hf_name_map` serves both directions (`mcwq_t5x.checkpointing.export_hf`
 writes with it). Nothing here imports the project's other checkpoint modules
 except the leaf `checkpoint_paths`.
 """
@@ -51,8 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcwq_t5x import checkpoint_paths
-from mcwq_t5x import network
+from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.engine import network
 
 PathLike = str | os.PathLike
 Params = dict[str, Any]
@@ -227,7 +227,7 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
   The one table between this network's parameters and the state dict of
   Hugging Face `T5ForConditionalGeneration` / `MT5ForConditionalGeneration`
   (transformers `modeling_t5.py` module names), used by the import here and by
-  the export (`mcwq_t5x.export_hf`). Torch `Linear` weights are [out, in] and
+  the export (`mcwq_t5x.checkpointing.export_hf`). Torch `Linear` weights are [out, in] and
   T5X kernels [in, out], so kernels are transposed (`transpose=True`); the HF
   relative position table [buckets, heads] is transposed to T5X's
   [heads, buckets]. Embedding [vocab, embed] and layer-norm scales [embed] are

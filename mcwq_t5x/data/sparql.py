@@ -126,7 +126,7 @@ class Query:
     triples and of filters, i.e. equality up to clause order and duplicates. `a != b` and `b != a`
     are the same filter. A repeated triple and a repeated filter are both ignored (a conjunctive
     query has the same answers with or without them), although the published RIR writes a repeated
-    triple twice and a repeated filter once (`mcwq_t5x.rir`); `triples`/`filters` keep them."""
+    triple twice and a repeated filter once (`mcwq_t5x.data.rir`); `triples`/`filters` keep them."""
     filters = frozenset(
         (f.op,) + tuple(sorted((f.left, f.right))) if f.op == "!=" else (f.op, f.left, f.right)
         for f in self.filters)

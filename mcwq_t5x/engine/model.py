@@ -11,7 +11,7 @@ A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`:
   contract" below). Metrics are unnormalised SUMS over tokens.
 * `predict_batch` / `predict_batch_with_aux`: greedy decoding, temperature
   sampling or beam search with the flax `cache` collection (one decoder
-  position per step) through `mcwq_t5x.decoding`, inside `jax.jit`; options
+  position per step) through `mcwq_t5x.engine.decoding`, inside `jax.jit`; options
   with T5X's names (`num_decodes`, `return_all_decodes`, `decoder_params`,
   `prompt_with_targets`).
 * `score_batch`: sum of target token log-probabilities.
@@ -52,8 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcwq_t5x import decoding
-from mcwq_t5x import network
+from mcwq_t5x.engine import decoding
+from mcwq_t5x.engine import network
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -69,7 +69,7 @@ SPECIAL_LOSS_NORMALIZING_FACTORS = ("NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_
                                     "AVERAGE_PER_SEQUENCE")
 
 # Decoding methods of `predict_batch_with_aux` and the `decoder_params` keys
-# each one takes (the keyword arguments of the `mcwq_t5x.decoding` function).
+# each one takes (the keyword arguments of the `mcwq_t5x.engine.decoding` function).
 DECODER_PARAMS = {
     "greedy": (),
     "beam_search": ("alpha",),

@@ -12,7 +12,7 @@ Lean counterpart of T5X's `t5x/trainer.py` + `t5x/utils.py` (train-state creatio
   `num_microbatches` with `jax.lax.scan`: each microbatch's `model.loss_fn` is normalised by the
   model's `loss_normalizer` of the WHOLE batch and the gradients and metric sums are added, so
   microbatching gives the same update as one large batch; the normalisation itself is the model's,
-  see the loss contract in `mcwq_t5x.model`), dropout RNG =
+  see the loss contract in `mcwq_t5x.engine.model`), dropout RNG =
   `fold_in(fold_in(seed_rng, step), microbatch)`, and `eval_step`.
 * Dropout's random bits: JAX's default PRNG (threefry), or with `use_hardware_rng` (T5X's
   `USE_HARDWARE_RNG`) the `unsafe_rbg` PRNG, i.e. XLA's `RngBitGenerator`, for dropout only
@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec
 import numpy as np
 import optax
 
-from mcwq_t5x import partitioning as partitioning_lib
+from mcwq_t5x.engine import partitioning as partitioning_lib
 
 PyTree = Any
 Batch = Mapping[str, jax.Array]
@@ -298,7 +298,7 @@ class Trainer:
     model: object with `get_initial_variables(rng, input_shapes, input_types)` returning
       {"params": nn.LogicallyPartitioned-boxed tree}, `loss_normalizer(batch) -> float32 scalar`,
       `loss_fn(params, batch, dropout_rng, normalizer=None) -> (loss, metric_sums)` and
-      `eval_fn(params, batch)` (the `mcwq_t5x.model.EncoderDecoderModel` loss contract: the
+      `eval_fn(params, batch)` (the `mcwq_t5x.engine.model.EncoderDecoderModel` loss contract: the
       differentiated loss of a batch split into microbatches m is
       `sum_m loss_fn(params, m, rng_m, normalizer=loss_normalizer(batch))[0]`).
     partitioner: `partitioning.Partitioner`.

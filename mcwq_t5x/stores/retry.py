@@ -1,6 +1,6 @@
 """Request pacing and retry delays shared by the remote clients (SPARQL endpoints, MT).
 
-Used by `mcwq_t5x.endpoint.RemoteEndpoint` (SPARQL 1.1 over HTTP, MCWQ paper §3.2; through its
+Used by `mcwq_t5x.stores.endpoint.RemoteEndpoint` (SPARQL 1.1 over HTTP, MCWQ paper §3.2; through its
 urllib3 `Retry`) and `preprocessing.translate.GoogleBackend` (Cloud Translation REST v2, §4.1):
 both keep a minimum interval between requests and, on HTTP 429/5xx, wait at least what the
 server's `Retry-After` asks (RFC 9110 §10.2.3, in both its delay-seconds and HTTP-date forms),

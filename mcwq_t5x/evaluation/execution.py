@@ -1,6 +1,6 @@
 """Execution accuracy: a predicted query is right when it has the gold query's answers.
 
-Exact match and query equivalence (`mcwq_t5x.metrics`) compare query strings; two different
+Exact match and query equivalence (`mcwq_t5x.evaluation.metrics`) compare query strings; two different
 queries can still have the same answers (a redundant type triple, renamed variables, a
 different but equivalent path). Execution accuracy runs both on a SPARQL store. It is not a
 metric of the MCWQ paper (Cui et al., TACL 2022, which reports exact match, §5.2); it needs what
@@ -16,7 +16,7 @@ For one example:
      pasting prediction text: variables must match `?name`, placeholders `M<k>` are replaced by
      the example's validated Q-id (a placeholder the example has no entity for makes the
      prediction wrong), constants must be `wd:Q<n>` and predicates `wdt:P<n>` or alternatives
-     `wdt:P<n>|wdt:P<m>` (the id patterns of `mcwq_t5x.endpoint`); anything else makes
+     `wdt:P<n>|wdt:P<m>` (the id patterns of `mcwq_t5x.stores.endpoint`); anything else makes
      the prediction wrong ("invalid_term").
   4. Both are executed (W3C SPARQL 1.1 Query §16.3 ASK, §16.1 SELECT DISTINCT): an ASK answer is
      a boolean, a SELECT answer the set of values of the selected variable (an unbound value
@@ -33,7 +33,7 @@ Predictions equivalent to the gold query (`sparql.Query.canonical`) are correct 
 Execution plan: the triple patterns are split into connected components (variables shared by
 triples or filters connect them); each component without the selected variable is asked as ASK
 (if one is false, there are no answers), and the triples of a component are ordered by predicate
-frequency when the store knows it (`mcwq_t5x.endpoint.order_triples`; pyoxigraph joins in
+frequency when the store knows it (`mcwq_t5x.stores.endpoint.order_triples`; pyoxigraph joins in
 the written order). The answers are those of the unsplit query; the split keeps a prediction made
 of two unconnected patterns from enumerating their cross product. A SELECT answer with more than
 `max_answers` values is truncated and never equal to another answer.
@@ -48,10 +48,10 @@ import pathlib
 import re
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from mcwq_t5x import metrics
-from mcwq_t5x import readers
-from mcwq_t5x import sparql as sparql_lib
-from mcwq_t5x import endpoint as ep
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import sparql as sparql_lib
+from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.stores import endpoint as ep
 
 PathLike = Union[str, pathlib.Path]
 
@@ -421,7 +421,7 @@ def execute(query: sparql_lib.Query,
   Args:
     query: a parsed CFQ/MCWQ query (`sparql.parse_sparql`, `rir.rir_to_query`).
     entities: placeholder -> Q-id (`{"M0": "Q42"}`, see `check_entities`).
-    endpoint: where to run it (`mcwq_t5x.endpoint`: embedded pyoxigraph store or remote,
+    endpoint: where to run it (`mcwq_t5x.stores.endpoint`: embedded pyoxigraph store or remote,
       possibly wrapped in a `CachedEndpoint`).
     max_answers: SELECT answers with more values are truncated.
 
@@ -431,7 +431,7 @@ def execute(query: sparql_lib.Query,
   Raises:
     UnsafeQueryError: a term that is not a variable, a placeholder with an entity, `wd:Q<n>` or a
       `wdt:P<n>` path, or a query form other than ASK / SELECT DISTINCT ?var.
-    mcwq_t5x.endpoint.EndpointError: the store failed.
+    mcwq_t5x.stores.endpoint.EndpointError: the store failed.
   """
   req = _requests(query, entities, endpoint.predicate_counts(), max_answers)
   empty = Answer(req.form, False if req.form == "ask" else frozenset())
@@ -512,7 +512,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
     examples: the gold queries with their entities (`load_release_queries`), length N.
     predictions: line-parallel predicted queries in format `fmt` (anything; malformed ones are
       wrong, never an exception).
-    endpoint: the SPARQL store. Wrap it in `mcwq_t5x.endpoint.CachedEndpoint` to run each
+    endpoint: the SPARQL store. Wrap it in `mcwq_t5x.stores.endpoint.CachedEndpoint` to run each
       distinct query once.
     fmt: "rir" (model output) or "sparql".
     max_answers: SELECT answers with more values are truncated (and then never equal).

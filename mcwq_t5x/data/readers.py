@@ -44,8 +44,8 @@ import re
 import unicodedata
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-from mcwq_t5x import paths
-from mcwq_t5x.paths import DataNotFoundError  # re-exported  # noqa: F401
+from mcwq_t5x.data import paths
+from mcwq_t5x.data.paths import DataNotFoundError  # re-exported  # noqa: F401
 
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
 LANGUAGES = ("en", "he", "kn", "zh")
@@ -112,7 +112,7 @@ class Example:
       (NFC, no BOM, whitespace-stripped) when the Example is created.
     sparql: the SPARQL query with placeholders (MCWQ formatting), or None when the source
       only has the RIR form.
-    rir: the query in the reversible intermediate representation (see `mcwq_t5x.rir`), or
+    rir: the query in the reversible intermediate representation (see `mcwq_t5x.data.rir`), or
       None when not computed.
     language: "en", "he", "kn", "zh", or a release's own language code (e.g. "fr").
     recursionDepth: CFQ complexity measure, when the source has it (dataset.json).
@@ -239,7 +239,7 @@ def _cached(fn: Callable[..., tuple[Example, ...]]) -> Callable[..., tuple[Examp
 def _rir_of(sparql: str) -> str:
   """`rir.sparql_to_rir`, kept per query: the four languages of a split share their queries (a
   failed conversion is not kept: it raises again)."""
-  from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top  # lead's module
   return rir.sparql_to_rir(sparql)
 
 
@@ -251,7 +251,7 @@ def _sparql_to_rir(sparql: str, path: PathLike, line: int) -> str:
 
 
 def _rir_to_sparql(rir_text: str, path: PathLike, line: int) -> str:
-  from mcwq_t5x import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top  # lead's module
   try:
     return rir.rir_to_sparql(rir_text)
   except ValueError as e:
@@ -308,7 +308,7 @@ def read_official(path: PathLike,
   Args:
     path: the file.
     language: the language code; default: taken from the file name (`dev.he.txt` -> "he").
-    with_rir: also fill `Example.rir` through `mcwq_t5x.rir.sparql_to_rir`.
+    with_rir: also fill `Example.rir` through `mcwq_t5x.data.rir.sparql_to_rir`.
 
   Returns:
     One Example per line, `question` stripped, `sparql` with whitespace runs collapsed.
@@ -378,7 +378,7 @@ def read_rir_pair(question_path: PathLike,
     question_path: questions, one per line.
     sparql_path: RIR queries (despite the extension), one per line, parallel to the questions.
     language: language code; default: from the question file name.
-    with_sparql: also fill `Example.sparql` through `mcwq_t5x.rir.rir_to_sparql`.
+    with_sparql: also fill `Example.sparql` through `mcwq_t5x.data.rir.rir_to_sparql`.
 
   Returns:
     One Example per line with `question` and `rir` set.
@@ -430,7 +430,7 @@ def read_translation_jsonl(path: PathLike,
   Args:
     path: the `.json` file.
     language: language code; default: from the file name (`test.he.json` -> "he").
-    with_sparql: also fill `Example.sparql` through `mcwq_t5x.rir.rir_to_sparql`.
+    with_sparql: also fill `Example.sparql` through `mcwq_t5x.data.rir.rir_to_sparql`.
 
   Returns:
     One Example per record with `question` and `rir` set.
@@ -512,7 +512,7 @@ def read_release(data_dir: PathLike,
     split: one of SPLITS (any name with a `splits/{split}.json` file works).
     part: "train", "dev" or "test".
     language: one of LANGUAGES, or any code with `questionPatternModEntities_{lang}` fields.
-    with_rir: fill `Example.rir` through `mcwq_t5x.rir.sparql_to_rir`.
+    with_rir: fill `Example.rir` through `mcwq_t5x.data.rir.sparql_to_rir`.
 
   Returns:
     Examples in the order of the index list; `line` is the 1-based record number in
@@ -794,8 +794,8 @@ def read_split(split: str,
   """Reads one split/part/language of MCWQ from whichever layout exists (see `split_files`).
 
   Every returned Example has `question`, `sparql` and `rir` filled: on the official and
-  release layouts `rir` comes from `mcwq_t5x.rir.sparql_to_rir`; on the translations/gold
-  layouts `sparql` comes from `mcwq_t5x.rir.rir_to_sparql`.
+  release layouts `rir` comes from `mcwq_t5x.data.rir.sparql_to_rir`; on the translations/gold
+  layouts `sparql` comes from `mcwq_t5x.data.rir.rir_to_sparql`.
 
   Args:
     split: "mcd1", "mcd2", "mcd3", "random_split", "gold" (human-translated test set,

@@ -19,7 +19,7 @@ import os
 import pathlib
 from typing import Optional, Union
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "mcwq"
 DEFAULT_CACHE_DIR = pathlib.Path("~/.cache/mcwq_t5x")
 DATA_DIR_ENV = "MCWQ_DATA_DIR"

@@ -20,7 +20,7 @@ mesh `PartitionSpec`s (a mesh axis that does not divide a dimension is dropped,
 shardings from a model's init by `jax.eval_shape`, allocating nothing.
 
 The CPU settings of the mains (XLA host devices, XLA CPU flags, glibc `malloc` options) are in
-`mcwq_t5x.cpu_settings`; `set_host_device_count` is also reachable here, under the name the gin
+`mcwq_t5x.engine.cpu_settings`; `set_host_device_count` is also reachable here, under the name the gin
 files configure (`partitioning.set_host_device_count.count`).
 
 Nothing here imports TensorFlow or SeqIO.
@@ -39,7 +39,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
-from mcwq_t5x import cpu_settings
+from mcwq_t5x.engine import cpu_settings
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Optional[str | tuple[str, ...]]]]

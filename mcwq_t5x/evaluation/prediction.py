@@ -1,6 +1,6 @@
 """The prediction stage (files -> task -> model -> **predictions** -> metrics), shared by the mains.
 
-Counterpart of T5X's `utils.get_infer_fn` and the decoding half of `t5x/train.py` / `t5x/eval.py`.
+Counterpart of T5X's `pipeline.get_infer_fn` and the decoding half of `t5x/train.py` / `t5x/eval.py`.
 Functions take the parameters and return the outputs; nothing is held between calls except the
 compiled decoding step of each batch shape.
 
@@ -36,10 +36,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from mcwq_t5x import checkpoint_loaders
-from mcwq_t5x import model as model_lib
-from mcwq_t5x import partitioning
-from mcwq_t5x import utils
+from mcwq_t5x.checkpointing import checkpoint_loaders
+from mcwq_t5x.data import pipeline
+from mcwq_t5x.engine import model as model_lib
+from mcwq_t5x.engine import partitioning
 
 # Features the decoder reads (the rest of a feature-converted batch is dropped before decoding).
 DECODE_FEATURES = ("encoder_input_tokens", "decoder_input_tokens")
@@ -164,7 +164,7 @@ def get_infer_fn(model: Any,
   """Returns `infer_fn(params, arrays, rng=None) -> tokens`, compiled per batch shape.
 
   Args:
-    model: `mcwq_t5x.model.EncoderDecoderModel` (its `predict_batch(params, batch, **kwargs)`).
+    model: `mcwq_t5x.engine.model.EncoderDecoderModel` (its `predict_batch(params, batch, **kwargs)`).
     partitioner: the mesh; params are used with their own shardings, batches are sharded over
       the data axis.
     batch_size: global decoding batch size (rounded up to a multiple of the data-parallel size).
@@ -215,7 +215,7 @@ def get_infer_fn(model: Any,
     outs = []
     for i, start in enumerate(range(0, n, batch_size)):
       rows = order[start:start + batch_size]
-      chunk, real = utils.pad_batch({k: arrays[k][rows] for k in DECODE_FEATURES}, batch_size)
+      chunk, real = pipeline.pad_batch({k: arrays[k][rows] for k in DECODE_FEATURES}, batch_size)
       batch = {k: jax.device_put(v, partitioner.data_sharding) for k, v in chunk.items()}
       outs.append((compiled_for(params, batch)(params, batch, jax.random.fold_in(rng, i)), real))
     tokens = np.concatenate([np.asarray(t)[:real] for t, real in jax.device_get(outs)])
@@ -240,7 +240,7 @@ def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
     for index, example in dataset.batch(1024).as_numpy_iterator():
       indices.append(np.asarray(index))
       features.append(example)
-    arrays = utils.dataset_to_arrays(features)
+    arrays = pipeline.dataset_to_arrays(features)
     if not arrays:
       return []
     tokens = infer_fn(params, arrays)
@@ -289,8 +289,8 @@ class EvalSplit:
     return self.tasks
 
 
-@utils.without_autograph
-def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None) -> Any:
+@pipeline.without_autograph
+def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = None) -> Any:
   """`cfg`'s split tokenised and cached once, for many evaluations (`evaluate_split`).
 
   Args:
@@ -302,11 +302,11 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
     tasks), else a `seqio.Evaluator`.
 
   Raises:
-    ValueError: unknown task (see `utils.get_mixture_or_task`).
+    ValueError: unknown task (see `pipeline.get_mixture_or_task`).
   """
   import seqio  # pylint: disable=g-import-not-at-top
-  task_or_mixture = utils.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
-  utils.warn_truncated(cfg, utils.count_truncated(cfg, num_examples=num_examples))
+  task_or_mixture = pipeline.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  pipeline.warn_truncated(cfg, pipeline.count_truncated(cfg, num_examples=num_examples))
   lengths = dict(cfg.task_feature_lengths) if cfg.task_feature_lengths else None
   tasks = list(
       seqio.evaluation.get_valid_eval_tasks(seqio.get_subtasks(task_or_mixture), cfg.split))
@@ -340,7 +340,9 @@ def make_evaluator(cfg: utils.DatasetConfig, num_examples: Optional[int] = None)
       longest[k] = max([longest[k]] + [len(ex[k]) for ex in examples[task.name]])
   sequence_length = {k: (lengths or {}).get(k) or longest[k] for k in longest}
   arrays = {
-      name: utils.dataset_to_arrays(converter(ds, sequence_length).batch(1024).as_numpy_iterator())
+      name:
+          pipeline.dataset_to_arrays(
+              converter(ds, sequence_length).batch(1024).as_numpy_iterator())
       for name, ds in datasets.items()
   }
   return EvalSplit(tasks, examples, arrays, sequence_length)
@@ -423,7 +425,7 @@ def metrics_of_predictions(task: Any, examples: Sequence[Mapping[str, Any]],
   return metrics, predictions
 
 
-def evaluate_split(cfg: utils.DatasetConfig,
+def evaluate_split(cfg: pipeline.DatasetConfig,
                    infer_fn: InferFn,
                    params: Any,
                    num_examples: Optional[int] = None,
@@ -453,7 +455,7 @@ def evaluate_split(cfg: utils.DatasetConfig,
     `return_predictions`).
 
   Raises:
-    ValueError: unknown task (see `utils.get_mixture_or_task`).
+    ValueError: unknown task (see `pipeline.get_mixture_or_task`).
   """
   import seqio  # pylint: disable=g-import-not-at-top
   if evaluator is None:
@@ -486,7 +488,7 @@ def evaluate_split(cfg: utils.DatasetConfig,
 
 def write_predictions(
     out_dir: str | pathlib.Path,
-    cfg: utils.DatasetConfig,
+    cfg: pipeline.DatasetConfig,
     predictions: Sequence[str],
     metrics: Mapping[str, Any],
     extra: Optional[Mapping[str, Any]] = None) -> tuple[pathlib.Path, pathlib.Path]:
@@ -518,7 +520,7 @@ def write_predictions(
         **dict(metrics),
         **dict(extra or {})
     }
-    met_path.write_text(json.dumps(utils.to_jsonable(record), indent=2, sort_keys=True) + "\n")
+    met_path.write_text(json.dumps(pipeline.to_jsonable(record), indent=2, sort_keys=True) + "\n")
   return pred_path, met_path
 
 
@@ -564,8 +566,8 @@ def load_params(model: Any,
   Raises:
     FileNotFoundError: nothing at `checkpoint_path` (the message names it); ValueError: no
       checkpoint there.
-    mcwq_t5x.checkpoint_paths.CheckpointMismatchError: shapes or names differ from the model.
-    mcwq_t5x.checkpoints.UnreadableCheckpointError: the named `checkpoint_<step>` folder is
+    mcwq_t5x.checkpointing.checkpoint_paths.CheckpointMismatchError: shapes or names differ from the model.
+    mcwq_t5x.checkpointing.checkpoints.UnreadableCheckpointError: the named `checkpoint_<step>` folder is
       unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
       the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """

@@ -1,6 +1,6 @@
 """SPARQL stores: the embedded pyoxigraph one and remote SPARQL 1.1 endpoints, behind one interface.
 
-Execution accuracy (`mcwq_t5x.execution`) runs queries on them; the dataset-creation pipeline
+Execution accuracy (`mcwq_t5x.evaluation.execution`) runs queries on them; the dataset-creation pipeline
 (`preprocessing.substitute`, `preprocessing.migrate`: entity substitution and negative sampling,
 MCWQ paper §3.2) uses them too.
 
@@ -22,11 +22,11 @@ Two kinds behind one interface (`Endpoint`: `select`, `ask`, `labels`):
 
 Both raise `QueryTimeout` (an `EndpointError`) when a query takes longer than `timeout_s`; it is
 not retried. `CachedEndpoint` wraps either one and keeps every answer in an append-only JSONL file
-(`mcwq_t5x.jsonl_cache`), so a killed run resumes without repeating a request; errors are never
+(`mcwq_t5x.stores.jsonl_cache`), so a killed run resumes without repeating a request; errors are never
 kept, except that a timed-out query is recorded as `{"timed_out_after_s": T}` and not re-run by a
 later run unless asked (`retry_timeouts=True`).
 
-Command lines that query a store (`preprocessing.migrate`, `mcwq_t5x.score`) define the remote
+Command lines that query a store (`preprocessing.migrate`, `mcwq_t5x.evaluation.score`) define the remote
 endpoint's flags with `add_endpoint_arguments` and build the store they name with
 `endpoint_from_arguments` (the embedded one through `embedded_store`).
 
@@ -59,8 +59,8 @@ import urllib3.connection
 import urllib3.exceptions
 import urllib3.util
 
-from mcwq_t5x import retry
-from mcwq_t5x.jsonl_cache import JsonlCache, make_key
+from mcwq_t5x.stores.jsonl_cache import JsonlCache, make_key
+from mcwq_t5x.stores import retry
 
 WD = "http://www.wikidata.org/entity/"
 WDT = "http://www.wikidata.org/prop/direct/"

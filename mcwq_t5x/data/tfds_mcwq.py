@@ -5,7 +5,7 @@ human-translated gold test set (`gold_he`, `gold_kn`, `gold_zh`; test only).
 
 Features: `question` (text, entity placeholders M0..M9), `sparql` (the Wikidata SPARQL query,
 MCWQ formatting), `rir` (the same query in the reversible intermediate representation,
-`mcwq_t5x.rir`), `recursionDepth` (int32; -1 when the source does not record it).
+`mcwq_t5x.data.rir`), `recursionDepth` (int32; -1 when the source does not record it).
 Splits: `train`, `validation` (the MCWQ `dev` part), `test`, each only where the data has it.
 
 Data, in order of preference:
@@ -13,7 +13,7 @@ Data, in order of preference:
 1. a local copy in the TFDS manual dir (`download_config=tfds.download.DownloadConfig(
    manual_dir=...)`) holding the `mcwq/` layout (official/, translations/, or dataset.json +
    splits/);
-2. the local copy `mcwq_t5x.paths.data_dir()` (`$MCWQ_DATA_DIR`, else `../shared/mcwq`);
+2. the local copy `mcwq_t5x.data.paths.data_dir()` (`$MCWQ_DATA_DIR`, else `../shared/mcwq`);
 3. the public files of the GitHub repository `coastalcph/seq2sparql`, folder `mcwq/`
    (raw.githubusercontent.com): `official/{split}/{dev,test}.{lang}.txt`,
    `translations/{split}/train.{lang}.{txt,sparql}` and `translations/gold/test.{lang}.*`.
@@ -27,7 +27,7 @@ from the current files instead of serving the old examples. Datasets prepared be
 (no recorded fingerprint) are rebuilt once. Data downloaded from GitHub is not checked.
 
 Usage:
-  import mcwq_t5x.tfds_mcwq  # registers the builder
+  import mcwq_t5x.data.tfds_mcwq  # registers the builder
   ds = tfds.load("mcwq/mcd1_he", split="validation")
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Iterator, Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
-from mcwq_t5x import paths
-from mcwq_t5x import readers
+from mcwq_t5x.data import paths
+from mcwq_t5x.data import readers
 
 UPSTREAM_BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
 TFDS_TO_PART = readers.DATASET_SPLIT_TO_PART

@@ -19,7 +19,7 @@ Further analyses: `analyze_error` / `classify_error` / `error_category_counts` (
 5-6; definitions in `ErrorAnalysis`), `accuracy_by_complexity` (Figure 4),
 `match_test_intersection` (test-intersection-gold vs -MT, Table 6) and `score_predictions` (every
 score the `mcwq_t5x.score` command line prints but execution accuracy, which needs a SPARQL
-store: `mcwq_t5x.execution`).
+store: `mcwq_t5x.evaluation.execution`).
 
 No metric ever raises on a malformed PREDICTION (empty line, truncated query, unbalanced
 parentheses, binary junk): it is simply wrong (category "syntax_error"). Malformed TARGETS are
@@ -37,8 +37,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 import sacrebleu
 
-from mcwq_t5x import rir as rir_lib
-from mcwq_t5x import sparql as sparql_lib
+from mcwq_t5x.data import rir as rir_lib
+from mcwq_t5x.data import sparql as sparql_lib
 
 Text = Union[str, bytes]
 
@@ -435,7 +435,7 @@ def score_predictions(targets: Sequence[Text],
   """Scores one prediction set with every string-level metric, as the evaluation CLI prints them.
 
   Exact match and BLEU (MCWQ paper §5.2, Table 4), query equivalence, and the error categories of
-  §6.2 (Figures 5-6). Execution accuracy needs a SPARQL store and is `mcwq_t5x.execution`'s.
+  §6.2 (Figures 5-6). Execution accuracy needs a SPARQL store and is `mcwq_t5x.evaluation.execution`'s.
 
   Args:
     targets: gold queries, length N, in format `fmt`.

@@ -1,0 +1,6 @@
+"""Evaluation: decoding a split with a model (`prediction`), the paper's metrics (exact match on
+RIR, BLEU, equivalence, error categories), scoring files (`score`), execution accuracy on a SPARQL
+store (`execution`) and the reproduction report (`report`).
+
+Imports: the data, engine, checkpointing and stores wings and other evaluation modules.
+"""
