@@ -65,8 +65,8 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from mcwq_t5x.data import readers
+from mcwq_t5x.stores import transport
 from mcwq_t5x.stores.jsonl_cache import JsonlCache, make_key
-from mcwq_t5x.stores import retry
 
 _log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class GoogleBackend(Backend):
   def _post(self, texts: list[str], target: str, source: str) -> list[str]:
     delay = self.backoff_s
     for attempt in range(self.max_retries + 1):
-      self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
+      self._last = transport.pace(self._last, self.min_interval_s, self._sleep)
       self.num_requests += 1
       retry_after = None
       try:
@@ -336,7 +336,7 @@ class GoogleBackend(Backend):
         err = str(e)
       if attempt == self.max_retries:
         raise TranslationError(f"{self.url}: giving up after {attempt + 1} attempts: {err}")
-      wait_s = retry.retry_delay(delay, retry_after)
+      wait_s = transport.retry_delay(delay, retry_after)
       _log.warning("%s: %s; retrying in %.1fs", self.url, err, wait_s)
       self._sleep(wait_s)
       delay *= 2

@@ -751,16 +751,16 @@ def test_statistics(mcwq_dir, release, tmp_path):
 
 
 def test_retry_delay_and_pacing():
-  from mcwq_t5x.stores import retry  # pylint: disable=g-import-not-at-top
-  assert retry.retry_delay(0.5, None) == 0.5
-  assert retry.retry_delay(0.5, "") == 0.5
-  assert retry.retry_delay(0.5, "7") == 7.0
-  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # a past date: backoff
-  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:30:00 GMT", now=1445412480.0) == 120.0
-  with pytest.raises(retry.RetryAfterTooLong):  # more than the caller's maximum: no capped wait
-    retry.retry_delay(0.5, "120", max_s=60.0)
+  from mcwq_t5x.stores import transport  # pylint: disable=g-import-not-at-top
+  assert transport.retry_delay(0.5, None) == 0.5
+  assert transport.retry_delay(0.5, "") == 0.5
+  assert transport.retry_delay(0.5, "7") == 7.0
+  assert transport.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # a past date: backoff
+  assert transport.retry_delay(0.5, "Wed, 21 Oct 2015 07:30:00 GMT", now=1445412480.0) == 120.0
+  with pytest.raises(transport.RetryAfterTooLong):  # more than the caller's maximum: no capped wait
+    transport.retry_delay(0.5, "120", max_s=60.0)
   waits = []
-  start = retry.pace(0.0, 0.0, waits.append)
+  start = transport.pace(0.0, 0.0, waits.append)
   assert waits == []
-  retry.pace(start, 30.0, waits.append)  # 30 s after a request that just started
+  transport.pace(start, 30.0, waits.append)  # 30 s after a request that just started
   assert len(waits) == 1 and 29.0 < waits[0] <= 30.0
