@@ -18,8 +18,9 @@ from mcwq_t5x.data import readers
 from mcwq_t5x.evaluation import execution
 from mcwq_t5x.evaluation import metrics
 from mcwq_t5x.evaluation import score
-from mcwq_t5x.stores import endpoint as endpoint_lib
-from mcwq_t5x.stores import retry
+from mcwq_t5x.stores import cache as cache_lib
+from mcwq_t5x.stores import flags as store_flags
+from mcwq_t5x.stores import transport
 
 _DEFAULT_CODEX = pathlib.Path(__file__).resolve().parents[2] / "shared" / "wikidata" / "codex-m"
 
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
       help="CoDEx folder loaded into the embedded store ('' for none)")
   group.add_argument(
       "--ntriples", nargs="*", default=[], help="N-Triples files loaded into the embedded store")
-  endpoint_lib.add_endpoint_arguments(group)
+  store_flags.add_endpoint_arguments(group)
   group.add_argument(
       "--cache",
       help="JSON-lines file keeping the store's answers across runs "
@@ -97,14 +98,14 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _make_endpoint(args: argparse.Namespace) -> endpoint_lib.CachedEndpoint:
-  """The store `--execute` runs on (`endpoint_lib.endpoint_from_arguments`), cached.
+def _make_endpoint(args: argparse.Namespace) -> cache_lib.CachedEndpoint:
+  """The store `--execute` runs on (`store_flags.endpoint_from_arguments`), cached.
 
   Raises:
-    ValueError, FileNotFoundError: see `endpoint_lib.embedded_store` and
-      `endpoint_lib.remote_endpoint_from_arguments`.
+    ValueError, FileNotFoundError: see `mcwq_t5x.stores.oxigraph.embedded_store` and
+      `store_flags.remote_endpoint_from_arguments`.
   """
-  return endpoint_lib.CachedEndpoint(endpoint_lib.endpoint_from_arguments(args), args.cache)
+  return cache_lib.CachedEndpoint(store_flags.endpoint_from_arguments(args), args.cache)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -140,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except score.InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  except retry.RetryAfterTooLong as e:
+  except transport.RetryAfterTooLong as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   undefined = None

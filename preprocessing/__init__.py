@@ -13,10 +13,10 @@ Modules (each has a command line where it makes sense; see their docstrings):
 * `make_splits`: MCD splits by DBCA (Keysers et al. 2020; `mcwq_t5x.data.divergence`) and random splits
   of equal sizes, for any release.
 
-The SPARQL stores (embedded pyoxigraph, remote endpoints, the answer cache) are the library's:
-`mcwq_t5x.stores.endpoint`, with `mcwq_t5x.stores.jsonl_cache` (the crash-safe JSONL cache also used for
-translations) and `mcwq_t5x.stores.retry` (request pacing and Retry-After, also used by the Google MT
-client). The library never imports this package.
+The SPARQL stores (embedded pyoxigraph, remote endpoints, the answer cache) are the library's
+(`mcwq_t5x.stores`), with `mcwq_t5x.stores.jsonl_cache` (the crash-safe JSONL cache also used for
+translations) and `mcwq_t5x.stores.transport` (the HTTP transport and retry policy, also used by
+the Google MT client). The library never imports this package.
 
 Nothing here imports TensorFlow.
 """

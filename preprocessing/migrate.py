@@ -53,7 +53,9 @@ from tqdm import tqdm
 
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import sparql as sparql_lib
+from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as ep
+from mcwq_t5x.stores import flags as store_flags
 from preprocessing import cfq, mapping as mp, substitute as sb
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -101,9 +103,9 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
   """Builds the endpoint named by the command line (None for `--endpoint none`)."""
   if args.endpoint == "none":
     return None
-  inner = ep.endpoint_from_arguments(args, embedded_timeout=True, allow_empty=True)
+  inner = store_flags.endpoint_from_arguments(args, embedded_timeout=True, allow_empty=True)
   cache = args.cache or os.path.join(args.out, "cache", "endpoint.jsonl")
-  return ep.CachedEndpoint(inner, cache, retry_timeouts=args.retry_timeouts)
+  return cache_lib.CachedEndpoint(inner, cache, retry_timeouts=args.retry_timeouts)
 
 
 def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[str, Any]:
@@ -311,7 +313,7 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
   report["alignment"] = dict(alignment)
   report["malformed"] = len(malformed)
   report["malformed_records"] = malformed
-  if isinstance(endpoint, ep.CachedEndpoint):
+  if isinstance(endpoint, cache_lib.CachedEndpoint):
     report["endpoint_cache_hits"] = endpoint.hits
     report["endpoint_requests"] = endpoint.misses
     report["endpoint_timeouts"] = endpoint.timeouts
@@ -343,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
       default=DEFAULT_CODEX,
       help="CoDEx folder loaded into the embedded store ('' for none)")
   ap.add_argument("--ntriples", nargs="*", help="N-Triples files loaded into the embedded store")
-  ep.add_endpoint_arguments(ap, embedded_timeout=True, max_retry_after=True)
+  store_flags.add_endpoint_arguments(ap, embedded_timeout=True, max_retry_after=True)
   ap.add_argument(
       "--retry-timeouts", action="store_true", help="re-run queries the cache records as timed out")
   ap.add_argument("--cache", help="endpoint cache JSONL (default OUT/cache/endpoint.jsonl)")

@@ -10,12 +10,14 @@ Backends (one interface, `Backend.translate(texts, target, source) -> list[str]`
   between the placeholders M0…M9 piece by piece and puts the placeholders back, so that a model
   which does not copy them (a small or random-weight one) still gives usable questions.
 * `GoogleBackend`: Google Cloud Translation, REST API v2 (`POST …/language/translate/v2`,
-  form fields q (repeated), target, source, format=text, key) through `requests`, with batching,
-  a minimum interval between requests, and retries with exponential backoff on 429/5xx and on a
-  403 whose reason is `rateLimitExceeded` / `userRateLimitExceeded` (Google documents those as
-  retryable; honouring Retry-After). A 200 whose body is not a v2 answer (an HTML page, JSON
-  without `data.translations`) is an error naming the URL and the head of the body. `url` can
-  point at any server speaking that protocol.
+  form fields q (repeated), target, source, format=text, key), with batching, through the
+  transport of every remote client (`mcwq_t5x.stores.transport`, as the SPARQL client): a
+  deadline on each attempt as a whole, a minimum interval between requests, retries with
+  exponential backoff on 429/5xx, on network errors and on a 403 whose reason is
+  `rateLimitExceeded` / `userRateLimitExceeded` (Google documents those as retryable), waiting at
+  least what Retry-After asks, and redirects that re-send the form. A 200 whose body is not a v2
+  answer (an HTML page, JSON without `data.translations`) is an error naming the URL and the head
+  of the body. `url` can point at any server speaking that protocol.
 
 `Translator` adds what §4.1 describes around the backend: "?" is appended before translating
 (the questions have none; it makes MT treat them as questions) and stripped after; question
@@ -65,8 +67,8 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from mcwq_t5x.data import readers
+from mcwq_t5x.stores import transport
 from mcwq_t5x.stores.jsonl_cache import JsonlCache, make_key
-from mcwq_t5x.stores import retry
 
 _log = logging.getLogger(__name__)
 
@@ -249,11 +251,6 @@ class HFBackend(Backend):
 RETRYABLE_403_REASONS = ("rateLimitExceeded", "userRateLimitExceeded")
 
 
-def _body_head(body: bytes, n: int = 200) -> str:
-  """The first `n` bytes of an answer, decoded for a message (quoted, `…` when cut)."""
-  return repr(body[:n].decode("utf-8", "replace") + ("…" if len(body) > n else ""))
-
-
 def google_error_reasons(body: bytes) -> list[str]:
   """The `error.errors[].reason` values of a Google API error body ([] when it has none)."""
   try:
@@ -266,13 +263,23 @@ def google_error_reasons(body: bytes) -> list[str]:
   return [e["reason"] for e in errors if isinstance(e, dict) and isinstance(e.get("reason"), str)]
 
 
+def _rate_limited(response: transport.Response) -> str | None:
+  """"HTTP 403 (rateLimitExceeded)" for a 403 that Google marks as retryable, else None."""
+  if response.status != 403:
+    return None
+  reasons = [r for r in google_error_reasons(response.body) if r in RETRYABLE_403_REASONS]
+  return f"HTTP 403 ({reasons[0]})" if reasons else None
+
+
 class GoogleBackend(Backend):
   """Google Cloud Translation REST v2 (or a server speaking it at `url`).
 
   `translate` raises `TranslationError` for a refused request (an HTTP error that is not
-  retried), after the last retry, and for a status 200 whose body is not a v2 answer (not JSON,
-  e.g. an HTML page, or JSON without `data.translations` of one `translatedText` per text); the
-  message names the URL and the head of the body.
+  retried), after the last retry, for an attempt without a complete answer within `timeout_s`
+  (not retried), when the server asks to wait longer than `max_retry_after_s`, and for a status
+  200 whose body is not a v2 answer (not JSON, e.g. an HTML page, or JSON without
+  `data.translations` of one `translatedText` per text); the message names the URL (and the head
+  of the body).
 
   Args:
     api_key: sent as the `key` form field (never logged).
@@ -280,10 +287,17 @@ class GoogleBackend(Backend):
     batch_size: texts per request (the API allows up to 128 `q` values).
     min_interval_s: minimum seconds between requests.
     max_retries: retries on 429, 5xx, a 403 with a reason in `RETRYABLE_403_REASONS`, and
-      connection errors.
-    backoff_s: first backoff, doubled after each retry (Retry-After wins when sent).
-    timeout_s: request timeout.
+      network errors.
+    backoff_s: first backoff, doubled after each retry (Retry-After wins when it asks more).
+    timeout_s: bound of one request attempt as a whole (connecting, sending, reading the whole
+      answer), in seconds.
+    max_retry_after_s: the longest Retry-After waited for, in seconds.
     sleep: injectable for tests.
+    clock: the wall clock (POSIX seconds) an HTTP-date Retry-After is compared to; injectable.
+
+  Attributes:
+    transport: the `mcwq_t5x.stores.transport.Transport` (its settings are the arguments above).
+    num_requests: HTTP request attempts sent (retries included).
   """
 
   name = "google-v2"
@@ -296,51 +310,31 @@ class GoogleBackend(Backend):
                max_retries: int = 5,
                backoff_s: float = 1.0,
                timeout_s: float = 30.0,
-               sleep: Callable[[float], None] = time.sleep):
-    import requests  # pylint: disable=g-import-not-at-top
-    self.requests = requests
-    self.api_key, self.url = api_key, url
-    self.batch_size, self.min_interval_s = batch_size, min_interval_s
-    self.max_retries, self.backoff_s, self.timeout_s = max_retries, backoff_s, timeout_s
-    self._sleep = sleep
-    self._last = 0.0
-    self.num_requests = 0
+               max_retry_after_s: float = transport.DEFAULT_MAX_RETRY_AFTER_S,
+               sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.time):
+    self.api_key, self.url, self.batch_size = api_key, url, batch_size
+    self.transport = transport.Transport(
+        timeout_s=timeout_s,
+        max_retries=max_retries,
+        backoff_s=backoff_s,
+        min_interval_s=min_interval_s,
+        max_retry_after_s=max_retry_after_s,
+        retryable=_rate_limited,
+        sleep=sleep,
+        clock=clock)
+
+  @property
+  def num_requests(self) -> int:
+    return self.transport.num_requests
 
   def _post(self, texts: list[str], target: str, source: str) -> list[str]:
-    delay = self.backoff_s
-    for attempt in range(self.max_retries + 1):
-      self._last = retry.pace(self._last, self.min_interval_s, self._sleep)
-      self.num_requests += 1
-      retry_after = None
-      try:
-        r = self.requests.post(
-            self.url,
-            data={
-                "q": texts,
-                "target": target,
-                "source": source,
-                "format": "text",
-                "key": self.api_key
-            },
-            timeout=self.timeout_s)
-        if r.status_code == 200:
-          return self._translations(r.content, len(texts))
-        rate_limited = [
-            reason for reason in google_error_reasons(r.content) if reason in RETRYABLE_403_REASONS
-        ] if r.status_code == 403 else []
-        if r.status_code != 429 and r.status_code < 500 and not rate_limited:
-          raise TranslationError(f"{self.url}: HTTP {r.status_code}: {r.text[:200]}")
-        retry_after = r.headers.get("Retry-After")
-        err = f"HTTP {r.status_code}" + (f" ({rate_limited[0]})" if rate_limited else "")
-      except (self.requests.ConnectionError, self.requests.Timeout) as e:
-        err = str(e)
-      if attempt == self.max_retries:
-        raise TranslationError(f"{self.url}: giving up after {attempt + 1} attempts: {err}")
-      wait_s = retry.retry_delay(delay, retry_after)
-      _log.warning("%s: %s; retrying in %.1fs", self.url, err, wait_s)
-      self._sleep(wait_s)
-      delay *= 2
-    raise AssertionError("unreachable")
+    form = {"q": texts, "target": target, "source": source, "format": "text", "key": self.api_key}
+    try:
+      response = self.transport.post(self.url, data=form)
+    except (transport.TransportError, transport.RetryAfterTooLong) as e:
+      raise TranslationError(str(e)) from e
+    return self._translations(response.body, len(texts))
 
   def _translations(self, body: bytes, n: int) -> list[str]:
     """The `n` translations of a status-200 body (`data.translations[].translatedText`).
@@ -353,18 +347,18 @@ class GoogleBackend(Backend):
       obj = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
       raise TranslationError(f"{self.url}: HTTP 200 but the answer is not JSON ({e}); it begins "
-                             f"{_body_head(body)}") from None
+                             f"{transport.body_head(body)}") from None
     data = obj.get("data") if isinstance(obj, dict) else None
     items = data.get("translations") if isinstance(data, dict) else None
     if not isinstance(items, list):
       raise TranslationError(f"{self.url}: HTTP 200 but the answer has no 'data.translations' "
                              f"list (not a Cloud Translation v2 answer); it begins "
-                             f"{_body_head(body)}")
+                             f"{transport.body_head(body)}")
     if len(items) != n:
       raise TranslationError(f"{self.url}: {len(items)} translations for {n} texts")
     if not all(isinstance(it, dict) and isinstance(it.get("translatedText"), str) for it in items):
       raise TranslationError(f"{self.url}: HTTP 200 but a translation has no string "
-                             f"'translatedText'; the answer begins {_body_head(body)}")
+                             f"'translatedText'; the answer begins {transport.body_head(body)}")
     return [it["translatedText"] for it in items]
 
   def translate(self, texts: Sequence[str], target: str, source: str = "en") -> list[str]:

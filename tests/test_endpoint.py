@@ -18,8 +18,12 @@ import urllib.parse
 import pytest
 
 from mcwq_t5x import score as score_cli
+from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as ep
-from mcwq_t5x.stores import retry
+from mcwq_t5x.stores import flags as store_flags
+from mcwq_t5x.stores import oxigraph
+from mcwq_t5x.stores import remote as remote_lib
+from mcwq_t5x.stores import transport
 from preprocessing import migrate
 
 NOW = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT, the injected wall clock
@@ -34,28 +38,30 @@ def http_date(t):
 
 
 def test_parse_retry_after_reads_delay_seconds_and_all_three_http_date_forms():
-  assert retry.parse_retry_after("300") == 300.0
-  assert retry.parse_retry_after(" 0 ") == 0.0
+  assert transport.parse_retry_after("300") == 300.0
+  assert transport.parse_retry_after(" 0 ") == 0.0
   assert http_date(NOW + 300) == "Wed, 21 Oct 2015 07:33:00 GMT"
-  assert retry.parse_retry_after("Wed, 21 Oct 2015 07:33:00 GMT", now=NOW) == 300.0  # IMF-fixdate
-  assert retry.parse_retry_after("Wednesday, 21-Oct-15 07:33:00 GMT", now=NOW) == 300.0  # RFC 850
-  assert retry.parse_retry_after("Wed Oct 21 07:33:00 2015", now=NOW) == 300.0  # asctime, UTC
-  assert retry.parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=NOW) == 0.0  # in the past
+  assert transport.parse_retry_after(
+      "Wed, 21 Oct 2015 07:33:00 GMT", now=NOW) == 300.0  # IMF-fixdate
+  assert transport.parse_retry_after(
+      "Wednesday, 21-Oct-15 07:33:00 GMT", now=NOW) == 300.0  # RFC 850
+  assert transport.parse_retry_after("Wed Oct 21 07:33:00 2015", now=NOW) == 300.0  # asctime, UTC
+  assert transport.parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=NOW) == 0.0  # in the past
   for junk in (None, "", "soon", "1.5", "-3", "inf", "nan"):
-    assert retry.parse_retry_after(junk, now=NOW) is None, junk
+    assert transport.parse_retry_after(junk, now=NOW) is None, junk
 
 
 def test_retry_delay_waits_at_least_what_the_server_asks_and_refuses_more_than_the_maximum():
-  assert retry.retry_delay(2.0, None, max_s=120.0) == 2.0
-  assert retry.retry_delay(500.0, None, max_s=120.0) == 120.0  # the backoff is capped
-  assert retry.retry_delay(2.0, "300", max_s=600.0) == 300.0  # not capped at a backoff cap
-  assert retry.retry_delay(2.0, http_date(NOW + 300), max_s=600.0, now=NOW) == 300.0
-  assert retry.retry_delay(8.0, "1", max_s=600.0) == 8.0  # never less than the backoff
-  with pytest.raises(retry.RetryAfterTooLong, match="3600 s.*maximum of 600 s") as e:
-    retry.retry_delay(2.0, "3600", max_s=600.0)
+  assert transport.retry_delay(2.0, None, max_s=120.0) == 2.0
+  assert transport.retry_delay(500.0, None, max_s=120.0) == 120.0  # the backoff is capped
+  assert transport.retry_delay(2.0, "300", max_s=600.0) == 300.0  # not capped at a backoff cap
+  assert transport.retry_delay(2.0, http_date(NOW + 300), max_s=600.0, now=NOW) == 300.0
+  assert transport.retry_delay(8.0, "1", max_s=600.0) == 8.0  # never less than the backoff
+  with pytest.raises(transport.RetryAfterTooLong, match="3600 s.*maximum of 600 s") as e:
+    transport.retry_delay(2.0, "3600", max_s=600.0)
   assert (e.value.wait_s, e.value.max_s) == (3600.0, 600.0)
-  with pytest.raises(retry.RetryAfterTooLong):
-    retry.retry_delay(2.0, http_date(NOW + 3600), max_s=600.0, now=NOW)
+  with pytest.raises(transport.RetryAfterTooLong):
+    transport.retry_delay(2.0, http_date(NOW + 3600), max_s=600.0, now=NOW)
 
 
 class _Scripted(http.server.BaseHTTPRequestHandler):
@@ -98,7 +104,7 @@ def test_remote_endpoint_waits_the_full_retry_after_in_both_forms(scripted):
       "Retry-After": http_date(NOW + 90)
   }), (429, {})]
   waits = []
-  remote = ep.RemoteEndpoint(
+  remote = remote_lib.RemoteEndpoint(
       scripted.url,
       backoff_s=2.0,
       max_backoff_s=120.0,
@@ -117,13 +123,13 @@ def test_remote_endpoint_stops_when_retry_after_exceeds_the_maximum(scripted, fo
   value = "3600" if form == "delay-seconds" else http_date(NOW + 3600)
   scripted.script = [(429, {"Retry-After": value})] * 10
   waits = []
-  remote = ep.RemoteEndpoint(
+  remote = remote_lib.RemoteEndpoint(
       scripted.url,
       max_retry_after_s=600.0,
       min_interval_s=0.0,
       sleep=waits.append,
       clock=lambda: NOW)
-  with pytest.raises(ep.RetryAfterTooLong, match=r"HTTP 429.*3600 s.*600 s.*stopping") as e:
+  with pytest.raises(transport.RetryAfterTooLong, match=r"HTTP 429.*3600 s.*600 s.*stopping") as e:
     remote.ask("ASK WHERE { ?s ?p ?o }")
   assert e.value.wait_s == 3600.0
   assert not isinstance(e.value, ep.EndpointError)  # the migration stops instead of going on
@@ -133,7 +139,8 @@ def test_remote_endpoint_stops_when_retry_after_exceeds_the_maximum(scripted, fo
 def test_remote_endpoint_next_query_still_waits_after_giving_up(scripted):
   scripted.script = [(429, {"Retry-After": "30"})] * 2
   waits = []
-  remote = ep.RemoteEndpoint(scripted.url, max_retries=0, min_interval_s=0.0, sleep=waits.append)
+  remote = remote_lib.RemoteEndpoint(
+      scripted.url, max_retries=0, min_interval_s=0.0, sleep=waits.append)
   with pytest.raises(ep.EndpointError, match="giving up after 1 attempts: HTTP 429"):
     remote.ask("ASK WHERE { ?s ?p ?o }")
   assert waits == []
@@ -188,7 +195,7 @@ def test_remote_timeout_bounds_the_whole_request_against_a_trickling_server(phas
   threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
   try:
     waits = []
-    remote = ep.RemoteEndpoint(
+    remote = remote_lib.RemoteEndpoint(
         f"http://127.0.0.1:{srv.server_port}/sparql",
         timeout_s=1.0,
         min_interval_s=0.0,
@@ -231,17 +238,17 @@ def pid_exists(pid):
 
 
 def test_embedded_query_timeout_kills_the_worker_and_raises(small_store, caplog):
-  ox = ep.OxigraphEndpoint(small_store, timeout_s=0.5)
+  ox = oxigraph.OxigraphEndpoint(small_store, timeout_s=0.5)
   try:
     count = "SELECT (COUNT(*) AS ?n) WHERE { ?s wdt:P1 ?o }"
     assert ox.select(count) == [{"n": str(N)}]
-    assert ox.select(count) == ep.OxigraphEndpoint(small_store).select(count)  # same answers
+    assert ox.select(count) == oxigraph.OxigraphEndpoint(small_store).select(count)  # same answers
     assert ox.ask("ASK WHERE { wd:Q8 wdt:P1 wd:Q1 }") is True
     with pytest.raises(ep.EndpointError, match="query failed: SyntaxError"):
       ox.select("SELECT WHERE { broken")
     worker = ox._worker.pid  # pylint: disable=protected-access
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger=ep.__name__):
+    with caplog.at_level(logging.WARNING, logger=oxigraph.__name__):
       with pytest.raises(ep.QueryTimeout, match="timed out after 0.5 s") as e:
         ox.select(SLOW)
     elapsed = time.monotonic() - start
@@ -271,9 +278,9 @@ class _Fake(ep.Endpoint):
 
 def test_cached_endpoint_records_a_timeout_and_does_not_rerun_it(small_store, tmp_path):
   path = tmp_path / "endpoint.jsonl"
-  ox = ep.OxigraphEndpoint(small_store, timeout_s=0.5)
+  ox = oxigraph.OxigraphEndpoint(small_store, timeout_s=0.5)
   try:
-    first = ep.CachedEndpoint(ox, path)
+    first = cache_lib.CachedEndpoint(ox, path)
     with pytest.raises(ep.QueryTimeout):
       first.select(SLOW)
     assert (first.misses, first.timeouts) == (1, 1)
@@ -286,7 +293,7 @@ def test_cached_endpoint_records_a_timeout_and_does_not_rerun_it(small_store, tm
 
   # A rerun on the cache does not run it again.
   fake = _Fake([{"n": "1"}])
-  rerun = ep.CachedEndpoint(fake, path)
+  rerun = cache_lib.CachedEndpoint(fake, path)
   start = time.monotonic()
   with pytest.raises(ep.QueryTimeout, match="recorded in the cache as timed out after 0.5 s") as e:
     rerun.select(SLOW)
@@ -294,17 +301,17 @@ def test_cached_endpoint_records_a_timeout_and_does_not_rerun_it(small_store, tm
   assert fake.asked == [] and (rerun.hits, rerun.misses, rerun.timeouts) == (1, 0, 1)
 
   # Unless asked: then it runs again, and the new answer replaces the record.
-  asked = ep.CachedEndpoint(fake, path, retry_timeouts=True)
+  asked = cache_lib.CachedEndpoint(fake, path, retry_timeouts=True)
   assert asked.select(SLOW) == [{"n": "1"}]
   assert fake.asked == [SLOW] and (asked.misses, asked.timeouts) == (1, 0)
-  assert ep.CachedEndpoint(_Fake([]), path).select(SLOW) == [{"n": "1"}]
+  assert cache_lib.CachedEndpoint(_Fake([]), path).select(SLOW) == [{"n": "1"}]
 
 
 def test_migrate_bounds_embedded_queries_with_timeout_and_passes_retry_timeouts(tmp_path):
   args = migrate.build_parser().parse_args(
       ["--out", str(tmp_path), "--codex", "", "--timeout", "7.5", "--retry-timeouts"])
   endpoint = migrate.make_endpoint(args)
-  assert isinstance(endpoint.inner, ep.OxigraphEndpoint)
+  assert isinstance(endpoint.inner, oxigraph.OxigraphEndpoint)
   assert endpoint.inner.timeout_s == 7.5 and endpoint.retry_timeouts is True
   remote = migrate.make_endpoint(migrate.build_parser().parse_args(
       ["--out", str(tmp_path), "--endpoint", "remote", "--max-retry-after", "90"]))
@@ -318,11 +325,12 @@ def test_evaluate_and_migrate_build_the_same_remote_endpoint_from_their_flags(
   flags = ["--url", "http://x", user_agent_flag, "A", "--timeout", "3", "--retries", "2"]
   for args in (score_cli._parser().parse_args(["--predictions", "p"] + flags),
                migrate.build_parser().parse_args(["--out", str(tmp_path)] + flags)):
-    remote = ep.remote_endpoint_from_arguments(args)
+    remote = store_flags.remote_endpoint_from_arguments(args)
     assert (remote.url, remote.user_agent, remote.timeout_s, remote.max_retries) == ("http://x",
                                                                                      "A", 3.0, 2)
-    assert (remote.min_interval_s, remote.max_retry_after_s) == (ep.DEFAULT_MIN_INTERVAL_S,
-                                                                 ep.DEFAULT_MAX_RETRY_AFTER_S)
+    assert (remote.min_interval_s,
+            remote.max_retry_after_s) == (remote_lib.DEFAULT_MIN_INTERVAL_S,
+                                          transport.DEFAULT_MAX_RETRY_AFTER_S)
 
 
 # ---- An endpoint's error is never an answer ----
@@ -371,8 +379,8 @@ def fixed():
 def test_remote_answer_that_is_not_sparql_json_results_is_an_error_and_not_cached(
     fixed, tmp_path, form, body, problem):
   fixed.body = body
-  remote = ep.RemoteEndpoint(fixed.url, min_interval_s=0.0, sleep=lambda s: None)
-  cached = ep.CachedEndpoint(remote, tmp_path / "answers.jsonl")
+  remote = remote_lib.RemoteEndpoint(fixed.url, min_interval_s=0.0, sleep=lambda s: None)
+  cached = cache_lib.CachedEndpoint(remote, tmp_path / "answers.jsonl")
   run = cached.select if form == "select" else cached.ask
   query = "SELECT ?x WHERE { ?x ?p ?o }" if form == "select" else "ASK WHERE { ?s ?p ?o }"
   for _ in range(2):  # nothing is cached: the second call asks again
@@ -382,7 +390,7 @@ def test_remote_answer_that_is_not_sparql_json_results_is_an_error_and_not_cache
     assert fixed.url in message and problem in message, message
     assert repr(body[:40].decode())[1:-1] in message  # the head of the body
   assert fixed.requests == 2 and (cached.hits, cached.misses) == (0, 2)
-  assert len(ep.CachedEndpoint(_Fake([]), tmp_path / "answers.jsonl").cache) == 0
+  assert len(cache_lib.CachedEndpoint(_Fake([]), tmp_path / "answers.jsonl").cache) == 0
 
 
 def test_remote_select_reads_sparql_json_results(fixed):
@@ -404,7 +412,7 @@ def test_remote_select_reads_sparql_json_results(fixed):
           }, {}]
       }
   }).encode()
-  remote = ep.RemoteEndpoint(fixed.url, min_interval_s=0.0)
+  remote = remote_lib.RemoteEndpoint(fixed.url, min_interval_s=0.0)
   assert remote.select("SELECT ?x ?l WHERE { ?x rdfs:label ?l }") == [{
       "x": "wd:Q42",
       "l": "Douglas Adams"
@@ -467,9 +475,9 @@ def moved():
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 def test_remote_redirect_resends_the_query_to_the_new_location(moved, status, caplog):
   moved.status = status
-  remote = ep.RemoteEndpoint(moved.base + "/old", min_interval_s=0.0)
+  remote = remote_lib.RemoteEndpoint(moved.base + "/old", min_interval_s=0.0)
   query = "ASK WHERE { wd:Q42 wdt:P31 wd:Q5 }"
-  with caplog.at_level(logging.WARNING, logger=ep.__name__):
+  with caplog.at_level(logging.WARNING, logger=transport.__name__):
     assert remote.ask(query) is True
   assert moved.log == [("POST", "/old", ep.PREFIXES + query), ("POST", "/new", ep.PREFIXES + query)]
   assert f"HTTP {status} redirect to {moved.base}/new" in caplog.text
@@ -481,11 +489,11 @@ def test_remote_redirect_resends_the_query_to_the_new_location(moved, status, ca
 
 
 def test_remote_redirect_without_location_or_in_a_loop_is_an_error_naming_it(moved):
-  remote = ep.RemoteEndpoint(moved.base + "/nowhere", min_interval_s=0.0)
+  remote = remote_lib.RemoteEndpoint(moved.base + "/nowhere", min_interval_s=0.0)
   with pytest.raises(ep.EndpointError, match="HTTP 301 redirect without a Location header"):
     remote.ask("ASK WHERE { ?s ?p ?o }")
   moved.status = 307
-  remote = ep.RemoteEndpoint(moved.base + "/loop", min_interval_s=0.0)
+  remote = remote_lib.RemoteEndpoint(moved.base + "/loop", min_interval_s=0.0)
   with pytest.raises(
       ep.EndpointError, match=f"more than 5 redirects .the last to {moved.base}/loop"):
     remote.ask("ASK WHERE { ?s ?p ?o }")
@@ -497,7 +505,7 @@ def test_remote_connection_refused_is_retried_with_backoff_then_an_error():
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
   waits = []
-  remote = ep.RemoteEndpoint(
+  remote = remote_lib.RemoteEndpoint(
       f"http://127.0.0.1:{port}/sparql",
       max_retries=2,
       backoff_s=0.5,
@@ -506,3 +514,48 @@ def test_remote_connection_refused_is_retried_with_backoff_then_an_error():
   with pytest.raises(ep.EndpointError, match="giving up after 3 attempts: NewConnectionError"):
     remote.ask("ASK WHERE { ?s ?p ?o }")
   assert waits == [0.5, 1.0] and remote.num_requests == 3
+
+
+class _CutOnce(http.server.BaseHTTPRequestHandler):
+  """The first answer announces its full length but the connection closes after 10 bytes; later
+  ones are complete (ASK true)."""
+
+  def do_POST(self):  # noqa: N802
+    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    self.server.requests += 1
+    self.send_response(200)
+    self.send_header("Content-Type", "application/sparql-results+json")
+    self.send_header("Content-Length", str(len(ASK_TRUE)))
+    self.end_headers()
+    self.wfile.write(ASK_TRUE if self.server.requests > 1 else ASK_TRUE[:10])
+    self.close_connection = True
+
+  def log_message(self, *a):
+    pass
+
+
+def test_remote_connection_lost_while_reading_the_answer_is_retried():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutOnce)
+  srv.daemon_threads = True
+  srv.requests = 0
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  try:
+    waits = []
+    remote = remote_lib.RemoteEndpoint(
+        f"http://127.0.0.1:{srv.server_port}/sparql",
+        backoff_s=0.5,
+        min_interval_s=0.0,
+        sleep=waits.append)
+    assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
+    assert waits == [0.5] and srv.requests == remote.num_requests == 2
+  finally:
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_remote_request_that_cannot_be_sent_is_an_error_at_once():
+  waits = []
+  remote = remote_lib.RemoteEndpoint("query.wikidata.org/sparql", sleep=waits.append)
+  with pytest.raises(ep.EndpointError, match="query.wikidata.org/sparql: MissingSchema"):
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  assert waits == []  # not retried

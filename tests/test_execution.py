@@ -21,7 +21,9 @@ from mcwq_t5x.data import sparql
 from mcwq_t5x.evaluation import execution
 from mcwq_t5x.evaluation import metrics
 from mcwq_t5x import score as score_cli
+from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as ep
+from mcwq_t5x.stores import oxigraph
 import mains
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,7 +31,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def store(shared_dir):
-  return ep.CachedEndpoint(ep.embedded_store(shared_dir / "wikidata" / "codex-m"), None)
+  return cache_lib.CachedEndpoint(
+      oxigraph.embedded_store(shared_dir / "wikidata" / "codex-m"), None)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,10 @@ import time
 import pytest
 
 from mcwq_t5x.data import readers
+from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as ep
+from mcwq_t5x.stores import oxigraph
+from mcwq_t5x.stores import remote as remote_lib
 from preprocessing import cfq, mapping as mp, migrate, substitute as sb
 import mains
 
@@ -22,7 +25,7 @@ def codex(shared_dir):
 
 @pytest.fixture(scope="module")
 def store(codex):
-  ox = ep.OxigraphEndpoint()
+  ox = oxigraph.OxigraphEndpoint()
   counts = ox.load_codex(codex)
   assert counts["triples"] == 206205  # train + valid + test of CoDEx-M
   return ox
@@ -118,7 +121,8 @@ def args_for(out, **kw):
 
 def test_migrate_cli_kill_and_resume(store, tmp_path):
   clean = CountingEndpoint(store)
-  report = migrate.run(args_for(tmp_path / "clean"), ep.CachedEndpoint(clean, tmp_path / "c.jsonl"))
+  report = migrate.run(
+      args_for(tmp_path / "clean"), cache_lib.CachedEndpoint(clean, tmp_path / "c.jsonl"))
   assert report["read"] == 700 and report["malformed"] == 0
   assert report["migrated"] == 700 - report["skipped"].get("reverse mark", 0)
   assert report["assigned"] > 0 and report["negatives"] > 0
@@ -128,9 +132,9 @@ def test_migrate_cli_kill_and_resume(store, tmp_path):
   cache = tmp_path / "k.jsonl"
   first = CountingEndpoint(store, fail_after=40)
   with pytest.raises(KeyboardInterrupt):
-    migrate.run(args_for(tmp_path / "killed"), ep.CachedEndpoint(first, cache))
+    migrate.run(args_for(tmp_path / "killed"), cache_lib.CachedEndpoint(first, cache))
   second = CountingEndpoint(store)
-  report2 = migrate.run(args_for(tmp_path / "killed"), ep.CachedEndpoint(second, cache))
+  report2 = migrate.run(args_for(tmp_path / "killed"), cache_lib.CachedEndpoint(second, cache))
   assert len(first.asked) == 40
   assert not set(first.asked) & set(second.asked)
   assert sorted(first.asked + second.asked) == sorted(clean.asked)
@@ -170,7 +174,7 @@ def test_malformed_records_are_reported_and_skipped(store, tmp_path, shared_dir)
       }))
   report = migrate.run(
       args_for(tmp_path / "o", cfq=[str(path)], no_negatives=True, cfq_split=[str(cfq_split)]),
-      ep.CachedEndpoint(store, None))
+      cache_lib.CachedEndpoint(store, None))
   induced = json.loads((tmp_path / "o" / "splits" / "mcd_x.json").read_text())
   assert len(induced["trainIdxs"]) == 10 - 2 - sum("^" in r.get("sparql", "") for r in recs[:10])
   assert len(induced["trainIdxs"]) + len(induced["testIdxs"]) == report["written"]
@@ -198,7 +202,7 @@ class TimingOutAnswers(CountingEndpoint):
 
 def test_migrate_reports_answer_query_timeouts_instead_of_failing(store, tmp_path, caplog):
   inner = TimingOutAnswers(store)
-  cached = ep.CachedEndpoint(inner, None)
+  cached = cache_lib.CachedEndpoint(inner, None)
   report = migrate.run(args_for(tmp_path, max_records=400, no_negatives=True), cached)
   refused = len(inner.refused)
   assert sum("timed out:" in r.getMessage() for r in caplog.records) == refused
@@ -261,7 +265,7 @@ def oxigraph_server(codex, tmp_path_factory):
         break
       except OSError:
         time.sleep(0.1)
-    local = ep.OxigraphEndpoint()
+    local = oxigraph.OxigraphEndpoint()
     local.load_ntriples(nt)
     yield f"http://127.0.0.1:{port}/query", local
   finally:
@@ -271,7 +275,7 @@ def oxigraph_server(codex, tmp_path_factory):
 
 def test_remote_endpoint_matches_embedded_store(oxigraph_server):
   url, local = oxigraph_server
-  remote = ep.RemoteEndpoint(url, min_interval_s=0.0, timeout_s=10)
+  remote = remote_lib.RemoteEndpoint(url, min_interval_s=0.0, timeout_s=10)
   q = mq("ASK WHERE { M0 wdt:P57 ?x0 . ?x0 wdt:P26 M1 }")
   text = sb.assignment_query(q, 100000)
   rows = remote.select(text)
@@ -322,7 +326,7 @@ def test_remote_endpoint_retries_with_backoff_and_retry_after():
   th.start()
   try:
     waits = []
-    remote = ep.RemoteEndpoint(
+    remote = remote_lib.RemoteEndpoint(
         f"http://127.0.0.1:{srv.server_port}/sparql",
         user_agent="ua-test/1",
         backoff_s=0.5,
@@ -335,7 +339,7 @@ def test_remote_endpoint_retries_with_backoff_and_retry_after():
       remote.labels(["not-a-qid"])
     # Rate limit: a second request within min_interval_s waits for the rest of the interval.
     paced = []
-    slow = ep.RemoteEndpoint(remote.url, min_interval_s=30.0, sleep=paced.append)
+    slow = remote_lib.RemoteEndpoint(remote.url, min_interval_s=30.0, sleep=paced.append)
     assert slow.ask("ASK WHERE { ?s ?p ?o }") and slow.ask("ASK WHERE { ?s ?p ?o }")
     assert len(paced) == 1 and 25.0 < paced[0] <= 30.0
   finally:
@@ -345,12 +349,12 @@ def test_remote_endpoint_retries_with_backoff_and_retry_after():
 def test_migrate_through_remote_endpoint_matches_embedded(oxigraph_server, tmp_path):
   """The pipeline gives the same records an assignment whichever endpoint kind answers."""
   url, local = oxigraph_server
-  remote = ep.RemoteEndpoint(url, min_interval_s=0.0, timeout_s=10)
+  remote = remote_lib.RemoteEndpoint(url, min_interval_s=0.0, timeout_s=10)
   a = args_for(tmp_path / "remote", max_records=250, no_negatives=True)
-  r1 = migrate.run(a, ep.CachedEndpoint(remote, tmp_path / "r.jsonl"))
+  r1 = migrate.run(a, cache_lib.CachedEndpoint(remote, tmp_path / "r.jsonl"))
   r2 = migrate.run(
       args_for(tmp_path / "local", max_records=250, no_negatives=True),
-      ep.CachedEndpoint(local, None))
+      cache_lib.CachedEndpoint(local, None))
   assert r1["assigned"] == r2["assigned"] > 0
   d1 = json.loads((tmp_path / "remote" / "dataset.json").read_text())
   d2 = json.loads((tmp_path / "local" / "dataset.json").read_text())

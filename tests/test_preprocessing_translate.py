@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -373,13 +374,18 @@ def _google_error(status, reason):
 
 
 class _ScriptedGoogle(http.server.BaseHTTPRequestHandler):
-  """Answers the server's `script` of (status, content type, body) in turn, then translations."""
+  """Answers the server's `script` of (status, content type, body[, headers]) in turn, then
+  translations; records each request's `q` values in `server.requests` and its path in
+  `server.paths`."""
 
   def do_POST(self):  # noqa: N802
     form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
     self.server.requests.append(form["q"])
+    self.server.paths.append(self.path)
+    headers = {}
     if self.server.script:
-      status, content_type, body = self.server.script.pop(0)
+      status, content_type, body, *more = self.server.script.pop(0)
+      headers = more[0] if more else {}
     else:
       status, content_type = 200, "application/json; charset=UTF-8"
       body = json.dumps({
@@ -391,6 +397,8 @@ class _ScriptedGoogle(http.server.BaseHTTPRequestHandler):
       }).encode()
     self.send_response(status)
     self.send_header("Content-Type", content_type)
+    for k, v in headers.items():
+      self.send_header(k, v)
     self.send_header("Content-Length", str(len(body)))
     self.end_headers()
     self.wfile.write(body)
@@ -403,7 +411,7 @@ class _ScriptedGoogle(http.server.BaseHTTPRequestHandler):
 def scripted_google():
   srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedGoogle)
   srv.daemon_threads = True
-  srv.script, srv.requests = [], []
+  srv.script, srv.requests, srv.paths = [], [], []
   threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
   srv.url = f"http://127.0.0.1:{srv.server_port}/language/translate/v2"
   yield srv
@@ -425,6 +433,84 @@ def test_google_backend_retries_a_403_rate_limit_and_not_other_403s(scripted_goo
   with pytest.raises(tr.TranslationError, match="HTTP 403.*dailyLimitExceeded"):
     g.translate(["Was M1 Spanish"], "he")
   assert g.num_requests == 4 and waits == [1.5, 3.0]  # refused: not retried
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_google_backend_redirect_resends_the_form_to_the_new_location(scripted_google, status):
+  """The SPARQL client's redirects (one transport): the form is POSTed again, not turned into a
+  GET without it."""
+  scripted_google.script = [(status, "text/plain", b"", {"Location": "/moved/v2"})]
+  g = tr.GoogleBackend("k", url=scripted_google.url, min_interval_s=0.0, sleep=lambda s: None)
+  assert g.translate(["Who did M0 star"], "he") == ["[he] Who did M0 star"]
+  assert scripted_google.paths == ["/language/translate/v2", "/moved/v2"]
+  assert scripted_google.requests == [["Who did M0 star"]] * 2 and g.num_requests == 2
+  g.translate(["Was M1 Spanish"], "he")  # a permanent redirect is remembered
+  assert scripted_google.paths[2:] == (["/moved/v2"]
+                                       if status in (301, 308) else ["/language/translate/v2"])
+
+
+def test_google_backend_retry_after_longer_than_the_maximum_is_a_failure_not_a_crash(
+    scripted_google, tmp_path):
+  scripted_google.script = [(429, "text/plain", b"", {"Retry-After": "3600"})] * 3
+  waits = []
+  g = tr.GoogleBackend("k", url=scripted_google.url, min_interval_s=0.0, sleep=waits.append)
+  with pytest.raises(tr.TranslationError, match=r"HTTP 429.*3600 s.*maximum of 600 s.*stopping"):
+    g.translate(["Who did M0 star"], "he")
+  assert waits == [] and g.num_requests == 1  # not waited for, not retried
+  # In a run it is a "failed" problem; the run goes on and finishes.
+  t = tr.Translator(g, tmp_path / "c.jsonl", batch_size=1)
+  assert t.translate(["Was M1 Spanish", "Did M2 edit M3"], "he") == [None, None]
+  assert "3600 s" in t.failures[("he", "Was M1 Spanish")].detail
+
+
+class _TrickleGoogle(http.server.BaseHTTPRequestHandler):
+  """Sends the headers of a v2 answer at once, then its body one byte every 0.2 s (about 12 s).
+  Sets `server.disconnected` when the client has hung up."""
+
+  def do_POST(self):  # noqa: N802
+    self.rfile.read(int(self.headers["Content-Length"]))
+    self.server.requests += 1
+    body = json.dumps({"data": {"translations": [{"translatedText": "x" * 40}]}}).encode()
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json; charset=UTF-8")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    try:
+      for i in range(len(body)):
+        self.wfile.write(body[i:i + 1])
+        self.wfile.flush()
+        time.sleep(0.2)
+    except OSError:  # broken pipe / reset: the client hung up
+      self.server.disconnected.set()
+    self.close_connection = True
+
+  def log_message(self, *a):
+    pass
+
+
+def test_google_backend_timeout_bounds_the_whole_request_as_for_sparql():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TrickleGoogle)
+  srv.daemon_threads = True
+  srv.requests, srv.disconnected = 0, threading.Event()
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+  try:
+    waits = []
+    g = tr.GoogleBackend(
+        "k",
+        url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
+        min_interval_s=0.0,
+        timeout_s=1.0,
+        sleep=waits.append)
+    start = time.monotonic()
+    with pytest.raises(tr.TranslationError, match="no complete answer within 1 s"):
+      g.translate(["Who did M0 star"], "he")
+    elapsed = time.monotonic() - start
+    assert 1.0 <= elapsed < 2.0, elapsed  # not ~12 s (the whole trickle), nor 6 tries of it
+    assert srv.requests == 1 and waits == []  # a timeout is final: not retried
+    assert srv.disconnected.wait(2.0)  # the connection was dropped, not left trickling
+  finally:
+    srv.shutdown()
+    srv.server_close()
 
 
 def test_google_backend_200_that_is_not_a_v2_answer_is_a_clear_error_and_progress_is_kept(
@@ -751,16 +837,16 @@ def test_statistics(mcwq_dir, release, tmp_path):
 
 
 def test_retry_delay_and_pacing():
-  from mcwq_t5x.stores import retry  # pylint: disable=g-import-not-at-top
-  assert retry.retry_delay(0.5, None) == 0.5
-  assert retry.retry_delay(0.5, "") == 0.5
-  assert retry.retry_delay(0.5, "7") == 7.0
-  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # a past date: backoff
-  assert retry.retry_delay(0.5, "Wed, 21 Oct 2015 07:30:00 GMT", now=1445412480.0) == 120.0
-  with pytest.raises(retry.RetryAfterTooLong):  # more than the caller's maximum: no capped wait
-    retry.retry_delay(0.5, "120", max_s=60.0)
+  from mcwq_t5x.stores import transport  # pylint: disable=g-import-not-at-top
+  assert transport.retry_delay(0.5, None) == 0.5
+  assert transport.retry_delay(0.5, "") == 0.5
+  assert transport.retry_delay(0.5, "7") == 7.0
+  assert transport.retry_delay(0.5, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5  # a past date: backoff
+  assert transport.retry_delay(0.5, "Wed, 21 Oct 2015 07:30:00 GMT", now=1445412480.0) == 120.0
+  with pytest.raises(transport.RetryAfterTooLong):  # more than the caller's maximum: no capped wait
+    transport.retry_delay(0.5, "120", max_s=60.0)
   waits = []
-  start = retry.pace(0.0, 0.0, waits.append)
+  start = transport.pace(0.0, 0.0, waits.append)
   assert waits == []
-  retry.pace(start, 30.0, waits.append)  # 30 s after a request that just started
+  transport.pace(start, 30.0, waits.append)  # 30 s after a request that just started
   assert len(waits) == 1 and 29.0 < waits[0] <= 30.0

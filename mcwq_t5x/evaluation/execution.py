@@ -421,8 +421,8 @@ def execute(query: sparql_lib.Query,
   Args:
     query: a parsed CFQ/MCWQ query (`sparql.parse_sparql`, `rir.rir_to_query`).
     entities: placeholder -> Q-id (`{"M0": "Q42"}`, see `check_entities`).
-    endpoint: where to run it (`mcwq_t5x.stores.endpoint`: embedded pyoxigraph store or remote,
-      possibly wrapped in a `CachedEndpoint`).
+    endpoint: where to run it (a `mcwq_t5x.stores.endpoint.Endpoint`: the embedded pyoxigraph
+      store or a remote one, possibly wrapped in a `mcwq_t5x.stores.cache.CachedEndpoint`).
     max_answers: SELECT answers with more values are truncated.
 
   Returns:
@@ -512,7 +512,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
     examples: the gold queries with their entities (`load_release_queries`), length N.
     predictions: line-parallel predicted queries in format `fmt` (anything; malformed ones are
       wrong, never an exception).
-    endpoint: the SPARQL store. Wrap it in `mcwq_t5x.stores.endpoint.CachedEndpoint` to run each
+    endpoint: the SPARQL store. Wrap it in `mcwq_t5x.stores.cache.CachedEndpoint` to run each
       distinct query once.
     fmt: "rir" (model output) or "sparql".
     max_answers: SELECT answers with more values are truncated (and then never equal).

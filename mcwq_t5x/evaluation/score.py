@@ -51,6 +51,7 @@ from mcwq_t5x.data import rir as rir_lib
 from mcwq_t5x.data import sparql as sparql_lib
 from mcwq_t5x.evaluation import execution
 from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as endpoint_lib
 
 #: Exit status when `--execute` scored no example (execution accuracy undefined).
@@ -241,7 +242,7 @@ def _add_answers(record: dict[str, Any], example: execution.ReleaseQuery, pred: 
   """Fills `record`'s gold and predicted answers of an executed line (see `answer_records`).
 
   Raises:
-    preprocessing.endpoint.EndpointError: the store failed.
+    mcwq_t5x.stores.endpoint.EndpointError: the store failed.
   """
   if outcome not in (execution.CORRECT, execution.WRONG_ANSWER):
     return
@@ -300,7 +301,8 @@ def evaluate_files(predictions: str | pathlib.Path,
       target, bad depth, a bad release, a target that is not the release's query, a store that
       cannot be loaded.
     ValueError: no targets and no release, or only some of release/split/part.
-    retry.RetryAfterTooLong: the remote endpoint asks to wait longer than it is configured to.
+    mcwq_t5x.stores.transport.RetryAfterTooLong: the remote endpoint asks to wait longer than it
+      is configured to.
   """
   if (release is None) != (split is None) or (release is None) != (part is None):
     raise ValueError("give --release, --split and --part together")
@@ -355,7 +357,7 @@ def evaluate_files(predictions: str | pathlib.Path,
       with open(answers_out, "w", encoding="utf-8") as f:
         for record in answer_records(examples, preds, outcomes, endpoint, max_answers):
           f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    if isinstance(endpoint, endpoint_lib.CachedEndpoint):
+    if isinstance(endpoint, cache_lib.CachedEndpoint):
       result["execution"]["store_requests"] = endpoint.misses
   if errors_out is not None:
     with open(errors_out, "w", encoding="utf-8") as f:

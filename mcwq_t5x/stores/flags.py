@@ -1,0 +1,125 @@
+"""The command-line flags that name a SPARQL store, and the store they name.
+
+Command lines that query a store (`preprocessing.migrate`, `python -m mcwq_t5x.score --execute`)
+define the remote endpoint's flags with `add_endpoint_arguments` and build the store they name
+with `endpoint_from_arguments`: `mcwq_t5x.stores.remote.RemoteEndpoint` or the embedded
+`mcwq_t5x.stores.oxigraph.embedded_store`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mcwq_t5x.stores import oxigraph
+from mcwq_t5x.stores import remote
+from mcwq_t5x.stores import transport
+from mcwq_t5x.stores.endpoint import Endpoint
+
+
+def add_endpoint_arguments(parser: Any,
+                           embedded_timeout: bool = False,
+                           max_retry_after: bool = False) -> None:
+  """Defines the command-line flags of a `remote.RemoteEndpoint` (see
+  `remote_endpoint_from_arguments`).
+
+  The flags: `--url`, `--user-agent`, `--timeout`, `--retries`, `--rate` and, if asked,
+  `--max-retry-after`. A flag of two words is accepted with `-` and with `_` (`--user-agent`,
+  `--user_agent`); both set the same attribute (`args.user_agent`).
+
+  Args:
+    parser: an `argparse.ArgumentParser`, or an argument group of one.
+    embedded_timeout: `--timeout` also bounds the queries of the embedded store (its help says
+      so); otherwise it is documented as remote only.
+    max_retry_after: also define `--max-retry-after` (otherwise the `RemoteEndpoint` default,
+      `transport.DEFAULT_MAX_RETRY_AFTER_S`, is used).
+
+  Returns:
+    None; the flags are added to `parser`.
+
+  Raises:
+    argparse.ArgumentError: `parser` already has one of these flags.
+  """
+  parser.add_argument("--url", default=remote.WDQS_URL, help="remote SPARQL endpoint URL")
+  parser.add_argument(
+      "--user-agent",
+      "--user_agent",
+      dest="user_agent",
+      default=remote.DEFAULT_USER_AGENT,
+      help="remote: User-Agent header of the requests")
+  parser.add_argument(
+      "--timeout",
+      type=float,
+      default=remote.DEFAULT_TIMEOUT_S,
+      help=("bound of one query, remote (whole request) or embedded (s)"
+            if embedded_timeout else "remote: request timeout (s)"))
+  parser.add_argument(
+      "--retries",
+      type=int,
+      default=remote.DEFAULT_MAX_RETRIES,
+      help="remote: retries on 429/5xx/connection errors")
+  if max_retry_after:
+    parser.add_argument(
+        "--max-retry-after",
+        "--max_retry_after",
+        dest="max_retry_after",
+        type=float,
+        default=transport.DEFAULT_MAX_RETRY_AFTER_S,
+        help="longest Retry-After wait accepted from the remote endpoint (s); a longer "
+        "one stops the run")
+  parser.add_argument(
+      "--rate",
+      type=float,
+      default=remote.DEFAULT_MIN_INTERVAL_S,
+      help="remote: minimum seconds between requests")
+
+
+def remote_endpoint_from_arguments(args: argparse.Namespace) -> remote.RemoteEndpoint:
+  """Builds the `RemoteEndpoint` that the flags of `add_endpoint_arguments` describe.
+
+  Args:
+    args: parsed command line with `url`, `user_agent`, `timeout`, `retries`, `rate` and,
+      optionally, `max_retry_after` (absent: `transport.DEFAULT_MAX_RETRY_AFTER_S`).
+
+  Returns:
+    The endpoint (no request is sent yet).
+
+  Raises:
+    ValueError: `--timeout` is not positive.
+  """
+  return remote.RemoteEndpoint(
+      url=args.url,
+      user_agent=args.user_agent,
+      timeout_s=args.timeout,
+      max_retries=args.retries,
+      min_interval_s=args.rate,
+      max_retry_after_s=getattr(args, "max_retry_after", transport.DEFAULT_MAX_RETRY_AFTER_S))
+
+
+def endpoint_from_arguments(args: argparse.Namespace,
+                            embedded_timeout: bool = False,
+                            allow_empty: bool = False) -> Endpoint:
+  """The store a command line names: `--endpoint remote` or the embedded one.
+
+  Args:
+    args: parsed command line with `endpoint` ("remote" or "oxigraph"), `codex`, `ntriples` and
+      the flags of `add_endpoint_arguments`.
+    embedded_timeout: `--timeout` also bounds the embedded store's queries (as
+      `add_endpoint_arguments(embedded_timeout=True)` documents it).
+    allow_empty: see `oxigraph.embedded_store`.
+
+  Returns:
+    `remote_endpoint_from_arguments(args)` or `oxigraph.embedded_store(...)` (not cached: wrap it
+    in `mcwq_t5x.stores.cache.CachedEndpoint`).
+
+  Raises:
+    ValueError, FileNotFoundError: see `oxigraph.embedded_store` and
+      `remote_endpoint_from_arguments`.
+  """
+  if args.endpoint == "remote":
+    return remote_endpoint_from_arguments(args)
+  return oxigraph.embedded_store(
+      args.codex or None,
+      args.ntriples or (),
+      timeout_s=args.timeout if embedded_timeout else None,
+      allow_empty=allow_empty)

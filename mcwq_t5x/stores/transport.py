@@ -1,0 +1,565 @@
+"""The HTTP transport of every remote client: SPARQL endpoints (`mcwq_t5x.stores.remote`, MCWQ
+paper §3.2) and machine translation (`preprocessing.translate.GoogleBackend`, §4.1).
+
+`Transport.post` sends a form (`application/x-www-form-urlencoded`) through a `requests.Session`
+(connections kept alive, proxies set in the environment used) and applies one policy:
+
+* a deadline (`timeout_s`) on each attempt as a whole: connecting, sending, waiting for the answer
+  and reading all of it. An attempt whose answer is not complete by then raises `DeadlineExceeded`
+  and is not retried (the request would take as long again);
+* retries (at most `max_retries`) on network errors, on HTTP 429, 500, 502, 503, 504 and on
+  answers a caller marks (`retryable`, e.g. Google's 403 `rateLimitExceeded`), after a backoff of
+  `backoff_s` doubled after each failure (capped at `max_backoff_s`), or at least what the
+  answer's `Retry-After` asks (RFC 9110 §10.2.3, delay-seconds and HTTP-date); one asking more
+  than `max_retry_after_s` raises `RetryAfterTooLong` at once. After giving up on an answer with
+  `Retry-After`, the next request still waits for the rest of that time;
+* a minimum interval between the starts of two requests (`min_interval_s`, retries included);
+* redirects (301, 302, 303, 307, 308) followed by POSTing the same form to `Location` (at most
+  `MAX_REDIRECTS` hops, each logged; after a 301 or 308 later requests go there directly), e.g.
+  from http to https; `requests` would turn a POST redirected by a 301, 302 or 303 into a GET
+  without its form (as browsers do).
+
+What the libraries' public API could not do, and this module does itself:
+
+* `urllib3.util.Retry` (mounted through `HTTPAdapter(max_retries=...)`) sleeps with `time.sleep`
+  and reads an HTTP-date `Retry-After` against `time.time()` (neither can be injected, so tests
+  would sleep for real); its `retry_after_max` caps the wait and retries instead of stopping; it
+  does not back off before the first retry; it cannot see a body (Google's 403 reasons), count
+  attempts, keep a minimum interval between them, or remember a `Retry-After` after giving up;
+  and it would retry an attempt that the deadline cut, as a read error. So the adapter sends one
+  attempt (`requests`' default, no retry) and `Transport.post` is the retry loop.
+* `requests`' `timeout=(connect, read)` and urllib3's `Timeout(total=...)` bound each socket
+  operation, not an attempt: "if a server streams one byte every fifteen seconds, a timeout of 20
+  seconds will not trigger" (urllib3's `Timeout` documentation). The deadline is a timer that
+  shuts the attempt's socket down, which ends any blocked read at once; urllib3 has no public way
+  to reach the socket before the answer's headers arrive, so the connections are urllib3's own
+  with one method added (`_WatchedConnection.getresponse` hands the socket to the running
+  attempt's deadline, found in a `contextvars.ContextVar`), plugged in through the extension
+  points the libraries provide: `ConnectionCls` of a pool class, the pool manager's
+  `pool_classes_by_scheme` and `requests`' `HTTPAdapter.init_poolmanager` / `proxy_manager_for`.
+  Connections through a SOCKS proxy keep urllib3's classes: there the per-read timeout bounds an
+  attempt.
+
+A `Transport` sends one request at a time (its pacing is not shared between threads).
+
+Plain Python on `requests` and urllib3; no TensorFlow or JAX.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import datetime
+import email.utils
+import http.client
+import logging
+import math
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Mapping
+
+import requests
+import requests.adapters
+import urllib3
+import urllib3.connection
+import urllib3.exceptions
+
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+MAX_REDIRECTS = 5
+DEFAULT_MAX_RETRY_AFTER_S = 600.0
+DEFAULT_BACKOFF_S = 1.0
+DEFAULT_MAX_BACKOFF_S = 120.0
+
+_DELAY_SECONDS_RE = re.compile(r"[0-9]+")  # RFC 9110 §10.2.3: delay-seconds = 1*DIGIT
+
+_log = logging.getLogger(__name__)
+
+
+class TransportError(RuntimeError):
+  """A request failed for good: a network error after the last retry, a retried status after the
+  last retry, a redirect without `Location` or too many of them, or a request that could not be
+  sent (a malformed URL). The message begins with the URL."""
+
+
+class HTTPStatusError(TransportError):
+  """An answer whose status is neither 2xx, a redirect, nor retried (e.g. 400, 403, 404).
+
+  Attributes:
+    response: the answer (`Response`).
+  """
+
+  def __init__(self, response: "Response"):
+    super().__init__(f"{response.url}: HTTP {response.status}: {body_head(response.body)}")
+    self.response = response
+
+
+class DeadlineExceeded(TransportError):
+  """An attempt's answer was not complete within the transport's `timeout_s` (not retried).
+
+  Attributes:
+    timeout_s: the deadline it ran into, in seconds.
+  """
+
+  def __init__(self, message: str, timeout_s: float):
+    super().__init__(message)
+    self.timeout_s = timeout_s
+
+
+class RetryAfterTooLong(RuntimeError):
+  """The server asks to wait (`Retry-After`) longer than the client is configured to wait.
+
+  Deliberately not a per-request error (not a `TransportError`): the service is rate-limiting the
+  client as a whole, so a caller should stop rather than go on with the next request.
+
+  Attributes:
+    wait_s: the wait the server asks for, in seconds.
+    max_s: the configured maximum wait, in seconds.
+  """
+
+  def __init__(self, message: str, wait_s: float, max_s: float):
+    super().__init__(message)
+    self.wait_s = wait_s
+    self.max_s = max_s
+
+
+def pace(last: float, min_interval_s: float, sleep: Callable[[float], None] = time.sleep) -> float:
+  """Sleeps until `min_interval_s` seconds have passed since the previous request started.
+
+  Args:
+    last: `time.monotonic()` at the start of the previous request (0.0 before the first).
+    min_interval_s: the minimum interval between request starts, in seconds.
+    sleep: the sleep function (injectable for tests).
+
+  Returns:
+    `time.monotonic()` now, i.e. the start of this request (pass it as `last` next time).
+  """
+  wait = last + min_interval_s - time.monotonic()
+  if wait > 0:
+    sleep(wait)
+  return time.monotonic()
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+  """Seconds to wait that a `Retry-After` header value asks for (RFC 9110 §10.2.3).
+
+  Args:
+    value: the header value: delay-seconds ("120", a non-negative integer) or an HTTP-date in any
+      of the three forms RFC 9110 §5.6.7 makes recipients accept (IMF-fixdate
+      "Wed, 21 Oct 2015 07:28:00 GMT", RFC 850, asctime; parsed by `email.utils`), or None.
+    now: the current time as POSIX seconds, for the HTTP-date form (default `time.time()`).
+
+  Returns:
+    The delay in seconds (0.0 for a date in the past), or None when `value` is absent or is
+    neither form (e.g. "1.5", "-3", "soon").
+  """
+  if value is None:
+    return None
+  value = value.strip()
+  if _DELAY_SECONDS_RE.fullmatch(value):
+    return float(int(value))
+  try:
+    when = email.utils.parsedate_to_datetime(value)
+  except (TypeError, ValueError, IndexError, OverflowError):
+    return None
+  if when is None:  # older Pythons return None instead of raising
+    return None
+  if when.tzinfo is None:  # "-0000" or the asctime form: HTTP-dates are always UTC (GMT)
+    when = when.replace(tzinfo=datetime.timezone.utc)
+  return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_delay(backoff_s: float,
+                retry_after: str | None,
+                max_s: float = math.inf,
+                now: float | None = None) -> float:
+  """Seconds to wait before retrying a failed request.
+
+  Args:
+    backoff_s: the current exponential-backoff delay, in seconds.
+    retry_after: the response's `Retry-After` header, or None (see `parse_retry_after`; an
+      unparseable value counts as absent).
+    max_s: the longest wait the caller accepts, in seconds: the backoff is capped at it, and a
+      server asking for more is an error.
+    now: the current time as POSIX seconds, for an HTTP-date `retry_after` (default `time.time()`).
+
+  Returns:
+    `max(backoff_s, server's delay)`, i.e. at least what the server asks; `min(backoff_s, max_s)`
+    when it asks nothing.
+
+  Raises:
+    RetryAfterTooLong: the server's delay exceeds `max_s`.
+  """
+  wait_s = min(backoff_s, max_s)
+  asked = parse_retry_after(retry_after, now)
+  if asked is not None:
+    if asked > max_s:
+      raise RetryAfterTooLong(
+          f"the server asks to wait {asked:.0f} s (Retry-After: "
+          f"{retry_after}), more than the maximum of {max_s:g} s", asked, max_s)
+    wait_s = max(wait_s, asked)
+  return wait_s
+
+
+def body_head(body: bytes, n: int = 200) -> str:
+  """The first `n` bytes of an answer, decoded for a message (quoted, `…` when cut)."""
+  return repr(body[:n].decode("utf-8", "replace") + ("…" if len(body) > n else ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+  """A complete answer.
+
+  Attributes:
+    url: where it came from (the last redirect hop).
+    status: the HTTP status code.
+    headers: its headers (case-insensitive mapping).
+    body: the whole body, as received (not decoded).
+  """
+  url: str
+  status: int
+  headers: Mapping[str, str]
+  body: bytes
+
+
+def _shutdown(sock: socket.socket) -> None:
+  """Shuts a socket down at the OS level (a read blocked on it in another thread returns)."""
+  try:
+    # socket.socket's, also for an SSLSocket: its own shutdown would drop the TLS state under
+    # the thread reading it.
+    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+  except OSError:
+    pass  # already closed
+
+
+class _Deadline:
+  """Bounds one attempt as a whole: once `timeout_s` has passed, shuts its socket down.
+
+  `start()` starts the timer; the connection hands its socket over (`watch`) before reading the
+  answer; `finish()` stops the timer once the answer is read or the attempt failed. Then `cut`
+  says that the timer shut the socket (the answer may be truncated) and `timed_out()` that the
+  time ran out after the request was sent.
+  """
+
+  def __init__(self, timeout_s: float):
+    self.timeout_s = timeout_s
+    self.cut = False
+    self._start = 0.0
+    self._sock: socket.socket | None = None
+    self._expired = False
+    self._done = False
+    self._lock = threading.Lock()
+    self._timer = threading.Timer(timeout_s, self._expire)
+    self._timer.daemon = True
+
+  def start(self) -> None:
+    self._start = time.monotonic()
+    self._timer.start()
+
+  def finish(self) -> None:
+    self._timer.cancel()
+    with self._lock:
+      self._done = True  # the socket may be reused or closed (its number reused) from now on
+
+  def _expire(self) -> None:
+    with self._lock:
+      if self._done:
+        return
+      self._expired = True
+      if self._sock is not None:
+        self.cut = True
+        _shutdown(self._sock)
+
+  def watch(self, sock: Any) -> None:
+    """Takes the socket of the attempt, about to read the answer.
+
+    Raises:
+      TimeoutError: connecting and sending alone took all the time (urllib3 reports it as a read
+        timeout: a network error, retried).
+    """
+    with self._lock:
+      if self._expired:
+        raise TimeoutError(f"connecting and sending took longer than {self.timeout_s:g} s")
+      if isinstance(sock, socket.socket):  # not urllib3's SSLTransport (TLS in TLS to a proxy)
+        self._sock = sock
+
+  def timed_out(self) -> bool:
+    """Whether the time ran out once the socket was watched (the request was sent, its answer is
+    incomplete). The timer or, on a loaded machine, the per-read socket timeout may notice it
+    first."""
+    with self._lock:
+      return self.cut or (self._sock is not None and
+                          time.monotonic() - self._start >= self.timeout_s)
+
+
+# The deadline of the attempt the current thread (or task) is sending: `_WatchedConnection`s are
+# created and called by urllib3, which has no parameter to pass it through.
+_DEADLINE: contextvars.ContextVar[_Deadline | None] = contextvars.ContextVar(
+    "mcwq_t5x_stores_transport_deadline", default=None)
+
+
+class _WatchedConnection:
+  """Adds to a urllib3 connection: hand the socket to the running attempt's deadline before reading
+  the answer (the status line, headers and body are all read from it)."""
+
+  def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+    deadline = _DEADLINE.get()
+    if deadline is not None and self.sock is not None:  # type: ignore[attr-defined]
+      deadline.watch(self.sock)  # type: ignore[attr-defined]
+    return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+
+
+class _WatchedHTTPConnection(_WatchedConnection, urllib3.connection.HTTPConnection):
+  pass
+
+
+class _WatchedHTTPSConnection(_WatchedConnection, urllib3.connection.HTTPSConnection):
+  pass  # urllib3's default TLS context and certificate checks
+
+
+class _WatchedHTTPConnectionPool(urllib3.HTTPConnectionPool):
+  ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
+  ConnectionCls = _WatchedHTTPSConnection
+
+
+_POOLS = {"http": _WatchedHTTPConnectionPool, "https": _WatchedHTTPSConnectionPool}
+
+
+class _WatchedAdapter(requests.adapters.HTTPAdapter):
+  """`requests`' adapter (one attempt per request) whose connections, direct or through an HTTP
+  proxy, a `_Deadline` can cut."""
+
+  def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+    super().init_poolmanager(*args, **kwargs)
+    self.poolmanager.pool_classes_by_scheme = _POOLS
+
+  def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+    manager = super().proxy_manager_for(proxy, **kwargs)
+    if not proxy.lower().startswith("socks"):
+      manager.pool_classes_by_scheme = _POOLS
+    return manager
+
+
+# What a failed attempt raises (`requests.RequestException` is an `OSError`).
+_FAILURES = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+# The `requests` errors of the network (retried); its others are of the request (a malformed URL,
+# a missing scheme: nothing was sent) and are not.
+_NETWORK_ERRORS = (requests.ConnectionError, requests.Timeout,
+                   requests.exceptions.ChunkedEncodingError)
+
+
+def _describe(error: BaseException) -> str:
+  """`NewConnectionError: ...` for a `requests` error wrapping urllib3's `MaxRetryError`."""
+  inner = error.args[0] if error.args else None
+  if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
+    error = inner.reason
+  return f"{type(error).__name__}: {error}"
+
+
+class Transport:
+  """POSTs forms with the policy of the module docstring.
+
+  Args:
+    timeout_s: the deadline of one attempt as a whole (connecting, sending, waiting, reading the
+      whole answer), in seconds; also `requests`' connect and per-read timeout. Connecting alone
+      taking that long is a network error (retried).
+    max_retries: retries after a retryable failure.
+    backoff_s: the backoff before the first retry, in seconds; doubles after each failure.
+    max_backoff_s: cap of the backoff, in seconds (not of a wait the server asks for).
+    min_interval_s: minimum time between the starts of two attempts, in seconds.
+    max_retry_after_s: the longest `Retry-After` accepted, in seconds (see `RetryAfterTooLong`).
+    user_agent: the User-Agent header; None for `requests`' own.
+    retryable: extra answers to retry besides `RETRY_STATUSES`: returns what to log and report
+      (e.g. "HTTP 403 (rateLimitExceeded)") or None.
+    sleep: injectable for tests (every wait goes through it).
+    clock: the wall clock (POSIX seconds) an HTTP-date `Retry-After` is compared to; injectable.
+
+  Attributes:
+    num_requests: attempts sent (retries and redirect hops included).
+
+  Raises:
+    ValueError: `timeout_s` is not positive or `max_retries` is negative.
+  """
+
+  def __init__(self,
+               timeout_s: float,
+               max_retries: int,
+               backoff_s: float = DEFAULT_BACKOFF_S,
+               max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+               min_interval_s: float = 0.0,
+               max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
+               user_agent: str | None = None,
+               retryable: Callable[[Response], str | None] | None = None,
+               sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.time):
+    if not timeout_s > 0:
+      raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+    if max_retries < 0:
+      raise ValueError(f"max_retries must not be negative, got {max_retries!r}")
+    self.timeout_s = timeout_s
+    self.max_retries = max_retries
+    self.backoff_s = backoff_s
+    self.max_backoff_s = max_backoff_s
+    self.min_interval_s = min_interval_s
+    self.max_retry_after_s = max_retry_after_s
+    self.user_agent = user_agent
+    self.num_requests = 0
+    self._retryable = retryable
+    self._sleep = sleep
+    self._clock = clock
+    self._last = 0.0
+    self._hold_until = 0.0  # time.monotonic() before which the server asked us not to come back
+    self._moved: dict[str, str] = {}  # url -> where a permanent redirect (301, 308) sent it
+    self._session = requests.Session()
+    adapter = _WatchedAdapter()
+    self._session.mount("http://", adapter)
+    self._session.mount("https://", adapter)
+
+  def close(self) -> None:
+    """Closes the kept-alive connections (a later request opens new ones)."""
+    self._session.close()
+
+  def post(self, url: str, data: Any, headers: Mapping[str, str] | None = None) -> Response:
+    """POSTs `data` (a form: a dict, values may be lists) to `url`; returns the 2xx answer.
+
+    Raises:
+      DeadlineExceeded: an attempt's answer was not complete within `timeout_s`.
+      HTTPStatusError: an answer that is not 2xx, a redirect or retried.
+      RetryAfterTooLong: the server asks to wait longer than `max_retry_after_s`.
+      TransportError: a network failure or retried answer after the last retry, a redirect
+        without `Location` or more than `MAX_REDIRECTS`, or a request that cannot be sent.
+    """
+    headers = dict(headers or {})
+    if self.user_agent is not None:
+      headers["User-Agent"] = self.user_agent
+    first = url
+    url = self._moved.get(url, url)
+    attempts = failures = redirects = 0
+    while True:
+      hold = self._hold_until - time.monotonic()
+      if hold > 0:
+        self._sleep(hold)
+      self._last = pace(self._last, self.min_interval_s, self._sleep)
+      attempts += 1
+      self.num_requests += 1
+      retry_after = None
+      try:
+        response = self._attempt(url, data, headers)
+      except DeadlineExceeded:
+        raise
+      except requests.RequestException as e:
+        if not isinstance(e, _NETWORK_ERRORS):
+          raise TransportError(f"{url}: {type(e).__name__}: {e}") from e
+        problem = _describe(e)
+      except _FAILURES as e:
+        problem = _describe(e)
+      else:
+        if response.status in REDIRECT_STATUSES:
+          url = self._redirect(first, response)
+          redirects += 1
+          if redirects > MAX_REDIRECTS:
+            raise TransportError(f"{first}: more than {MAX_REDIRECTS} redirects (the last to "
+                                 f"{url}); the request was not answered")
+          failures = 0
+          continue
+        if response.status in RETRY_STATUSES:
+          problem = f"HTTP {response.status}"
+        elif self._retryable is not None:
+          problem = self._retryable(response)
+        else:
+          problem = None
+        if problem is None:
+          if 200 <= response.status < 300:
+            return response
+          raise HTTPStatusError(response)
+        retry_after = response.headers.get("Retry-After")
+      if failures >= self.max_retries:
+        if retry_after is not None:
+          self._checked_delay(url, problem, 0.0, retry_after)
+          asked = parse_retry_after(retry_after, self._clock())
+          if asked:
+            self._hold_until = time.monotonic() + asked
+        raise TransportError(f"{url}: giving up after {attempts} attempts: {problem}")
+      failures += 1
+      wait_s = self._checked_delay(url, problem,
+                                   min(self.max_backoff_s, self.backoff_s * 2**(failures - 1)),
+                                   retry_after)
+      _log.warning("%s: %s; retrying in %.1f s", url, problem, wait_s)
+      self._sleep(wait_s)
+
+  def _attempt(self, url: str, data: Any, headers: Mapping[str, str]) -> Response:
+    """One POST, without retries or redirects, bounded by a `_Deadline`.
+
+    Raises:
+      DeadlineExceeded: the answer was not complete within `timeout_s`.
+      requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
+        OSError: the attempt failed otherwise.
+    """
+    deadline = _Deadline(self.timeout_s)
+    token = _DEADLINE.set(deadline)
+    deadline.start()
+    try:
+      try:
+        resp = self._session.post(
+            url,
+            data=data,
+            headers=headers,
+            timeout=(self.timeout_s, self.timeout_s),
+            stream=True,
+            allow_redirects=False)
+        try:
+          body = resp.content
+        finally:
+          resp.close()
+      finally:
+        deadline.finish()
+        _DEADLINE.reset(token)
+    except _FAILURES as e:
+      if deadline.timed_out():
+        raise self._timeout(url) from e
+      raise
+    if deadline.cut:  # e.g. an answer without Content-Length, cut short
+      raise self._timeout(url)
+    return Response(url, resp.status_code, resp.headers, body)
+
+  def _timeout(self, url: str) -> DeadlineExceeded:
+    return DeadlineExceeded(f"{url}: no complete answer within {self.timeout_s:g} s",
+                            self.timeout_s)
+
+  def _redirect(self, first: str, response: Response) -> str:
+    """Where a redirect sends the form next (remembered for `first` when permanent).
+
+    Raises:
+      TransportError: the redirect has no `Location`.
+    """
+    location = response.headers.get("Location")
+    if not location:
+      raise TransportError(f"{response.url}: HTTP {response.status} redirect without a Location "
+                           "header; the request was not answered")
+    url = urllib.parse.urljoin(response.url, location)
+    permanent = response.status in (301, 308)
+    _log.warning("%s: HTTP %d redirect to %s; sending the request there (POST)%s", response.url,
+                 response.status, url, "; later requests go there directly" if permanent else "")
+    if permanent:
+      self._moved[first] = url
+    return url
+
+  def _checked_delay(self, url: str, problem: str, backoff_s: float,
+                     retry_after: str | None) -> float:
+    """`retry_delay` with this transport's maximum and clock.
+
+    Raises:
+      RetryAfterTooLong: naming `url` and `problem`.
+    """
+    try:
+      return retry_delay(backoff_s, retry_after, self.max_retry_after_s, now=self._clock())
+    except RetryAfterTooLong as e:
+      raise RetryAfterTooLong(
+          f"{url}: {problem}: {e}; stopping rather than retrying "
+          "(raise max_retry_after_s to wait that long)", e.wait_s, e.max_s) from e
