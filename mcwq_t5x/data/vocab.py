@@ -108,7 +108,7 @@ def corpus_files(
       for language in contents.languages_of(split):
         try:
           _, fs = readers.split_files(split, part, language, root)
-        except readers.DataNotFoundError:
+        except paths.DataNotFoundError:
           continue
         files.update(fs)
   if not files:
