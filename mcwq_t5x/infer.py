@@ -201,7 +201,6 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   questions = [readers.normalize_question(l) for l in lines]
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(cpu_settings.set_host_device_count)
-  cpu_settings.set_inference_cpu_options()
   gin_utils.call_configured(partitioning.initialize_distributed)
   predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   if args.sparql:

@@ -6,9 +6,10 @@ at the start of a process (the `malloc` options); accelerators ignore them:
 * `set_host_device_count`: splits the CPU into XLA host devices (every main; gin:
   `partitioning.set_host_device_count.count`, the name the gin files use);
 * `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`: the XLA CPU compiler flags for training;
-* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training);
-* `set_inference_cpu_options`: the decoding mains' settings (`XLA_CPU_INFERENCE_FLAGS`,
-  `INFERENCE_MALLOC_OPTIONS`).
+* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training).
+
+The decoding mains (eval, infer) run with XLA's defaults: the training flags make greedy decoding
+slower (CHANGELOG.md has the figures).
 
 Imports nothing of JAX or of this project: it only edits `XLA_FLAGS` and calls the C library.
 """
@@ -105,26 +106,3 @@ def set_host_malloc_options() -> bool:
   for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
     ok = bool(mallopt(param, value)) and ok
   return ok
-
-
-# XLA CPU flags and host malloc options of the decoding mains (eval, infer; `mcwq_t5x.eval.main`,
-# `mcwq_t5x.infer.main` call `set_inference_cpu_options`). None: the training flags
-# (`XLA_CPU_TRAINING_FLAGS`) made greedy decoding slower (CHANGELOG.md); the malloc options are not
-# measured for decoding.
-XLA_CPU_INFERENCE_FLAGS: tuple[str, ...] = ()
-INFERENCE_MALLOC_OPTIONS = False
-
-
-def set_inference_cpu_options() -> list[str]:
-  """The decoding mains' CPU settings: `XLA_CPU_INFERENCE_FLAGS` (unless XLA_FLAGS names them)
-  and, if `INFERENCE_MALLOC_OPTIONS`, `set_host_malloc_options`.
-
-  Must run before JAX initialises its backends; accelerators ignore the flags.
-
-  Returns:
-    The XLA flags added.
-  """
-  added = set_xla_cpu_flags(XLA_CPU_INFERENCE_FLAGS)
-  if INFERENCE_MALLOC_OPTIONS:
-    set_host_malloc_options()
-  return added
