@@ -271,8 +271,8 @@ def _copy_hf(path, tmp_path, edit, **config_changes):
 
 
 def test_missing_hf_tensors_are_all_named(hf_model, tmp_path):
-  """Issue 11: an untied folder without lm_head.weight imported with shared.weight as the
-  output layer; now every missing tensor is named and nothing is substituted."""
+  """A folder without some tensors (an untied one without lm_head.weight too, which must not get
+  shared.weight as its output layer): every missing tensor is named, nothing is substituted."""
   kind, _, path, config, params = hf_model
   drop = [
       "lm_head.weight" if kind == "mt5" else "decoder.final_layer_norm.weight",
@@ -377,7 +377,7 @@ def test_hf_config_of_another_architecture_is_rejected(tmp_path):
 
 
 def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
-  """Issue 11: a TensorStore array with a deleted chunk file loaded as zeros in that block."""
+  """A TensorStore array with a deleted chunk file is an error, not zeros in that block."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   kind, _, _, config, params = hf_model
   path = t5x_checkpoint_writer.save_t5x_checkpoint(params, tmp_path / "checkpoint_1")

@@ -294,7 +294,7 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
   with pytest.raises(FileNotFoundError):
     checkpoint_paths.resolve_checkpoint(tmp_path / "m")
   (tmp_path / "old" / "checkpoints" / "100" / "state").mkdir(parents=True)
-  with pytest.raises(checkpoint_paths.NotACheckpointError, match="no longer read"):
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match="not a checkpoint layout"):
     checkpoint_paths.resolve_checkpoint(tmp_path / "old")
 
 

@@ -215,7 +215,7 @@ def t5x_trained_state(partitioner, optimizer_def=True):
                                          model.get_initial_variables, SHAPES, partitioner, TYPES)
   state = init.from_scratch(jax.random.PRNGKey(3))
   batch = {k: jnp.asarray(v) for k, v in tiny_engine.synthetic_batch(5).items()}
-  # Jitted: op by op, the gradient and the update compiled every primitive apart (37 s of 45).
+  # Jitted: op by op, the gradient and the update would compile every primitive apart (slow).
   grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(state.params)
   state = jax.jit(lambda s, g: s.apply_gradient(g, learning_rate=0.05))(state, grads)
   return model, init, state

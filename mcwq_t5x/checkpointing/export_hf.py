@@ -10,34 +10,9 @@ checkpoint (T5X's `checkpoint_N`, a step folder without its run) needs them as a
 overrides what the checkpoint says, except that a vocabulary other than the one run.json records
 is an error naming both.
 
-Output folder, loadable with `transformers.MT5ForConditionalGeneration.from_pretrained(out)` for
-the untied T5.1.1/mT5 layout and `transformers.T5ForConditionalGeneration` for T5 1.0's tied,
-1/sqrt(d_model)-scaled output layer, and with `transformers.AutoTokenizer.from_pretrained(out)`:
-
-  config.json             `hf_config` (model_type "mt5" untied / "t5" tied)
-  model.safetensors       float32 state dict, names and transposes from the one table
-                          `checkpoint_import.hf_name_map`
-  generation_config.json  decoder_start_token_id 0, eos_token_id 1, pad_token_id 0 (T5), greedy,
-                          max_new_tokens = the run's target feature length, so a plain
-                          `model.generate(**inputs)` decodes as our `infer` does
-  spiece.model            the SentencePiece model, unchanged
-  tokenizer.json          the same tokenizer for the `tokenizers` library (transformers'
-                          `SpmConverter`, which follows the model's own normalizer and BPE/unigram
-                          settings) with `</s>` appended and the `<extra_id_N>` sentinels at the
-                          ids seqio gives them (vocab_size - 1 - N)
-  tokenizer_config.json, special_tokens_map.json
-
-Files get ordinary modes (0644, folders 0755, less the umask). Loading and generating with
-transformers 5 (no `text2text-generation` pipeline there):
-
-  tok = transformers.AutoTokenizer.from_pretrained(out)
-  model = transformers.MT5ForConditionalGeneration.from_pretrained(out)
-  batch = tok(["Did M0 direct M1"], return_tensors="pt", padding=True)
-  print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
-
-Importing the folder again (`checkpoint_loaders.load_params`) gives the exported params bit for
-bit. Activations are float32 in transformers; a run trained with `dtype='bfloat16'` differs from
-its export by bfloat16 rounding only.
+The folder loads with transformers' `MT5ForConditionalGeneration` / `T5ForConditionalGeneration`
+and `AutoTokenizer` (`export_params` lists its files; docs/export_hf.md shows how to generate),
+and imports back (`checkpoint_loaders.load_params`) to the exported params bit for bit.
 """
 from __future__ import annotations
 
@@ -290,10 +265,22 @@ def export_params(params: Mapping[str, Any],
                   *,
                   max_new_tokens: int,
                   overwrite: bool = False) -> pathlib.Path:
-  """Writes a Hugging Face folder for `params` of `network.Transformer(config)`.
+  """Writes a Hugging Face folder for `params` of `network.Transformer(config)`:
 
-  Everything is written into a temporary sibling folder that is renamed to `out_dir` at the
-  end, so a failed export leaves no partial folder.
+    config.json             `hf_config` (model_type "mt5" untied / "t5" tied)
+    model.safetensors       float32 state dict, names and transposes from the one table
+                            `checkpoint_import.hf_name_map`
+    generation_config.json  decoder_start_token_id 0, eos_token_id 1, pad_token_id 0 (T5),
+                            greedy, `max_new_tokens`, so a plain `model.generate(**inputs)`
+                            decodes as our `infer` does
+    spiece.model            the SentencePiece model, unchanged
+    tokenizer.json          the same tokenizer for the `tokenizers` library (`write_tokenizer`)
+    tokenizer_config.json, special_tokens_map.json
+
+  Files get ordinary modes (0644, folders 0755, less the umask). Activations are float32 in
+  transformers: a model trained with `dtype='bfloat16'` differs from its export by bfloat16
+  rounding only. Everything is written into a temporary sibling folder that is renamed to
+  `out_dir` at the end, so a failed export leaves no partial folder.
 
   Args:
     params: nested dict of arrays (T5X names).

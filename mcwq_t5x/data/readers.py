@@ -256,7 +256,7 @@ def _cached(fn: Callable[..., tuple[Example, ...]]) -> Callable[..., tuple[Examp
 def _rir_of(sparql: str) -> str:
   """`rir.sparql_to_rir`, kept per query: the four languages of a split share their queries (a
   failed conversion is not kept: it raises again)."""
-  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   return rir.sparql_to_rir(sparql)
 
 
@@ -268,7 +268,7 @@ def _sparql_to_rir(sparql: str, path: PathLike, line: int) -> str:
 
 
 def _rir_to_sparql(rir_text: str, path: PathLike, line: int) -> str:
-  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   try:
     return rir.rir_to_sparql(rir_text)
   except ValueError as e:
