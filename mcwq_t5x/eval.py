@@ -130,7 +130,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(cpu_settings.set_host_device_count)
-  cpu_settings.set_inference_cpu_options()
   gin_utils.call_configured(partitioning.initialize_distributed)
   result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   print(result["metrics"])

@@ -3,7 +3,11 @@ r"""Exports a checkpoint to a Hugging Face Transformers folder
 
   python -m mcwq_t5x.export_hf --checkpoint runs/tiny_random_split_en --out exported/tiny
   python -m mcwq_t5x.export_hf --checkpoint ckpts/checkpoint_1000000 --model_config mt5_small \
-      --vocab mc4.250000.100extra/sentencepiece.model --out exported/mt5_small
+      --vocab mc4.250000.100extra/sentencepiece.model --max_new_tokens 512 --out exported/mt5_small
+
+A run of `mcwq_t5x.train` needs no more than `--checkpoint` (its run.json says the rest); other
+checkpoints need `--model_config`, `--vocab` and `--max_new_tokens`. On success it prints one line
+saying what it wrote where.
 """
 from __future__ import annotations
 
@@ -28,39 +32,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       "Hugging Face folder")
   parser.add_argument("--out", required=True, help="folder to write")
   parser.add_argument(
+      "--model_config",
+      default=None,
+      help=f"a preset of network.CONFIGS ({', '.join(sorted(network.CONFIGS))}) or a JSON file "
+      "of network.T5Config fields (default: the run's run.json, the Hugging Face config.json)")
+  parser.add_argument(
       "--vocab",
       default=None,
-      help="SentencePiece .model file (default: "
-      "the Hugging Face folder's spiece.model or the run's gin config)")
+      help="SentencePiece .model file (default: the vocabulary the run's run.json records, the "
+      "Hugging Face folder's spiece.model)")
   parser.add_argument(
       "--extra_ids",
       type=int,
       default=None,
-      help="sentinel ids after the vocabulary's pieces (default: from the "
-      "gin config / tokenizer_config.json, else 0)")
-  parser.add_argument(
-      "--gin_file", default=None, help="gin config with the model (default: MODEL_DIR/config.gin)")
-  parser.add_argument(
-      "--model_config",
-      default=None,
-      choices=sorted(network.CONFIGS),
-      help="a preset of network.CONFIGS instead of a gin config")
+      help="sentinel ids after the vocabulary's pieces (default: as run.json or "
+      "tokenizer_config.json says, else 0)")
   parser.add_argument(
       "--max_new_tokens",
       type=int,
       default=None,
       help="decoding length written to generation_config.json (default: the run's "
-      f"TASK_FEATURE_LENGTHS['targets'], else {export_hf.DEFAULT_MAX_NEW_TOKENS})")
+      "feature_lengths['targets'] in run.json, the Hugging Face generation_config.json's)")
   parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   try:
-    options = ("gin_file", "model_config", "vocab", "extra_ids", "max_new_tokens", "overwrite")
-    export_hf.export_checkpoint(args.checkpoint, args.out, **{k: getattr(args, k) for k in options})
+    options = ("model_config", "vocab", "extra_ids", "max_new_tokens", "overwrite")
+    out = export_hf.export_checkpoint(args.checkpoint, args.out,
+                                      **{k: getattr(args, k) for k in options})
   except (ValueError, checkpoint_paths.NotACheckpointError) as e:
     # ValueError includes CheckpointMismatchError / IncompleteCheckpointError.
     print(f"export_hf: error: {e}", file=sys.stderr)
     return 1
+  print(export_hf.summary(out))
   return 0
 
 

@@ -12,10 +12,11 @@ config file uses) are raised as `GinConfigError` naming the file/line or the bin
 
 Nothing is registered with gin here or anywhere else in the library at import: the config files
 name what they configure by dynamic registration (`from __gin__ import dynamic_registration`,
-`from mcwq_t5x import network`, `network.get_config.name = 'mt5_small'`), as T5X's files do. Our
-run files name the main by its module (`from mcwq_t5x import train as train_script`), where T5X's
-say `import __main__ as train_script`; so the files of both engines parse in one process, and
-`use_main_module_as` makes the running `python -m mcwq_t5x.train` that module (no second import).
+`from mcwq_t5x.engine import network`, `network.get_config.name = 'mt5_small'`), as T5X's files
+do. Our run files name the main by its module (`from mcwq_t5x import train as train_script`),
+where T5X's say `import __main__ as train_script`; so the files of both engines parse in one
+process, and `use_main_module_as` makes the running `python -m mcwq_t5x.train` that module (no
+second import).
 """
 from __future__ import annotations
 

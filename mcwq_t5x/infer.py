@@ -5,13 +5,15 @@ Usage:
       --gin_file=gin/mcwq_t5x/runs/infer.gin --gin.CHECKPOINT_PATH="'runs/tiny'" --sparql
   python -m mcwq_t5x.infer --gin_file=... --input=questions.txt --output=queries.txt
 
-One question per input line (entity placeholders M0..M9 as in MCWQ; lines end at "\n" only, a
-trailing "\r" is dropped, so form feeds or Unicode line separators inside a question never split
-it); one output line per input line, in order. Questions are normalised as the training data is
-(`readers.normalize_question`: Unicode NFC, a leading byte order mark dropped, stripped); an empty
-or whitespace-only line gives an empty output line and a warning. With --sparql the RIR is converted by `mcwq_t5x.data.rir.rir_to_sparql`; a prediction
-that is not valid RIR gives the line `ERROR: <reason>` (and a warning on stderr), so lines stay
-aligned.
+One question per input line (entity placeholders M0..M9 as in MCWQ), one output line per input
+line, in order. The input is UTF-8, split into lines as every line file of the project is
+(`readers.decode_lines`: "\n" alone ends a line, so form feeds or Unicode line separators inside a
+question never split it; a trailing "\r" is dropped); input that is not UTF-8 is an error naming
+the line. Questions are normalised as the training data is (`readers.normalize_question`: Unicode
+NFC, a leading byte order mark dropped, stripped); an empty or whitespace-only line gives an empty
+output line and a warning. With --sparql the RIR is converted by
+`mcwq_t5x.data.rir.rir_to_sparql`; a prediction that is not valid RIR gives the line
+`ERROR: <reason>` (and a warning on stderr), so lines stay aligned.
 
 All decodes of a beam (or of samples): --gin.PREDICT_KWARGS="{'num_decodes': 4,
 'return_all_decodes': True}" prints, still one line per question, its `num_decodes` predictions
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Iterable, Optional, Sequence
 
@@ -160,17 +163,6 @@ def format_lines(predictions: Sequence[Any]) -> str:
                  for p in predictions)
 
 
-def read_lines(text: str) -> list[str]:
-  """Splits `text` into lines at "\n" only (a trailing "\r" of each line is dropped; a final
-  newline ends the last line rather than starting an empty one; a leading byte order mark is
-  dropped)."""
-  text = text[1:] if text.startswith(readers.BOM) else text
-  lines = text.split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()
-  return [l[:-1] if l.endswith("\r") else l for l in lines]
-
-
 #: `--help` epilog: the gin files and macros of this main.
 GIN_HELP = gin_utils.gin_help(['gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/infer.gin'], [
     'CHECKPOINT_PATH', 'INPUT_PREFIX', 'INPUT_LENGTH', 'MAX_DECODE_LENGTH', 'BATCH_SIZE',
@@ -197,16 +189,19 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
       extra_args=extra,
       prog="python -m mcwq_t5x.infer",
       epilog=GIN_HELP)
+  try:  # before the model is built: bad input fails fast
+    if args.input == "-":
+      lines = readers.decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    elif not os.path.isfile(args.input):
+      raise FileNotFoundError(f"{args.input}: no such file")
+    else:
+      lines = readers.read_lines(args.input)
+  except (FileNotFoundError, readers.DataFormatError) as e:
+    raise SystemExit(f"infer: error: {e}") from None
+  questions = [readers.normalize_question(l) for l in lines]
   run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
   gin_utils.call_configured(cpu_settings.set_host_device_count)
-  cpu_settings.set_inference_cpu_options()
   gin_utils.call_configured(partitioning.initialize_distributed)
-  if args.input == "-":
-    text = sys.stdin.buffer.read().decode("utf-8")
-  else:
-    with open(args.input, encoding="utf-8", newline="") as f:
-      text = f.read()
-  questions = [readers.normalize_question(l) for l in read_lines(text)]
   predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   if args.sparql:
     predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))

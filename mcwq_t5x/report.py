@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Optional, Sequence
+from mcwq_t5x.data import readers
 from mcwq_t5x.evaluation import report as report_lib
 from mcwq_t5x.evaluation import score as score_lib
 
@@ -42,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     targets_dir = paths.data_dir() / "translations"
   try:
     report = report_lib.build(args.results_dir, targets_dir, args.data_dir, args.split)
-  except (FileNotFoundError, score_lib.InputError) as e:
+  except (FileNotFoundError, score_lib.InputError, readers.DataFormatError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if not report["runs"]:

@@ -138,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         endpoint=endpoint,
         max_answers=args.max_answers,
         answers_out=args.answers_out)
-  except score.InputError as e:
+  except (score.InputError, readers.DataFormatError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   except transport.RetryAfterTooLong as e:

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
 from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import pipeline
@@ -315,7 +316,7 @@ def train(*,
 
   # --- data ---------------------------------------------------------------------------------
   check_model_and_task(model, train_dataset_cfg)
-  if checkpoints_lib.finished_steps(model_dir_p):  # resuming: the vocabulary must not change
+  if checkpoint_paths.finished_steps(model_dir_p):  # resuming: the vocabulary must not change
     run_info.check_vocabulary(
         getattr(model, "output_vocabulary", None), model_dir_p, "train (resuming)")
   if jax.process_index() == 0:
@@ -373,7 +374,7 @@ def train(*,
   if restored is not None:
     step, state, data_state = restored
     logging.info("resumed from %s (data position: %s)",
-                 checkpoints_lib.checkpoint_dir(ckpt.directory, step), data_state)
+                 checkpoint_paths.checkpoint_dir(ckpt.directory, step), data_state)
     if data_state.get("data_seed", data_seed) != data_seed or data_state.get(
         "global_batch_size", train_dataset_cfg.batch_size) != train_dataset_cfg.batch_size:
       logging.warning(
@@ -553,7 +554,7 @@ def train(*,
         best_value, ckpt.all_steps())
     if best != step:
       decode_params = checkpoints_lib.restore_params(
-          checkpoints_lib.checkpoint_dir(ckpt.directory, best), abstract_state.params)
+          checkpoint_paths.checkpoint_dir(ckpt.directory, best), abstract_state.params)
       decoded_step = best
   else:
     selection = {"selected_by": "last checkpoint"}
@@ -571,7 +572,7 @@ def train(*,
         metrics,
         extra={
             "step": decoded_step,
-            "checkpoint": str(checkpoints_lib.checkpoint_dir(ckpt.directory, decoded_step)),
+            "checkpoint": str(checkpoint_paths.checkpoint_dir(ckpt.directory, decoded_step)),
             "decode_time_s": time.time() - t,
             **selection
         })
@@ -631,7 +632,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   if jax.default_backend() == "cpu":
     cpu_settings.set_host_malloc_options()
   model_dir = gin_utils.macro_value("MODEL_DIR")
-  if model_dir and checkpoints_lib.finished_steps(model_dir):  # resuming: the run's vocabulary
+  if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: the run's vocabulary
     run_info.adopt_recorded_vocabulary(model_dir)
   try:
     return gin_utils.call_configured(train)

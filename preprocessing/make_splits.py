@@ -54,6 +54,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mcwq_t5x.data import divergence as dv
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 
 DEFAULT_MCD_NAME = "mcd"
@@ -96,7 +97,7 @@ def load_pool(data_dir: Optional[readers.PathLike] = None,
     DataNotFoundError: nothing to read. DataFormatError: language files of a part that are not
     line-parallel (different lengths or queries).
   """
-  root = pathlib.Path(readers.paths.data_dir(data_dir))
+  root = pathlib.Path(paths.data_dir(data_dir))
   dataset = root / "dataset.json"
   if source_split is None and dataset.is_file():
     records = json.loads(dataset.read_text(encoding="utf-8"))
@@ -112,7 +113,7 @@ def load_pool(data_dir: Optional[readers.PathLike] = None,
     for language in languages:
       try:
         layout, files = readers.split_files(split, part, language, root)
-      except readers.DataNotFoundError:
+      except paths.DataNotFoundError:
         if source_parts:
           raise
         continue
@@ -139,7 +140,7 @@ def load_pool(data_dir: Optional[readers.PathLike] = None,
         record[_question_field(language)] = examples[i].question
       records.append(record)
   if not records:
-    raise readers.paths.not_found(root / "official" / split, f"MCWQ split {split}")
+    raise paths.not_found(root / "official" / split, f"MCWQ split {split}")
   return records, tuple(per_language)
 
 

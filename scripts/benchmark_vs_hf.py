@@ -568,7 +568,7 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
         keep_checkpoints=1)
   params = prediction.load_params(model, partitioning.Partitioner(), checkpoint)[0]
   vocab = _checked_vocabulary(args, checkpoint)
-  _export(params, config, _hf_dir(args), vocab)
+  _export(params, config, _hf_dir(args), vocab, args.target_length)
   _examples(args)  # the token ids and texts, for the HF workers
   return {"checkpoint": checkpoint}
 
@@ -586,7 +586,7 @@ def _checked_vocabulary(args: argparse.Namespace, checkpoint: str):
   return vocab
 
 
-def _export(params, config, hf_dir: str, vocab) -> None:
+def _export(params, config, hf_dir: str, vocab, target_length: int) -> None:
   """`mcwq_t5x.checkpointing.export_hf` of `params` to `hf_dir`, unless a worker of this run already did."""
   from mcwq_t5x.checkpointing import export_hf
   if os.path.exists(os.path.join(hf_dir, "config.json")):
@@ -597,6 +597,7 @@ def _export(params, config, hf_dir: str, vocab) -> None:
       hf_dir,
       vocab.sentencepiece_model_file,
       vocab.extra_ids,
+      max_new_tokens=target_length,
       overwrite=True)
 
 
@@ -658,7 +659,7 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   tokens = np.asarray(infer_fn(params, arrays))
   texts = prediction.decode_predictions(vocab, tokens)
   result = _decode_result("ours", method, args, tokens, texts, time.time() - t)
-  _export(params, config, _hf_dir(args), vocab)  # after the peak RSS is read
+  _export(params, config, _hf_dir(args), vocab, args.target_length)  # after the peak RSS is read
   return result
 
 
@@ -996,13 +997,12 @@ def main(argv=None) -> None:
     import logging
     logging.basicConfig(level=logging.WARNING)
     system, mode = args.worker.split(":")
-    if system in ("ours", "prep"):  # flags before JAX starts its backend
+    # Flags before JAX starts its backend, as the training main sets them; decoding runs with
+    # XLA's defaults, as the eval and infer mains do.
+    if system in ("ours", "prep") and not mode.startswith("decode-"):
       from mcwq_t5x.engine import cpu_settings
-      if mode.startswith("decode-"):  # as the eval and infer mains do
-        cpu_settings.set_inference_cpu_options()
-      else:  # as the training main does
-        cpu_settings.set_xla_cpu_flags()
-        cpu_settings.set_host_malloc_options()
+      cpu_settings.set_xla_cpu_flags()
+      cpu_settings.set_host_malloc_options()
     print(json.dumps(WORKERS[(system, mode)](args)))
     return
 

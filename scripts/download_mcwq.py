@@ -33,6 +33,7 @@ _REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:
   sys.path.insert(0, str(_REPO))
 
+from mcwq_t5x.data import paths  # noqa: E402  pylint: disable=g-import-not-at-top
 from mcwq_t5x.data import readers  # noqa: E402  pylint: disable=g-import-not-at-top
 
 BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
@@ -158,7 +159,7 @@ def verify(root: pathlib.Path,
           layout, _ = readers.split_files(split, part, lang, root)
           if layout in ("official", "translations", "jsonl"):
             counts[lang] = len(readers.read_split(split, part, lang, root))
-        except readers.DataNotFoundError:
+        except paths.DataNotFoundError:
           continue
         except (readers.DataFormatError, ValueError) as e:
           problems.append(str(e))

@@ -9,15 +9,15 @@ import shutil
 import tempfile
 
 # XLA's LLVM back end without its optimisation passes: the tests' networks are tiny, so compiling
-# dominates their time (the tiny train step compiled in about half the time; its loss changed in the
-# 7th digit). Commands started by the tests do not inherit XLA_FLAGS (tests/mains.py: `CHILD_ENV`).
+# dominates their time (the tiny train step compiles in about half the time; its loss changes in
+# the 7th digit). Commands started by the tests do not inherit XLA_FLAGS (tests/mains.py:
+# `CHILD_ENV`).
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Two workers share two cores (pytest.ini): one OpenMP thread per process (PyTorch, BLAS), inherited
 # by the commands the tests start. With one OpenMP thread per core each, the threads spin while
-# the other worker runs: the README's translation command took 259 s of wall time and 105 s of CPU
-# instead of 99 s and 16 s on a loaded 2-core machine. A variable set before the tests wins.
+# the other worker runs (CHANGELOG.md has the figures). A variable set before the tests wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # JAX's persistent compilation cache, shared by the session's xdist workers and every command they
 # start (environment variables, read when JAX is imported): a program compiled once (a train step,

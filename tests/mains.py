@@ -24,11 +24,11 @@ SMALL_MODEL = [
 # For every command the tests start: JAX's persistent compilation cache (tests/conftest.py) also
 # keeps programs that compile in under a second (JAX's default keeps only slower ones), so that a
 # command's small programs (initialisation, evaluation steps, the decoder of a tiny model) are
-# loaded from the cache by the next command that builds them: about 2 s less CPU per command,
-# measured alternately. Not for the tests' own processes, where writing every small program cost
-# more than it saved. (XLA's `--xla_backend_optimization_level=0` is not set for them: it made the
-# tests' T5X training runs cheaper but their decoding dearer, and our 300-step
-# `conftest.our_run` 133 s of CPU instead of 90 s.)
+# loaded from the cache by the next command that builds them. Not for the tests' own processes,
+# where writing every small program costs more than it saves. (XLA's
+# `--xla_backend_optimization_level=0` is not set for them: it makes the tests' T5X training runs
+# cheaper but their decoding and our 300-step `conftest.our_run` dearer; CHANGELOG.md has the
+# figures.)
 CHILD_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 

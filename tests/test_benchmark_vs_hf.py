@@ -3,9 +3,9 @@ prints its figures: one line per system, and the ratio line last.
 
 Speed itself is never asserted (the figures depend on the machine). One tiny run of two modes, as
 one command, on 64 of the 155 Hebrew gold questions: the epoch mode (a 1-layer width-32 network; our
-real training path, `mcwq_t5x.train.train`, against transformers; on 1 XLA device: the
-program compiles in a quarter less CPU time than on the default 2, whose data-parallel mesh the
-partitioning and multi-process tests cover; the fixed-shape mode times a plain step loop of the
+real training path, `mcwq_t5x.train.train`, against transformers; on 1 XLA device, where the
+program compiles faster than on the default 2, whose data-parallel mesh the partitioning and
+multi-process tests cover; the fixed-shape mode times a plain step loop of the
 same trainer and model, which the trainer and model tests cover) and the decode
 mode, greedy, of the session's trained run of our engine (`conftest.our_run`: its run.json gives
 the network), exported and decoded by both systems: greedy search on the same weights gives the
@@ -78,9 +78,9 @@ def test_decode_prints_both_systems_and_the_ratio(lines):
 
 
 def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run, tmp_path):
-  """`--modes eval` (run by hand for issue 28's figures; here without its two processes, which
-  the decode mode's comparison above covers): our side is the README's eval command, with the
-  bindings that give the checkpoint's network (the session run's is smaller than the preset)."""
+  """`--modes eval` (here without its two processes, which the decode mode's comparison above
+  covers): our side is the README's eval command, with the bindings that give the checkpoint's
+  network (the session run's is smaller than the preset)."""
   import argparse  # pylint: disable=g-import-not-at-top
   import ast  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top

@@ -241,16 +241,17 @@ def test_mismatch_names_the_parameter(hf_model, tmp_path):
   kind, _, path, config, params = hf_model
   wider = network.T5Config(**{**config.__dict__, "mlp_dim": 64})
   wi = "wi" if kind == "t5_1_0" else "wi_0"
-  with pytest.raises(ci.CheckpointMismatchError, match=f"encoder/layers_0/mlp/{wi}/kernel"):
+  with pytest.raises(
+      checkpoint_paths.CheckpointMismatchError, match=f"encoder/layers_0/mlp/{wi}/kernel"):
     checkpoint_loaders.load_params(path, wider)
   deeper = network.T5Config(**{**config.__dict__, "num_encoder_layers": 3})
-  with pytest.raises(ci.CheckpointMismatchError, match="encoder.block.2"):
+  with pytest.raises(checkpoint_paths.CheckpointMismatchError, match="encoder.block.2"):
     checkpoint_loaders.load_params(path, deeper)
   # T5X native: a missing array is named.
   incomplete = jax.tree_util.tree_map(lambda x: x, params)
   del incomplete["decoder"]["decoder_norm"]
   t5x_path = t5x_checkpoint_writer.save_t5x_checkpoint(incomplete, tmp_path / "ckpt")
-  with pytest.raises(ci.CheckpointMismatchError, match="decoder/decoder_norm/scale"):
+  with pytest.raises(checkpoint_paths.CheckpointMismatchError, match="decoder/decoder_norm/scale"):
     checkpoint_loaders.load_params(t5x_path, config)
   with pytest.raises(ValueError, match="not a checkpoint"):
     checkpoint_loaders.load_params(tmp_path, config)
@@ -270,8 +271,8 @@ def _copy_hf(path, tmp_path, edit, **config_changes):
 
 
 def test_missing_hf_tensors_are_all_named(hf_model, tmp_path):
-  """Issue 11: an untied folder without lm_head.weight imported with shared.weight as the
-  output layer; now every missing tensor is named and nothing is substituted."""
+  """A folder without some tensors (an untied one without lm_head.weight too, which must not get
+  shared.weight as its output layer): every missing tensor is named, nothing is substituted."""
   kind, _, path, config, params = hf_model
   drop = [
       "lm_head.weight" if kind == "mt5" else "decoder.final_layer_norm.weight",
@@ -286,7 +287,7 @@ def test_missing_hf_tensors_are_all_named(hf_model, tmp_path):
   # As transformers 4 / the published mT5 configs write it (transformers 5 writes true).
   edited = _copy_hf(path, tmp_path, remove, tie_word_embeddings=False)
   assert not config.logits_via_embedding or kind == "t5_1_0"
-  with pytest.raises(ci.CheckpointMismatchError) as e:
+  with pytest.raises(checkpoint_paths.CheckpointMismatchError) as e:
     checkpoint_loaders.load_params(edited, config)
   message = str(e.value)
   assert "2 tensor(s) missing" in message
@@ -325,7 +326,7 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
   # A config with fewer layers than the checkpoint is an error (the extra blocks are not dropped).
   shallower = network.T5Config(**{**config.__dict__, "num_encoder_layers": 1})
   with pytest.raises(
-      ci.CheckpointMismatchError,
+      checkpoint_paths.CheckpointMismatchError,
       match=r"tensor\(s\) the model has no parameter for .*encoder\.block\.1\."):
     checkpoint_loaders.load_params(path, shallower)
   # Stored copies of the embedding must equal it; an unknown tensor is named.
@@ -338,7 +339,7 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
     return state
 
   edited = _copy_hf(path, tmp_path, add)
-  with pytest.raises(ci.CheckpointMismatchError) as e:
+  with pytest.raises(checkpoint_paths.CheckpointMismatchError) as e:
     checkpoint_loaders.load_params(edited, config)
   message = str(e.value)
   assert "encoder.block.0.layer.0.SelfAttention.extra.weight (shape (2, 2))" in message
@@ -376,7 +377,7 @@ def test_hf_config_of_another_architecture_is_rejected(tmp_path):
 
 
 def test_t5x_missing_chunk_is_an_error(hf_model, tmp_path):
-  """Issue 11: a TensorStore array with a deleted chunk file loaded as zeros in that block."""
+  """A TensorStore array with a deleted chunk file is an error, not zeros in that block."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   kind, _, _, config, params = hf_model
   path = t5x_checkpoint_writer.save_t5x_checkpoint(params, tmp_path / "checkpoint_1")

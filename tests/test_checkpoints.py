@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import model as model_lib
@@ -101,7 +102,7 @@ def test_keep_last_k_and_interval(tmp_path):
   assert mgr.all_steps() == [6, 7]
   # Atomicity: only finished checkpoints are listed (no temporary folders left behind).
   assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_6", "checkpoint_7"]
-  assert checkpoints.resolve_checkpoint(tmp_path) == (tmp_path, 7)
+  assert checkpoint_paths.resolve_checkpoint(tmp_path) == (tmp_path, 7)
 
 
 def _corrupt(step_dir: pathlib.Path):
@@ -249,7 +250,7 @@ def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
   # A parameter the checkpoint lacks: an error naming it, or fallback_to_scratch semantics.
   extra = dict(abstract, extra={"kernel": jax.ShapeDtypeStruct((3,), np.float32)})
   with pytest.raises(
-      checkpoints.CheckpointMismatchError,
+      checkpoint_paths.CheckpointMismatchError,
       match=r"checkpoint_2: 1 parameter\(s\) missing from the checkpoint: "
       r"extra/kernel \(shape \(3,\)\)"):
     checkpoints.restore_params(model_dir, extra)
@@ -274,7 +275,7 @@ def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
       seed=1)
   mgr = checkpoints.CheckpointManager(model_dir, async_save=False)
   with pytest.raises(
-      checkpoints.CheckpointMismatchError,
+      checkpoint_paths.CheckpointMismatchError,
       match=r"checkpoint_2: \d+ parameter\(s\) differ from the model .*"
       r"decoder/layers_0/mlp/wi_0/kernel has shape \(16, 32\), the model "
       r"expects \(16, 48\)"):
@@ -284,17 +285,17 @@ def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
 def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
   (tmp_path / "hf").mkdir()
   (tmp_path / "hf" / "config.json").write_text("{}")
-  with pytest.raises(checkpoints.NotACheckpointError, match=r"hf: no checkpoint: expected"):
-    checkpoints.resolve_checkpoint(tmp_path / "hf")
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match=r"hf: no checkpoint: expected"):
+    checkpoint_paths.resolve_checkpoint(tmp_path / "hf")
   # An unfinished folder (as left by a killed writer) is not a checkpoint.
   (tmp_path / "m" / "checkpoint_5").mkdir(parents=True)
-  with pytest.raises(checkpoints.NotACheckpointError, match="checkpoint_5: not a finished"):
-    checkpoints.resolve_checkpoint(tmp_path / "m" / "checkpoint_5")
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match="checkpoint_5: not a finished"):
+    checkpoint_paths.resolve_checkpoint(tmp_path / "m" / "checkpoint_5")
   with pytest.raises(FileNotFoundError):
-    checkpoints.resolve_checkpoint(tmp_path / "m")
+    checkpoint_paths.resolve_checkpoint(tmp_path / "m")
   (tmp_path / "old" / "checkpoints" / "100" / "state").mkdir(parents=True)
-  with pytest.raises(checkpoints.NotACheckpointError, match="no longer read"):
-    checkpoints.resolve_checkpoint(tmp_path / "old")
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match="not a checkpoint layout"):
+    checkpoint_paths.resolve_checkpoint(tmp_path / "old")
 
 
 # --- Faults: corrupt checkpoints, failed saves --------------------------------------------------
@@ -340,7 +341,7 @@ def test_resume_past_a_corrupt_checkpoint_moves_it_aside(tmp_path):
   train_losses(tr, state, batches, 1, 3, ckpt=mgr)
   mgr.close()
   assert mgr.all_steps() == [2, 3]
-  assert checkpoints.resolve_checkpoint(model_dir) == (model_dir.absolute(), 3)
+  assert checkpoint_paths.resolve_checkpoint(model_dir) == (model_dir.absolute(), 3)
   # Both are readable: the rewritten step 2 is not the corrupt one.
   for s in (2, 3):
     checkpoints.restore_params(model_dir / f"checkpoint_{s}", tr.state_shapes(shapes()).params)

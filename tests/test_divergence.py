@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mcwq_t5x.data import divergence as dv
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 from mcwq_t5x import divergence as divergence_cli
 
@@ -196,7 +197,7 @@ def test_files_command_fresh_process(tmp_path, mcwq_dir):
       capture_output=True,
       text=True,
       check=True,
-      cwd=dv.readers.paths.REPO_ROOT)
+      cwd=paths.REPO_ROOT)
   row = [l for l in proc.stdout.splitlines() if l.startswith("| files")][0].split("|")
   assert row[2].strip() == f"{a} (40)" and row[3].strip() == f"{b} (40)"
   assert float(row[4]) == 0.0 and float(row[5]) == 0.0

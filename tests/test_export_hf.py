@@ -8,12 +8,11 @@ the project's small vocabulary (`mcwq_t5x.data.vocab`); its tokenizer encodes li
 import -> export -> import is the identity on params; bad input is a clear error.
 
 Models: a tiny model trained for a few steps with the engine (`tiny_engine`, `trainer`,
-`checkpoints`: an Orbax checkpoint plus the run's config.gin, exported through the command line),
+`checkpoints`: an Orbax checkpoint plus the run's run.json, exported through the command line),
 and a random model with mT5-small's layout (8+8 layers, d_model 512, 6 heads of 64, d_ff 1024,
 gated GELU, untied output layer) but a 2048-row vocabulary instead of 250,112, so that it runs in
-well under a minute. The full size passes too but takes minutes on a CPU: set
-`MCWQ_TEST_FULL_MT5_SMALL=1` (measured on the shared 2-core machine: 175 s, 11 GB peak memory,
-the 32 x 64 x 250,112 float32 logits being 2 GB per side; max logit difference 1.1e-5).
+well under a minute. The full size takes minutes and about 11 GB on a CPU (the 32 x 64 x 250,112
+float32 logits are 2 GB per side): set `MCWQ_TEST_FULL_MT5_SMALL=1`.
 """
 import io
 import json
@@ -36,6 +35,7 @@ from mcwq_t5x.checkpointing import checkpoint_loaders
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import export_hf
+from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.checkpointing import t5x_checkpoint_writer
 from mcwq_t5x.data import vocab as vocab_lib
 from mcwq_t5x.engine import model as model_lib
@@ -53,43 +53,11 @@ SMALL_VOCAB_ROWS = 2000  # the small vocabulary's size
 EXPORTED_FILES = ("config.json", "model.safetensors", "generation_config.json", "spiece.model",
                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
-# A run's config.gin as `mcwq_t5x.train` writes it (`gin.config_str()`: short configurable
-# names, macros), for `tiny_engine.tiny_model(0.0, vocab_size=2000)`.
-TINY_RUN_GIN = """\
-import mcwq_t5x.gin_utils as mcwq_t5x2
-import tasks.mcwq
 
-# Macros:
-# ==============================================================================
-DROPOUT_RATE = 0.0
-MODEL = @model.EncoderDecoderModel()
-TASK_FEATURE_LENGTHS = {{'inputs': 32, 'targets': {target_length}}}
-VOCABULARY = @vocab.get_vocabulary()
-
-# Parameters for EncoderDecoderModel:
-# ==============================================================================
-EncoderDecoderModel.input_vocabulary = %VOCABULARY
-EncoderDecoderModel.module = @network.Transformer()
-EncoderDecoderModel.output_vocabulary = %VOCABULARY
-
-# Parameters for T5Config:
-# ==============================================================================
-T5Config.dropout_rate = %DROPOUT_RATE
-T5Config.dtype = 'float32'
-T5Config.emb_dim = 16
-T5Config.head_dim = 8
-T5Config.logits_via_embedding = False
-T5Config.mlp_activations = ('gelu', 'linear')
-T5Config.mlp_dim = 32
-T5Config.num_decoder_layers = 1
-T5Config.num_encoder_layers = 1
-T5Config.num_heads = 2
-T5Config.vocab_size = {vocab_size}
-
-# Parameters for Transformer:
-# ==============================================================================
-Transformer.config = @network.T5Config()
-"""
+def _model_config_file(path, config):
+  """`config` as a `--model_config` JSON file (the T5Config fields, as run.json holds them)."""
+  path.write_text(json.dumps(run_info.network_fields(config)))
+  return path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -238,9 +206,9 @@ def _random_params(config, seed):
 # A tiny model trained with the engine and saved as an Orbax checkpoint
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, mcwq_batch):
+def tiny_run(tmp_path_factory, mcwq_batch, small_vocab):
   """(config, params, MODEL_DIR): 8 training steps on the 32 examples, an Orbax checkpoint
-  MODEL_DIR/checkpoint_8 and the run's config.gin."""
+  MODEL_DIR/checkpoint_8 and the run's run.json (target length `DECODE_LEN`)."""
   model = tiny_engine.tiny_model(0.0, vocab_size=SMALL_VOCAB_ROWS)
   partitioner = partitioning.Partitioner(num_partitions=1)
   lr = trainer_lib.create_learning_rate_schedule(0.01, "constant")
@@ -255,19 +223,27 @@ def tiny_run(tmp_path_factory, mcwq_batch):
   manager = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
   manager.save(8, state, {"step": 8})
   manager.close()
-  (model_dir / "config.gin").write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN))
+  run_info.write(
+      model_dir,
+      model=model_lib.EncoderDecoderModel(model.module, small_vocab, small_vocab),
+      feature_lengths={
+          "inputs": 32,
+          "targets": DECODE_LEN
+      })
   return model.module.config, jax.device_get(state.params), model_dir
 
 
 def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm_path, tmp_path,
-                                                       monkeypatch):
+                                                       capsys):
   config, params, model_dir = tiny_run
-  monkeypatch.delenv("MCWQ_VOCAB", raising=False)  # the run used the small vocabulary
   assert checkpoint_paths.detect_format(model_dir) == "orbax"
   out = tmp_path / "hf"
-  # Model config and vocabulary both come from MODEL_DIR/config.gin.
+  # Model config, vocabulary and decoding length all come from MODEL_DIR/run.json.
   assert export_hf_cli.main(["--checkpoint", str(model_dir), "--out", str(out)]) == 0
+  n_params = sum(int(np.prod(s)) for s in ci.expected_param_shapes(config).values())
+  assert capsys.readouterr().out == (
+      f"wrote {out}: MT5ForConditionalGeneration ({n_params:,} parameters), its tokenizer, "
+      f"generation_config.json (greedy, up to {DECODE_LEN} new tokens)\n")
   assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)
   assert (out / "spiece.model").read_bytes() == spm_path.read_bytes()
   cfg = json.loads((out / "config.json").read_text())
@@ -277,7 +253,7 @@ def test_export_trained_tiny_run_loads_in_transformers(tiny_run, mcwq_batch, spm
       "decoder_start_token_id": 0,
       "eos_token_id": 1,
       "pad_token_id": 0,
-      "max_new_tokens": DECODE_LEN,  # the run's TASK_FEATURE_LENGTHS['targets']
+      "max_new_tokens": DECODE_LEN,  # the run's feature_lengths['targets']
       "num_beams": 1,
       "do_sample": False
   }
@@ -312,7 +288,7 @@ def _mt5_small_layout(vocab_size):
 def test_export_mt5_small_layout_matches_transformers(vocab_size, mcwq_batch, spm_path, tmp_path):
   config = _mt5_small_layout(vocab_size)
   params = _random_params(config, seed=3)
-  out = export_hf.export_params(params, config, tmp_path / "hf", spm_path)
+  out = export_hf.export_params(params, config, tmp_path / "hf", spm_path, max_new_tokens=64)
   hf = _load_hf(out, config)
   assert hf.config.d_model == 512 and hf.config.num_decoder_layers == 8
   assert hf.config.feed_forward_proj == "gated-gelu"
@@ -393,16 +369,28 @@ def _hf_folder(kind, path):
 
 
 @pytest.mark.parametrize("kind", ["mt5", "t5_1_0"])
-def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
+def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path, capsys):
   original = _hf_folder(kind, tmp_path / "original")
+  capsys.readouterr()  # transformers' progress bar
   config = ci.config_from_hf(original)
   assert config.logits_via_embedding == (kind == "t5_1_0")
   params = checkpoint_loaders.load_params(original, config).params
   out = tmp_path / "exported"
+  # transformers' own folder gives no decoding length: the one flag it lacks is named.
   assert export_hf_cli.main(
       ["--checkpoint", str(original), "--out",
        str(out), "--vocab",
-       str(spm_path)]) == 0
+       str(spm_path)]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  assert "the Hugging Face folder has no max_new_tokens in generation_config.json" in err, err
+  assert "--max_new_tokens" in err and "--vocab" not in err and "--model_config" not in err, err
+  assert export_hf_cli.main([
+      "--checkpoint",
+      str(original), "--out",
+      str(out), "--vocab",
+      str(spm_path), "--max_new_tokens", "48"
+  ]) == 0
   assert ci.config_from_hf(out) == config
   _assert_same_params(checkpoint_loaders.load_params(out, config).params, params)
   # The exported tensors are the original ones, and nothing else.
@@ -412,26 +400,51 @@ def test_export_import_round_trip_is_identity(kind, spm_path, tmp_path):
   assert ("lm_head.weight" in after) == (kind == "mt5")
   for key, value in after.items():
     np.testing.assert_array_equal(value, before[key], err_msg=key)
-  # Exporting the export again (vocabulary now from its spiece.model) changes nothing.
+  # Exporting the export again (vocabulary, decoding length now from its own files) changes
+  # nothing.
   again = export_hf.export_checkpoint(out, tmp_path / "again")
-  assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+  for name in EXPORTED_FILES:
+    assert (again / name).read_bytes() == (out / name).read_bytes(), name
+  assert json.loads((again / "generation_config.json").read_text())["max_new_tokens"] == 48
   hf = _load_hf(out, config)
   assert type(hf).__name__ == ("MT5ForConditionalGeneration"
                                if kind == "mt5" else "T5ForConditionalGeneration")
 
 
-def test_export_t5x_native_checkpoint_with_gin_file(tiny_run, spm_path, tmp_path):
+def test_export_t5x_native_checkpoint_needs_the_flags(tiny_run, spm_path, tmp_path, capsys):
+  """A checkpoint without run.json (T5X's layout, no run folder around it): without the flags one
+  line names all three; with them (a JSON model config) it exports the checkpoint's params."""
   config, params, _ = tiny_run
   ckpt = t5x_checkpoint_writer.save_t5x_checkpoint(
       params, tmp_path / "t5x" / "checkpoint_8", step=8)
-  gin_file = tmp_path / "model.gin"
-  gin_file.write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN).replace(
-          "VOCABULARY = @vocab.get_vocabulary()",
-          f"VOCABULARY = @vocab.get_vocabulary()\nget_vocabulary.path = '{spm_path}'"))
-  out = export_hf.export_checkpoint(tmp_path / "t5x", tmp_path / "hf", gin_file=gin_file)
+  out = tmp_path / "hf"
+  assert export_hf_cli.main(["--checkpoint", str(tmp_path / "t5x"), "--out", str(out)]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "no run.json at or up to 3 folders above it" in err, err
+  for flag in ("--model_config", "--vocab", "--max_new_tokens"):
+    assert f"pass {flag}" in err or f", {flag}" in err, (flag, err)
+  assert not out.exists()
+  model_config = _model_config_file(tmp_path / "model.json", config)
+  assert export_hf_cli.main([
+      "--checkpoint",
+      str(tmp_path / "t5x"), "--out",
+      str(out), "--model_config",
+      str(model_config), "--vocab",
+      str(spm_path), "--max_new_tokens",
+      str(DECODE_LEN)
+  ]) == 0
+  assert capsys.readouterr().out.startswith(f"wrote {out}: MT5ForConditionalGeneration (")
   _assert_same_params(checkpoint_loaders.load_params(out, config).params, params)
   _assert_same_params(checkpoint_loaders.load_params(ckpt, config).params, params)
+  assert json.loads((out / "generation_config.json").read_text())["max_new_tokens"] == DECODE_LEN
+  # A preset name works the same way; its shapes are not these params'.
+  with pytest.raises(
+      checkpoint_paths.CheckpointMismatchError, match=r"token_embedder/embedding has shape"):
+    export_hf.export_checkpoint(
+        ckpt, tmp_path / "hf2", model_config="tiny", vocab=spm_path, max_new_tokens=8)
+  with pytest.raises(ValueError, match="'mt5_tiny': neither a preset of network.CONFIGS"):
+    export_hf.export_checkpoint(
+        ckpt, tmp_path / "hf2", model_config="mt5_tiny", vocab=spm_path, max_new_tokens=8)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -459,17 +472,16 @@ def test_export_rejects_another_architecture(tiny_run, spm_path, tmp_path, capsy
   assert "model_type 'bart'" in err and "not a T5/mT5" in err, err
   assert not (tmp_path / "o").exists()
   # An Orbax checkpoint whose params are not the configured model's: every mismatch named.
-  _, _, model_dir = tiny_run
-  wider = tmp_path / "wider.gin"
-  wider.write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS,
-                          target_length=DECODE_LEN).replace("T5Config.emb_dim = 16",
-                                                            "T5Config.emb_dim = 32"))
+  config, _, model_dir = tiny_run
+  wider = _model_config_file(tmp_path / "wider.json",
+                             network.T5Config(**{
+                                 **config.__dict__, "emb_dim": 32
+                             }))
   with pytest.raises(
-      ci.CheckpointMismatchError,
+      checkpoint_paths.CheckpointMismatchError,
       match=r"token_embedder/embedding has shape \(2000, 16\), the model expects "
       r"\(2000, 32\)"):
-    export_hf.export_checkpoint(model_dir, tmp_path / "o", gin_file=wider, vocab=spm_path)
+    export_hf.export_checkpoint(model_dir, tmp_path / "o", model_config=str(wider))
   with pytest.raises(ValueError, match="not a checkpoint"):
     export_hf.export_checkpoint(tmp_path, tmp_path / "o", vocab=spm_path)
   assert not (tmp_path / "o").exists()
@@ -479,38 +491,30 @@ def test_export_missing_or_wrong_vocabulary(tiny_run, spm_path, tmp_path, capsys
   config, params, _ = tiny_run
   ckpt = t5x_checkpoint_writer.save_t5x_checkpoint(
       params, tmp_path / "ckpt" / "checkpoint_8", step=8)
-  no_vocab = tmp_path / "no_vocab.gin"
-  no_vocab.write_text("\n".join(
-      line for line in TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS,
-                                           target_length=DECODE_LEN).splitlines()
-      if "VOCABULARY" not in line))
+  model_config = _model_config_file(tmp_path / "model.json", config)
   out = tmp_path / "out"
-  assert export_hf_cli.main(
-      ["--checkpoint", str(ckpt), "--out",
-       str(out), "--gin_file",
-       str(no_vocab)]) == 1
-  assert "no vocabulary found" in capsys.readouterr().err
-  # No config at all: a T5X checkpoint without a run folder around it.
-  with pytest.raises(ValueError, match="no model config found.*--gin_file or --model_config"):
-    export_hf.export_checkpoint(ckpt, out, vocab=spm_path)
+  assert export_hf_cli.main([
+      "--checkpoint",
+      str(ckpt), "--out",
+      str(out), "--model_config",
+      str(model_config), "--max_new_tokens", "8"
+  ]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.rstrip().endswith(
+      "pass --vocab (the SentencePiece model the checkpoint was trained with)"), err
+  flags = dict(model_config=str(model_config), max_new_tokens=8)
   with pytest.raises(ValueError, match="--vocab .*missing.model: no such file"):
-    export_hf.export_checkpoint(ckpt, out, gin_file=no_vocab, vocab=tmp_path / "missing.model")
+    export_hf.export_checkpoint(ckpt, out, vocab=tmp_path / "missing.model", **flags)
   not_spm = tmp_path / "not_spm.model"
   not_spm.write_text("hello")
   with pytest.raises(ValueError, match="not_spm.model: not a SentencePiece model"):
-    export_hf.export_checkpoint(ckpt, out, gin_file=no_vocab, vocab=not_spm)
-  remote = tmp_path / "remote.gin"
-  remote.write_text(
-      TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=DECODE_LEN).replace(
-          "VOCABULARY = @vocab.get_vocabulary()",
-          "VOCABULARY = @vocab.mt5_vocabulary()\nmt5_vocabulary.path = 'gs://bucket/spm.model'"))
-  with pytest.raises(ValueError, match="gs://bucket/spm.model is not a local file; pass --vocab"):
-    export_hf.export_checkpoint(ckpt, out, gin_file=remote)
+    export_hf.export_checkpoint(ckpt, out, vocab=not_spm, **flags)
   # A vocabulary bigger than the model's embedding (the 2000-piece one for a 64-row model).
   small_model = tiny_engine.tiny_model(0.0)
   small_params = _random_params(small_model.module.config, seed=0)
   with pytest.raises(ValueError, match="2000 ids, more than the model's 64 embedding rows"):
-    export_hf.export_params(small_params, small_model.module.config, out, spm_path)
+    export_hf.export_params(
+        small_params, small_model.module.config, out, spm_path, max_new_tokens=8)
   assert not out.exists()
   assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # no partial folder left
 
@@ -521,36 +525,37 @@ def test_export_output_folder_checks(tiny_run, spm_path, tmp_path):
   out.mkdir()
   (out / "keep.txt").write_text("x")
   with pytest.raises(ValueError, match="exists and is not empty.*--overwrite"):
-    export_hf.export_params(params, config, out, spm_path)
+    export_hf.export_params(params, config, out, spm_path, max_new_tokens=8)
   assert (out / "keep.txt").is_file()
-  export_hf.export_params(params, config, out, spm_path, overwrite=True)
+  with pytest.raises(ValueError, match="max_new_tokens 0: expected a positive integer"):
+    export_hf.export_params(params, config, out, spm_path, max_new_tokens=0, overwrite=True)
+  assert (out / "keep.txt").is_file()
+  export_hf.export_params(params, config, out, spm_path, max_new_tokens=8, overwrite=True)
   assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)
   step_dir = checkpoint_paths.locate(model_dir)[1]
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):
     export_hf.export_checkpoint(model_dir, step_dir / "hf", vocab=spm_path)
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):
     export_hf.export_checkpoint(model_dir, model_dir, vocab=spm_path, overwrite=True)
-  assert (model_dir / "config.gin").is_file()
+  assert (model_dir / "run.json").is_file()
   with pytest.raises(ValueError, match="feed_forward_proj"):
     export_hf.hf_config(network.T5Config(mlp_activations=("gelu", "gelu")))
 
 
 def test_export_generate_without_arguments_decodes_like_infer(tiny_run, mcwq_dir, small_vocab,
-                                                              tmp_path, monkeypatch):
+                                                              tmp_path):
   """generation_config.json carries the run's decoding length: a plain `generate(**batch)` (no
   max_length) gives what `mcwq_t5x.infer` gives at the run's target length, not transformers'
   20-token default; the folder and files have ordinary modes."""
   from mcwq_t5x import infer as infer_lib  # pylint: disable=g-import-not-at-top
   _, _, model_dir = tiny_run
-  monkeypatch.delenv("MCWQ_VOCAB", raising=False)
-  out, gin_file, length = tmp_path / "hf", tmp_path / "config.gin", 40  # beyond the default 20
-  gin_file.write_text(TINY_RUN_GIN.format(vocab_size=SMALL_VOCAB_ROWS, target_length=length))
+  out, length = tmp_path / "hf", 40  # beyond transformers' default of 20
   old_umask = os.umask(0o022)
   try:
     assert export_hf_cli.main(
         ["--checkpoint",
-         str(model_dir), "--gin_file",
-         str(gin_file), "--out",
+         str(model_dir), "--max_new_tokens",
+         str(length), "--out",
          str(out)]) == 0
   finally:
     os.umask(old_umask)

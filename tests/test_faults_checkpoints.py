@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.checkpointing import checkpoint_paths
 import mains
 from test_checkpoints import _corrupt
 
@@ -73,7 +73,7 @@ def test_disk_full_ends_with_one_clear_line(disk_full_run):
   # The process exits cleanly: no save left running at interpreter shutdown.
   for noise in ("sys.meta_path is None", "Exception ignored", "Fatal Python error"):
     assert noise not in out.stderr
-  assert checkpoints.finished_steps(model_dir) == [2, 3]
+  assert checkpoint_paths.finished_steps(model_dir) == [2, 3]
 
 
 def test_resume_past_a_corrupt_checkpoint(disk_full_run, tmp_path):
@@ -86,7 +86,7 @@ def test_resume_past_a_corrupt_checkpoint(disk_full_run, tmp_path):
   out = mains.python_m("mcwq_t5x.train", *train_args(model_dir))
   assert "resumed from checkpoint 2 after skipping corrupt" in out.stderr
   assert steps_of(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
-  assert checkpoints.finished_steps(model_dir) == [3, 4]
+  assert checkpoint_paths.finished_steps(model_dir) == [3, 4]
   assert len(list(model_dir.glob("checkpoint_3.corrupt-*"))) == 1
   assert json.loads((model_dir / "metrics/mcwq_gold_he_test.json").read_text())["step"] == 4
 

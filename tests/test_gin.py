@@ -198,7 +198,7 @@ def test_every_t5x_file_parses(t5x_parsed):
 
 def test_both_engines_parse_in_one_process(t5x_parsed):
   """Nothing registers gin configurables at import, and ours name their main by module, so T5X's
-  files and then ours parse in one process (the old fault: "Ambiguous selector 'train'")."""
+  files and then ours parse in one process (no "Ambiguous selector 'train'")."""
   assert t5x_parsed["gin/mcwq_t5x/mt5_base_mcd1_he.gin"]["MIXTURE_OR_TASK_MODULE"] == "tasks.mcwq"
   assert t5x_parsed["gin/mcwq_t5x/tiny_random_split_en.gin"]["MIXTURE_OR_TASK_MODULE"] == (
       "tasks.mcwq")

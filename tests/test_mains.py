@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 from mcwq_t5x.engine import trainer as trainer_lib
@@ -58,7 +58,7 @@ RECORDED_LOSS = {50: 4.0922, 100: 1.3723}
 
 def test_train_learns_and_writes_its_layout(trained):
   model_dir = trained
-  assert checkpoints.finished_steps(model_dir)[-1] == STEPS
+  assert checkpoint_paths.finished_steps(model_dir)[-1] == STEPS
   assert list((model_dir / "train").glob("events.out.tfevents.*"))
   assert "mcwq_gold_he" in (model_dir / "config.gin").read_text()
   curve = losses(model_dir)
@@ -118,6 +118,26 @@ def test_infer_main_one_line_per_input_line(trained, tmp_path):
     assert line.startswith(("ASK", "SELECT", "ERROR: ")), line
 
 
+def test_infer_main_names_the_bad_input_line(trained, tmp_path):
+  """Input that is not UTF-8, or a missing --input file: one error line naming the file (and
+  line), before any model is built."""
+  bad = tmp_path / "questions.txt"
+  bad.write_bytes(b"Did M0 direct M1\nWho edited \xff M0\n")
+  for path, message in ((bad, f"infer: error: {bad}:2: not valid UTF-8"),
+                        (tmp_path / "absent.txt",
+                         f"infer: error: {tmp_path / 'absent.txt'}: no such file")):
+    out = mains.python_m(
+        "mcwq_t5x.infer",
+        f"--gin_file={MODEL}",
+        "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+        f"--gin.CHECKPOINT_PATH='{trained}'",
+        f"--input={path}",
+        *mains.gin_flags(mains.SMALL_MODEL),
+        check=False)
+    assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
+    assert out.stderr.rstrip().splitlines()[-1].startswith(message), out.stderr[-3000:]
+
+
 # --- configuration errors, through gin in this process (no training needed) -------------------
 def configured_train(model_dir, *extra):
   return mains.configured(train_lib, "train", [TINY],
@@ -154,7 +174,7 @@ def test_early_stop_closes_the_metric_writers(tmp_path, monkeypatch):
                          "INFER_EVAL_NUM_EXAMPLES = 2")
   result = run(stop_after_steps=2)
   assert result["step"] == 2 and result["final_eval"] == {}
-  assert checkpoints.finished_steps(tmp_path)[-1] == 2
+  assert checkpoint_paths.finished_steps(tmp_path)[-1] == 2
   assert len(writers) == 2 and all(w._writer is None for w in writers)  # pylint: disable=protected-access
   for run, tag in (("train", "loss"), ("eval", "training_eval/loss")):
     acc = event_accumulator.EventAccumulator(str(tmp_path / run))
@@ -167,10 +187,10 @@ def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
   with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss"):
     configured_train(tmp_path, "OPTIMIZER = 'adamw'", "LEARNING_RATE = 1e30", "WARMUP_STEPS = 0",
                      "CHECKPOINT_PERIOD = 1", "LR_SCHEDULE = 'constant'", "EVAL_PERIOD = 0")()
-  steps = checkpoints.finished_steps(tmp_path)
+  steps = checkpoint_paths.finished_steps(tmp_path)
   assert steps and steps[-1] < 4
   assert f"the last good checkpoint is step {steps[-1]}" in caplog.text
   curve = losses(tmp_path) if (tmp_path / "train_metrics.jsonl").exists() else {}
   assert all(np.isfinite(v) for v in curve.values())
-  _, step = checkpoints.resolve_checkpoint(tmp_path)
+  _, step = checkpoint_paths.resolve_checkpoint(tmp_path)
   assert step == steps[-1]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mcwq_t5x.data import divergence as dv
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 from preprocessing import make_splits as ms
 
@@ -148,7 +149,7 @@ def test_command_fresh_process(tmp_path, mcwq_dir):
   ],
                  check=True,
                  capture_output=True,
-                 cwd=readers.paths.REPO_ROOT)
+                 cwd=paths.REPO_ROOT)
   report = json.loads((out / "make_splits.json").read_text())
   assert report["pool"] == 240 and report["languages"] == ["en", "he"]
   assert report["splits"]["mcd_s3"]["sizes"] == {"train": 120, "dev": 15, "test": 15}

@@ -3,8 +3,8 @@ categories, robustness to malformed predictions, and the test-intersection match
 import pytest
 import sacrebleu
 
+from mcwq_t5x.data import readers
 from mcwq_t5x.evaluation import metrics
-from mcwq_t5x.evaluation import score as score_lib
 
 # Gold query used by most hand-made pairs: properties {P57, P58, P27}, entities {M0, wd:Q30}.
 G1 = "SELECT DISTINCT ?x0 WHERE lb ( ?x0 ( wdt:P57 , wdt:P58 ) ( M0 ) ) . ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) rb"
@@ -29,7 +29,7 @@ MALFORMED = [
 
 
 def _lines(path):
-  return score_lib.read_lines(path)
+  return readers.read_lines(path)
 
 
 # ---------------------------------------------------------------------------------------------

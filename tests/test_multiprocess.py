@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import partitioning
@@ -46,8 +47,8 @@ def losses(model_dir) -> dict[int, float]:
 
 def read_params(model_dir, step) -> dict:
   """The parameters of `model_dir/checkpoint_<step>` as numpy arrays, in this one process."""
-  folder = checkpoints.checkpoint_dir(model_dir, step)
-  meta = ocp.PyTreeCheckpointHandler().metadata(folder / checkpoints.STATE_ITEM).tree["target"]
+  folder = checkpoint_paths.checkpoint_dir(model_dir, step)
+  meta = ocp.PyTreeCheckpointHandler().metadata(folder / checkpoint_paths.STATE_ITEM).tree["target"]
   abstract = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), meta)
   return traverse_util.flatten_dict(checkpoints.restore_params(folder, abstract))
 
@@ -60,9 +61,9 @@ def runs(readme, tmp_path_factory):
   two = readme.repo / "runs/tiny_2proc"
   one = tmp_path_factory.mktemp("multiprocess") / "resumed_by_one_process"
   shutil.copytree(two, one)
-  for step in checkpoints.finished_steps(one):
+  for step in checkpoint_paths.finished_steps(one):
     if step > STOP:
-      shutil.rmtree(checkpoints.checkpoint_dir(one, step))
+      shutil.rmtree(checkpoint_paths.checkpoint_dir(one, step))
   for name in ("predictions", "metrics"):
     shutil.rmtree(one / name)
   rows = (one / "train_metrics.jsonl").read_text().splitlines(keepends=True)
@@ -86,7 +87,7 @@ def test_multiprocess_pair_feeds_half_of_each_global_batch(runs):
 
 def test_multiprocess_checkpoint_resumed_by_one_process_reaches_the_pairs_losses(runs):
   """Steps STOP+1.. of one process x 4 devices, from the pair's checkpoint, repeat the pair's."""
-  assert f"resumed from {checkpoints.checkpoint_dir(runs['one'], STOP)}" in runs["one_log"]
+  assert f"resumed from {checkpoint_paths.checkpoint_dir(runs['one'], STOP)}" in runs["one_log"]
   one, two = losses(runs["one"]), losses(runs["two"])
   assert sorted(one) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([one[s] for s in range(STOP + 1, STEPS + 1)],
@@ -103,11 +104,11 @@ def test_multiprocess_checkpoint_written_together_restores_in_one_process(runs):
   `ocdbt.process_<i>` store each); it restores in this single process and holds the parameters
   the single-process resumed run reached."""
   two = runs["two"]
-  assert checkpoints.finished_steps(two)[-1] == STEPS
+  assert checkpoint_paths.finished_steps(two)[-1] == STEPS
   assert not [p.name for p in two.iterdir() if "tmp" in p.name]
-  folder = checkpoints.checkpoint_dir(two, STEPS)
-  assert checkpoints.checkpoint_format(folder) == checkpoints.FORMAT_MCWQ
-  for item in (checkpoints.STATE_ITEM, checkpoints.OPTIMIZER_ITEM):
+  folder = checkpoint_paths.checkpoint_dir(two, STEPS)
+  assert checkpoint_paths.checkpoint_format(folder) == checkpoint_paths.ITEM_FORMAT_MCWQ
+  for item in (checkpoint_paths.STATE_ITEM, checkpoint_paths.OPTIMIZER_ITEM):
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in (folder / item).iterdir()}
   params_two, params_one = read_params(two, STEPS), read_params(runs["one"], STEPS)
   assert params_two.keys() == params_one.keys()

@@ -338,8 +338,8 @@ def test_mask_value_fits_every_dtype():
                                                   ("bfloat16", True)])
 def test_half_precision_padded_batch_has_finite_loss_and_logits(params, batch, dtype,
                                                                 float32_logits):
-  """Issue 11: in float16 the -1e10 mask bias overflowed to -inf, so every padded batch gave NaN
-  logits at padding queries (all keys masked) and a NaN loss at step 0."""
+  """In float16 a -1e10 mask bias overflows to -inf, which would give NaN logits at padding
+  queries (all keys masked) and a NaN loss at step 0: the bias must fit the dtype."""
   from mcwq_t5x.engine import model as model_lib  # pylint: disable=g-import-not-at-top
   enc, dec, tgt = batch
   assert (enc == 0).any() and (tgt == 0).any()  # the batch is padded

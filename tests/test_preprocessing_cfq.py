@@ -206,7 +206,7 @@ def test_malformed_exact_keys_name_the_record(full_record, key, value, message):
 # Without the keys: several entity lists after different verbs.
 
 MULTI_VERB = [
-    # The example (the filters already tell the spouses from the others).
+    # The filters already tell the spouses from the others.
     ("Did M0 marry M1 , M2 , and M3 and influence M4 and M5", "SELECT count(*) WHERE", [
         ("M0", SPOUSE, "M1"), ("M0", SPOUSE, "M2"), ("M0", SPOUSE, "M3"), ("M0", "!=", "M1"),
         ("M0", "!=", "M2"), ("M0", "!=", "M3"), ("M0", INFLUENCED, "M4"), ("M0", INFLUENCED, "M5")

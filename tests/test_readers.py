@@ -113,7 +113,7 @@ def test_read_rir_pair_without_trailing_newline(mcwq_dir):
 def test_available_parts_and_missing_train(mcwq_dir):
   assert readers.available_parts("mcd1", "en", mcwq_dir) == ("dev", "test")
   assert readers.available_parts("gold", "he", mcwq_dir) == ("test",)
-  with pytest.raises(readers.DataNotFoundError) as e:
+  with pytest.raises(paths.DataNotFoundError) as e:
     readers.read_split("mcd1", "train", "en", mcwq_dir)
   msg = str(e.value)
   assert str(mcwq_dir / "official/mcd1/train.en.txt") in msg
@@ -161,8 +161,23 @@ def test_read_lines_splits_only_at_newline_and_reports_bad_utf8(tmp_path):
     readers.read_lines(f)
   assert str(e.value).startswith(f"{f}:2: not valid UTF-8")
   assert readers.read_lines(f, strict=False) == ["ok", "bad \ufffd byte"]
-  with pytest.raises(readers.DataNotFoundError, match="download_mcwq.py"):
+  with pytest.raises(paths.DataNotFoundError, match="download_mcwq.py"):
     readers.read_lines(tmp_path / "absent.txt")
+
+
+def test_decode_lines_is_read_lines_of_bytes(tmp_path):
+  """Standard input (`mcwq_t5x.infer`) is split as files are: BOM, CRLF, final line without newline,
+  no empty line after the last newline; bad UTF-8 names the source and line."""
+  data = "\ufeffDid M0 direct M1\r\nWas M2 \u2028 a film\n\nlast".encode()
+  f = tmp_path / "questions.txt"
+  f.write_bytes(data)
+  assert readers.decode_lines(data, "<stdin>") == readers.read_lines(f) == [
+      "Did M0 direct M1", "Was M2 \u2028 a film", "", "last"
+  ]
+  assert readers.decode_lines(b"", "<stdin>") == [] and readers.decode_lines(b"\n", "x") == [""]
+  with pytest.raises(readers.DataFormatError, match=r"^<stdin>:3: not valid UTF-8"):
+    readers.decode_lines(b"a\nb\n\xc3(\n", "<stdin>")
+  assert readers.decode_lines(b"a\n\xc3(\n", "<stdin>", strict=False) == ["a", "\ufffd("]
 
 
 def test_split_official_line(mcwq_dir):

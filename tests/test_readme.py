@@ -180,8 +180,11 @@ def _benchmark(repo, out):
 
 def _export_hf(repo, out):
   """The Transformers folder: greedy decoding up to the run's 64 target tokens by default (plain
-  `model.generate()`), ordinary file modes; test_export_hf.py checks what transformers makes of it."""
-  del out
+  `model.generate()`), ordinary file modes, one line saying so; test_export_hf.py checks what
+  transformers makes of it."""
+  assert out["stdout"].startswith("wrote runs/tiny_random_split_en_hf: "
+                                  "MT5ForConditionalGeneration ("), out["stdout"]
+  assert out["stdout"].rstrip().endswith("(greedy, up to 64 new tokens)"), out["stdout"]
   folder = repo / "runs/tiny_random_split_en_hf"
   generation = json.loads((folder / "generation_config.json").read_text())
   assert generation["max_new_tokens"] == 64 and generation.get("num_beams", 1) == 1, generation

@@ -26,6 +26,7 @@ import optax
 import pytest
 
 from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import network
@@ -445,7 +446,7 @@ def test_tiny_run_of_our_engine_decodes_the_lowest_dev_loss_checkpoint(readme):
   assert sorted(dev) == list(range(period, steps + 1, period))
   best = _argmin(dev)
   # kept: the best and the newest only
-  assert checkpoints.finished_steps(model_dir) == sorted({best, steps})
+  assert checkpoint_paths.finished_steps(model_dir) == sorted({best, steps})
   result = json.loads((model_dir / f"metrics/{task}_test.json").read_text())
   assert result["step"] == best and result["checkpoint"] == str(model_dir / f"checkpoint_{best}")
   assert result["training_eval/loss"] == pytest.approx(dev[best])
@@ -474,7 +475,7 @@ def test_tiny_run_of_t5x_decodes_the_lowest_dev_loss_checkpoint(readme):
   dev = best_checkpoint.read_metric(model_dir, rc.T5X_DEV_LOSS)
   assert sorted(dev) == list(range(period, steps + 1, period))
   best = _argmin(dev)
-  kept = checkpoints.finished_steps(model_dir)
+  kept = checkpoint_paths.finished_steps(model_dir)
   # T5X's Orbax manager: the newest, the best among those with a logged dev loss when it last
   # collected, and those without one (step 0); nothing else
   assert best in kept and steps in kept

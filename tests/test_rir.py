@@ -1,4 +1,4 @@
-"""RIR conformance on the real MCWQ files (issue: data layer, point 3)."""
+"""RIR conformance on the real MCWQ files."""
 import collections
 import functools
 import itertools
@@ -110,7 +110,7 @@ def test_repeated_triple_repeats_its_object_as_in_the_published_rir(mcwq_dir):
       expanded = rir.rir_to_query(published)
       assert collections.Counter(expanded.triples) == collections.Counter(
           sparql.parse_sparql(query).triples)
-  # The issue's example, and the repeated filter of the same query written once.
+  # A triple repeated in one query, and the repeated filter of the same query written once.
   assert rir.sparql_to_rir("ASK WHERE { M2 wdt:P108 M1 . M2 wdt:P108 M1 . M3 wdt:P108 M1 }") == (
       "ASK WHERE lb ( M2 ( wdt:P108 ) ( M1 , M1 ) ) . ( M3 ( wdt:P108 ) ( M1 ) ) rb")
   assert rir.sparql_to_rir(

@@ -95,7 +95,7 @@ def test_check_vocabulary_in_process(tiny_run, other_vocab, caplog, tmp_path):
     run_info.check_vocabulary(
         seqio.SentencePieceVocabulary(str(tiny_run / "vocab/spm.model"), extra_ids=5), tiny_run,
         "eval")
-  # A run without run.json (trained before it existed): loads, with a warning.
+  # A checkpoint without run.json (not a run of ours): loads, with a warning.
   legacy = tmp_path / "legacy_run"
   legacy.mkdir()
   with caplog.at_level(logging.WARNING):
@@ -139,14 +139,17 @@ def test_infer_uses_the_recorded_vocabulary_and_normalises(tiny_run, tmp_path, m
 
 
 # --- export reads run.json ---------------------------------------------------------------------
-def test_export_reads_run_json(tiny_run, other_vocab, tmp_path, caplog):
+def test_export_reads_run_json(tiny_run, other_vocab, tmp_path):
   run_dir = tmp_path / "run"
   shutil.copytree(tiny_run, run_dir)
   (run_dir / "config.gin").unlink()  # nothing but run.json describes the model
   out = export_hf.export_checkpoint(run_dir, tmp_path / "hf")
   config = json.loads((out / "config.json").read_text())
   assert config["d_model"] == 32 and config["num_layers"] == 1 and config["vocab_size"] == 2000
+  assert config["tie_word_embeddings"] is False
   assert (out / "spiece.model").read_bytes() == (run_dir / "vocab/spm.model").read_bytes()
+  # The run's target feature length, recorded in run.json, is generate()'s default length.
+  assert json.loads((out / "generation_config.json").read_text())["max_new_tokens"] == 128
   # An explicit other vocabulary is an error naming both.
   with pytest.raises(ValueError) as e:
     export_hf.export_checkpoint(run_dir, tmp_path / "hf2", vocab=other_vocab)
@@ -158,14 +161,25 @@ def test_export_reads_run_json(tiny_run, other_vocab, tmp_path, caplog):
   (run_dir / "vocab/spm.model").unlink()
   with pytest.raises(ValueError, match="the run's vocabulary .* is not available"):
     export_hf.export_checkpoint(run_dir, tmp_path / "hf3")
-  # An older run (config.gin, no run.json) still exports, with a warning.
-  legacy = tmp_path / "legacy"
-  shutil.copytree(tiny_run, legacy)
-  (legacy / "run.json").unlink()
-  with caplog.at_level(logging.WARNING):
-    out = export_hf.export_checkpoint(legacy, tmp_path / "hf4")
-  assert "no run.json" in caplog.text
-  assert json.loads((out / "config.json").read_text())["d_model"] == 32
+  # A run folder without run.json: one line naming the flags to pass; with them it exports.
+  bare = tmp_path / "bare"
+  shutil.copytree(tiny_run, bare)
+  (bare / "run.json").unlink()
+  with pytest.raises(ValueError) as e:
+    export_hf.export_checkpoint(bare, tmp_path / "hf4")
+  assert "\n" not in str(e.value) and "no run.json at or up to 3 folders above it" in str(e.value)
+  assert "pass --model_config" in str(e.value)
+  assert ", --vocab" in str(e.value) and ", --max_new_tokens" in str(e.value)
+  model_config = tmp_path / "model.json"
+  model_config.write_text(json.dumps(json.loads((tiny_run / "run.json").read_text())["network"]))
+  out = export_hf.export_checkpoint(
+      bare,
+      tmp_path / "hf4",
+      model_config=str(model_config),
+      vocab=bare / "vocab/spm.model",
+      max_new_tokens=128)
+  assert (out / "model.safetensors").read_bytes() == (tmp_path /
+                                                      "hf/model.safetensors").read_bytes()
 
 
 # --- normalisation (in process) ----------------------------------------------------------------
@@ -186,7 +200,7 @@ def test_bom_at_the_start_of_a_data_file(tmp_path, mcwq_dir):
   path.write_text("\ufeff" + "\n".join(src) + "\n", encoding="utf-8")
   got = readers.read_official(path, with_rir=True)
   assert [e.question for e in got] == [readers.split_official_line(l)[0] for l in src]
-  assert infer_lib.read_lines("\ufeffa\nb\n") == ["a", "b"]
+  assert readers.decode_lines("\ufeffa\nb\n".encode(), "<stdin>") == ["a", "b"]
 
 
 def test_nfd_and_nfc_kannada_tokenise_identically(tiny_run, tmp_path, mcwq_dir):

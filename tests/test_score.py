@@ -1,5 +1,4 @@
-"""Tests for the scoring command line `python -m mcwq_t5x.score` (paper Table 4/5 values) and its
-former name `python -m mcwq_t5x.evaluate`."""
+"""Tests for the scoring command line `python -m mcwq_t5x.score` (paper Table 4/5 values)."""
 import json
 import pathlib
 import subprocess
@@ -7,7 +6,7 @@ import sys
 
 import pytest
 
-from mcwq_t5x.evaluation import score
+from mcwq_t5x.data import readers
 from mcwq_t5x import score as score_cli
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -76,38 +75,13 @@ def test_cli_subprocess_english(mcwq_dir, tmp_path):
   assert set(printed) >= {"n", "exact_match", "bleu", "equivalence", "error_categories"}
 
 
-def test_former_command_name_is_an_alias(mcwq_dir, capsys):
-  """`python -m mcwq_t5x.evaluate` (a fresh process) prints what `mcwq_t5x.score` prints for the
-  same arguments (Hebrew: 57.8, paper Table 4), and exits 2 on a missing file, as score does."""
-  args = _args(mcwq_dir, "monolingual", "he")
-  status, out, _ = _run(capsys, args)
-  assert status == 0
-  alias = subprocess.run([sys.executable, "-m", "mcwq_t5x.evaluate", *args],
-                         cwd=REPO_ROOT,
-                         capture_output=True,
-                         text=True,
-                         check=False)
-  assert alias.returncode == 0, alias.stderr
-  assert json.loads(alias.stdout) == json.loads(out)
-  assert round(json.loads(out)["exact_match"], 1) == PAPER_MONOLINGUAL_EM["he"]
-  missing = subprocess.run([
-      sys.executable, "-m", "mcwq_t5x.evaluate", "--predictions", "no/such/file", "--targets",
-      args[args.index("--targets") + 1]
-  ],
-                           cwd=REPO_ROOT,
-                           capture_output=True,
-                           text=True,
-                           check=False)
-  assert missing.returncode == 2 and "no/such/file" in missing.stderr, missing.stderr
-
-
 def test_sparql_targets_give_the_same_scores(mcwq_dir, tmp_path, capsys):
   """official/ SPARQL targets (converted with sparql_to_rir) score like the RIR targets."""
   n = 400
-  official = score.read_lines(mcwq_dir / "official/mcd1/test.kn.txt")[:n]
-  rir = score.read_lines(mcwq_dir / "translations/mcd1/test.kn.sparql")[:n]
-  preds = score.read_lines(mcwq_dir /
-                           "results/mt5_small/monolingual/mcd1/generated_predictions_kn.txt")[:n]
+  official = readers.read_lines(mcwq_dir / "official/mcd1/test.kn.txt")[:n]
+  rir = readers.read_lines(mcwq_dir / "translations/mcd1/test.kn.sparql")[:n]
+  preds = readers.read_lines(mcwq_dir /
+                             "results/mt5_small/monolingual/mcd1/generated_predictions_kn.txt")[:n]
   (tmp_path / "official.txt").write_text("\n".join(official))
   (tmp_path / "plain.sparql").write_text("\n".join(l.split("  OUT: ", 1)[1] for l in official) +
                                          "\n")
@@ -195,6 +169,13 @@ def test_malformed_target_names_file_and_line(tmp_path, capsys):
   ])
   assert status == 2
   assert f"{tmp_path / 't.sparql'}:1: not a well-formed SPARQL query" in err
+  # Targets that are not UTF-8: the same exit status, the file and line named.
+  (tmp_path / "t.sparql").write_bytes(f"{G1}\n".encode() + b"ASK \xff\n")
+  status, _, err = _run(
+      capsys, ["--predictions",
+               str(tmp_path / "p.txt"), "--targets",
+               str(tmp_path / "t.sparql")])
+  assert status == 2 and f"{tmp_path / 't.sparql'}:2: not valid UTF-8" in err, err
 
 
 def test_missing_file(tmp_path, capsys):

@@ -29,6 +29,7 @@ from t5x import partitioning as t5x_partitioning
 from t5x import utils as t5x_utils
 from t5x.examples.t5 import network as t5x_network
 
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import vocab as vocab_lib
 from mcwq_t5x.engine import model as model_lib
@@ -214,7 +215,7 @@ def t5x_trained_state(partitioner, optimizer_def=True):
                                          model.get_initial_variables, SHAPES, partitioner, TYPES)
   state = init.from_scratch(jax.random.PRNGKey(3))
   batch = {k: jnp.asarray(v) for k, v in tiny_engine.synthetic_batch(5).items()}
-  # Jitted: op by op, the gradient and the update compiled every primitive apart (37 s of 45).
+  # Jitted: op by op, the gradient and the update would compile every primitive apart (slow).
   grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(state.params)
   state = jax.jit(lambda s, g: s.apply_gradient(g, learning_rate=0.05))(state, grads)
   return model, init, state
@@ -252,8 +253,9 @@ def test_restore_checkpoint_written_by_t5x(t5x_written, layout, caplog):
   model_dir = orbax_dir if layout == "orbax" else legacy_dir
   assert sorted(
       p.name for p in model_dir.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint_1"]
-  assert checkpoints.checkpoint_format(model_dir / "checkpoint_1") == (
-      checkpoints.FORMAT_T5X_ORBAX if layout == "orbax" else checkpoints.FORMAT_T5X_MSGPACK)
+  assert checkpoint_paths.checkpoint_format(model_dir / "checkpoint_1") == (
+      checkpoint_paths.ITEM_FORMAT_T5X_ORBAX
+      if layout == "orbax" else checkpoint_paths.ITEM_FORMAT_T5X_MSGPACK)
   tr = our_trainer()
   abstract = tr.state_shapes(SHAPES)
   mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
@@ -275,7 +277,7 @@ def test_restore_checkpoint_written_by_t5x(t5x_written, layout, caplog):
   # Params-only restore through every way of naming the checkpoint.
   for path in (model_dir, model_dir / "checkpoint_1",
                model_dir / "checkpoint_1" / ("state" if layout == "orbax" else "checkpoint")):
-    assert checkpoints.resolve_checkpoint(path) == (model_dir, 1)
+    assert checkpoint_paths.resolve_checkpoint(path) == (model_dir, 1)
     assert_trees_equal(checkpoints.restore_params(path, abstract.params), t5x_params)
 
 

@@ -57,9 +57,6 @@ from mcwq_t5x.engine import network
 PathLike = str | os.PathLike
 Params = dict[str, Any]
 
-_PLACEHOLDER = checkpoint_paths.T5X_PLACEHOLDER
-CheckpointMismatchError = checkpoint_paths.CheckpointMismatchError
-
 
 class IncompleteCheckpointError(ValueError):
   """A checkpoint array lacks stored data (e.g. a deleted TensorStore chunk file)."""
@@ -97,7 +94,7 @@ def _expected_param_shapes(config: network.T5Config) -> tuple:
 def check_params(params: Mapping[str, Any],
                  config: network.T5Config,
                  source: str = "checkpoint") -> None:
-  """Raises CheckpointMismatchError unless params match the model exactly.
+  """Raises checkpoint_paths.CheckpointMismatchError unless params match the model exactly.
 
   Args:
     params: nested dict of arrays (T5X names).
@@ -105,7 +102,7 @@ def check_params(params: Mapping[str, Any],
     source: file/dir name used in error messages.
 
   Raises:
-    CheckpointMismatchError: naming every missing, unexpected and mis-shaped
+    checkpoint_paths.CheckpointMismatchError: naming every missing, unexpected and mis-shaped
       parameter (the first 50 of each kind, then a count).
   """
   expected = expected_param_shapes(config)
@@ -127,7 +124,7 @@ def check_params(params: Mapping[str, Any],
   if wrong:
     problems.append(f"{len(wrong)} parameter(s) of the wrong shape: " + _name_all(wrong))
   if problems:
-    raise CheckpointMismatchError(f"{source}: " + "; ".join(problems))
+    raise checkpoint_paths.CheckpointMismatchError(f"{source}: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +338,7 @@ def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None
     Nested dict of float32 numpy arrays in T5X layout.
 
   Raises:
-    CheckpointMismatchError: naming every tensor that is missing (e.g. the
+    checkpoint_paths.CheckpointMismatchError: naming every tensor that is missing (e.g. the
       `lm_head.weight` of an untied config: `shared.weight` stands in for it
       only when `config.json` says `tie_word_embeddings: true`, as
       transformers does), has the wrong shape, is not a
@@ -403,7 +400,7 @@ def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None
     problems.append("tensor(s) that should be copies of shared.weight differ from it "
                     f"(the model would not use them): {_name_all(differing)}")
   if problems:
-    raise CheckpointMismatchError(f"{source}: " + "; ".join(problems))
+    raise checkpoint_paths.CheckpointMismatchError(f"{source}: " + "; ".join(problems))
   params = traverse_util.unflatten_dict(flat, sep="/")
   check_params(params, config, source)
   return params
@@ -462,8 +459,8 @@ def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
 
 def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
   """Turns a msgpack leaf (array, spec dict or placeholder) into an array."""
-  if isinstance(leaf, str) and leaf.startswith(_PLACEHOLDER):
-    rel = leaf[len(_PLACEHOLDER):]
+  if isinstance(leaf, str) and leaf.startswith(checkpoint_paths.T5X_PLACEHOLDER):
+    rel = leaf[len(checkpoint_paths.T5X_PLACEHOLDER):]
     spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(directory / rel)}}
     return _ts_read(spec, str(directory / rel), name)
   if isinstance(leaf, dict) and "kvstore" in leaf and "driver" in leaf:
@@ -480,8 +477,9 @@ def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
 
 
 def _is_ref(x: Any) -> bool:
-  return (isinstance(x, str) and x.startswith(_PLACEHOLDER)) or (isinstance(x, dict) and
-                                                                 "kvstore" in x and "driver" in x)
+  return (isinstance(x, str) and
+          x.startswith(checkpoint_paths.T5X_PLACEHOLDER)) or (isinstance(x, dict) and
+                                                              "kvstore" in x and "driver" in x)
 
 
 def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
@@ -495,7 +493,7 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
     Nested dict of float32 numpy arrays in T5X layout.
 
   Raises:
-    CheckpointMismatchError: names/shapes differ from the model.
+    checkpoint_paths.CheckpointMismatchError: names/shapes differ from the model.
     IncompleteCheckpointError: an array misses a chunk file or has another
       shape than the msgpack recorded (message names the array).
     ValueError: unreadable msgpack, no `target` tree, unreadable arrays.

@@ -149,14 +149,14 @@ def resolve_checkpoint(path: PathLike) -> tuple[pathlib.Path, int]:
   if m and p.is_dir():
     checkpoint_format(p)  # raises NotACheckpointError for an unfinished folder
     return p.parent, int(m.group(1))
-  for folder in (p, p / "checkpoints"):  # MODEL_DIR/checkpoints: mains that predate MODEL_DIR
+  for folder in (p, p / "checkpoints"):  # also MODEL_DIR/checkpoints/checkpoint_<step>/
     steps = finished_steps(folder)
     if steps:
       return folder, steps[-1]
   hint = ""
   if (p / "checkpoints").is_dir() and any(c.name.isdigit() for c in (p / "checkpoints").iterdir()):
-    hint = (" (MODEL_DIR/checkpoints/<step>/ is the layout of mcwq_t5x before it adopted T5X's "
-            "checkpoint_<step>/; it is no longer read)")
+    hint = (" (MODEL_DIR/checkpoints/<step>/ is not a checkpoint layout this engine reads; "
+            "checkpoints are T5X's MODEL_DIR/checkpoint_<step>/)")
   raise NotACheckpointError(
       f"{p}: no checkpoint: expected MODEL_DIR holding {CHECKPOINT_PREFIX}_<step>/ folders, a "
       f"{CHECKPOINT_PREFIX}_<step>/ folder or its '{STATE_ITEM}' item, written by mcwq_t5x.train "

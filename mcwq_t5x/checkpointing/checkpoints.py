@@ -30,10 +30,10 @@ Counterpart of T5X's `t5x/checkpoints.py` (`OrbaxCheckpointManagerInterface`, `C
 `t5x/utils.py`; no T5X code is imported here. Nothing here imports TensorFlow or SeqIO.
 
 Folder names, item formats and finding a checkpoint (`checkpoint_dir`, `checkpoint_format`,
-`finished_steps`, `resolve_checkpoint`, `NotACheckpointError`) live in the leaf
-`mcwq_t5x.checkpointing.checkpoint_paths` and are re-exported here. Loading parameters from a path of any format
-(Hugging Face and standalone T5X-native folders too) goes through
-`mcwq_t5x.checkpointing.checkpoint_loaders.load_params`, which calls `restore_params_and_step` for this layout.
+`finished_steps`, `resolve_checkpoint`, `NotACheckpointError`) are in the leaf `checkpoint_paths`.
+Loading parameters from a path of any format (Hugging Face and standalone T5X-native folders too)
+goes through `checkpoint_loaders.load_params`, which calls `restore_params_and_step` for this
+layout.
 """
 from __future__ import annotations
 
@@ -57,23 +57,6 @@ from mcwq_t5x.checkpointing import checkpoint_import
 from mcwq_t5x.checkpointing import checkpoint_paths
 
 PyTree = Any
-
-# The names of `checkpoint_paths` (the leaf: folder names, item formats, finding checkpoints) that
-# belong to this module's API, as T5X's `checkpoints` module has them.
-CHECKPOINT_PREFIX = checkpoint_paths.CHECKPOINT_PREFIX
-STATE_ITEM = checkpoint_paths.STATE_ITEM
-OPTIMIZER_ITEM = checkpoint_paths.OPTIMIZER_ITEM
-DATA_ITEM = checkpoint_paths.DATA_ITEM
-T5X_MSGPACK_FILE = checkpoint_paths.T5X_MSGPACK_FILE
-FORMAT_MCWQ = checkpoint_paths.ITEM_FORMAT_MCWQ
-FORMAT_T5X_ORBAX = checkpoint_paths.ITEM_FORMAT_T5X_ORBAX
-FORMAT_T5X_MSGPACK = checkpoint_paths.ITEM_FORMAT_T5X_MSGPACK
-NotACheckpointError = checkpoint_paths.NotACheckpointError
-CheckpointMismatchError = checkpoint_paths.CheckpointMismatchError
-checkpoint_dir = checkpoint_paths.checkpoint_dir
-checkpoint_format = checkpoint_paths.checkpoint_format
-finished_steps = checkpoint_paths.finished_steps
-resolve_checkpoint = checkpoint_paths.resolve_checkpoint
 
 _OPT_METADATA_KEY = "mcwq_t5x_optimizer_state"
 
@@ -102,7 +85,8 @@ class MissingOptimizerError(ValueError):
 
 # Errors that say "this checkpoint does not fit this run" rather than "this checkpoint is
 # corrupt": `restore_latest` raises them at once instead of falling back to an older checkpoint.
-_INCOMPATIBLE = (CheckpointMismatchError, OptimizerStateMismatchError, MissingOptimizerError)
+_INCOMPATIBLE = (checkpoint_paths.CheckpointMismatchError, OptimizerStateMismatchError,
+                 MissingOptimizerError)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -145,10 +129,11 @@ def _check_params(folder: pathlib.Path, ckpt_shapes: Mapping[tuple[str, ...], tu
       if tuple(ckpt_shapes[key]) != tuple(flat_abstract[key].shape)
   ]
   if wrong:
-    raise CheckpointMismatchError(f"{folder}: {len(wrong)} parameter(s) differ from the model "
-                                  f"(checkpoint vs model): " + "; ".join(wrong))
+    raise checkpoint_paths.CheckpointMismatchError(
+        f"{folder}: {len(wrong)} parameter(s) differ from the model "
+        f"(checkpoint vs model): " + "; ".join(wrong))
   if missing and not allow_missing:
-    raise CheckpointMismatchError(
+    raise checkpoint_paths.CheckpointMismatchError(
         f"{folder}: {len(missing)} parameter(s) missing from the checkpoint: " +
         ", ".join(f"{_name(k)} (shape {tuple(flat_abstract[k].shape)})" for k in missing) +
         "; give fallback_params to initialise missing parameters from scratch (T5X "
@@ -161,7 +146,7 @@ def _check_params(folder: pathlib.Path, ckpt_shapes: Mapping[tuple[str, ...], tu
 
 def _read_t5x_msgpack(folder: pathlib.Path) -> dict[str, Any]:
   """The msgpack tree of a legacy T5X checkpoint, `optimizer` level removed."""
-  f = folder / T5X_MSGPACK_FILE
+  f = folder / checkpoint_paths.T5X_MSGPACK_FILE
   try:
     tree = serialization.msgpack_restore(f.read_bytes())
   except Exception as e:  # msgpack raises several error types
@@ -175,7 +160,7 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
                     fallback_params: Optional[PyTree]) -> tuple[dict, Optional[int]]:
   """(params placed like `abstract_params`, the checkpoint's step or None)."""
   flat_abstract = _flat(abstract_params)
-  if fmt == FORMAT_T5X_MSGPACK:
+  if fmt == checkpoint_paths.ITEM_FORMAT_T5X_MSGPACK:
     arrays = _flat(checkpoint_import.load_t5x_checkpoint(folder))
     missing = _check_params(folder, {
         k: np.shape(v) for k, v in arrays.items()
@@ -184,12 +169,13 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
     step = _read_t5x_msgpack(folder).get("state", {}).get("step")
     step = None if step is None else int(np.asarray(step))
   else:
-    item_dir = folder / STATE_ITEM
+    item_dir = folder / checkpoint_paths.STATE_ITEM
     meta = ocp.PyTreeCheckpointHandler().metadata(item_dir).tree
     if not isinstance(meta, Mapping) or "target" not in meta:
       keys = sorted(meta) if isinstance(meta, Mapping) else type(meta).__name__
-      raise CheckpointMismatchError(f"{item_dir}: no 'target' parameter tree (top-level keys: "
-                                    f"{keys})")
+      raise checkpoint_paths.CheckpointMismatchError(
+          f"{item_dir}: no 'target' parameter tree (top-level keys: "
+          f"{keys})")
     ckpt_shapes = {k: tuple(v.shape) for k, v in _flat(meta["target"]).items()}
     missing = _check_params(folder, ckpt_shapes, flat_abstract, fallback_params is not None)
     present = {k: a for k, a in flat_abstract.items() if k in ckpt_shapes}
@@ -207,8 +193,9 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
     flat_fallback = _flat(fallback_params)
     for key in missing:
       if key not in flat_fallback:
-        raise CheckpointMismatchError(f"{folder}: parameter {_name(key)} is missing from both the "
-                                      "checkpoint and fallback_params")
+        raise checkpoint_paths.CheckpointMismatchError(
+            f"{folder}: parameter {_name(key)} is missing from both the "
+            "checkpoint and fallback_params")
       flat[key] = _place(flat_fallback[key], flat_abstract[key])
     logging.warning(
         "%s: %d parameter(s) missing from the checkpoint initialised from "
@@ -236,24 +223,27 @@ def restore_params_and_step(
     As `restore_params`.
   """
   p = pathlib.Path(path).absolute()
-  directory, step = resolve_checkpoint(p)
-  folder = checkpoint_dir(directory, step)
-  named = p in (folder, folder / STATE_ITEM, folder / T5X_MSGPACK_FILE)
-  steps = [step] if named else [s for s in reversed(finished_steps(directory)) if s <= step]
+  directory, step = checkpoint_paths.resolve_checkpoint(p)
+  folder = checkpoint_paths.checkpoint_dir(directory, step)
+  named = p in (folder, folder / checkpoint_paths.STATE_ITEM,
+                folder / checkpoint_paths.T5X_MSGPACK_FILE)
+  steps = [step] if named else [
+      s for s in reversed(checkpoint_paths.finished_steps(directory)) if s <= step
+  ]
   errors = []
   for s in steps:
-    folder = checkpoint_dir(directory, s)
+    folder = checkpoint_paths.checkpoint_dir(directory, s)
     try:
-      params, _ = _restore_target(folder, checkpoint_format(folder), abstract_params,
-                                  fallback_params)
+      params, _ = _restore_target(folder, checkpoint_paths.checkpoint_format(folder),
+                                  abstract_params, fallback_params)
       jax.block_until_ready(params)  # corrupt chunks fail here, not later
-    except CheckpointMismatchError:
+    except checkpoint_paths.CheckpointMismatchError:
       raise
     except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
       msg = _unreadable(folder, e)
       if named:
         raise UnreadableCheckpointError(
-            f"{msg}; name another {CHECKPOINT_PREFIX}_<step> folder, or the MODEL_DIR {directory} "
+            f"{msg}; name another {checkpoint_paths.CHECKPOINT_PREFIX}_<step> folder, or the MODEL_DIR {directory} "
             "to use its newest readable checkpoint") from e
       logging.warning("%s; falling back to the previous checkpoint", msg)
       errors.append(msg)
@@ -293,9 +283,9 @@ def restore_params(path: str | pathlib.Path,
     Nested dict of jax arrays (T5X names) with `abstract_params`' shardings and dtypes.
 
   Raises:
-    NotACheckpointError: no checkpoint of ours/T5X at `path` (any format, Hugging Face folders
+    checkpoint_paths.NotACheckpointError: no checkpoint of ours/T5X at `path` (any format, Hugging Face folders
       included: `checkpoint_loaders.load_params`).
-    CheckpointMismatchError: a parameter has another shape, or is missing without fallback.
+    checkpoint_paths.CheckpointMismatchError: a parameter has another shape, or is missing without fallback.
     UnreadableCheckpointError: the named `checkpoint_<step>` folder's files cannot be read.
     NoUsableCheckpointError: no checkpoint of the MODEL_DIR can be read (each one named).
   """
@@ -427,7 +417,7 @@ class CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(int(save_interval_steps), 1),
         max_to_keep=None if metric_name_to_monitor else max_to_keep,
-        step_prefix=CHECKPOINT_PREFIX,
+        step_prefix=checkpoint_paths.CHECKPOINT_PREFIX,
         create=True,
         cleanup_tmp_directories=True,
         enable_async_checkpointing=self._async,
@@ -440,14 +430,14 @@ class CheckpointManager:
           self._metrics[step] = float(value)
 
   def _read_data(self, step: int) -> dict[str, Any]:
-    folder = checkpoint_dir(self.directory, step)
-    if not (folder / DATA_ITEM).is_dir():
+    folder = checkpoint_paths.checkpoint_dir(self.directory, step)
+    if not (folder / checkpoint_paths.DATA_ITEM).is_dir():
       return {}
     try:
       data = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
-          folder / DATA_ITEM, args=ocp.args.JsonRestore())
+          folder / checkpoint_paths.DATA_ITEM, args=ocp.args.JsonRestore())
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("%s: cannot read %s (%s)", folder, DATA_ITEM, e)
+      logging.warning("%s: cannot read %s (%s)", folder, checkpoint_paths.DATA_ITEM, e)
       return {}
     return dict(data or {})
 
@@ -482,18 +472,20 @@ class CheckpointManager:
       if step not in keep:
         self._manager.delete(step)
         logging.info("deleted checkpoint %s (kept: the newest and the %s best by %s: %s)",
-                     checkpoint_dir(self.directory, step), self._keep, self.metric_name_to_monitor,
-                     sorted(keep))
+                     checkpoint_paths.checkpoint_dir(self.directory, step), self._keep,
+                     self.metric_name_to_monitor, sorted(keep))
 
   def _save_error(self, step: int, e: BaseException) -> CheckpointSaveError:
     """A `CheckpointSaveError` naming checkpoint `step`, the cause and the last good checkpoint."""
     last = [s for s in self.all_steps() if s != step]
-    good = (f"the last good checkpoint is {checkpoint_dir(self.directory, last[-1])}"
-            if last else f"no checkpoint of this run in {self.directory} was written")
+    good = (
+        f"the last good checkpoint is {checkpoint_paths.checkpoint_dir(self.directory, last[-1])}"
+        if last else f"no checkpoint of this run in {self.directory} was written")
     hint = ("; free disk space, then rerun the same command to resume"
             if isinstance(e, OSError) and e.errno == errno.ENOSPC else "")
-    return CheckpointSaveError(f"writing checkpoint {checkpoint_dir(self.directory, step)} failed "
-                               f"({type(e).__name__}: {e}); {good}{hint}")
+    return CheckpointSaveError(
+        f"writing checkpoint {checkpoint_paths.checkpoint_dir(self.directory, step)} failed "
+        f"({type(e).__name__}: {e}); {good}{hint}")
 
   def _await_pending(self) -> None:
     """Waits for the pending asynchronous save; raises its failure as a `CheckpointSaveError`."""
@@ -524,7 +516,7 @@ class CheckpointManager:
 
   def all_steps(self) -> list[int]:
     """Steps of the finished checkpoints (ours and T5X's), ascending."""
-    return finished_steps(self.directory)
+    return checkpoint_paths.finished_steps(self.directory)
 
   def latest_step(self) -> Optional[int]:
     """Newest finished checkpoint step, or None."""
@@ -567,19 +559,19 @@ class CheckpointManager:
     if metrics:
       data["metrics"] = {k: float(v) for k, v in metrics.items()}
     items = {
-        STATE_ITEM:
+        checkpoint_paths.STATE_ITEM:
             ocp.args.PyTreeSave({
                 "target": flax.core.unfreeze(state.params),
                 "state": {
                     "step": _step_array(step, getattr(state, "step", None))
                 }
             }),
-        DATA_ITEM:
+        checkpoint_paths.DATA_ITEM:
             ocp.args.JsonSave(data),
     }
     if jax.tree_util.tree_leaves(state.opt_state):
       sig = optimizer_state_signature(state.opt_state, state.params)
-      items[OPTIMIZER_ITEM] = ocp.args.StandardSave(
+      items[checkpoint_paths.OPTIMIZER_ITEM] = ocp.args.StandardSave(
           state.opt_state, custom_metadata={_OPT_METADATA_KEY: sig})
     self._await_pending()
     try:
@@ -589,7 +581,7 @@ class CheckpointManager:
     if saved and self._async:
       self._pending = int(step)
     if saved:
-      logging.info("checkpoint %s %s", checkpoint_dir(self.directory, step),
+      logging.info("checkpoint %s %s", checkpoint_paths.checkpoint_dir(self.directory, step),
                    "being written" if self._async else "written")
       if self.metric_name_to_monitor:
         if metrics and self.metric_name_to_monitor in metrics:
@@ -601,7 +593,7 @@ class CheckpointManager:
   def _check_optimizer(self, folder: pathlib.Path, abstract_state: Any) -> bool:
     """True if the checkpoint holds an optax state that fits; raises when it holds another one."""
     run_sig = optimizer_state_signature(abstract_state.opt_state, abstract_state.params)
-    item_dir = folder / OPTIMIZER_ITEM
+    item_dir = folder / checkpoint_paths.OPTIMIZER_ITEM
     if not item_dir.is_dir():
       if run_sig["num_arrays"] == 0:
         return True
@@ -648,20 +640,21 @@ class CheckpointManager:
       OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's (full
         restore only); its message names both.
       MissingOptimizerError: a fresh optimizer state is needed and `optimizer` is None.
-      CheckpointMismatchError: parameter names/shapes differ from the model.
-      NotACheckpointError: no finished checkpoint at that step.
+      checkpoint_paths.CheckpointMismatchError: parameter names/shapes differ from the model.
+      checkpoint_paths.NotACheckpointError: no finished checkpoint at that step.
       Any Orbax/TensorStore error for unreadable files.
     """
-    folder = checkpoint_dir(self.directory, step)
-    fmt = checkpoint_format(folder)
-    restore_opt = fmt == FORMAT_MCWQ and not params_only
+    folder = checkpoint_paths.checkpoint_dir(self.directory, step)
+    fmt = checkpoint_paths.checkpoint_format(folder)
+    restore_opt = fmt == checkpoint_paths.ITEM_FORMAT_MCWQ and not params_only
     if restore_opt:
       self._check_optimizer(folder, abstract_state)
     params, ckpt_step = _restore_target(folder, fmt, abstract_state.params, fallback_params)
     if restore_opt:
       if jax.tree_util.tree_leaves(abstract_state.opt_state):
         restored = ocp.Checkpointer(ocp.StandardCheckpointHandler()).restore(
-            folder / OPTIMIZER_ITEM, args=ocp.args.StandardRestore(abstract_state.opt_state))
+            folder / checkpoint_paths.OPTIMIZER_ITEM,
+            args=ocp.args.StandardRestore(abstract_state.opt_state))
         opt_state = restored
       else:
         opt_state = abstract_state.opt_state
@@ -672,9 +665,9 @@ class CheckpointManager:
       logging.warning(
           "%s: restored the parameters and step only; the optimizer state is created "
           "fresh (%s)", folder, why)
-    if fmt == FORMAT_MCWQ and (folder / DATA_ITEM).is_dir():
+    if fmt == checkpoint_paths.ITEM_FORMAT_MCWQ and (folder / checkpoint_paths.DATA_ITEM).is_dir():
       data = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
-          folder / DATA_ITEM, args=ocp.args.JsonRestore())
+          folder / checkpoint_paths.DATA_ITEM, args=ocp.args.JsonRestore())
       data = dict(data or {})
     else:
       data = {}
@@ -686,7 +679,7 @@ class CheckpointManager:
 
   def restore_params(self, step: int, abstract_params: PyTree) -> dict:
     """Parameters of checkpoint `step` only (see the module-level `restore_params`)."""
-    return restore_params(checkpoint_dir(self.directory, step), abstract_params)
+    return restore_params(checkpoint_paths.checkpoint_dir(self.directory, step), abstract_params)
 
   def restore_latest(
       self,
@@ -707,7 +700,7 @@ class CheckpointManager:
     anew and retention keeps the readable ones.
 
     Raises:
-      OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError: the newest
+      OptimizerStateMismatchError, MissingOptimizerError, checkpoint_paths.CheckpointMismatchError: the newest
         checkpoint does not fit the run (raised at once: older checkpoints would not fit either).
       NoUsableCheckpointError: checkpoints exist but none can be read.
     """
@@ -726,7 +719,7 @@ class CheckpointManager:
       except _INCOMPATIBLE:
         raise
       except Exception as e:  # pylint: disable=broad-except
-        msg = (f"checkpoint {checkpoint_dir(self.directory, step)} is unreadable "
+        msg = (f"checkpoint {checkpoint_paths.checkpoint_dir(self.directory, step)} is unreadable "
                f"({type(e).__name__}: {e})")
         logging.warning("%s; falling back to the previous checkpoint", msg)
         errors.append(msg)
@@ -751,7 +744,7 @@ class CheckpointManager:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     if jax.process_index() == 0:
       for s in steps:
-        folder = checkpoint_dir(self.directory, s)
+        folder = checkpoint_paths.checkpoint_dir(self.directory, s)
         aside = folder.with_name(f"{folder.name}.corrupt-{stamp}")
         folder.rename(aside)
         logging.warning(

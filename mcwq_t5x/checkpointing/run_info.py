@@ -29,11 +29,12 @@ Vocabulary rule (the mains `eval`, `infer`, and `train` when it resumes):
   * the vocabulary actually used (explicit $MCWQ_VOCAB, or a path bound in gin) is then compared
     with the record (`check_vocabulary`): a different file content or `extra_ids` raises
     `VocabularyMismatchError` naming both files and hashes.
-  * a run without run.json (trained before it existed) still loads, with a warning, unchecked.
+  * a checkpoint without run.json (T5X's, or a step folder copied without its run) loads with a
+    warning, unchecked.
 
-`mcwq_t5x.checkpointing.export_hf` reads the network config and the vocabulary from run.json (legacy runs: from
-config.gin). This module imports neither TensorFlow nor gin (TensorFlow only to read a `gs://`
-vocabulary).
+`mcwq_t5x.checkpointing.export_hf` reads the network config, the vocabulary and the decoding length
+(`feature_lengths['targets']`) from run.json. This module imports neither TensorFlow nor gin
+(TensorFlow only to read a `gs://` vocabulary).
 """
 from __future__ import annotations
 
@@ -297,9 +298,9 @@ def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> 
   if run_path is None:
     if pathlib.Path(checkpoint_path).exists():
       logging.warning(
-          "%s: no %s at or above %s (a run trained before runs recorded their vocabulary, or "
-          "not one of ours): cannot check that the vocabulary is the one it was trained with",
-          where, RUN_JSON, checkpoint_path)
+          "%s: no %s at or above %s (not a run of mcwq_t5x.train, or copied without it): "
+          "cannot check that the vocabulary is the one it was trained with", where, RUN_JSON,
+          checkpoint_path)
     return
   rec = read(run_path).get("vocabulary")
   ident = vocabulary_identity(vocabulary)

@@ -52,11 +52,9 @@ more than a train compound missing from test). The order matters for compounds: 
 side.
 
 Speed: a query's atoms and compounds are computed once per distinct query text (cached), the
-canonical form once per distinct sub-graph shape. `python -m mcwq_t5x.divergence` on the shared
-copy (its four splits: 47,168 English queries, 21,805 distinct) takes 11.7 s of CPU (0.4 ms per
-distinct query). A full
-release (124,187 queries) is thus about 45 s of one core; from `PARALLEL_MIN` distinct queries on,
-`analyse_many` spreads the work over one worker process per core.
+canonical form once per distinct sub-graph shape, so the cost grows with the distinct queries
+(CHANGELOG.md has the figures); from `PARALLEL_MIN` distinct queries on, `analyse_many` spreads
+the work over one worker process per core.
 
 This module imports nothing from TensorFlow or seqio.
 """

@@ -18,10 +18,11 @@ Counterpart of the data half of T5X's `t5x/utils.py` (`DatasetConfig`, `get_data
   examples and their order do not depend on the number of processes.
 
 * `without_autograph`: builds a function's tf.data pipelines without TensorFlow's AutoGraph (the
-  same datasets, about 3 s less CPU per process).
+  same datasets, less CPU per process).
 
 No gin registration here (gin files reach these names by dynamic registration,
-`from mcwq_t5x import utils`). SeqIO/TensorFlow are imported lazily; the batch iterator is numpy.
+`from mcwq_t5x.data import pipeline`). SeqIO/TensorFlow are imported lazily; the batch iterator
+is numpy.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class DatasetConfig:
     seed: data seed (None = 0).
     use_cached: read a SeqIO cache instead of preprocessing (T5X's USE_CACHED_TASKS).
     pack: pack several examples per row (training only; `mcwq_t5x.data.packing`).
-    packing_method: how rows are filled when packing: "first_fit" (first-fit decreasing, 23% more
+    packing_method: how rows are filled when packing: "first_fit" (first-fit decreasing, more
       examples per row than SeqIO's rule on MCWQ) or "greedy" (SeqIO's stream-order rule, the
       rows `seqio.EncDecFeatureConverter(pack=True)` gives).
     module: module imported to register the tasks (T5X's MIXTURE_OR_TASK_MODULE, e.g.
@@ -135,7 +136,7 @@ def without_autograph(fn: _F) -> _F:
   TensorFlow's AutoGraph off (`tf.autograph.experimental.do_not_convert`).
 
   `tf.data.Dataset.map` converts every mapped Python function with AutoGraph by default: an AST
-  rewrite in Python that cost about 3 s of CPU per process for MCWQ's preprocessing
+  rewrite in Python that costs seconds of CPU per process for MCWQ's preprocessing
   (`seqio.preprocessors.tokenize`, `append_eos_after_trim`, `tasks.mcwq.to_inputs_and_targets`),
   which are TensorFlow ops without Python control flow on tensors, so the datasets are the same
   (tests/test_packing.py compares with `seqio.get_dataset`). A preprocessor that needs AutoGraph

@@ -20,8 +20,9 @@ Published forms (upstream: GitHub `coastalcph/seq2sparql`, folder `mcwq/`, and t
 finds whichever layout exists. Reading is cached per file (keyed by path, size and mtime).
 Every `Example.question` is normalised by `normalize_question` (Unicode NFC, a leading byte order
 mark dropped, stripped), the same function `mcwq_t5x.infer` applies to its input, so training,
-evaluation and inference see the same code points; `read_lines` drops a BOM at the start of a
-file.
+evaluation and inference see the same code points. Every line file of the project (data,
+predictions, questions, the input of `mcwq_t5x.infer`) is split into lines by `decode_lines`
+(`read_lines` for a file), so "\n" alone ends a line everywhere and a leading BOM is dropped.
 
 Splits and languages: the published ones (`SPLITS`, `LANGUAGES`, `GOLD_LANGUAGES`) always, plus
 whatever a data directory holds, found by `discover(data_dir)` from directory listings alone (no
@@ -45,7 +46,6 @@ import unicodedata
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from mcwq_t5x.data import paths
-from mcwq_t5x.data.paths import DataNotFoundError  # re-exported  # noqa: F401
 
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
 LANGUAGES = ("en", "he", "kn", "zh")
@@ -138,23 +138,52 @@ class Example:
 # Low-level helpers.
 
 
-def read_lines(path: PathLike, strict: bool = True) -> list[str]:
-  """Reads a UTF-8 text file as lines without terminators (the one line reader of the project).
+def decode_lines(data: bytes, source: PathLike, strict: bool = True) -> list[str]:
+  """The project's one way to turn the bytes of a line file into lines (`read_lines` for files,
+  `mcwq_t5x.infer` for standard input).
 
-  Lines are split at "\\n" only (not at the other Unicode line breaks that `str.splitlines`
+  UTF-8; lines end at "\\n" only (not at the other Unicode line breaks that `str.splitlines`
   honours and that questions or junk predictions may contain). A final line without trailing
   newline counts as a line (the `translations/` files lack the trailing newline: `wc -l` shows
-  5407 for 5408 lines); a trailing newline does not start an extra empty line; an empty file has
-  no lines. A carriage return before the newline is dropped, and so is a UTF-8 byte order mark at
-  the start of the file.
+  5407 for 5408 lines); a trailing newline does not start an extra empty line; no bytes are no
+  lines. A carriage return before the newline is dropped, and so is a byte order mark at the
+  start.
 
   Args:
-    path: the file.
-    strict: if True, the file must be valid UTF-8; if False (model predictions), undecodable
+    data: the bytes.
+    source: the file (or "<stdin>") the bytes came from, for error messages.
+    strict: if True, the bytes must be valid UTF-8; if False (model predictions), undecodable
       bytes become U+FFFD so that binary junk can be scored as wrong instead of failing.
 
   Returns:
-    The lines, as `str`.
+    The lines, as `str`, without their terminators.
+
+  Raises:
+    DataFormatError: (strict) not valid UTF-8 (`SOURCE:LINE` of the first bad byte).
+  """
+  try:
+    text = data.decode("utf-8", errors="strict" if strict else "replace")
+  except UnicodeDecodeError as e:
+    raise DataFormatError(source,
+                          data.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from e
+  text = text[1:] if text.startswith(BOM) else text
+  if not text:
+    return []
+  lines = text.split("\n")
+  if lines[-1] == "":
+    lines.pop()
+  return [l[:-1] if l.endswith("\r") else l for l in lines]
+
+
+def read_lines(path: PathLike, strict: bool = True) -> list[str]:
+  """The lines of a UTF-8 text file (`decode_lines`): MCWQ files, predictions, questions.
+
+  Args:
+    path: the file.
+    strict: see `decode_lines`.
+
+  Returns:
+    The lines, as `str`, without their terminators.
 
   Raises:
     DataNotFoundError: the file does not exist (message names it and the fetch command).
@@ -163,19 +192,7 @@ def read_lines(path: PathLike, strict: bool = True) -> list[str]:
   path = pathlib.Path(path)
   if not path.is_file():
     raise paths.not_found(path, "MCWQ file")
-  raw = path.read_bytes()
-  try:
-    text = raw.decode("utf-8", errors="strict" if strict else "replace")
-  except UnicodeDecodeError as e:
-    raise DataFormatError(path,
-                          raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from e
-  text = text[1:] if text.startswith(BOM) else text
-  if not text:
-    return []
-  lines = text.split("\n")
-  if lines[-1] == "":
-    lines.pop()
-  return [l[:-1] if l.endswith("\r") else l for l in lines]
+  return decode_lines(path.read_bytes(), path, strict)
 
 
 def split_official_line(line: str) -> Optional[tuple[str, str]]:
@@ -239,7 +256,7 @@ def _cached(fn: Callable[..., tuple[Example, ...]]) -> Callable[..., tuple[Examp
 def _rir_of(sparql: str) -> str:
   """`rir.sparql_to_rir`, kept per query: the four languages of a split share their queries (a
   failed conversion is not kept: it raises again)."""
-  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   return rir.sparql_to_rir(sparql)
 
 
@@ -251,7 +268,7 @@ def _sparql_to_rir(sparql: str, path: PathLike, line: int) -> str:
 
 
 def _rir_to_sparql(rir_text: str, path: PathLike, line: int) -> str:
-  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top  # lead's module
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   try:
     return rir.rir_to_sparql(rir_text)
   except ValueError as e:
@@ -831,7 +848,7 @@ def available_parts(split: str,
   for part in PARTS if split != GOLD_SPLIT else ("test",):
     try:
       split_files(split, part, language, data_dir)
-    except DataNotFoundError:
+    except paths.DataNotFoundError:
       continue
     out.append(part)
   return tuple(out)
@@ -851,6 +868,6 @@ def iter_all(data_dir: Optional[PathLike] = None,
       for language in contents.languages_of(split):
         try:
           examples = read_split(split, part, language, data_dir)
-        except DataNotFoundError:
+        except paths.DataNotFoundError:
           continue
         yield split, part, language, examples

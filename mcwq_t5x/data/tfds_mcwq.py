@@ -23,8 +23,8 @@ Stale data: a dataset prepared from local files (1. or 2.) records their fingerp
 (`builder.info.metadata["source"]`, file `metadata.json` of the prepared folder). When the files
 the builder would read now differ (edited, replaced, another `$MCWQ_DATA_DIR` with other content),
 `download_and_prepare` (and `tfds.load`) and `as_dataset` log a warning and rebuild the dataset
-from the current files instead of serving the old examples. Datasets prepared before this check
-(no recorded fingerprint) are rebuilt once. Data downloaded from GitHub is not checked.
+from the current files instead of serving the old examples. A prepared dataset without a recorded
+fingerprint is rebuilt once. Data downloaded from GitHub is not checked.
 
 Usage:
   import mcwq_t5x.data.tfds_mcwq  # registers the builder

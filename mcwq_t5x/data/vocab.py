@@ -13,11 +13,10 @@
   "Did" as single characters, while BPE learns them and whole properties once script
   splitting is off (format 2, whitespace-split: mean RIR length 53 pieces vs. 190 for unigram
   over all dev queries; 46.0 on the English `random_split` dev set). Whitespace
-  splitting is off too (`split_by_whitespace=False`, since format version 3), so pieces span
-  spaces: RIR's bracket runs become single pieces (`▁)▁)▁.▁(`, `▁(▁wdt:P57`) and the English
-  `random_split` dev queries shrink from 46.0 to 20.7 pieces on average (questions from 13.7
-  to 10.6). That halves the decoder's work per example: the embedded default (docs/main_job.md) reaches
-  the exact match of 4,000 whitespace-split steps in 59% of the wall time. Placeholders and
+  splitting is off too (`split_by_whitespace=False`), so pieces span spaces: RIR's bracket runs
+  become single pieces (`▁)▁)▁.▁(`, `▁(▁wdt:P57`) and the English `random_split` dev queries are
+  20.7 pieces long on average (questions 10.6), less than half the decoder's work per example
+  of whitespace-split pieces (CHANGELOG.md has the figures). Placeholders and
   variables (`▁M0`, `▁?x0`) stay single pieces (`RIR_SYMBOLS`). Training is reproducible
   (fixed seed, deterministic input order, one thread), and the model is cached in
   `paths.cache_dir()/spm/` under a key that hashes its parameters and the bytes of the files
@@ -27,7 +26,7 @@
 `$MCWQ_VOCAB`, else the small model (trained on the first call on a machine and cached; without
 data the tasks still register and using the vocabulary raises `DataNotFoundError`).
 `scripts/train_vocab.py` is the command line for it. No gin here: gin files reach these
-functions by dynamic registration (`from mcwq_t5x import vocab`).
+functions by dynamic registration (`from mcwq_t5x.data import vocab`).
 """
 from __future__ import annotations
 
@@ -57,7 +56,7 @@ PathLike = Union[str, os.PathLike]
 
 # Always single pieces: entity placeholders and query variables (CFQ/MCWQ use M0..M9 and
 # ?x0..?x9), both with the word-boundary marker "▁" (the usual case: "▁M0", one piece instead of
-# "▁" + "M0"; 15% shorter RIR targets when pieces were whitespace-split) and without it (e.g.
+# "▁" + "M0", which shortens RIR targets) and without it (e.g.
 # Chinese "M0的"). `lb`/`rb` are not forced (they occur inside words such as "album"); the
 # trainer merges them with their neighbours ("▁ASK▁WHERE▁lb▁(", "▁)▁)▁rb").
 _BARE_SYMBOLS = tuple(f"M{i}" for i in range(10)) + tuple(f"?x{i}" for i in range(10))
@@ -108,7 +107,7 @@ def corpus_files(
       for language in contents.languages_of(split):
         try:
           _, fs = readers.split_files(split, part, language, root)
-        except readers.DataNotFoundError:
+        except paths.DataNotFoundError:
           continue
         files.update(fs)
   if not files:
@@ -242,8 +241,8 @@ def small_vocab_path(data_dir: Optional[PathLike] = None,
 
 
 def _cached_vocabulary_class() -> type:
-  """`_CachedSentencePieceVocabulary`, defined on first use: SeqIO (and with it TensorFlow, about
-  10 s of CPU time to import) is imported only by the processes that make a vocabulary, not by
+  """`_CachedSentencePieceVocabulary`, defined on first use: SeqIO (and with it TensorFlow, slow
+  to import) is imported only by the processes that make a vocabulary, not by
   those that only train or locate the small model file (`scripts/train_vocab.py`)."""
   cls = globals().get("_CachedSentencePieceVocabulary")
   if cls is not None:
@@ -301,7 +300,7 @@ def get_vocabulary(path: Optional[PathLike] = None,
                    extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
   """The vocabulary for inputs and targets (one instance per path, shared by all tasks).
 
-  Gin files bind it as `VOCABULARY = @vocab.get_vocabulary()` (`from mcwq_t5x import vocab`);
+  Gin files bind it as `VOCABULARY = @vocab.get_vocabulary()` (`from mcwq_t5x.data import vocab`);
   the SeqIO tasks of `tasks/mcwq.py` call it at import, so a model bound to this vocabulary and
   the tasks always agree.
 

@@ -6,9 +6,10 @@ at the start of a process (the `malloc` options); accelerators ignore them:
 * `set_host_device_count`: splits the CPU into XLA host devices (every main; gin:
   `partitioning.set_host_device_count.count`, the name the gin files use);
 * `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`: the XLA CPU compiler flags for training;
-* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training);
-* `set_inference_cpu_options`: the decoding mains' settings (`XLA_CPU_INFERENCE_FLAGS`,
-  `INFERENCE_MALLOC_OPTIONS`).
+* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training).
+
+The decoding mains (eval, infer) run with XLA's defaults: the training flags make greedy decoding
+slower (CHANGELOG.md has the figures).
 
 Imports nothing of JAX or of this project: it only edits `XLA_FLAGS` and calls the C library.
 """
@@ -22,10 +23,9 @@ def set_host_device_count(count: Optional[int] = None) -> bool:
   """Splits the CPU into `count` XLA host devices (`--xla_force_host_platform_device_count`).
 
   On a CPU-only machine several host devices run the data-parallel shards of a step in parallel,
-  which uses the cores better than one device for small models (measured ~1.7x on 2 cores with the
-  tiny model). Must run before JAX initialises its backends (the mains call it right after
-  parsing gin, through `gin_utils.call_configured`); it does nothing if XLA_FLAGS already sets
-  the flag, and it does not affect accelerators.
+  which uses the cores better than one device for small models. Must run before JAX initialises
+  its backends (the mains call it right after parsing gin, through `gin_utils.call_configured`);
+  it does nothing if XLA_FLAGS already sets the flag, and it does not affect accelerators.
 
   Returns:
     True if XLA_FLAGS was changed.
@@ -39,11 +39,11 @@ def set_host_device_count(count: Optional[int] = None) -> bool:
   return True
 
 
-# XLA CPU settings for training (measured on 2 AMD EPYC cores, jaxlib 0.10.2, the benchmark model of
-# `scripts/benchmark_vs_hf.py`; the measurements are in CHANGELOG.md). The matmuls and reductions
-# run as YNNPACK fusions; the elementwise ops stay with XLA's own loop fusions (YNN's elementwise
-# fusions materialise broadcast constants as full tensors and split the gated-GELU chain into
-# several passes). Logits stay within the transformers-parity tolerances.
+# XLA CPU settings for training, the fastest on the benchmark model of `scripts/benchmark_vs_hf.py`
+# (CHANGELOG.md has the figures). The matmuls and reductions run as YNNPACK fusions; the
+# elementwise ops stay with XLA's own loop fusions (YNN's elementwise fusions materialise
+# broadcast constants as full tensors and split the gated-GELU chain into several passes). Logits
+# stay within the transformers-parity tolerances.
 XLA_CPU_TRAINING_FLAGS = (
     "--xla_cpu_experimental_ynn_fusion_type=dot,reduce",
     "--xla_cpu_use_xnnpack=false",
@@ -80,13 +80,12 @@ def set_host_malloc_options() -> bool:
 
   The XLA CPU runtime allocates a step's temporary buffers with `malloc` and frees them after the
   step. By default glibc gives such large blocks back to the kernel (fresh `mmap`s, and the
-  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: about
-  160,000 minor page faults (about 630 MiB) and 0.44 s of system time per 1.3 s step of the
-  benchmark model of `scripts/benchmark_vs_hf.py` (2 cores, packed rows of 40/72, 2 devices).
-  With one arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap
-  trimmed only above 2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), the same step had no
-  page faults and no system time and took 1.06-1.11 s. Peak RSS is the same high-water mark;
-  memory freed below it stays with the process instead of going back to the kernel.
+  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: minor page
+  faults and system time that are a good part of a step on the CPU. With one arena
+  (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap trimmed only above
+  2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), a step reuses the pages of the last one
+  (CHANGELOG.md has the figures). Peak RSS is the same high-water mark; memory freed below it
+  stays with the process instead of going back to the kernel.
 
   Call it once at the start of a CPU training process (the training main does, after JAX has
   chosen its backend, only when that backend is the CPU); it affects later allocations only.
@@ -105,26 +104,3 @@ def set_host_malloc_options() -> bool:
   for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
     ok = bool(mallopt(param, value)) and ok
   return ok
-
-
-# XLA CPU flags and host malloc options of the decoding mains (eval, infer; `mcwq_t5x.eval.main`,
-# `mcwq_t5x.infer.main` call `set_inference_cpu_options`). None: the training flags
-# (`XLA_CPU_TRAINING_FLAGS`) made greedy decoding slower (CHANGELOG.md); the malloc options are not
-# measured for decoding.
-XLA_CPU_INFERENCE_FLAGS: tuple[str, ...] = ()
-INFERENCE_MALLOC_OPTIONS = False
-
-
-def set_inference_cpu_options() -> list[str]:
-  """The decoding mains' CPU settings: `XLA_CPU_INFERENCE_FLAGS` (unless XLA_FLAGS names them)
-  and, if `INFERENCE_MALLOC_OPTIONS`, `set_host_malloc_options`.
-
-  Must run before JAX initialises its backends; accelerators ignore the flags.
-
-  Returns:
-    The XLA flags added.
-  """
-  added = set_xla_cpu_flags(XLA_CPU_INFERENCE_FLAGS)
-  if INFERENCE_MALLOC_OPTIONS:
-    set_host_malloc_options()
-  return added

@@ -18,8 +18,7 @@ Lean counterpart of T5X's `t5x/trainer.py` + `t5x/utils.py` (train-state creatio
   `USE_HARDWARE_RNG`) the `unsafe_rbg` PRNG, i.e. XLA's `RngBitGenerator`, for dropout only
   (parameter initialisation stays on the default PRNG). T5X sets `unsafe_rbg` process-wide for the
   same reason: on TPU it is the hardware generator; on the CPU it replaces threefry's integer
-  hashing, which took about 15% of a training step of the benchmark model
-  (`scripts/benchmark_vs_hf.py`, 2 cores: 3.9 -> 3.25 s per 32-row step of 64/128 tokens).
+  hashing, a noticeable part of a training step (CHANGELOG.md has the figures).
   The masks differ from threefry's and may differ between meshes of different shapes.
 * Non-finite loss or gradients: the step leaves the state unchanged and `Trainer.train_step` raises
   `NonFiniteLossError` with the step and the unchanged state; whether a checkpoint of an earlier

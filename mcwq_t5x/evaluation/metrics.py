@@ -122,7 +122,7 @@ def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[st
 def _bleu_of_references(refs: tuple[str, ...]) -> sacrebleu.BLEU:
   """`sacrebleu.BLEU()` (the settings of `sacrebleu.corpus_bleu`) holding the n-gram statistics of
   one reference set: a report scores every language and model of a split against the same
-  queries, and the references' statistics were half of its time."""
+  queries, so the references' statistics are computed once."""
   return sacrebleu.BLEU(references=[list(refs)])
 
 

@@ -366,7 +366,7 @@ def task_examples(dataset: Any, batch_size: int = 1024) -> list[dict[str, Any]]:
 
   Each example is a dict of NumPy values: `bytes` for strings, NumPy scalars, and int32 arrays
   for variable-length token ids. The dataset is read `batch_size` examples at a time
-  (`tf.data.Dataset.ragged_batch`), which is about ten times faster than one at a time.
+  (`tf.data.Dataset.ragged_batch`), much faster than one at a time.
   """
   examples: list[dict[str, Any]] = []
   for batch in dataset.ragged_batch(batch_size):

@@ -261,7 +261,7 @@ class _GoldLoader:
     question_file = rir_file.with_suffix(".txt")
     if rir_file.is_file():
       targets = score_lib.load_targets(rir_file)
-      questions = (score_lib.read_lines(question_file) if question_file.is_file() else None)
+      questions = (readers.read_lines(question_file) if question_file.is_file() else None)
       if questions is not None and len(questions) != len(targets):
         questions = None
       source = str(rir_file)
@@ -354,6 +354,7 @@ def build(results_dir: str | pathlib.Path,
     FileNotFoundError: `results_dir` does not exist.
     score.InputError: a prediction file's length differs from its gold file, or a gold file
       is malformed.
+    readers.DataFormatError: a gold or question file is not UTF-8.
     ValueError: an unknown `eval_split`.
   """
   if eval_split not in EVAL_SPLITS:
@@ -374,7 +375,7 @@ def build(results_dir: str | pathlib.Path,
     if gold_set is None:
       loader.messages.append(f"skipped {pf.path}: no gold queries")
       continue
-    preds = score_lib.read_lines(pf.path, strict=False)
+    preds = readers.read_lines(pf.path, strict=False)
     score_lib.check_same_length("predictions", pf.path, preds, "targets", gold_set.source,
                                 gold_set.targets)
     result = metrics.score_predictions(gold_set.targets, preds)

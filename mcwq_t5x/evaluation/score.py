@@ -62,33 +62,6 @@ class InputError(ValueError):
   """Bad evaluation input; the message names the file (and line where there is one)."""
 
 
-def read_lines(path: str | pathlib.Path, strict: bool = True) -> list[str]:
-  """Reads a text file as a list of lines without terminators (`readers.read_lines`).
-
-  Lines are split at "\\n" only (not at other Unicode line breaks, which junk predictions may
-  contain); a trailing "\\r" is dropped; a final line without newline counts, a trailing newline
-  does not start an extra empty line; an empty file has no lines.
-
-  Args:
-    path: the file.
-    strict: if True, the file must be UTF-8; if False (predictions), undecodable bytes become
-      U+FFFD so that binary junk is scored as a wrong prediction instead of failing.
-
-  Returns:
-    The lines.
-
-  Raises:
-    InputError: missing file, or (strict) invalid UTF-8 (message `FILE:LINE: ...`).
-  """
-  path = pathlib.Path(path)
-  if not path.is_file():  # Not paths.DataNotFoundError: its fetch hint is wrong for predictions.
-    raise InputError(f"{path}: no such file")
-  try:
-    return readers.read_lines(path, strict=strict)
-  except readers.DataFormatError as e:
-    raise InputError(str(e)) from None
-
-
 def _official_query(line: str) -> str:
   """The query part of an `official/` line `IN: question  OUT: query`, else the line itself."""
   sides = readers.split_official_line(line)
@@ -107,13 +80,14 @@ def load_targets(path: str | pathlib.Path, target_format: str = metrics.RIR) -> 
     RIR strings, one per line of the file.
 
   Raises:
-    InputError: missing or non-UTF-8 file, or a line that is not a well-formed query of that
-      format (message `FILE:LINE: problem`).
+    InputError: a line that is not a well-formed query of that format (message
+      `FILE:LINE: problem`).
+    DataNotFoundError, DataFormatError: a missing or non-UTF-8 file (`readers.read_lines`).
   """
   if target_format not in metrics.FORMATS:
     raise InputError(f"unknown target format {target_format!r}; expected one of {metrics.FORMATS}")
   out = []
-  for number, line in enumerate(read_lines(path, strict=True), start=1):
+  for number, line in enumerate(readers.read_lines(path), start=1):
     if target_format == metrics.SPARQL:
       try:
         line = rir_lib.sparql_to_rir(_official_query(line).strip())
@@ -135,10 +109,11 @@ def load_depths(path: str | pathlib.Path) -> list[Optional[int]]:
   """Reads one recursionDepth per line (an integer, or an empty line for unknown).
 
   Raises:
-    InputError: missing file or a line that is not an integer (message `FILE:LINE: ...`).
+    InputError: a line that is not an integer (message `FILE:LINE: ...`).
+    DataNotFoundError, DataFormatError: a missing or non-UTF-8 file (`readers.read_lines`).
   """
   out: list[Optional[int]] = []
-  for number, line in enumerate(read_lines(path), start=1):
+  for number, line in enumerate(readers.read_lines(path), start=1):
     line = line.strip()
     if not line:
       out.append(None)
@@ -300,6 +275,7 @@ def evaluate_files(predictions: str | pathlib.Path,
     InputError: missing files, length mismatch (names both counts and both files), malformed
       target, bad depth, a bad release, a target that is not the release's query, a store that
       cannot be loaded.
+    readers.DataFormatError: a target, depth or question file that is not UTF-8 (`FILE:LINE`).
     ValueError: no targets and no release, or only some of release/split/part.
     mcwq_t5x.stores.transport.RetryAfterTooLong: the remote endpoint asks to wait longer than it
       is configured to.
@@ -308,6 +284,9 @@ def evaluate_files(predictions: str | pathlib.Path,
     raise ValueError("give --release, --split and --part together")
   if targets is None and release is None:
     raise ValueError("give --targets, or --release with --split and --part")
+  for path in (predictions, targets, questions, depths):
+    if path is not None and not pathlib.Path(path).is_file():
+      raise InputError(f"{path}: no such file")
   examples = None
   if release is not None:
     examples = load_release_targets(release, split, part)
@@ -317,7 +296,7 @@ def evaluate_files(predictions: str | pathlib.Path,
     targets = pathlib.Path(release) / "splits" / f"{split}.json"
     targets = f"{targets}:{part}Idxs"
     gold = [rir_lib.sparql_to_rir(e.pattern) for e in examples]
-  preds = read_lines(predictions, strict=False)
+  preds = readers.read_lines(predictions, strict=False)
   check_same_length("predictions", predictions, preds, "targets", targets, gold)
   if examples is not None:
     check_same_length("release queries", f"{release} ({split}/{part})", examples, "targets",
@@ -332,7 +311,7 @@ def evaluate_files(predictions: str | pathlib.Path,
     }
   question_list = None
   if questions is not None:
-    question_list = read_lines(questions, strict=False)
+    question_list = readers.read_lines(questions, strict=False)
     check_same_length("questions", questions, question_list, "targets", targets, gold)
   outcomes = None
   if endpoint is not None:
