@@ -169,8 +169,10 @@ def test_every_library_module_is_in_a_wing():
   """mcwq_t5x/ holds the entry points and gin handling; the library is in the wings."""
   top = sorted(p.stem for p in (ROOT / "mcwq_t5x").glob("*.py") if p.stem != "__init__")
   assert top == sorted(ENTRY_POINTS), top
-  assert sorted(p.name for p in (ROOT / "mcwq_t5x").iterdir()
-                if p.is_dir() and (p / "__init__.py").exists()) == sorted(WINGS)
+  assert sorted(
+      p.name
+      for p in (ROOT / "mcwq_t5x").iterdir()
+      if p.is_dir() and (p / "__init__.py").exists()) == sorted(WINGS)
   for wing in WINGS:
     doc = ast.get_docstring(ast.parse((ROOT / "mcwq_t5x" / wing / "__init__.py").read_text()))
     assert doc and "Imports:" in doc, f"mcwq_t5x/{wing}/__init__.py must say what it may import"
