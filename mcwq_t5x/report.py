@@ -1,14 +1,24 @@
-"""Reproduction report: the MCWQ paper's result tables and analysis figures from predictions
+"""Reproduction report: the MCWQ paper's result tables and analysis figures from predictions, with
+95% bootstrap intervals, the unseen-compound diagnosis, an error browser and paired comparisons
 (`mcwq_t5x.evaluation.report`).
 
   python -m mcwq_t5x.report RESULTS_DIR [--targets_dir ../shared/mcwq/translations]
-      [--data_dir DIR] [--out DIR] [--split {test,validation}]
+      [--data_dir DIR] [--out DIR] [--split {test,validation}] [--html DIR] [--no_published]
+      [--compare A B [--compare_gold FILE]]
+  python -m mcwq_t5x.report --compare A B [--compare_gold FILE] [--targets_dir ...]
+
+--html DIR writes the error browser (DIR/index.html, one self-contained page; report.md's cells
+link to it). --compare A B: a paired test of two prediction files on the same examples (paired
+bootstrap interval of the difference in exact match, exact permutation test); without
+RESULTS_DIR it prints only that, as JSON. Progress lines go to stderr.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Optional, Sequence
+
 from mcwq_t5x.data import readers
 from mcwq_t5x.evaluation import report as report_lib
 from mcwq_t5x.evaluation import score as score_lib
@@ -18,7 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Runs the command line; returns the exit status (0 ok, 2 bad input)."""
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.report", description=__doc__.split("\n")[0])
-  parser.add_argument("results_dir", help="directory of prediction files")
+  parser.add_argument("results_dir", nargs="?", default=None, help="directory of prediction files")
   parser.add_argument(
       "--targets_dir",
       default=None,
@@ -27,8 +37,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument(
       "--data_dir",
       default=None,
-      help="MCWQ directory for official/ fallbacks and the full release's "
-      "recursionDepth (default: parent of --targets_dir)")
+      help="MCWQ directory for official/ fallbacks, the full release's recursionDepth and the "
+      "training parts of the unseen-compound diagnosis (default: parent of --targets_dir)")
   parser.add_argument("--out", default="mcwq_report", help="output directory")
   parser.add_argument(
       "--split",
@@ -36,23 +46,64 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       choices=tuple(report_lib.EVAL_SPLITS),
       help="which predictions to score: test (default) or validation (`mcwq_t5x.train`/`eval` "
       "output, scored against the dev part; for a release without a test part)")
+  parser.add_argument(
+      "--html",
+      default=None,
+      metavar="DIR",
+      help="write the error browser to DIR/index.html (a self-contained page)")
+  parser.add_argument(
+      "--no_published",
+      action="store_true",
+      help="leave the published reference rows out of Tables 4 and 5")
+  parser.add_argument(
+      "--compare",
+      nargs=2,
+      metavar=("A", "B"),
+      default=None,
+      help="paired test of two prediction files on the same examples")
+  parser.add_argument(
+      "--compare_gold",
+      default=None,
+      metavar="FILE",
+      help="gold queries (RIR) of the --compare files (default: the test set their layout names)")
   args = parser.parse_args(argv)
+  if args.results_dir is None and args.compare is None:
+    parser.error("give RESULTS_DIR, --compare A B, or both")
   targets_dir = args.targets_dir
   if targets_dir is None:
     from mcwq_t5x.data import paths  # pylint: disable=g-import-not-at-top
     targets_dir = paths.data_dir() / "translations"
+  progress = report_lib.ProgressLines()
+  comparisons = []
   try:
-    report = report_lib.build(args.results_dir, targets_dir, args.data_dir, args.split)
+    if args.compare is not None:
+      progress(f"paired comparison of {args.compare[0]} and {args.compare[1]}")
+      comparisons.append(
+          report_lib.compare(args.compare[0], args.compare[1], targets_dir, args.data_dir,
+                             args.compare_gold))
+      if args.results_dir is None:
+        print(json.dumps(comparisons[0], indent=2))
+        print(report_lib.comparison_markdown(comparisons[0]), file=sys.stderr)
+        return 0
+    report = report_lib.build(args.results_dir, targets_dir, args.data_dir, args.split, progress)
   except (FileNotFoundError, score_lib.InputError, readers.DataFormatError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if not report["runs"]:
     print(f"error: no prediction files found under {args.results_dir}", file=sys.stderr)
     return 2
-  written = report_lib.write_report(report, args.out)
+  written = report_lib.write_report(
+      report,
+      args.out,
+      html_dir=args.html,
+      with_published=not args.no_published,
+      comparisons=comparisons,
+      progress=progress)
   print(written["markdown"].read_text(encoding="utf-8"))
   print(f"wrote {written['markdown']}, {len(written['tables'])} CSV tables and "
-        f"{len(written['figures'])} figures to {args.out}")
+        f"{len(written['figures'])} figures to {args.out}" +
+        (f"; the error browser {written['html']}" if written["html"] else ""))
+  progress("done")
   return 0
 
 

@@ -90,6 +90,10 @@ MULTIPROCESS = OUR_SIZE + [
     "INFER_BATCH_SIZE=8", "WARMUP_STEPS=2", f"TRAIN_STEPS={MULTIPROCESS_STEPS}"
 ] + GOLD_HE
 
+# The gap runs decode their whole test part (777 questions; the README's report scores them, and
+# diagnoses their unseen compounds), up to 8 target tokens.
+GAP_DECODE = ["INFER_BATCH_SIZE=256", "INFER_TASK_FEATURE_LENGTHS={'inputs':64,'targets':8}"]
+
 # (command prefix, appended --gin.* overrides, other appended arguments); `{repo}` is the folder
 # the commands run in.
 OVERRIDES = [
@@ -138,11 +142,9 @@ OVERRIDES = [
      OUR_SIZE_2048 + ["NUM_EXAMPLES=8"], []),
     # The gap on a generated MCD split and its random twin (README, "Compositional splits").
     ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
-     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"",
-     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"", OUR_SIZE + OUR_TRAIN + GAP_DECODE, []),
     ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
-     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"",
-     OUR_SIZE + OUR_TRAIN + ["INFER_BATCH_SIZE=256", "FINAL_EVAL_NUM_EXAMPLES=8"], []),
+     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"", OUR_SIZE + OUR_TRAIN + GAP_DECODE, []),
     ("python scripts/benchmark.py", [], [
         "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
         "--target_length", "16", "--steps", "1", "--beam", "2"
@@ -235,6 +237,10 @@ NEWLANG_ZEROSHOT = ("python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/models/tiny
                     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_zeroshot_fr'\"")
 NEWLANG_FR = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
               "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_cfq_sample_fr'\"")
+GAP_MCD = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+           "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"")
+GAP_RANDOM = ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
+              "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"")
 DEPENDS = [
     (MAIN_JOB_PREFIX, []),
     ("python -m mcwq_t5x.score --predictions runs/tiny_random_split_en", [MAIN_JOB_PREFIX]),
@@ -255,6 +261,7 @@ DEPENDS = [
     ("python -m mcwq_t5x.inspect_task mcwq_mcd1_he", []),
     ("python -m mcwq_t5x.score --predictions ../shared", []),
     ("python -m mcwq_t5x.report ../shared", []),
+    ("python -m mcwq_t5x.report --compare ../shared", []),
     ("python -m preprocessing.derive_mapping", []),
     (MIGRATE, []),
     ("python -m preprocessing.stats --dataset runs/mcwq_sample", [MIGRATE]),
@@ -268,10 +275,9 @@ DEPENDS = [
     ("python -m mcwq_t5x.report runs/newlang", [NEWLANG_EN, NEWLANG_ZEROSHOT, NEWLANG_FR]),
     ("python -m mcwq_t5x.divergence", []),
     (MAKE_SPLITS, []),
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
-     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"", [MAKE_SPLITS, VOCAB]),
-    ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
-     "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"", [MAKE_SPLITS, VOCAB]),
+    (GAP_MCD, [MAKE_SPLITS, VOCAB]),
+    (GAP_RANDOM, [MAKE_SPLITS, VOCAB]),
+    ("python -m mcwq_t5x.report runs/gap", [GAP_MCD, GAP_RANDOM]),
 ]
 # Commands whose outputs several chains read, quick to run: they do not join those chains into one
 # xdist group (whichever worker asks first runs them; the other waits for its lock).

@@ -216,6 +216,14 @@ def _report_published(repo, out):
     assert figure in text, figure
 
 
+def _compare_published(repo, out):
+  """The paper's Hebrew model (3,071 exact matches of 5,310) against zero-shot from English (19)."""
+  del repo
+  c = json.loads(out["stdout"])
+  assert (c["n"], c["only_a"] + c["both"], c["only_b"] + c["both"]) == (5310, 3071, 19)
+  assert "paired permutation test" in out["stderr"]
+
+
 def _migrate(repo, out):
   del out
   dataset = json.loads((repo / "runs/mcwq_sample/dataset.json").read_text())
@@ -278,9 +286,31 @@ def _gap_run(name):
   def check_run(repo, out):
     del out
     preds = _lines(repo / f"runs/gap/{name}/predictions/mcwq_{name}_test.txt")
-    assert len(preds) == 8
+    assert len(preds) == 777
 
   return check_run
+
+
+def _gap_report(repo, out):
+  """The gap runs' report: every test question of both splits in the exact match by number of
+  unseen compounds (the release has training parts), with its figure and error browser."""
+  assert "report [" in out["stderr"]  # progress lines
+  results = json.loads((repo / "runs/gap_report/results.json").read_text())
+  assert {(r["model"], r["split"], r["n"]) for r in results["runs"]} == {("mcd_en", "mcd", 777),
+                                                                         ("random_en", "random",
+                                                                          777)}
+  for r in results["runs"]:
+    assert sum(b["n"] for b in r["by_unseen"].values()) == 777
+    assert sum(b["correct"] for b in r["by_unseen"].values()) == round(r["exact_match"] * 7.77)
+  mcd = next(r for r in results["runs"] if r["split"] == "mcd")
+  rand = next(r for r in results["runs"] if r["split"] == "random")
+  # The MCD test holds out compounds: far more of its questions have unseen ones (seed 0: all but
+  # 59 of the 777, against all but 309 on the random split).
+  assert (mcd["by_unseen"]["0"]["n"], rand["by_unseen"]["0"]["n"]) == (59, 309)
+  assert not any("unseen compounds skipped" in m for m in results["messages"])
+  for name in ("unseen_monolingual_mcd.png", "unseen_monolingual_random.png"):
+    assert (repo / "runs/gap_report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert (repo / "runs/gap_report/html/index.html").is_file()
 
 
 CHECKS = {
@@ -314,6 +344,8 @@ CHECKS = {
         _evaluate_published,
     rc.index_of("python -m mcwq_t5x.report ../shared"):
         _report_published,
+    rc.index_of("python -m mcwq_t5x.report --compare"):
+        _compare_published,
     rc.index_of("python -m preprocessing.migrate"):
         _migrate,
     rc.index_of("python -m preprocessing.stats"):
@@ -330,10 +362,12 @@ CHECKS = {
         _divergence,
     rc.index_of(rc.MAKE_SPLITS):
         _make_splits,
-    rc.index_of(rc.DEPENDS[-2][0]):
+    rc.index_of(rc.GAP_MCD):
         _gap_run("mcd_en"),
-    rc.index_of(rc.DEPENDS[-1][0]):
+    rc.index_of(rc.GAP_RANDOM):
         _gap_run("random_en"),
+    rc.index_of("python -m mcwq_t5x.report runs/gap"):
+        _gap_report,
 }
 
 # The test command is what CI runs; `export` lines set the variables of the commands after them.

@@ -3,11 +3,14 @@ import csv
 import json
 
 import matplotlib.image
+import numpy as np
 import pytest
 
 from mcwq_t5x.data import rir
 from mcwq_t5x.evaluation import report
+from mcwq_t5x.evaluation import uncertainty
 from mcwq_t5x import report as report_cli
+import mains
 import readme_commands as rc
 import scenarios
 
@@ -50,12 +53,23 @@ def test_discover_upstream_layout(mcwq_dir):
 
 def test_table4_monolingual(shared_report):
   rows = _read_csv(shared_report / "table4_monolingual_exact_match.csv")
-  assert rows[0] == ["model", "split", "en", "he", "kn", "zh"]
+  assert rows[0] == ["model", "split", "en", "he", "kn", "zh"] + [
+      f"{l} 95% CI {b}" for l in ("en", "he", "kn", "zh") for b in ("low", "high")
+  ]
   mcd1 = rows[1]
   assert mcd1[:2] == ["mt5_small", "MCD1"]
   # Paper Table 4, mT5-small+RIR, MCD1.
-  assert [round(float(v), 1) for v in mcd1[2:]] == [77.6, 57.8, 55.0, 52.8]
-  assert rows[2][1] == "MCD mean (1 split)" and rows[2][2:] == mcd1[2:]
+  assert [round(float(v), 1) for v in mcd1[2:6]] == [77.6, 57.8, 55.0, 52.8]
+  # Each with its 95% bootstrap interval: about ±1.1 points (en) to ±1.35 (zh) at n = 5,310.
+  for k, value in enumerate(mcd1[2:6]):
+    low, high = float(mcd1[6 + 2 * k]), float(mcd1[7 + 2 * k])
+    assert low < float(value) < high and 2.0 < high - low < 2.9
+  # One MCD split: no "MCD mean" row (it would repeat MCD1); then the published rows.
+  assert [r[:2] for r in rows[2:]
+         ] == [["published: mT5-small+RIR (Cui et al., TACL 2022)", "MCD1"],
+               ["published: mBART50 (Wang & Hershcovich, ACL 2023)", "MCD mean"]]
+  assert rows[2][2:6] == ["77.6000", "57.8000", "55.0000", "52.8000"]
+  assert rows[3][2:6] == ["55.2000", "", "", "43.6000"]
   bleu = _read_csv(shared_report / "table4_monolingual_bleu.csv")[1]
   assert round(float(bleu[2]), 1) == 97.4
   equivalence = _read_csv(shared_report / "table4_monolingual_equivalence.csv")[1]
@@ -67,7 +81,13 @@ def test_table5_zeroshot(shared_report):
   row = rows[1]
   assert row[:2] == ["mt5_small", "MCD1"]
   # The en column is the English-trained model's own test result.
-  assert [round(float(v), 1) for v in row[2:]] == [77.6, 0.4, 0.8, 0.1]
+  assert [round(float(v), 1) for v in row[2:6]] == [77.6, 0.4, 0.8, 0.1]
+  assert [r[0] for r in rows[2:]] == [
+      "published: mT5-small+RIR (Cui et al., TACL 2022)",
+      "published: mBART50 (Wang & Hershcovich, ACL 2023)"
+  ]
+  assert rows[2][2:6] == ["", "0.4000", "0.8000", "0.1000"]
+  assert rows[3][1:6] == ["MCD mean", "", "", "", "35.0000"]
 
 
 def test_table6_gold_test(shared_report):
@@ -96,8 +116,13 @@ def test_error_table_and_results_json(shared_report):
   assert len(results["runs"]) == 10
   assert any("155 of 155" in m for m in results["messages"])
   md = (shared_report / "report.md").read_text()
-  assert "| mt5_small | MCD1 | 77.6 | 57.8 | 55.0 | 52.8 |" in md
+  # Each value with its interval, linked to its examples in the error browser.
+  table4 = next(line for line in md.splitlines() if line.startswith("| mt5_small | MCD1 | [77.6 ("))
+  assert "](html/index.html#language=en&split=mcd1&test=test&model=mt5_small&mode=monolingual)" in (
+      table4)
   assert "recursionDepth" in md  # the complexity figure was skipped with a message
+  # The shared copy has no training parts: the unseen-compound diagnosis says so in one line.
+  assert sum("unseen compounds skipped" in m for m in results["messages"]) == 1
 
 
 def test_figures_are_valid_pngs(shared_report):
@@ -163,7 +188,7 @@ def test_own_layout_and_complexity_figure(tmp_path):
        str(out)])
   assert status == 0
   rows = _read_csv(out / "table4_monolingual_exact_match.csv")
-  assert rows[1] == ["tiny", "MCD1", "75.0000", "25.0000", "", ""]
+  assert rows[1][:6] == ["tiny", "MCD1", "75.0000", "25.0000", "", ""]
   results_json = json.loads((out / "results.json").read_text())
   en = next(r for r in results_json["runs"] if r["language"] == "en")
   assert en["by_complexity"] == {
@@ -251,7 +276,7 @@ def test_eval_then_report_names_models_after_their_runs(mcwq_dir, tmp_path):
                  ("tiny_mcd1_en", "zeroshot", "he", True, 100.0),
                  ("tiny_mcd1_he", "monolingual", "he", False, 100.0)]
   names = {
-      row[0] for name, (header, rows) in report.tables(result).items()
+      row[0] for name, (header, rows) in report.tables(result, with_published=False).items()
       if name != "split_divergences" for row in rows  # that table's rows are splits, not models
   }
   assert names == {"tiny_mcd1_en", "tiny_mcd1_he"}
@@ -286,3 +311,120 @@ def test_split_divergences(shared_report, mcwq_dir):
   assert float(rows[1][4]) == pytest.approx(expected.atom, abs=1e-4)
   assert float(rows[1][5]) == pytest.approx(expected.compound, abs=1e-4)
   assert "## Split divergences" in (shared_report / "report.md").read_text(encoding="utf-8")
+
+
+def test_zeroshot_eval_outside_the_run_is_grouped_with_its_checkpoint(mcwq_dir, tmp_path):
+  """`mcwq_t5x.eval` with EVAL_OUTPUT_DIR=runs/zs_he, then `report runs`: the zero-shot results
+  belong to the run whose checkpoint the metrics JSON records, in one row of Table 5."""
+  runs = tmp_path / "runs"
+  model_dir = runs / "tiny_mcd1_en"
+  (model_dir / "predictions").mkdir(parents=True)
+  (model_dir / "run.json").write_text("{}")
+  en = (mcwq_dir / "translations/mcd1/test.en.sparql").read_text().splitlines()
+  (model_dir / "predictions" / "mcwq_mcd1_en_test.txt").write_text("\n".join(en) + "\n")
+  zs = runs / "zs_he"  # as prediction.write_predictions lays out EVAL_OUTPUT_DIR
+  (zs / "predictions").mkdir(parents=True)
+  (zs / "metrics").mkdir()
+  (zs / "predictions" / "mcwq_mcd1_zeroshot_he_test.txt").write_text("x\n" * len(en))
+  (zs / "metrics" / "mcwq_mcd1_zeroshot_he_test.json").write_text(
+      json.dumps({
+          "checkpoint": "runs/tiny_mcd1_en/checkpoint_400",
+          "step": 400
+      }))
+  result = report.build(runs, mcwq_dir / "translations", mcwq_dir)
+  assert sorted(report.run_key(r) for r in result["runs"]) == [
+      ("tiny_mcd1_en", "monolingual", "mcd1", "en", False),
+      ("tiny_mcd1_en", "zeroshot", "mcd1", "he", False)
+  ]
+  _, rows = report.tables(result, with_published=False)["table5_zeroshot_exact_match"]
+  assert [r[:6] for r in rows] == [["tiny_mcd1_en", "MCD1", 100.0, 0.0, None, None]]
+
+
+def _synthetic(runs):
+  """A report of runs given as (model, mode, split, language, outcomes)."""
+  report_runs, data = [], []
+  for model, mode, split, lang, outcomes in runs:
+    correct = np.array(outcomes, dtype=bool)
+    report_runs.append(
+        dict(
+            model=model,
+            mode=mode,
+            split=split,
+            language=lang,
+            gold=False,
+            n=len(outcomes),
+            exact_match=100 * correct.mean(),
+            bleu=0.0,
+            equivalence=0.0,
+            exact_match_ci=list(uncertainty.exact_match_interval([correct])),
+            error_categories={c: 0 for c in report.metrics.ERROR_CATEGORIES}))
+    data.append(dict(correct=correct))
+  return {"runs": report_runs, "intersection": [], "messages": [], "_examples": {"runs": data}}
+
+
+def test_mcd_mean_needs_two_splits():
+  """The MCD mean row (mean of the splits, its interval from resampling each) only when two or
+  more MCD splits are present."""
+  one = _synthetic([("m", "monolingual", "mcd1", "en", [1] * 60 + [0] * 40)])
+  _, rows = report.tables(one, with_published=False)["table4_monolingual_exact_match"]
+  assert [r[1] for r in rows] == ["MCD1"]
+  two = _synthetic([("m", "monolingual", "mcd1", "en", [1] * 60 + [0] * 40),
+                    ("m", "monolingual", "mcd2", "en", [1] * 40 + [0] * 60)])
+  _, rows = report.tables(two, with_published=False)["table4_monolingual_exact_match"]
+  assert [r[1] for r in rows] == ["MCD1", "MCD2", "MCD mean"]
+  mean = rows[2]
+  assert mean[2] == pytest.approx(50.0)
+  low, high = mean[6], mean[7]  # en's interval
+  assert low < 50.0 < high
+  assert high - low < rows[0][7] - rows[0][6]  # two test sets: narrower than one's
+
+
+def test_seed_groups():
+  """Runs `<configuration>_seed<k>`: mean ± 95% Student-t half width over the runs."""
+  result = _synthetic([("tiny_seed0", "monolingual", "mcd1", "en", [1] * 90 + [0] * 10),
+                       ("tiny_seed1", "monolingual", "mcd1", "en", [1] * 80 + [0] * 20),
+                       ("other", "monolingual", "mcd1", "en", [1] * 50 + [0] * 50)])
+  header, rows = report.tables(result)["seeds_exact_match"]
+  assert header[:9] == [
+      "model", "mode", "test set", "language", "runs", "mean exact match", "± (95%, Student t)",
+      "min", "max"
+  ]
+  (row,) = rows
+  assert row[:5] == ["tiny", "monolingual", "MCD1", "en", 2]
+  assert row[5] == pytest.approx(85.0)
+  # t(0.975, 1) = 12.7062; s = 7.0711 for 90 and 80.
+  assert row[6] == pytest.approx(12.7062 * 7.0711 / 2**0.5, rel=1e-4)
+  assert row[7:] == [80.0, 90.0, "tiny_seed0, tiny_seed1"]
+
+
+def test_compare_command(mcwq_dir, tmp_path):
+  """`report --compare A B` in a fresh process: the paired test of the published Hebrew
+  predictions, monolingual (3,071 exact matches) against zero-shot (19); files of different test
+  sets are an error."""
+  results = mcwq_dir / "results/mt5_small"
+  mono, zero = (
+      results / f"{m}/mcd1/generated_predictions_he.txt" for m in ("monolingual", "zeroshot"))
+  proc = mains.python_m(
+      "mcwq_t5x.report",
+      "--compare",
+      str(mono),
+      str(zero),
+      "--targets_dir",
+      str(mcwq_dir / "translations"),
+      cwd=tmp_path)
+  c = json.loads(proc.stdout)
+  assert c["n"] == 5310 and c["only_a"] + c["both"] == 3071 and c["only_b"] + c["both"] == 19
+  assert c["interval"][0] < c["difference"] < c["interval"][1] and c["p_value"] < 1e-100
+  assert "paired permutation test" in proc.stderr
+  english = results / "monolingual/mcd1/generated_predictions_en.txt"
+  proc = mains.python_m(
+      "mcwq_t5x.report",
+      "--compare",
+      str(mono),
+      str(english),
+      "--targets_dir",
+      str(mcwq_dir / "translations"),
+      cwd=tmp_path,
+      check=False)
+  assert proc.returncode == 2
+  assert "a paired comparison needs the same examples" in proc.stderr

@@ -425,7 +425,7 @@ def split_queries(split: str,
   Raises:
     ValueError: unknown split or part. DataNotFoundError: the part is missing.
   """
-  language = language or _default_language(split, data_dir)
+  language = language or default_language(split, data_dir)
   layout, files = readers.split_files(split, part, language, data_dir)
   if layout == "official":
     examples = readers.read_official(files[0], language, with_rir=False)
@@ -466,7 +466,9 @@ def read_query_file(path: readers.PathLike) -> list[str]:
   return out
 
 
-def _default_language(split: str, data_dir: Optional[readers.PathLike]) -> str:
+def default_language(split: str, data_dir: Optional[readers.PathLike] = None) -> str:
+  """The language whose files are read for `split`'s queries: "en" if the split has it, else its
+  first language (`readers.discover`); the queries are the same in every language."""
   langs = readers.discover(data_dir).languages_of(split)
   return "en" if "en" in langs else langs[0]
 
@@ -491,7 +493,7 @@ def split_figures(split: str,
     ValueError: unknown split; malformed data (`readers.DataFormatError`, a query that does not
       parse).
   """
-  language = language or _default_language(split, data_dir)
+  language = language or default_language(split, data_dir)
   parts = readers.available_parts(split, language, data_dir)
   queries = {p: split_queries(split, p, data_dir, language) for p in parts}
   dists = {p: distributions(q) for p, q in queries.items()}

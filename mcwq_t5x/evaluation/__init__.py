@@ -1,6 +1,8 @@
 """Evaluation: decoding a split with a model (`prediction`), the paper's metrics (exact match on
 RIR, BLEU, equivalence, error categories), scoring files (`score`), execution accuracy on a SPARQL
-store (`execution`) and the reproduction report (`report`).
+store (`execution`) and the reproduction report (`report`) with its analyses: bootstrap intervals
+and paired tests (`uncertainty`), unseen compounds (`compounds`), published reference rows
+(`published`) and the HTML error browser (`browser`).
 
 Imports: the data, engine, checkpointing and stores wings and other evaluation modules.
 """

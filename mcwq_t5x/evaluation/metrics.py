@@ -431,7 +431,8 @@ def accuracy_by_complexity(targets: Sequence[Text], predictions: Sequence[Text],
 
 def score_predictions(targets: Sequence[Text],
                       predictions: Sequence[Text],
-                      fmt: str = RIR) -> dict[str, Any]:
+                      fmt: str = RIR,
+                      per_example: bool = False) -> dict[str, Any]:
   """Scores one prediction set with every string-level metric, as the evaluation CLI prints them.
 
   Exact match and BLEU (MCWQ paper §5.2, Table 4), query equivalence, and the error categories of
@@ -441,10 +442,13 @@ def score_predictions(targets: Sequence[Text],
     targets: gold queries, length N, in format `fmt`.
     predictions: predicted queries, length N (anything; malformed ones are scored as wrong).
     fmt: "rir" or "sparql".
+    per_example: also return each prediction's category (key "categories").
 
   Returns:
     {"n": N, "exact_match": percent, "bleu": BLEU, "equivalence": percent,
-     "error_categories": {category: count}} (see the individual functions).
+     "error_categories": {category: count}} (see the individual functions), and with
+    `per_example` "categories": N categories of `ERROR_CATEGORIES` in input order ("correct" =
+    exact match).
 
   Raises:
     ValueError: lengths differ, unknown `fmt`, or a malformed target.
@@ -452,11 +456,15 @@ def score_predictions(targets: Sequence[Text],
   result: dict[str, Any] = {"n": len(targets)}
   result.update(exact_match_metric(targets, predictions))
   result.update(bleu_metric(targets, predictions))
-  counts = error_category_counts(targets, predictions, fmt)
+  categories = error_categories(targets, predictions, fmt)
+  found = collections.Counter(categories)
+  counts = {c: int(found.get(c, 0)) for c in ERROR_CATEGORIES}
   # Exact matches and "equivalent" predictions are exactly the equivalent ones.
   result["equivalence"] = (100.0 * (counts[CORRECT] + counts[EQUIVALENT]) /
                            len(targets) if targets else 0.0)
   result["error_categories"] = counts
+  if per_example:
+    result["categories"] = categories
   return result
 
 
