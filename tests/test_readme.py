@@ -8,6 +8,7 @@ itself is what CI runs (`.ci/run` runs it verbatim), so it is checked against `.
 again."""
 import json
 import pathlib
+import re
 import shlex
 import sys
 
@@ -197,9 +198,15 @@ def _download_copy(repo, out):
 
 
 def _inspect(repo, out):
+  """The examples on stdout; on stderr progress lines only (`[  12 s] ...`: loading, reading, the
+  count), none of TensorFlow's or SentencePiece's start-up lines."""
   del repo
   first = readers.read_split("mcd1", "dev", "he", mains.REPO.parent / "shared/mcwq")[0]
   assert first.question in out["stdout"] and first.rir in out["stdout"]
+  progress = out["stderr"].splitlines()
+  assert progress and all(re.match(r"\[ *\d+ s\] ", l) for l in progress), progress
+  assert "loading SeqIO, TensorFlow and the MCWQ tasks" in progress[0]
+  assert progress[-1].endswith("] 5,408 examples read"), progress  # the mcd1 dev questions
 
 
 def _evaluate_published(repo, out):
