@@ -16,6 +16,10 @@ name what they configure by dynamic registration (`from __gin__ import dynamic_r
 run files name the main by its module (`from mcwq_t5x import train as train_script`), where T5X's
 say `import __main__ as train_script`; so the files of both engines parse in one process, and
 `use_main_module_as` makes the running `python -m mcwq_t5x.train` that module (no second import).
+
+The mains also share their console here: `setup_logging`, `one_line_exit` (a user's error as the
+last line, no traceback) and `quiet_native_logs` (TensorFlow's, XLA's and SentencePiece's start-up
+lines kept out of a command's stderr).
 """
 from __future__ import annotations
 
