@@ -301,7 +301,7 @@ def one_line_exit(error: BaseException) -> SystemExit:
 # Lines that TensorFlow, XLA and tf.text's SentencePiece op write from C++ straight to file
 # descriptor 2 (not through Python's logging, so `setup_logging` cannot drop them) and that say
 # nothing about a run: absl's notice before its logging is initialised and TensorFlow's start-up
-# lines (each printed twice: TensorFlow loads two libraries that log them), and SentencePiece's
+# lines (each of the three twice in a training run, TensorFlow 2.21), and SentencePiece's
 # note for every tokenizer op built on a model with identity normalisation (the small offline
 # vocabulary: 10 lines in a short training run). TF_CPP_MIN_LOG_LEVEL does not reach the lines
 # printed before absl's logging is initialised (TensorFlow 2.21) or SentencePiece's own logging.
