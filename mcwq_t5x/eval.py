@@ -29,7 +29,9 @@ import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
@@ -128,13 +130,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   gin_utils.use_main_module_as("mcwq_t5x.eval")
   gin_utils.parse_flags(
       argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
-  run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
-  gin_utils.call_configured(cpu_settings.set_host_device_count)
-  gin_utils.call_configured(partitioning.initialize_distributed)
-  result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
+  try:
+    vocab.check_vocabulary_variable()
+    run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
+    gin_utils.call_configured(cpu_settings.set_host_device_count)
+    gin_utils.call_configured(partitioning.initialize_distributed)
+    result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
+  except paths.DataNotFoundError as e:  # missing data or vocabulary: one line, exit status 1
+    raise gin_utils.one_line_exit(e) from e
   print(result["metrics"])
   return result
 
 
 if __name__ == "__main__":
+  gin_utils.quiet_native_logs()
   main()

@@ -32,8 +32,10 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import readers
+from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
@@ -199,10 +201,14 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   except (FileNotFoundError, readers.DataFormatError) as e:
     raise SystemExit(f"infer: error: {e}") from None
   questions = [readers.normalize_question(l) for l in lines]
-  run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
-  gin_utils.call_configured(cpu_settings.set_host_device_count)
-  gin_utils.call_configured(partitioning.initialize_distributed)
-  predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
+  try:
+    vocab.check_vocabulary_variable()
+    run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
+    gin_utils.call_configured(cpu_settings.set_host_device_count)
+    gin_utils.call_configured(partitioning.initialize_distributed)
+    predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
+  except paths.DataNotFoundError as e:  # a missing vocabulary file: one line, exit status 1
+    raise gin_utils.one_line_exit(e) from e
   if args.sparql:
     predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))
   out = format_lines(predictions)
@@ -215,4 +221,5 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
 
 
 if __name__ == "__main__":
+  gin_utils.quiet_native_logs()
   main()

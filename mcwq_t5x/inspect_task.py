@@ -12,14 +12,18 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import vocab
+from mcwq_t5x import gin_utils
 
 PERCENTILES = (50, 90, 95, 99)
+PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while the split is read
 
 
 class UnknownTaskError(KeyError):
@@ -75,7 +79,8 @@ def inspect(name: str,
             split: str = "validation",
             num_examples: int = 5,
             max_examples: Optional[int] = None,
-            out=sys.stdout) -> dict[str, Any]:
+            out=sys.stdout,
+            progress=sys.stderr) -> dict[str, Any]:
   """Prints `num_examples` preprocessed examples and the length statistics of `split`.
 
   Args:
@@ -84,15 +89,22 @@ def inspect(name: str,
     num_examples: examples to print (text and token ids).
     max_examples: examples for the statistics (None or 0: the whole split).
     out: stream to print to.
+    progress: stream for the progress lines (`[  12 s] ...`: loading, then the number of
+      examples read every `PROGRESS_EVERY_S` seconds, then the total).
 
   Returns:
     {"inputs": stats, "targets": stats} as from `length_stats`.
 
   Raises:
     UnknownTaskError: unknown task name.
-    DataNotFoundError: the split's data is missing.
+    DataNotFoundError: the split's data is missing (`vocab.VocabularyNotFoundError`: the
+      vocabulary file cannot be read).
   """
+  start = time.monotonic()
+  say = lambda message: print(f"[{time.monotonic() - start:4.0f} s] {message}", file=progress)
+  say("loading SeqIO, TensorFlow and the MCWQ tasks")
   task = get_task(name)
+  say(f"reading and tokenising {name} {split}")
   prefix = input_prefix_of(task)
   if prefix is not None:
     print(
@@ -103,12 +115,18 @@ def inspect(name: str,
     ds = ds.take(max_examples)
   features = task.output_features
   lengths: dict[str, list[int]] = {k: [] for k in features}
+  shown, count = time.monotonic(), 0
   for i, ex in enumerate(ds.as_numpy_iterator()):
+    count += 1
     for k in features:
       if k in ex:
         lengths[k].append(len(ex[k]))
     if i < num_examples:
       _print_example(i, ex, features, out)
+    if time.monotonic() - shown >= PROGRESS_EVERY_S:
+      shown = time.monotonic()
+      say(f"{i + 1:,} examples")
+  say(f"{count:,} examples read")
   stats = {k: length_stats(v) for k, v in lengths.items()}
   print(f"\nlength statistics ({name}, {split}; tokens incl. EOS):", file=out)
   print(
@@ -152,8 +170,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Command line `python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]` (module docstring).
 
   Returns:
-    The exit status: 0 on success, 2 for an unknown task, 1 when its data cannot be found or the
-    split does not exist (one line on stderr, no traceback).
+    The exit status: 0 on success, 2 for an unknown task, 1 when its data or vocabulary cannot
+    be found or read, or the split does not exist (one line on stderr, no traceback).
   """
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.inspect_task", description=__doc__.split("\n\n")[0])
@@ -168,10 +186,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       help="limit the statistics to this many examples (0: all)")
   args = parser.parse_args(argv)
   try:
+    vocab.check_vocabulary_variable()
     inspect(args.task, args.split, args.num_examples, args.max_examples)
   except UnknownTaskError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except vocab.VocabularyNotFoundError as e:  # $MCWQ_VOCAB names a missing or unreadable file
+    print(f"error: {e}", file=sys.stderr)
+    return 1
   except (paths.DataNotFoundError, ValueError) as e:  # e.g. --split train without train files
     print(f"error: {args.task} split {args.split!r}: {e}", file=sys.stderr)
     return 1
@@ -179,4 +201,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  gin_utils.quiet_native_logs()
   sys.exit(main())

@@ -60,7 +60,9 @@ import numpy as np
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
@@ -613,9 +615,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
   Raises:
     gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
-    `partitioning.initialize_from_flags`); SystemExit: a checkpoint could not be written (its
-    message, the last line printed, is `train`'s `CheckpointSaveError`); and whatever else
-    `train` raises.
+    `partitioning.initialize_from_flags`); SystemExit: a checkpoint could not be written, or
+    data or a vocabulary file is missing or unreadable (its message, the last line printed, is
+    the `CheckpointSaveError` or `DataNotFoundError`, e.g. `vocab.VocabularyNotFoundError`
+    naming $MCWQ_VOCAB); and whatever else `train` raises.
   """
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
@@ -625,23 +628,23 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       extra_args=partitioning.add_multiprocess_flags,
       prog="python -m mcwq_t5x.train",
       epilog=GIN_HELP)
-  gin_utils.call_configured(cpu_settings.set_host_device_count)
-  cpu_settings.set_xla_cpu_flags()
-  if partitioning.initialize_from_flags(args) is None:
-    gin_utils.call_configured(partitioning.initialize_distributed)
-  if jax.default_backend() == "cpu":
-    cpu_settings.set_host_malloc_options()
-  model_dir = gin_utils.macro_value("MODEL_DIR")
-  if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: the run's vocabulary
-    run_info.adopt_recorded_vocabulary(model_dir)
   try:
+    vocab.check_vocabulary_variable()
+    gin_utils.call_configured(cpu_settings.set_host_device_count)
+    cpu_settings.set_xla_cpu_flags()
+    if partitioning.initialize_from_flags(args) is None:
+      gin_utils.call_configured(partitioning.initialize_distributed)
+    if jax.default_backend() == "cpu":
+      cpu_settings.set_host_malloc_options()
+    model_dir = gin_utils.macro_value("MODEL_DIR")
+    if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: the run's vocabulary
+      run_info.adopt_recorded_vocabulary(model_dir)
     return gin_utils.call_configured(train)
-  except checkpoints_lib.CheckpointSaveError as e:
-    # One clear last line (Orbax has logged the details above), exit status 1; gin raises a proxy
-    # whose message adds "In call to configurable ...", the original is its context.
-    error = e.__context__ if isinstance(e.__context__, checkpoints_lib.CheckpointSaveError) else e
-    raise SystemExit(f"{type(error).__name__}: {error}") from e
+  except (checkpoints_lib.CheckpointSaveError, paths.DataNotFoundError) as e:
+    # One clear last line (Orbax has logged the details of a failed save above), exit status 1.
+    raise gin_utils.one_line_exit(e) from e
 
 
 if __name__ == "__main__":
+  gin_utils.quiet_native_logs()
   main()

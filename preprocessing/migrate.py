@@ -12,7 +12,9 @@ Output folder:
   negatives.json          verified negatives of yes/no questions (same keys, expectedResponse False)
   report.json             counts (records read, malformed, migrated, skipped by reason, how the
                           entities were aligned (`cfq.alignment_source`), assigned,
-                          negatives, endpoint requests, cache hits and timeouts)
+                          negatives, endpoint requests, cache hits and timeouts) and, with an
+                          MCWQ folder (`--mcwq`), `mcwq_conformance`: how many migrated records
+                          whose question pattern MCWQ has give MCWQ's query string for string
   cache/endpoint.jsonl    every endpoint answer as it arrives (append-only; a rerun resumes)
 
 dataset.json keys: questionIdx (CFQ's), cfqFile, questionPatternModEntities,
@@ -51,6 +53,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import sparql as sparql_lib
 from mcwq_t5x.stores import cache as cache_lib
@@ -63,6 +66,7 @@ DEFAULT_CFQ = [
     str(_REPO.parent / "shared" / "cfq" / f"cfq_sample_{p}.json") for p in ("train", "dev")
 ]
 DEFAULT_CODEX = str(_REPO.parent / "shared" / "wikidata" / "codex-m")
+DEFAULT_MCWQ = str(_REPO.parent / "shared" / "mcwq" / "official")
 PARTS = ("train", "dev", "test")
 
 _log = logging.getLogger(__name__)
@@ -106,6 +110,31 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
   inner = store_flags.endpoint_from_arguments(args, embedded_timeout=True, allow_empty=True)
   cache = args.cache or os.path.join(args.out, "cache", "endpoint.jsonl")
   return cache_lib.CachedEndpoint(inner, cache, retry_timeouts=args.retry_timeouts)
+
+
+def mcwq_conformance(migrated: Sequence[dict[str, Any]], mcwq_official: str) -> dict[str, Any]:
+  """How many migrated records give exactly MCWQ's query, where MCWQ has their question.
+
+  Args:
+    migrated: the migrated records (`rec`: the CFQ record, `q`: its migrated query).
+    mcwq_official: an MCWQ `official/` folder; its `*/*.en.txt` files give MCWQ's query of each
+      English question pattern (`cfq.read_mcwq_official`).
+
+  Returns:
+    {"mcwq": the folder, "question pattern in MCWQ": records whose CFQ question pattern occurs
+    there, "same query": those whose migrated query is MCWQ's, string for string}.
+
+  Raises:
+    DataNotFoundError / DataFormatError: as `cfq.read_mcwq_official` (a missing folder: no files).
+  """
+  files = sorted(pathlib.Path(mcwq_official).glob("*/*.en.txt"))
+  if not files:
+    raise paths.not_found(
+        pathlib.Path(mcwq_official) / "*/*.en.txt", "MCWQ official English files (--mcwq)")
+  queries = cfq.read_mcwq_official(files)
+  matched = [m for m in migrated if m["rec"]["questionPatternModEntities"] in queries]
+  same = sum(m["q"].to_sparql() == queries[m["rec"]["questionPatternModEntities"]] for m in matched)
+  return {"mcwq": str(mcwq_official), "question pattern in MCWQ": len(matched), "same query": same}
 
 
 def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[str, Any]:
@@ -154,6 +183,8 @@ def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[s
     migrated.append({"pos": pos, "file": fname, "rec": rec, "qp": qp, "q": q})
     alignment[cfq.alignment_source(rec, where)] += 1
   counts["migrated"] = len(migrated)
+  if args.mcwq:
+    report["mcwq_conformance"] = mcwq_conformance(migrated, args.mcwq)
 
   # 3. Entity substitution.
   endpoint = endpoint if endpoint is not None else make_endpoint(args)
@@ -362,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--cfq-split", nargs="*", help="CFQ split files to induce onto the output")
   ap.add_argument("--max-records", type=int, default=0, help="only the first N input records")
   ap.add_argument("--quiet", action="store_true", help="no progress bars")
+  ap.add_argument(
+      "--mcwq",
+      default=DEFAULT_MCWQ if os.path.isdir(DEFAULT_MCWQ) else "",
+      help="an MCWQ official/ folder to compare the migrated queries with (report.json's "
+      "mcwq_conformance; default ../shared/mcwq/official when it exists, '' for none)")
   return ap
 
 

@@ -2,8 +2,14 @@ r"""Dataset statistics as in MCWQ Table 3 (paper §3.4) and a complexity histogr
 
 For a produced release folder (`dataset.json`) or any `official/*/*.txt` files:
 unique questions, question patterns, unique queries, query patterns, yes/no vs wh- questions, and
-the histogram of complexity (recursionDepth when known, else the number of query clauses) drawn as
-a PNG with matplotlib's Agg backend.
+the histogram of complexity levels drawn as a PNG with matplotlib's Agg backend, titled with the
+release (its folder's name) or the first official file, and the number of questions.
+
+Complexity level (docs/glossary.md): CFQ's `recursionDepth`, the depth of the rule applications of
+CFQ's grammar that generated the question, where a record has it (a `dataset.json` of the full
+release or of `preprocessing.migrate`); else the number of triples and filters of the query (the
+`official/` files record no depth). `complexity_measure` in the output says which (`recursionDepth`,
+`clauses`, or `mixed`), as does the figure's axis.
 
 Definitions (CFQ/MCWQ): a question pattern is `questionPatternModEntities`; a unique question is
 `questionWithBrackets` (the pattern when only patterns are known); a unique query is `sparql` with
@@ -51,11 +57,13 @@ def compute(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
   Returns:
     {"examples", "unique_questions", "question_patterns", "unique_queries", "query_patterns",
-     "yes_no", "wh", "complexity": {level: {"yes_no": n, "wh": n}}}.
+     "yes_no", "wh", "complexity": {level: {"yes_no": n, "wh": n}}, "complexity_measure":
+     "recursionDepth" | "clauses" | "mixed" (records with and without a depth) | None (none)}.
   """
   recs = list(records)
   uq, qp, uqu, qpat = set(), set(), set(), set()
   yn = 0
+  measures = set()
   hist: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
   for r in recs:
     pattern_q = r["sparqlPatternModEntities"]
@@ -67,6 +75,7 @@ def compute(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     is_yn = pattern_q.lstrip().startswith("ASK")
     yn += is_yn
     level = r.get("recursionDepth")
+    measures.add("clauses" if level is None else "recursionDepth")
     if level is None:
       q = sparql_lib.parse_sparql(pattern_q)
       level = len(q.triples) + len(q.filters)
@@ -81,7 +90,8 @@ def compute(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
       "wh": len(recs) - yn,
       "complexity": {
           k: dict(hist[k]) for k in sorted(hist)
-      }
+      },
+      "complexity_measure": measures.pop() if len(measures) == 1 else "mixed" if measures else None
   }
 
 
@@ -94,8 +104,17 @@ def from_examples(examples: Iterable[readers.Example]) -> list[dict[str, Any]]:
   } for e in examples]
 
 
+COMPLEXITY_AXIS = {
+    "recursionDepth": "complexity level (CFQ's recursionDepth)",
+    "clauses": "complexity level (triples and filters of the query)",
+    "mixed": "complexity level (recursionDepth, else triples and filters)",
+    None: "complexity level",
+}
+
+
 def plot_complexity(stats: dict[str, Any], path: str | pathlib.Path, title: str = "") -> None:
-  """Stacked bar chart of the complexity histogram (yes/no and wh-) written as a PNG."""
+  """Stacked bar chart of the complexity histogram (yes/no and wh-) written as a PNG; the x axis
+  names the measure (`COMPLEXITY_AXIS[stats["complexity_measure"]]`)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -105,7 +124,7 @@ def plot_complexity(stats: dict[str, Any], path: str | pathlib.Path, title: str 
   fig, ax = plt.subplots(figsize=(7, 3.5))
   ax.bar(levels, yn, label="yes/no")
   ax.bar(levels, wh, bottom=yn, label="wh-")
-  ax.set_xlabel("complexity level")
+  ax.set_xlabel(COMPLEXITY_AXIS[stats.get("complexity_measure")])
   ax.set_ylabel("questions")
   ax.set_title(title)
   ax.legend()
@@ -122,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--dataset", help="a dataset.json produced by preprocessing.migrate")
   ap.add_argument("--official", nargs="*", help="official `IN: …  OUT: …` files")
   ap.add_argument("--png", help="write the complexity histogram here")
+  ap.add_argument("--title", help="the figure's title (default: `figure_title`)")
   args = ap.parse_args(argv)
   if args.dataset:
     recs = json.loads(pathlib.Path(args.dataset).read_text(encoding="utf-8"))
@@ -132,8 +152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   stats = compute(recs)
   print(json.dumps(stats, indent=1))
   if args.png:
-    plot_complexity(stats, args.png, pathlib.Path(args.dataset or args.official[0]).name)
+    plot_complexity(stats, args.png, args.title or
+                    figure_title(args.dataset or args.official[0], stats["examples"]))
   return 0
+
+
+def figure_title(source: str | pathlib.Path, examples: int) -> str:
+  """The histogram's default title: the release a `dataset.json` belongs to (its folder's name,
+  e.g. "mcwq_sample"), or an official file as `split/file` ("mcd1/test.en.txt"), and the number of
+  questions: "mcwq_sample: 1,818 questions"."""
+  path = pathlib.Path(source).resolve()
+  name = path.parent.name if path.name == "dataset.json" else f"{path.parent.name}/{path.name}"
+  return f"{name}: {examples:,} questions"
 
 
 if __name__ == "__main__":

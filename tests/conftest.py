@@ -167,4 +167,5 @@ def readme(tmp_path_factory, mcwq_dir):
   small = str(vocab.small_vocab_path())
   return scenarios.ReadmeRun(tmp_path_factory, [c for _, c in readme_commands.COMMANDS],
                              lambda index: readme_commands.env_of(index, small),
-                             readme_commands.with_overrides, readme_commands.depends)
+                             readme_commands.with_overrides, readme_commands.depends,
+                             readme_commands.same_as)

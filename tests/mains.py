@@ -52,8 +52,10 @@ def run(args: Sequence[str],
         input: Optional[str] = None,
         check: bool = True,
         timeout: int = 900,
-        cwd: pathlib.Path = REPO) -> subprocess.CompletedProcess:
-  """Runs `args` (e.g. [sys.executable, "-m", "mcwq_t5x.train", ...]) in a fresh process.
+        cwd: pathlib.Path = REPO,
+        unset: Sequence[str] = ()) -> subprocess.CompletedProcess:
+  """Runs `args` (e.g. [sys.executable, "-m", "mcwq_t5x.train", ...]) in a fresh process, with the
+  tests' environment plus `env`, less the variables named in `unset`.
 
   Raises:
     AssertionError: `check` and a non-zero exit status (with the end of stdout and stderr).
@@ -63,6 +65,8 @@ def run(args: Sequence[str],
   for name, value in CHILD_ENV.items():
     full_env.setdefault(name, value)
   full_env.update(env or {})
+  for name in unset:
+    full_env.pop(name, None)
   out = subprocess.run(
       list(args),
       cwd=cwd,

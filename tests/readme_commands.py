@@ -15,8 +15,12 @@ import socket
 import mains
 
 # README.md, then the docs pages in the order of the README's table: the commands run in this order,
-# and an `export` line holds for every command after it, as in one shell session that follows the
-# pages in turn. Every page of docs/ is listed (test_readme.py checks).
+# in one copy of the repository. Each page works on its own in a fresh clone, as a reader who opens
+# it alone meets it: an `export` line holds for the commands after it on its page only, and a
+# command reads only what commands of its own page wrote (`depends`; test_readme.py checks). A page
+# that needs another's output repeats the command that makes it (the main job on the pages that
+# read its run); a repeated command, the same text in the same environment, runs once (`same_as`).
+# Every page of docs/ is listed (test_readme.py checks).
 PAGES = (
     "README.md",
     "docs/main_job.md",
@@ -28,6 +32,7 @@ PAGES = (
     "docs/evaluation.md",
     "docs/dataset_creation.md",
     "docs/splits.md",
+    "docs/glossary.md",
 )
 TEST_COMMAND = 'pip install -e ".[test]" && bash scripts/install_t5x.sh && python -m pytest -q tests'
 
@@ -173,6 +178,10 @@ def readme_commands() -> list[tuple[str, str]]:
 
 
 COMMANDS = readme_commands()
+# The page of each command of COMMANDS.
+PAGE_OF = [
+    page for page in PAGES for _ in page_commands((mains.REPO / page).read_text(encoding="utf-8"))
+]
 
 
 def index_of(prefix: str) -> int:
@@ -206,11 +215,11 @@ def with_overrides(command: str, repo) -> str:
 
 
 def env_of(index: int, small_vocab_path: str) -> dict:
-  """The variables the README's `export` lines set for command `index` (the small vocabulary stands
-  in for mT5's `gs://` one)."""
+  """The variables the `export` lines of command `index`'s page set before it (the small
+  vocabulary stands in for mT5's `gs://` one)."""
   env = {}
-  for _, earlier in COMMANDS[:index + 1]:
-    if earlier.startswith("export "):
+  for i, (_, earlier) in enumerate(COMMANDS[:index + 1]):
+    if earlier.startswith("export ") and PAGE_OF[i] == PAGE_OF[index]:
       for assignment in shlex.split(earlier)[1:]:
         name, value = assignment.split("=", 1)
         if name == "MCWQ_VOCAB" and value.startswith("gs://"):
@@ -296,13 +305,31 @@ def depends_entries(index: int) -> list[tuple[str, list[str]]]:
 
 
 def depends(index: int) -> list[int]:
-  """The indices of the earlier commands whose outputs command `index` reads."""
+  """The indices of the earlier commands whose outputs command `index` reads: for each prefix of
+  its `DEPENDS` entry, the last command before it on its page that starts with the prefix, else
+  the first one anywhere (a page that does not work on its own: test_readme.py fails)."""
   entries = depends_entries(index)
   if len(entries) != 1:
     raise KeyError(
         f"README command {index} matches {len(entries)} entries of DEPENDS (expected 1): "
         f"{COMMANDS[index][1]}")
-  return [index_of(prefix) for prefix in entries[0][1]]
+  out = []
+  for prefix in entries[0][1]:
+    on_page = [
+        i for i in range(index)
+        if PAGE_OF[i] == PAGE_OF[index] and COMMANDS[i][1].startswith(prefix)
+    ]
+    out.append(on_page[-1] if on_page else index_of(prefix))
+  return out
+
+
+def same_as(index: int) -> int:
+  """The first command with the same text and the same variables (`env_of`) as command `index`
+  (`index` itself if none): a command repeated on another page runs once."""
+  for i in range(index):
+    if COMMANDS[i][1] == COMMANDS[index][1] and env_of(i, "") == env_of(index, ""):
+      return i
+  return index
 
 
 def chain(index: int) -> int:
@@ -315,9 +342,9 @@ def chain(index: int) -> int:
       i = parent[i]
     return i
 
-  shared = {index_of(prefix) for prefix in SHARED}
+  shared = {i for i in parent if same_as(i) in {index_of(prefix) for prefix in SHARED}}
   for i in parent:
-    for d in depends(i):
+    for d in depends(i) + [same_as(i)]:
       if d not in shared:
         parent[max(root(i), root(d))] = min(root(i), root(d))
   return root(index)

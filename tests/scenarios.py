@@ -117,13 +117,18 @@ class ReadmeRun:
     repo: the copy the commands run in (their current folder).
   """
 
-  def __init__(self, tmp_path_factory, commands: Sequence[str], env_of: Callable[[int], dict],
-               with_overrides: Callable[[str, pathlib.Path],
-                                        str], depends: Callable[[int], Sequence[int]]):
+  def __init__(self,
+               tmp_path_factory,
+               commands: Sequence[str],
+               env_of: Callable[[int], dict],
+               with_overrides: Callable[[str, pathlib.Path], str],
+               depends: Callable[[int], Sequence[int]],
+               same_as: Callable[[int], int] = lambda index: index):
     self.commands = list(commands)
     self._env_of = env_of
     self._with_overrides = with_overrides
     self._depends = depends
+    self._same_as = same_as
     self.folder = session_root(tmp_path_factory) / "scenario_readme"
     self.repo = self.folder / "repo"
     with filelock.FileLock(str(self.folder) + ".lock"):
@@ -168,7 +173,10 @@ class ReadmeRun:
   def result(self, index: int) -> dict:
     """Runs command `index` (after its dependencies) unless it has run, and returns its
     `{"command", "returncode", "stdout", "stderr", "seconds"}` (`returncode` None: not run, an
-    `export` line or the test command)."""
+    `export` line or the test command). A command repeated on another page (`same_as`) is not run
+    again: its result is the first one's."""
+    if self._same_as(index) != index:
+      return self.result(self._same_as(index))
     for dependency in self._depends(index):
       done = self.result(dependency)
       assert done["returncode"] == 0, (f"command {index} reads the outputs of command "

@@ -4,6 +4,8 @@ where data is needed (the 155 gold questions load in a second)."""
 import dataclasses
 import json
 import logging
+import os
+import sys
 
 import gin
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from mcwq_t5x import best_checkpoint as best_checkpoint_cli
 from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import vocab
 from mcwq_t5x import eval as eval_lib
 from mcwq_t5x import gin_utils
 from mcwq_t5x import infer as infer_lib
@@ -161,15 +164,85 @@ def test_tensorboard_metrics_are_plain_scalars(tmp_path):
   assert best_checkpoint.read_metric(tmp_path, "train/loss") == {1: 2.5, 2: 1.5}
 
 
-def test_cpu_runs_silence_tensorflow_cuda_probe(monkeypatch):
-  import os  # pylint: disable=g-import-not-at-top
-  monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
-  gin_utils.setup_logging()
-  expected = None if os.path.exists("/proc/driver/nvidia") else "3"
-  assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == expected
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # the user's setting wins
-  gin_utils.setup_logging()
-  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+def test_commands_set_tensorflow_log_level_unless_the_user_did(tmp_path):
+  """`gin_utils.quiet_native_logs` in a fresh process, as a command calls it: without an NVIDIA
+  driver TensorFlow's C++ errors are off (its one error there is the failed CUDA probe), a
+  user's own TF_CPP_MIN_LOG_LEVEL is kept. (What a command prints: test_readme's inspect_task
+  and test_mains' training log.)"""
+  probe = ("import os; from mcwq_t5x import gin_utils; gin_utils.quiet_native_logs(); "
+           "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])")
+  ours = mains.run([sys.executable, "-c", probe], unset=["TF_CPP_MIN_LOG_LEVEL"], cwd=tmp_path)
+  assert ours.stdout.strip() == ("1" if os.path.exists("/proc/driver/nvidia") else "3")
+  users = mains.run([sys.executable, "-c", probe], env={"TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=tmp_path)
+  assert users.stdout.strip() == "0"
+
+
+def test_native_noise_filter_keeps_everything_else(tmp_path):
+  """The filter process drops exactly the listed lines (as TensorFlow and SentencePiece print
+  them, some in pieces) and passes the rest in order, a partial last line and a crash's last
+  words included."""
+  script = r"""
+import os, sys
+from mcwq_t5x import gin_utils
+gin_utils.quiet_native_logs()
+w = lambda b: os.write(2, b)
+w(b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+w(b"I0000 00:00:1796306389.669676   14198 port.cc:153] oneDNN custom operations are on. You may "
+  b"see slightly different numerical results. To turn them off, set TF_ENABLE_ONEDNN_OPTS=0`.\n")
+w(b"kept 1\n")
+for piece in (b"normalizer.cc", b"(51) ", b"LOG(INFO) ", b"precompiled_charsmap is empty. use ",
+              b"identity normalization.", b"\n"):
+  w(piece)
+w(b"I0000 00:00:1796306389.670484   14198 cudart_stub.cc:31] Could not find cuda drivers on your "
+  b"machine, GPU will not be used.\n")
+print("kept 2: normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty.", file=sys.stderr)
+w(b"E0000 00:00:1796306410.230725   14198 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
+  b"CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n")
+sys.stderr.flush()
+w(b"last words without a newline")
+os.abort()
+"""
+  out = mains.run([sys.executable, "-c", script],
+                  unset=["TF_CPP_MIN_LOG_LEVEL"],
+                  check=False,
+                  cwd=tmp_path)
+  assert out.returncode != 0  # aborted
+  cuda = [] if not os.path.exists("/proc/driver/nvidia") else [
+      "E0000 00:00:1796306410.230725   14198 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
+      "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"
+  ]
+  assert out.stderr.split("\n") == [
+      "kept 1", "kept 2: normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty.", *cuda,
+      "last words without a newline"
+  ]
+
+
+def test_missing_vocabulary_file_is_one_line(tmp_path):
+  """MCWQ_VOCAB naming a file that is not there (docs/splits.md followed without its vocabulary
+  command): the commands stop at once with one line naming the variable and the path."""
+  message = ("MCWQ_VOCAB=runs/mcwq_spm.model: this SentencePiece model does not exist; create it "
+             "(`python scripts/train_vocab.py --output runs/mcwq_spm.model` trains the small "
+             "offline vocabulary there) or unset MCWQ_VOCAB (the small offline vocabulary)")
+  env = {"MCWQ_VOCAB": "runs/mcwq_spm.model"}
+  train = mains.python_m("mcwq_t5x.train", f"--gin_file={TINY}", env=env, check=False, cwd=tmp_path)
+  assert train.returncode == 1 and "Traceback" not in train.stderr
+  assert train.stderr.splitlines()[-1] == f"VocabularyNotFoundError: {message}"
+  inspect = mains.python_m(
+      "mcwq_t5x.inspect_task", "mcwq_mcd1_en", env=env, check=False, cwd=tmp_path)
+  assert inspect.returncode == 1 and inspect.stderr.strip() == f"error: {message}"
+
+
+def test_unreadable_remote_vocabulary_is_one_line(monkeypatch):
+  """A `gs://` vocabulary that cannot be read (offline, no credentials, no such object): one line
+  naming MCWQ_VOCAB and what to do, not TensorFlow's transport error."""
+  path = "gs://mcwq-t5x-no-such-bucket/sentencepiece.model"
+  monkeypatch.setenv("MCWQ_VOCAB", path)
+  with pytest.raises(vocab.VocabularyNotFoundError) as e:
+    vocab.get_vocabulary().encode("ASK")
+  message = str(e.value)
+  assert message.startswith(f"MCWQ_VOCAB={path}: this SentencePiece model cannot be read (")
+  assert "\n" not in message and message.endswith(
+      f"copy it to this machine (e.g. `gsutil cp {path} runs/`) and point MCWQ_VOCAB at the copy")
 
 
 # --- execution accuracy: what it is, where it runs, how it is reported -------------------------
@@ -266,3 +339,28 @@ def test_readme_seqio_example_runs(mcwq_dir):
   exec(code, scope)  # pylint: disable=exec-used
   example = next(scope["ds"].as_numpy_iterator())
   assert {"inputs", "targets", "inputs_pretokenized"} <= set(example)
+
+
+def test_native_noise_filter_outlives_a_signal_to_the_process_group(tmp_path):
+  """A scheduler's SIGTERM or Ctrl-C's SIGINT reaches the whole process group; the filter keeps
+  running, so what the command prints while it handles the signal still comes out."""
+  script = r"""
+import os, signal, sys, time
+from mcwq_t5x import gin_utils
+gin_utils.quiet_native_logs()
+def on_term(signum, frame):
+  time.sleep(0.5)  # the filter has had the signal too by now
+  print("saving a checkpoint before stopping", file=sys.stderr, flush=True)
+  sys.exit(7)
+signal.signal(signal.SIGTERM, on_term)
+os.setpgid(0, 0)  # a group of its own (and its filter's, without start_new_session)
+os.killpg(os.getpgrp(), signal.SIGTERM)
+time.sleep(10)
+"""
+  out = mains.run([sys.executable, "-c", script],
+                  unset=["TF_CPP_MIN_LOG_LEVEL"],
+                  check=False,
+                  timeout=60,
+                  cwd=tmp_path)
+  assert out.returncode == 7, out.stderr
+  assert "saving a checkpoint before stopping" in out.stderr

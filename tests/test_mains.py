@@ -6,7 +6,9 @@ Kill and resume are checked in test_checkpoints.py (in this process) and test_mu
 2-process run resumed by one process); `eval` decoding a checkpoint as the training run's final
 evaluation did, by the README's commands (test_readme.py)."""
 import json
+import os
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -96,6 +98,14 @@ def test_train_log_is_short_and_says_what_it_decodes(trained):
   assert "monitoring on the reported split" in log
   assert f"final evaluation decodes the last checkpoint (checkpoint_{STEPS})" in log
   assert "'logger_cls' is empty" not in log
+  # No start-up noise of the native libraries (gin_utils.quiet_native_logs): absl's notice and
+  # TensorFlow's oneDNN and CUDA lines (each twice), SentencePiece's normalizer note (10 times in
+  # a short run), and, without an NVIDIA driver, no error-level CUDA line.
+  for noise in ("absl::InitializeLog", "oneDNN custom operations", "cudart_stub.cc",
+                "precompiled_charsmap is empty"):
+    assert noise not in log, noise
+  if not os.path.exists("/proc/driver/nvidia"):
+    assert "cuInit" not in log and not re.search(r"^E\d{4} ", log, re.M), log
   metrics_file = json.loads((trained / "metrics/mcwq_gold_he_test.json").read_text())
   assert metrics_file["selected_by"] == "last checkpoint" and metrics_file["step"] == STEPS
 

@@ -153,8 +153,16 @@ def test_command_fresh_process(tmp_path, mcwq_dir):
   report = json.loads((out / "make_splits.json").read_text())
   assert report["pool"] == 240 and report["languages"] == ["en", "he"]
   assert report["splits"]["mcd_s3"]["sizes"] == {"train": 120, "dev": 15, "test": 15}
+  assert report["splits"]["mcd_s3"]["unused"] == report["splits"]["random"]["unused"] == 90
   assert sorted(p.name for p in (out / "official" / "random").iterdir()) == [
       f"{p}.{l}.txt" for p in ("dev", "test", "train") for l in ("en", "he")
   ]
   mcd, rand = report["splits"]["mcd_s3"]["divergences"], report["splits"]["random"]["divergences"]
   assert mcd["train/test"]["compound"] > rand["train/test"]["compound"]
+  # The atom bound is held between train and the whole hold-out, the pair the report names.
+  assert mcd["train/dev+test"]["atom"] <= BOUND
+  split = json.loads((out / "splits" / "mcd_s3.json").read_text())
+  queries = [e.sparql for e in readers.read_official(src / "official/random_split/test.en.txt")]
+  held_out = [queries[i] for i in split["devIdxs"] + split["testIdxs"]]
+  assert mcd["train/dev+test"]["atom"] == pytest.approx(
+      dv.compare([queries[i] for i in split["trainIdxs"]], held_out).atom, abs=1e-6)

@@ -819,7 +819,7 @@ def test_bleu_machine_vs_human(mcwq_dir):
     gold.bleu(["a"], [])
 
 
-def test_statistics(mcwq_dir, release, tmp_path):
+def test_statistics(mcwq_dir, release, tmp_path, monkeypatch):
   s = stats.compute(
       stats.from_examples(readers.read_official(mcwq_dir / "official" / "mcd1" / "test.en.txt")))
   assert s["examples"] == 5310 and s["yes_no"] + s["wh"] == 5310
@@ -834,6 +834,19 @@ def test_statistics(mcwq_dir, release, tmp_path):
   assert r["examples"] == len(data) and r["yes_no"] == sum(
       d["sparqlPatternModEntities"].startswith("ASK") for d in data)
   assert set(r["complexity"]) == {d["recursionDepth"] for d in data}
+  # The measure is named (the official files record no depth) ...
+  assert s["complexity_measure"] == "clauses" and r["complexity_measure"] == "recursionDepth"
+  # ... and the command's figure is titled with the release (its folder), not "dataset.json".
+  drawn = {}
+  monkeypatch.setattr(
+      stats, "plot_complexity",
+      lambda st, path, title: drawn.update(title=title, measure=st["complexity_measure"]))
+  assert stats.main(["--dataset", str(release / "dataset.json"), "--png", str(png)]) == 0
+  assert drawn == {"title": f"{release.name}: {len(data):,} questions", "measure": "recursionDepth"}
+  official = mcwq_dir / "official" / "mcd1" / "test.en.txt"
+  assert stats.main(["--official", str(official), "--png", str(png)]) == 0
+  assert drawn == {"title": "mcd1/test.en.txt: 5,310 questions", "measure": "clauses"}
+  assert stats.COMPLEXITY_AXIS["clauses"] == "complexity level (triples and filters of the query)"
 
 
 def test_retry_delay_and_pacing():

@@ -8,6 +8,7 @@ itself is what CI runs (`.ci/run` runs it verbatim), so it is checked against `.
 again."""
 import json
 import pathlib
+import re
 import shlex
 import sys
 
@@ -47,6 +48,108 @@ def test_readme_commands_are_covered():
   for _, command in COMMANDS:
     if any(m in command for m in (".train ", ".eval ", ".infer ", "benchmark.py")):
       assert rc.with_overrides(command, "/r") != command, command
+
+
+# A folder or file under `runs/` that a command names (also as `$PWD/runs/...`; not the gin
+# folders `gin/.../runs/`).
+RUNS_ENTRY = re.compile(r"(?:^|(?<=[\s'\"=])|(?<=\$PWD/))runs/([\w.-]+)")
+
+
+def test_each_page_runs_on_its_own():
+  """A reader can follow any page alone, top to bottom, in a fresh clone: no command reads an
+  output of another page's commands. Checked from the dependency table (`readme_commands.depends`:
+  what each command reads, implicit paths included) and from the `runs/` entries the commands
+  name: an `export` line names only what its page made before it, and a command names a `runs/`
+  entry of another page only after its own page made it (a repeated command, such as the main job
+  on the pages that read its run, makes it). The tests run each page's `export` lines for that
+  page only (`readme_commands.env_of`)."""
+  problems = []
+  for i, (_, command) in enumerate(COMMANDS):
+    page = rc.PAGE_OF[i]
+    if rc.runnable(i):
+      problems += [
+          f"{page}: `{command[:80]}` reads what `{COMMANDS[d][1][:80]}` of {rc.PAGE_OF[d]} wrote"
+          for d in rc.depends(i)
+          if rc.PAGE_OF[d] != page
+      ]
+    named = set(RUNS_ENTRY.findall(command))
+    here, elsewhere = set(), set()
+    for j in range(i):
+      (here if rc.PAGE_OF[j] == page else elsewhere).update(RUNS_ENTRY.findall(COMMANDS[j][1]))
+    if command.startswith("export "):
+      missing = named - here
+    else:
+      missing = set() if rc.same_as(i) != i else (named & elsewhere) - here
+    problems += [
+        f"{page}: `{command[:80]}` names runs/{n}, which no earlier command of {page} makes"
+        for n in sorted(missing)
+    ]
+  assert not problems, "\n".join(problems)
+
+
+def test_no_paragraph_repeats_within_a_page():
+  """No page says the same thing twice: no sentence of 60 characters or more is in two paragraphs
+  of one page (prose only: code blocks and tables are left out)."""
+  repeated = []
+  for page in ("README.md", "ARCHITECTURE.md", *rc.PAGES[1:], "preprocessing/README.md"):
+    text = re.sub(r"```.*?```", "", (mains.REPO / page).read_text(encoding="utf-8"), flags=re.S)
+    seen = {}
+    for n, paragraph in enumerate(re.split(r"\n\s*\n", text)):
+      if paragraph.lstrip().startswith("|"):
+        continue
+      for sentence in re.split(r"(?<=[.;:])\s+", " ".join(paragraph.split())):
+        if len(sentence) >= 60 and seen.setdefault(sentence, n) != n:
+          repeated.append(f"{page}: {sentence!r}")
+  assert not repeated, "\n".join(repeated)
+
+
+# The terms of docs/glossary.md (its headings' anchors) and how the pages write them.
+GLOSSARY_TERMS = {
+    "mcwq-and-cfq": r"\bCFQ\b",
+    "placeholders": r"\bplaceholders?\b",
+    "rir": r"\bRIR\b",
+    "exact-match-and-bleu": r"\bexact match\b",
+    "splits-and-parts": r"\brandom_split\b",
+    "zero-shot": r"\bzero-shot\b",
+    "gold-test-set": r"\bgold\b",
+    "prefixed-tasks": r"_prefixed\b",
+    "dbca-atoms-and-compounds": r"\bDBCA\b",
+    "divergence-and-the-chernoff-coefficient": r"\bChernoff\b",
+    "mcd-split": r"\bMCD\b",
+    "complexity-level": r"\bcomplexity\b",
+    "first-fit-and-greedy-packing": r"\bfirst-fit\b|\bgreedy packing\b",
+    "unsafe_rbg": r"\bunsafe_rbg\b",
+    "gin-files-macros-and-bindings": r"\bmacros?\b",
+}
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading: lower case, punctuation but `-` and `_` dropped, spaces
+  as `-`."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_glossary_terms_are_linked_where_they_first_appear():
+  """Reading the README, then the docs pages in the README's order, each term of the glossary is
+  linked to its entry in the paragraph (or table) where it first appears."""
+  glossary = (mains.REPO / "docs/glossary.md").read_text(encoding="utf-8")
+  anchors = {_anchor(h) for h in re.findall(r"^## (.+)$", glossary, re.M)}
+  assert anchors == set(GLOSSARY_TERMS), anchors ^ set(GLOSSARY_TERMS)
+  unlinked, first = [], {}
+  for page in rc.PAGES:
+    if page == "docs/glossary.md":
+      continue
+    text = re.sub(r"```.*?```", "", (mains.REPO / page).read_text(encoding="utf-8"), flags=re.S)
+    for paragraph in re.split(r"\n\s*\n", text):
+      prose = re.sub(r"\]\([^)]*\)", "]", paragraph)  # link targets are not prose
+      for anchor, pattern in GLOSSARY_TERMS.items():
+        if anchor in first or not re.search(pattern, prose):
+          continue
+        first[anchor] = page
+        if f"glossary.md#{anchor})" not in paragraph:
+          unlinked.append(f"{page}: {anchor!r} first appears unlinked in: {paragraph[:160]!r}")
+  assert set(first) == set(GLOSSARY_TERMS), set(GLOSSARY_TERMS) - set(first)
+  assert not unlinked, "\n".join(unlinked)
 
 
 def test_readme_commands_run_in_the_tests_environment(readme):
@@ -200,9 +303,15 @@ def _download_copy(repo, out):
 
 
 def _inspect(repo, out):
+  """The examples on stdout; on stderr progress lines only (`[  12 s] ...`: loading, reading, the
+  count), none of TensorFlow's or SentencePiece's start-up lines."""
   del repo
   first = readers.read_split("mcd1", "dev", "he", mains.REPO.parent / "shared/mcwq")[0]
   assert first.question in out["stdout"] and first.rir in out["stdout"]
+  progress = out["stderr"].splitlines()
+  assert progress and all(re.match(r"\[ *\d+ s\] ", l) for l in progress), progress
+  assert "loading SeqIO, TensorFlow and the MCWQ tasks" in progress[0]
+  assert progress[-1].endswith("] 5,408 examples read"), progress  # the mcd1 dev questions
 
 
 def _evaluate_published(repo, out):
@@ -225,9 +334,13 @@ def _compare_published(repo, out):
 
 
 def _migrate(repo, out):
-  del out
+  """1,818 records migrate; all 228 whose question pattern MCWQ has give MCWQ's query, as
+  docs/dataset_creation.md says and the command prints."""
   dataset = json.loads((repo / "runs/mcwq_sample/dataset.json").read_text())
   assert len(dataset) == 1818
+  conformance = json.loads(out["stdout"])["mcwq_conformance"]
+  assert conformance["mcwq"].endswith("shared/mcwq/official"), conformance  # the default
+  assert conformance["question pattern in MCWQ"] == conformance["same query"] == 228
 
 
 def _stats(repo, out):
@@ -276,17 +389,37 @@ def _divergence(repo, out):
 
 
 def _make_splits(repo, out):
-  del out
+  """The figures docs/splits.md states: sizes, the 4,669 questions in no part, the atom bound held
+  between train and the whole hold-out, and the divergences of the table."""
   report_file = json.loads((repo / "runs/mcwq_splits/make_splits.json").read_text())
-  assert report_file["splits"]["mcd"]["sizes"] == {"train": 6222, "dev": 777, "test": 777}
+  assert json.loads(out["stdout"]) == report_file  # what the command prints
+  mcd, rand = report_file["splits"]["mcd"], report_file["splits"]["random"]
+  assert report_file["pool"] == 12445
+  assert mcd["sizes"] == rand["sizes"] == {"train": 6222, "dev": 777, "test": 777}
+  assert mcd["unused"] == rand["unused"] == 4669
+  assert mcd["divergences"]["train/dev+test"]["atom"] <= 0.02
+  stated = {
+      ("mcd", "train/dev+test", "atom"): 0.019966,
+      ("mcd", "train/test", "atom"): 0.020834,
+      ("mcd", "train/dev", "atom"): 0.020613,
+      ("mcd", "train/test", "compound"): 0.8089,
+      ("random", "train/test", "atom"): 0.000944,
+      ("random", "train/test", "compound"): 0.133258
+  }
+  for (name, pair, kind), value in stated.items():
+    assert report_file["splits"][name]["divergences"][pair][kind] == pytest.approx(value, abs=5e-6)
 
 
 def _gap_run(name):
 
   def check_run(repo, out):
-    del out
+    """Test predictions; the run monitors on the split's dev part (EVAL_SPLIT='validation'), so
+    its log does not say that there is no held-out dev split."""
     preds = _lines(repo / f"runs/gap/{name}/predictions/mcwq_{name}_test.txt")
     assert len(preds) == 777
+    assert "final evaluation decodes the last checkpoint (checkpoint_4)" in out["stderr"]
+    assert "no held-out dev split" not in out["stderr"], out["stderr"][-3000:]
+    assert "monitoring on the reported split" not in out["stderr"]
 
   return check_run
 

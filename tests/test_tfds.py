@@ -100,3 +100,20 @@ def test_changed_source_files_rebuild(tmp_path, mcwq_dir, monkeypatch):
   assert len(_questions(builder, "test")) == 5
   assert builder.info.metadata["source"]["sha256"] == tfds_mcwq.source_fingerprint(
       "random_split", "en", data)["sha256"]
+
+
+def test_data_page_says_where_tfds_writes_and_what_minus_one_means(mcwq_dir, monkeypatch):
+  """docs/data.md states TFDS's default folder and the builder's version as the code has them, and
+  what `recursionDepth` -1 means: every example of the official files has it."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  page = (pathlib.Path(__file__).resolve().parents[1] / "docs/data.md").read_text(encoding="utf-8")
+  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)  # TFDS's default folder, not a user's
+  default = pathlib.Path(tfds.core.constants.get_default_data_dir()).relative_to(
+      pathlib.Path.home())
+  assert f"`~/{default}/mcwq/<config>/{tfds_mcwq.Mcwq.VERSION}/`" in page
+  assert "`TFDS_DATA_DIR`" in page
+  assert "**−1 where it does not**" in page and "`official/` files" in page
+  depths = {
+      ex["recursionDepth"] for _, ex in tfds_mcwq.generate_examples("mcd1", "test", "he", mcwq_dir)
+  }
+  assert depths == {-1}

@@ -255,17 +255,23 @@ def _cached_vocabulary_class() -> type:
     It adds no state to its parent, so it compares equal (seqio compares `__getstate__`, i.e. the
     model file path and options) to a plain `seqio.SentencePieceVocabulary` of the same file:
     T5X's "Model and Task vocabularies do not match" check passes whichever of the two a gin file
-    binds. The only difference is the error when the file is missing: `DataNotFoundError` naming
-    the file, the data directory and the command that creates it.
+    binds. The only difference is the error when the file cannot be read: a one-line
+    `VocabularyNotFoundError` (`unreadable_vocabulary`) naming the file and what named it
+    (`$MCWQ_VOCAB`, or the small model's cache and the command that trains it), instead of
+    TensorFlow's `NotFoundError` or a `gs://` transport error.
     """
 
     def _model_context(self):
-      if not self._model and not os.path.isfile(self._sentencepiece_model_file):
-        raise paths.not_found(
-            self._sentencepiece_model_file,
-            "small MCWQ SentencePiece model (trained from the MCWQ train/dev text by "
-            "`python scripts/train_vocab.py`; no data was found to train it)")
-      return super()._model_context()
+      if self._model:
+        return self._model
+      model_file = self._sentencepiece_model_file
+      if "://" not in model_file and not os.path.isfile(model_file):
+        raise unreadable_vocabulary(model_file)
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      try:
+        return super()._model_context()
+      except tf.errors.OpError as e:  # e.g. gs:// without network access or credentials
+        raise unreadable_vocabulary(model_file, e.message) from None
 
   # A module-level name, so that pickle finds the class by reference.
   _CachedSentencePieceVocabulary.__qualname__ = "_CachedSentencePieceVocabulary"
@@ -280,13 +286,60 @@ def __getattr__(name: str) -> Any:
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class VocabularyNotFoundError(paths.DataNotFoundError):
+  """A SentencePiece model file cannot be read; the message (one line) names the file and the
+  variable that named it."""
+
+
+def unreadable_vocabulary(model_file: str, reason: str = "") -> VocabularyNotFoundError:
+  """The error for a vocabulary file that is missing (`reason` empty) or cannot be read.
+
+  Args:
+    model_file: the SentencePiece model path (local or `gs://`).
+    reason: why reading failed, e.g. TensorFlow's "Error executing an HTTP request: ... Could not
+      resolve host: www.googleapis.com" (its first line is kept); empty for a missing local file.
+
+  Returns:
+    A `VocabularyNotFoundError` (the caller raises it) whose one-line message names `model_file`,
+    the variable `$MCWQ_VOCAB` when it holds that path, and what to do.
+  """
+  reason = reason.strip().splitlines()[0] if reason.strip() else ""
+  problem = f"cannot be read ({reason})" if reason else "does not exist"
+  if os.environ.get(VOCAB_ENV) == model_file:
+    if "://" in model_file:
+      fix = (f"copy it to this machine (e.g. `gsutil cp {model_file} runs/`) and point "
+             f"{VOCAB_ENV} at the copy")
+    else:
+      fix = (f"create it (`python scripts/train_vocab.py --output {model_file}` trains the small "
+             f"offline vocabulary there) or unset {VOCAB_ENV} (the small offline vocabulary)")
+    return VocabularyNotFoundError(
+        f"{VOCAB_ENV}={model_file}: this SentencePiece model {problem}; {fix}")
+  if pathlib.Path(model_file).parent.parent == paths.cache_dir(create=False):
+    return VocabularyNotFoundError(
+        f"the small MCWQ SentencePiece model {model_file} {problem}: there was no MCWQ train/dev "
+        f"text to train it from (`python scripts/train_vocab.py` trains it from "
+        f"${paths.DATA_DIR_ENV}, else ../shared/mcwq)")
+  return VocabularyNotFoundError(f"the SentencePiece model {model_file} {problem}")
+
+
+def check_vocabulary_variable() -> None:
+  """Fails at once when `$MCWQ_VOCAB` names a local file that does not exist (the mains call it
+  before loading anything; a `gs://` path fails where it is read).
+
+  Raises:
+    VocabularyNotFoundError: the one-line message of `unreadable_vocabulary`.
+  """
+  path = os.environ.get(VOCAB_ENV)
+  if path and "://" not in path and not os.path.isfile(path):
+    raise unreadable_vocabulary(path)
+
+
 @functools.lru_cache(maxsize=None)
 def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
                 data_dir: str) -> seqio.SentencePieceVocabulary:
   del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
-  import seqio  # pylint: disable=g-import-not-at-top
   if path is not None:
-    return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+    return _cached_vocabulary_class()(path, extra_ids=extra_ids)
   try:
     model_file = small_vocab_path()
   except paths.DataNotFoundError:
