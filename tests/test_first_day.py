@@ -5,6 +5,7 @@ import dataclasses
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import gin
@@ -353,14 +354,19 @@ def on_term(signum, frame):
   print("saving a checkpoint before stopping", file=sys.stderr, flush=True)
   sys.exit(7)
 signal.signal(signal.SIGTERM, on_term)
-os.setpgid(0, 0)  # a group of its own (and its filter's, without start_new_session)
 os.killpg(os.getpgrp(), signal.SIGTERM)
 time.sleep(10)
 """
-  out = mains.run([sys.executable, "-c", script],
-                  unset=["TF_CPP_MIN_LOG_LEVEL"],
-                  check=False,
-                  timeout=60,
-                  cwd=tmp_path)
+  env = dict(os.environ)
+  env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+  # A process group of its own (and of the filter it starts), as a job under a scheduler.
+  out = subprocess.run([sys.executable, "-c", script],
+                       cwd=tmp_path,
+                       env=env,
+                       capture_output=True,
+                       text=True,
+                       timeout=60,
+                       start_new_session=True,
+                       check=False)
   assert out.returncode == 7, out.stderr
   assert "saving a checkpoint before stopping" in out.stderr
