@@ -2,9 +2,12 @@
 (the command line is `python -m mcwq_t5x.report`).
 
 Reads every prediction file under RESULTS_DIR, scores it against the gold queries
-(`mcwq_t5x.evaluation.metrics`) and writes, under --out (default `./mcwq_report`):
+(`mcwq_t5x.evaluation.metrics`), checks that it belongs to them and reads as UTF-8
+(`mcwq_t5x.evaluation.prediction_checks`: a warning on stderr, in report.md and results.json
+otherwise) and writes, under --out (default `./mcwq_report`):
 
-  * `report.md`: all tables in Markdown, plus the list of files read and skipped analyses;
+  * `report.md`: all tables in Markdown, plus warnings, the list of files read and skipped
+    analyses;
   * `table4_monolingual_{exact_match,bleu,equivalence}.csv` (paper Table 4: per split x
     language, with "MCD mean" = mean over the MCD splits present);
   * `table5_zeroshot_{exact_match,bleu,equivalence}.csv` (Table 5: English-trained models on
@@ -72,6 +75,7 @@ import numpy as np
 from mcwq_t5x.data import divergence
 from mcwq_t5x.data import readers
 from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.evaluation import prediction_checks
 from mcwq_t5x.evaluation import score as score_lib
 
 SPLITS = readers.SPLITS
@@ -232,11 +236,13 @@ def _test_splits(names: Sequence[str]) -> list[str]:
 
 @dataclasses.dataclass
 class GoldSet:
-  """Gold queries of one test set: RIR targets, questions and depths (None when unknown)."""
+  """Gold queries of one test set: RIR targets, questions and depths (None when unknown), the
+  file of the targets and that of the questions (None: the targets' file, or no questions)."""
   targets: list[str]
   questions: Optional[list[str]]
   depths: Optional[list[Optional[int]]]
   source: str
+  questions_source: Optional[str] = None
 
 
 class _GoldLoader:
@@ -265,6 +271,7 @@ class _GoldLoader:
       if questions is not None and len(questions) != len(targets):
         questions = None
       source = str(rir_file)
+      questions_source = None if questions is None else str(question_file)
     elif split == GOLD:
       self.messages.append(f"no gold targets {rir_file}")
       return None
@@ -277,7 +284,9 @@ class _GoldLoader:
       targets = [e.rir for e in examples]
       questions = [e.question for e in examples]
       source = examples[0].source if examples else str(self.data_dir)
-    return GoldSet(targets, questions, self._depths(split, language, targets), source)
+      questions_source = None
+    return GoldSet(targets, questions, self._depths(split, language, targets), source,
+                   questions_source)
 
   def _depths(self, split: str, language: str, targets: list[str]) -> Optional[list]:
     if split == GOLD:
@@ -344,11 +353,14 @@ def build(results_dir: str | pathlib.Path,
 
   Returns:
     {"runs": [one dict per prediction file: model, mode, split, language, gold, path, n, scores,
-      error_categories, by_complexity (or None)],
+      error_categories, by_complexity (or None), alignment (`prediction_checks.check_alignment`)],
      "intersection": [one dict per gold prediction file: model, mode, split, language,
       matched, n_gold, mt and gold: scores on the matched examples (None if none), gold_all:
       scores on all n_gold],
-     "messages": [skipped analyses and files, with reasons], "eval_split": eval_split}
+     "messages": [skipped analyses and files, with reasons], "warnings": [prediction files that
+      do not seem to belong to their gold lines, or have lines that are not valid UTF-8: each
+      names the files (`prediction_checks.check_prediction_file`); they are scored all the same],
+     "eval_split": eval_split}
 
   Raises:
     FileNotFoundError: `results_dir` does not exist.
@@ -362,6 +374,7 @@ def build(results_dir: str | pathlib.Path,
   data_dir = pathlib.Path(data_dir) if data_dir is not None else targets_dir.parent
   loader = _GoldLoader(targets_dir, data_dir, EVAL_SPLITS[eval_split])
   runs: list[dict[str, Any]] = []
+  warnings: list[str] = []
   predictions_of: dict[tuple, list[str]] = {}
   first_path: dict[tuple, pathlib.Path] = {}
   for pf in discover(results_dir, eval_split):
@@ -378,6 +391,10 @@ def build(results_dir: str | pathlib.Path,
     score_lib.check_same_length("predictions", pf.path, preds, "targets", gold_set.source,
                                 gold_set.targets)
     result = metrics.score_predictions(gold_set.targets, preds)
+    checks = prediction_checks.check_prediction_file(pf.path, preds, gold_set.source,
+                                                     gold_set.targets, gold_set.questions_source,
+                                                     gold_set.questions)
+    warnings += checks["warnings"]
     by_complexity = None
     if gold_set.depths is not None:
       by_complexity = metrics.accuracy_by_complexity(gold_set.targets, preds, gold_set.depths)
@@ -392,7 +409,8 @@ def build(results_dir: str | pathlib.Path,
             n=result["n"],
             **_scores(result),
             error_categories=result["error_categories"],
-            by_complexity=by_complexity))
+            by_complexity=by_complexity,
+            alignment=checks["alignment"]))
     predictions_of[(pf.model, pf.mode, pf.split, pf.language, pf.gold)] = preds
 
   intersection = []
@@ -440,6 +458,8 @@ def build(results_dir: str | pathlib.Path,
           split_divergences(sorted({r["split"] for r in runs}), data_dir, loader.messages),
       "messages":
           loader.messages,
+      "warnings":
+          warnings,
       "eval_split":
           eval_split
   }
@@ -721,6 +741,8 @@ def write_report(report: dict[str, Any], out_dir: str | pathlib.Path) -> dict[st
                          "the en column is the English model's own test result)",
   }
   md = ["# MCWQ reproduction report", ""]
+  if report.get("warnings"):
+    md += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
   if report.get("eval_split", "test") != "test":
     md += [
         f"Scores of the `{report['eval_split']}` predictions (the `dev` part), not the test "
