@@ -8,7 +8,8 @@ Flags (same names as T5X):
                              (default: the current folder and the repository root).
 
 Errors in the config (unknown configurable or parameter, a syntax error, a binding of a macro that no
-config file uses) are raised as `GinConfigError` naming the file/line or the binding.
+config file uses, an include cycle, a missing include) are raised as `GinConfigError` naming the
+file/line or the binding (a cycle: each of its files and the line that includes the next).
 
 Nothing is registered with gin here or anywhere else in the library at import: the config files
 name what they configure by dynamic registration (`from __gin__ import dynamic_registration`,
@@ -79,20 +80,54 @@ def _resolve(path: str, search_paths: Sequence[str]) -> Optional[pathlib.Path]:
 _INCLUDE_RE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.M)
 
 
+def _include_search_paths(search_paths: Sequence[str]) -> list[str]:
+  """Where includes are looked for: the search paths, then `sys.path` (includes of installed
+  packages' files, e.g. 't5x/configs/runs/finetune.gin', as gin's own resource reader finds
+  them)."""
+  return list(search_paths) + [d for d in sys.path if d]
+
+
 def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
-  """Text of the files and everything they include (for the unused-macro check)."""
-  seen, out, todo = set(), [], list(files)
-  while todo:
-    f = todo.pop()
-    # Includes of installed packages' files (e.g. 't5x/configs/runs/finetune.gin') are found on
-    # sys.path, as gin's own resource reader finds them.
-    p = _resolve(f, list(search_paths) + [d for d in sys.path if d])
-    if p is None or p in seen:
-      continue
-    seen.add(p)
-    text = p.read_text()
+  """Text of the files and everything they include (for the unused-macro check), read in
+  include order; a file included twice (not in a cycle) is read once.
+
+  Raises:
+    GinConfigError: an include cycle (the message names the files of the cycle, each with the
+      line that includes the next) or an include that is not found (the message names the
+      including file and line, the missing file and the folders searched).
+  """
+  paths = _include_search_paths(search_paths)
+  done: set[pathlib.Path] = set()
+  out: list[str] = []
+
+  def visit(path: pathlib.Path, chain: list[tuple[pathlib.Path, int]]) -> None:
+    # chain: the files being read, outermost first, each with the line that includes the next.
+    text = path.read_text()
     out.append(text)
-    todo.extend(_INCLUDE_RE.findall(text))
+    for match in _INCLUDE_RE.finditer(text):
+      line = text.count("\n", 0, match.start()) + 1
+      if "://" in match.group(1):  # read by one of gin's file readers (e.g. gs://): left to gin
+        continue
+      included = _resolve(match.group(1), paths)
+      if included is None:
+        raise GinConfigError(
+            f"{path}, line {line}: included gin file {match.group(1)!r} not found (searched: "
+            f"{', '.join(dict.fromkeys(search_paths))} and sys.path)")
+      stack = [p for p, _ in chain] + [path]
+      key = included.resolve()
+      if key in {p.resolve() for p in stack}:
+        start = [p.resolve() for p in stack].index(key)
+        links = zip(chain[start:] + [(path, line)], stack[start + 1:] + [included])
+        cycle = "; ".join(f"{p}, line {n}, includes {t}" for (p, n), t in links)
+        raise GinConfigError(f"gin include cycle: {cycle}")
+      if key not in done:
+        visit(included, chain + [(path, line)])
+    done.add(path.resolve())
+
+  for f in files:
+    p = _resolve(f, paths)
+    if p is not None and p.resolve() not in done:
+      visit(p, [])
   return "\n".join(out)
 
 
@@ -120,7 +155,8 @@ def parse_gin(gin_files: Sequence[str],
     skip_unknown: passed to gin (False: unknown configurables are errors).
 
   Raises:
-    GinConfigError: missing file, unknown configurable/parameter, syntax error, or a macro binding
+    GinConfigError: missing file, an include cycle (naming its files) or a missing include (naming
+      the including file and line), unknown configurable/parameter, syntax error, or a macro binding
       (UPPER_CASE name) that no config file references by its whole name (`TRAIN_STEP = 5` is an
       error even though the files reference `%TRAIN_STEPS`).
   """
@@ -289,7 +325,10 @@ def original_error(error: BaseException) -> BaseException:
   the caller as a proxy subclassing its type, whose message adds "In call to configurable ...";
   the original is its `__context__`."""
   context = error.__context__
-  return context if context is not None and type(context) in type(error).__bases__ else error
+  proxy = (
+      context is not None and type(context) in type(error).__bases__ and
+      type(error).__name__ == type(context).__name__)
+  return context if proxy else error
 
 
 def one_line_exit(error: BaseException) -> SystemExit:

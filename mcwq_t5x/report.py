@@ -92,6 +92,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not report["runs"]:
     print(f"error: no prediction files found under {args.results_dir}", file=sys.stderr)
     return 2
+  for warning in report["warnings"]:
+    print(f"warning: {warning}", file=sys.stderr)
   written = report_lib.write_report(
       report,
       args.out,

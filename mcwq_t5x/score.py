@@ -144,6 +144,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except transport.RetryAfterTooLong as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  for warning in result["warnings"]:
+    print(f"warning: {warning}", file=sys.stderr)
   undefined = None
   if args.execute:
     execution_result = result["execution"]

@@ -27,12 +27,19 @@ What it does (all gin-configurable through `train`):
      `train_eval_dataset_cfg` split (logged as `training_eval/...`, every row of it when
      `eval_steps` is None) and a decoding-based evaluation through `seqio.Evaluator`
      (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.evaluation.prediction`);
-  5. at the end decodes the `final_eval_dataset_cfgs` splits (with METRIC_NAME_TO_MONITOR set: the
+  5. on SIGTERM (a scheduler's preemption notice) saves a checkpoint at the next step boundary, the
+     same step in every process (T5X's preemption sync point), and stops with exit status 143;
+     the same command resumes from it (`preemption`);
+  6. at the end decodes the `final_eval_dataset_cfgs` splits (with METRIC_NAME_TO_MONITOR set: the
      kept checkpoint with the best value of that metric, e.g. the lowest dev loss) and writes
      MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
      MODEL_DIR/metrics/<task>_<split>.json.
 
+One training at a time per MODEL_DIR: a second one is refused, naming the process that holds
+MODEL_DIR/train.lock (`run_lock`; released when that process ends, however it ends).
+
 Output layout of MODEL_DIR:
+  train.lock                    the lock of the running training (pid, host, start, command)
   config.gin                    the operative gin config
   run.json, vocab/spm.model     what the run is: network config, vocabulary (SHA-256 + a copy of
                                 the SentencePiece model), task, lengths, steps (`run_info`);
@@ -40,15 +47,19 @@ Output layout of MODEL_DIR:
   checkpoint_<step>/            T5X's layout (orbax `state/` = {target: params, state: {step}},
                                 plus our `optimizer/` and `data/`), last K kept (checkpoints.py)
   train/, eval/                 TensorBoard event files
-  train_metrics.jsonl           one JSON line per log step (the loss/accuracy curve)
+  train_metrics.jsonl           one JSON line per log step and at a preemption (the loss curve)
   eval_metrics.jsonl            one JSON line per evaluation
   predictions/<task>_<split>.txt, metrics/<task>_<split>.json   final decoding evaluation
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import pathlib
+import shlex
+import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -60,11 +71,14 @@ import numpy as np
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import preemption
+from mcwq_t5x.engine import process_watch
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x.evaluation import prediction
 from mcwq_t5x import gin_utils
@@ -299,6 +313,9 @@ def train(*,
       nothing from the bad step or after it is logged or saved.
     checkpoints.CheckpointSaveError: writing a checkpoint failed (e.g. disk full); the message
       names it, the cause and the last good checkpoint; the checkpoint manager is closed first.
+    preemption.Preempted: a SIGTERM arrived during the training loop: the checkpoint of the next
+      step boundary (the same step in every process) was saved (its metric row written too) and
+      the run stopped without its final evaluation; its message names the checkpoint.
   """
   prediction.check_predict_kwargs(model, predict_kwargs)
   t_start = time.time()
@@ -461,16 +478,22 @@ def train(*,
   train_writer = create_metric_writer(str(model_dir_p / "train"))
   eval_writer = create_metric_writer(str(model_dir_p / "eval"))
   t_train = time.time()
+  # SIGTERM (a scheduler's preemption notice): a checkpoint at the next step boundary, the same
+  # step in every process, then `preemption.Preempted` (see `preemption.PreemptionWatch`).
+  watch = preemption.PreemptionWatch(start_step)
+  preempted = False
   try:
+    watch.start()
     while step < stop_at:
       local = batches.batch(step, local_rows)
       batch = partitioner.make_global_batch(local, train_dataset_cfg.batch_size)
       state, metrics, guard = trainer.train_step_async(state, batch, guard)
       step += 1
+      preempted = watch.reached(step)
       pending.append(metrics)
       if len(pending) > 2:  # at most 2 steps in flight: the host does not queue a whole interval
         jax.block_until_ready(pending[-3]["loss"])
-      if step % log_every_steps == 0 or step == stop_at:
+      if step % log_every_steps == 0 or step == stop_at or preempted:
         trainer.check_finite(guard, state)
         sums: dict[str, float] = {}
         for host in jax.device_get(pending):
@@ -500,7 +523,8 @@ def train(*,
       if eval_period and (step % eval_period == 0 or step == total_steps):
         trainer.check_finite(guard, state)
         record = evaluate(step, state)
-      force = (step == stop_at) or (bool(metric_name_to_monitor) and record is not None)
+      force = (step == stop_at) or preempted or (bool(metric_name_to_monitor) and
+                                                 record is not None)
       if force or step % max(int(checkpoint_period), 1) == 0:
         trainer.check_finite(guard, state)  # never save a state frozen after a non-finite step
       ckpt.save(
@@ -511,6 +535,8 @@ def train(*,
           metrics=None if record is None else {
               k: v for k, v in record.items() if k != "step"
           })
+      if preempted:
+        break
     ckpt.wait()  # the last save's failure (e.g. disk full) surfaces here, handled below
   except trainer_lib.NonFiniteLossError as e:
     ckpt.wait()
@@ -525,10 +551,17 @@ def train(*,
     ckpt.close()  # no save left running when the interpreter exits
     raise
   finally:
+    watch.stop()
     train_writer.close()
     eval_writer.close()
     ckpt.wait()
   train_time = time.time() - t_train
+  if preempted:
+    ckpt.close()
+    error = preemption.Preempted(step, total_steps,
+                                 checkpoint_paths.checkpoint_dir(ckpt.directory, step))
+    logging.warning("%s", error)
+    raise error
   result: dict[str, Any] = {
       "step": step,
       "train_metrics": last_logged,
@@ -613,12 +646,24 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   checkpoint and $MCWQ_VOCAB is unset, the vocabulary recorded in its run.json is used
   (`run_info.adopt_recorded_vocabulary`).
 
+  One training at a time per MODEL_DIR: the run holds `MODEL_DIR/train.lock`
+  (`run_lock.hold`; in a multi-process run, process 0 for all), and a second training of the same
+  folder stops at once, naming the folder and the process that holds it. A SIGTERM (a scheduler's
+  preemption notice) saves a checkpoint at the next step boundary (the same step in every process)
+  and ends the run with the line "Preempted: ..." and exit status 143 (`preemption.EXIT_STATUS`);
+  rerunning the command resumes from that checkpoint. When another process of a multi-process run
+  dies, the others end within `process_watch.TIMEOUT_S` seconds with a last line
+  "LostProcessError: ..." naming it and the command that resumes the run, exit status 1
+  (`process_watch`; where XLA's runtime ends a process first, as it may when the coordinator,
+  process 0, is gone, XLA's message, which names the "leader task", is the last one).
+
   Raises:
     gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
-    `partitioning.initialize_from_flags`); SystemExit: a checkpoint could not be written, or
-    data or a vocabulary file is missing or unreadable (its message, the last line printed, is
-    the `CheckpointSaveError` or `DataNotFoundError`, e.g. `vocab.VocabularyNotFoundError`
-    naming $MCWQ_VOCAB); and whatever else `train` raises.
+    `partitioning.initialize_from_flags`); SystemExit: a checkpoint could not be written, MODEL_DIR
+    is in use by another training, or data or a vocabulary file is missing or unreadable (the
+    message, the last line printed, is the `CheckpointSaveError`, `run_lock.ModelDirInUseError`
+    or `DataNotFoundError`, e.g. `vocab.VocabularyNotFoundError` naming $MCWQ_VOCAB), or the run
+    was preempted (status 143); and whatever else `train` raises.
   """
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
@@ -630,19 +675,65 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       epilog=GIN_HELP)
   try:
     vocab.check_vocabulary_variable()
-    gin_utils.call_configured(cpu_settings.set_host_device_count)
-    cpu_settings.set_xla_cpu_flags()
-    if partitioning.initialize_from_flags(args) is None:
-      gin_utils.call_configured(partitioning.initialize_distributed)
-    if jax.default_backend() == "cpu":
-      cpu_settings.set_host_malloc_options()
-    model_dir = gin_utils.macro_value("MODEL_DIR")
-    if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: the run's vocabulary
-      run_info.adopt_recorded_vocabulary(model_dir)
-    return gin_utils.call_configured(train)
-  except (checkpoints_lib.CheckpointSaveError, paths.DataNotFoundError) as e:
-    # One clear last line (Orbax has logged the details of a failed save above), exit status 1.
+  except paths.DataNotFoundError as e:
     raise gin_utils.one_line_exit(e) from e
+  gin_utils.call_configured(cpu_settings.set_host_device_count)
+  cpu_settings.set_xla_cpu_flags()
+  if partitioning.initialize_from_flags(args) is None:
+    gin_utils.call_configured(partitioning.initialize_distributed)
+  if jax.default_backend() == "cpu":
+    cpu_settings.set_host_malloc_options()
+  model_dir = gin_utils.macro_value("MODEL_DIR")
+  watch = process_watch.ProcessWatch(lambda lost: _stop_lost_process(lost, model_dir, argv))
+  watch.start()  # several processes: says which one is gone if one dies
+  status = "done"
+  try:
+    with run_lock.hold(model_dir) if model_dir else contextlib.nullcontext():
+      if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: its vocabulary
+        run_info.adopt_recorded_vocabulary(model_dir)
+      return gin_utils.call_configured(train)
+  except (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseError,
+          paths.DataNotFoundError) as e:
+    # One clear last line (Orbax has logged a failed save's details above), exit status 1. Every
+    # process of a multi-process run stops so (the same save, the same lock).
+    raise gin_utils.one_line_exit(e) from e
+  except preemption.Preempted as e:
+    print(f"Preempted: {gin_utils.original_error(e)}", file=sys.stderr)
+    sys.exit(preemption.EXIT_STATUS)
+  except trainer_lib.NonFiniteLossError:  # every process at the same step
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (this process's error, or another's end)
+    if process_watch.is_lost_process_error(e):  # a collective lost its other end: which one?
+      lost = watch.wait_for_verdict(process_watch.TIMEOUT_S + 5 * process_watch.INTERVAL_S)
+      _stop_lost_process(
+          lost or f"another process of the run is gone ({type(e).__name__}: "
+          f"{str(gin_utils.original_error(e)).strip().splitlines()[0][:300]})", model_dir, argv)
+    first = str(gin_utils.original_error(e)).strip().splitlines()
+    status = f"failed: {type(gin_utils.original_error(e)).__name__}: {first[0][:300] if first else ''}"
+    raise
+  finally:
+    watch.finish(status)
+
+
+def _stop_lost_process(lost: str, model_dir: Optional[str], argv: Optional[Sequence[str]]) -> None:
+  """Ends this process of a multi-process run whose other process is gone (`lost` says which and
+  why): one last line, `LostProcessError: ...`, naming it and the command that resumes the run
+  (`process_watch.resume_message`), exit status 1 at once (also from the watch's thread).
+  Exiting normally would wait for JAX's shutdown barrier and end in XLA's abort ("The tasks have
+  crashed", exit status 134) after our line."""
+  steps = checkpoint_paths.finished_steps(model_dir) if model_dir else []
+  resume_from = (
+      str(checkpoint_paths.checkpoint_dir(pathlib.Path(model_dir).absolute(), steps[-1]))
+      if steps else "the start (no checkpoint had been written)")
+  command = (
+      run_lock.command_line() if argv is None else " ".join(
+          shlex.quote(a) for a in ["python", "-m", "mcwq_t5x.train", *argv]))
+  message = process_watch.resume_message(lost, command, resume_from)
+  for handler in logging.getLogger().handlers:
+    handler.flush()
+  sys.stdout.flush()
+  print(f"{process_watch.LostProcessError.__name__}: {message}", file=sys.stderr, flush=True)
+  os._exit(1)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ import contextlib
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import sysconfig
+import time
 from typing import Optional, Sequence
 
 import gin
@@ -46,6 +48,17 @@ def console_script(name: str) -> str:
   return str(path)
 
 
+def child_env(env: Optional[dict] = None) -> dict:
+  """The environment of a command the tests start: the tests' own, less the session's fake
+  devices, plus `CHILD_ENV` and `env`."""
+  full_env = dict(os.environ)
+  full_env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
+  for name, value in CHILD_ENV.items():
+    full_env.setdefault(name, value)
+  full_env.update(env or {})
+  return full_env
+
+
 def run(args: Sequence[str],
         *,
         env: Optional[dict] = None,
@@ -60,11 +73,7 @@ def run(args: Sequence[str],
   Raises:
     AssertionError: `check` and a non-zero exit status (with the end of stdout and stderr).
   """
-  full_env = dict(os.environ)
-  full_env.pop("XLA_FLAGS", None)  # the test session's 8 fake devices are not the user's set-up
-  for name, value in CHILD_ENV.items():
-    full_env.setdefault(name, value)
-  full_env.update(env or {})
+  full_env = child_env(env)
   for name in unset:
     full_env.pop(name, None)
   out = subprocess.run(
@@ -79,6 +88,38 @@ def run(args: Sequence[str],
     assert out.returncode == 0, (f"{' '.join(map(str, args))} exited {out.returncode}\n"
                                  f"stdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-6000:]}")
   return out
+
+
+def start(args: Sequence[str],
+          log: pathlib.Path,
+          *,
+          env: Optional[dict] = None,
+          cwd: pathlib.Path = REPO) -> subprocess.Popen:
+  """Starts `args` in a fresh process (environment as `run`) without waiting for it; its stdout
+  and stderr go to the file `log` (`wait_for_line` reads it)."""
+  with open(log, "w") as f:
+    return subprocess.Popen(
+        list(args), cwd=cwd, env=child_env(env), stdout=f, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_line(log: pathlib.Path,
+                  pattern: str,
+                  process: subprocess.Popen,
+                  timeout: int = 900) -> re.Match:
+  """Waits until a line of the file `log` matches the regular expression `pattern` (`re.search`).
+
+  Raises:
+    AssertionError: `process` ended first, or `timeout` seconds passed (with the end of the log).
+  """
+  deadline = time.monotonic() + timeout
+  while True:
+    text = pathlib.Path(log).read_text(errors="replace")
+    match = re.search(pattern, text, re.M)
+    if match:
+      return match
+    assert process.poll() is None, f"exited {process.returncode} first:\n{text[-3000:]}"
+    assert time.monotonic() < deadline, f"no line matches {pattern!r}:\n{text[-3000:]}"
+    time.sleep(0.2)
 
 
 def python_m(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -1,15 +1,23 @@
 """The mains on faulty checkpoints and output folders, each run as users run
 it, in a fresh process, with a very small model and a few steps on real MCWQ text: a disk that
 fills up while a checkpoint is written, a corrupt newest checkpoint (eval falls back, a resumed
-run moves it aside), the metric rows of a resumed run, an unwritable EVAL_OUTPUT_DIR."""
+run moves it aside), the metric rows of a resumed run, an unwritable EVAL_OUTPUT_DIR, a second
+training of a MODEL_DIR in use, a SIGTERM (a scheduler's preemption notice)."""
 import json
+import os
 import pathlib
+import re
 import shutil
+import signal
+import socket
 import sys
 
+import numpy as np
 import pytest
 
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoints
+from mcwq_t5x.checkpointing import run_lock
 import mains
 from test_checkpoints import _corrupt
 
@@ -121,3 +129,113 @@ def test_eval_checks_its_output_folder_before_loading(tmp_path):
       f"mcwq_t5x.evaluation.prediction.UnwritableOutputError: cannot write to the EVAL_OUTPUT_DIR "
       f"{tmp_path}/file/out (NotADirectoryError: ") in out.stderr, out.stderr[-3000:]
   assert "no checkpoint" not in out.stderr
+
+
+# --- Two trainings of one MODEL_DIR; SIGTERM -----------------------------------------------------
+LONG = ["TRAIN_STEPS = 1000", "CHECKPOINT_PERIOD = 1000"]  # long enough to be interrupted
+
+
+def long_args(model_dir, *bindings):
+  return train_args(model_dir) + mains.gin_flags(LONG + list(bindings))
+
+
+def losses_of(model_dir):
+  rows = (pathlib.Path(model_dir) / "train_metrics.jsonl").read_text().splitlines()
+  return {r["step"]: r["loss"] for r in map(json.loads, rows)}
+
+
+@pytest.fixture(scope="module")
+def preempted_run(tmp_path_factory, mcwq_dir):
+  """A 1000-step run (a checkpoint every 1000 steps, none asked for before) that a second
+  training of its MODEL_DIR tries to join once it has logged step 2, then SIGTERM'd as a scheduler
+  does: (model_dir, first process's pid, its exit status and log, the second's outcome).
+  Read-only for the tests: copy it to change it."""
+  del mcwq_dir  # the real data must be there
+  folder = tmp_path_factory.mktemp("preempted_run")
+  model_dir, log = folder / "run", folder / "first.log"
+  first = mains.start([sys.executable, "-m", "mcwq_t5x.train", *long_args(model_dir)], log)
+  try:
+    mains.wait_for_line(log, r"INFO step 2/1000", first)
+    second = mains.python_m("mcwq_t5x.train", *long_args(model_dir), check=False)
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=600)
+  finally:
+    if first.poll() is None:
+      first.kill()
+  return model_dir, first.pid, first.returncode, log.read_text(), second
+
+
+def test_a_second_training_of_a_model_dir_is_refused_naming_the_first(preempted_run):
+  """Two trainings of one MODEL_DIR corrupt each other silently (both exit 0, interleaved metric
+  rows, each deleting the other's checkpoints): the second stops at once, naming the folder and
+  the process that holds it; the first's rows and checkpoints are its own."""
+  model_dir, pid, _, _, second = preempted_run
+  assert second.returncode == 1, second.stderr[-3000:]
+  last = second.stderr.strip().splitlines()[-1]
+  assert last.startswith(
+      f"ModelDirInUseError: MODEL_DIR {model_dir} is in use by another training: process {pid} on "
+      f"host {socket.gethostname()}, started "), last
+  assert f"(python -m mcwq_t5x.train --gin_file={TINY} " in last
+  assert last.endswith(f"holds {model_dir}/train.lock. Two trainings of one MODEL_DIR overwrite "
+                       "each other's checkpoints and metrics: wait for that run to end (or stop "
+                       "it), or give this one another MODEL_DIR"), last
+  assert "model: " not in second.stderr  # refused before it built anything
+  steps = steps_of(model_dir / "train_metrics.jsonl")
+  assert steps == list(range(1, len(steps) + 1))
+
+
+def test_sigterm_saves_at_the_next_step_and_the_resumed_run_has_the_same_losses(
+    preempted_run, tmp_path):
+  """SIGTERM: a checkpoint at the next step boundary (the only one: none at step 1 either), one
+  last line saying so, exit status 143; the same command resumes from it, and its losses are
+  those of a run never interrupted."""
+  model_dir, _, returncode, log, _ = preempted_run
+  assert returncode == 143, log[-3000:]
+  match = re.fullmatch(
+      f"Preempted: SIGTERM received: saved checkpoint {model_dir}/checkpoint_(\\d+) at step "
+      r"(\d+) of 1000 and stopped; rerun the same command \(every process of a multi-process run\) "
+      "to resume from it",
+      log.strip().splitlines()[-1])
+  assert match and match.group(1) == match.group(2), log[-3000:]
+  step = int(match.group(1))
+  assert step >= 2 and checkpoints.finished_steps(model_dir) == [step]
+  assert steps_of(model_dir / "train_metrics.jsonl") == list(range(1, step + 1))
+  resumed = copy_of(model_dir, tmp_path)
+  stop = [f"train_script.train.stop_after_steps = {step + 2}"]
+  out = mains.python_m("mcwq_t5x.train", *long_args(resumed, *stop))
+  assert f"resumed from {resumed}/checkpoint_{step}" in out.stderr
+  reference = tmp_path / "uninterrupted"
+  mains.python_m("mcwq_t5x.train", *long_args(reference, *stop))
+  got, want = losses_of(resumed), losses_of(reference)
+  assert sorted(got) == sorted(want) == list(range(1, step + 3))
+  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
+                             rtol=1e-6)
+
+
+HOLD_LOCK = """
+import sys, time
+from mcwq_t5x.checkpointing import run_lock
+with run_lock.hold(sys.argv[1]):
+  print("held", flush=True)
+  time.sleep(600)
+"""
+
+
+def test_model_dir_lock_names_its_holder_and_dies_with_it(tmp_path):
+  """The lock names the process that holds it; a holder killed with SIGKILL leaves no lock."""
+  log = tmp_path / "holder.log"
+  holder = mains.start([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "run")], log)
+  try:
+    mains.wait_for_line(log, "^held$", holder)
+    with pytest.raises(run_lock.ModelDirInUseError) as e:
+      with run_lock.hold(tmp_path / "run"):
+        pass
+    assert f"is in use by another training: process {holder.pid} on host " in str(e.value)
+    assert f"(python -c {tmp_path}/run) holds {tmp_path}/run/train.lock" in str(e.value)
+  finally:
+    holder.kill()
+    holder.wait()
+  with run_lock.hold(tmp_path / "run") as info:
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+  with run_lock.hold(tmp_path / "run"):  # released when the `with` block ends
+    pass

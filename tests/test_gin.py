@@ -322,3 +322,36 @@ def test_gin_typos_are_clear_errors(tmp_path):
   # --gin.NAME without a value.
   with pytest.raises(gin_utils.GinConfigError, match="expected --gin.NAME=VALUE"):
     gin_utils.rewrite_gin_args(["--gin.TRAIN_STEPS"])
+
+
+def test_gin_include_cycles_and_missing_includes_name_their_files(tmp_path):
+  """An include cycle names each file of the cycle and the line that includes the next (gin
+  itself recurses until RecursionError); a pure two-file cycle is reported as a cycle, not as an
+  unused macro; a missing include names the file and line that include it."""
+  c, d, e, f, m = (tmp_path / f"{n}.gin" for n in "cdefm")
+  c.write_text(f"include 'gin/mcwq_t5x/tiny_random_split_en.gin'\ninclude '{d}'\n")
+  d.write_text(f"# d\ninclude '{c}'\n")
+  e.write_text(f"include '{f}'\n")
+  f.write_text(f"include '{e}'\n")
+  m.write_text("include 'gin/mcwq_t5x/tiny_random_split_en.gin'\ninclude 'gin/nowhere.gin'\n")
+  with pytest.raises(
+      gin_utils.GinConfigError,
+      match=(f"^gin include cycle: {e}, line 1, includes {f}; {f}, line 1, includes {e}$")):
+    gin_utils.parse_gin([str(e)], ["MODEL_DIR = 'x'"])
+  with pytest.raises(
+      gin_utils.GinConfigError,
+      match=f"^{m}, line 2: included gin file 'gin/nowhere.gin' not found \\(searched: "):
+    gin_utils.parse_gin([str(m)])
+  # A file included twice, not in a cycle, is no cycle.
+  twice = tmp_path / "twice.gin"
+  twice.write_text("include 'gin/mcwq_t5x/models/tiny.gin'\n"
+                   "include 'gin/mcwq_t5x/tiny_random_split_en.gin'\n")
+  _parse(train_lib, [str(twice)], ["TRAIN_STEPS = 5"])
+  # As a user meets it: the command's last line names the cycle.
+  out = mains.python_m(
+      "mcwq_t5x.train", f"--gin_file={c}", "--gin.MODEL_DIR='runs/x'", cwd=tmp_path, check=False)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"mcwq_t5x.gin_utils.GinConfigError: gin include cycle: {c}, line 2, includes {d}; "
+      f"{d}, line 2, includes {c}"), out.stderr[-2000:]
+  assert "RecursionError" not in out.stderr

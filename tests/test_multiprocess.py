@@ -10,11 +10,18 @@ examples of a step do not depend on the number of processes.
 Real MCWQ text (the 155 Hebrew gold test questions), a very small network, 6 steps of 8 packed
 rows, dropout on, no periodic evaluation, a final evaluation of 8 questions
 (`readme_commands.MULTIPROCESS`).
+
+The same pair with one process signalled at a known step: a SIGTERM (a scheduler's preemption
+notice) makes both save one checkpoint at the same step and stop, and one process resuming it
+reaches the uninterrupted pair's losses; a SIGKILL (a process dies) makes the other say which
+process is gone and how to resume, instead of ending in XLA's abort.
 """
 import argparse
 import json
 import pathlib
+import re
 import shutil
+import signal
 import sys
 
 import jax
@@ -115,6 +122,127 @@ def test_multiprocess_checkpoint_written_together_restores_in_one_process(runs):
   for key in params_one:  # AdamW amplifies float32 rounding a little: close, not bitwise equal
     np.testing.assert_allclose(
         params_two[key], params_one[key], rtol=1e-4, atol=1e-5, err_msg="/".join(key))
+
+
+# --- a process signalled: SIGTERM (preemption), SIGKILL (a process dies) ----------------------
+# `python -m mcwq_t5x.train` that sends itself the signal $MCWQ_TEST_SIGNAL when its training loop
+# dispatches step $MCWQ_TEST_SIGNAL_AT (counted from the loop's start): a scheduler's SIGTERM, or a
+# process that dies (SIGKILL), at a known step.
+SIGNAL_AT_STEP = """
+import os, signal, sys
+from mcwq_t5x.engine import trainer
+step_fn, calls = trainer.Trainer.train_step_async, []
+def signalling(self, *args, **kwargs):
+  calls.append(1)
+  if len(calls) == int(os.environ["MCWQ_TEST_SIGNAL_AT"]):
+    os.kill(os.getpid(), getattr(signal, os.environ["MCWQ_TEST_SIGNAL"]))
+  return step_fn(self, *args, **kwargs)
+trainer.Trainer.train_step_async = signalling
+from mcwq_t5x import train
+train.main(sys.argv[1:])
+"""
+
+
+def run_pair(folder, model_dir, signal_name, at_step):
+  """The README's pair (2 processes x 2 devices, `RUN`) on `model_dir`, process 1 sending itself
+  `signal_name` at step `at_step`: [(exit status, log)] of processes 0 and 1."""
+  port = rc.free_port()
+  started = []
+  for i in range(2):
+    args = [
+        f"--gin_file={TINY}", *mains.gin_flags(RUN + [f"MODEL_DIR = '{model_dir}'"]),
+        "--multiprocess_gpu", f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
+        f"--process_index={i}"
+    ]
+    head = [sys.executable, "-c", SIGNAL_AT_STEP] if i else [sys.executable, "-m", "mcwq_t5x.train"]
+    env = {"MCWQ_TEST_SIGNAL": signal_name, "MCWQ_TEST_SIGNAL_AT": str(at_step)} if i else None
+    log = folder / f"process_{i}.log"
+    started.append((mains.start(head + args, log, env=env), log))
+  try:
+    for process, _ in started:
+      process.wait(timeout=900)
+  finally:
+    for process, _ in started:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  return [(process.returncode, log.read_text(errors="replace")) for process, log in started]
+
+
+def last_line(log):
+  return log.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def preempted_pair(tmp_path_factory):
+  """The README's pair, process 1 SIGTERM'd (as a scheduler preempts) while dispatching step 2;
+  then ONE process with 4 devices resumes its MODEL_DIR (as `runs` resumes the pair's)."""
+  folder = tmp_path_factory.mktemp("preempted_pair")
+  model_dir = folder / "run"
+  outcomes = run_pair(folder, model_dir, "SIGTERM", 2)
+  resumed = folder / "resumed_by_one_process"
+  shutil.copytree(model_dir, resumed)
+  args = [
+      sys.executable, "-m", "mcwq_t5x.train", f"--gin_file={TINY}",
+      *mains.gin_flags(RUN + [f"MODEL_DIR = '{resumed}'", "HOST_DEVICE_COUNT = 4"] + NO_FINAL_EVAL)
+  ]
+  return {"dir": model_dir, "outcomes": outcomes, "resumed": resumed, "log": mains.run(args).stderr}
+
+
+def test_multiprocess_sigterm_saves_one_checkpoint_at_the_same_step_in_every_process(
+    preempted_pair):
+  """SIGTERM to one process of the pair: both save the checkpoint of one step boundary together
+  (JAX's preemption sync point), say so in their last line and exit 143; no other checkpoint than
+  the period's (none of step 1)."""
+  model_dir = preempted_pair["dir"]
+  (status_0, log_0), (status_1, log_1) = preempted_pair["outcomes"]
+  assert (status_0, status_1) == (143, 143), log_0[-3000:] + log_1[-3000:]
+  match = re.fullmatch(
+      f"Preempted: SIGTERM received: saved checkpoint {re.escape(str(model_dir))}/checkpoint_(\\d+) "
+      f"at step "
+      f"(\\d+) of {STEPS} and stopped; rerun the same command \\(every process of a "
+      "multi-process run\\) to resume from it", last_line(log_0))
+  assert match and match.group(1) == match.group(2), log_0[-3000:]
+  assert last_line(log_1) == last_line(log_0)
+  step = int(match.group(1))
+  assert 2 <= step <= STEPS
+  assert checkpoints.finished_steps(model_dir) == sorted({step}
+                                                         | ({STOP} if step > STOP else set()))
+  assert sorted(losses(model_dir)) == list(range(1, step + 1))
+
+
+def test_multiprocess_preempted_pair_resumes_with_the_uninterrupted_losses(preempted_pair, runs):
+  """The preempted pair's losses, then those of one process resuming its checkpoint, are the
+  losses of the README's pair, which ran uninterrupted."""
+  step = checkpoints.finished_steps(preempted_pair["dir"])[-1]
+  assert f"resumed from {checkpoints.checkpoint_dir(preempted_pair['resumed'], step)}" in (
+      preempted_pair["log"])
+  got, want = losses(preempted_pair["resumed"]), losses(runs["two"])
+  assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
+                             rtol=1e-5)
+
+
+def test_multiprocess_a_dead_process_is_named_by_the_other_in_its_last_line(tmp_path):
+  """Process 1 killed (SIGKILL) while dispatching step 5: process 0 does not end in XLA's abort
+  (exit status 134, "The tasks have crashed") but with one line naming process 1 and the command
+  that resumes the run from its newest checkpoint, exit status 1."""
+  model_dir = tmp_path / "run"
+  (status_0, log_0), (status_1, _) = run_pair(tmp_path, model_dir, "SIGKILL", 5)
+  assert status_1 == -signal.SIGKILL
+  assert status_0 == 1, log_0[-3000:]
+  steps = checkpoints.finished_steps(model_dir)
+  resume_from = (
+      str(checkpoints.checkpoint_dir(model_dir, steps[-1]))
+      if steps else "the start (no checkpoint had been written)")
+  line = last_line(log_0)
+  assert re.fullmatch(
+      r"LostProcessError: process 1 of 2 is gone: it has not reported for \d+ s \(died, killed "
+      r"or hung: see its log\); process 0 cannot go on without it and stops\. Rerun the same "
+      r"command on every process \(--process_index 0 to 1\) to resume from " +
+      re.escape(resume_from) + r"; this process's command: python -m mcwq_t5x\.train " +
+      re.escape(f"--gin_file={TINY} ") + ".*--process_index=0", line), line
+  assert "Check failure" not in log_0 and "The tasks have crashed" not in log_0
 
 
 # --- no processes launched ---------------------------------------------------------------------

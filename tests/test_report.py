@@ -1,6 +1,7 @@
 """Tests for the reproduction report `python -m mcwq_t5x.report` (paper Tables 4-6, Figures 4-6)."""
 import csv
 import json
+import shutil
 
 import matplotlib.image
 import numpy as np
@@ -114,6 +115,10 @@ def test_error_table_and_results_json(shared_report):
   assert int(en[5]) == 4121  # exact matches: 77.6% of 5310
   results = json.loads((shared_report / "results.json").read_text())
   assert len(results["runs"]) == 10
+  # Every published file belongs to its gold lines and is UTF-8: no warning.
+  assert results["warnings"] == []
+  assert all(
+      r["alignment"]["checked"] and not r["alignment"]["misaligned"] for r in results["runs"])
   assert any("155 of 155" in m for m in results["messages"])
   md = (shared_report / "report.md").read_text()
   # Each value with its interval, linked to its examples in the error browser.
@@ -428,3 +433,29 @@ def test_compare_command(mcwq_dir, tmp_path):
       check=False)
   assert proc.returncode == 2
   assert "a paired comparison needs the same examples" in proc.stderr
+
+
+def test_misaligned_prediction_file_is_named_on_stderr_and_in_the_report(mcwq_dir, tmp_path):
+  """A published prediction file with its lines shuffled, reported as a user reports it: the
+  report is written, with a warning on stderr, in report.md and in results.json naming the
+  prediction file and its gold files; the file kept in order gets none."""
+  import random  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / "results/mt5_small/monolingual/mcd1"
+  folder.mkdir(parents=True)
+  published = mcwq_dir / "results/mt5_small/monolingual/mcd1"
+  lines = (published / "generated_predictions_he.txt").read_text(encoding="utf-8").splitlines()
+  random.Random(0).shuffle(lines)
+  (folder / "generated_predictions_he.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  shutil.copy(published / "generated_predictions_en.txt", folder)
+  out = mains.python_m("mcwq_t5x.report", str(tmp_path / "results"), "--targets_dir",
+                       str(mcwq_dir / "translations"), "--out", str(tmp_path / "out"))
+  gold = mcwq_dir / "translations/mcd1/test.he"
+  head = (f"the predictions in {folder / 'generated_predictions_he.txt'} do not seem to belong to "
+          f"the lines of {gold}.sparql and {gold}.txt: ")
+  [warning] = [l for l in out.stderr.splitlines() if l.startswith("warning: ")]
+  assert warning.startswith(f"warning: {head}"), out.stderr[-3000:]
+  results = json.loads((tmp_path / "out/results.json").read_text())
+  assert [w[:len(head)] for w in results["warnings"]] == [head]
+  runs = {r["language"]: r["alignment"] for r in results["runs"]}
+  assert runs["he"]["misaligned"] and not runs["en"]["misaligned"]
+  assert f"- {head}" in (tmp_path / "out/report.md").read_text()

@@ -7,7 +7,10 @@ import sys
 import pytest
 
 from mcwq_t5x.data import readers
+from mcwq_t5x.evaluation import prediction_checks
+from mcwq_t5x.evaluation import score
 from mcwq_t5x import score as score_cli
+import mains
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -229,3 +232,85 @@ def test_depths_questions_and_error_listing(tmp_path, capsys):
       str(tmp_path / "d.txt")
   ])
   assert status == 2 and f"{tmp_path / 'd.txt'}:2:" in err
+
+
+PUBLISHED = [("monolingual", lang, "mcd1") for lang in ("en", "he", "kn", "zh")] + [
+    ("monolingual", f"{lang}-gold", "gold") for lang in ("he", "kn", "zh")
+] + [("zeroshot", lang, "mcd1") for lang in ("he", "kn", "zh")]
+
+
+def _shuffled(lines, seed=0):
+  import random  # pylint: disable=g-import-not-at-top
+  out = list(lines)
+  random.Random(seed).shuffle(out)
+  return out
+
+
+def test_alignment_check_passes_every_published_file_and_fails_it_shuffled(mcwq_dir):
+  """The margin of the misalignment check on the paper's 10 prediction files: each one, against
+  its gold queries and questions, agrees far above chance (kappa >= 0.75, the threshold is
+  `MIN_KAPPA` 0.2); the same files shuffled agree at chance (kappa < 0.05)."""
+  lowest, highest_shuffled = 1.0, -1.0
+  for mode, lang, folder in PUBLISHED:
+    preds = score.read_lines(mcwq_dir / f"results/mt5_small/{mode}/mcd1/"
+                             f"generated_predictions_{lang}.txt")
+    base = mcwq_dir / f"translations/{folder}/test.{lang.split('-')[0]}"
+    gold, questions = score.load_targets(f"{base}.sparql"), score.read_lines(f"{base}.txt")
+    aligned = prediction_checks.check_alignment(preds, gold, questions)
+    assert aligned["checked"] and not aligned["misaligned"], (mode, lang, aligned)
+    shuffled = prediction_checks.check_alignment(_shuffled(preds), gold, questions)
+    assert shuffled["checked"] and shuffled["misaligned"], (mode, lang, shuffled)
+    for name in ("targets", "questions"):
+      lowest = min(lowest, aligned[name]["kappa"])
+      highest_shuffled = max(highest_shuffled, shuffled[name]["kappa"])
+  assert lowest >= 0.75 and highest_shuffled < 0.05, (lowest, highest_shuffled)
+  assert highest_shuffled < prediction_checks.MIN_KAPPA < lowest
+
+
+def test_shuffled_predictions_are_scored_with_a_warning_naming_both_files(mcwq_dir, tmp_path):
+  """The paper's Hebrew predictions with their lines shuffled, scored as a user scores them: still
+  exit 0 and a number (exact match 0.04), but a warning on stderr and in the JSON names the
+  prediction file and the targets (and questions) and says they do not belong together."""
+  preds = tmp_path / "shuffled_he.txt"
+  preds.write_text("\n".join(
+      _shuffled(
+          score.read_lines(mcwq_dir /
+                           "results/mt5_small/monolingual/mcd1/generated_predictions_he.txt"))) +
+                   "\n")
+  targets = mcwq_dir / "translations/mcd1/test.he.sparql"
+  questions = mcwq_dir / "translations/mcd1/test.he.txt"
+  for extra in ([], ["--questions", str(questions)]):
+    out = mains.python_m("mcwq_t5x.score", "--predictions", str(preds), "--targets", str(targets),
+                         *extra)
+    result = json.loads(out.stdout)
+    assert round(result["exact_match"], 2) == 0.04
+    assert result["alignment"]["misaligned"] and result["alignment"]["targets"]["kappa"] < 0.05
+    assert ("questions" in result["alignment"]) == bool(extra)
+    [warning] = result["warnings"]
+    against = str(targets) + (f" and {questions}" if extra else "")
+    assert warning.startswith(f"the predictions in {preds} do not seem to belong to the lines of "
+                              f"{against}: the placeholders of a prediction and of its gold query "
+                              "agree on 7.8% of the lines, 8.1% by chance"), warning
+    assert f"warning: {warning}" in out.stderr.splitlines()
+
+
+def test_invalid_utf8_prediction_lines_are_named(mcwq_dir, tmp_path, capsys):
+  """Prediction lines that are not UTF-8 are scored (their bytes read as U+FFFD) with a warning
+  naming the file and the lines; a file that is all UTF-8 gets none."""
+  lines = (
+      mcwq_dir /
+      "results/mt5_small/monolingual/mcd1/generated_predictions_he.txt").read_bytes().split(b"\n")
+  for number in (17, 4000):
+    lines[number - 1] = lines[number - 1][:10] + b"\xff\xfe" + lines[number - 1][10:]
+  preds = tmp_path / "he.txt"
+  preds.write_bytes(b"\n".join(lines))
+  targets = str(mcwq_dir / "translations/mcd1/test.he.sparql")
+  status, out, err = _run(capsys, ["--predictions", str(preds), "--targets", targets])
+  assert status == 0
+  warning = (f"{preds}: 2 line(s) are not valid UTF-8 (line 17, 4000); their undecodable bytes "
+             "are read as U+FFFD and scored as such")
+  assert json.loads(out)["warnings"] == [warning]
+  assert err.splitlines() == [f"warning: {warning}"]
+  assert not json.loads(out)["alignment"]["misaligned"]
+  status, out, err = _run(capsys, _args(mcwq_dir, "monolingual", "he"))
+  assert status == 0 and json.loads(out)["warnings"] == [] and err == ""

@@ -1,10 +1,16 @@
 """Units of the training main that need no data: the periodic training-eval loss covers every row
-of the split (the last, short batch is padded with rows that carry no loss weight)."""
+of the split (the last, short batch is padded with rows that carry no loss weight); a SIGTERM seen
+by the preemption watch; the errors of a lost process told from a process's own."""
+import os
+import signal
+
 import jax
 import numpy as np
 import optax
 
 from mcwq_t5x.engine import partitioning
+from mcwq_t5x.engine import preemption
+from mcwq_t5x.engine import process_watch
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import train as train_lib
 import tiny_engine
@@ -44,3 +50,40 @@ def test_resume_drops_metric_rows_after_the_resumed_step(tmp_path):
   assert (tmp_path / "eval_metrics.jsonl").read_text() == '{"step": 20}\n'
   assert train_lib.drop_metric_rows_after(tmp_path, 20) == {}  # nothing more to drop
   assert train_lib.drop_metric_rows_after(tmp_path / "missing", 0) == {}
+
+
+def test_preemption_watch_one_process_sees_sigterm_and_restores_the_handler():
+  """One process: a SIGTERM during the watch is seen at the next `reached` (no process ended);
+  the previous handler is back after it; a watch without a signal reaches nothing."""
+  before = signal.getsignal(signal.SIGTERM)
+  with preemption.PreemptionWatch(0) as watch:
+    assert watch.mode == preemption.ONE_PROCESS and not watch.reached(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert watch.reached(2) and watch.reached(3)
+    # The first SIGTERM put the default action back: a second one would end the process at once.
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+  assert signal.getsignal(signal.SIGTERM) == before
+  assert preemption.EXIT_STATUS == 143
+
+
+def test_lost_process_errors_are_told_from_a_process_own_errors():
+  """A collective whose other end is gone (gloo's error, also inside gin's proxy or as the
+  context of another error) is a lost process; other runtime errors are not."""
+  gloo = jax.errors.JaxRuntimeError(
+      "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+      "[127.0.0.1]:31110: Connection reset by peer")
+  assert process_watch.is_lost_process_error(gloo)
+  try:
+    try:
+      raise gloo
+    except jax.errors.JaxRuntimeError:
+      raise ValueError("while saving") from None
+  except ValueError as e:
+    assert process_watch.is_lost_process_error(e)
+  assert not process_watch.is_lost_process_error(
+      jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 GiB"))
+  assert not process_watch.is_lost_process_error(ValueError("Connection reset by peer"))
+  # One process: the watch does nothing.
+  watch = process_watch.ProcessWatch(lambda lost: None).start()
+  assert watch.wait_for_verdict(0.1) is None
+  watch.finish()

@@ -382,8 +382,10 @@ class CheckpointManager:
 
   Args:
     directory: MODEL_DIR itself (checkpoints are `MODEL_DIR/checkpoint_<step>/`, as T5X).
-    save_interval_steps: save only on steps that are multiples of this (forced saves always happen;
-      the first save of a manager always happens, Orbax's rule).
+    save_interval_steps: save only on steps that are multiples of this, and at a preemption sync
+      point of a multi-process run (`jax.experimental.multihost_utils.reached_preemption_sync_point`,
+      T5X's rule); forced saves always happen. Unlike Orbax's default there is no save of the
+      first step a manager sees: a run writes the checkpoints it asks for.
     max_to_keep: number of most recent checkpoints to keep (None = all); with
       `metric_name_to_monitor`, the number of BEST checkpoints kept, plus always the newest one
       (T5X `SaveBestCheckpointer` semantics: "the latest checkpoint plus `keep` best").
@@ -414,8 +416,12 @@ class CheckpointManager:
     self._metrics: dict[int, float] = {}
     self._pending: Optional[int] = None  # step of an asynchronous save not yet awaited
     self._closed = False
+    policies = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=max(int(save_interval_steps), 1),
+        save_decision_policy=policies.AnySavePolicy([
+            policies.FixedIntervalPolicy(max(int(save_interval_steps), 1)),
+            policies.PreemptionCheckpointingPolicy()
+        ]),
         max_to_keep=None if metric_name_to_monitor else max_to_keep,
         step_prefix=checkpoint_paths.CHECKPOINT_PREFIX,
         create=True,

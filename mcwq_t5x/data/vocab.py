@@ -22,11 +22,13 @@
   `paths.cache_dir()/spm/` under a key that hashes its parameters and the bytes of the files
   it was trained on.
 
-`get_vocabulary(path=None)` returns a `seqio.SentencePieceVocabulary`: `path`, else
-`$MCWQ_VOCAB`, else the small model (trained on the first call on a machine and cached; without
-data the tasks still register and using the vocabulary raises `DataNotFoundError`).
-`scripts/train_vocab.py` is the command line for it. No gin here: gin files reach these
-functions by dynamic registration (`from mcwq_t5x.data import vocab`).
+`get_vocabulary(path=None)` returns a `seqio.SentencePieceVocabulary` that encodes the Unicode
+NFC form of its text (`NFCSentencePieceVocabulary`): `path`, else `$MCWQ_VOCAB`, else the small
+model (trained on the first call on a machine and cached; without data the tasks still register
+and using the vocabulary raises `DataNotFoundError`; a vocabulary file that cannot be read raises
+`VocabularyNotFoundError` naming it). `scripts/train_vocab.py` is the command line
+for it. No gin here: gin files reach these functions by dynamic registration
+(`from mcwq_t5x.data import vocab`).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import json
 import os
 import pathlib
 import tempfile
+import unicodedata
 from typing import Any, Optional, Sequence, TYPE_CHECKING, Union
 
 from mcwq_t5x.data import paths
@@ -240,23 +243,47 @@ def small_vocab_path(data_dir: Optional[PathLike] = None,
   return path
 
 
-def _cached_vocabulary_class() -> type:
-  """`_CachedSentencePieceVocabulary`, defined on first use: SeqIO (and with it TensorFlow, slow
-  to import) is imported only by the processes that make a vocabulary, not by
-  those that only train or locate the small model file (`scripts/train_vocab.py`)."""
-  cls = globals().get("_CachedSentencePieceVocabulary")
-  if cls is not None:
-    return cls
+def _vocabulary_classes() -> tuple[type, type]:
+  """(`NFCSentencePieceVocabulary`, `_CachedSentencePieceVocabulary`), defined on first use: SeqIO
+  (and with it TensorFlow, slow to import) is imported only by the processes
+  that make a vocabulary, not by those that only train or locate the small model file
+  (`scripts/train_vocab.py`)."""
+  if all(name in globals() for name in _LAZY_CLASSES):
+    return tuple(globals()[name] for name in _LAZY_CLASSES)
   import seqio  # pylint: disable=g-import-not-at-top
 
-  class _CachedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-    """A `seqio.SentencePieceVocabulary` whose model file may not exist until it is first used.
+  class NFCSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+    """A `seqio.SentencePieceVocabulary` that encodes the Unicode NFC form of its text.
+
+    `encode(text)` and `encode_tf(text)` put the text in normalisation form C first
+    (`readers.NORMALIZATION_FORM`, what `readers.normalize_question` applies to every question):
+    canonically equivalent spellings (a Kannada question typed in decomposed NFD form, say) get
+    the same ids, whether the text comes through a task, `mcwq_t5x.infer` or a library user's
+    own `encode` call. NFC text (every published file) encodes as before; `decode` is unchanged.
+    The small vocabulary normalises nothing itself (`normalization_rule_name="identity"`); the mT5
+    model's own NFKC (`nmt_nfkc`) includes NFC, so there nothing changes.
 
     It adds no state to its parent, so it compares equal (seqio compares `__getstate__`, i.e. the
     model file path and options) to a plain `seqio.SentencePieceVocabulary` of the same file:
     T5X's "Model and Task vocabularies do not match" check passes whichever of the two a gin file
-    binds. The only difference is the error when the file cannot be read: a one-line
-    `VocabularyNotFoundError` (`unreadable_vocabulary`) naming the file and what named it
+    binds.
+    """
+
+    def _encode(self, s):
+      if isinstance(s, str) and not unicodedata.is_normalized(readers.NORMALIZATION_FORM, s):
+        s = unicodedata.normalize(readers.NORMALIZATION_FORM, s)
+      return super()._encode(s)
+
+    def _encode_tf(self, s):
+      import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
+      return super()._encode_tf(tf_text.normalize_utf8(s, readers.NORMALIZATION_FORM))
+
+  class _CachedSentencePieceVocabulary(NFCSentencePieceVocabulary):
+    """A `NFCSentencePieceVocabulary` whose model file may not exist until it is first used.
+
+    It adds no state to its parent (equal to a plain `seqio.SentencePieceVocabulary` of the same
+    file, as its parent). The only difference is the error when the file cannot be read: a
+    one-line `VocabularyNotFoundError` (`unreadable_vocabulary`) naming the file and what named it
     (`$MCWQ_VOCAB`, or the small model's cache and the command that trains it), instead of
     TensorFlow's `NotFoundError` or a `gs://` transport error.
     """
@@ -273,16 +300,21 @@ def _cached_vocabulary_class() -> type:
       except tf.errors.OpError as e:  # e.g. gs:// without network access or credentials
         raise unreadable_vocabulary(model_file, e.message) from None
 
-  # A module-level name, so that pickle finds the class by reference.
-  _CachedSentencePieceVocabulary.__qualname__ = "_CachedSentencePieceVocabulary"
-  globals()["_CachedSentencePieceVocabulary"] = _CachedSentencePieceVocabulary
-  return _CachedSentencePieceVocabulary
+  # Module-level names, so that pickle finds the classes by reference.
+  for cls in (NFCSentencePieceVocabulary, _CachedSentencePieceVocabulary):
+    cls.__qualname__ = cls.__name__
+    globals()[cls.__name__] = cls
+  return NFCSentencePieceVocabulary, _CachedSentencePieceVocabulary
+
+
+_LAZY_CLASSES = ("NFCSentencePieceVocabulary", "_CachedSentencePieceVocabulary")
 
 
 def __getattr__(name: str) -> Any:
-  """`_CachedSentencePieceVocabulary` on first access (PEP 562; see `_cached_vocabulary_class`)."""
-  if name == "_CachedSentencePieceVocabulary":
-    return _cached_vocabulary_class()
+  """The vocabulary classes on first access (PEP 562; see `_vocabulary_classes`)."""
+  if name in _LAZY_CLASSES:
+    _vocabulary_classes()
+    return globals()[name]
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -338,15 +370,17 @@ def check_vocabulary_variable() -> None:
 def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
                 data_dir: str) -> seqio.SentencePieceVocabulary:
   del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
+  nfc_class, cached_class = _vocabulary_classes()
+  del nfc_class  # every vocabulary of ours is the cached class: the same ids, a clear error
   if path is not None:
-    return _cached_vocabulary_class()(path, extra_ids=extra_ids)
+    return cached_class(path, extra_ids=extra_ids)
   try:
     model_file = small_vocab_path()
   except paths.DataNotFoundError:
     # No data to train (or to key) the small model: tasks still register; using the vocabulary
     # raises DataNotFoundError.
     model_file = paths.cache_dir(create=False) / "spm" / "mcwq_spm_untrained.model"
-  return _cached_vocabulary_class()(str(model_file))
+  return cached_class(str(model_file))
 
 
 def get_vocabulary(path: Optional[PathLike] = None,
@@ -365,8 +399,10 @@ def get_vocabulary(path: Optional[PathLike] = None,
       already contains its 100 sentinels).
 
   Returns:
-    A `seqio.SentencePieceVocabulary` (equal, in seqio's sense, to any other
-    `seqio.SentencePieceVocabulary` of the same file).
+    A `NFCSentencePieceVocabulary`: a `seqio.SentencePieceVocabulary` whose `encode` and
+    `encode_tf` put the text in Unicode NFC first, so that canonically equivalent spellings get
+    the same ids (equal, in seqio's sense, to any other `seqio.SentencePieceVocabulary` of the
+    same file).
   """
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None

@@ -2,9 +2,12 @@
 (the command line is `python -m mcwq_t5x.report`).
 
 Reads every prediction file under RESULTS_DIR, scores it against the gold queries
-(`mcwq_t5x.evaluation.metrics`) and writes, under --out (default `./mcwq_report`):
+(`mcwq_t5x.evaluation.metrics`), checks that it belongs to them and reads as UTF-8
+(`mcwq_t5x.evaluation.prediction_checks`: a warning on stderr, in report.md and results.json
+otherwise) and writes, under --out (default `./mcwq_report`):
 
-  * `report.md`: all tables in Markdown, plus the list of files read and skipped analyses;
+  * `report.md`: all tables in Markdown, plus warnings, the list of files read and skipped
+    analyses;
   * `table4_monolingual_{exact_match,bleu,equivalence}.csv` (paper Table 4: per split x
     language, with "MCD mean" = mean over the MCD splits present when there are two or more),
     and the published reference rows (`mcwq_t5x.evaluation.published`, marked "published:";
@@ -95,6 +98,7 @@ from mcwq_t5x.data import divergence
 from mcwq_t5x.data import readers
 from mcwq_t5x.evaluation import compounds
 from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.evaluation import prediction_checks
 from mcwq_t5x.evaluation import published
 from mcwq_t5x.evaluation import score as score_lib
 from mcwq_t5x.evaluation import uncertainty
@@ -297,11 +301,13 @@ def _test_splits(names: Sequence[str]) -> list[str]:
 
 @dataclasses.dataclass
 class GoldSet:
-  """Gold queries of one test set: RIR targets, questions and depths (None when unknown)."""
+  """Gold queries of one test set: RIR targets, questions and depths (None when unknown), the
+  file of the targets and that of the questions (None: the targets' file, or no questions)."""
   targets: list[str]
   questions: Optional[list[str]]
   depths: Optional[list[Optional[int]]]
   source: str
+  questions_source: Optional[str] = None
 
 
 class _GoldLoader:
@@ -330,6 +336,7 @@ class _GoldLoader:
       if questions is not None and len(questions) != len(targets):
         questions = None
       source = str(rir_file)
+      questions_source = None if questions is None else str(question_file)
     elif split == GOLD:
       self.messages.append(f"no gold targets {rir_file}")
       return None
@@ -342,7 +349,9 @@ class _GoldLoader:
       targets = [e.rir for e in examples]
       questions = [e.question for e in examples]
       source = examples[0].source if examples else str(self.data_dir)
-    return GoldSet(targets, questions, self._depths(split, language, targets), source)
+      questions_source = None
+    return GoldSet(targets, questions, self._depths(split, language, targets), source,
+                   questions_source)
 
   def _depths(self, split: str, language: str, targets: list[str]) -> Optional[list]:
     if split == GOLD:
@@ -438,12 +447,15 @@ def build(results_dir: str | pathlib.Path,
     {"runs": [one dict per prediction file: model, mode, split, language, gold, path, n, scores,
       exact_match_ci ([low, high], percent), error_categories, by_complexity (or None),
       by_unseen and costliest (or None: `compounds.by_unseen`, `compounds.costliest`, with
-      "ci" per bucket)],
+      "ci" per bucket), alignment (`prediction_checks.check_alignment`)],
      "intersection": [one dict per gold prediction file: model, mode, split, language,
       matched, n_gold, mt and gold: scores and exact_match_ci on the matched examples (None if
       none), gold_all: scores and exact_match_ci on all n_gold],
      "divergences": [`split_divergences`],
-     "messages": [skipped analyses and files, with reasons], "eval_split": eval_split,
+     "messages": [skipped analyses and files, with reasons], "warnings": [prediction files that
+      do not seem to belong to their gold lines, or have lines that are not valid UTF-8: each
+      names the files (`prediction_checks.check_prediction_file`); they are scored all the same],
+     "eval_split": eval_split,
      "_examples": the per-example data of the error browser (not written to results.json):
       {"sets": {key: {"split", "part", "language", "targets", "questions", "depths", "unseen"}},
        "runs": [{"set": key, "predictions", "categories", "correct"} parallel to "runs"]}}
@@ -463,6 +475,7 @@ def build(results_dir: str | pathlib.Path,
   loader = _GoldLoader(targets_dir, data_dir, EVAL_SPLITS[eval_split])
   runs: list[dict[str, Any]] = []
   examples: dict[str, Any] = {"sets": {}, "runs": []}
+  warnings: list[str] = []
   predictions_of: dict[tuple, list[str]] = {}
   first_path: dict[tuple, pathlib.Path] = {}
   files = discover(results_dir, eval_split)
@@ -482,6 +495,10 @@ def build(results_dir: str | pathlib.Path,
                                 gold_set.targets)
     result = metrics.score_predictions(gold_set.targets, preds, per_example=True)
     correct = np.array([c == metrics.CORRECT for c in result["categories"]], dtype=bool)
+    checks = prediction_checks.check_prediction_file(pf.path, preds, gold_set.source,
+                                                     gold_set.targets, gold_set.questions_source,
+                                                     gold_set.questions)
+    warnings += checks["warnings"]
     by_complexity = None
     if gold_set.depths is not None:
       by_complexity = metrics.accuracy_by_complexity(gold_set.targets, preds, gold_set.depths)
@@ -513,7 +530,8 @@ def build(results_dir: str | pathlib.Path,
             error_categories=result["error_categories"],
             by_complexity=by_complexity,
             by_unseen=None,
-            costliest=None))
+            costliest=None,
+            alignment=checks["alignment"]))
     predictions_of[key] = preds
 
   intersection = []
@@ -560,6 +578,7 @@ def build(results_dir: str | pathlib.Path,
       "intersection": intersection,
       "divergences": split_divergences(splits, data_dir, loader.messages),
       "messages": loader.messages,
+      "warnings": warnings,
       "eval_split": eval_split,
       "_examples": examples
   }
@@ -1244,6 +1263,8 @@ def write_report(report: dict[str, Any],
         os.path.relpath(pathlib.Path(html_dir).absolute() / browser.PAGE,
                         out_dir.absolute())).as_posix()
   md = ["# MCWQ reproduction report", ""]
+  if report.get("warnings"):
+    md += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
   if report.get("eval_split", "test") != "test":
     md += [
         f"Scores of the `{report['eval_split']}` predictions (the `dev` part), not the test "

@@ -27,9 +27,14 @@ The result is printed as JSON (and written to `--json OUT`):
    "error_categories": {category: count}, ["by_complexity": {depth: {...}}],
    ["execution_accuracy": percent, "execution": {"n", "correct", "outcomes", "executable_of",
     ...}],
-   "predictions": P, "targets": T}
+   "alignment": {...}, "warnings": [...], "predictions": P, "targets": T}
 See `mcwq_t5x.evaluation.metrics` and `mcwq_t5x.evaluation.execution` for the definitions (paper: Cui et al., TACL
 2022, §5.2 and §6.2; execution accuracy is not in the paper).
+"alignment" and "warnings" are `prediction_checks.check_prediction_file`'s: predictions that do not
+seem to belong to their gold lines (reordered, another split's: their placeholders agree with
+their own lines no better than with random ones) and prediction lines that are not valid UTF-8
+are scored all the same, with a warning naming the files (and lines); the command line prints
+the warnings on stderr.
 
 Exit status: 0 on success, 2 on bad input (missing file, files of different lengths, a malformed
 target or release record: the message names the file and line), 3 when `--execute` could score no
@@ -51,6 +56,7 @@ from mcwq_t5x.data import rir as rir_lib
 from mcwq_t5x.data import sparql as sparql_lib
 from mcwq_t5x.evaluation import execution
 from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.evaluation import prediction_checks
 from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as endpoint_lib
 
@@ -266,7 +272,8 @@ def evaluate_files(predictions: str | pathlib.Path,
       predicted answers (`answer_records`).
 
   Returns:
-    `metrics.score_predictions`'s dict, plus "by_complexity" when depths are given,
+    `metrics.score_predictions`'s dict, plus "alignment" and "warnings"
+    (`prediction_checks.check_prediction_file`), "by_complexity" when depths are given,
     "execution_accuracy" and "execution" when executed, and the file names. When no example
     could be scored on the store, "execution_accuracy" is None and "execution" has "undefined",
     the reason (`execution.ExecutionScores.undefined_reason`).
@@ -355,6 +362,9 @@ def evaluate_files(predictions: str | pathlib.Path,
         if outcomes is not None:
           record["execution"] = outcomes[i]
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
+  result.update(
+      prediction_checks.check_prediction_file(predictions, preds, targets, gold, questions,
+                                              question_list))
   result["predictions"] = str(predictions)
   result["targets"] = str(targets)
   return result

@@ -1,0 +1,128 @@
+"""One training at a time per MODEL_DIR: an exclusive lock on `MODEL_DIR/train.lock`.
+
+Two trainings writing one MODEL_DIR corrupt each other without an error: both save
+`checkpoint_<step>` folders, delete each other's older ones, clean each other's temporary folders
+and append their rows to one `train_metrics.jsonl`. `hold(model_dir)` takes an exclusive
+`fcntl.flock` on `MODEL_DIR/train.lock` for the whole run and writes the holder's process id,
+host, start time and command into the file; a second training of the same folder is refused with
+`ModelDirInUseError`, whose message names the folder and that holder. The operating system
+releases the lock when the holding process ends, however it ends (killed with SIGKILL too), so a
+dead run never leaves the folder locked; the file itself stays (it is only locked while held).
+`flock` works across the processes of one machine and, on NFS, across the hosts that mount it.
+
+In a multi-process run (`jax.process_count() > 1`, the processes writing one MODEL_DIR together)
+process 0 holds the lock for the run; it tells every other process whether it got it
+(`multihost_utils.broadcast_one_to_all`), so that all the processes of a refused run stop with the
+same error instead of waiting for a process 0 that has stopped.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import pathlib
+import shlex
+import socket
+import sys
+import time
+from typing import Any, Iterator, Optional
+
+import jax
+import numpy as np
+
+#: The lock file in MODEL_DIR.
+LOCK_FILE = "train.lock"
+
+
+class ModelDirInUseError(RuntimeError):
+  """Another training holds MODEL_DIR; the message names the folder and the holding process."""
+
+
+def command_line() -> str:
+  """This process's command as typed: `python -m <module> ARGS` for a module run with `-m`, else
+  `python SCRIPT ARGS` (arguments quoted for a POSIX shell)."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  head = ["python", "-m", spec.name] if getattr(spec, "name", None) else ["python", sys.argv[0]]
+  return " ".join(shlex.quote(a) for a in head + sys.argv[1:])
+
+
+def _holder_description(path: pathlib.Path, attempts: int = 20) -> str:
+  """What the lock file says about its holder ("process 123 on host h, started ..., command
+  ..."). The holder writes it just after taking the lock: an empty file is read again a few
+  times (0.1 s apart) before saying that it is unknown."""
+  for _ in range(attempts):
+    try:
+      info = json.loads(path.read_text() or "null")
+    except (OSError, ValueError):
+      info = None
+    if isinstance(info, dict):
+      return (f"process {info.get('pid')} on host {info.get('host')}, started "
+              f"{info.get('started')} ({info.get('command')})")
+    time.sleep(0.1)
+  return "a process that has not written its details into the lock file"
+
+
+def _message(model_dir: pathlib.Path, holder: str) -> str:
+  return (f"MODEL_DIR {model_dir} is in use by another training: {holder} holds "
+          f"{model_dir / LOCK_FILE}. Two trainings of one MODEL_DIR overwrite each other's "
+          "checkpoints and metrics: wait for that run to end (or stop it), or give this one "
+          "another MODEL_DIR")
+
+
+def _try_lock(path: pathlib.Path) -> tuple[Optional[int], Optional[str]]:
+  """(open file descriptor holding the lock, None), or (None, the holder's description)."""
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    return None, _holder_description(path)
+  except BaseException:
+    os.close(fd)
+    raise
+  info = {
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+      "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "command": command_line(),
+  }
+  os.ftruncate(fd, 0)
+  os.write(fd, (json.dumps(info) + "\n").encode())
+  os.fsync(fd)
+  return fd, None
+
+
+@contextlib.contextmanager
+def hold(model_dir: str | os.PathLike) -> Iterator[Optional[dict[str, Any]]]:
+  """Holds MODEL_DIR's training lock for the duration of the `with` block (see the module
+  docstring); creates MODEL_DIR if needed.
+
+  Yields:
+    In the process that holds the lock (process 0), what the lock file says about it; None in
+    the other processes of a multi-process run.
+
+  Raises:
+    ModelDirInUseError: another process holds the lock (in every process of a multi-process run;
+      the message names MODEL_DIR and the holder: pid, host, start time, command).
+    OSError: MODEL_DIR or the lock file cannot be created.
+  """
+  folder = pathlib.Path(model_dir).absolute()
+  path = folder / LOCK_FILE
+  fd, holder = None, None
+  if jax.process_index() == 0:
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, holder = _try_lock(path)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    got = int(multihost_utils.broadcast_one_to_all(np.int32(fd is not None)))
+    if not got and holder is None:  # a process other than 0: the file names the holder
+      holder = _holder_description(path)
+  if holder is not None:
+    raise ModelDirInUseError(_message(folder, holder))
+  try:
+    yield None if fd is None else json.loads(path.read_text())
+  finally:
+    if fd is not None:
+      os.close(fd)  # releases the lock

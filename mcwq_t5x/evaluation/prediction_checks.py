@@ -1,0 +1,246 @@
+"""Checks that a prediction file is scored against the gold lines it belongs to, and reads as text.
+
+`mcwq_t5x.score` and `mcwq_t5x.report` score line i of a prediction file against line i of a gold
+file. A file whose lines are in another order (shuffled, sorted, another run's order) or that
+belongs to other questions would still get a number, near zero, with nothing to say why; a file
+with bytes that are not UTF-8 would be scored with those bytes replaced. Both are reported as
+warnings (stderr, and the result JSON), never as errors: the scores are still computed.
+
+Misalignment (`check_alignment`). Every MCWQ question names its entities by placeholders
+(`M0`...`M9`) and its query uses the same ones, so a model copies them from its question long
+before it gets the rest of the query right. Two agreements are measured per line, each against
+what a random pairing of the same lines would give (Cohen's kappa: `(observed - chance) /
+(1 - chance)`, chance computed exactly from the two columns' frequencies):
+
+* with the gold query: the prediction's set of placeholders equals the gold query's;
+* with the question (when the questions are given): every placeholder of the prediction occurs in
+  the question.
+
+A kappa under `MIN_KAPPA` says that the predictions agree with their own lines no better than with
+any other line: the files are misaligned. Measured on every published prediction file of the
+paper (`../shared/mcwq/results`: monolingual, zero-shot and gold test sets, 10 files) the kappas
+are at least 0.79 (gold queries) and 0.75 (questions; both the zero-shot Kannada model); on the
+same files shuffled they are at most 0.00 and 0.01; a tiny model after 150 training steps (2%
+exact match, 82% of its predictions well formed) has 0.69 and 0.90. The check is made only where
+it can tell: at least `MIN_LINES` lines, at least half of the predictions well-formed queries (an
+untrained model's output is junk that agrees with nothing, aligned or not), and a chance
+agreement of at most `MAX_CHANCE` (a split whose queries nearly all have the same placeholders
+tells nothing by them); otherwise the result says why it was not made.
+
+Invalid UTF-8 (`invalid_utf8_lines`): the 1-based numbers of the lines (split at b"\\n", as
+`readers.read_lines` splits) whose bytes do not decode.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pathlib
+import re
+from typing import Any, Optional, Sequence
+
+from mcwq_t5x.data import sparql as sparql_lib
+from mcwq_t5x.evaluation import metrics
+
+#: Kappa under which the predictions count as misaligned with their gold lines or questions.
+MIN_KAPPA = 0.2
+#: Fewer lines than this are not checked (kappa is too noisy).
+MIN_LINES = 20
+#: The fraction of predictions that must be well-formed queries for the check to be made.
+MIN_WELL_FORMED = 0.5
+#: Chance agreement above which the placeholders cannot tell aligned from misaligned lines.
+MAX_CHANCE = 0.8
+#: Line numbers listed in a warning about invalid UTF-8 (the count is always given).
+MAX_LINES_NAMED = 5
+
+# A placeholder in a question: M0..M9 between non-ASCII-word characters, so that "M0's" and the
+# Chinese "M0的" count, "M0M1" or "HM0" do not.
+_QUESTION_PLACEHOLDER_RE = re.compile(r"(?<![A-Za-z0-9_])M[0-9]+(?![A-Za-z0-9_])")
+
+
+def query_placeholders(query: str) -> frozenset[str]:
+  """The placeholders (`M0`...) of a RIR or SPARQL query, any text: its whitespace-separated
+  tokens that are placeholders (`sparql.is_placeholder`)."""
+  return frozenset(t for t in query.split() if sparql_lib.is_placeholder(t))
+
+
+def question_placeholders(question: str) -> frozenset[str]:
+  """The placeholders (`M0`...) a question names, in any script."""
+  return frozenset(_QUESTION_PLACEHOLDER_RE.findall(question))
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+  """How often the predictions' placeholders agree with their own lines, and by chance.
+
+  Attributes:
+    observed: the fraction of lines that agree.
+    chance: the expected fraction under a random pairing of the same lines.
+    kappa: `(observed - chance) / (1 - chance)`: 1 = every line agrees, 0 = no better than chance;
+      None when `chance` exceeds `MAX_CHANCE`.
+  """
+  observed: float
+  chance: float
+  kappa: Optional[float]
+
+  def to_json(self) -> dict[str, Any]:
+    return {
+        "observed": round(self.observed, 4),
+        "chance": round(self.chance, 4),
+        "kappa": None if self.kappa is None else round(self.kappa, 4)
+    }
+
+
+def _agreement(preds: Sequence[frozenset[str]], others: Sequence[frozenset[str]],
+               agree: Any) -> Agreement:
+  """`Agreement` of `agree(pred, other)` over the line pairs, chance from the columns' counts."""
+  n = len(preds)
+  observed = sum(bool(agree(p, o)) for p, o in zip(preds, others)) / n
+  pred_counts, other_counts = collections.Counter(preds), collections.Counter(others)
+  chance = sum(
+      cp * co for p, cp in pred_counts.items() for o, co in other_counts.items() if agree(p, o)) / (
+          n * n)
+  kappa = None if chance > MAX_CHANCE else (observed - chance) / (1.0 - chance)
+  return Agreement(observed, chance, kappa)
+
+
+def check_alignment(predictions: Sequence[str],
+                    targets: Sequence[str],
+                    questions: Optional[Sequence[str]] = None) -> dict[str, Any]:
+  """Whether line-parallel predictions belong to their gold lines (see the module docstring).
+
+  Args:
+    predictions: the predicted queries (any text).
+    targets: the gold queries (RIR), as many as `predictions`.
+    questions: the questions of the lines, as many, or None.
+
+  Returns:
+    {"checked": bool, "misaligned": bool, "reason": why not checked or why misaligned (absent
+     when checked and aligned), "well_formed": fraction of well-formed predictions,
+     "targets": `Agreement.to_json()` with the gold queries, ["questions": the same with the
+     questions]}.
+
+  Raises:
+    ValueError: the sequences differ in length.
+  """
+  n = len(predictions)
+  if len(targets) != n or (questions is not None and len(questions) != n):
+    raise ValueError(f"{n} predictions, {len(targets)} targets"
+                     f"{'' if questions is None else f', {len(questions)} questions'}: "
+                     "the lines must be parallel")
+  result: dict[str, Any] = {"checked": False, "misaligned": False}
+  if n < MIN_LINES:
+    result["reason"] = f"too few lines to tell ({n} < {MIN_LINES})"
+    return result
+  well_formed = sum(metrics.parse_query(p) is not None for p in predictions) / n
+  result["well_formed"] = round(well_formed, 4)
+  if well_formed < MIN_WELL_FORMED:
+    result["reason"] = (f"{100 * well_formed:.1f}% of the predictions are well-formed queries "
+                        f"(fewer than {100 * MIN_WELL_FORMED:.0f}%): their placeholders tell "
+                        "nothing")
+    return result
+  pred_sets = [query_placeholders(p) for p in predictions]
+  measures = {
+      "targets":
+          _agreement(pred_sets, [query_placeholders(t) for t in targets], lambda p, g: p == g)
+  }
+  if questions is not None:
+    measures["questions"] = _agreement(pred_sets, [question_placeholders(q) for q in questions],
+                                       lambda p, q: p <= q)
+  result.update({name: a.to_json() for name, a in measures.items()})
+  kappas = {name: a.kappa for name, a in measures.items() if a.kappa is not None}
+  if not kappas:
+    result["reason"] = (f"the placeholders agree by chance on more than {100 * MAX_CHANCE:.0f}% "
+                        "of random line pairs: they tell nothing")
+    return result
+  result["checked"] = True
+  low = {name: k for name, k in kappas.items() if k < MIN_KAPPA}
+  if low:
+    result["misaligned"] = True
+    what = {
+        "targets": "the placeholders of a prediction and of its gold query agree",
+        "questions": "a prediction names only placeholders its question names"
+    }
+    result["reason"] = "; ".join(
+        f"{what[name]} on {100 * measures[name].observed:.1f}% of the lines, "
+        f"{100 * measures[name].chance:.1f}% by chance (kappa {k:.2f} < {MIN_KAPPA})"
+        for name, k in low.items())
+  return result
+
+
+def misalignment_warning(alignment: dict[str, Any],
+                         predictions: Any,
+                         targets: Any,
+                         questions: Any = None) -> Optional[str]:
+  """The warning for a `check_alignment` result that found the files misaligned, naming the
+  files; None when it did not."""
+  if not alignment.get("misaligned"):
+    return None
+  against = f"{targets}" + ("" if questions is None else f" and {questions}")
+  return (f"the predictions in {predictions} do not seem to belong to the lines of {against}: "
+          f"{alignment['reason']}. Are the files line-parallel (the same split and part, in the "
+          "same order)? Its scores compare each prediction with another question's query")
+
+
+def invalid_utf8_lines(path: str | pathlib.Path) -> list[int]:
+  """The 1-based numbers of the lines of `path` (split at b"\\n") that are not valid UTF-8.
+
+  Raises:
+    OSError: the file cannot be read.
+  """
+  data = pathlib.Path(path).read_bytes()
+  try:
+    data.decode("utf-8")
+    return []
+  except UnicodeDecodeError:
+    pass
+  bad = []
+  for number, line in enumerate(data.split(b"\n"), start=1):
+    try:
+      line.decode("utf-8")
+    except UnicodeDecodeError:
+      bad.append(number)
+  return bad
+
+
+def invalid_utf8_warning(path: str | pathlib.Path) -> Optional[str]:
+  """A warning naming `path` and its lines that are not valid UTF-8 (their undecodable bytes
+  are read as U+FFFD), or None when every line is.
+
+  Raises:
+    OSError: the file cannot be read.
+  """
+  bad = invalid_utf8_lines(path)
+  if not bad:
+    return None
+  named = ", ".join(str(b) for b in bad[:MAX_LINES_NAMED])
+  more = f" and {len(bad) - MAX_LINES_NAMED} more" if len(bad) > MAX_LINES_NAMED else ""
+  return (f"{path}: {len(bad)} line(s) are not valid UTF-8 (line {named}{more}); their "
+          "undecodable bytes are read as U+FFFD and scored as such")
+
+
+def check_prediction_file(predictions_path: Any,
+                          predictions: Sequence[str],
+                          targets_path: Any,
+                          targets: Sequence[str],
+                          questions_path: Any = None,
+                          questions: Optional[Sequence[str]] = None) -> dict[str, Any]:
+  """Both checks of one prediction file scored against its gold lines (and questions).
+
+  Args:
+    predictions_path, targets_path, questions_path: the files, for the warnings.
+    predictions, targets, questions: their lines (line-parallel; questions may be None).
+
+  Returns:
+    {"alignment": `check_alignment`'s result, "warnings": [the warnings, each naming the files]}.
+
+  Raises:
+    OSError: the prediction file cannot be read again (for its bytes).
+  """
+  alignment = check_alignment(predictions, targets, questions)
+  warnings = [
+      w for w in (invalid_utf8_warning(predictions_path),
+                  misalignment_warning(alignment, predictions_path, targets_path,
+                                       questions_path if questions is not None else None))
+      if w is not None
+  ]
+  return {"alignment": alignment, "warnings": warnings}
