@@ -252,10 +252,10 @@ def test_alignment_check_passes_every_published_file_and_fails_it_shuffled(mcwq_
   `MIN_KAPPA` 0.2); the same files shuffled agree at chance (kappa < 0.05)."""
   lowest, highest_shuffled = 1.0, -1.0
   for mode, lang, folder in PUBLISHED:
-    preds = score.read_lines(mcwq_dir / f"results/mt5_small/{mode}/mcd1/"
-                             f"generated_predictions_{lang}.txt")
+    preds = readers.read_lines(mcwq_dir / f"results/mt5_small/{mode}/mcd1/"
+                               f"generated_predictions_{lang}.txt")
     base = mcwq_dir / f"translations/{folder}/test.{lang.split('-')[0]}"
-    gold, questions = score.load_targets(f"{base}.sparql"), score.read_lines(f"{base}.txt")
+    gold, questions = score.load_targets(f"{base}.sparql"), readers.read_lines(f"{base}.txt")
     aligned = prediction_checks.check_alignment(preds, gold, questions)
     assert aligned["checked"] and not aligned["misaligned"], (mode, lang, aligned)
     shuffled = prediction_checks.check_alignment(_shuffled(preds), gold, questions)
@@ -274,8 +274,8 @@ def test_shuffled_predictions_are_scored_with_a_warning_naming_both_files(mcwq_d
   preds = tmp_path / "shuffled_he.txt"
   preds.write_text("\n".join(
       _shuffled(
-          score.read_lines(mcwq_dir /
-                           "results/mt5_small/monolingual/mcd1/generated_predictions_he.txt"))) +
+          readers.read_lines(mcwq_dir /
+                             "results/mt5_small/monolingual/mcd1/generated_predictions_he.txt"))) +
                    "\n")
   targets = mcwq_dir / "translations/mcd1/test.he.sparql"
   questions = mcwq_dir / "translations/mcd1/test.he.txt"

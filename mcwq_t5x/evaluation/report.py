@@ -1374,7 +1374,7 @@ def compare(file_a: str | pathlib.Path,
       raise score_lib.InputError(f"no gold queries for {'/'.join(sets[0])}: "
                                  f"{'; '.join(loader.messages)}")
     targets, source = gold_set.targets, gold_set.source
-  preds = [score_lib.read_lines(p, strict=False) for p in paths]
+  preds = [readers.read_lines(p, strict=False) for p in paths]
   for p, lines in zip(paths, preds):
     score_lib.check_same_length("predictions", p, lines, "targets", source, targets)
   c = uncertainty.paired_comparison(_correct(targets, preds[0]), _correct(targets, preds[1]))
