@@ -1,4 +1,7 @@
-"""A tiny model and synthetic feature-converter batches shared by the engine tests."""
+"""A tiny model and synthetic feature-converter batches shared by the engine tests, and a checkpoint
+made unreadable for the tests of its faults."""
+import pathlib
+
 import numpy as np
 
 from mcwq_t5x.engine import model as model_lib
@@ -48,3 +51,16 @@ def synthetic_batch(seed: int, batch: int = 8, min_target_length: int = 3) -> di
       "decoder_target_tokens": tgt,
       "decoder_loss_weights": (tgt > 0).astype(np.int32)
   }
+
+
+def corrupt_checkpoint(step_dir: pathlib.Path) -> None:
+  """Overwrites every array data file of the Orbax checkpoint `step_dir` (`checkpoint_<step>`) with
+  garbage of at least its size: the checkpoint is listed but cannot be restored.
+
+  Raises:
+    AssertionError: `step_dir` holds no array data files.
+  """
+  data_files = [f for f in step_dir.rglob("*") if f.is_file() and "/d/" in str(f)]
+  assert data_files, f"no array data files found under {step_dir}"
+  for f in data_files:
+    f.write_bytes(b"\x00garbage" * (f.stat().st_size // 8 + 1))

@@ -106,7 +106,7 @@ def test_data_page_says_where_tfds_writes_and_what_minus_one_means(mcwq_dir, mon
   """docs/data.md states TFDS's default folder and the builder's version as the code has them, and
   what `recursionDepth` -1 means: every example of the official files has it."""
   import pathlib  # pylint: disable=g-import-not-at-top
-  page = (pathlib.Path(__file__).resolve().parents[1] / "docs/data.md").read_text(encoding="utf-8")
+  page = (pathlib.Path(__file__).resolve().parents[3] / "docs/data.md").read_text(encoding="utf-8")
   monkeypatch.delenv("TFDS_DATA_DIR", raising=False)  # TFDS's default folder, not a user's
   default = pathlib.Path(tfds.core.constants.get_default_data_dir()).relative_to(
       pathlib.Path.home())

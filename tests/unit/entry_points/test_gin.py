@@ -18,7 +18,7 @@ from mcwq_t5x import infer as infer_lib
 from mcwq_t5x import train as train_lib
 import mains
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 ALL_GIN = sorted(str(p.relative_to(REPO)) for p in (REPO / "gin").rglob("*.gin"))
 OURS = [f for f in ALL_GIN if f.startswith("gin/mcwq_t5x/")]
 T5X_FILES = [f for f in ALL_GIN if not f.startswith("gin/mcwq_t5x/")]

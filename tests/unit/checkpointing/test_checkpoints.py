@@ -1,6 +1,5 @@
 """Tests of mcwq_t5x.checkpointing.checkpoints (+ the deterministic data order): save/restore, keep-last-K,
 corrupt-latest fallback, and kill-and-resume reproducing the uninterrupted loss trajectory."""
-import pathlib
 
 import jax
 import numpy as np
@@ -106,13 +105,6 @@ def test_keep_last_k_and_interval(tmp_path):
   assert checkpoint_paths.resolve_checkpoint(tmp_path) == (tmp_path, 7)
 
 
-def _corrupt(step_dir: pathlib.Path):
-  data_files = [f for f in step_dir.rglob("*") if f.is_file() and "/d/" in str(f)]
-  assert data_files, f"no array data files found under {step_dir}"
-  for f in data_files:
-    f.write_bytes(b"\x00garbage" * (f.stat().st_size // 8 + 1))
-
-
 def test_corrupt_latest_falls_back_to_previous(tmp_path):
   p = partitioning.Partitioner(num_partitions=1)
   tr = make_trainer(p)
@@ -122,13 +114,13 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path):
   state, _ = train_losses(tr, state, batches, 0, 2, ckpt=mgr)
   assert mgr.all_steps() == [1, 2]
   state1 = jax.device_get(mgr.restore(1, tr.state_shapes(shapes()))[0])
-  _corrupt(tmp_path / "checkpoint_2")
+  tiny_engine.corrupt_checkpoint(tmp_path / "checkpoint_2")
   step, restored, data = mgr.restore_latest(tr.state_shapes(shapes()))
   assert step == 1 and data["step"] == 1 and int(restored.step) == 1
   for a, b in zip(
       jax.tree_util.tree_leaves(state1), jax.tree_util.tree_leaves(jax.device_get(restored))):
     np.testing.assert_array_equal(a, b)
-  _corrupt(tmp_path / "checkpoint_1")
+  tiny_engine.corrupt_checkpoint(tmp_path / "checkpoint_1")
   with pytest.raises(
       checkpoints.NoUsableCheckpointError, match="no checkpoint .* could be restored"):
     mgr.restore_latest(tr.state_shapes(shapes()))
@@ -309,7 +301,7 @@ def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog
   tr = make_trainer(p)
   abstract = tr.state_shapes(shapes()).params
   step1 = jax.device_get(checkpoints.restore_params(model_dir / "checkpoint_1", abstract))
-  _corrupt(model_dir / "checkpoint_2")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_2")
   with caplog.at_level("WARNING"):
     params, step, folder = prediction.load_params(tr.model, p, str(model_dir))
   assert (step, folder) == (1, model_dir.absolute())
@@ -321,7 +313,7 @@ def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog
         match=r"checkpoint .*checkpoint_2 is unreadable \(.*\); name another checkpoint_<step> "
         r"folder, or the MODEL_DIR"):
       checkpoints.restore_params(named, abstract)
-  _corrupt(model_dir / "checkpoint_1")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_1")
   with pytest.raises(checkpoints.NoUsableCheckpointError, match="checkpoint_1 is unreadable"):
     checkpoints.restore_params(model_dir, abstract)
 
@@ -330,7 +322,7 @@ def test_resume_past_a_corrupt_checkpoint_moves_it_aside(tmp_path):
   """Resuming from checkpoint_1 past a corrupt checkpoint_2 renames checkpoint_2 aside, so the run
   writes step 2 again and retention (keep 2) keeps the readable checkpoints, not the corrupt one."""
   model_dir, _ = _train_and_save(tmp_path)
-  _corrupt(model_dir / "checkpoint_2")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_2")
   tr = make_trainer(partitioning.Partitioner(num_partitions=2))
   mgr = checkpoints.CheckpointManager(
       model_dir, save_interval_steps=1, max_to_keep=2, async_save=False)

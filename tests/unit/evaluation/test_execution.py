@@ -26,7 +26,7 @@ from mcwq_t5x.stores import endpoint as ep
 from mcwq_t5x.stores import oxigraph
 import mains
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

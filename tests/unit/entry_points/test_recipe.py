@@ -38,7 +38,7 @@ import readme_commands as rc
 import scenarios
 import tiny_engine
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
 LANGUAGE_NAMES = {"en": "English", "he": "Hebrew", "kn": "Kannada", "zh": "Chinese"}
 DEV_ROWS = {"mcd1": 5408, "mcd2": 5929, "mcd3": 6034, "random_split": 6163}

@@ -19,7 +19,7 @@ from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import run_lock
 import mains
-from test_checkpoints import _corrupt
+import tiny_engine
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 MODEL = "gin/mcwq_t5x/models/tiny.gin"
@@ -90,7 +90,7 @@ def test_resume_past_a_corrupt_checkpoint(disk_full_run, tmp_path):
   before the run stopped, are not written twice."""
   model_dir = copy_of(disk_full_run[0], tmp_path)
   assert steps_of(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
-  _corrupt(model_dir / "checkpoint_3")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_3")
   out = mains.python_m("mcwq_t5x.train", *train_args(model_dir))
   assert "resumed from checkpoint 2 after skipping corrupt" in out.stderr
   assert steps_of(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
@@ -111,7 +111,7 @@ def eval_args(checkpoint_path, output_dir):
 
 def test_eval_of_a_run_folder_skips_its_corrupt_newest_checkpoint(disk_full_run, tmp_path):
   model_dir = copy_of(disk_full_run[0], tmp_path)
-  _corrupt(model_dir / "checkpoint_3")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_3")
   out = mains.python_m("mcwq_t5x.eval", *eval_args(model_dir, tmp_path / "eval"))
   assert f"checkpoint {model_dir}/checkpoint_3 is unreadable" in out.stderr
   metrics = json.loads((tmp_path / "eval/metrics/mcwq_gold_he_test.json").read_text())

@@ -17,7 +17,7 @@ from mcwq_t5x.data import readers
 from mcwq_t5x.data import rir
 from preprocessing import gold, migrate, stats, translate as tr
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # ---------------------------------------------------------------- helpers
 

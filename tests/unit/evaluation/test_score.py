@@ -12,7 +12,7 @@ from mcwq_t5x.evaluation import score
 from mcwq_t5x import score as score_cli
 import mains
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # MCWQ paper (Cui et al., TACL 2022), mT5-small+RIR on MCD1: Table 4 (monolingual exact match)
 # and the zero-shot table (English-trained model on he/kn/zh).
