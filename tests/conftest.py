@@ -98,7 +98,8 @@ def mcwq_tasks_registered():
   `MCWQ_DATA_DIR` at a missing folder, to check the error a user sees, would otherwise register
   them when they happen to be the first to import the module: with a vocabulary whose model file
   does not exist (no data to train it), for every later test of that process (without this
-  fixture, `pytest -n 0 tests/test_mains.py -k "missing_data_dir or vocab_model_size"` fails).
+  fixture, `pytest -n 0 tests/unit/entry_points/test_train.py -k "missing_data_dir or
+  vocab_model_size"` fails).
   """
   import tasks.mcwq  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
 

@@ -3,6 +3,7 @@ checks of configuration errors, through gin in this process with the main standi
 `__main__` (as under `python -m`)."""
 import contextlib
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -134,6 +135,13 @@ def load_script(name: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def train_losses(model_dir) -> dict[int, float]:
+  """{step: training loss} of the rows of `model_dir/train_metrics.jsonl` (what `mcwq_t5x.train`
+  writes every LOG_EVERY_STEPS steps)."""
+  lines = (pathlib.Path(model_dir) / "train_metrics.jsonl").read_text().splitlines()
+  return {r["step"]: r["loss"] for r in map(json.loads, lines)}
 
 
 def gin_flags(bindings: Sequence[str]) -> list[str]:

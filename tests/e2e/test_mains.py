@@ -1,13 +1,13 @@
 """End-to-end tests of our engine's mains (train / infer), each run as users run it, in a fresh
-process (`python -m mcwq_t5x.train ...`), on real MCWQ text from ../shared with a very small model;
-configuration errors are checked through gin in this process.
+process (`python -m mcwq_t5x.train ...`), on real MCWQ text from ../shared with a very small model.
 
-Kill and resume are checked in test_checkpoints.py (in this process) and test_multiprocess.py (a
-2-process run resumed by one process); `eval` decoding a checkpoint as the training run's final
-evaluation did, by the README's commands (test_readme.py)."""
+Configuration errors of the training main, through gin in this process:
+tests/unit/entry_points/test_train.py. Kill and resume are checked in
+tests/unit/checkpointing/test_checkpoints.py (in this process) and test_multiprocess.py (a 2-process
+run resumed by one process); `eval` decoding a checkpoint as the training run's final evaluation
+did, by the README's commands (test_readme.py)."""
 import json
 import os
-import pathlib
 import re
 
 import numpy as np
@@ -16,34 +16,12 @@ import pytest
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
-from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x.evaluation import metrics
-from mcwq_t5x import train as train_lib
 import mains
 import scenarios
 
-TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 MODEL = "gin/mcwq_t5x/models/tiny.gin"
 STEPS = scenarios.OUR_RUN_STEPS
-RUN = mains.SMALL_MODEL + scenarios.OUR_RUN
-# The 155 human-translated gold test questions (Hebrew) load in a second: real MCWQ text, small.
-GOLD = [
-    "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
-    "FINAL_EVAL_SPLIT = 'test'"
-]
-
-
-def train(model_dir, *extra, check=True):
-  return mains.python_m(
-      "mcwq_t5x.train",
-      f"--gin_file={TINY}",
-      *mains.gin_flags(RUN + GOLD + [f"MODEL_DIR = '{model_dir}'", *extra]),
-      check=check)
-
-
-def losses(model_dir):
-  lines = (pathlib.Path(model_dir) / "train_metrics.jsonl").read_text().splitlines()
-  return {r["step"]: r["loss"] for r in map(json.loads, lines)}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +41,7 @@ def test_train_learns_and_writes_its_layout(trained):
   assert checkpoint_paths.finished_steps(model_dir)[-1] == STEPS
   assert list((model_dir / "train").glob("events.out.tfevents.*"))
   assert "mcwq_gold_he" in (model_dir / "config.gin").read_text()
-  curve = losses(model_dir)
+  curve = mains.train_losses(model_dir)
   assert sorted(curve) == list(range(50, STEPS + 1, 50)) and all(np.isfinite(list(curve.values())))
   for step, loss in RECORDED_LOSS.items():
     assert curve[step] == pytest.approx(loss, rel=0.02), (step, curve)
@@ -146,61 +124,3 @@ def test_infer_main_names_the_bad_input_line(trained, tmp_path):
         check=False)
     assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
     assert out.stderr.rstrip().splitlines()[-1].startswith(message), out.stderr[-3000:]
-
-
-# --- configuration errors, through gin in this process (no training needed) -------------------
-def configured_train(model_dir, *extra):
-  return mains.configured(train_lib, "train", [TINY],
-                          RUN + GOLD + [f"MODEL_DIR = '{model_dir}'", *extra])
-
-
-def test_unknown_task_names_the_closest(tmp_path):
-  with pytest.raises(
-      ValueError, match="unknown task or mixture 'mcwq_mcd9_en'.*closest.*mcwq_mcd1_en"):
-    configured_train(tmp_path, "MIXTURE_OR_TASK_NAME = 'mcwq_mcd9_en'")()
-
-
-def test_missing_data_dir(tmp_path, monkeypatch):
-  monkeypatch.setenv("MCWQ_DATA_DIR", str(tmp_path / "no_such_dir"))
-  with pytest.raises(paths.DataNotFoundError, match="no_such_dir"):
-    configured_train(tmp_path / "run")()
-
-
-def test_vocab_model_size_mismatch(tmp_path):
-  with pytest.raises(
-      ValueError, match="vocabulary/model mismatch.*2000 pieces.*vocab_size is 1000"):
-    configured_train(tmp_path, "network.get_config.vocab_size = 1000")()
-
-
-def test_early_stop_closes_the_metric_writers(tmp_path, monkeypatch):
-  """`stop_after_steps`: the run returns after its checkpoint, without the final evaluation, and
-  its TensorBoard writers are closed (their events, the evaluation's too, are on disk)."""
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
-  writers = []
-  create = train_lib.create_metric_writer
-  monkeypatch.setattr(train_lib, "create_metric_writer",
-                      lambda logdir: writers.append(create(logdir)) or writers[-1])
-  run = configured_train(tmp_path, "EVAL_PERIOD = 2", "LOG_EVERY_STEPS = 2",
-                         "INFER_EVAL_NUM_EXAMPLES = 2")
-  result = run(stop_after_steps=2)
-  assert result["step"] == 2 and result["final_eval"] == {}
-  assert checkpoint_paths.finished_steps(tmp_path)[-1] == 2
-  assert len(writers) == 2 and all(w._writer is None for w in writers)  # pylint: disable=protected-access
-  for run, tag in (("train", "loss"), ("eval", "training_eval/loss")):
-    acc = event_accumulator.EventAccumulator(str(tmp_path / run))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars(tag)] == [2], run
-
-
-def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
-  """An absurd learning rate blows the weights up: the loss of step 2 is not finite."""
-  with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss"):
-    configured_train(tmp_path, "OPTIMIZER = 'adamw'", "LEARNING_RATE = 1e30", "WARMUP_STEPS = 0",
-                     "CHECKPOINT_PERIOD = 1", "LR_SCHEDULE = 'constant'", "EVAL_PERIOD = 0")()
-  steps = checkpoint_paths.finished_steps(tmp_path)
-  assert steps and steps[-1] < 4
-  assert f"the last good checkpoint is step {steps[-1]}" in caplog.text
-  curve = losses(tmp_path) if (tmp_path / "train_metrics.jsonl").exists() else {}
-  assert all(np.isfinite(v) for v in curve.values())
-  _, step = checkpoint_paths.resolve_checkpoint(tmp_path)
-  assert step == steps[-1]

@@ -18,7 +18,6 @@ process is gone and how to resume, instead of ending in XLA's abort.
 """
 import argparse
 import json
-import pathlib
 import re
 import shutil
 import signal
@@ -45,11 +44,6 @@ RUN = [b.replace("=", " = ", 1) for b in rc.MULTIPROCESS]
 NO_FINAL_EVAL = ["train_script.train.final_eval_dataset_cfgs = []"]
 pytestmark = pytest.mark.xdist_group(
     f"readme-{rc.chain(rc.MULTIPROCESS_RUN)}")  # reads its README runs
-
-
-def losses(model_dir) -> dict[int, float]:
-  lines = (pathlib.Path(model_dir) / "train_metrics.jsonl").read_text().splitlines()
-  return {r["step"]: r["loss"] for r in map(json.loads, lines)}
 
 
 def read_params(model_dir, step) -> dict:
@@ -85,8 +79,8 @@ def runs(readme, tmp_path_factory):
 
 
 def test_multiprocess_pair_feeds_half_of_each_global_batch(runs):
-  assert sorted(losses(runs["two"])) == list(range(1, STEPS + 1))
-  assert all(np.isfinite(list(losses(runs["two"]).values())))
+  assert sorted(mains.train_losses(runs["two"])) == list(range(1, STEPS + 1))
+  assert all(np.isfinite(list(mains.train_losses(runs["two"]).values())))
   for i in range(2):
     assert f"process {i} of 2 feeds rows {4 * i}:{4 * i + 4} of each batch of 8" in runs["pair_log"]
   assert "process 0 of 1 feeds rows 0:8 of each batch of 8" in runs["one_log"]
@@ -95,7 +89,7 @@ def test_multiprocess_pair_feeds_half_of_each_global_batch(runs):
 def test_multiprocess_checkpoint_resumed_by_one_process_reaches_the_pairs_losses(runs):
   """Steps STOP+1.. of one process x 4 devices, from the pair's checkpoint, repeat the pair's."""
   assert f"resumed from {checkpoint_paths.checkpoint_dir(runs['one'], STOP)}" in runs["one_log"]
-  one, two = losses(runs["one"]), losses(runs["two"])
+  one, two = mains.train_losses(runs["one"]), mains.train_losses(runs["two"])
   assert sorted(one) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([one[s] for s in range(STOP + 1, STEPS + 1)],
                              [two[s] for s in range(STOP + 1, STEPS + 1)],
@@ -208,7 +202,7 @@ def test_multiprocess_sigterm_saves_one_checkpoint_at_the_same_step_in_every_pro
   assert 2 <= step <= STEPS
   assert checkpoints.finished_steps(model_dir) == sorted({step}
                                                          | ({STOP} if step > STOP else set()))
-  assert sorted(losses(model_dir)) == list(range(1, step + 1))
+  assert sorted(mains.train_losses(model_dir)) == list(range(1, step + 1))
 
 
 def test_multiprocess_preempted_pair_resumes_with_the_uninterrupted_losses(preempted_pair, runs):
@@ -217,7 +211,7 @@ def test_multiprocess_preempted_pair_resumes_with_the_uninterrupted_losses(preem
   step = checkpoints.finished_steps(preempted_pair["dir"])[-1]
   assert f"resumed from {checkpoints.checkpoint_dir(preempted_pair['resumed'], step)}" in (
       preempted_pair["log"])
-  got, want = losses(preempted_pair["resumed"]), losses(runs["two"])
+  got, want = mains.train_losses(preempted_pair["resumed"]), mains.train_losses(runs["two"])
   assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=1e-5)

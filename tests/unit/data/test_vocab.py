@@ -171,3 +171,36 @@ def test_encode_gives_nfc_and_nfd_text_the_same_ids(small_model, mcwq_dir):
   # Pickled (gin deep-copies its arguments) it is still the same vocabulary, normalising alike.
   copy = pickle.loads(pickle.dumps(vocab.get_vocabulary()))
   assert copy == vocab.get_vocabulary() and copy.encode(nfd[0]) == copy.encode(questions[0])
+
+
+def test_missing_vocabulary_file_is_one_line(tmp_path):
+  """MCWQ_VOCAB naming a file that is not there (docs/splits.md followed without its vocabulary
+  command): the commands stop at once with one line naming the variable and the path."""
+  message = ("MCWQ_VOCAB=runs/mcwq_spm.model: this SentencePiece model does not exist; create it "
+             "(`python scripts/train_vocab.py --output runs/mcwq_spm.model` trains the small "
+             "offline vocabulary there) or unset MCWQ_VOCAB (the small offline vocabulary)")
+  env = {"MCWQ_VOCAB": "runs/mcwq_spm.model"}
+  train = mains.python_m(
+      "mcwq_t5x.train",
+      "--gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+      env=env,
+      check=False,
+      cwd=tmp_path)
+  assert train.returncode == 1 and "Traceback" not in train.stderr
+  assert train.stderr.splitlines()[-1] == f"VocabularyNotFoundError: {message}"
+  inspect = mains.python_m(
+      "mcwq_t5x.inspect_task", "mcwq_mcd1_en", env=env, check=False, cwd=tmp_path)
+  assert inspect.returncode == 1 and inspect.stderr.strip() == f"error: {message}"
+
+
+def test_unreadable_remote_vocabulary_is_one_line(monkeypatch):
+  """A `gs://` vocabulary that cannot be read (offline, no credentials, no such object): one line
+  naming MCWQ_VOCAB and what to do, not TensorFlow's transport error."""
+  path = "gs://mcwq-t5x-no-such-bucket/sentencepiece.model"
+  monkeypatch.setenv("MCWQ_VOCAB", path)
+  with pytest.raises(vocab.VocabularyNotFoundError) as e:
+    vocab.get_vocabulary().encode("ASK")
+  message = str(e.value)
+  assert message.startswith(f"MCWQ_VOCAB={path}: this SentencePiece model cannot be read (")
+  assert "\n" not in message and message.endswith(
+      f"copy it to this machine (e.g. `gsutil cp {path} runs/`) and point MCWQ_VOCAB at the copy")

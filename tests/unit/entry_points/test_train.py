@@ -1,19 +1,33 @@
-"""Units of the training main that need no data: the periodic training-eval loss covers every row
-of the split (the last, short batch is padded with rows that carry no loss weight); a SIGTERM seen
-by the preemption watch; the errors of a lost process told from a process's own."""
-import os
-import signal
+"""The training main in this process (`mcwq_t5x.train`): the periodic training-eval loss covers every
+row of the split; a resumed run drops the metric rows after its step; checkpoint selection is never
+on the reported split; TensorBoard gets plain scalars; configuration errors are clear (through gin,
+with the session run's settings on the 155 Hebrew gold questions: `scenarios.OUR_RUN`); an early
+stop closes the metric writers; a non-finite loss names the last good checkpoint.
 
+The mains as users run them, in fresh processes: tests/e2e/ (test_mains, test_faults_checkpoints,
+test_multiprocess, test_readme)."""
+import json
+import logging
+
+import gin
 import jax
 import numpy as np
 import optax
+import pytest
 
+from mcwq_t5x.checkpointing import best_checkpoint
+from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.data import paths
+from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import partitioning
-from mcwq_t5x.engine import preemption
-from mcwq_t5x.engine import process_watch
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import train as train_lib
+import mains
+import scenarios
 import tiny_engine
+
+TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
+RUN = mains.SMALL_MODEL + scenarios.OUR_RUN
 
 
 def test_loss_over_split_scores_every_row_once():
@@ -37,7 +51,6 @@ def test_loss_over_split_scores_every_row_once():
 def test_resume_drops_metric_rows_after_the_resumed_step(tmp_path):
   """A run killed at step 40 after checkpoint 20 resumes from 20: the rows of steps 25-40 are
   dropped (they are written again), so no step appears twice; a line cut off by the kill too."""
-  import json  # pylint: disable=g-import-not-at-top
   train_rows = [{"step": s, "loss": 1.0} for s in range(5, 45, 5)]
   (tmp_path / "train_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows) +
                                                 '{"step": 4')
@@ -52,38 +65,93 @@ def test_resume_drops_metric_rows_after_the_resumed_step(tmp_path):
   assert train_lib.drop_metric_rows_after(tmp_path / "missing", 0) == {}
 
 
-def test_preemption_watch_one_process_sees_sigterm_and_restores_the_handler():
-  """One process: a SIGTERM during the watch is seen at the next `reached` (no process ended);
-  the previous handler is back after it; a watch without a signal reaches nothing."""
-  before = signal.getsignal(signal.SIGTERM)
-  with preemption.PreemptionWatch(0) as watch:
-    assert watch.mode == preemption.ONE_PROCESS and not watch.reached(1)
-    os.kill(os.getpid(), signal.SIGTERM)
-    assert watch.reached(2) and watch.reached(3)
-    # The first SIGTERM put the default action back: a second one would end the process at once.
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-  assert signal.getsignal(signal.SIGTERM) == before
-  assert preemption.EXIT_STATUS == 143
+def test_selection_is_never_on_the_reported_split(caplog):
+  test = pipeline.DatasetConfig("mcwq_random_split_en", None, "test", 8)
+  dev = pipeline.DatasetConfig("mcwq_random_split_en", None, "validation", 8)
+  assert train_lib.selection_metric("training_eval/loss", dev, [test]) == "training_eval/loss"
+  with caplog.at_level(logging.WARNING):
+    assert train_lib.selection_metric("training_eval/loss", test, [test]) is None
+  assert "last checkpoint" in caplog.text and "monitoring only" in caplog.text
 
 
-def test_lost_process_errors_are_told_from_a_process_own_errors():
-  """A collective whose other end is gone (gloo's error, also inside gin's proxy or as the
-  context of another error) is a lost process; other runtime errors are not."""
-  gloo = jax.errors.JaxRuntimeError(
-      "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
-      "[127.0.0.1]:31110: Connection reset by peer")
-  assert process_watch.is_lost_process_error(gloo)
+def test_tiny_job_selects_no_checkpoint():
+  """The tiny job has no held-out dev (EVAL_SPLIT is test): it decodes its last checkpoint."""
+  fn = mains.configured(train_lib, "train", [TINY], mains.SMALL_MODEL)
   try:
-    try:
-      raise gloo
-    except jax.errors.JaxRuntimeError:
-      raise ValueError("while saving") from None
-  except ValueError as e:
-    assert process_watch.is_lost_process_error(e)
-  assert not process_watch.is_lost_process_error(
-      jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 GiB"))
-  assert not process_watch.is_lost_process_error(ValueError("Connection reset by peer"))
-  # One process: the watch does nothing.
-  watch = process_watch.ProcessWatch(lambda lost: None).start()
-  assert watch.wait_for_verdict(0.1) is None
-  watch.finish()
+    assert gin.query_parameter("%EVAL_SPLIT") == gin.query_parameter("%FINAL_EVAL_SPLIT") == "test"
+    assert gin.query_parameter("%METRIC_NAME_TO_MONITOR") is None
+    assert "monitoring only" in gin.query_parameter("%RUN_NOTE")
+  finally:
+    gin.clear_config()
+  del fn
+
+
+def test_tensorboard_metrics_are_plain_scalars(tmp_path):
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  writer = train_lib.create_metric_writer(str(tmp_path / "train"))
+  writer.write_scalars(1, {"loss": 2.5, "accuracy": 0.25})
+  writer.write_scalars(2, {"loss": 1.5, "accuracy": 0.5})
+  writer.close()
+  acc = event_accumulator.EventAccumulator(str(tmp_path / "train"))
+  acc.Reload()
+  assert sorted(acc.Tags()["scalars"]) == ["accuracy", "loss"]
+  assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 1.5)]
+  # best_checkpoint reads them too (T5X's {run}/{tag} form).
+  assert best_checkpoint.read_metric(tmp_path, "train/loss") == {1: 2.5, 2: 1.5}
+
+
+# --- configuration errors, through gin in this process -----------------------------------------
+def configured_train(model_dir, *extra):
+  return mains.configured(train_lib, "train", [TINY], RUN + [f"MODEL_DIR = '{model_dir}'", *extra])
+
+
+def test_unknown_task_names_the_closest(tmp_path):
+  with pytest.raises(
+      ValueError, match="unknown task or mixture 'mcwq_mcd9_en'.*closest.*mcwq_mcd1_en"):
+    configured_train(tmp_path, "MIXTURE_OR_TASK_NAME = 'mcwq_mcd9_en'")()
+
+
+def test_missing_data_dir(tmp_path, monkeypatch):
+  monkeypatch.setenv("MCWQ_DATA_DIR", str(tmp_path / "no_such_dir"))
+  with pytest.raises(paths.DataNotFoundError, match="no_such_dir"):
+    configured_train(tmp_path / "run")()
+
+
+def test_vocab_model_size_mismatch(tmp_path):
+  with pytest.raises(
+      ValueError, match="vocabulary/model mismatch.*2000 pieces.*vocab_size is 1000"):
+    configured_train(tmp_path, "network.get_config.vocab_size = 1000")()
+
+
+def test_early_stop_closes_the_metric_writers(tmp_path, monkeypatch):
+  """`stop_after_steps`: the run returns after its checkpoint, without the final evaluation, and
+  its TensorBoard writers are closed (their events, the evaluation's too, are on disk)."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  writers = []
+  create = train_lib.create_metric_writer
+  monkeypatch.setattr(train_lib, "create_metric_writer",
+                      lambda logdir: writers.append(create(logdir)) or writers[-1])
+  run = configured_train(tmp_path, "EVAL_PERIOD = 2", "LOG_EVERY_STEPS = 2",
+                         "INFER_EVAL_NUM_EXAMPLES = 2")
+  result = run(stop_after_steps=2)
+  assert result["step"] == 2 and result["final_eval"] == {}
+  assert checkpoint_paths.finished_steps(tmp_path)[-1] == 2
+  assert len(writers) == 2 and all(w._writer is None for w in writers)  # pylint: disable=protected-access
+  for run, tag in (("train", "loss"), ("eval", "training_eval/loss")):
+    acc = event_accumulator.EventAccumulator(str(tmp_path / run))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars(tag)] == [2], run
+
+
+def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
+  """An absurd learning rate blows the weights up: the loss of step 2 is not finite."""
+  with pytest.raises(trainer_lib.NonFiniteLossError, match="non-finite loss"):
+    configured_train(tmp_path, "OPTIMIZER = 'adamw'", "LEARNING_RATE = 1e30", "WARMUP_STEPS = 0",
+                     "CHECKPOINT_PERIOD = 1", "LR_SCHEDULE = 'constant'", "EVAL_PERIOD = 0")()
+  steps = checkpoint_paths.finished_steps(tmp_path)
+  assert steps and steps[-1] < 4
+  assert f"the last good checkpoint is step {steps[-1]}" in caplog.text
+  curve = mains.train_losses(tmp_path) if (tmp_path / "train_metrics.jsonl").exists() else {}
+  assert all(np.isfinite(v) for v in curve.values())
+  _, step = checkpoint_paths.resolve_checkpoint(tmp_path)
+  assert step == steps[-1]

@@ -482,3 +482,86 @@ def test_execution_cli_remote_endpoint_and_cache(migrated_cfq_sample, sparql_ser
     assert runs[name]["execution_accuracy"] == runs["embedded"]["execution_accuracy"]
   assert runs["remote"]["execution"]["store_requests"] > 16
   assert runs["cached"]["execution"]["store_requests"] == 0
+
+
+# --- execution accuracy on MCWQ's own files (no release), what --help says ------------------------
+_WD = "http://www.wikidata.org/entity/"
+_WDT = "http://www.wikidata.org/prop/direct/"
+
+
+def _tiny_store(tmp_path):
+  """N-Triples: Q42 and Q5 are citizens of Q29 (Spain); Q7 of Q142 (France)."""
+  lines = [
+      f"<{_WD}{s}> <{_WDT}P27> <{_WD}{o}> ." for s, o in (("Q42", "Q29"), ("Q5", "Q29"), ("Q7",
+                                                                                          "Q142"))
+  ]
+  path = tmp_path / "tiny.nt"
+  path.write_text("\n".join(lines) + "\n")
+  return path
+
+
+def test_execution_on_targets_without_a_release(tmp_path, capsys):
+  """MCWQ's own files carry no entities: queries with placeholders are not executable, those
+  without run; reported as "x of n executable (n of N)", answers per line with --answers."""
+  targets = [
+      "ASK WHERE { M0 wdt:P27 wd:Q29 }",  # placeholder: nothing binds it
+      "SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P27 wd:Q29 }",
+      "ASK WHERE { wd:Q7 wdt:P27 wd:Q29 }",
+  ]
+  (tmp_path / "targets.txt").write_text("\n".join(targets) + "\n")
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
+  preds = [
+      rir.sparql_to_rir(q)
+      for q in (targets[0], targets[1].replace("Q29", "Q142"), targets[2].replace("Q29", "Q142"))
+  ]
+  (tmp_path / "pred.txt").write_text("\n".join(preds) + "\n")
+  assert score_cli.main([
+      "--predictions",
+      str(tmp_path / "pred.txt"), "--targets",
+      str(tmp_path / "targets.txt"), "--target_format", "sparql", "--execute", "--codex", "",
+      "--ntriples",
+      str(_tiny_store(tmp_path)), "--answers",
+      str(tmp_path / "answers.jsonl")
+  ]) == 0
+  captured = capsys.readouterr()
+  result = json.loads(captured.out)
+  assert result["execution"]["executable_of"] == ("execution accuracy 0.0%: 0 of 2 executable "
+                                                  "(2 of 3)")
+  assert "0 of 2 executable (2 of 3)" in captured.err
+  assert result["execution"]["outcomes"]["not_executable"] == 1
+  answers = [json.loads(l) for l in (tmp_path / "answers.jsonl").read_text().splitlines()]
+  assert [a["outcome"] for a in answers] == ["not_executable", "wrong_answer", "wrong_answer"]
+  assert answers[1]["gold"] == ["wd:Q42", "wd:Q5"] and answers[1]["predicted"] == ["wd:Q7"]
+  assert answers[2]["gold"] is False and answers[2]["predicted"] is True
+
+
+def test_execution_help_says_what_it_is(capsys):
+  with pytest.raises(SystemExit):
+    score_cli.main(["--help"])
+  out = " ".join(capsys.readouterr().out.split())
+  assert "not a metric of the MCWQ paper" in out and "x of n executable (n of N)" in out
+  assert "--answers" in out
+
+
+def test_release_without_entities_binds_placeholders_from_its_sparql(tmp_path):
+  """The published MCWQ dataset.json has no `entities`: its `sparql` field binds them."""
+  from mcwq_t5x.evaluation import execution  # pylint: disable=g-import-not-at-top
+  assert execution.entities_from_sparql(
+      "ASK WHERE { M0 wdt:P27 M1 . M0 wdt:P1 wd:Q3 }",
+      "ASK WHERE { wd:Q42 wdt:P27 wd:Q29 . wd:Q42 wdt:P1 wd:Q3 }") == {
+          "M0": "Q42",
+          "M1": "Q29"
+      }
+  assert execution.entities_from_sparql("ASK WHERE { M0 wdt:P27 M0 }",
+                                        "ASK WHERE { wd:Q1 wdt:P27 wd:Q2 }") is None
+  assert execution.entities_from_sparql("ASK WHERE { M0 wdt:P27 wd:Q1 }",
+                                        "ASK WHERE { wd:Q1 wdt:P31 wd:Q1 }") is None
+  (tmp_path / "splits").mkdir()
+  (tmp_path / "splits" / "s.json").write_text('{"testIdxs": [0]}')
+  (tmp_path / "dataset.json").write_text(
+      json.dumps([{
+          "sparqlPatternModEntities": "ASK WHERE { M0 wdt:P27 wd:Q29 }",
+          "sparql": "ASK WHERE { wd:Q42 wdt:P27 wd:Q29 }"
+      }]))
+  (query,) = execution.load_release_queries(tmp_path, "s", "test")
+  assert query.entities == {"M0": "Q42"}

@@ -1,4 +1,5 @@
-"""Tests of the SeqIO tasks (tasks/mcwq.py) and mcwq_t5x.inspect_task on the real data."""
+"""Tests of the SeqIO tasks (tasks/mcwq.py), the README's example of them, and mcwq_t5x.inspect_task on
+the real data."""
 import importlib
 import io
 import json
@@ -9,6 +10,7 @@ import seqio
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import vocab
 from mcwq_t5x.evaluation import metrics
+import mains
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -246,3 +248,34 @@ def test_inspect_task_shows_the_prefix(mcwq_tasks, mcwq_dir):
   out = io.StringIO()
   inspect_task.inspect("mcwq_gold_kn", "test", num_examples=1, max_examples=4, out=out)
   assert "input prefix: none (the bare question)" in out.getvalue()
+
+
+def test_inspect_task_help(capsys):
+  from mcwq_t5x import inspect_task  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit):
+    inspect_task.main(["--help"])
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python -m mcwq_t5x.inspect_task")
+  assert "examples to print" in out
+
+
+def test_inspect_task_without_train_files_is_one_line(capsys, mcwq_dir):
+  del mcwq_dir  # the shared copy: dev and test files only
+  from mcwq_t5x import inspect_task  # pylint: disable=g-import-not-at-top
+  assert inspect_task.main(["mcwq_mcd1_en", "--split", "train"]) == 1
+  err = capsys.readouterr().err.strip()
+  assert "\n" not in err and "Traceback" not in err
+  assert "download_mcwq.py --out DIR" in err and "MCWQ_DATA_DIR=DIR" in err
+
+
+def test_readme_seqio_example_runs(mcwq_dir):
+  """The README's "Data from Python" block, as printed."""
+  del mcwq_dir
+  import re  # pylint: disable=g-import-not-at-top
+  readme = (mains.REPO / "README.md").read_text()
+  section = readme.split("## Data from Python", 1)[1]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  scope = {}
+  exec(code, scope)  # pylint: disable=exec-used
+  example = next(scope["ds"].as_numpy_iterator())
+  assert {"inputs", "targets", "inputs_pretokenized"} <= set(example)
