@@ -3,6 +3,7 @@
 Eight fake CPU devices are configured before JAX is imported, so partitioning tests can build
 8x1, 4x2 and 2x4 meshes on a CPU-only machine (T5X tests do the same).
 """
+import contextlib
 import os
 import pathlib
 import shutil
@@ -116,6 +117,18 @@ def mcwq_dir() -> pathlib.Path:
   """`../shared/mcwq`: MCWQ dev/test files, RIR references and published predictions."""
   assert MCWQ_DIR.is_dir(), f"MCWQ data expected at {MCWQ_DIR}"
   return MCWQ_DIR
+
+
+@pytest.fixture
+def local_server():
+  """`local_server(handler, path="/", **state)` starts a threaded HTTP server on 127.0.0.1 that
+  answers with `handler` (a `local_http.Handler` subclass) and returns it (`local_http.Server`:
+  `url` is its address with `path`, the `state` keywords are its attributes); every server started
+  is shut down after the test."""
+  import local_http  # pylint: disable=g-import-not-at-top
+  with contextlib.ExitStack() as stack:
+    yield lambda handler, path="/", **state: stack.enter_context(
+        local_http.serve(handler, path, **state))
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ the T5X run of command `T5X_TRAIN` is `test_t5x_engine`'s T5X checkpoint, our ru
 """
 import re
 import shlex
-import socket
 
+import local_http
 import mains
 
 # README.md, then the docs pages in the order of the README's table: the commands run in this order,
@@ -192,16 +192,10 @@ def index_of(prefix: str) -> int:
   raise KeyError(f"no README command starts with {prefix!r}")
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def with_overrides(command: str, repo) -> str:
   """`command` with its overrides appended (each process of `A & B && wait $!` gets them) and the
   README's fixed port replaced by a free one."""
-  command = command.replace(README_PORT, f"127.0.0.1:{free_port()}")
+  command = command.replace(README_PORT, f"127.0.0.1:{local_http.free_port()}")
   if " & " in command:
     *first, last = command.split(" & ")
     last, sep, tail = last.partition(" && ")

@@ -4,14 +4,10 @@ The data is real: the shared CFQ sample migrated to Wikidata with entities from 
 subgraph (`preprocessing.migrate`, fixture `migrated_cfq_sample`), executed on the embedded
 pyoxigraph store loaded from `../shared/wikidata/codex-m`.
 """
-import http.server
 import json
 import pathlib
-import socket
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -24,7 +20,7 @@ from mcwq_t5x import score as score_cli
 from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import endpoint as ep
 from mcwq_t5x.stores import oxigraph
-import mains
+import local_http
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -315,24 +311,17 @@ def test_execution_cli_input_errors(tmp_path, capsys):
   assert not hasattr(metrics, "evaluate")  # scoring lives in the score command line
 
 
-class _ErrorAnswers(http.server.BaseHTTPRequestHandler):
+class _ErrorAnswers(local_http.Handler):
   """A SPARQL endpoint that answers every query with status 200 and a JSON error object."""
 
   def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    self.server.requests += 1
-    body = b'{"error": "Query is malformed: the store is read-only and broken"}'
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+    self.read_body()
+    self.answer(200, b'{"error": "Query is malformed: the store is read-only and broken"}',
+                "application/json")
 
 
-def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path, capsys):
+def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(
+    tmp_path, capsys, local_server):
   """An endpoint answering errors (status 200, `{"error": ...}`) makes every gold query fail:
   execution accuracy is undefined (null, exit 3), not 0.0 with exit 0, and nothing is cached."""
   (tmp_path / "splits").mkdir()
@@ -353,35 +342,29 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path
   }]
   (tmp_path / "dataset.json").write_text(json.dumps(records))
   (tmp_path / "p.txt").write_text("\n".join(_rir(r["sparqlPatternModEntities"]) for r in records))
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ErrorAnswers)
-  srv.daemon_threads, srv.requests = True, 0
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  url = f"http://127.0.0.1:{srv.server_port}/sparql"
-  try:
-    argv = [
-        "--predictions",
-        str(tmp_path / "p.txt"), "--release",
-        str(tmp_path), "--split", "s", "--part", "dev", "--execute", "--endpoint", "remote",
-        "--url", url, "--rate", "0", "--cache",
-        str(tmp_path / "answers.jsonl"), "--json",
-        str(tmp_path / "result.json")
-    ]
-    assert score_cli.main(argv) == 3  # score.EXIT_UNDEFINED
-    captured = capsys.readouterr()
-    result = json.loads(captured.out)
-    assert result["execution_accuracy"] is None and result["execution"]["n"] == 0
-    assert result["execution"]["outcomes"]["gold_error"] == 2
-    assert "error: execution accuracy is undefined: the gold query of every executable example " \
-        "failed on the store (2 examples" in captured.err
-    assert url in captured.err and "an error object" in captured.err
-    assert json.loads((tmp_path / "result.json").read_text())["execution_accuracy"] is None
-    assert srv.requests == 2  # one per gold query: an error answer is not retried...
-    assert score_cli.main(argv) == 3  # score.EXIT_UNDEFINED
-    assert srv.requests == 4  # ...nor cached
-    assert json.loads(capsys.readouterr().out)["execution"]["store_requests"] == 2
-  finally:
-    srv.shutdown()
-    srv.server_close()
+  srv = local_server(_ErrorAnswers, "/sparql")
+  url = srv.url
+  argv = [
+      "--predictions",
+      str(tmp_path / "p.txt"), "--release",
+      str(tmp_path), "--split", "s", "--part", "dev", "--execute", "--endpoint", "remote", "--url",
+      url, "--rate", "0", "--cache",
+      str(tmp_path / "answers.jsonl"), "--json",
+      str(tmp_path / "result.json")
+  ]
+  assert score_cli.main(argv) == 3  # score.EXIT_UNDEFINED
+  captured = capsys.readouterr()
+  result = json.loads(captured.out)
+  assert result["execution_accuracy"] is None and result["execution"]["n"] == 0
+  assert result["execution"]["outcomes"]["gold_error"] == 2
+  assert "error: execution accuracy is undefined: the gold query of every executable example " \
+      "failed on the store (2 examples" in captured.err
+  assert url in captured.err and "an error object" in captured.err
+  assert json.loads((tmp_path / "result.json").read_text())["execution_accuracy"] is None
+  assert srv.requests == 2  # one per gold query: an error answer is not retried...
+  assert score_cli.main(argv) == 3  # score.EXIT_UNDEFINED
+  assert srv.requests == 4  # ...nor cached
+  assert json.loads(capsys.readouterr().out)["execution"]["store_requests"] == 2
   # No line with entities: nothing can be scored either.
   (tmp_path / "splits" / "s.json").write_text('{"devIdxs": [2]}')
   (tmp_path / "p.txt").write_text(_rir(records[2]["sparqlPatternModEntities"]))
@@ -395,7 +378,6 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(tmp_path
 @pytest.fixture(scope="module")
 def sparql_server(shared_dir, tmp_path_factory):
   """A local SPARQL 1.1 server (`oxigraph serve-read-only`) with the CoDEx-M triples and types."""
-  exe = mains.console_script("oxigraph")
   codex = shared_dir / "wikidata" / "codex-m"
   d = tmp_path_factory.mktemp("sparql_server")
   with open(d / "data.nt", "w") as f:
@@ -406,31 +388,8 @@ def sparql_server(shared_dir, tmp_path_factory):
     for e, types in json.loads((codex / "entity2types.json").read_text()).items():
       for t in types:
         f.write(f"<{ep.WD}{e}> <{ep.WDT}P31> <{ep.WD}{t}> .\n")
-  subprocess.run([exe, "load", "--location",
-                  str(d / "db"), "--file",
-                  str(d / "data.nt")],
-                 check=True,
-                 capture_output=True,
-                 timeout=300)
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-  proc = subprocess.Popen(
-      [exe, "serve-read-only", "--location",
-       str(d / "db"), "--bind", f"127.0.0.1:{port}"],
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.DEVNULL)
-  try:
-    for _ in range(100):
-      try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        break
-      except OSError:
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/query"
-  finally:
-    proc.terminate()
-    proc.wait(timeout=10)
+  with local_http.sparql_server(d / "data.nt", d) as url:
+    yield url
 
 
 def test_execution_cli_remote_endpoint_and_cache(migrated_cfq_sample, sparql_server, tmp_path):

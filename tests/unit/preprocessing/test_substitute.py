@@ -1,11 +1,6 @@
 """Tests of entity substitution, negative sampling, endpoints and the migrate CLI (MCWQ §3.2)."""
 
-import http.server
 import json
-import socket
-import subprocess
-import threading
-import time
 
 import pytest
 
@@ -15,7 +10,7 @@ from mcwq_t5x.stores import endpoint as ep
 from mcwq_t5x.stores import oxigraph
 from mcwq_t5x.stores import remote as remote_lib
 from preprocessing import cfq, mapping as mp, migrate, substitute as sb
-import mains
+import local_http
 
 
 @pytest.fixture(scope="module")
@@ -230,15 +225,10 @@ def test_cache_survives_torn_line(tmp_path):
 # ---- Remote endpoint (SPARQL 1.1 over HTTP) against a real local SPARQL server and a flaky one ----
 
 
-def free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def oxigraph_server(codex, tmp_path_factory):
-  exe = mains.console_script("oxigraph")
+  """(the query URL of a local SPARQL server, an embedded store) with the same CoDEx-M triples:
+  those of train.txt with P26, P161 or P57."""
   d = tmp_path_factory.mktemp("oxserver")
   nt = d / "data.nt"
   with open(nt, "w") as f:
@@ -246,31 +236,10 @@ def oxigraph_server(codex, tmp_path_factory):
       s, p, o = line.split()
       if p in ("P26", "P161", "P57"):
         f.write(f"<{ep.WD}{s}> <{ep.WDT}{p}> <{ep.WD}{o}> .\n")
-  subprocess.run(
-      [exe, "load", "--location", str(d / "db"), "--file",
-       str(nt)],
-      check=True,
-      capture_output=True,
-      timeout=60)
-  port = free_port()
-  proc = subprocess.Popen(
-      [exe, "serve-read-only", "--location",
-       str(d / "db"), "--bind", f"127.0.0.1:{port}"],
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.DEVNULL)
-  try:
-    for _ in range(100):
-      try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        break
-      except OSError:
-        time.sleep(0.1)
+  with local_http.sparql_server(nt, d, load_timeout_s=60) as url:
     local = oxigraph.OxigraphEndpoint()
     local.load_ntriples(nt)
-    yield f"http://127.0.0.1:{port}/query", local
-  finally:
-    proc.terminate()
-    proc.wait(timeout=10)
+    yield url, local
 
 
 def test_remote_endpoint_matches_embedded_store(oxigraph_server):
@@ -293,57 +262,36 @@ def test_remote_endpoint_matches_embedded_store(oxigraph_server):
   assert remote.num_requests == 3
 
 
-class _Flaky(http.server.BaseHTTPRequestHandler):
-  """Answers 429 (Retry-After: 2), then 503, then a SPARQL JSON result."""
-  calls = []
+class _Flaky(local_http.Handler):
+  """Answers 429 (Retry-After: 2), then 503, then a SPARQL JSON result; records each request's
+  User-Agent in `server.agents`."""
 
   def do_POST(self):  # noqa: N802
-    _Flaky.calls.append(self.headers.get("User-Agent"))
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    n = len(_Flaky.calls)
-    if n == 1:
-      self.send_response(429)
-      self.send_header("Retry-After", "2")
-      self.end_headers()
-    elif n == 2:
-      self.send_response(503)
-      self.end_headers()
+    self.server.agents.append(self.headers.get("User-Agent"))
+    self.read_body()
+    if self.server.requests == 1:
+      self.answer(429, headers={"Retry-After": "2"})
+    elif self.server.requests == 2:
+      self.answer(503)
     else:
-      body = json.dumps({"head": {}, "boolean": True}).encode()
-      self.send_response(200)
-      self.send_header("Content-Type", "application/sparql-results+json")
-      self.send_header("Content-Length", str(len(body)))
-      self.end_headers()
-      self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+      self.answer(200, json.dumps({"head": {}, "boolean": True}).encode())
 
 
-def test_remote_endpoint_retries_with_backoff_and_retry_after():
-  srv = http.server.HTTPServer(("127.0.0.1", 0), _Flaky)
-  th = threading.Thread(target=srv.serve_forever, daemon=True)
-  th.start()
-  try:
-    waits = []
-    remote = remote_lib.RemoteEndpoint(
-        f"http://127.0.0.1:{srv.server_port}/sparql",
-        user_agent="ua-test/1",
-        backoff_s=0.5,
-        min_interval_s=0.0,
-        sleep=waits.append)
-    assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
-    assert waits == [2.0, 0.5 * 2]  # Retry-After honoured, then exponential backoff
-    assert _Flaky.calls == ["ua-test/1"] * 3
-    with pytest.raises(ValueError):
-      remote.labels(["not-a-qid"])
-    # Rate limit: a second request within min_interval_s waits for the rest of the interval.
-    paced = []
-    slow = remote_lib.RemoteEndpoint(remote.url, min_interval_s=30.0, sleep=paced.append)
-    assert slow.ask("ASK WHERE { ?s ?p ?o }") and slow.ask("ASK WHERE { ?s ?p ?o }")
-    assert len(paced) == 1 and 25.0 < paced[0] <= 30.0
-  finally:
-    srv.shutdown()
+def test_remote_endpoint_retries_with_backoff_and_retry_after(local_server):
+  srv = local_server(_Flaky, "/sparql", agents=[])
+  waits = []
+  remote = remote_lib.RemoteEndpoint(
+      srv.url, user_agent="ua-test/1", backoff_s=0.5, min_interval_s=0.0, sleep=waits.append)
+  assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
+  assert waits == [2.0, 0.5 * 2]  # Retry-After honoured, then exponential backoff
+  assert srv.agents == ["ua-test/1"] * 3
+  with pytest.raises(ValueError):
+    remote.labels(["not-a-qid"])
+  # Rate limit: a second request within min_interval_s waits for the rest of the interval.
+  paced = []
+  slow = remote_lib.RemoteEndpoint(remote.url, min_interval_s=30.0, sleep=paced.append)
+  assert slow.ask("ASK WHERE { ?s ?p ?o }") and slow.ask("ASK WHERE { ?s ?p ?o }")
+  assert len(paced) == 1 and 25.0 < paced[0] <= 30.0
 
 
 def test_migrate_through_remote_endpoint_matches_embedded(oxigraph_server, tmp_path):

@@ -1,14 +1,11 @@
 """Tests of translation backends, gold sampling, BLEU and statistics (MCWQ §3.4, §4)."""
 
 import collections
-import http.server
 import json
 import pathlib
 import subprocess
 import sys
-import threading
 import time
-import urllib.parse
 
 import pytest
 
@@ -16,6 +13,7 @@ from mcwq_t5x.data import readers
 
 from mcwq_t5x.data import rir
 from preprocessing import gold, migrate, stats, translate as tr
+import local_http
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -293,72 +291,59 @@ def test_random_weight_model_script_with_keep_placeholders(release, tmp_path):
 
 
 # ---------------------------------------------------------------- Google REST v2 against a local server
+V2 = "/language/translate/v2"
+V2_JSON = "application/json; charset=UTF-8"
 
 
-class _FakeGoogle(http.server.BaseHTTPRequestHandler):
-  requests = []
+def _v2_translations(form):
+  """A Cloud Translation v2 answer to the request `form`: each text of `q` as "[<target>] text"."""
+  return json.dumps({
+      "data": {
+          "translations": [{
+              "translatedText": f"[{form['target'][0]}] {q}"
+          } for q in form["q"]]
+      }
+  }).encode()
+
+
+class _FakeGoogle(local_http.Handler):
+  """Asks the first request to retry after 3 s; refuses (403) a key other than "k123"; translates.
+  Records each request's form in `server.forms`."""
 
   def do_POST(self):  # noqa: N802
-    form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
-    _FakeGoogle.requests.append(form)
-    if len(_FakeGoogle.requests) == 1:
-      self.send_response(429)
-      self.send_header("Retry-After", "3")
-      self.end_headers()
-      return
-    if form.get("key") != ["k123"]:
-      self.send_response(403)
-      self.end_headers()
-      return
-    body = json.dumps({
-        "data": {
-            "translations": [{
-                "translatedText": f"[{form['target'][0]}] {q}"
-            } for q in form["q"]]
-        }
-    }).encode()
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json; charset=UTF-8")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+    form = self.read_form()
+    self.server.forms.append(form)
+    if len(self.server.forms) == 1:
+      self.answer(429, content_type=V2_JSON, headers={"Retry-After": "3"})
+    elif form.get("key") != ["k123"]:
+      self.answer(403, content_type=V2_JSON)
+    else:
+      self.answer(200, _v2_translations(form), V2_JSON)
 
 
-def test_google_backend_against_local_server(tmp_path):
-  srv = http.server.HTTPServer(("127.0.0.1", 0), _FakeGoogle)
-  threading.Thread(target=srv.serve_forever, daemon=True).start()
-  try:
-    waits = []
-    g = tr.GoogleBackend(
-        "k123",
-        url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
-        batch_size=2,
-        min_interval_s=0.0,
-        sleep=waits.append)
-    t = tr.Translator(g, tmp_path / "c.jsonl", batch_size=5)
-    texts = ["Who did M0 star", "Was M1 Spanish", "Did M2 edit M3", "Who wrote M4", "Was M5 male"]
-    out = t.translate(texts, "kn")
-    assert out == [f"[kn] {x}" for x in texts]
-    assert waits == [3.0]  # Retry-After of the 429
-    reqs = _FakeGoogle.requests
-    assert [r["q"] for r in reqs[1:]] == [["Who did M0 star?", "Was M1 Spanish?"],
-                                          ["Did M2 edit M3?", "Who wrote M4?"], ["Was M5 male?"]]
-    assert all(
-        r["target"] == ["kn"] and r["source"] == ["en"] and r["format"] == ["text"] for r in reqs)
-    assert t.flagged == [] and g.num_requests == 4
-    bad = tr.GoogleBackend("wrong", url=g.url, min_interval_s=0.0, sleep=waits.append)
-    with pytest.raises(tr.TranslationError, match="HTTP 403"):
-      bad.translate(["x"], "he")
-  finally:
-    srv.shutdown()
+def test_google_backend_against_local_server(tmp_path, local_server):
+  srv = local_server(_FakeGoogle, V2, forms=[])
+  waits = []
+  g = tr.GoogleBackend("k123", url=srv.url, batch_size=2, min_interval_s=0.0, sleep=waits.append)
+  t = tr.Translator(g, tmp_path / "c.jsonl", batch_size=5)
+  texts = ["Who did M0 star", "Was M1 Spanish", "Did M2 edit M3", "Who wrote M4", "Was M5 male"]
+  out = t.translate(texts, "kn")
+  assert out == [f"[kn] {x}" for x in texts]
+  assert waits == [3.0]  # Retry-After of the 429
+  reqs = srv.forms
+  assert [r["q"] for r in reqs[1:]] == [["Who did M0 star?", "Was M1 Spanish?"],
+                                        ["Did M2 edit M3?", "Who wrote M4?"], ["Was M5 male?"]]
+  assert all(
+      r["target"] == ["kn"] and r["source"] == ["en"] and r["format"] == ["text"] for r in reqs)
+  assert t.flagged == [] and g.num_requests == 4
+  bad = tr.GoogleBackend("wrong", url=g.url, min_interval_s=0.0, sleep=waits.append)
+  with pytest.raises(tr.TranslationError, match="HTTP 403"):
+    bad.translate(["x"], "he")
 
 
 def _google_error(status, reason):
   """A Google API error body (the shape Cloud Translation v2 sends)."""
-  return status, "application/json; charset=UTF-8", json.dumps({
+  return status, V2_JSON, json.dumps({
       "error": {
           "code":
               status,
@@ -373,50 +358,25 @@ def _google_error(status, reason):
   }).encode()
 
 
-class _ScriptedGoogle(http.server.BaseHTTPRequestHandler):
+class _ScriptedGoogle(local_http.Handler):
   """Answers the server's `script` of (status, content type, body[, headers]) in turn, then
-  translations; records each request's `q` values in `server.requests` and its path in
+  translations; records each request's `q` values in `server.queries` and its path in
   `server.paths`."""
 
   def do_POST(self):  # noqa: N802
-    form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
-    self.server.requests.append(form["q"])
+    form = self.read_form()
+    self.server.queries.append(form["q"])
     self.server.paths.append(self.path)
-    headers = {}
     if self.server.script:
       status, content_type, body, *more = self.server.script.pop(0)
-      headers = more[0] if more else {}
+      self.answer(status, body, content_type, more[0] if more else {})
     else:
-      status, content_type = 200, "application/json; charset=UTF-8"
-      body = json.dumps({
-          "data": {
-              "translations": [{
-                  "translatedText": f"[{form['target'][0]}] {q}"
-              } for q in form["q"]]
-          }
-      }).encode()
-    self.send_response(status)
-    self.send_header("Content-Type", content_type)
-    for k, v in headers.items():
-      self.send_header(k, v)
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+      self.answer(200, _v2_translations(form), V2_JSON)
 
 
 @pytest.fixture
-def scripted_google():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedGoogle)
-  srv.daemon_threads = True
-  srv.script, srv.requests, srv.paths = [], [], []
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  srv.url = f"http://127.0.0.1:{srv.server_port}/language/translate/v2"
-  yield srv
-  srv.shutdown()
-  srv.server_close()
+def scripted_google(local_server):
+  return local_server(_ScriptedGoogle, V2, script=[], queries=[], paths=[])
 
 
 def test_google_backend_retries_a_403_rate_limit_and_not_other_403s(scripted_google):
@@ -443,7 +403,7 @@ def test_google_backend_redirect_resends_the_form_to_the_new_location(scripted_g
   g = tr.GoogleBackend("k", url=scripted_google.url, min_interval_s=0.0, sleep=lambda s: None)
   assert g.translate(["Who did M0 star"], "he") == ["[he] Who did M0 star"]
   assert scripted_google.paths == ["/language/translate/v2", "/moved/v2"]
-  assert scripted_google.requests == [["Who did M0 star"]] * 2 and g.num_requests == 2
+  assert scripted_google.queries == [["Who did M0 star"]] * 2 and g.num_requests == 2
   g.translate(["Was M1 Spanish"], "he")  # a permanent redirect is remembered
   assert scripted_google.paths[2:] == (["/moved/v2"]
                                        if status in (301, 308) else ["/language/translate/v2"])
@@ -463,54 +423,29 @@ def test_google_backend_retry_after_longer_than_the_maximum_is_a_failure_not_a_c
   assert "3600 s" in t.failures[("he", "Was M1 Spanish")].detail
 
 
-class _TrickleGoogle(http.server.BaseHTTPRequestHandler):
-  """Sends the headers of a v2 answer at once, then its body one byte every 0.2 s (about 12 s).
-  Sets `server.disconnected` when the client has hung up."""
-
-  def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers["Content-Length"]))
-    self.server.requests += 1
-    body = json.dumps({"data": {"translations": [{"translatedText": "x" * 40}]}}).encode()
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json; charset=UTF-8")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    try:
-      for i in range(len(body)):
-        self.wfile.write(body[i:i + 1])
-        self.wfile.flush()
-        time.sleep(0.2)
-    except OSError:  # broken pipe / reset: the client hung up
-      self.server.disconnected.set()
-    self.close_connection = True
-
-  def log_message(self, *a):
-    pass
-
-
-def test_google_backend_timeout_bounds_the_whole_request_as_for_sparql():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TrickleGoogle)
-  srv.daemon_threads = True
-  srv.requests, srv.disconnected = 0, threading.Event()
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  try:
-    waits = []
-    g = tr.GoogleBackend(
-        "k",
-        url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
-        min_interval_s=0.0,
-        timeout_s=1.0,
-        sleep=waits.append)
-    start = time.monotonic()
-    with pytest.raises(tr.TranslationError, match="no complete answer within 1 s"):
-      g.translate(["Who did M0 star"], "he")
-    elapsed = time.monotonic() - start
-    assert 1.0 <= elapsed < 2.0, elapsed  # not ~12 s (the whole trickle), nor 6 tries of it
-    assert srv.requests == 1 and waits == []  # a timeout is final: not retried
-    assert srv.disconnected.wait(2.0)  # the connection was dropped, not left trickling
-  finally:
-    srv.shutdown()
-    srv.server_close()
+def test_google_backend_timeout_bounds_the_whole_request_as_for_sparql(local_server):
+  srv = local_server(
+      local_http.Trickle,
+      V2,
+      phase="body-with-length",  # the head of a v2 answer at once, its body one byte every 0.2 s
+      body=json.dumps({
+          "data": {
+              "translations": [{
+                  "translatedText": "x" * 40
+              }]
+          }
+      }).encode(),
+      content_type=V2_JSON,
+      interval_s=0.2)
+  waits = []
+  g = tr.GoogleBackend("k", url=srv.url, min_interval_s=0.0, timeout_s=1.0, sleep=waits.append)
+  start = time.monotonic()
+  with pytest.raises(tr.TranslationError, match="no complete answer within 1 s"):
+    g.translate(["Who did M0 star"], "he")
+  elapsed = time.monotonic() - start
+  assert 1.0 <= elapsed < 2.0, elapsed  # not ~12 s (the whole trickle), nor 6 tries of it
+  assert srv.requests == 1 and waits == []  # a timeout is final: not retried
+  assert srv.disconnected.wait(2.0)  # the connection was dropped, not left trickling
 
 
 def test_google_backend_200_that_is_not_a_v2_answer_is_a_clear_error_and_progress_is_kept(
@@ -526,7 +461,7 @@ def test_google_backend_200_that_is_not_a_v2_answer_is_a_clear_error_and_progres
   with pytest.raises(tr.TranslationError, match="no 'data.translations' list.*translate#"):
     g.translate(["Who did M0 star"], "kn")
   # In a run, the first batch is translated and kept, the bad answers are reported problems.
-  scripted_google.script = [(200, "application/json; charset=UTF-8",
+  scripted_google.script = [(200, V2_JSON,
                              json.dumps({
                                  "data": {
                                      "translations": [{
@@ -658,37 +593,24 @@ def test_translate_cli_partial_file_reports_gaps_and_rerun_completes(migrated_cf
            ] == [e.question for e in he]
 
 
-class _Flaky(http.server.BaseHTTPRequestHandler):
-  """Cloud Translation v2 that refuses (400) texts with a `refuse` word and is unavailable (503)
-  for texts with an `unavailable` word."""
-  requests, refuse, unavailable = [], (), ()
+class _Flaky(local_http.Handler):
+  """Cloud Translation v2 that refuses (400) texts with a word of `server.refuse` and is
+  unavailable (503) for texts with a word of `server.unavailable`; records each request's `q`
+  values in `server.queries`."""
 
   def do_POST(self):  # noqa: N802
-    form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
-    _Flaky.requests.append(form["q"])
-    status = 200
-    if any(w in q for q in form["q"] for w in _Flaky.refuse):
-      status = 400
-    elif any(w in q for q in form["q"] for w in _Flaky.unavailable):
-      status = 503
-    body = json.dumps({
-        "data": {
-            "translations": [{
-                "translatedText": f"[{form['target'][0]}] {q}"
-            } for q in form["q"]]
-        }
-    }).encode()
-    self.send_response(status)
-    self.send_header("Content-Length", str(len(body) if status == 200 else 0))
-    self.end_headers()
-    if status == 200:
-      self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+    form = self.read_form()
+    self.server.queries.append(form["q"])
+    if any(w in q for q in form["q"] for w in self.server.refuse):
+      self.answer(400, content_type=V2_JSON)
+    elif any(w in q for q in form["q"] for w in self.server.unavailable):
+      self.answer(503, content_type=V2_JSON)
+    else:
+      self.answer(200, _v2_translations(form), V2_JSON)
 
 
-def test_translate_remote_failures_are_collected_and_rerun_requests_only_gaps(release, tmp_path):
+def test_translate_remote_failures_are_collected_and_rerun_requests_only_gaps(
+    release, tmp_path, local_server):
   import shutil
   rel = tmp_path / "rel"
   shutil.copytree(release, rel)
@@ -696,48 +618,38 @@ def test_translate_remote_failures_are_collected_and_rerun_requests_only_gaps(re
   refused = {t for t in texts if "star" in t}
   unavailable = {t for t in texts if "influence" in t and t not in refused}
   assert refused and unavailable
-  srv = http.server.HTTPServer(("127.0.0.1", 0), _Flaky)
-  threading.Thread(target=srv.serve_forever, daemon=True).start()
-  try:
-    _Flaky.requests, _Flaky.refuse, _Flaky.unavailable = [], ("star",), ("influence",)
-    waits = []
-    google = tr.GoogleBackend(
-        "k",
-        url=f"http://127.0.0.1:{srv.server_port}/language/translate/v2",
-        batch_size=1,
-        min_interval_s=0.0,
-        max_retries=2,
-        sleep=waits.append)
-    cache = tmp_path / "c.jsonl"
-    report = tr.translate_release(
-        rel, ["kn"], tr.Translator(google, cache, batch_size=1), progress=False)
-    assert not report["complete"]
-    c = report["languages"]["kn"]
-    assert (c["failed"], c["missing"],
-            c["translated"]) == (len(refused) + len(unavailable), 0,
-                                 len(texts) - len(refused) - len(unavailable))
-    problems = {
-        p["source"]: p for p in map(json.loads, (rel / "translation_problems.kn.jsonl").open())
-    }
-    assert set(problems) == refused | unavailable
-    assert all("HTTP 400" in problems[t]["detail"] for t in refused)
-    assert all("giving up after 3 attempts" in problems[t]["detail"] for t in unavailable)
-    assert len(_Flaky.requests) == len(texts) + 2 * len(unavailable)  # 503s retried twice
-    data = json.loads((rel / "dataset.json").read_text())
-    assert all(
-        r.get("questionPatternModEntities_kn") == (
-            None if r["questionPatternModEntities"] in problems else "[kn] " +
-            r["questionPatternModEntities"]) for r in data)
-    # Rerun with the service back: only the gaps are requested.
-    _Flaky.requests, _Flaky.refuse, _Flaky.unavailable = [], (), ()
-    report = tr.translate_release(
-        rel, ["kn"], tr.Translator(google, cache, batch_size=1), progress=False)
-    assert report["complete"]
-    assert sorted(q for (q,) in _Flaky.requests) == sorted(t + "?" for t in problems)
-    assert report["languages"]["kn"]["kept"] == len(texts) - len(problems)
-    assert len(readers.read_release(rel, "cfq_sample", "train", "kn")) == len(data)
-  finally:
-    srv.shutdown()
+  srv = local_server(_Flaky, V2, queries=[], refuse=("star",), unavailable=("influence",))
+  waits = []
+  google = tr.GoogleBackend(
+      "k", url=srv.url, batch_size=1, min_interval_s=0.0, max_retries=2, sleep=waits.append)
+  cache = tmp_path / "c.jsonl"
+  report = tr.translate_release(
+      rel, ["kn"], tr.Translator(google, cache, batch_size=1), progress=False)
+  assert not report["complete"]
+  c = report["languages"]["kn"]
+  assert (c["failed"], c["missing"],
+          c["translated"]) == (len(refused) + len(unavailable), 0,
+                               len(texts) - len(refused) - len(unavailable))
+  problems = {
+      p["source"]: p for p in map(json.loads, (rel / "translation_problems.kn.jsonl").open())
+  }
+  assert set(problems) == refused | unavailable
+  assert all("HTTP 400" in problems[t]["detail"] for t in refused)
+  assert all("giving up after 3 attempts" in problems[t]["detail"] for t in unavailable)
+  assert len(srv.queries) == len(texts) + 2 * len(unavailable)  # 503s retried twice
+  data = json.loads((rel / "dataset.json").read_text())
+  assert all(
+      r.get("questionPatternModEntities_kn") == (
+          None if r["questionPatternModEntities"] in problems else "[kn] " +
+          r["questionPatternModEntities"]) for r in data)
+  # Rerun with the service back: only the gaps are requested.
+  srv.queries, srv.refuse, srv.unavailable = [], (), ()
+  report = tr.translate_release(
+      rel, ["kn"], tr.Translator(google, cache, batch_size=1), progress=False)
+  assert report["complete"]
+  assert sorted(q for (q,) in srv.queries) == sorted(t + "?" for t in problems)
+  assert report["languages"]["kn"]["kept"] == len(texts) - len(problems)
+  assert len(readers.read_release(rel, "cfq_sample", "train", "kn")) == len(data)
   # --overwrite translates everything again.
   counting = CountingBackend()
   report = tr.translate_release(

@@ -1,19 +1,16 @@
 """Tests of the endpoints' time bounds: Retry-After (RFC 9110 §10.2.3), whole-request timeouts of
 the remote endpoint, and query timeouts of the embedded pyoxigraph store and their caching.
 
-Every server here is a local one on 127.0.0.1 started by the test; no test sleeps for the waits a
-server asks (the sleep and the clock are injected).
+Every server here is a local one on 127.0.0.1 started by the test (the `local_server` fixture,
+tests/local_http.py); no test sleeps for the waits a server asks (the sleep and the clock are
+injected).
 """
 
 import email.utils
-import http.server
 import json
 import logging
 import os
-import socket
-import threading
 import time
-import urllib.parse
 
 import pytest
 
@@ -25,6 +22,7 @@ from mcwq_t5x.stores import oxigraph
 from mcwq_t5x.stores import remote as remote_lib
 from mcwq_t5x.stores import transport
 from preprocessing import migrate
+import local_http
 
 NOW = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT, the injected wall clock
 ASK_TRUE = json.dumps({"head": {}, "boolean": True}).encode()
@@ -64,37 +62,18 @@ def test_retry_delay_waits_at_least_what_the_server_asks_and_refuses_more_than_t
     transport.retry_delay(2.0, http_date(NOW + 3600), max_s=600.0, now=NOW)
 
 
-class _Scripted(http.server.BaseHTTPRequestHandler):
+class _Scripted(local_http.Handler):
   """Answers the server's `script` of (status, headers) in turn, then 200 with ASK true."""
 
   def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    self.server.requests += 1
-    script = self.server.script
-    status, headers = script.pop(0) if script else (200, {})
-    body = ASK_TRUE if status == 200 else b"busy"
-    self.send_response(status)
-    for k, v in headers.items():
-      self.send_header(k, v)
-    self.send_header("Content-Type", "application/sparql-results+json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+    self.read_body()
+    status, headers = self.server.script.pop(0) if self.server.script else (200, {})
+    self.answer(status, ASK_TRUE if status == 200 else b"busy", headers=headers)
 
 
 @pytest.fixture
-def scripted():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-  srv.daemon_threads = True
-  srv.script, srv.requests = [], 0
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  srv.url = f"http://127.0.0.1:{srv.server_port}/sparql"
-  yield srv
-  srv.shutdown()
-  srv.server_close()
+def scripted(local_server):
+  return local_server(_Scripted, "/sparql", script=[])
 
 
 def test_remote_endpoint_waits_the_full_retry_after_in_both_forms(scripted):
@@ -153,64 +132,25 @@ def test_remote_endpoint_next_query_still_waits_after_giving_up(scripted):
 # ---- 11. The remote timeout bounds the whole request ----
 
 
-class _Trickle(http.server.BaseHTTPRequestHandler):
-  """Sends its answer one byte every `server.interval` seconds (about 6 s in all).
-
-  `server.phase`: "status-line" trickles from the first byte, "body-with-length" sends the headers
-  at once and trickles a body of known length, "body-to-close" one read until the connection
-  closes (no Content-Length). Sets `server.disconnected` when the client has hung up.
-  """
-
-  def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    self.server.requests += 1
-    body = ASK_TRUE.ljust(30)
-    head = "HTTP/1.0 200 OK\r\nContent-Type: application/sparql-results+json\r\n"
-    if self.server.phase != "body-to-close":
-      head += f"Content-Length: {len(body)}\r\n"
-    raw = (head + "\r\n").encode() + body
-    try:
-      if self.server.phase != "status-line":
-        cut = len(head) + 2
-        self.wfile.write(raw[:cut])
-        self.wfile.flush()
-        raw = raw[cut:]
-      for i in range(len(raw)):
-        self.wfile.write(raw[i:i + 1])
-        self.wfile.flush()
-        time.sleep(self.server.interval)
-    except OSError:  # broken pipe / reset: the client hung up
-      self.server.disconnected.set()
-    self.close_connection = True
-
-  def log_message(self, *a):
-    pass
-
-
 @pytest.mark.parametrize("phase", ["status-line", "body-with-length", "body-to-close"])
-def test_remote_timeout_bounds_the_whole_request_against_a_trickling_server(phase):
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
-  srv.daemon_threads = True
-  srv.phase, srv.interval, srv.requests, srv.disconnected = phase, 0.2, 0, threading.Event()
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  try:
-    waits = []
-    remote = remote_lib.RemoteEndpoint(
-        f"http://127.0.0.1:{srv.server_port}/sparql",
-        timeout_s=1.0,
-        min_interval_s=0.0,
-        sleep=waits.append)
-    start = time.monotonic()
-    with pytest.raises(ep.QueryTimeout, match="no complete answer within 1 s") as e:
-      remote.ask("ASK WHERE { ?s ?p ?o }")
-    elapsed = time.monotonic() - start
-    assert 1.0 <= elapsed < 2.0, elapsed  # not ~6 s (the whole trickle), nor 6 tries of it
-    assert e.value.timeout_s == 1.0
-    assert srv.requests == 1 and waits == []  # a timeout is final: not retried
-    assert srv.disconnected.wait(2.0)  # the connection was dropped, not left trickling
-  finally:
-    srv.shutdown()
-    srv.server_close()
+def test_remote_timeout_bounds_the_whole_request_against_a_trickling_server(phase, local_server):
+  srv = local_server(
+      local_http.Trickle,
+      "/sparql",
+      phase=phase,
+      body=ASK_TRUE.ljust(30),  # one byte every 0.2 s: about 6 s in all
+      content_type="application/sparql-results+json",
+      interval_s=0.2)
+  waits = []
+  remote = remote_lib.RemoteEndpoint(srv.url, timeout_s=1.0, min_interval_s=0.0, sleep=waits.append)
+  start = time.monotonic()
+  with pytest.raises(ep.QueryTimeout, match="no complete answer within 1 s") as e:
+    remote.ask("ASK WHERE { ?s ?p ?o }")
+  elapsed = time.monotonic() - start
+  assert 1.0 <= elapsed < 2.0, elapsed  # not ~6 s (the whole trickle), nor 6 tries of it
+  assert e.value.timeout_s == 1.0
+  assert srv.requests == 1 and waits == []  # a timeout is final: not retried
+  assert srv.disconnected.wait(2.0)  # the connection was dropped, not left trickling
 
 
 # ---- 12. Embedded store queries are bounded too, and a timeout is cached ----
@@ -336,33 +276,17 @@ def test_evaluate_and_migrate_build_the_same_remote_endpoint_from_their_flags(
 # ---- An endpoint's error is never an answer ----
 
 
-class _Fixed(http.server.BaseHTTPRequestHandler):
+class _Fixed(local_http.Handler):
   """Answers every POST with status 200 and the server's `body` (and `content_type`)."""
 
   def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    self.server.requests += 1
-    body = self.server.body
-    self.send_response(200)
-    self.send_header("Content-Type", self.server.content_type)
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
-
-  def log_message(self, *a):
-    pass
+    self.read_body()
+    self.answer(200, self.server.body, self.server.content_type)
 
 
 @pytest.fixture
-def fixed():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fixed)
-  srv.daemon_threads = True
-  srv.requests, srv.content_type = 0, "application/sparql-results+json"
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  srv.url = f"http://127.0.0.1:{srv.server_port}/sparql"
-  yield srv
-  srv.shutdown()
-  srv.server_close()
+def fixed(local_server):
+  return local_server(_Fixed, "/sparql", content_type="application/sparql-results+json")
 
 
 @pytest.mark.parametrize(
@@ -422,54 +346,28 @@ def test_remote_select_reads_sparql_json_results(fixed):
 # ---- Redirects of a POST re-send the query ----
 
 
-class _Moved(http.server.BaseHTTPRequestHandler):
+class _Moved(local_http.Handler):
   """`/old` (and `/loop`) redirect with the server's `status`; `/new` answers a POSTed query."""
 
-  def _redirect(self, location):
-    self.send_response(self.server.status)
-    if location is not None:
-      self.send_header("Location", location)
-    self.send_header("Content-Length", "0")
-    self.end_headers()
-
   def do_POST(self):  # noqa: N802
-    form = urllib.parse.parse_qs(
-        self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+    form = self.read_form()
     self.server.log.append(("POST", self.path, form.get("query", [""])[0]))
-    if self.path == "/old":
-      self._redirect("/new")
-    elif self.path == "/loop":
-      self._redirect("/loop")
-    elif self.path == "/nowhere":
-      self._redirect(None)
+    location = {"/old": "/new", "/loop": "/loop", "/nowhere": None}
+    if self.path in location:
+      self.answer(
+          self.server.status,
+          headers={"Location": location[self.path]} if location[self.path] else {})
     else:
-      body = ASK_TRUE
-      self.send_response(200)
-      self.send_header("Content-Type", "application/sparql-results+json")
-      self.send_header("Content-Length", str(len(body)))
-      self.end_headers()
-      self.wfile.write(body)
+      self.answer(200, ASK_TRUE)
 
   def do_GET(self):  # noqa: N802
     self.server.log.append(("GET", self.path, ""))
-    self.send_response(405)
-    self.send_header("Content-Length", "0")
-    self.end_headers()
-
-  def log_message(self, *a):
-    pass
+    self.answer(405)
 
 
 @pytest.fixture
-def moved():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Moved)
-  srv.daemon_threads = True
-  srv.log, srv.status = [], 301
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  srv.base = f"http://127.0.0.1:{srv.server_port}"
-  yield srv
-  srv.shutdown()
-  srv.server_close()
+def moved(local_server):
+  return local_server(_Moved, log=[], status=301)
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
@@ -501,12 +399,9 @@ def test_remote_redirect_without_location_or_in_a_loop_is_an_error_naming_it(mov
 
 
 def test_remote_connection_refused_is_retried_with_backoff_then_an_error():
-  with socket.socket() as sock:  # a port nothing listens on
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
   waits = []
   remote = remote_lib.RemoteEndpoint(
-      f"http://127.0.0.1:{port}/sparql",
+      f"http://127.0.0.1:{local_http.free_port()}/sparql",  # a port nothing listens on
       max_retries=2,
       backoff_s=0.5,
       min_interval_s=0.0,
@@ -516,13 +411,12 @@ def test_remote_connection_refused_is_retried_with_backoff_then_an_error():
   assert waits == [0.5, 1.0] and remote.num_requests == 3
 
 
-class _CutOnce(http.server.BaseHTTPRequestHandler):
+class _CutOnce(local_http.Handler):
   """The first answer announces its full length but the connection closes after 10 bytes; later
   ones are complete (ASK true)."""
 
   def do_POST(self):  # noqa: N802
-    self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    self.server.requests += 1
+    self.read_body()
     self.send_response(200)
     self.send_header("Content-Type", "application/sparql-results+json")
     self.send_header("Content-Length", str(len(ASK_TRUE)))
@@ -530,27 +424,13 @@ class _CutOnce(http.server.BaseHTTPRequestHandler):
     self.wfile.write(ASK_TRUE if self.server.requests > 1 else ASK_TRUE[:10])
     self.close_connection = True
 
-  def log_message(self, *a):
-    pass
 
-
-def test_remote_connection_lost_while_reading_the_answer_is_retried():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutOnce)
-  srv.daemon_threads = True
-  srv.requests = 0
-  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-  try:
-    waits = []
-    remote = remote_lib.RemoteEndpoint(
-        f"http://127.0.0.1:{srv.server_port}/sparql",
-        backoff_s=0.5,
-        min_interval_s=0.0,
-        sleep=waits.append)
-    assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
-    assert waits == [0.5] and srv.requests == remote.num_requests == 2
-  finally:
-    srv.shutdown()
-    srv.server_close()
+def test_remote_connection_lost_while_reading_the_answer_is_retried(local_server):
+  srv = local_server(_CutOnce, "/sparql")
+  waits = []
+  remote = remote_lib.RemoteEndpoint(srv.url, backoff_s=0.5, min_interval_s=0.0, sleep=waits.append)
+  assert remote.ask("ASK WHERE { ?s ?p ?o }") is True
+  assert waits == [0.5] and srv.requests == remote.num_requests == 2
 
 
 def test_remote_request_that_cannot_be_sent_is_an_error_at_once():

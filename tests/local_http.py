@@ -1,0 +1,169 @@
+"""Local HTTP servers on 127.0.0.1 for the tests of the remote clients (SPARQL endpoints, Cloud
+Translation): a threaded `http.server` that answers with a handler the test supplies, and a real
+SPARQL 1.1 server (`oxigraph serve-read-only`) over given N-Triples.
+
+Tests take servers from the `local_server` fixture (tests/conftest.py), which shuts them down after
+the test; a module-scoped fixture enters `serve` itself. No server here sleeps for a wait a client
+is asked to make: the tests inject the clients' sleep and clock.
+"""
+import contextlib
+import http.server
+import pathlib
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+from typing import Iterator, Type
+
+import mains
+
+
+class Server(http.server.ThreadingHTTPServer):
+  """A threaded server on 127.0.0.1, on a free port.
+
+  Attributes:
+    base: "http://127.0.0.1:<port>".
+    url: `base` + the path given to `serve`.
+    requests: requests answered so far (handlers add 1 through `Handler.read_body`).
+    disconnected: set by `Handler.trickle` when the client hung up.
+    Any keyword given to `serve`: the handler's state (a script of answers, a log...).
+  """
+  daemon_threads = True
+
+  def __init__(self, handler: Type[http.server.BaseHTTPRequestHandler], path: str, **state):
+    super().__init__(("127.0.0.1", 0), handler)
+    self.base = f"http://127.0.0.1:{self.server_port}"
+    self.url = self.base + path
+    self.requests = 0
+    self.disconnected = threading.Event()
+    for name, value in state.items():
+      setattr(self, name, value)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+  """A quiet request handler with helpers to read a request and write an answer; a test's handler
+  subclasses it and defines `do_POST` (and `do_GET`...)."""
+  server: Server
+
+  def log_message(self, format, *args):  # pylint: disable=redefined-builtin
+    del format, args  # no line on stderr per request
+
+  def read_body(self) -> bytes:
+    """The request's body (Content-Length bytes); counts the request in `server.requests`."""
+    self.server.requests += 1
+    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+  def read_form(self) -> dict[str, list[str]]:
+    """The request's urlencoded form, e.g. {"query": [...]} or {"q": [...], "target": [...]}."""
+    return urllib.parse.parse_qs(self.read_body().decode())
+
+  def answer(self,
+             status: int,
+             body: bytes = b"",
+             content_type: str = "application/sparql-results+json",
+             headers: dict[str, str] | None = None) -> None:
+    """Sends `status` with `headers`, Content-Type and Content-Length, then `body`."""
+    self.send_response(status)
+    for name, value in (headers or {}).items():
+      self.send_header(name, value)
+    self.send_header("Content-Type", content_type)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def trickle(self, raw: bytes, interval_s: float, at_once: int = 0) -> None:
+    """Writes the first `at_once` bytes of `raw` at once, then the rest one byte every
+    `interval_s` seconds, then closes the connection; sets `server.disconnected` when the client
+    hangs up first."""
+    try:
+      if at_once:
+        self.wfile.write(raw[:at_once])
+        self.wfile.flush()
+      for i in range(at_once, len(raw)):
+        self.wfile.write(raw[i:i + 1])
+        self.wfile.flush()
+        time.sleep(interval_s)
+    except OSError:  # broken pipe / reset: the client hung up
+      self.server.disconnected.set()
+    self.close_connection = True
+
+
+class Trickle(Handler):
+  """Answers every POST with status 200 and the server's `body` (of `content_type`), one byte every
+  `server.interval_s` seconds: a client whose timeout bounds only each read would wait for all of
+  it.
+
+  `server.phase`: "status-line" trickles from the first byte of the answer, "body-with-length"
+  sends the head at once and trickles a body of known length, "body-to-close" the same without
+  Content-Length (the body ends when the connection closes).
+  """
+
+  def do_POST(self):  # noqa: N802
+    self.read_body()
+    head = f"HTTP/1.0 200 OK\r\nContent-Type: {self.server.content_type}\r\n"
+    if self.server.phase != "body-to-close":
+      head += f"Content-Length: {len(self.server.body)}\r\n"
+    head += "\r\n"
+    self.trickle(
+        head.encode() + self.server.body,
+        self.server.interval_s,
+        at_once=0 if self.server.phase == "status-line" else len(head))
+
+
+@contextlib.contextmanager
+def serve(handler: Type[http.server.BaseHTTPRequestHandler],
+          path: str = "/",
+          **state) -> Iterator[Server]:
+  """A `Server` answering with `handler` in a daemon thread, shut down and closed on exit."""
+  server = Server(handler, path, **state)
+  threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+  try:
+    yield server
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on (free when this returns)."""
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def sparql_server(ntriples: pathlib.Path, folder: pathlib.Path, load_timeout_s: int = 300):
+  """A read-only SPARQL 1.1 server over the N-Triples file `ntriples` (`oxigraph load` into
+  `folder/db`, then `oxigraph serve-read-only`), stopped on exit; yields its query URL.
+
+  Raises:
+    subprocess.CalledProcessError: the triples do not load.
+    AssertionError: the server does not accept connections within 10 s.
+  """
+  exe = mains.console_script("oxigraph")
+  subprocess.run([exe, "load", "--location",
+                  str(folder / "db"), "--file",
+                  str(ntriples)],
+                 check=True,
+                 capture_output=True,
+                 timeout=load_timeout_s)
+  port = free_port()
+  proc = subprocess.Popen(
+      [exe, "serve-read-only", "--location",
+       str(folder / "db"), "--bind", f"127.0.0.1:{port}"],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL)
+  try:
+    for _ in range(100):
+      try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        break
+      except OSError:
+        time.sleep(0.1)
+    else:
+      raise AssertionError(f"oxigraph serve-read-only on 127.0.0.1:{port}: no connection in 10 s")
+    yield f"http://127.0.0.1:{port}/query"
+  finally:
+    proc.terminate()
+    proc.wait(timeout=10)
