@@ -52,8 +52,6 @@ def build(out: pathlib.Path, language: str = "fr", seed: int = 0) -> int:
     ValueError: no word list for `language`.
   """
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
 
   if language not in WORDS:
     raise ValueError(f"no word list for language {language!r}; known: {sorted(WORDS)}")
@@ -78,9 +76,35 @@ def build(out: pathlib.Path, language: str = "fr", seed: int = 0) -> int:
         unk_id=0,
         minloglevel=2)
     model_bytes = (pathlib.Path(tmp) / "sp.model").read_bytes()
+  return save_marian(out, model_bytes, seed, target_lang=language, source_lang="en")
+
+
+def save_marian(out: pathlib.Path,
+                sentencepiece_model: bytes,
+                seed: int = 0,
+                max_position_embeddings: int = 128,
+                **tokenizer_args) -> int:
+  """Writes a Marian tokenizer over a SentencePiece model (source and target side alike) and a
+  random-weight `MarianMTModel` over its vocabulary (1+1 layers of width 16, 2 heads, MLP 32) to
+  `out`, as `save_pretrained` folders.
+
+  Args:
+    out: the model folder (exists; files in it are overwritten).
+    sentencepiece_model: the serialised SentencePiece model (with `<unk>` and `</s>`).
+    seed: torch seed of the random initialisation.
+    max_position_embeddings: the longest sequence the model takes.
+    **tokenizer_args: further `MarianTokenizer` arguments (`target_lang`, `source_lang`).
+
+  Returns:
+    The number of model parameters.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
   for name in ("source.spm", "target.spm"):
-    (out / name).write_bytes(model_bytes)
-  sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    (out / name).write_bytes(sentencepiece_model)
+  sp = spm.SentencePieceProcessor(model_proto=sentencepiece_model)
   vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
   vocab["<pad>"] = len(vocab)
   (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
@@ -88,11 +112,10 @@ def build(out: pathlib.Path, language: str = "fr", seed: int = 0) -> int:
       str(out / "source.spm"),
       str(out / "target.spm"),
       str(out / "vocab.json"),
-      target_lang=language,
-      source_lang="en",
       unk_token="<unk>",
       eos_token="</s>",
-      pad_token="<pad>")
+      pad_token="<pad>",
+      **tokenizer_args)
   config = transformers.MarianConfig(
       vocab_size=len(vocab),
       d_model=16,
@@ -102,7 +125,7 @@ def build(out: pathlib.Path, language: str = "fr", seed: int = 0) -> int:
       decoder_attention_heads=2,
       encoder_ffn_dim=32,
       decoder_ffn_dim=32,
-      max_position_embeddings=128,
+      max_position_embeddings=max_position_embeddings,
       pad_token_id=vocab["<pad>"],
       eos_token_id=vocab["</s>"],
       decoder_start_token_id=vocab["<pad>"])

@@ -9,6 +9,7 @@
   `RestoreCheckpointConfig(mode='specific'/'latest')`) and the way `t5x.train` starts from a
   checkpoint with a fresh Adafactor state (`assignment_map` + `fallback_to_scratch`).
 """
+import dataclasses
 import functools
 import logging
 
@@ -39,26 +40,30 @@ from mcwq_t5x.engine import trainer as trainer_lib
 
 import tiny_engine
 
-# Same hyper-parameters for both engines (T5X hard-codes 32 relative-position buckets, max
-# distance 128 and RMS-norm epsilon 1e-6, our defaults). 8 heads: on CPU T5X's PjitPartitioner puts
-# all 8 test devices on its 'model' axis, which must divide the heads.
-TINY = dict(
-    emb_dim=32,
-    num_heads=8,
-    head_dim=4,
-    mlp_dim=64,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    mlp_activations=("gelu", "linear"),
-    dropout_rate=0.0,
-    logits_via_embedding=False,
-    float32_attention_logits=True)
 NUM_EXAMPLES = 48
+
+
+def tiny_config(vocab_size, **overrides):
+  """The network of both engines here: 2+2 layers of width 32, 8 heads of 4, MLP 64, gated GELU,
+  untied output layer, no dropout. 8 heads: on CPU T5X's PjitPartitioner puts all 8 test devices
+  on its 'model' axis, which must divide the heads."""
+  return tiny_engine.config(
+      vocab_size, layers=2, emb_dim=32, num_heads=8, head_dim=4, mlp_dim=64, **overrides)
+
+
+def t5x_config(config):
+  """T5X's `T5Config` of our `config`: the fields T5X has (it hard-codes 32 relative-position
+  buckets, max distance 128 and RMS-norm epsilon 1e-6, our defaults)."""
+  assert (config.relative_attention_num_buckets, config.relative_attention_max_distance,
+          config.layer_norm_epsilon) == (32, 128, 1e-6), config
+  return t5x_network.T5Config(**{
+      field.name: getattr(config, field.name) for field in dataclasses.fields(t5x_network.T5Config)
+  })
 
 
 def t5x_model(vocab_size, vocabulary=None, decode_fn=t5x_decoding.beam_search):
   vocabulary = vocabulary or seqio_passthrough(vocab_size)
-  module = t5x_network.Transformer(t5x_network.T5Config(vocab_size=vocab_size, **TINY))
+  module = t5x_network.Transformer(t5x_config(tiny_config(vocab_size)))
   return t5x_models.EncoderDecoderModel(
       module,
       vocabulary,
@@ -73,7 +78,7 @@ def seqio_passthrough(size):
 
 
 def our_model(vocab_size, vocabulary=None):
-  cfg = network.get_config("tiny", vocab_size=vocab_size, **TINY)
+  cfg = tiny_config(vocab_size)
   return model_lib.EncoderDecoderModel(network.Transformer(cfg), vocabulary, vocabulary)
 
 
@@ -92,13 +97,6 @@ def assert_trees_equal(a, b):
 # ------------------------------------------------------------------------------------------------
 # (a) The networks.
 # ------------------------------------------------------------------------------------------------
-def pad_rows(rows):
-  out = np.zeros((len(rows), max(len(r) for r in rows)), np.int32)
-  for i, r in enumerate(rows):
-    out[i, :len(r)] = r
-  return out
-
-
 @pytest.fixture(scope="module")
 def mcwq_batch(mcwq_dir):
   """48 questions + RIR targets of MCD1 test (English), tokenised with the project's vocabulary,
@@ -107,15 +105,9 @@ def mcwq_batch(mcwq_dir):
   questions = (folder / "test.en.txt").read_text(encoding="utf-8").splitlines()[:NUM_EXAMPLES]
   queries = (folder / "test.en.sparql").read_text(encoding="utf-8").splitlines()[:NUM_EXAMPLES]
   vocabulary = vocab_lib.get_vocabulary()
-  enc = pad_rows([list(vocabulary.encode(q)) + [1] for q in questions])
-  tgt = pad_rows([list(vocabulary.encode(q)) + [1] for q in queries])
-  dec_in = np.concatenate([np.zeros((len(tgt), 1), np.int32), tgt[:, :-1]], axis=1)
-  return vocabulary, {
-      "encoder_input_tokens": enc,
-      "decoder_input_tokens": dec_in,
-      "decoder_target_tokens": tgt,
-      "decoder_loss_weights": (tgt > 0).astype(np.int32)
-  }
+  return vocabulary, tiny_engine.feature_batch(
+      [list(vocabulary.encode(q)) + [1] for q in questions],
+      [list(vocabulary.encode(q)) + [1] for q in queries])
 
 
 @pytest.mark.parametrize("vocab_size, overrides",
@@ -125,16 +117,9 @@ def test_parameter_trees_are_t5x_trees(vocab_size, overrides):
   vocabulary 250112, 8+8 layers, so that mT5 checkpoints map one to one)."""
   shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 6)}
   types = {k: jnp.int32 for k in shapes}
-  ours = network.Transformer(
-      network.get_config("tiny", vocab_size=vocab_size, **{
-          **TINY,
-          **overrides
-      }))
-  theirs = t5x_network.Transformer(
-      t5x_network.T5Config(vocab_size=vocab_size, **{
-          **TINY,
-          **overrides
-      }))
+  config = tiny_config(vocab_size, **overrides)
+  ours = network.Transformer(config)
+  theirs = t5x_network.Transformer(t5x_config(config))
   ours_shapes = jax.eval_shape(
       lambda r: model_lib.unbox(
           model_lib.EncoderDecoderModel(ours).get_initial_variables(r, shapes, types)["params"]),

@@ -27,6 +27,7 @@ from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import t5x_checkpoint_writer
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import network
+import tiny_engine
 
 VOCAB = 256  # model rows; the SentencePiece vocab is smaller (as in mT5)
 SP_VOCAB = 160
@@ -59,22 +60,12 @@ def mcwq_batch(mcwq_dir):
   sp = _train_sentencepiece(questions + rirs, SP_VOCAB)
   # Mix short and long questions so that the batch has padding.
   idx = [0, 1, 2, 10, 25, 40][:NUM_EXAMPLES]
-  inputs = [sp.encode(questions[i]) + [1] for i in idx]
-  targets = [sp.encode(rirs[i]) + [1] for i in idx]
-  in_len = max(map(len, inputs))
-  tgt_len = max(map(len, targets))
-  enc = np.zeros((len(idx), in_len), np.int32)
-  tgt = np.zeros((len(idx), tgt_len), np.int32)
-  for i, (a, b) in enumerate(zip(inputs, targets)):
-    enc[i, :len(a)] = a
-    tgt[i, :len(b)] = b
-  dec = np.concatenate([np.zeros((len(idx), 1), np.int32), tgt[:, :-1]], 1)
-  assert (enc == 0).any() and (tgt == 0).any(), "batch must contain padding"
-  return dict(
-      encoder_input_tokens=enc,
-      decoder_input_tokens=dec,
-      decoder_target_tokens=tgt,
-      decoder_loss_weights=(tgt > 0).astype(np.float32))
+  batch = tiny_engine.feature_batch([sp.encode(questions[i]) + [1] for i in idx],
+                                    [sp.encode(rirs[i]) + [1] for i in idx],
+                                    weights_dtype=np.float32)
+  assert (batch["encoder_input_tokens"] == 0).any() and (batch["decoder_target_tokens"]
+                                                         == 0).any(), "batch must contain padding"
+  return batch
 
 
 def _generate(hf, batch, max_new_tokens=DECODE_LEN):
@@ -99,31 +90,15 @@ def _build_hf(kind, tmp_path, batch):
   emits often, so that some (not all) greedy decodes end with EOS.
   """
   torch.manual_seed(0 if kind == "mt5" else 1)
-  common = dict(
-      vocab_size=VOCAB,
-      d_model=32,
-      d_kv=8,
-      d_ff=48,
-      num_layers=2,
-      num_decoder_layers=2,
-      num_heads=4,
-      dropout_rate=0.0,
+  hf = tiny_engine.hf_t5(
+      kind,
+      VOCAB,
       decoder_start_token_id=0,
       eos_token_id=1,
-      pad_token_id=0)
-  if kind == "mt5":
-    cfg = transformers.MT5Config(
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common)
-    hf = transformers.MT5ForConditionalGeneration(cfg)
-    # A separate output layer (transformers re-ties it at construction).
-    hf.lm_head.weight = torch.nn.Parameter(torch.empty(VOCAB, 32))
-  else:
-    cfg = transformers.T5Config(
-        feed_forward_proj="relu",
-        tie_word_embeddings=True,
-        relative_attention_max_distance=24,
-        **common)
-    hf = transformers.T5ForConditionalGeneration(cfg)
+      pad_token_id=0,
+      **({} if kind == "mt5" else {
+          "relative_attention_max_distance": 24
+      }))
   with torch.no_grad():  # O(1) activations, unlike HF's tiny init.
     for name, p in hf.named_parameters():
       if "layer_norm" in name:

@@ -8,8 +8,6 @@ import pytest
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import pipeline
-from mcwq_t5x.engine import model as model_lib
-from mcwq_t5x.engine import network
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
 import tiny_engine
@@ -23,19 +21,13 @@ def tiny_model():
 
 
 def synthetic_arrays(n=40, seed=0):
+  """`n` feature-converter rows: 11 random tokens + EOS in, 7 random tokens + EOS out."""
   rng = np.random.default_rng(seed)
   enc = rng.integers(2, VOCAB, size=(n, 12)).astype(np.int32)
   tgt = rng.integers(2, VOCAB, size=(n, 10)).astype(np.int32)
   enc[:, -1] = 1
   tgt[:, 7] = 1
-  tgt[:, 8:] = 0
-  dec_in = np.concatenate([np.zeros((n, 1), np.int32), tgt[:, :-1]], axis=1)
-  return {
-      "encoder_input_tokens": enc,
-      "decoder_input_tokens": dec_in,
-      "decoder_target_tokens": tgt,
-      "decoder_loss_weights": (tgt > 0).astype(np.int32)
-  }
+  return tiny_engine.feature_batch(enc, tgt[:, :8], 12, 10)
 
 
 def make_trainer(partitioner):
@@ -252,17 +244,8 @@ def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
   np.testing.assert_array_equal(np.asarray(restored["extra"]["kernel"]), [1.0, 2.0, 3.0])
   _assert_same({k: v for k, v in restored.items() if k != "extra"}, params)
   # Another model size: named at once by restore_latest (no fall back to older checkpoints).
-  cfg = network.get_config(
-      "tiny",
-      vocab_size=VOCAB,
-      emb_dim=16,
-      num_heads=2,
-      head_dim=8,
-      mlp_dim=48,
-      num_encoder_layers=1,
-      num_decoder_layers=1)
   wider = trainer_lib.Trainer(
-      model_lib.EncoderDecoderModel(network.Transformer(cfg)),
+      tiny_engine.tiny_model(0.1, mlp_dim=48),
       partitioning.Partitioner(num_partitions=2),
       trainer_lib.create_learning_rate_schedule(0.05),
       seed=1)

@@ -89,21 +89,12 @@ def mcwq_batch(mcwq_dir, small_vocab):
     start = i * PER_LANGUAGE
     questions += _texts(mcwq_dir, "txt", language, start, PER_LANGUAGE)
     targets += _texts(mcwq_dir, "sparql", "en", start, PER_LANGUAGE)  # RIR, line-parallel
-  inputs = [small_vocab.encode(q) + [1] for q in questions]
-  outputs = [(small_vocab.encode(t) + [1])[:MAX_TARGET_LEN] for t in targets]
-  enc = np.zeros((len(inputs), max(map(len, inputs))), np.int32)
-  tgt = np.zeros((len(outputs), max(map(len, outputs))), np.int32)
-  for row, (a, b) in enumerate(zip(inputs, outputs)):
-    enc[row, :len(a)] = a
-    tgt[row, :len(b)] = b
-  dec = np.concatenate([np.zeros((len(inputs), 1), np.int32), tgt[:, :-1]], axis=1)
+  batch = tiny_engine.feature_batch(
+      [small_vocab.encode(q) + [1] for q in questions],
+      [(small_vocab.encode(t) + [1])[:MAX_TARGET_LEN] for t in targets])
+  enc, tgt = batch["encoder_input_tokens"], batch["decoder_target_tokens"]
   assert enc.shape[0] == 32 and (enc == 0).any() and (tgt == 0).any()
-  return {
-      "encoder_input_tokens": enc,
-      "decoder_input_tokens": dec,
-      "decoder_target_tokens": tgt,
-      "decoder_loss_weights": (tgt > 0).astype(np.int32)
-  }
+  return batch
 
 
 # ------------------------------------------------------------------------------------------------
@@ -348,23 +339,7 @@ def test_export_tokenizer_unigram_with_sentinels(mcwq_dir, tmp_path):
 # ------------------------------------------------------------------------------------------------
 def _hf_folder(kind, path):
   torch.manual_seed(0)
-  common = dict(
-      vocab_size=2048,
-      d_model=32,
-      d_kv=8,
-      d_ff=48,
-      num_layers=2,
-      num_decoder_layers=2,
-      num_heads=4,
-      dropout_rate=0.0)
-  if kind == "mt5":
-    hf = transformers.MT5ForConditionalGeneration(
-        transformers.MT5Config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common))
-    hf.lm_head.weight = torch.nn.Parameter(torch.randn(2048, 32))  # untie
-  else:
-    hf = transformers.T5ForConditionalGeneration(
-        transformers.T5Config(feed_forward_proj="relu", tie_word_embeddings=True, **common))
-  hf.save_pretrained(str(path))
+  tiny_engine.hf_t5(kind, 2048).save_pretrained(str(path))
   return path
 
 

@@ -13,18 +13,11 @@ import pytest
 from mcwq_t5x.engine import decoding
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import network
+import tiny_engine
 
 VOCAB = 160
 EOS = 1
-CFG = network.T5Config(
-    vocab_size=VOCAB,
-    emb_dim=48,
-    num_heads=4,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    head_dim=12,
-    mlp_dim=96,
-    dropout_rate=0.0)
+CFG = tiny_engine.config(VOCAB, layers=2, emb_dim=48, num_heads=4, head_dim=12, mlp_dim=96)
 FACTORS = (None, "NUM_REAL_TARGET_TOKENS", "num_total_target_tokens", "AVERAGE_PER_SEQUENCE", 7.0)
 
 
@@ -40,12 +33,7 @@ def _shift_right(targets):
 
 
 def _batch(inputs, targets, in_len, tgt_len):
-  tgt = _pad(targets, tgt_len)
-  return dict(
-      encoder_input_tokens=_pad(inputs, in_len),
-      decoder_input_tokens=_shift_right(tgt),
-      decoder_target_tokens=tgt,
-      decoder_loss_weights=(tgt > 0).astype(np.float32))
+  return tiny_engine.feature_batch(inputs, targets, in_len, tgt_len, weights_dtype=np.float32)
 
 
 @pytest.fixture(scope="module")

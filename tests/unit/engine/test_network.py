@@ -15,17 +15,10 @@ import pytest
 
 from mcwq_t5x.checkpointing import checkpoint_import
 from mcwq_t5x.engine import network
+import tiny_engine
 
 VOCAB = 259
-CFG = network.T5Config(
-    vocab_size=VOCAB,
-    emb_dim=32,
-    num_heads=2,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    head_dim=8,
-    mlp_dim=48,
-    dropout_rate=0.1)
+CFG = tiny_engine.config(VOCAB, layers=2, emb_dim=32, mlp_dim=48, dropout_rate=0.1)
 
 
 def _bytes(text, max_len):

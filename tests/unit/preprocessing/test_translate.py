@@ -14,6 +14,7 @@ from mcwq_t5x.data import readers
 from mcwq_t5x.data import rir
 from preprocessing import gold, migrate, stats, translate as tr
 import local_http
+import mains
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -143,9 +144,10 @@ def test_file_backend_end_to_end(release, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_marian(tmp_path_factory):
-  """A tiny random MarianMTModel + tokenizer saved locally (no download)."""
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  """A tiny random MarianMTModel + tokenizer saved locally (no download), with a word-level
+  vocabulary that has the placeholders M0..M9 (`make_tiny_translation_model.save_marian`)."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
   import sentencepiece as spm
   d = tmp_path_factory.mktemp("marian")
   corpus = d / "corpus.txt"
@@ -160,37 +162,10 @@ def tiny_marian(tmp_path_factory):
       model_type="word",
       hard_vocab_limit=False,
       user_defined_symbols=[f"M{i}" for i in range(10)])
-  sp = spm.SentencePieceProcessor(model_file=str(d / "sp.model"))
-  vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-  vocab["<pad>"] = len(vocab)
-  (d / "vocab.json").write_text(json.dumps(vocab))
-  for name in ("source.spm", "target.spm"):
-    (d / name).write_bytes((d / "sp.model").read_bytes())
-  tok = transformers.MarianTokenizer(
-      str(d / "source.spm"),
-      str(d / "target.spm"),
-      str(d / "vocab.json"),
-      unk_token="<unk>",
-      eos_token="</s>",
-      pad_token="<pad>")
-  cfg = transformers.MarianConfig(
-      vocab_size=len(vocab),
-      d_model=16,
-      encoder_layers=1,
-      decoder_layers=1,
-      encoder_attention_heads=2,
-      decoder_attention_heads=2,
-      encoder_ffn_dim=32,
-      decoder_ffn_dim=32,
-      max_position_embeddings=64,
-      pad_token_id=vocab["<pad>"],
-      eos_token_id=vocab["</s>"],
-      decoder_start_token_id=vocab["<pad>"])
-  torch.manual_seed(0)
-  model = transformers.MarianMTModel(cfg)
   out = d / "model"
-  model.save_pretrained(out)
-  tok.save_pretrained(out)
+  out.mkdir()
+  mains.load_script("make_tiny_translation_model").save_marian(
+      out, (d / "sp.model").read_bytes(), seed=0, max_position_embeddings=64)
   return out
 
 
@@ -263,11 +238,7 @@ def test_random_weight_model_script_with_keep_placeholders(release, tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
   import shutil
-  sys.path.insert(0, str(REPO_ROOT / "scripts"))
-  try:
-    import make_tiny_translation_model  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  make_tiny_translation_model = mains.load_script("make_tiny_translation_model")
   model = tmp_path / "mt"
   assert make_tiny_translation_model.build(model, "fr") == 10672
   rel = tmp_path / "rel"
