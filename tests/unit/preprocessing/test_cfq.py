@@ -17,22 +17,6 @@ PRODUCED_BY = "ns:film.film.produced_by|ns:film.film.production_companies"
 
 
 @pytest.fixture(scope="module")
-def records(shared_dir):
-  files = [shared_dir / "cfq" / f"cfq_sample_{p}.json" for p in ("train", "dev")]
-  return {rec["questionIdx"]: rec for _, rec in cfq.load_records(files)}
-
-
-@pytest.fixture(scope="module")
-def model(records):
-  return cfq.ContextModel().fit(records.values())
-
-
-@pytest.fixture(scope="module")
-def mapping():
-  return mp.load_mapping()
-
-
-@pytest.fixture(scope="module")
 def mids(records):
   """Real film-domain MIDs of the sample (none of them a gender or nationality)."""
   special = set().union(

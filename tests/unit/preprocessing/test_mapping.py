@@ -13,26 +13,6 @@ from preprocessing import cfq, derive_mapping, mapping as mp
 
 
 @pytest.fixture(scope="module")
-def cfq_files(shared_dir):
-  return [str(shared_dir / "cfq" / f"cfq_sample_{p}.json") for p in ("train", "dev")]
-
-
-@pytest.fixture(scope="module")
-def records(cfq_files):
-  return {rec["questionIdx"]: rec for _, rec in cfq.load_records(cfq_files)}
-
-
-@pytest.fixture(scope="module")
-def model(records):
-  return cfq.ContextModel().fit(records.values())
-
-
-@pytest.fixture(scope="module")
-def mapping():
-  return mp.load_mapping()
-
-
-@pytest.fixture(scope="module")
 def mcwq_queries(mcwq_dir):
   return cfq.read_mcwq_official(sorted(glob.glob(str(mcwq_dir / "official" / "*" / "*.en.txt"))))
 
