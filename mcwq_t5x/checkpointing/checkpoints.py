@@ -18,7 +18,7 @@ have) and intersects the `state` tree with the train state it restores. So:
   mode='specific')`, or `path=MODEL_DIR, mode='latest'`) read our checkpoints directly.
 * `t5x.train` initialising from ours needs a fresh optimizer state, the T5X way:
   `RestoreCheckpointConfig(..., assignment_map=((r'state/param_states.*', None),),
-  fallback_to_scratch=True)` (tested in tests/test_t5x_interop.py).
+  fallback_to_scratch=True)` (tested in tests/e2e/test_t5x_interop.py).
 
 Reading (`CheckpointManager.restore*`, `restore_params`) accepts three formats per step folder:
 ours, T5X's Orbax one (the same `state/` tree; T5X's optimizer state is not optax's, so the

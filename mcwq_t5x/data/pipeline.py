@@ -139,8 +139,8 @@ def without_autograph(fn: _F) -> _F:
   rewrite in Python that costs seconds of CPU per process for MCWQ's preprocessing
   (`seqio.preprocessors.tokenize`, `append_eos_after_trim`, `tasks.mcwq.to_inputs_and_targets`),
   which are TensorFlow ops without Python control flow on tensors, so the datasets are the same
-  (tests/test_packing.py compares with `seqio.get_dataset`). A preprocessor that needs AutoGraph
-  (a Python `if`/`for` over a tensor, e.g. in a user's task) raises
+  (tests/unit/data/test_packing.py compares with `seqio.get_dataset`). A preprocessor that needs
+  AutoGraph (a Python `if`/`for` over a tensor, e.g. in a user's task) raises
   `tf.errors.OperatorNotAllowedInGraphError` while traced without it; `fn` then runs again with
   AutoGraph, as SeqIO runs it.
   """

@@ -4,7 +4,7 @@ temperature 0) and beam search.
 This module follows the design and conventions of T5X's `t5x/decoding.py` (Roberts et al. 2022,
 "Scaling Up Models and Data with t5x and seqio"), re-implemented so that our engine installs from
 the package index alone (the real T5X, installed by `scripts/install_t5x.sh`, is the second
-engine; tests/test_t5x_interop.py decodes with both). Nothing here imports TensorFlow or SeqIO; everything is `jax.jit`-able (the decoding
+engine; tests/e2e/test_t5x_interop.py decodes with both). Nothing here imports TensorFlow or SeqIO; everything is `jax.jit`-able (the decoding
 loops are `jax.lax.while_loop`s with an early exit, their states `flax.struct` dataclasses as in
 T5X). `mcwq_t5x.engine.model.EncoderDecoderModel.predict_batch` is the only caller; every option here is
 reachable from it.

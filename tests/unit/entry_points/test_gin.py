@@ -232,7 +232,8 @@ def test_paper_settings_in_both_engines(path, t5x_parsed):
       "lr": gin.query_parameter("%LEARNING_RATE"),
       "cached": gin.query_parameter("%USE_CACHED_TASKS"),
   }
-  assert gin.query_parameter("%LR_SCHEDULE") == "linear"  # the paper's recipe: tests/test_recipe.py
+  # the paper's recipe: tests/unit/entry_points/test_recipe.py
+  assert gin.query_parameter("%LR_SCHEDULE") == "linear"
   cfg = _network_config()
   assert (cfg.emb_dim, cfg.num_encoder_layers, cfg.vocab_size) == (width, layers, 250112)
   assert t5x_values == ours == {
