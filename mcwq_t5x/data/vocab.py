@@ -349,8 +349,8 @@ def unreadable_vocabulary(model_file: str, reason: str = "") -> VocabularyNotFou
   if pathlib.Path(model_file).parent.parent == paths.cache_dir(create=False):
     return VocabularyNotFoundError(
         f"the small MCWQ SentencePiece model {model_file} {problem}: there was no MCWQ train/dev "
-        f"text to train it from (`python scripts/train_vocab.py` trains it from "
-        f"${paths.DATA_DIR_ENV}, else ../shared/mcwq)")
+        f"text under {paths.data_dir(must_exist=False)} to train it from (the data folder: "
+        f"${paths.DATA_DIR_ENV}, else ../shared/mcwq; `python scripts/train_vocab.py` trains it)")
   return VocabularyNotFoundError(f"the SentencePiece model {model_file} {problem}")
 
 

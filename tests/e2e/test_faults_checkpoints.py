@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from mcwq_t5x.checkpointing import checkpoint_paths
-from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import run_lock
 import mains
 import tiny_engine
@@ -198,7 +197,7 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_has_the_same_losses(
       log.strip().splitlines()[-1])
   assert match and match.group(1) == match.group(2), log[-3000:]
   step = int(match.group(1))
-  assert step >= 2 and checkpoints.finished_steps(model_dir) == [step]
+  assert step >= 2 and checkpoint_paths.finished_steps(model_dir) == [step]
   assert steps_of(model_dir / "train_metrics.jsonl") == list(range(1, step + 1))
   resumed = copy_of(model_dir, tmp_path)
   stop = [f"train_script.train.stop_after_steps = {step + 2}"]

@@ -200,16 +200,16 @@ def test_multiprocess_sigterm_saves_one_checkpoint_at_the_same_step_in_every_pro
   assert last_line(log_1) == last_line(log_0)
   step = int(match.group(1))
   assert 2 <= step <= STEPS
-  assert checkpoints.finished_steps(model_dir) == sorted({step}
-                                                         | ({STOP} if step > STOP else set()))
+  assert checkpoint_paths.finished_steps(model_dir) == sorted({step}
+                                                              | ({STOP} if step > STOP else set()))
   assert sorted(mains.train_losses(model_dir)) == list(range(1, step + 1))
 
 
 def test_multiprocess_preempted_pair_resumes_with_the_uninterrupted_losses(preempted_pair, runs):
   """The preempted pair's losses, then those of one process resuming its checkpoint, are the
   losses of the README's pair, which ran uninterrupted."""
-  step = checkpoints.finished_steps(preempted_pair["dir"])[-1]
-  assert f"resumed from {checkpoints.checkpoint_dir(preempted_pair['resumed'], step)}" in (
+  step = checkpoint_paths.finished_steps(preempted_pair["dir"])[-1]
+  assert f"resumed from {checkpoint_paths.checkpoint_dir(preempted_pair['resumed'], step)}" in (
       preempted_pair["log"])
   got, want = mains.train_losses(preempted_pair["resumed"]), mains.train_losses(runs["two"])
   assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
@@ -225,9 +225,9 @@ def test_multiprocess_a_dead_process_is_named_by_the_other_in_its_last_line(tmp_
   (status_0, log_0), (status_1, _) = run_pair(tmp_path, model_dir, "SIGKILL", 5)
   assert status_1 == -signal.SIGKILL
   assert status_0 == 1, log_0[-3000:]
-  steps = checkpoints.finished_steps(model_dir)
+  steps = checkpoint_paths.finished_steps(model_dir)
   resume_from = (
-      str(checkpoints.checkpoint_dir(model_dir, steps[-1]))
+      str(checkpoint_paths.checkpoint_dir(model_dir, steps[-1]))
       if steps else "the start (no checkpoint had been written)")
   line = last_line(log_0)
   assert re.fullmatch(
