@@ -33,6 +33,7 @@ from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import partitioning
+import local_http
 import mains
 import readme_commands as rc
 import scenarios
@@ -140,7 +141,7 @@ train.main(sys.argv[1:])
 def run_pair(folder, model_dir, signal_name, at_step):
   """The README's pair (2 processes x 2 devices, `RUN`) on `model_dir`, process 1 sending itself
   `signal_name` at step `at_step`: [(exit status, log)] of processes 0 and 1."""
-  port = rc.free_port()
+  port = local_http.free_port()
   started = []
   for i in range(2):
     args = [
