@@ -1,6 +1,7 @@
 """The engine: the T5.1.1/mT5 network with T5X's parameter names and logical axes, the
 encoder-decoder model (loss, decoding), the trainer and the partitioner (device mesh, shardings),
-and the CPU settings of the mains.
+the CPU settings of the mains, and the model FLOPs of a training step against the machine's
+measured matmul peak (`flops`).
 
 Imports: JAX, Flax, Optax, NumPy and other engine modules; nothing of MCWQ (`data`), of
 checkpoints, evaluation or stores, and no TensorFlow or SeqIO (the GPU image has neither).
