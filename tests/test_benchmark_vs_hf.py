@@ -3,8 +3,8 @@ prints its figures: one line per system, and the ratio line last.
 
 Speed itself is never asserted (the figures depend on the machine). One tiny run of two modes, as
 one command, on 64 of the 155 Hebrew gold questions: the epoch mode (a 1-layer width-32 network; our
-real training path, `mcwq_t5x.train.train`, against transformers; on 1 XLA device: the
-program compiles in a quarter less CPU time than on the default 2, whose data-parallel mesh the
+real training path, `mcwq_t5x.train.train`, against transformers; on 1 XLA device, the
+default, the program compiles in a quarter less CPU time than on 2, whose data-parallel mesh the
 partitioning and multi-process tests cover; the fixed-shape mode times a plain step loop of the
 same trainer and model, which the trainer and model tests cover) and the decode
 mode, greedy, of the session's trained run of our engine (`conftest.our_run`: its run.json gives
@@ -27,7 +27,7 @@ TINY = [
     "--modes", "epoch,decode", "--task", "mcwq_gold_he", "--split", "test", "--max_examples", "64",
     "--emb_dim", "32", "--num_heads", "2", "--head_dim", "16", "--mlp_dim", "64", "--num_layers",
     "1", "--batch_size", "16", "--decode_methods", "greedy", "--decode_batch_size", "16",
-    "--input_length", "40", "--target_length", "128", "--host_devices", "1"
+    "--input_length", "40", "--target_length", "128"
 ]
 DECODE_QUESTIONS = 64
 
