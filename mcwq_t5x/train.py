@@ -76,6 +76,7 @@ from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
+from mcwq_t5x.engine import flops as flops_lib
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import preemption
 from mcwq_t5x.engine import process_watch
@@ -229,6 +230,19 @@ def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str
   return dropped
 
 
+def utilisation(summary: Mapping[str, float], peak: Optional[flops_lib.MatmulPeak]) -> str:
+  """The step line's utilisation: "  12.3 GFLOP/s = 9.1% of the XLA matmul's 135.0" (the model
+  FLOPs per second of the logged steps, `summary["model_gflops_per_s"]`, and their share of the
+  start-up matmul peak), "  12.3 GFLOP/s" without a peak, "" without a FLOP count."""
+  gflops = summary.get("model_gflops_per_s")
+  if gflops is None:
+    return ""
+  if peak is None:
+    return f"  {gflops:.1f} GFLOP/s"
+  return (f"  {gflops:.1f} GFLOP/s = {100.0 * gflops / peak.gflops:.1f}% of the {peak.kernel} "
+          f"matmul's {peak.gflops:.1f}")
+
+
 # --------------------------------------------------------------------------------------------
 # train()
 # --------------------------------------------------------------------------------------------
@@ -257,7 +271,8 @@ def train(*,
           metric_name_to_monitor: Optional[str] = None,
           metric_mode: str = "min",
           stop_after_steps: Optional[int] = None,
-          run_note: Optional[str] = None) -> dict[str, Any]:
+          run_note: Optional[str] = None,
+          measure_matmul_peak: bool = True) -> dict[str, Any]:
   """Trains, evaluates and checkpoints (see the module docstring). Gin names as in T5X.
 
   Args:
@@ -297,10 +312,14 @@ def train(*,
     stop_after_steps: stop (after checkpointing) once this step is reached, without the final
       evaluation: a "killed" run for resume tests.
     run_note: a line logged at start (e.g. which split stands in for training data).
+    measure_matmul_peak: time the machine's float32 matmul peak at start-up
+      (`flops.matmul_peak`, under a second on a CPU) so that every step line gives the model
+      FLOPs per second as a share of it; False: the step lines give GFLOP/s alone.
 
   Returns:
     {"step", "final_eval": {task_split: metrics}, "train_metrics": last logged metrics, "wall_s",
-     "decoded_step": the step whose parameters the final evaluation decoded}.
+     "train_time_s", "decoded_step": the step whose parameters the final evaluation decoded,
+     "matmul_peak": `flops.MatmulPeak` or None}.
 
   Raises:
     ValueError: invalid predict_kwargs (checked first), unknown task, vocabulary/model mismatch,
@@ -332,6 +351,9 @@ def train(*,
   logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
                jax.device_count(),
                jax.devices()[0].platform, jax.process_count())
+  peak = flops_lib.matmul_peak() if measure_matmul_peak else None
+  if peak is not None:
+    logging.info("matmul peak: %.1f GFLOP/s, %s", peak.gflops, peak.describe())
 
   # --- data ---------------------------------------------------------------------------------
   check_model_and_task(model, train_dataset_cfg)
@@ -373,6 +395,10 @@ def train(*,
   example = batches.batch(0, local_rows)
   global_shapes = {k: (train_dataset_cfg.batch_size,) + v.shape[1:] for k, v in example.items()}
   input_types = {k: jnp.int32 for k in example}
+  # Model FLOPs of a step (the network's matmuls on the batch's padded shapes), None for a model
+  # without a T5 network config.
+  step_flops = flops_lib.batch_train_step_flops(
+      getattr(getattr(model, "module", None), "config", None), global_shapes)
   metric_name_to_monitor = selection_metric(metric_name_to_monitor, train_eval_dataset_cfg,
                                             final_eval_dataset_cfgs)
   if metric_name_to_monitor and not (eval_period and train_eval_dataset_cfg is not None):
@@ -504,18 +530,20 @@ def train(*,
           sums["learning_rate"] = float(host["learning_rate"])
           timer.add(
               float(host.get("num_examples", train_dataset_cfg.batch_size)),
-              float(host.get("num_tokens", 0.0)))
+              float(host.get("num_tokens", 0.0)), step_flops)
         pending = []
         summary = trainer_lib.summarize_metrics(sums)
         summary.update(timer.read_and_reset())
         summary.pop("num_tokens", None)
         summary.pop("num_examples", None)
+        if peak is not None and "model_gflops_per_s" in summary:
+          summary["matmul_peak_share"] = summary["model_gflops_per_s"] / peak.gflops
         train_writer.write_scalars(step, summary)
         logging.info(
             "step %d/%d (%.0f%%): loss %.4f  acc %.4f  lr %.2e  %.3fs/step  %.1f ex/s  "
-            "%.0f tok/s", step, total_steps, 100.0 * step / total_steps, summary["loss"],
+            "%.0f tok/s%s", step, total_steps, 100.0 * step / total_steps, summary["loss"],
             summary.get("accuracy", float("nan")), summary["learning_rate"], summary["step_time_s"],
-            summary["examples_per_s"], summary["tokens_per_s"])
+            summary["examples_per_s"], summary["tokens_per_s"], utilisation(summary, peak))
         last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
         _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
       # Evaluate before saving, so that the checkpoint carries the step's metrics (best-keeping).
@@ -566,7 +594,8 @@ def train(*,
       "step": step,
       "train_metrics": last_logged,
       "train_time_s": train_time,
-      "final_eval": {}
+      "final_eval": {},
+      "matmul_peak": peak
   }
   if step < total_steps:  # stopped early on purpose (stop_after_steps)
     ckpt.close()

@@ -13,8 +13,10 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
 
 * **epoch**: one pass over the split, each system with its best input pipeline.
   Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
-  arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 2, data
-  parallel), `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
+  arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 1: each
+  operation on all cores, which for this network's operations beats 2 data-parallel devices,
+  `HOST_DEVICE_COUNT = 2`, the main job's setting for its smaller network; CHANGELOG.md),
+  `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
   `cpu_settings.XLA_CPU_TRAINING_FLAGS` and its host `malloc` options
   (`cpu_settings.set_host_malloc_options`; the HF process keeps glibc's defaults), dropout masks
   from the `unsafe_rbg` PRNG as the main job
@@ -74,14 +76,17 @@ interleaved (ours, theirs, ours, theirs ... for `--repeats`):
   (mean wall times; at most 1.00 when ours is the faster).
 
 Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
-EOS included), wall time, peak RSS (GiB), and as its last two lines
+EOS included), wall time, peak RSS (GiB); then the run's matmul peak, `matmul peak: Y GFLOP/s
+(KERNEL; best per kernel: ...)`: every worker times float32 2,048 x 2,048 products in its own
+process before it trains (`mcwq_t5x.engine.flops.matmul_peak`: ours NumPy's BLAS and XLA's
+`jnp.dot` on one device, with the worker's XLA flags; transformers' NumPy's and PyTorch's
+`torch.matmul`; each the best of 3 calls, 2 n^3 FLOPs a product) and the peak is the fastest
+product of the run; then for each mode and system `ours epoch: X GFLOP/s of Y GFLOP/s matmul peak
+(Z%)` (and `ours fixed: ...`): the model FLOPs of the timed steps (`flops.train_step_flops` of the
+shapes each computes: our packed rows times the steps, each of transformers' padded batches, or
+the fixed shape times the steps) over their time (our epoch's compilation included). Both near
+the peak means that neither can go much faster on this machine. Last come
 `epoch ratio ours/hf: X.XX` and `fixed-shape ratio ours/hf: X.XX` (examples/s of ours / theirs).
-With the epoch mode it also prints `ours epoch: X GFLOP/s of Y GFLOP/s matmul peak (Z%)` and the
-same line for `hf`: the matmul FLOPs of each system's epoch (`train_step_flops` of the shapes each
-computes: our packed rows, times the steps; each of transformers' padded batches) over its time
-(our compilation included), against the best of 5 float32 `numpy` matmuls of 2,048 x 2,048
-(2 n^3 FLOPs each; NumPy's BLAS on all cores) measured by the driver right after the runs. Both
-near the peak means that neither can go much faster on this machine.
 
 Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data. Our first
 worker of a run tokenises the split and writes it to the run's work folder; the HF workers read it
@@ -89,7 +94,7 @@ there and never import TensorFlow (as a transformers user's process would not).
 
 Examples:
   python scripts/benchmark_vs_hf.py
-  python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 1
+  python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 2
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
   python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
   python scripts/benchmark_vs_hf.py --modes eval --checkpoint runs/tiny_random_split_en \
@@ -208,6 +213,7 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   import numpy as np
 
   from mcwq_t5x.data import pipeline
+  from mcwq_t5x.engine import flops
   from mcwq_t5x.engine import partitioning
   from mcwq_t5x import train as train_lib
   _examples(args)  # written for the HF worker that runs next (not timed)
@@ -236,7 +242,7 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
   seen_rows = steps * args.batch_size
   n = seen_rows * float(per_row.mean())
   tokens = seen_rows * float(rows["decoder_loss_weights"].sum(axis=1).mean())
-  step_flops = train_step_flops(
+  step_flops = flops.train_step_flops(
       _flop_config(args), args.batch_size, args.pack_input_length, args.pack_target_length)
   return {
       "system": "ours",
@@ -250,8 +256,26 @@ def ours_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "peak_rss_gib": _peak_rss_gib(),
       "devices": _device_count(),
       "split_target_tokens": split_tokens if not args.max_examples else None,
-      "flops": steps * step_flops
+      "flops": steps * step_flops,
+      "peak": _peak_dict(result["matmul_peak"])
   }
+
+
+def _peak_dict(peak: Any) -> dict[str, Any]:
+  """A `flops.MatmulPeak` as JSON: {"gflops", "kernel", "measured"}."""
+  return {"gflops": peak.gflops, "kernel": peak.kernel, "measured": dict(peak.measured)}
+
+
+def _torch_matmul(x, y) -> Any:
+  """`torch.matmul` of two NumPy arrays (zero-copy views), the HF workers' extra peak kernel."""
+  import torch
+  return torch.matmul(torch.from_numpy(x), torch.from_numpy(y))
+
+
+def _hf_peak() -> dict[str, Any]:
+  """The matmul peak in an HF worker: NumPy's and PyTorch's float32 products (no JAX)."""
+  from mcwq_t5x.engine import flops
+  return _peak_dict(flops.matmul_peak(kernels=("numpy",), extra={"torch": _torch_matmul}))
 
 
 def _device_count() -> int:
@@ -260,8 +284,8 @@ def _device_count() -> int:
 
 
 def _flop_config(args: argparse.Namespace) -> Any:
-  """The fields of the benchmark network that `train_step_flops` reads, without importing JAX (the
-  HF worker counts its FLOPs with the same formula)."""
+  """The fields of the benchmark network that `flops.train_step_flops` reads, without importing
+  JAX (the HF worker counts its FLOPs with the same formula)."""
   import types
   return types.SimpleNamespace(
       emb_dim=args.emb_dim,
@@ -272,57 +296,6 @@ def _flop_config(args: argparse.Namespace) -> Any:
       num_encoder_layers=args.num_layers,
       num_decoder_layers=args.num_layers,
       vocab_size=args.vocab_size)
-
-
-def train_step_flops(config, batch: int, input_length: int, target_length: int) -> float:
-  """Matmul FLOPs of one training step (forward and backward) of `config`'s network.
-
-  Counted per matmul of the forward pass over the padded shapes (what the step computes; a
-  multiply-add is 2 FLOPs), times 3 for forward + backward (the backward pass does two matmuls
-  of each forward one's size: gradients of the activations and of the weights). With
-  B = batch, Li/Lt = input/target length, d = emb_dim, a = num_heads * head_dim, f = mlp_dim,
-  m = len(mlp_activations), V = vocab_size:
-
-    encoder layer: 2 B [Li d a 4 + Li^2 a 2 + Li d f (m + 1)]
-    decoder layer: 2 B [Lt d a 4 + Lt^2 a 2 + (Lt + Li) d a 2 + Lt Li a 2 + Lt d f (m + 1)]
-    output layer:  2 B Lt d V
-    step = 3 (num_encoder_layers encoder + num_decoder_layers decoder + output)
-
-  Elementwise work (softmax, layer norms, activations, dropout, the optimizer) is not counted.
-  Without the attention products (the Li^2, Lt^2 and Lt Li terms) this is the usual
-  "6 * params * tokens" rule, each weight counted on the tokens it is applied to.
-
-  Args:
-    config: `mcwq_t5x.engine.network.T5Config`.
-    batch: rows per step.
-    input_length, target_length: tokens per encoder / decoder row.
-
-  Returns:
-    FLOPs as a float.
-  """
-  b, li, lt = batch, input_length, target_length
-  d, a, f = config.emb_dim, config.num_heads * config.head_dim, config.mlp_dim
-  m = len(config.mlp_activations)
-  encoder = 2 * b * (li * d * a * 4 + li * li * a * 2 + li * d * f * (m + 1))
-  decoder = 2 * b * (
-      lt * d * a * 4 + lt * lt * a * 2 + (lt + li) * d * a * 2 + lt * li * a * 2 + lt * d * f *
-      (m + 1))
-  output = 2 * b * lt * d * config.vocab_size
-  return 3.0 * (config.num_encoder_layers * encoder + config.num_decoder_layers * decoder + output)
-
-
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-  """Best GFLOP/s of `repeats` float32 `numpy` matmuls [n, n] x [n, n] (2 n^3 FLOPs each)."""
-  import numpy as np
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((n, n), dtype=np.float32)
-  y = rng.standard_normal((n, n), dtype=np.float32)
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    np.matmul(x, y)
-    best = min(best, time.perf_counter() - t)
-  return 2.0 * n**3 / best / 1e9
 
 
 def _fixed_batch(args: argparse.Namespace, examples) -> dict[str, Any]:
@@ -349,6 +322,7 @@ def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
   import jax
   import jax.numpy as jnp
 
+  from mcwq_t5x.engine import flops
   from mcwq_t5x.engine import partitioning
   examples = _examples(args)
   batch = _fixed_batch(args, examples)
@@ -358,6 +332,7 @@ def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
       k: v.shape for k, v in batch.items()
   }, {k: jnp.int32 for k in batch})
   global_batch = partitioner.make_global_batch(batch)
+  peak = _peak_dict(flops.matmul_peak())
   times = []
   for i in range(args.fixed_steps + 2):
     t = time.time()
@@ -365,11 +340,15 @@ def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
     jax.block_until_ready(metrics)
     if i >= 2:
       times.append(time.time() - t)
-  return _fixed_result("ours", args, batch["decoder_loss_weights"].sum(), times)
+  return _fixed_result("ours", args, batch["decoder_loss_weights"].sum(), times, peak)
 
 
-def _fixed_result(system: str, args: argparse.Namespace, target_tokens, times) -> dict[str, Any]:
+def _fixed_result(system: str, args: argparse.Namespace, target_tokens, times,
+                  peak: dict[str, Any]) -> dict[str, Any]:
+  from mcwq_t5x.engine import flops
   seconds = sum(times) / len(times)
+  step_flops = flops.train_step_flops(
+      _flop_config(args), args.batch_size, args.input_length, args.target_length)
   return {
       "system": system,
       "mode": "fixed",
@@ -378,7 +357,9 @@ def _fixed_result(system: str, args: argparse.Namespace, target_tokens, times) -
       "seconds": sum(times),
       "examples_per_s": args.batch_size / seconds,
       "target_tokens_per_s": float(target_tokens) / seconds,
-      "peak_rss_gib": _peak_rss_gib()
+      "peak_rss_gib": _peak_rss_gib(),
+      "flops": len(times) * step_flops,
+      "peak": peak
   }
 
 
@@ -437,6 +418,7 @@ def _hf_step(model, optimizer, batch) -> float:
 
 def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
   """One epoch of the HF model, length-grouped batches; see the module docstring."""
+  from mcwq_t5x.engine import flops
   import torch
   from transformers.trainer_pt_utils import LengthGroupedSampler
   examples = _examples(args)
@@ -451,13 +433,14 @@ def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
                  for j in order[k:k + args.batch_size]])
       for k in range(0, len(order), args.batch_size)
   ]
+  peak = _hf_peak()
   t = time.time()
   for batch in batches:
     _hf_step(model, optimizer, batch)
   seconds = time.time() - t
   tokens = sum(len(t) for _, t in examples)
-  flops = sum(
-      train_step_flops(_flop_config(args), *b["input_ids"].shape, b["labels"].shape[1])
+  epoch_flops = sum(
+      flops.train_step_flops(_flop_config(args), *b["input_ids"].shape, b["labels"].shape[1])
       for b in batches)
   return {
       "system": "hf",
@@ -469,7 +452,8 @@ def hf_epoch(args: argparse.Namespace) -> dict[str, Any]:
       "target_tokens_per_s": tokens / seconds,
       "peak_rss_gib": _peak_rss_gib(),
       "threads": torch.get_num_threads(),
-      "flops": flops,
+      "flops": epoch_flops,
+      "peak": peak,
       "split_target_tokens": tokens if not args.max_examples else None
   }
 
@@ -480,13 +464,14 @@ def hf_fixed(args: argparse.Namespace) -> dict[str, Any]:
   model, optimizer = _hf_model(args)
   pairs = [examples[i % len(examples)] for i in range(args.batch_size)]
   batch = _hf_batch(pairs, pad_to=(args.input_length, args.target_length))
+  peak = _hf_peak()
   times = []
   for i in range(args.fixed_steps + 2):
     t = time.time()
     _hf_step(model, optimizer, batch)
     if i >= 2:
       times.append(time.time() - t)
-  return _fixed_result("hf", args, (batch["labels"] != -100).sum(), times)
+  return _fixed_result("hf", args, (batch["labels"] != -100).sum(), times, peak)
 
 
 # --- decode -----------------------------------------------------------------------------------
@@ -807,6 +792,30 @@ def _run_worker(system: str, mode: str, argv: list[str], host_devices: int) -> d
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def matmul_peak_of_run(results: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[str, Any]:
+  """The run's matmul peak: the fastest float32 product any worker timed in its own process
+  (`flops.matmul_peak` before its training: ours NumPy's and XLA's, HF NumPy's and PyTorch's).
+
+  Returns:
+    {"gflops", "kernel", "line"}: the line names the kernel and each kernel's best of the run,
+    e.g. "matmul peak: 135.0 GFLOP/s (XLA; best per kernel: numpy 130.2, XLA 135.0, torch
+    133.1; 2048x2048 float32, timed in each worker)".
+  """
+  best: dict[str, float] = {}
+  for runs in results.values():
+    for r in runs:
+      for kernel, gflops in r["peak"]["measured"].items():
+        best[kernel] = max(best.get(kernel, 0.0), gflops)
+  kernel = max(best, key=best.get)
+  each = ", ".join(f"{k} {v:.1f}" for k, v in best.items())
+  return {
+      "gflops": best[kernel],
+      "kernel": kernel,
+      "line": f"matmul peak: {best[kernel]:.1f} GFLOP/s ({kernel}; best per kernel: {each}; "
+              "2048x2048 float32, timed in each worker)"
+  }
+
+
 def _line(r: dict[str, Any]) -> str:
   return (f"{r['system']:>4} {r['mode']:<5} {r['examples_per_s']:8.1f} ex/s "
           f"{r['target_tokens_per_s']:9.0f} tgt tok/s {r['seconds']:8.1f} s "
@@ -968,7 +977,7 @@ def main(argv=None) -> None:
       help="our dropout masks from the unsafe_rbg PRNG (USE_HARDWARE_RNG, as the main job)")
   parser.add_argument("--fixed_steps", type=int, default=5)
   parser.add_argument(
-      "--host_devices", type=int, default=2, help="XLA CPU devices, our epoch (fixed: 1)")
+      "--host_devices", type=int, default=1, help="XLA CPU devices, our epoch (fixed: 1)")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--modes", default="epoch,fixed", help="any of epoch,fixed,decode,eval")
   parser.add_argument(
@@ -1047,13 +1056,14 @@ def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir
       means[system] = sum(r["examples_per_s"] for r in runs) / len(runs)
       print(f"mean {system} {mode}: {means[system]:.1f} ex/s over {len(runs)} run(s)")
     ratios[mode] = means["ours"] / means["hf"]
-  if "epoch" in modes:
-    peak = matmul_peak_gflops()
+  peak = matmul_peak_of_run(results)
+  print(peak["line"])
+  for mode in modes:
     for system in ("ours", "hf"):
-      runs = results[(system, "epoch")]
+      runs = results[(system, mode)]
       achieved = sum(r["flops"] / r["seconds"] for r in runs) / len(runs) / 1e9
-      print(f"{system} epoch: {achieved:.1f} GFLOP/s of {peak:.1f} GFLOP/s matmul peak "
-            f"({100 * achieved / peak:.1f}%)")
+      print(f"{system} {mode}: {achieved:.1f} GFLOP/s of {peak['gflops']:.1f} GFLOP/s matmul peak "
+            f"({100 * achieved / peak['gflops']:.1f}%)")
   if "epoch" in ratios:
     print(f"epoch ratio ours/hf: {ratios['epoch']:.2f}")
   if "fixed" in ratios:

@@ -49,10 +49,11 @@ OUR_SIZE_2048 = OUR_SIZE + [
     "network.get_config.vocab_size=2048", "network.get_config.dtype='float32'"
 ]
 # The T5X tiny file's runs (the README's and test_new_language's): 4 steps of 8 rows, dev loss and
-# decoding of 16 questions at step 4. Both have T5X_SIZE: the same programs, compiled once for the
-# two (JAX's persistent compilation cache, tests/conftest.py).
+# decoding of 16 questions in batches of 8 at step 4. Both have T5X_SIZE: the same programs,
+# compiled once for the two (JAX's persistent compilation cache, tests/conftest.py).
 T5X_TINY = [
-    "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=4", "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=16"
+    "TRAIN_STEPS=4", "BATCH_SIZE=8", "EVAL_PERIOD=4", "EVAL_STEPS=2", "EVALUATOR_NUM_EXAMPLES=16",
+    "INFER_BATCH_SIZE=8"
 ]
 # T5X on the 155 Hebrew gold test questions (real text, quick to load), 20 steps of the paper
 # file's recipe: the learning rate decays linearly from the file's 5e-4 to 0 over the 20 steps

@@ -570,7 +570,8 @@ class Trainer:
 
 
 class StepTimer:
-  """Wall-clock throughput between two log points (step time, examples/s, tokens/s)."""
+  """Wall-clock throughput between two log points (step time, examples/s, tokens/s, and with
+  model FLOPs given, GFLOP/s)."""
 
   def __init__(self):
     self.reset()
@@ -580,16 +581,20 @@ class StepTimer:
     self._t = time.perf_counter()
     self._examples = 0.0
     self._tokens = 0.0
+    self._flops: Optional[float] = None
     self._steps = 0
 
-  def add(self, num_examples: float, num_tokens: float) -> None:
-    """Records one step's examples and (target) tokens."""
+  def add(self, num_examples: float, num_tokens: float, flops: Optional[float] = None) -> None:
+    """Records one step's examples, (target) tokens and model FLOPs (None: not counted)."""
     self._examples += num_examples
     self._tokens += num_tokens
+    if flops is not None:
+      self._flops = (self._flops or 0.0) + flops
     self._steps += 1
 
   def read_and_reset(self) -> dict[str, float]:
-    """{"step_time_s", "examples_per_s", "tokens_per_s"} since the last call."""
+    """{"step_time_s", "examples_per_s", "tokens_per_s"} since the last call, and
+    "model_gflops_per_s" (10^9 FLOPs/s) when the steps' FLOPs were given."""
     now = time.perf_counter()
     dt = max(now - self._t, 1e-9)
     out = {
@@ -597,5 +602,7 @@ class StepTimer:
         "examples_per_s": self._examples / dt,
         "tokens_per_s": self._tokens / dt
     }
+    if self._flops is not None:
+      out["model_gflops_per_s"] = self._flops / dt / 1e9
     self.reset()
     return out

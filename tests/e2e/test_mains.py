@@ -16,6 +16,8 @@ import pytest
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
+from mcwq_t5x.engine import flops
+from mcwq_t5x.engine import network
 from mcwq_t5x.evaluation import metrics
 import mains
 import scenarios
@@ -86,6 +88,31 @@ def test_train_log_is_short_and_says_what_it_decodes(trained):
     assert "cuInit" not in log and not re.search(r"^E\d{4} ", log, re.M), log
   metrics_file = json.loads((trained / "metrics/mcwq_gold_he_test.json").read_text())
   assert metrics_file["selected_by"] == "last checkpoint" and metrics_file["step"] == STEPS
+
+
+def test_train_logs_model_flops_as_a_share_of_the_matmul_peak(trained):
+  """Each step line gives the model FLOPs per second of its steps and their share of the matmul
+  peak timed at start-up; the FLOPs per step are those of the run's network on its batch shape
+  (packed rows of TASK_FEATURE_LENGTHS: `flops.train_step_flops`)."""
+  log = (trained.parent / f"{trained.name}.log").read_text()
+  peak = re.search(r"matmul peak: ([\d.]+) GFLOP/s, (numpy|XLA) 2048x2048 float32 matmul \(", log)
+  assert peak, log[-3000:]
+  steps = re.findall(
+      r"step (\d+)/\d+ .* ([\d.]+)s/step .* ([\d.]+) GFLOP/s = ([\d.]+)% of the "
+      rf"{peak.group(2)} matmul's {peak.group(1)}\n", log)
+  assert [int(s[0]) for s in steps] == list(range(50, STEPS + 1, 50)), log[-3000:]
+  top = float(peak.group(1))
+  for _, _, gflops, share in steps:  # each figure printed to 0.05
+    rounding = 0.05 + 100 * 0.05 / top * (1 + float(gflops) / top)
+    assert float(share) == pytest.approx(100 * float(gflops) / top, abs=rounding + 1e-9)
+  run = json.loads((trained / "run.json").read_text())
+  lengths = run["feature_lengths"]
+  per_step = flops.train_step_flops(
+      network.T5Config(**run["network"]), run["batch_size"], lengths["inputs"], lengths["targets"])
+  for row in map(json.loads, (trained / "train_metrics.jsonl").read_text().splitlines()):
+    assert row["model_gflops_per_s"] * 1e9 * row["step_time_s"] == pytest.approx(per_step)
+    assert row["matmul_peak_share"] == pytest.approx(
+        row["model_gflops_per_s"] / top, abs=0.05 / top)
 
 
 def test_infer_main_one_line_per_input_line(trained, tmp_path):
