@@ -38,7 +38,7 @@ def train_step_flops(config: Any, batch: int, input_length: int, target_length: 
     step = 3 (num_encoder_layers encoder + num_decoder_layers decoder + output)
 
   This is exactly the sum over the `dot_general`s of the training step's jaxpr
-  (`tests/test_flops.py`). Elementwise work (softmax, layer norms, activations, dropout, the
+  (`tests/unit/engine/test_flops.py`). Elementwise work (softmax, layer norms, activations, dropout, the
   optimizer) and gathers (embeddings, relative position biases) are not counted; XLA's own
   `cost_analysis()` of the compiled step, which counts them too, is about 1% higher for the
   benchmark network of `scripts/benchmark_vs_hf.py`. Without the attention products (the Li^2,

@@ -26,8 +26,10 @@ def test_instructions_and_their_kinds_from_the_compiled_text():
   w = jnp.ones((32, 48), jnp.float32)
   text = jax.jit(step).lower(x, w).compile().as_text()
   instructions, computations = profile.parse_hlo(text)
-  dots = [n for n, i in instructions.items() if profile.kind_of(n, instructions, computations) ==
-          "matmuls"]
+  dots = [
+      n for n, i in instructions.items()
+      if profile.kind_of(n, instructions, computations) == "matmuls"
+  ]
   assert dots, text
   # The matmul is a dot, or a fusion whose computation holds one.
   for name in dots:
