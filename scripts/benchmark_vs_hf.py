@@ -943,6 +943,24 @@ def _decode_methods(args: argparse.Namespace) -> list[str]:
   return methods
 
 
+def add_network_flags(parser: argparse.ArgumentParser) -> None:
+  """The benchmark network's and optimizer's flags (`--vocab_size` ... `--use_hardware_rng`), also
+  those of `scripts/profile_train_step.py`, which trains the same network."""
+  parser.add_argument("--vocab_size", type=int, default=2048)
+  parser.add_argument("--emb_dim", type=int, default=256)
+  parser.add_argument("--num_heads", type=int, default=4)
+  parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--mlp_dim", type=int, default=1024)
+  parser.add_argument("--num_layers", type=int, default=4, help="encoder and decoder layers each")
+  parser.add_argument("--dropout_rate", type=float, default=0.1)
+  parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument(
+      "--use_hardware_rng",
+      action=argparse.BooleanOptionalAction,
+      default=True,
+      help="our dropout masks from the unsafe_rbg PRNG (USE_HARDWARE_RNG, as the main job)")
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -962,19 +980,7 @@ def main(argv=None) -> None:
       type=int,
       default=72,
       help="tokens per packed decoder row, our epoch (fixed-shape: --target_length)")
-  parser.add_argument("--vocab_size", type=int, default=2048)
-  parser.add_argument("--emb_dim", type=int, default=256)
-  parser.add_argument("--num_heads", type=int, default=4)
-  parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--mlp_dim", type=int, default=1024)
-  parser.add_argument("--num_layers", type=int, default=4, help="encoder and decoder layers each")
-  parser.add_argument("--dropout_rate", type=float, default=0.1)
-  parser.add_argument("--learning_rate", type=float, default=1e-3)
-  parser.add_argument(
-      "--use_hardware_rng",
-      action=argparse.BooleanOptionalAction,
-      default=True,
-      help="our dropout masks from the unsafe_rbg PRNG (USE_HARDWARE_RNG, as the main job)")
+  add_network_flags(parser)
   parser.add_argument("--fixed_steps", type=int, default=5)
   parser.add_argument(
       "--host_devices", type=int, default=1, help="XLA CPU devices, our epoch (fixed: 1)")

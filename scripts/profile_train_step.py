@@ -202,6 +202,7 @@ def analyse(trace_file: str, hlo_text: str, timing: dict[str, float], steps: int
 
 
 def main(argv=None) -> None:
+  import benchmark_vs_hf as bench  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--task", default="mcwq_random_split_en")
@@ -209,15 +210,7 @@ def main(argv=None) -> None:
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--pack_input_length", type=int, default=40)
   parser.add_argument("--pack_target_length", type=int, default=72)
-  parser.add_argument("--vocab_size", type=int, default=2048)
-  parser.add_argument("--emb_dim", type=int, default=256)
-  parser.add_argument("--num_heads", type=int, default=4)
-  parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--mlp_dim", type=int, default=1024)
-  parser.add_argument("--num_layers", type=int, default=4)
-  parser.add_argument("--dropout_rate", type=float, default=0.1)
-  parser.add_argument("--learning_rate", type=float, default=1e-3)
-  parser.add_argument("--use_hardware_rng", action=argparse.BooleanOptionalAction, default=True)
+  bench.add_network_flags(parser)
   parser.add_argument("--host_devices", type=int, default=1, help="as the benchmark's epoch")
   parser.add_argument("--warmup_steps", type=int, default=3)
   parser.add_argument("--steps", type=int, default=5)
@@ -238,7 +231,6 @@ def main(argv=None) -> None:
 
   import jax
 
-  import benchmark_vs_hf as bench
   from mcwq_t5x.data import pipeline
   from mcwq_t5x.engine import flops
   from mcwq_t5x.engine import partitioning

@@ -15,30 +15,17 @@ from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import network
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
+import tiny_engine
 
-SMALL = network.T5Config(
-    vocab_size=512,
-    emb_dim=32,
-    num_heads=2,
-    head_dim=16,
-    mlp_dim=64,
-    num_encoder_layers=1,
-    num_decoder_layers=2,
-    dropout_rate=0.1)
+SMALL = tiny_engine.config(
+    512, emb_dim=32, head_dim=16, mlp_dim=64, num_decoder_layers=2, dropout_rate=0.1)
 
 
 def test_hand_count():
   """Every matmul of the forward pass as [M, K] x [K, N] (2 M K N FLOPs), times 3 for forward and
   backward: 1 row of 2 input / 3 target tokens, width 4, 1 head of 2, gated MLP of 5, vocabulary 7,
   1 + 1 layers."""
-  config = network.T5Config(
-      vocab_size=7,
-      emb_dim=4,
-      num_heads=1,
-      head_dim=2,
-      mlp_dim=5,
-      num_encoder_layers=1,
-      num_decoder_layers=1)
+  config = tiny_engine.config(7, emb_dim=4, num_heads=1, head_dim=2, mlp_dim=5)
   li, lt, d, a, f, v = 2, 3, 4, 2, 5, 7
   forward = [
       # encoder: query, key, value, out; q.k and weights.v; wi_0, wi_1, wo
@@ -133,14 +120,7 @@ def test_equals_the_dots_of_the_training_step(config, shape, packed):
 
 def test_close_to_xla_cost_analysis_of_the_compiled_step():
   """XLA counts the elementwise work too: ours is a little lower, the matmuls being nearly all."""
-  config = network.T5Config(
-      vocab_size=512,
-      emb_dim=128,
-      num_heads=2,
-      head_dim=64,
-      mlp_dim=512,
-      num_encoder_layers=1,
-      num_decoder_layers=1)
+  config = tiny_engine.config(512, emb_dim=128, head_dim=64, mlp_dim=512)
   trainer, args = _step_and_inputs(config, 8, 16, 24, packed=True)
   state = args[0]
   step = trainer.compile_train_step(jax.tree_util.tree_map(lambda x: x.sharding, state), args[1])
