@@ -1224,7 +1224,13 @@ def comparison_markdown(c: dict[str, Any]) -> str:
           f"[{c['interval'][0]:+.1f}, {c['interval'][1]:+.1f}] ({c['n_resamples']:,} resamples, "
           f"seed {c['seed']}); only A right on {c['only_a']}, only B on {c['only_b']}, both on "
           f"{c['both']}, neither on {c['neither']}; paired permutation test (exact, two-sided) "
-          f"p = {c['p_value']:.3g}.")
+          f"{format_p_value(c['p_value'])}.")
+
+
+def format_p_value(p: float) -> str:
+  """"p = 0.0415"; a p-value below the smallest normal float64 (the exact test's tail underflows
+  to 0.0, e.g. 3,054 discordant pairs against 2) as "p < 1e-300", never "p = 0"."""
+  return "p < 1e-300" if p < 1e-300 else f"p = {p:.3g}"
 
 
 def write_report(report: dict[str, Any],

@@ -420,7 +420,7 @@ def test_compare_command(mcwq_dir, tmp_path):
   c = json.loads(proc.stdout)
   assert c["n"] == 5310 and c["only_a"] + c["both"] == 3071 and c["only_b"] + c["both"] == 19
   assert c["interval"][0] < c["difference"] < c["interval"][1] and c["p_value"] < 1e-100
-  assert "paired permutation test" in proc.stderr
+  assert "paired permutation test (exact, two-sided) p < 1e-300." in proc.stderr, proc.stderr
   english = results / "monolingual/mcd1/generated_predictions_en.txt"
   proc = mains.python_m(
       "mcwq_t5x.report",
@@ -459,3 +459,8 @@ def test_misaligned_prediction_file_is_named_on_stderr_and_in_the_report(mcwq_di
   runs = {r["language"]: r["alignment"] for r in results["runs"]}
   assert runs["he"]["misaligned"] and not runs["en"]["misaligned"]
   assert f"- {head}" in (tmp_path / "out/report.md").read_text()
+
+
+def test_p_value_that_underflows_is_not_printed_as_zero():
+  assert report.format_p_value(20 / 512) == "p = 0.0391"
+  assert report.format_p_value(0.0) == "p < 1e-300"
