@@ -18,7 +18,8 @@ numpy arrays keyed by T5X's parameter names (`token_embedder/embedding`,
   (`target.encoder.layers_0...`). The reference is either a TensorStore spec
   dict (T5X's own writer; the kvstore path is relative to the checkpoint
   directory) or a string `PLACEHOLDER://target.encoder...` (Orbax-style
-  writer). Only `target` is read; the optimizer state is ignored. An array
+  writer). Only `target` is read; the optimizer state is ignored. Arrays are read only from
+  local files inside the checkpoint's folder (`_local_spec`), as are Hugging Face shards. An array
   without a fill value must have every chunk file: a missing one raises
   `IncompleteCheckpointError` (TensorStore would otherwise read zeros there).
   The writer is `mcwq_t5x.checkpointing.t5x_checkpoint_writer`.
