@@ -21,6 +21,8 @@ are checked before anything is loaded or decoded.
 
 Vocabulary: with $MCWQ_VOCAB unset, the one recorded in the run's run.json (MODEL_DIR/vocab/
 spm.model, `mcwq_t5x.checkpointing.run_info`); a different one (set explicitly) is an error naming both.
+dtype: the one run.json records, unless the command line binds network.get_config.dtype
+(`gin_utils.adopt_recorded_dtype`; one line on stderr says which).
 """
 from __future__ import annotations
 
@@ -138,11 +140,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
   gin_utils.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
-  gin_utils.parse_flags(
+  args = gin_utils.parse_flags(
       argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
   try:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
+    gin_utils.adopt_recorded_dtype(
+        gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter

@@ -230,7 +230,9 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
     epilog: text after the options in `--help` (`gin_help`).
 
   Returns:
-    The argparse namespace (with `gin_file`, `gin_bindings`, `gin_search_paths` and any extras).
+    The argparse namespace (with `gin_file`, `gin_bindings`, `gin_search_paths`,
+    `command_line_bindings`: the --gin_bindings and --gin.NAME=VALUE ones as "NAME = VALUE", and
+    any extras).
 
   Raises:
     GinConfigError: see `parse_gin`.
@@ -255,7 +257,8 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
     extra_args(parser)
   args = parser.parse_args(argv)
   search = [s for s in args.gin_search_paths.split(",") if s]
-  parse_gin(args.gin_file, list(args.gin_bindings) + dotted, search)
+  args.command_line_bindings = list(args.gin_bindings) + dotted
+  parse_gin(args.gin_file, args.command_line_bindings, search)
   logging.info("gin: files %s, %d command-line bindings; %s", list(args.gin_file),
                len(args.gin_bindings) + len(dotted), config_summary())
   logging.debug("gin configuration:\n%s", gin.config_str())
@@ -270,6 +273,72 @@ def macro_value(name: str) -> Optional[str]:
   except ValueError:
     return None
   return value if isinstance(value, str) else None
+
+
+DTYPE_PARAMETER = "network.get_config.dtype"
+
+
+def adopt_recorded_dtype(checkpoint_path: Optional[str],
+                         command_line_bindings: Sequence[str]) -> Optional[str]:
+  """Makes the model compute in the dtype its run was trained in, unless the command line chose.
+
+  The dtype used: a command-line binding of `DTYPE_PARAMETER` (--gin.network.get_config.dtype=...
+  or --gin_bindings) if there is one, else the network dtype recorded in the run.json at or above
+  `checkpoint_path` (`run_info.find`; bound as `DTYPE_PARAMETER`), else the gin files' (the model
+  files all bind one, so theirs never counts as a choice). Says on stderr, in one line, which
+  dtype is used and why (a warning when it is not the run's). Call it after parsing gin, before
+  the model is built (the infer and eval mains).
+
+  Returns:
+    The name of the dtype used (e.g. "bfloat16"), None when the gin config does not bind
+    `DTYPE_PARAMETER` and no run.json records one.
+
+  Raises:
+    ValueError: an unreadable run.json (names it).
+  """
+  # why: run_info imports jax, which inspect_task (a gin_utils user) never needs
+  from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
+
+  run_path = run_info.find(checkpoint_path) if checkpoint_path else None
+  recorded = (run_info.read(run_path).get("network") or {}).get("dtype") if run_path else None
+  explicit = [
+      b.strip()
+      for b in command_line_bindings
+      if b.split("=", 1)[0].strip().endswith("get_config.dtype")  # why: or the module's full name
+  ]
+  try:
+    bound = _dtype_name(gin.query_parameter(DTYPE_PARAMETER))
+  except ValueError:  # the config binds no dtype (or has no network.get_config)
+    bound = None
+  trained = f"the run was trained in {recorded} ({run_path})"
+  if explicit:
+    level = logging.WARNING if recorded not in (None, bound) else logging.INFO
+    logging.log(level, "dtype: computing in %s, as the command line binds it (%s)%s", bound,
+                explicit[-1], f"; {trained}" if recorded else "")
+    return bound
+  if recorded is None:
+    logging.info("dtype: computing in %s, as the gin config binds it (%s at or above %s)", bound,
+                 "no dtype recorded in run.json" if run_path else "no run.json", checkpoint_path)
+    return bound
+  try:
+    with gin.unlock_config():  # why: parse_gin finalized (locked) the config
+      gin.bind_parameter(DTYPE_PARAMETER, recorded)
+  except ValueError:  # no network.get_config in the config (another network)
+    logging.warning(
+        "dtype: %s; the gin config has no %s to bind it to: computing in the "
+        "model's own dtype", trained, DTYPE_PARAMETER)
+    return None
+  logging.info(
+      "dtype: computing in %s, the run's (recorded in %s%s); "
+      "--gin.%s=\"'...'\" chooses another", recorded, run_path,
+      "" if bound in (None, recorded) else f", over the gin config's {bound}", DTYPE_PARAMETER)
+  return recorded
+
+
+def _dtype_name(value: Any) -> str:
+  """"bfloat16" for 'bfloat16', jnp.bfloat16 or np.dtype('bfloat16')."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top  # why: jax only when asked
+  return jnp.dtype(value).name
 
 
 def use_main_module_as(name: str) -> None:

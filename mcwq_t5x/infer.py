@@ -20,6 +20,9 @@ All decodes of a beam (or of samples): --gin.PREDICT_KWARGS="{'num_decodes': 4,
 separated by tabs, in the model's order (ascending score: the last one is the prediction printed
 without `return_all_decodes`); tabs inside a prediction become spaces. PREDICT_KWARGS is checked
 before the checkpoint is loaded.
+
+dtype: the one the run's run.json records, unless the command line binds network.get_config.dtype
+(`gin_utils.adopt_recorded_dtype`; one line on stderr says which).
 """
 from __future__ import annotations
 
@@ -204,6 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   try:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
+    gin_utils.adopt_recorded_dtype(
+        gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     gin_utils.call_configured(partitioning.initialize_distributed)
     predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter

@@ -38,7 +38,6 @@ import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_loaders
 from mcwq_t5x.checkpointing import checkpoint_paths
-from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import writers
 from mcwq_t5x.engine import model as model_lib
@@ -586,22 +585,6 @@ def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
   return partitioner.abstract_params(lambda rng: model.get_initial_variables(rng, shapes)["params"])
 
 
-def warn_if_other_dtype(model: Any, checkpoint_path: str) -> Optional[str]:
-  """Says on stderr (a warning) which dtype the model computes in when the run.json at or above
-  `checkpoint_path` records another one; returns the recorded dtype's name, or None."""
-  run_path = run_info.find(checkpoint_path)
-  recorded = (run_info.read(run_path).get("network") or {}).get("dtype") if run_path else None
-  used = np.dtype(model.module.config.dtype).name
-  if recorded is None or recorded == used:
-    return None
-  logging.warning(
-      "dtype: computing in %s, as the gin config binds it (network.get_config.dtype); the run "
-      "was trained in %s (%s): outputs may differ from its own evaluation. Add "
-      "--gin.network.get_config.dtype=\"'%s'\" to decode as it was trained", used, recorded,
-      run_path, recorded)
-  return recorded
-
-
 # Bad input the mains print as one line (`gin_utils.one_line_exit`): each message names the file
 # or example and the problem.
 INPUT_ERRORS = (ExampleTooLongError, checkpoint_paths.CheckpointOutsideFolderError,
@@ -636,7 +619,6 @@ def load_params(model: Any,
       unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
       the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
-  warn_if_other_dtype(model, checkpoint_path)
   if abstract_params is None:
     abstract_params = param_shapes(model, partitioner)
   loaded = checkpoint_loaders.load_params(checkpoint_path, model.module.config, abstract_params)

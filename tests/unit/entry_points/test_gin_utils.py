@@ -7,12 +7,14 @@ import subprocess
 import sys
 
 import gin
+import jax.numpy as jnp
 import pytest
 
 from mcwq_t5x import eval as eval_lib
 from mcwq_t5x import gin_utils
 from mcwq_t5x import infer as infer_lib
 from mcwq_t5x import train as train_lib
+from mcwq_t5x.engine import network
 import mains
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
@@ -41,6 +43,67 @@ def test_log_shows_a_config_summary_not_the_gin_dump(caplog):
     assert not any("Parameters for" in m for m in info)
   finally:
     gin.clear_config()
+
+
+def test_a_run_trained_in_another_dtype_is_decoded_in_it_unless_the_command_line_says(
+    tmp_path, caplog):
+  """infer and eval compute in the dtype run.json records (bfloat16 here, over tiny.gin's
+  float32) unless the command line binds one; one line on stderr says which and why (before the
+  fix: tiny.gin's float32, whatever the run was trained in)."""
+  run_json = tmp_path / "run" / "run.json"
+  (tmp_path / "run" / "checkpoint_5").mkdir(parents=True)
+  run_json.write_text('{"format": 1, "network": {"dtype": "bfloat16"}}')
+  (tmp_path / "hf").mkdir()  # no run.json at or above: a Hugging Face download, say
+  cases = [
+      ("run/checkpoint_5", [], "bfloat16",
+       f"the run's (recorded in {run_json}, over the gin config's float32); "
+       "--gin.network.get_config.dtype=\"'...'\" chooses another"),
+      ("run/checkpoint_5", ["--gin.network.get_config.dtype='float32'"], "float32",
+       "as the command line binds it (network.get_config.dtype = 'float32'); the run was trained "
+       f"in bfloat16 ({run_json})"),
+      ("run/checkpoint_5", ["--gin_bindings=network.get_config.dtype = 'bfloat16'"], "bfloat16",
+       "as the command line binds it (network.get_config.dtype = 'bfloat16'); the run was "
+       f"trained in bfloat16 ({run_json})"),
+      ("hf", [], "float32",
+       f"as the gin config binds it (no run.json at or above {tmp_path / 'hf'})"),
+  ]
+  for folder, flags, used, why in cases:
+    caplog.clear()
+    try:
+      args = gin_utils.parse_flags([
+          "--gin_file=gin/mcwq_t5x/models/tiny.gin", "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+          f"--gin.CHECKPOINT_PATH='{tmp_path / folder}'", *flags
+      ])
+      with caplog.at_level(logging.INFO):
+        assert gin_utils.adopt_recorded_dtype(
+            gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings) == used
+      assert jnp.dtype(gin_utils.call_configured(network.get_config).dtype).name == used
+      said = [r for r in caplog.records if r.getMessage().startswith("dtype:")]
+      assert [r.getMessage() for r in said] == [f"dtype: computing in {used}, {why}"], flags
+      assert said[0].levelno == (
+          logging.WARNING if used != "bfloat16" and folder != "hf" else logging.INFO)
+    finally:
+      gin.clear_config()
+
+
+def test_infer_main_builds_the_model_in_the_runs_dtype(tmp_path, capsys):
+  """The infer main adopts the dtype before it builds the model (here it then stops: the
+  checkpoint folder is empty); eval's main makes the same call."""
+  (tmp_path / "run.json").write_text('{"format": 1, "network": {"dtype": "bfloat16"}}')
+  (tmp_path / "checkpoint_5").mkdir()
+  (tmp_path / "questions.txt").write_text("Did M0 direct M1\n")
+  try:
+    with pytest.raises((ValueError, SystemExit), match="not a checkpoint"):
+      infer_lib.main([
+          "--gin_file=gin/mcwq_t5x/models/tiny.gin", "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+          f"--gin.CHECKPOINT_PATH='{tmp_path / 'checkpoint_5'}'",
+          f"--input={tmp_path / 'questions.txt'}"
+      ])
+    assert jnp.dtype(gin_utils.call_configured(network.get_config).dtype).name == "bfloat16"
+  finally:
+    gin.clear_config()
+  assert f"dtype: computing in bfloat16, the run's (recorded in {tmp_path / 'run.json'}" in (
+      capsys.readouterr().err)
 
 
 def test_seqio_logger_cls_warning_is_silenced():

@@ -321,17 +321,3 @@ def test_an_over_long_example_is_refused_before_compiling():
     assert split.sequence_length["inputs"] == 64
   finally:
     seqio.TaskRegistry.remove(name)
-
-
-def test_a_run_trained_in_another_dtype_is_said_on_stderr(model_and_params, tmp_path, caplog):
-  """infer/eval compute in the gin config's dtype; when run.json records another, a warning says
-  which is used and how to match the run (before the fix: nothing was said)."""
-  model = model_and_params[0]
-  (tmp_path / "run.json").write_text('{"format": 1, "network": {"dtype": "bfloat16"}}')
-  (tmp_path / "checkpoint_5").mkdir()
-  with caplog.at_level("WARNING"):
-    assert prediction.warn_if_other_dtype(model, str(tmp_path / "checkpoint_5")) == "bfloat16"
-  assert ("dtype: computing in float32, as the gin config binds it" in caplog.text and
-          "trained in bfloat16" in caplog.text), caplog.text
-  (tmp_path / "run.json").write_text('{"format": 1, "network": {"dtype": "float32"}}')
-  assert prediction.warn_if_other_dtype(model, str(tmp_path)) is None
