@@ -1,6 +1,8 @@
 """Tests of mcwq_t5x.evaluation.prediction with a tiny model and inputs built here: decoding a dataset in
 batches (sorted by length, last batch padded, batch sizes rounded to the data-parallel devices)
 gives, row for row, what the model decodes for the whole array at once."""
+import json
+
 import jax
 import numpy as np
 import optax
@@ -281,3 +283,20 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
   assert results["metric_fns"] == results["metric_objs"]
   assert results["metric_fns"][0] == {"exact_match": pytest.approx(200 / 3)}
   assert results["metric_fns"][1][0] == "ASK WHERE lb M0 wdt:P57 M1 rb"
+
+
+def test_a_rewrite_on_a_full_disk_keeps_the_previous_predictions_and_metrics(tmp_path, full_disk):
+  """Re-running eval on a full disk used to destroy the earlier good predictions and leave a
+  partial file beside the old metrics: now both keep their previous contents."""
+  import types  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import writers  # pylint: disable=g-import-not-at-top
+  cfg = types.SimpleNamespace(mixture_or_task_name="mcwq_gold_he", split="test")
+  pred_path, met_path = prediction.write_predictions(tmp_path, cfg, ["a", "b"], {"exact_match": 50})
+  before = pred_path.read_text(), met_path.read_text()
+  assert before[0] == "a\nb\n" and json.loads(before[1])["num_examples"] == 2
+  full_disk(3)
+  with pytest.raises(writers.ResultWriteError, match=f"cannot write {pred_path}: No space left"):
+    prediction.write_predictions(tmp_path, cfg, ["c", "d", "e"], {"exact_match": 0})
+  assert (pred_path.read_text(), met_path.read_text()) == before
+  assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+      ["predictions", "metrics", pred_path.name, met_path.name])
