@@ -12,6 +12,8 @@ Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>; `m
 MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
   predictions/<task>_<split>.txt   one prediction per line, in source order
   metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
+each file whole or not at all (`mcwq_t5x.data.writers`; the metrics last), while holding
+EVAL_OUTPUT_DIR/eval.lock: a second eval into the folder stops at once, naming the first.
 
 CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` (its newest readable
 checkpoint: an unreadable newer one is skipped with a warning naming it) or one `checkpoint_<step>`

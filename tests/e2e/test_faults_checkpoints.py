@@ -157,9 +157,10 @@ def test_a_second_eval_into_one_output_dir_is_refused_naming_the_first(tmp_path)
   assert last.startswith(
       f"EvalOutputDirInUseError: EVAL_OUTPUT_DIR {out_dir} is in use by another eval: process "
       f"{holder.pid} on host {socket.gethostname()}, started "), last
-  assert last.endswith(f"(python -c {out_dir}) holds {out_dir}/eval.lock. Two evals of one "
-                       "EVAL_OUTPUT_DIR overwrite each other's predictions and metrics: wait for "
-                       "that run to end (or stop it), or give this one another EVAL_OUTPUT_DIR"), last
+  assert last.endswith(
+      f"(python -c {out_dir}) holds {out_dir}/eval.lock. Two evals of one "
+      "EVAL_OUTPUT_DIR overwrite each other's predictions and metrics: wait for "
+      "that run to end (or stop it), or give this one another EVAL_OUTPUT_DIR"), last
   assert "no checkpoint" not in out.stderr  # refused before anything was loaded
   assert not (out_dir / "predictions").exists()
 

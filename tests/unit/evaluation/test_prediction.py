@@ -1,6 +1,8 @@
 """Tests of mcwq_t5x.evaluation.prediction with a tiny model and inputs built here: decoding a dataset in
 batches (sorted by length, last batch padded, batch sizes rounded to the data-parallel devices)
 gives, row for row, what the model decodes for the whole array at once."""
+import json
+
 import jax
 import numpy as np
 import optax
@@ -321,3 +323,20 @@ def test_an_over_long_example_is_refused_before_compiling():
     assert split.sequence_length["inputs"] == 64
   finally:
     seqio.TaskRegistry.remove(name)
+
+
+def test_a_rewrite_on_a_full_disk_keeps_the_previous_predictions_and_metrics(tmp_path, full_disk):
+  """Re-running eval on a full disk used to destroy the earlier good predictions and leave a
+  partial file beside the old metrics: now both keep their previous contents."""
+  import types  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import writers  # pylint: disable=g-import-not-at-top
+  cfg = types.SimpleNamespace(mixture_or_task_name="mcwq_gold_he", split="test")
+  pred_path, met_path = prediction.write_predictions(tmp_path, cfg, ["a", "b"], {"exact_match": 50})
+  before = pred_path.read_text(), met_path.read_text()
+  assert before[0] == "a\nb\n" and json.loads(before[1])["num_examples"] == 2
+  full_disk(3)
+  with pytest.raises(writers.ResultWriteError, match=f"cannot write {pred_path}: No space left"):
+    prediction.write_predictions(tmp_path, cfg, ["c", "d", "e"], {"exact_match": 0})
+  assert (pred_path.read_text(), met_path.read_text()) == before
+  assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+      ["predictions", "metrics", pred_path.name, met_path.name])

@@ -319,8 +319,8 @@ def test_invalid_utf8_prediction_lines_are_named(mcwq_dir, tmp_path, capsys):
 def test_a_runaway_prediction_line_is_named_with_a_warning(mcwq_dir, tmp_path, capsys):
   """One prediction line of 560,000 characters (a model that never stops) takes corpus BLEU down
   for the whole file: a warning names it (stderr and the JSON); the scores are still computed."""
-  lines = (mcwq_dir / "results/mt5_small/monolingual/mcd1/generated_predictions_en.txt"
-          ).read_text(encoding="utf-8").split("\n")
+  lines = (mcwq_dir / "results/mt5_small/monolingual/mcd1/generated_predictions_en.txt").read_text(
+      encoding="utf-8").split("\n")
   lines[99] = "( M0 ( wdt:P57 ) ( M1 ) ) . " * 20_000
   preds = tmp_path / "en.txt"
   preds.write_text("\n".join(lines), encoding="utf-8")
@@ -347,8 +347,8 @@ def test_a_full_disk_keeps_the_previous_results_and_ends_in_one_line(tmp_path, c
   old = tmp_path / "old.json"
   old.write_text("previous result\n")
   full_disk(0)
-  for out_flag, path in (("--json", old), ("--json", tmp_path / "new.json"),
-                         ("--errors_out", old), ("--errors_out", tmp_path / "new.jsonl")):
+  for out_flag, path in (("--json", old), ("--json", tmp_path / "new.json"), ("--errors_out", old),
+                         ("--errors_out", tmp_path / "new.jsonl")):
     status, _, err = _run(capsys, args + [out_flag, str(path)])
     assert status == 1
     assert err.splitlines() == [
