@@ -198,6 +198,12 @@ def add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
       help="seconds without a heartbeat after which a process counts as dead and the run ends "
       f"(default {HEARTBEAT_TIMEOUT_S}; JAX's is 100, which a busy shared host can exceed; a dead "
       "process is named sooner by the run's own watch)")
+  group.add_argument(
+      "--lost_process_timeout",
+      type=float,
+      default=None,
+      help="seconds without a report from another process after which the run's watch names it "
+      "as gone and stops (mcwq_t5x.train; default mcwq_t5x.engine.process_watch.TIMEOUT_S, 20)")
 
 
 def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
@@ -212,8 +218,8 @@ def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
   """
   given = [
       f"--{name}" for name in ("coordinator_address", "process_count", "process_index",
-                               "initialization_timeout", "heartbeat_timeout")
-      if getattr(args, name, None) is not None
+                               "initialization_timeout", "heartbeat_timeout",
+                               "lost_process_timeout") if getattr(args, name, None) is not None
   ]
   if not getattr(args, "multiprocess_gpu", False):
     if given:

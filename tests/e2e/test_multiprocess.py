@@ -142,7 +142,7 @@ train.main(sys.argv[1:])
 """
 
 
-def run_pair(folder, model_dir, signal_name, at_step):
+def run_pair(folder, model_dir, signal_name, at_step, extra=()):
   """The README's pair (2 processes x 2 devices, `RUN`) on `model_dir`, process 1 sending itself
   `signal_name` at step `at_step`: [(exit status, log)] of processes 0 and 1."""
   port = local_http.free_port()
@@ -151,7 +151,7 @@ def run_pair(folder, model_dir, signal_name, at_step):
     args = [
         f"--gin_file={TINY}", *mains.gin_flags(RUN + [f"MODEL_DIR = '{model_dir}'"]),
         "--multiprocess_gpu", f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
-        f"--process_index={i}", *LOADED_HOST_TIMEOUTS
+        f"--process_index={i}", *LOADED_HOST_TIMEOUTS, *extra
     ]
     head = [sys.executable, "-c", SIGNAL_AT_STEP] if i else [sys.executable, "-m", "mcwq_t5x.train"]
     env = {"MCWQ_TEST_SIGNAL": signal_name, "MCWQ_TEST_SIGNAL_AT": str(at_step)} if i else None
@@ -227,7 +227,10 @@ def test_multiprocess_a_dead_process_is_named_by_the_other_in_its_last_line(tmp_
   (exit status 134, "The tasks have crashed") but with one line naming process 1 and the command
   that resumes the run from its newest checkpoint, exit status 1."""
   model_dir = tmp_path / "run"
-  (status_0, log_0), (status_1, _) = run_pair(tmp_path, model_dir, "SIGKILL", 5)
+  # why: the watch's 20 s default, waited out after the kill, was half of the test's time; 10 s
+  # stays well above the longest pause of a loaded machine's live process
+  (status_0, log_0), (status_1, _) = run_pair(tmp_path, model_dir, "SIGKILL", 5,
+                                              ["--lost_process_timeout=10"])
   assert status_1 == -signal.SIGKILL
   assert status_0 == 1, log_0[-3000:]
   steps = checkpoint_paths.finished_steps(model_dir)
