@@ -150,8 +150,8 @@ def run_pair(folder, model_dir, signal_name, at_step, extra=()):
   for i in range(2):
     args = [
         f"--gin_file={TINY}", *mains.gin_flags(RUN + [f"MODEL_DIR = '{model_dir}'"]),
-        "--multiprocess_gpu", f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
-        f"--process_index={i}", *LOADED_HOST_TIMEOUTS, *extra
+        *LOADED_HOST_TIMEOUTS, *extra, "--multiprocess_gpu",
+        f"--coordinator_address=127.0.0.1:{port}", "--process_count=2", f"--process_index={i}"
     ]
     head = [sys.executable, "-c", SIGNAL_AT_STEP] if i else [sys.executable, "-m", "mcwq_t5x.train"]
     env = {"MCWQ_TEST_SIGNAL": signal_name, "MCWQ_TEST_SIGNAL_AT": str(at_step)} if i else None
