@@ -701,8 +701,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   preemption notice) saves a checkpoint at the next step boundary (the same step in every process)
   and ends the run with the line "Preempted: ..." and exit status 143 (`preemption.EXIT_STATUS`);
   rerunning the command resumes from that checkpoint. When another process of a multi-process run
-  dies, the others end within `process_watch.TIMEOUT_S` seconds with a last line
-  "LostProcessError: ..." naming it and the command that resumes the run, exit status 1
+  dies, the others end within `process_watch.TIMEOUT_S` seconds (`--lost_process_timeout`) with
+  a last line "LostProcessError: ..." naming it and the command that resumes the run, exit status 1
   (`process_watch`; where XLA's runtime ends a process first, as it may when the coordinator,
   process 0, is gone, XLA's message, which names the "leader task", is the last one).
 
@@ -733,7 +733,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   if jax.default_backend() == "cpu":
     cpu_settings.set_host_malloc_options()
   model_dir = gin_utils.macro_value("MODEL_DIR")
-  watch = process_watch.ProcessWatch(lambda lost: _stop_lost_process(lost, model_dir, argv))
+  lost_timeout = (
+      process_watch.TIMEOUT_S if args.lost_process_timeout is None else args.lost_process_timeout)
+  watch = process_watch.ProcessWatch(
+      lambda lost: _stop_lost_process(lost, model_dir, argv), timeout_s=lost_timeout)
   watch.start()  # several processes: says which one is gone if one dies
   status = "done"
   try:
@@ -753,7 +756,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     raise
   except Exception as e:  # pylint: disable=broad-except  (this process's error, or another's end)
     if process_watch.is_lost_process_error(e):  # a collective lost its other end: which one?
-      lost = watch.wait_for_verdict(process_watch.TIMEOUT_S + 5 * process_watch.INTERVAL_S)
+      lost = watch.wait_for_verdict(lost_timeout + 5 * process_watch.INTERVAL_S)
       _stop_lost_process(
           lost or f"another process of the run is gone ({type(e).__name__}: "
           f"{str(gin_utils.original_error(e)).strip().splitlines()[0][:300]})", model_dir, argv)

@@ -39,6 +39,31 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 MCWQ_DIR = SHARED_DIR / "mcwq"
 
+#: Seconds a test's set-up or call may take on the slower 2-core machine (AMD EPYC, AVX2) before the
+#: run's last report line names it (`pytest_terminal_summary`): a report, never a failure (no timed
+#: tests). `MCWQ_TEST_BUDGET_S` overrides it (README.md, "Tests").
+TEST_BUDGET_S = float(os.environ.get("MCWQ_TEST_BUDGET_S", "30"))
+_OVER_BUDGET = []  # (seconds, phase, node id) of each set-up or call over TEST_BUDGET_S
+
+
+def pytest_runtest_logreport(report):
+  """Records a set-up or call over `TEST_BUDGET_S` (in the controller, reports of every worker)."""
+  if report.when in ("setup", "call") and report.duration > TEST_BUDGET_S:
+    _OVER_BUDGET.append((report.duration, report.when, report.nodeid))
+
+
+@pytest.hookimpl(trylast=True)  # why: after the slowest durations
+def pytest_terminal_summary(terminalreporter):
+  """One line naming every set-up or call over `TEST_BUDGET_S`, slowest first; it runs before
+  pytest's closing 'N passed in S s' line, which stays the run's last line."""
+  if not _OVER_BUDGET:
+    terminalreporter.write_line(f"over the per-test budget of {TEST_BUDGET_S:g} s: none")
+    return
+  over = ", ".join(f"{nodeid} ({when} {seconds:.0f} s)"
+                   for seconds, when, nodeid in sorted(_OVER_BUDGET, reverse=True))
+  terminalreporter.write_line(
+      f"over the per-test budget of {TEST_BUDGET_S:g} s ({len(_OVER_BUDGET)}): {over}")
+
 
 def pytest_unconfigure(config):
   """Removes the session's compilation cache (in the process that created it)."""

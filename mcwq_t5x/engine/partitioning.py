@@ -103,10 +103,18 @@ def standard_logical_axis_rules(
   return tuple(list(additional_rules or ()) + rules)
 
 
+#: Seconds without a heartbeat after which JAX's coordination service ends a multi-process run
+#: (`jax.distributed.initialize(heartbeat_timeout_seconds=)`). JAX's 100 s is exceeded on a shared
+#: host whose cores are busy (a process starved while it compiles: "Task 1 heartbeat timeout"); a
+#: process that really died is named within `process_watch.TIMEOUT_S` by the run's own watch.
+HEARTBEAT_TIMEOUT_S = 600
+
+
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
                            process_id: Optional[int] = None,
-                           initialization_timeout: Optional[int] = None) -> bool:
+                           initialization_timeout: Optional[int] = None,
+                           heartbeat_timeout: Optional[int] = HEARTBEAT_TIMEOUT_S) -> bool:
   """Calls `jax.distributed.initialize` for multi-process runs (no-op when nothing is configured).
 
   Must run before anything touches a device (the mains call it right after parsing the flags).
@@ -118,7 +126,10 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
       process. "auto": let JAX detect the cluster (Cloud TPU, SLURM, Open MPI, ...).
     num_processes: total number of processes (None: detected by JAX).
     process_id: this process's index in [0, num_processes) (None: detected by JAX).
-    initialization_timeout: seconds to wait for all processes to connect (None: JAX's default).
+    initialization_timeout: seconds to wait for all processes to connect (None: JAX's default,
+      300 s).
+    heartbeat_timeout: seconds without a heartbeat after which the coordination service counts a
+      process as dead and ends the run (`HEARTBEAT_TIMEOUT_S`; None: JAX's default, 100 s).
 
   Returns:
     True if `jax.distributed.initialize` was called.
@@ -142,6 +153,8 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   kwargs = {}
   if initialization_timeout is not None:
     kwargs["initialization_timeout"] = int(initialization_timeout)
+  if heartbeat_timeout is not None:
+    kwargs["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
   jax.distributed.initialize(
       coordinator_address=None if coordinator_address == "auto" else coordinator_address,
       num_processes=num_processes,
@@ -177,7 +190,20 @@ def add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
       "--initialization_timeout",
       type=int,
       default=None,
-      help="seconds to wait for every process to connect (JAX's default if unset)")
+      help="seconds to wait for every process to connect (JAX's default, 300, if unset)")
+  group.add_argument(
+      "--heartbeat_timeout",
+      type=int,
+      default=None,
+      help="seconds without a heartbeat after which a process counts as dead and the run ends "
+      f"(default {HEARTBEAT_TIMEOUT_S}; JAX's is 100, which a busy shared host can exceed; a dead "
+      "process is named sooner by the run's own watch)")
+  group.add_argument(
+      "--lost_process_timeout",
+      type=float,
+      default=None,
+      help="seconds without a report from another process after which the run's watch names it "
+      "as gone and stops (mcwq_t5x.train; default mcwq_t5x.engine.process_watch.TIMEOUT_S, 20)")
 
 
 def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
@@ -192,7 +218,8 @@ def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
   """
   given = [
       f"--{name}" for name in ("coordinator_address", "process_count", "process_index",
-                               "initialization_timeout") if getattr(args, name, None) is not None
+                               "initialization_timeout", "heartbeat_timeout",
+                               "lost_process_timeout") if getattr(args, name, None) is not None
   ]
   if not getattr(args, "multiprocess_gpu", False):
     if given:
@@ -202,8 +229,10 @@ def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
   logging.info(
       "initialising the distributed system: coordinator_address=%s process_count=%s "
       "process_index=%s", args.coordinator_address, args.process_count, args.process_index)
+  heartbeat = getattr(args, "heartbeat_timeout", None)
   return initialize_distributed(args.coordinator_address or "auto", args.process_count,
-                                args.process_index, args.initialization_timeout)
+                                args.process_index, args.initialization_timeout,
+                                HEARTBEAT_TIMEOUT_S if heartbeat is None else heartbeat)
 
 
 def fit_spec_to_mesh(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:

@@ -41,6 +41,10 @@ import scenarios
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 STEPS, STOP = rc.MULTIPROCESS_STEPS, rc.MULTIPROCESS_CHECKPOINT
 RUN = [b.replace("=", " = ", 1) for b in rc.MULTIPROCESS]
+# Timeouts of JAX's distributed runtime that a busy machine exceeds (load 7 on 2 cores: a process
+# starved for minutes while the other compiles), so that the outcome never depends on the load: a
+# dead process is still named by the run's own watch (`process_watch.TIMEOUT_S`).
+LOADED_HOST_TIMEOUTS = ["--initialization_timeout=900", "--heartbeat_timeout=900"]
 # The resumed run's losses and parameters are compared with the pair's, not its decodes.
 NO_FINAL_EVAL = ["train_script.train.final_eval_dataset_cfgs = []"]
 pytestmark = pytest.mark.xdist_group(
@@ -138,7 +142,7 @@ train.main(sys.argv[1:])
 """
 
 
-def run_pair(folder, model_dir, signal_name, at_step):
+def run_pair(folder, model_dir, signal_name, at_step, extra=()):
   """The README's pair (2 processes x 2 devices, `RUN`) on `model_dir`, process 1 sending itself
   `signal_name` at step `at_step`: [(exit status, log)] of processes 0 and 1."""
   port = local_http.free_port()
@@ -146,8 +150,8 @@ def run_pair(folder, model_dir, signal_name, at_step):
   for i in range(2):
     args = [
         f"--gin_file={TINY}", *mains.gin_flags(RUN + [f"MODEL_DIR = '{model_dir}'"]),
-        "--multiprocess_gpu", f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
-        f"--process_index={i}"
+        *LOADED_HOST_TIMEOUTS, *extra, "--multiprocess_gpu",
+        f"--coordinator_address=127.0.0.1:{port}", "--process_count=2", f"--process_index={i}"
     ]
     head = [sys.executable, "-c", SIGNAL_AT_STEP] if i else [sys.executable, "-m", "mcwq_t5x.train"]
     env = {"MCWQ_TEST_SIGNAL": signal_name, "MCWQ_TEST_SIGNAL_AT": str(at_step)} if i else None
@@ -223,7 +227,10 @@ def test_multiprocess_a_dead_process_is_named_by_the_other_in_its_last_line(tmp_
   (exit status 134, "The tasks have crashed") but with one line naming process 1 and the command
   that resumes the run from its newest checkpoint, exit status 1."""
   model_dir = tmp_path / "run"
-  (status_0, log_0), (status_1, _) = run_pair(tmp_path, model_dir, "SIGKILL", 5)
+  # why: the watch's 20 s default, waited out after the kill, was half of the test's time; 10 s
+  # stays well above the longest pause of a loaded machine's live process
+  (status_0, log_0), (status_1, _) = run_pair(tmp_path, model_dir, "SIGKILL", 5,
+                                              ["--lost_process_timeout=10"])
   assert status_1 == -signal.SIGKILL
   assert status_0 == 1, log_0[-3000:]
   steps = checkpoint_paths.finished_steps(model_dir)
@@ -255,6 +262,21 @@ def test_multiprocess_flags_are_t5x_names_and_need_multiprocess_gpu():
   assert partitioning.initialize_from_flags(flags()) is None  # single process: nothing to do
   with pytest.raises(ValueError, match="--process_index given without --multiprocess_gpu"):
     partitioning.initialize_from_flags(flags("--process_index=1"))
+
+
+def test_multiprocess_timeouts_reach_jax_distributed_initialize(monkeypatch):
+  """The heartbeat timeout is the engine's (not JAX's 100 s) unless `--heartbeat_timeout` says
+  otherwise; `--initialization_timeout` is passed as given."""
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+  head = ("--multiprocess_gpu", "--coordinator_address=10.0.0.1:1234", "--process_count=2",
+          "--process_index=1")
+  assert partitioning.initialize_from_flags(flags(*head))
+  assert partitioning.initialize_from_flags(
+      flags(*head, "--initialization_timeout=900", "--heartbeat_timeout=30"))
+  assert [(c.get("initialization_timeout"), c["heartbeat_timeout_seconds"]) for c in calls
+         ] == [(None, partitioning.HEARTBEAT_TIMEOUT_S), (900, 30)]
+  assert partitioning.HEARTBEAT_TIMEOUT_S > 100  # above JAX's default
 
 
 @pytest.mark.parametrize("count,index,match", [(2, 2, r"process index 2 is outside \[0, 2\)"),
