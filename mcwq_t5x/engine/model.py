@@ -1,46 +1,15 @@
 """`EncoderDecoderModel`: loss, decoding and scoring around `network.Transformer`.
 
-A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`:
+A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`: `loss_fn` (T5X's
+`compute_weighted_cross_entropy`: label smoothing less the smoothed distribution's entropy, z-loss
+`z_loss * log(Z)^2`, Chowdhery et al. 2022), `predict_batch[_with_aux]` (greedy, temperature
+sampling or beam search through `engine.decoding`, T5X's option names) and `score_batch`.
 
-* `loss_fn`: teacher-forced cross-entropy with T5X's semantics
-  (`t5x/losses.py::compute_weighted_cross_entropy`): label smoothing with the
-  entropy of the smoothed distribution subtracted (so a perfect model has loss
-  0), auxiliary z-loss `z_loss * log(Z)^2` per token (Chowdhery et al. 2022 /
-  Mesh TF) added to the loss, per-token weights from `decoder_loss_weights`,
-  and the summed loss divided by the loss normalizing factor (see "Loss
-  contract" below). Metrics are unnormalised SUMS over tokens.
-* `predict_batch` / `predict_batch_with_aux`: greedy decoding, temperature
-  sampling or beam search with the flax `cache` collection (one decoder
-  position per step) through `mcwq_t5x.engine.decoding`, inside `jax.jit`; options
-  with T5X's names (`num_decodes`, `return_all_decodes`, `decoder_params`,
-  `prompt_with_targets`).
-* `score_batch`: sum of target token log-probabilities.
-
-Loss contract (the model is the one owner of the loss normalisation; the
-trainer only sums):
-
-* `loss_normalizer(batch)` is the denominator `D(batch)`, a float32 scalar:
-  the number of target tokens (sum of `decoder_loss_weights`, at least 1) for
-  `loss_normalizing_factor=None` or `'NUM_REAL_TARGET_TOKENS'`;
-  batch x target length for `'NUM_TOTAL_TARGET_TOKENS'`; the number of
-  target sequences (rows, or segments when packed) for
-  `'AVERAGE_PER_SEQUENCE'`; the number itself for a number.
-* `loss_fn(params, batch, dropout_rng, normalizer=None)` returns
-  `(sum_t w_t * loss_t / D, metrics)` with `D = normalizer` if given, else
-  `loss_normalizer(batch)`; `w` = `decoder_loss_weights`, divided by the
-  token count of their sequence for `'AVERAGE_PER_SEQUENCE'`. The numerator
-  of a row depends on that row only, so for a batch split by rows into
-  microbatches (or data-parallel shards) `m`,
-  `sum_m loss_fn(p, m, r, normalizer=loss_normalizer(batch))[0]` equals
-  `loss_fn(p, batch, r)[0]`: summed microbatch gradients are exactly the
-  batch gradient. Metrics are sums over tokens/rows and add up the same way.
-
-Batches use the keys of seqio's `EncDecFeatureConverter`:
-`encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`,
-`decoder_loss_weights` and, when packed, `encoder_segment_ids`,
-`decoder_segment_ids`, `encoder_positions`, `decoder_positions` (the positions
-are accepted and not read: relative attention needs only the segment ids).
-PAD = 0, EOS = 1, decoder BOS = 0 (T5 convention).
+Loss contract: the model alone normalises. `loss_normalizer(batch)` is the float32 denominator D
+(`loss_normalizing_factor` as in T5X); `loss_fn(..., normalizer=D)` returns (Σ_t w_t loss_t / D,
+metrics as sums), and a row's numerator depends on that row only, so summed microbatch gradients
+with the batch's D equal the batch gradient. Batches use seqio's `EncDecFeatureConverter` keys
+(positions accepted and not read); PAD = 0, EOS = 1, decoder BOS = 0.
 """
 
 from __future__ import annotations
@@ -483,10 +452,8 @@ class EncoderDecoderModel:
       max_decode_length: Optional[int] = None) -> tuple[Array, dict[str, Array]]:
     """Decodes a batch with the KV cache; returns tokens and scores.
 
-    Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument
-    names). T5X picks the decoding function when building the model
-    (`decode_fn`); here `method` picks it per call, so that every option is a
-    plain value (e.g. the mains' `predict_kwargs`).
+    Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument names); `method`
+    picks the decoding function per call (T5X: `decode_fn`, fixed at build).
 
     Args:
       params: unboxed params.
