@@ -241,11 +241,8 @@ def restore_params(path: str | pathlib.Path,
   `path`: a MODEL_DIR (its newest readable checkpoint), `checkpoint_<step>/` or its `state/`.
   Returns a nested dict of jax arrays with `abstract_params`' (T5X-named `ShapeDtypeStruct`s)
   shardings and dtypes; parameters missing are taken from `fallback_params` (T5X's
-  `fallback_to_scratch`), each named in a warning.
-
-  Raises:
-    NotACheckpointError, CheckpointMismatchError (another shape, or missing without fallback),
-    UnreadableCheckpointError, NoUsableCheckpointError.
+  `fallback_to_scratch`), each named in a warning. Raises NotACheckpointError,
+  CheckpointMismatchError, UnreadableCheckpointError or NoUsableCheckpointError.
   """
   return restore_params_and_step(path, abstract_params, fallback_params=fallback_params)[0]
 
