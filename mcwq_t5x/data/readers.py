@@ -666,20 +666,11 @@ def split_files(split: str,
   3. `jsonl`: `translations/{split}/{part}.{lang}.json` (JSON lines, RIR targets);
   4. `release`: `dataset.json` + `splits/{split}.json`.
 
-  For split "gold" (part "test", languages he/kn/zh): `translations/gold/test.{lang}.txt` +
-  `.sparql` ("translations"), else `translations/gold/test.{lang}.json` ("jsonl").
-
-  Args:
-    split, part, language: see `read_split`.
-    data_dir: the MCWQ directory; default `paths.data_dir()`.
-
-  Returns:
-    (layout name, files).
+  Returns (layout name, files); "gold" (test, he/kn/zh) is "translations" or "jsonl".
 
   Raises:
     ValueError: unknown split/part/language.
-    DataNotFoundError: no layout has the data (names the expected official path and the fetch
-      command).
+    DataNotFoundError: no layout has the data (names the official path and the fetch command).
   """
   _check_args(split, part, language, data_dir)
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()

@@ -114,24 +114,10 @@ def matmul_peak(n: int = 2048,
                 platform: Optional[str] = None) -> MatmulPeak:
   """The best float32 matmul GFLOP/s of the kernels at hand, timed in this process.
 
-  Each kernel multiplies the same two [n, n] float32 matrices `repeats` times and counts its
-  fastest call (NumPy's first call, which starts its BLAS threads, is one of them; XLA's product
-  is compiled before it is timed). With the defaults this takes about 6 products: about 0.8 s
-  at 130 GFLOP/s. Timed on a loaded machine the figure is lower: compare figures of one process.
-
-  Args:
-    n: matrix size.
-    repeats: calls per kernel.
-    kernels: of "numpy" (`np.matmul`, NumPy's BLAS on all cores) and "XLA" (`jnp.dot` on JAX's
-      first local device: the kernel and flags a training step of this process uses). On an
-      accelerator (`platform` not "cpu") "numpy" is skipped: the host's BLAS is not the peak
-      of the device that trains.
-    extra: more kernels, name -> function(x, y) that returns when the product is done (e.g.
-      PyTorch's `torch.matmul` on tensors made from x and y), called once untimed first.
-    platform: JAX's default backend (None: "cpu" unless "XLA" is timed, then JAX's).
-
-  Returns:
-    `MatmulPeak` of the fastest kernel.
+  `MatmulPeak` of the fastest kernel, each the fastest of `repeats` [n, n] float32 products (2 n^3
+  FLOPs): "numpy" (`np.matmul`; skipped when `platform` is not "cpu"), "XLA" (`jnp.dot` on the
+  first local device, compiled first) and `extra` name -> function(x, y) (e.g. `torch.matmul`).
+  A loaded machine lowers the figure: compare figures of one process.
 
   Raises:
     ValueError: no kernel to time, or an unknown kernel name.

@@ -314,25 +314,11 @@ class EncoderDecoderModel:
               normalizer: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
     """Teacher-forced loss (dropout on iff `dropout_rng` is given).
 
-    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` is this
-    project's addition for exact microbatching (module docstring).
-
-    Args:
-      params: unboxed params.
-      batch: feature-converter batch (see module docstring).
-      dropout_rng: PRNG key for dropout, or None for a deterministic pass.
-      normalizer: the loss denominator, float scalar; default
-        `loss_normalizer(batch)`. A trainer splitting a batch into
-        microbatches passes the whole batch's.
-
-    Returns:
-      (loss, metrics): loss = sum of the token losses (cross-entropy +
-      z-loss) times the loss weights / normalizer, float32 scalar; metrics =
-      float32 SUMS over the batch with the plain token weights (whatever the
-      normalising factor): "loss" (token loss incl. z-loss), "cross_ent_loss",
-      "z_loss", "accuracy_numerator" (correct argmax tokens), "num_tokens"
-      (sum of weights), "num_examples" (non-empty rows, or segments when
-      packed).
+    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default `loss_normalizer(batch)`;
+    microbatches get the whole batch's) is ours, for exact microbatching. Returns (float32 loss =
+    Σ weighted token losses (cross-entropy + z-loss) / normalizer, float32 metric SUMS with the
+    plain weights: "loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
+    "num_examples" (non-empty rows, or segments when packed)).
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
@@ -457,28 +443,19 @@ class EncoderDecoderModel:
 
     Args:
       params: unboxed params.
-      batch: needs "encoder_input_tokens" [B, in_len]; "decoder_input_tokens"
-        [B, L] gives the decode length L (unless `max_decode_length`) and,
-        with `prompt_with_targets`, the prompt.
-      rng: PRNG key of `temperature_sample` (required when it samples);
-        ignored by greedy decoding and beam search.
-      decoder_params: keyword arguments of the decoding function, T5X names:
-        beam_search {"alpha": length-penalty exponent, default 0.6};
-        temperature_sample {"temperature": float >= 0, default 1.0 (0 =
-        greedy), "topk": int >= 0, default 0 = all tokens (T5X's default is
-        1, i.e. greedy)}; greedy {}.
-      return_all_decodes: return all `num_decodes` sequences
-        [B, num_decodes, L] (ascending score, best last) instead of the best
-        [B, L].
+      batch: "encoder_input_tokens" [B, in_len]; "decoder_input_tokens" [B, L] gives L (unless
+        `max_decode_length`) and, with `prompt_with_targets`, the prompt.
+      rng: PRNG key, required when `temperature_sample` samples; otherwise ignored.
+      decoder_params: the decoding function's keywords, T5X names: beam_search {"alpha": 0.6};
+        temperature_sample {"temperature": 1.0 (0 = greedy), "topk": 0 = all (T5X: 1)}.
+      return_all_decodes: all `num_decodes` sequences [B, num_decodes, L], best last.
       num_decodes: beam size, or number of samples.
-      prompt_with_targets: force the decoder prompt to `decoder_input_tokens`
-        with EOS removed (T5X): non-zero tokens are kept as they are, the
-        rest is decoded; their log-probs are not in the scores.
-      method: "greedy", "beam_search" or "temperature_sample"; default
-        "greedy" if `num_decodes == 1`, else "beam_search".
-      max_decode_length: decode length L when the batch has no
-        "decoder_input_tokens" (or to override its length); with
-        `prompt_with_targets` it must be None or the prompt's length.
+      prompt_with_targets: force `decoder_input_tokens` less EOS as prompt (T5X); its
+        log-probs are not in the scores.
+      method: "greedy", "beam_search" or "temperature_sample"; default greedy if
+        `num_decodes == 1`, else beam search.
+      max_decode_length: L without (or overriding) "decoder_input_tokens"; with
+        `prompt_with_targets`, None or the prompt's length.
 
     Returns:
       (tokens int32 [B, L] or [B, num_decodes, L], {"scores": float32 [B] or
