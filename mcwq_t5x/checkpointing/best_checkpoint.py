@@ -120,17 +120,9 @@ def checkpoint_path(path: str,
                     metric_mode: str = "min") -> str:
   """The checkpoint to decode for `path` (gin: the eval files' `CHECKPOINT_PATH`).
 
-  Args:
-    path: a training MODEL_DIR, or one `checkpoint_<step>` folder (returned unchanged).
-    metric_name_to_monitor: the metric the training kept its best checkpoint by (see
-      `read_metric`); None = the newest checkpoint.
-    metric_mode: "min" (e.g. a loss) or "max".
-
-  Returns:
-    `MODEL_DIR/checkpoint_<step>` (absolute) of the best finished checkpoint by the metric; the
-    newest one when no kept checkpoint has the metric, or when the run's periodic evaluation read
-    the test split (`monitored_split`: its "dev loss" is a test loss, and no checkpoint is
-    selected on the test set), logged as a warning.
+  The absolute `MODEL_DIR/checkpoint_<step>` best by `metric_name_to_monitor` ("min" or "max";
+  None: the newest), a `checkpoint_<step>` path unchanged; the newest, with a warning, when no
+  kept checkpoint has the metric or the run monitored the test split (no selection on test).
 
   Raises:
     checkpoint_paths.NotACheckpointError: `path` holds no checkpoint.

@@ -169,15 +169,9 @@ def t5x_native_folder(path: PathLike) -> Optional[pathlib.Path]:
 def locate(path: PathLike) -> tuple[str, pathlib.Path]:
   """(format, folder) of the checkpoint at `path`; the one format detection of the project.
 
-  Tried in order:
-    1. T5X's MODEL_DIR layout (`resolve_checkpoint`: a MODEL_DIR, a `checkpoint_<step>` folder or
-       its item): FORMAT_ORBAX, or FORMAT_T5X when the step folder holds a msgpack file; the
-       folder is the step folder (a MODEL_DIR's newest finished one).
-    2. A Hugging Face folder (`hf_folder`): FORMAT_HF, that folder.
-    3. A standalone T5X-native checkpoint (`t5x_native_folder`): FORMAT_T5X, its folder.
-
-  Returns:
-    (one of FORMAT_ORBAX, FORMAT_T5X, FORMAT_HF; the folder holding the checkpoint's files).
+  Tried in order: T5X's MODEL_DIR layout (`resolve_checkpoint`; FORMAT_ORBAX, or FORMAT_T5X for
+  a msgpack step folder; the step folder), a Hugging Face folder (FORMAT_HF), a standalone
+  T5X-native checkpoint (FORMAT_T5X).
 
   Raises:
     NotACheckpointError: (a FileNotFoundError) `path` does not exist (and is no URL); the

@@ -583,27 +583,15 @@ class CheckpointManager:
               fallback_params: Optional[PyTree] = None) -> tuple[Any, dict[str, Any]]:
     """Restores checkpoint `step` into the shardings/dtypes of `abstract_state`.
 
-    Args:
-      step: checkpoint step (folder `checkpoint_<step>`, ours or T5X's).
-      abstract_state: `TrainState` of `jax.ShapeDtypeStruct` with `sharding`
-        (`Trainer.state_shapes`).
-      params_only: restore params, step and data position only and create a fresh optimizer state
-        with `optimizer` (T5X: restoring with `state/param_states` unassigned + fallback).
-      optimizer: the run's optax transformation; needed for a fresh optimizer state
-        (`params_only`, or a checkpoint written by T5X, whose Adafactor state is not optax's).
-      fallback_params: see `restore_params`.
-
-    Returns:
-      (state, data_state): state like `abstract_state` (step from the checkpoint); data_state the
-      saved JSON ({"step": step} for T5X's checkpoints).
+    Returns (state like `abstract_state` (`Trainer.state_shapes`), data_state: the saved JSON,
+    {"step": step} for T5X's). `params_only`, or a T5X checkpoint (its Adafactor state is not
+    optax's), gets a fresh state from `optimizer` (T5X: `state/param_states` unassigned +
+    fallback); `fallback_params` as in `restore_params`.
 
     Raises:
-      OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's (full
-        restore only); its message names both.
+      OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's.
       MissingOptimizerError: a fresh optimizer state is needed and `optimizer` is None.
-      checkpoint_paths.CheckpointMismatchError: parameter names/shapes differ from the model.
-      checkpoint_paths.NotACheckpointError: no finished checkpoint at that step.
-      Any Orbax/TensorStore error for unreadable files.
+      CheckpointMismatchError, NotACheckpointError; Orbax/TensorStore errors for unreadable files.
     """
     folder = checkpoint_paths.checkpoint_dir(self.directory, step)
     fmt = checkpoint_paths.checkpoint_format(folder)

@@ -94,19 +94,10 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                            initialization_timeout: Optional[int] = None) -> bool:
   """Calls `jax.distributed.initialize` for multi-process runs (no-op when nothing is configured).
 
-  Must run before anything touches a device (the mains call it right after parsing the flags).
-  On CPU, cross-process collectives need a CPU collectives implementation: it is set to gloo when
-  the installed JAX has none selected (JAX >= 0.5 selects gloo by default).
-
-  Args:
-    coordinator_address: "host:port" of process 0 (every process passes the same); None = single
-      process. "auto": let JAX detect the cluster (Cloud TPU, SLURM, Open MPI, ...).
-    num_processes: total number of processes (None: detected by JAX).
-    process_id: this process's index in [0, num_processes) (None: detected by JAX).
-    initialization_timeout: seconds to wait for all processes to connect (None: JAX's default).
-
-  Returns:
-    True if `jax.distributed.initialize` was called.
+  Returns True if it was called. Run before anything touches a device. `coordinator_address`:
+  process 0's "host:port", "auto" (JAX detects Cloud TPU, SLURM, Open MPI, ...) or None (one
+  process); `num_processes`, `process_id` None: detected; `initialization_timeout` in seconds.
+  On CPU the collectives are set to gloo when JAX has none selected.
 
   Raises:
     ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
