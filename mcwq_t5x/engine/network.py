@@ -868,8 +868,7 @@ class Transformer(nn.Module):
       encoder_positions, decoder_positions: [batch, len] positions in packed
         examples; accepted (T5X's `EncoderDecoderModel` passes them) and not read.
       enable_dropout: apply dropout (needs a 'dropout' rng).
-      decode: cached decoding mode (the first call creates the cache).
-      max_decode_length: cache length for `decode`.
+      decode, max_decode_length: cached decoding (the first call creates the cache) and its length.
     """
     # why unread: relative positions are key index - query index in the row (one [1, heads, len,
     # len] bias, as T5X), which equals position difference within a packed segment (contiguous,
