@@ -253,21 +253,10 @@ def placeholder_candidates(record: dict[str, Any],
                            limit: int = 64) -> list[dict[str, str]]:
   """The distinct alignments of `sparqlPattern` placeholders with the constants of `sparql`.
 
-  CFQ's `sparqlPattern` is canonicalised (clauses sorted, variables renumbered, properties as
-  `P0`…), so symmetric patterns such as `?x0 P0 M0 . ?x0 P1 M1` align in several ways; see
-  `ContextModel` for choosing. When the record states its entities (`exact_entity_constants`),
-  every candidate gives the question placeholders exactly those constants. Otherwise alignments
-  that differ only by exchanging interchangeable constants of `sparql` (the objects of
-  `?x0 ns:film.film.produced_by ns:m.A . ?x0 ns:film.film.produced_by ns:m.B`) are listed once:
-  they give the same query.
-
-  Args:
-    record: a CFQ record with `sparql`, `sparqlPattern` and `questionPatternModEntities`.
-    where: names the record in error messages.
-    limit: stop after this many distinct alignments.
-
-  Returns:
-    A non-empty list of {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
+  A non-empty list (at most `limit`) of {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
+  CFQ's canonicalised `sparqlPattern` lets symmetric patterns (`?x0 P0 M0 . ?x0 P1 M1`) align in
+  several ways (`ContextModel` chooses); alignments that only swap interchangeable constants give
+  the same query and are listed once. `where` names the record in errors.
 
   Raises:
     CfqFormatError: the two queries do not align, or see `exact_entity_constants`.
@@ -327,16 +316,7 @@ def placeholder_constants(record: dict[str, Any],
   """Maps each placeholder `Mk` of `sparqlPattern` to the Freebase constant it stands for.
 
   Exact when the record has `questionWithMids` or `sparqlPatternModEntities` (full CFQ release);
-  otherwise `context_model` chooses among `placeholder_candidates`.
-
-  Args:
-    record: a CFQ record with `sparql` and `sparqlPattern`.
-    where: names the record in error messages.
-    context_model: chooses among several alignments when the record does not say (default: the
-      first one).
-
-  Returns:
-    {"M0": "ns:people.person", "M1": "ns:m.0abc", ...}.
+  otherwise `context_model` chooses among `placeholder_candidates` (default: the first).
 
   Raises:
     CfqFormatError: the two queries do not align, or see `exact_entity_constants`.

@@ -15,13 +15,11 @@ Each set starts from one random example. Atoms and compounds are those of `mcwq_
 (read off the SPARQL). The held-out set is then split at random into dev and test, as CFQ's dev and
 test are two random halves of its MCD hold-out (Keysers et al. §4).
 
-The atom bound is held between train and the whole hold-out (`train/dev+test` in the report). Dev
-and test are each half of it, smaller samples of the same distribution, so their own atom
-divergences from train come out a little higher (seed 0 on the shared copy: train/dev+test 0.01997,
-train/test 0.0208, train/dev 0.0206). Examples left over are in no part (`unused` in the report):
-the default fractions give train, dev and test in CFQ's proportions, 80/10/10, with train half
-the pool, so 62.5% of the pool is used and 37.5% is not (CFQ's MCD splits use half of CFQ,
-40/5/5 of it; pass `--train_fraction 0.4 --dev_fraction 0.05 --test_fraction 0.05` for that).
+The atom bound is held between train and the whole hold-out (`train/dev+test` in the report); dev
+and test alone, smaller samples, come out a little higher (docs/splits.md has the figures).
+Examples left over are in no part (`unused`): the default fractions give CFQ's proportions,
+80/10/10, with train half the pool (CFQ's own: `--train_fraction 0.4 --dev_fraction 0.05
+--test_fraction 0.05`).
 
 The random split (`--random_name`) draws train, dev and test of the same sizes uniformly from the
 same pool. Both are reproducible from `--seed` (numpy's PCG64).
@@ -44,10 +42,6 @@ splits are found by `readers.discover`):
                                examples in no part (`unused`), the atom and compound divergences
                                (train vs dev+test: what the atom bound holds; train vs dev, train
                                vs test, dev vs test) and the time taken
-
-Speed: for the 12,445 pooled random_split dev+test examples of the shared copy (seed 0, defaults),
-21 s of CPU, 48 s wall on 2 cores shared with other jobs (reading and analysing 15 s, the greedy
-procedure 22 s: 6,999 steps of 256 candidates; docs/splits.md).
 """
 from __future__ import annotations
 

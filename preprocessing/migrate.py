@@ -115,14 +115,9 @@ def make_endpoint(args: argparse.Namespace) -> ep.Endpoint | None:
 def mcwq_conformance(migrated: Sequence[dict[str, Any]], mcwq_official: str) -> dict[str, Any]:
   """How many migrated records give exactly MCWQ's query, where MCWQ has their question.
 
-  Args:
-    migrated: the migrated records (`rec`: the CFQ record, `q`: its migrated query).
-    mcwq_official: an MCWQ `official/` folder; its `*/*.en.txt` files give MCWQ's query of each
-      English question pattern (`cfq.read_mcwq_official`).
-
-  Returns:
-    {"mcwq": the folder, "question pattern in MCWQ": records whose CFQ question pattern occurs
-    there, "same query": those whose migrated query is MCWQ's, string for string}.
+  `migrated`: records {`rec`: CFQ record, `q`: migrated query}; `mcwq_official`: an `official/`
+  folder whose `*/*.en.txt` give MCWQ's query per English question pattern. Returns {"mcwq",
+  "question pattern in MCWQ": records found there, "same query": of those, string-equal}.
 
   Raises:
     DataNotFoundError / DataFormatError: as `cfq.read_mcwq_official` (a missing folder: no files).

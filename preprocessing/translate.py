@@ -10,14 +10,10 @@ Backends (one interface, `Backend.translate(texts, target, source) -> list[str]`
   between the placeholders M0…M9 piece by piece and puts the placeholders back, so that a model
   which does not copy them (a small or random-weight one) still gives usable questions.
 * `GoogleBackend`: Google Cloud Translation, REST API v2 (`POST …/language/translate/v2`,
-  form fields q (repeated), target, source, format=text, key), with batching, through the
-  transport of every remote client (`mcwq_t5x.stores.transport`, as the SPARQL client): a
-  deadline on each attempt as a whole, a minimum interval between requests, retries with
-  exponential backoff on 429/5xx, on network errors and on a 403 whose reason is
-  `rateLimitExceeded` / `userRateLimitExceeded` (Google documents those as retryable), waiting at
-  least what Retry-After asks, and redirects that re-send the form. A 200 whose body is not a v2
-  answer (an HTML page, JSON without `data.translations`) is an error naming the URL and the head
-  of the body. `url` can point at any server speaking that protocol.
+  form fields q (repeated), target, source, format=text, key), batched, through
+  `mcwq_t5x.stores.transport` (deadline, pacing, retries; a 403 `rateLimitExceeded` /
+  `userRateLimitExceeded` is retried, as Google documents). A 200 whose body is not a v2 answer
+  is an error naming the URL and the head of the body. `url` can point at any such server.
 
 `Translator` adds what §4.1 describes around the backend: "?" is appended before translating
 (the questions have none; it makes MT treat them as questions) and stripped after; question

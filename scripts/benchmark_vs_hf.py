@@ -1,96 +1,15 @@
 #!/usr/bin/env python3
 r"""Training speed of our engine against Hugging Face transformers (PyTorch) on the same work.
 
-Both systems train the same architecture (mT5 layout: gated-GELU MLP, relative position buckets,
-untied output layer; by default d_model 256, 4+4 layers, 4 heads of 64, d_ff 1024, vocabulary
-2,048, float32, dropout 0.1) with the same optimizer (Adafactor, lr 1e-3, no parameter scaling, no
-warm-up) and the same global batch (32) on the same examples: one SeqIO task split tokenised with
-the task's vocabulary (default `mcwq_random_split_en`, split `validation`: the shared data's 6,163
-English dev questions).
-
-Two measurements, each system in its own fresh process (so that peak RSS is its own), run
-interleaved (ours, theirs, ours, theirs ... for `--repeats`):
-
-* **epoch**: one pass over the split, each system with its best input pipeline.
-  Ours is the project's real training path, `mcwq_t5x.train.train` (data loading into feature
-  arrays, the `Partitioner`'s mesh over `--host_devices` XLA CPU devices (default 1: each
-  operation on all cores, which for this network's operations beats 2 data-parallel devices,
-  `HOST_DEVICE_COUNT = 2`, the main job's setting for its smaller network; CHANGELOG.md),
-  `Trainer.train_step`, checkpoint at the end, the training main's XLA CPU flags
-  `cpu_settings.XLA_CPU_TRAINING_FLAGS` and its host `malloc` options
-  (`cpu_settings.set_host_malloc_options`; the HF process keeps glibc's defaults), dropout masks
-  from the `unsafe_rbg` PRNG as the main job
-  draws them, `USE_HARDWARE_RNG`; `--no-use_hardware_rng`: threefry): examples packed into rows of
-  `--pack_input_length`/`--pack_target_length` tokens (`PACK = True`, first-fit decreasing:
-  `mcwq_t5x.data.packing`), so the epoch is ceil(rows / batch) steps. The default rows of 40/72 tokens
-  hold the split's longest example (28 input / 66 target tokens, so nothing is truncated: the
-  driver checks that both systems saw the same target tokens) and are 90% / 94% full; rows of
-  64/128 are 93% / 88% full, and their attention costs (64^2 + 128^2) / (40^2 + 72^2) = 3x as
-  much per row. Theirs is
-  `MT5ForConditionalGeneration` with transformers' `LengthGroupedSampler` (the Trainer's
-  `group_by_length=True`) and dynamic padding to each batch's longest example (as
-  `DataCollatorForSeq2Seq`), labels padded with -100, a plain PyTorch loop (forward, backward,
-  `transformers.optimization.Adafactor` step): the Trainer's inner loop without its bookkeeping.
-  Times include everything from the first step to the end of the last one (our compilation
-  included); data loading and tokenisation are excluded for both.
-* **fixed-shape**: `--fixed_steps` timed steps (after 2 untimed ones) on batches padded to
-  exactly `--input_length`/`--target_length` with no packing, our `Trainer.train_step` on 1
-  device (with the training main's XLA CPU flags) against the same HF step: kernels against
-  kernels.
-
-* **decode** (`--modes decode`): decoding the split's questions with one checkpoint, greedy and
-  beam search (4 beams, length penalty alpha 0.6), each (system, method) in its own process. The
-  checkpoint is `--checkpoint` (a MODEL_DIR or `checkpoint_<step>` of our engine: the network
-  recorded in its run.json, or without one the `--decode_model` preset of
-  `mcwq_t5x.engine.network.CONFIGS`, default `tiny`, the main job's model; the task's vocabulary must be
-  the one the run recorded), or else that preset
-  trained for `--decode_train_steps` steps on the split (`mcwq_t5x.train.train`, batch
-  `--batch_size`) in a fresh process; it is exported once with `mcwq_t5x.checkpointing.export_hf`. Ours is the
-  eval main's decoding path, `mcwq_t5x.evaluation.prediction` (`get_infer_fn`, compilation included, and
-  `decode_predictions`), with the eval main's CPU settings; theirs is
-  `MT5ForConditionalGeneration.generate` on the export in batches of similar lengths (sorted by
-  input length, dynamic padding, `torch.inference_mode()`, `do_sample=False`, `num_beams` 1 or 4,
-  `length_penalty` 0.6; note that transformers' length penalty is `score / length ** alpha`,
-  T5X's is GNMT's `((5 + length) / 6) ** alpha`, so beam results may differ). Both decode up to
-  `--decode_length` tokens (default: the split's longest target) in batches of
-  `--decode_batch_size` (default 64, the eval main's) and turn the tokens into text, ours with
-  the task's vocabulary, theirs with the export's tokenizer (`AutoTokenizer`, `batch_decode`);
-  times are from the first batch to the last text (tokenisation excluded).
-  Prints questions/s, wall time, peak RSS and the number of predictions identical to the other
-  system's (the same token ids up to EOS), and last `decode ratio ours/hf: X.XX` (greedy
-  questions/s of ours / theirs).
-
-  `--decode_methods` picks the methods (default `greedy,beam4`; e.g. `greedy` alone).
-
-* **eval** (`--modes eval`): whole processes on the same checkpoint and export as the decode mode
-  (`--repeats` times, alternating). Ours is the README's eval command, `python -m mcwq_t5x.eval`
-  with `gin/mcwq_t5x/models/<--decode_model>.gin` and `gin/mcwq_t5x/runs/eval.gin` (greedy,
-  TASK_FEATURE_LENGTHS None, `--decode_batch_size`; where the checkpoint's network differs from
-  the preset, `network.get_config` bindings): imports, the task's data, decoding, exact match and
-  BLEU, the files. Theirs is a transformers user's script (`hf_eval`): imports, the export and its
-  tokenizer, the questions tokenised, greedy `generate` in length-sorted batches, exact match,
-  the predictions file; it reads the split's texts from the run's work folder, so it does no data
-  reading or RIR conversion and no BLEU. Each time is from the process's start to its exit,
-  measured by the driver, with the peak RSS of that process (`os.wait4`). Prints both, their
-  exact match and the number of identical predictions, and last `eval process time ours/hf: X.XX`
-  (mean wall times; at most 1.00 when ours is the faster).
-
-Prints one line per run and the means: examples/s, target tokens/s (non-padding target tokens,
-EOS included), wall time, peak RSS (GiB); then the run's matmul peak, `matmul peak: Y GFLOP/s
-(KERNEL; best per kernel: ...)`: every worker times float32 2,048 x 2,048 products in its own
-process before it trains (`mcwq_t5x.engine.flops.matmul_peak`: ours NumPy's BLAS and XLA's
-`jnp.dot` on one device, with the worker's XLA flags; transformers' NumPy's and PyTorch's
-`torch.matmul`; each the best of 3 calls, 2 n^3 FLOPs a product) and the peak is the fastest
-product of the run; then for each mode and system `ours epoch: X GFLOP/s of Y GFLOP/s matmul peak
-(Z%)` (and `ours fixed: ...`): the model FLOPs of the timed steps (`flops.train_step_flops` of the
-shapes each computes: our packed rows times the steps, each of transformers' padded batches, or
-the fixed shape times the steps) over their time (our epoch's compilation included). Both near
-the peak means that neither can go much faster on this machine. Last come
-`epoch ratio ours/hf: X.XX` and `fixed-shape ratio ours/hf: X.XX` (examples/s of ours / theirs).
-
-Needs PyTorch and transformers (test dependencies) and TensorFlow/SeqIO for the data. Our first
-worker of a run tokenises the split and writes it to the run's work folder; the HF workers read it
-there and never import TensorFlow (as a transformers user's process would not).
+Both systems train the same mT5-layout network (default d_model 256, 4+4 layers, 4 heads of 64,
+d_ff 1024, vocabulary 2,048, float32, dropout 0.1) with Adafactor on the same batches of one
+SeqIO task split (default `mcwq_random_split_en` `validation`), each in its own fresh process,
+interleaved for `--repeats`. Modes (`--modes`): `epoch` (ours: `mcwq_t5x.train.train` on packed
+rows; theirs: `MT5ForConditionalGeneration` with length-grouped dynamic padding), `fixed` (both
+on batches of exactly `--input_length`/`--target_length`), `decode` (greedy and beam search with
+one checkpoint and its `export_hf` export) and `eval` (whole eval processes). Prints examples/s,
+target tokens/s, wall time, peak RSS, model FLOP/s against the matmul peak and last the ratios
+ours/hf. docs/benchmarks.md says what each mode times and how. Needs PyTorch and transformers.
 
 Examples:
   python scripts/benchmark_vs_hf.py

@@ -1,39 +1,14 @@
 #!/usr/bin/env python3
 r"""Where a training step's time goes: a `jax.profiler` trace of our training steps, by kind of work.
 
-Trains the network of `scripts/benchmark_vs_hf.py` (same flags and defaults: d_model 256, 4+4
-layers, 4 heads of 64, d_ff 1024, vocabulary 2,048, float32, dropout 0.1, Adafactor, batch 32 of
-packed rows of 40/72 tokens of the English `random_split` dev questions) as the benchmark's epoch
-does: `--host_devices` XLA CPU devices (default 1, as the benchmark), the training main's XLA CPU
-flags (`cpu_settings.XLA_CPU_TRAINING_FLAGS`) and host `malloc` options, at most 2 steps in
-flight. Compiles the step (its wall and CPU time are printed), runs `--warmup_steps` steps, then
-traces `--steps` steps and reads the trace (`jax.profiler.ProfileData`): every event of XLA's CPU
-runtime named after an instruction of the compiled step (a fusion, a copy, an all-reduce, ...) is
-one piece of work, put in a kind by what the instruction computes and where in the program it
-comes from (its `op_name` metadata):
-
-* matmuls: a fusion that contains a `dot` (YNNPACK's or XLA's), or a dot;
-* gradient all-reduce: the data-parallel sum of the gradients over the devices (with 2 or more);
-* attention elementwise: softmax, mask, relative position bias and dropout of the attention
-  weights, and the copies between their products (the `attention` scopes, forward and backward);
-* layer norms; MLP elementwise (the gated GELU, its dropout and gradient, and the transposed
-  copies of its activations for the weight gradients);
-* embedding and loss: the token embedding's gather and its gradient's scatter, the log-softmax,
-  cross entropy and accuracy over the vocabulary;
-* residual adds and dropout; the optimizer (Adafactor's update, the gradient norm, the
-  non-finite guard: the step's work outside the forward and backward passes);
-* copies and transposes that XLA inserted between fusions; other.
-
-A loaded machine stretches every event, so the kinds share the process's CPU time (user +
-system, all threads) in proportion to their events' wall time; the report gives each kind's CPU
-seconds per step and share of the cores' time (cores x wall time), the host's (the Python thread's
-CPU time: batches, dispatch), and the cores' time the process did not use ("idle": waiting, or
-other processes). Then the model FLOPs per second (`flops.train_step_flops`) against the matmul
-peak timed after the trace (`flops.matmul_peak`), and per CPU-second against NumPy's matmul per
-CPU-second (a figure other processes do not lower): the whole step's and its matmul instructions'
-(the matmul kernels' own efficiency at these shapes); the wall time of the all-reduces' rendezvous
-waits (one device waiting for the other); the `--top` longest instructions of each kind.
-`--no-trace` only times the steps (wall and CPU time).
+Trains the network of `scripts/benchmark_vs_hf.py` (same flags and defaults) as the benchmark's
+epoch does (`--host_devices` XLA CPU devices, the training main's XLA flags and `malloc` options,
+at most 2 steps in flight), prints the compile time, runs `--warmup_steps` steps, then traces
+`--steps` steps (`jax.profiler.ProfileData`) and shares the process's CPU time among kinds of work
+(matmuls, gradient all-reduce, attention elementwise, layer norms, MLP elementwise, embedding and
+loss, residual adds and dropout, optimizer, copies, other; docs/benchmarks.md defines them), with
+model FLOPs per second against the matmul peak (`flops`) and the `--top` longest instructions of
+each kind. `--no-trace` only times the steps.
 
 Example:
   python scripts/profile_train_step.py --steps 5

@@ -1,46 +1,15 @@
 """SeqIO tasks and mixtures for MCWQ (Cui et al., TACL 2022).
 
-Inputs are the questions (entity placeholders M0..M9), targets the queries in the reversible
-intermediate representation (RIR, `mcwq_t5x.data.rir`), as in the paper's mT5 experiments (§5).
-
-Importing this module registers the tasks below with the vocabulary of
-`mcwq_t5x.data.vocab.get_vocabulary()` (`$MCWQ_VOCAB`, else the small offline SentencePiece model) and
-registers nothing with gin, so T5X can import it after parsing its flags
-(`MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`). `register_mcwq_tasks(...)` registers variants (another
-prefix, vocabulary, data folder, name suffix); calling it again replaces earlier registrations.
-
-Registered names:
-
-* `mcwq_{split}_{lang}`, split in mcd1/mcd2/mcd3/random_split, lang in en/he/kn/zh: seqio
-  splits `train`, `validation` (= the MCWQ `dev` part) and `test`. A part whose files are
-  missing (the shared copy has no `train`) raises `DataNotFoundError` with the fetch command
-  when it is read.
-* `mcwq_gold_{he,kn,zh}`: the human-translated gold test set (155 examples), `test` only.
-* `mcwq_{split}_zeroshot_{lang}`, lang in he/kn/zh: `validation` / `test` of that language,
-  for evaluating a model trained on `mcwq_{split}_en` (zero-shot cross-lingual transfer, §5.3).
-* mixture `mcwq_{split}_multilingual`: the four `mcwq_{split}_{lang}` tasks, equal rates
-  (the four languages are parallel, hence of equal size).
-
-Splits and languages: the published ones above always, plus those the data directory holds
-(`readers.discover`: a directory listing, no file is read), with the same names and metrics. A
-release written by `preprocessing.migrate` + `preprocessing.translate --lang fr` gets
-`mcwq_cfq_sample_en`, `mcwq_cfq_sample_fr`, `mcwq_cfq_sample_zeroshot_fr` and the mixture
-`mcwq_cfq_sample_multilingual` of the languages that split has files in (en, fr); a new language
-of a published split gets `mcwq_{split}_{lang}` and `mcwq_{split}_zeroshot_{lang}`.
-
-The names above give the BARE question as `inputs`. Every one of them also exists with the suffix
-`_prefixed` (`mcwq_{split}_{lang}_prefixed`, `mcwq_gold_{lang}_prefixed`,
-`mcwq_{split}_zeroshot_{lang}_prefixed`, `mcwq_{split}_multilingual_prefixed`): the PAPER'S FORM,
-whose first preprocessor prepends the task prefix of the authors' Hugging Face scripts
-(coastalcph/seq2sparql `hf/run_mt5.sh`, `hf/pred_eval_mt5_zero_shot.sh`):
-`translate {Language} to Sparql: ` + question, Language the English name of the question's
-language (`input_prefix`); the zero-shot tasks use the TEST language's prefix, as the authors'
-zero-shot evaluation does. The paper's experiment files (gin/) train on the `_prefixed` tasks.
-
-Each example also carries `question`, `sparql`, `rir` (strings) and `recursionDepth` (int32,
--1 when unknown) for evaluation by complexity. Questions come normalised from `mcwq_t5x.data.readers`
-(`readers.normalize_question`: NFC, no BOM; `mcwq_t5x.infer` applies the same function), so a
-question typed in another Unicode form tokenises as in training.
+Inputs are the questions (placeholders M0..M9), targets the queries in RIR (`mcwq_t5x.data.rir`),
+as in the paper's mT5 experiments (§5). Importing this module registers, with the vocabulary of
+`vocab.get_vocabulary()` and nothing with gin (so T5X can import it after its flags,
+`MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`): `mcwq_{split}_{lang}` (seqio splits train, validation
+= MCWQ's dev, test), `mcwq_gold_{he,kn,zh}`, `mcwq_{split}_zeroshot_{lang}` (§5.3), the mixture
+`mcwq_{split}_multilingual`, each also `_prefixed` (the authors' `translate {Language} to
+Sparql: ` prefix, the paper's form), for the published splits and languages and those
+`readers.discover` finds (docs/data.md lists them). `register_mcwq_tasks(...)` registers
+variants, replacing earlier ones. Examples also carry `question`, `sparql`, `rir` and
+`recursionDepth` (int32, -1 when unknown).
 """
 from __future__ import annotations
 

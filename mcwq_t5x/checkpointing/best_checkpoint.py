@@ -1,19 +1,11 @@
 """The checkpoint with the best logged metric (e.g. the lowest dev loss) in a MODEL_DIR.
 
-The MCWQ paper's recipe (Cui et al., TACL 2022, Sec. 5, with the authors' Hugging Face scripts in
-coastalcph/seq2sparql: `load_best_model_at_end` by `eval_loss`) decodes the test set with the
-checkpoint of the lowest dev loss. Both engines keep that checkpoint while training (ours:
-`checkpoints.CheckpointManager(metric_name_to_monitor=...)`; T5X: `checkpoints.SaveBestCheckpointer`
-settings passed to its Orbax manager); this module finds it afterwards, for the eval files of both
-engines (`CHECKPOINT_PATH` = the training MODEL_DIR):
-
-* `read_metric(model_dir, name)`: step -> value of a metric, from our `eval_metrics.jsonl` (key
-  `name`, e.g. `training_eval/loss`) and from TensorBoard event files under MODEL_DIR (T5X's form:
-  `{run}/{tag}`, run a sub-folder such as `training_eval/mcwq_mcd1_en_prefixed`, tag `loss`);
-* `checkpoint_path(path, metric_name_to_monitor, metric_mode)`: `MODEL_DIR/checkpoint_<step>` of
-  the best finished checkpoint (a `checkpoint_<step>` path is returned unchanged).
-
-Nothing here imports TensorFlow (TensorBoard's own event reader is used, lazily).
+The MCWQ paper's recipe (Cui et al., TACL 2022, Sec. 5; the authors' Hugging Face scripts in
+coastalcph/seq2sparql, `load_best_model_at_end` by `eval_loss`) decodes the test set with the
+checkpoint of the lowest dev loss. `read_metric(model_dir, name)` gives step -> value from our
+`eval_metrics.jsonl` and from TensorBoard event files (T5X's `{run}/{tag}`);
+`checkpoint_path(path, metric_name_to_monitor, metric_mode)` the best finished
+`checkpoint_<step>`, for the eval files of both engines. No TensorFlow import.
 """
 from __future__ import annotations
 
@@ -128,17 +120,9 @@ def checkpoint_path(path: str,
                     metric_mode: str = "min") -> str:
   """The checkpoint to decode for `path` (gin: the eval files' `CHECKPOINT_PATH`).
 
-  Args:
-    path: a training MODEL_DIR, or one `checkpoint_<step>` folder (returned unchanged).
-    metric_name_to_monitor: the metric the training kept its best checkpoint by (see
-      `read_metric`); None = the newest checkpoint.
-    metric_mode: "min" (e.g. a loss) or "max".
-
-  Returns:
-    `MODEL_DIR/checkpoint_<step>` (absolute) of the best finished checkpoint by the metric; the
-    newest one when no kept checkpoint has the metric, or when the run's periodic evaluation read
-    the test split (`monitored_split`: its "dev loss" is a test loss, and no checkpoint is
-    selected on the test set), logged as a warning.
+  The absolute `MODEL_DIR/checkpoint_<step>` best by `metric_name_to_monitor` ("min" or "max";
+  None: the newest), a `checkpoint_<step>` path unchanged; the newest, with a warning, when no
+  kept checkpoint has the metric or the run monitored the test split (no selection on test).
 
   Raises:
     checkpoint_paths.NotACheckpointError: `path` holds no checkpoint.
@@ -171,21 +155,12 @@ def t5x_save_best_checkpointer(metric_name_to_monitor: str,
                                keep_checkpoints_without_metrics: bool = True):
   """T5X's `checkpoints.SaveBestCheckpointer` with its best-keeping settings, as a partial.
 
-  For the real T5X's `utils.SaveCheckpointConfig.checkpointer_cls`: T5X's Orbax checkpoint manager
-  (`utils.create_checkpoint_manager_cls`, the default since T5X adopted Orbax) reads
-  `metric_name_to_monitor`, `metric_mode` and `keep_checkpoints_without_metrics` only from a
-  `functools.partial` of `SaveBestCheckpointer` (a bare class reference passes none of them, and
-  only the most recent checkpoints are kept). Imports T5X.
-
-  Args:
-    metric_name_to_monitor: T5X's `{run}/{tag}` name, e.g.
-      "training_eval/mcwq_mcd1_en_prefixed/loss" (the dev loss).
-    metric_mode: "min" or "max".
-    keep_checkpoints_without_metrics: keep checkpoints whose metric is not (yet) logged.
-
-  Returns:
-    `functools.partial(t5x.checkpoints.SaveBestCheckpointer, ...)`.
+  For T5X's `utils.SaveCheckpointConfig.checkpointer_cls`; `metric_name_to_monitor` is T5X's
+  `{run}/{tag}`, e.g. "training_eval/mcwq_mcd1_en_prefixed/loss"; `metric_mode` "min" or "max".
+  Imports T5X.
   """
+  # why a partial: T5X's Orbax manager (`utils.create_checkpoint_manager_cls`) reads the
+  # best-keeping settings only from one; a bare class keeps only the most recent checkpoints.
   import functools  # pylint: disable=g-import-not-at-top
   from t5x import checkpoints as t5x_checkpoints  # pylint: disable=g-import-not-at-top
   return functools.partial(

@@ -1,39 +1,16 @@
 """Readers of pre-trained T5/mT5 weights into the `network.Transformer` tree.
 
-Two foreign formats are read, both returning the same nested dict of float32
-numpy arrays keyed by T5X's parameter names (`token_embedder/embedding`,
-`encoder/layers_0/attention/query/kernel`, ...):
-
-* Hugging Face (`config.json` + `model.safetensors`, or `pytorch_model.bin`
-  when torch is installed) of `T5ForConditionalGeneration` /
-  `MT5ForConditionalGeneration` (`load_hf_checkpoint`). Torch `Linear` weights
-  are [out, in]; T5X kernels are [in, out], so every kernel is transposed; the
-  relative position table [buckets, heads] becomes [heads, buckets]. No
-  rescaling is needed: HF T5 and T5X both leave the attention logits unscaled.
-* T5X native checkpoints (`load_t5x_checkpoint`; a `checkpoint_N/` directory as
-  published under gs://t5-data/pretrained_models/t5x/): a msgpack file
-  `checkpoint` holding the train state `{"target": params, "state": optimizer
-  state}`, where large arrays are replaced by a reference to a TensorStore zarr
-  array stored in a sub-directory named after the flattened path
-  (`target.encoder.layers_0...`). The reference is either a TensorStore spec
-  dict (T5X's own writer; the kvstore path is relative to the checkpoint
-  directory) or a string `PLACEHOLDER://target.encoder...` (Orbax-style
-  writer). Only `target` is read; the optimizer state is ignored. Arrays are read only from
-  local files inside the checkpoint's folder (`_local_spec`), as are Hugging Face shards. An array
-  without a fill value must have every chunk file: a missing one raises
-  `IncompleteCheckpointError` (TensorStore would otherwise read zeros there).
-  The writer is `mcwq_t5x.checkpointing.t5x_checkpoint_writer`.
-
-Which format a path holds is `mcwq_t5x.checkpointing.checkpoint_paths.locate`'s answer; the
-one entry point that loads any checkpoint (these two and the Orbax ones of
-`mcwq_t5x.checkpointing.checkpoints`) is `mcwq_t5x.checkpointing.checkpoint_loaders.load_params`.
-
-Imports are checked against the parameter shapes of `network.Transformer(config)`
-(`expected_param_shapes`, `check_params`): missing, unexpected or mis-shaped
-parameters raise `CheckpointMismatchError` naming every one of them. The Hugging
-Face name table `hf_name_map` serves both directions (`mcwq_t5x.checkpointing.export_hf`
-writes with it). Nothing here imports the project's other checkpoint modules
-except the leaf `checkpoint_paths`.
+Both return a nested dict of float32 numpy arrays with T5X's parameter names, checked against
+`expected_param_shapes(config)` (`CheckpointMismatchError` names every missing, unexpected or
+mis-shaped parameter). `load_hf_checkpoint`: a Hugging Face `(M)T5ForConditionalGeneration`
+folder (safetensors, or `pytorch_model.bin` with torch); kernels are transposed from torch's
+[out, in] and the relative position table to [heads, buckets], no rescaling (neither scales the
+attention logits); `hf_name_map` serves both directions. `load_t5x_checkpoint`: a T5X-native
+`checkpoint_N/` (msgpack `checkpoint` whose large arrays reference TensorStore zarr arrays, by
+spec dict or `PLACEHOLDER://` string, as published under gs://t5-data/pretrained_models/t5x/);
+only `target` is read, and a missing chunk raises `IncompleteCheckpointError`. Arrays and
+Hugging Face shards are read only from local files inside the checkpoint's folder (`_local_spec`).
+Imports only the leaf `checkpoint_paths` of the checkpoint modules.
 """
 
 from __future__ import annotations
@@ -435,28 +412,12 @@ def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None
 # T5X native (msgpack + TensorStore zarr).
 # ---------------------------------------------------------------------------
 def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
-  """Reads a TensorStore array, failing on chunks that are not stored.
-
-  TensorStore reads a missing chunk as the fill value (zeros when the zarr
-  metadata has `fill_value: null`, as T5X and `save_t5x_checkpoint` write).
-  Writers store every chunk of such an array, so a missing one means lost
-  data: it is read with `fill_missing_data_reads: false` and the error names
-  the array and the chunk file. An array with an explicit fill value may omit
-  chunks equal to it (TensorStore's writer does), so those read as usual. The
-  shape is checked against the `metadata.shape` the checkpoint's own msgpack
-  recorded, when it did.
-
-  Args:
-    spec: TensorStore spec (driver + kvstore, optional metadata).
-    source: the array's path, for messages.
-    name: the array's dotted name in the checkpoint (`target.encoder...`).
-
-  Returns:
-    The array as numpy (its stored dtype).
+  """The TensorStore array of `spec` as numpy (its stored dtype); `source` (its path) and
+  `name` (dotted, `target.encoder...`) appear in messages.
 
   Raises:
-    IncompleteCheckpointError: a chunk file is missing, or the stored shape
-      differs from the shape the checkpoint recorded.
+    IncompleteCheckpointError: a chunk of an array without fill value is missing (TensorStore
+      would read zeros there), or the shape differs from the msgpack's `metadata.shape`.
     ValueError: unreadable array.
   """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top

@@ -113,26 +113,14 @@ def load_params(path: checkpoint_paths.PathLike,
                 abstract_params: Optional[PyTree] = None) -> LoadedParams:
   """Parameters (no optimizer state) of the checkpoint at `path`, whatever its format.
 
-  Args:
-    path: anything `checkpoint_paths.locate` accepts: a MODEL_DIR or `checkpoint_<step>` folder
-      (or its item) written by `mcwq_t5x.train` or T5X (Orbax or msgpack), a standalone T5X-native
-      folder or a Hugging Face folder.
-    config: the model's network config; parameter names and shapes are checked against it.
-    abstract_params: the parameters' `jax.ShapeDtypeStruct`s (e.g.
-      `Partitioner.abstract_params`): the result gets their dtypes and shardings. None: float32
-      numpy arrays.
-
-  Returns:
-    `LoadedParams(params, step or None, directory)`.
+  `path`: anything `checkpoint_paths.locate` accepts (MODEL_DIR, `checkpoint_<step>`, T5X-native
+  or Hugging Face folder); names and shapes are checked against `config`; `abstract_params`
+  (`jax.ShapeDtypeStruct`s) give the result's dtypes and shardings, else float32 numpy.
 
   Raises:
-    checkpoint_paths.NotACheckpointError: (a FileNotFoundError) `path` does not exist.
-    ValueError: `path` holds no checkpoint, or unreadable files (the message names them).
-    checkpoint_paths.CheckpointMismatchError: names or shapes differ from the model (every
-      offending parameter named).
-    checkpoint_import.IncompleteCheckpointError: stored data missing (names the array).
-    checkpoints.UnreadableCheckpointError: a named `checkpoint_<step>` folder is unreadable;
-      checkpoints.NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
+    NotACheckpointError (no such path), ValueError (no checkpoint, unreadable files),
+    CheckpointMismatchError (each differing parameter named), IncompleteCheckpointError,
+    UnreadableCheckpointError, NoUsableCheckpointError.
   """
   fmt, _ = checkpoint_paths.locate(path)
   return LOADERS[fmt](pathlib.Path(path), config, abstract_params)

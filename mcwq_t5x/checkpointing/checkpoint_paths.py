@@ -1,28 +1,12 @@
 """Checkpoint paths and formats: where a checkpoint lies and which format it is in.
 
-The leaf of the checkpoint code (T5X's `checkpoints_utils.py`): it reads directory listings and
-file names only, never a checkpoint's contents, and imports nothing else of this project. The
-modules that read and write checkpoints build on it:
-
-    checkpoint_paths  <-  checkpoint_import (Hugging Face, T5X-native readers)
-                      <-  t5x_checkpoint_writer (T5X-native writer)
-                      <-  checkpoints (Orbax save/restore, CheckpointManager)
-                      <-  best_checkpoint (the best step of a MODEL_DIR)
-                      <-  checkpoint_loaders (format -> loader: every parameter load)
-
-Formats (`detect_format`, `locate`):
-
-* `FORMAT_ORBAX` ("orbax"): T5X's MODEL_DIR layout with Orbax items, written by `mcwq_t5x.train`
-  or `t5x.train`: `MODEL_DIR/checkpoint_<step>/state/` (see `mcwq_t5x.checkpointing.checkpoints`).
-* `FORMAT_T5X` ("t5x"): a T5X-native checkpoint, a folder holding the msgpack file `checkpoint`
-  and TensorStore zarr arrays (published under gs://t5-data/pretrained_models/t5x/, and written by
-  T5X's legacy `Checkpointer`), alone or as the `checkpoint_<step>` folders of a MODEL_DIR.
-* `FORMAT_HF` ("hf"): a Hugging Face `save_pretrained` folder (`config.json` + `model.safetensors`,
-  its sharded index, or `pytorch_model.bin`).
-
-Inside a MODEL_DIR, each finished `checkpoint_<step>` folder has one item format
-(`checkpoint_format`): ours (`ITEM_FORMAT_MCWQ`), `t5x.train`'s Orbax one (`ITEM_FORMAT_T5X_ORBAX`)
-or T5X's legacy msgpack one (`ITEM_FORMAT_T5X_MSGPACK`).
+The leaf of the checkpoint code (T5X's `checkpoints_utils.py`): directory listings and file names
+only, never a checkpoint's contents, and no import of this project. Formats (`detect_format`,
+`locate`): `FORMAT_ORBAX` (a MODEL_DIR's `checkpoint_<step>/state/`, `mcwq_t5x.train` or
+`t5x.train`), `FORMAT_T5X` (msgpack `checkpoint` + TensorStore zarr, as published under
+gs://t5-data/pretrained_models/t5x/) and `FORMAT_HF` (`save_pretrained`: `config.json` + safetensors
+or `pytorch_model.bin`). Inside a MODEL_DIR each finished step has one item format
+(`checkpoint_format`): `ITEM_FORMAT_MCWQ`, `ITEM_FORMAT_T5X_ORBAX` or `ITEM_FORMAT_T5X_MSGPACK`.
 """
 from __future__ import annotations
 
@@ -208,15 +192,9 @@ def t5x_native_folder(path: PathLike) -> Optional[pathlib.Path]:
 def locate(path: PathLike) -> tuple[str, pathlib.Path]:
   """(format, folder) of the checkpoint at `path`; the one format detection of the project.
 
-  Tried in order:
-    1. T5X's MODEL_DIR layout (`resolve_checkpoint`: a MODEL_DIR, a `checkpoint_<step>` folder or
-       its item): FORMAT_ORBAX, or FORMAT_T5X when the step folder holds a msgpack file; the
-       folder is the step folder (a MODEL_DIR's newest finished one).
-    2. A Hugging Face folder (`hf_folder`): FORMAT_HF, that folder.
-    3. A standalone T5X-native checkpoint (`t5x_native_folder`): FORMAT_T5X, its folder.
-
-  Returns:
-    (one of FORMAT_ORBAX, FORMAT_T5X, FORMAT_HF; the folder holding the checkpoint's files).
+  Tried in order: T5X's MODEL_DIR layout (`resolve_checkpoint`; FORMAT_ORBAX, or FORMAT_T5X for
+  a msgpack step folder; the step folder), a Hugging Face folder (FORMAT_HF), a standalone
+  T5X-native checkpoint (FORMAT_T5X).
 
   Raises:
     NotACheckpointError: (a FileNotFoundError) `path` does not exist (and is no URL); the

@@ -1,39 +1,12 @@
 """Checkpoints in T5X's layout: save/resume our train state, read T5X's, let T5X read ours.
 
-Layout (the one `t5x.train` writes by default, `t5x.checkpoints.OrbaxCheckpointManagerInterface`):
-
-    MODEL_DIR/checkpoint_<step>/          one finished checkpoint (written under a temporary name
-      _CHECKPOINT_METADATA                and renamed when complete: Orbax atomicity)
-      state/      Orbax PyTree (OCDBT):  {'target': params, 'state': {'step': int32 scalar}}
-      optimizer/  ours, Orbax PyTree:    the optax optimizer state (its description and
-                                         fingerprint in the item's custom metadata)
-      data/       ours, JSON:            the data position {"step", "data_seed", ...}
-
-`state/` is exactly what T5X's `InferenceState.state_dict()` holds (T5X's `FlaxOptimTrainState`
-adds `state/param_states`, its Adafactor statistics). T5X ignores `optimizer/` and `data/`: its
-restore only asks for the `state` item (and `dataset` when `restore_dataset=True`, which ours do not
-have) and intersects the `state` tree with the train state it restores. So:
-
-* `t5x.eval` / `t5x.infer` (`RestoreCheckpointConfig(path=MODEL_DIR/checkpoint_<step>,
-  mode='specific')`, or `path=MODEL_DIR, mode='latest'`) read our checkpoints directly.
-* `t5x.train` initialising from ours needs a fresh optimizer state, the T5X way:
-  `RestoreCheckpointConfig(..., assignment_map=((r'state/param_states.*', None),),
-  fallback_to_scratch=True)` (tested in tests/e2e/test_t5x_interop.py).
-
-Reading (`CheckpointManager.restore*`, `restore_params`) accepts three formats per step folder:
-ours, T5X's Orbax one (the same `state/` tree; T5X's optimizer state is not optax's, so the
-optimizer state is created fresh and a log line says so) and T5X's legacy one (a msgpack file
-`checkpoint` + TensorStore zarr arrays, read with `checkpoint_import.load_t5x_checkpoint`).
-
-Counterpart of T5X's `t5x/checkpoints.py` (`OrbaxCheckpointManagerInterface`, `Checkpointer`,
-`find_checkpoint`) and of `RestoreCheckpointConfig`'s `strict` / `fallback_to_scratch` semantics in
-`t5x/utils.py`; no T5X code is imported here. Nothing here imports TensorFlow or SeqIO.
-
-Folder names, item formats and finding a checkpoint (`checkpoint_dir`, `checkpoint_format`,
-`finished_steps`, `resolve_checkpoint`, `NotACheckpointError`) are in the leaf `checkpoint_paths`.
-Loading parameters from a path of any format (Hugging Face and standalone T5X-native folders too)
-goes through `checkpoint_loaders.load_params`, which calls `restore_params_and_step` for this
-layout.
+`MODEL_DIR/checkpoint_<step>/` holds Orbax items `state/` ({'target': params, 'state': {'step'}},
+what T5X's `InferenceState.state_dict()` holds), `optimizer/` (optax state) and `data/` (the data
+position); T5X reads `state/` and ignores the rest (docs/t5x.md: the layout and how `t5x.train`
+starts from ours). Reading accepts ours, T5X's Orbax and T5X's legacy msgpack checkpoints (a
+fresh optimizer state for T5X's). The counterpart of T5X's `t5x/checkpoints.py` and of
+`RestoreCheckpointConfig`'s `strict` / `fallback_to_scratch`; imports no T5X, TensorFlow or SeqIO.
+Names and formats are in `checkpoint_paths`; loading from any format in `checkpoint_loaders`.
 """
 from __future__ import annotations
 
@@ -265,31 +238,13 @@ def restore_params(path: str | pathlib.Path,
                    fallback_params: Optional[PyTree] = None) -> dict:
   """Parameters of a checkpoint of ours or of T5X, whatever optimizer wrote it.
 
-  For evaluation, inference and INITIAL_CHECKPOINT_PATH: only the `target` tree is read (T5X's
-  `RestoreCheckpointConfig(strict=False)` as `t5x.eval` uses it); the optimizer state, whatever it
-  is, is not touched. Builds no CheckpointManager, so it is safe while a training job writes into
-  the same MODEL_DIR.
-
-  Args:
-    path: anything `resolve_checkpoint` accepts (MODEL_DIR, `checkpoint_<step>/`, its `state/`).
-      A MODEL_DIR gives its newest readable checkpoint (an unreadable newer one is skipped with a
-      warning naming it); a named `checkpoint_<step>` is that one or an error.
-    abstract_params: nested dict of `jax.ShapeDtypeStruct` with T5X names (e.g.
-      `Trainer.state_shapes(...).params`); each leaf's `sharding` (if set) and dtype are those of
-      the result (float32 checkpoints are cast to the given dtype).
-    fallback_params: optional tree of arrays like `abstract_params` (e.g. a fresh init): parameters
-      missing from the checkpoint are taken from it, each named in a warning (T5X
-      `fallback_to_scratch`). Parameters the model does not have are ignored with a warning.
-
-  Returns:
-    Nested dict of jax arrays (T5X names) with `abstract_params`' shardings and dtypes.
-
-  Raises:
-    checkpoint_paths.NotACheckpointError: no checkpoint of ours/T5X at `path` (any format, Hugging Face folders
-      included: `checkpoint_loaders.load_params`).
-    checkpoint_paths.CheckpointMismatchError: a parameter has another shape, or is missing without fallback.
-    UnreadableCheckpointError: the named `checkpoint_<step>` folder's files cannot be read.
-    NoUsableCheckpointError: no checkpoint of the MODEL_DIR can be read (each one named).
+  Reads the `target` tree only (T5X's `RestoreCheckpointConfig(strict=False)`, as `t5x.eval`)
+  and builds no CheckpointManager: safe while a training job writes into the same MODEL_DIR.
+  `path`: a MODEL_DIR (its newest readable checkpoint), `checkpoint_<step>/` or its `state/`.
+  Returns a nested dict of jax arrays with `abstract_params`' (T5X-named `ShapeDtypeStruct`s)
+  shardings and dtypes; parameters missing are taken from `fallback_params` (T5X's
+  `fallback_to_scratch`), each named in a warning. Raises NotACheckpointError,
+  CheckpointMismatchError, UnreadableCheckpointError or NoUsableCheckpointError.
   """
   return restore_params_and_step(path, abstract_params, fallback_params=fallback_params)[0]
 
@@ -630,27 +585,15 @@ class CheckpointManager:
               fallback_params: Optional[PyTree] = None) -> tuple[Any, dict[str, Any]]:
     """Restores checkpoint `step` into the shardings/dtypes of `abstract_state`.
 
-    Args:
-      step: checkpoint step (folder `checkpoint_<step>`, ours or T5X's).
-      abstract_state: `TrainState` of `jax.ShapeDtypeStruct` with `sharding`
-        (`Trainer.state_shapes`).
-      params_only: restore params, step and data position only and create a fresh optimizer state
-        with `optimizer` (T5X: restoring with `state/param_states` unassigned + fallback).
-      optimizer: the run's optax transformation; needed for a fresh optimizer state
-        (`params_only`, or a checkpoint written by T5X, whose Adafactor state is not optax's).
-      fallback_params: see `restore_params`.
-
-    Returns:
-      (state, data_state): state like `abstract_state` (step from the checkpoint); data_state the
-      saved JSON ({"step": step} for T5X's checkpoints).
+    Returns (state like `abstract_state` (`Trainer.state_shapes`), data_state: the saved JSON,
+    {"step": step} for T5X's). `params_only`, or a T5X checkpoint (its Adafactor state is not
+    optax's), gets a fresh state from `optimizer` (T5X: `state/param_states` unassigned +
+    fallback); `fallback_params` as in `restore_params`.
 
     Raises:
-      OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's (full
-        restore only); its message names both.
+      OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's.
       MissingOptimizerError: a fresh optimizer state is needed and `optimizer` is None.
-      checkpoint_paths.CheckpointMismatchError: parameter names/shapes differ from the model.
-      checkpoint_paths.NotACheckpointError: no finished checkpoint at that step.
-      Any Orbax/TensorStore error for unreadable files.
+      CheckpointMismatchError, NotACheckpointError; Orbax/TensorStore errors for unreadable files.
     """
     folder = checkpoint_paths.checkpoint_dir(self.directory, step)
     fmt = checkpoint_paths.checkpoint_format(folder)

@@ -1,18 +1,12 @@
 """Exports a checkpoint to a Hugging Face Transformers folder (the inverse of `checkpoint_import`;
 the command line is `python -m mcwq_t5x.export_hf`).
 
-Weights alone do not say which network, vocabulary and decoding length they belong to, so each
-comes from one place: a run of `mcwq_t5x.train` records all three in `run.json` (`run_info`:
-network config, the vocabulary's copy checked by SHA-256, `feature_lengths['targets']`); a Hugging
-Face folder has its `config.json`, `spiece.model` and `generation_config.json`; any other
-checkpoint (T5X's `checkpoint_N`, a step folder without its run) needs them as arguments
-(`model_config`, `vocab`, `max_new_tokens`), and the error says which are missing. An argument
-overrides what the checkpoint says, except that a vocabulary other than the one run.json records
-is an error naming both.
-
-The folder loads with transformers' `MT5ForConditionalGeneration` / `T5ForConditionalGeneration`
-and `AutoTokenizer` (`export_params` lists its files; docs/export_hf.md shows how to generate),
-and imports back (`checkpoint_loaders.load_params`) to the exported params bit for bit.
+The network config, vocabulary and decoding length come from the run's `run.json` (`run_info`),
+a Hugging Face folder's own files, or arguments (`model_config`, `vocab`, `max_new_tokens`; the
+error names those missing); an argument overrides the checkpoint, except a vocabulary other than
+run.json's, an error naming both. The folder loads with transformers'
+`(M)T5ForConditionalGeneration` and `AutoTokenizer` (docs/export_hf.md) and imports back through
+`checkpoint_loaders.load_params` to the exported params bit for bit.
 """
 from __future__ import annotations
 
@@ -107,19 +101,9 @@ def to_hf_state_dict(params: Mapping[str, Any],
                      source: str = "params") -> dict[str, np.ndarray]:
   """Hugging Face T5/mT5 state dict of `network.Transformer(config)` params.
 
-  Inverse of `checkpoint_import.load_hf_checkpoint` through the same table
-  (`checkpoint_import.hf_name_map`): kernels [in, out] become torch `Linear` weights [out, in],
-  relative position tables [heads, buckets] become [buckets, heads]. No `lm_head.weight` for a
-  tied config.
-
-  Args:
-    params: nested dict of arrays (T5X names, boxed or plain), shapes of
-      `checkpoint_import.expected_param_shapes(config)`.
-    config: the model config.
-    source: name used in error messages.
-
-  Returns:
-    {HF key: C-contiguous float32 numpy array}.
+  {HF key: C-contiguous float32 numpy array} of `params` (T5X names, boxed or plain) through
+  `checkpoint_import.hf_name_map`: kernels [in, out] -> torch [out, in], relative position tables
+  [heads, buckets] -> [buckets, heads]; no `lm_head.weight` when tied. `source` names the params.
 
   Raises:
     CheckpointMismatchError: params do not fit `config` (every offending parameter named).
@@ -340,24 +324,11 @@ def export_params(params: Mapping[str, Any],
     tokenizer.json          the same tokenizer for the `tokenizers` library (`write_tokenizer`)
     tokenizer_config.json, special_tokens_map.json
 
-  Files get ordinary modes (0644, folders 0755, less the umask). Activations are float32 in
-  transformers: a model trained with `dtype='bfloat16'` differs from its export by bfloat16
-  rounding only. Everything is written into a temporary sibling folder
-  (`.<out>.tmp-<host>-<pid>-*`) that is renamed to `out_dir` at the end, so a failed export
-  leaves no partial folder; one a killed export left is removed by the next export to `out_dir`.
-
-  Args:
-    params: nested dict of arrays (T5X names).
-    config: the model config.
-    out_dir: folder to create.
-    spm_path: SentencePiece model of the vocabulary.
-    extra_ids: sentinels appended after its pieces.
-    max_new_tokens: decoding length written to generation_config.json (the run's target feature
-      length), so that a plain `generate()` decodes as far as the run did.
-    overwrite: replace a previous export (a folder of `EXPORT_FILES` only) at `out_dir`.
-
-  Returns:
-    `out_dir` as a Path.
+  Returns `out_dir`, written whole (a temporary sibling renamed at the end) with modes 0644/0755
+  less the umask. `extra_ids` are sentinels after the pieces of `spm_path`; `overwrite` replaces
+  a previous export (a folder of `EXPORT_FILES` only); a killed export's temporary sibling
+  (`.<out>.tmp-<host>-<pid>-*`) is removed by the next export to `out_dir`. Activations are float32
+  in transformers (bfloat16 runs differ by rounding).
 
   Raises:
     CheckpointMismatchError: params do not fit `config`.

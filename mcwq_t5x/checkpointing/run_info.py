@@ -1,40 +1,12 @@
 """What a training run was: `MODEL_DIR/run.json`, written by `mcwq_t5x.train`, read by the others.
 
-A checkpoint alone does not say which vocabulary its embedding rows belong to, and the default
-vocabulary is trained from (and cached under a hash of) the data files: another data copy gives
-another vocabulary of the same size, and decoding with it is silent nonsense. So the training
-main records the run's identity next to `config.gin`, and keeps a copy of its SentencePiece model:
-
-  MODEL_DIR/run.json         (format below)
-  MODEL_DIR/vocab/spm.model  the SentencePiece model the run was trained with (byte copy)
-
-run.json, a JSON object:
-
-  {"format": 1,
-   "engine": "mcwq_t5x", "engine_version": "0.1.0",
-   "network": {the `network.T5Config` fields: "vocab_size": 2000, "dtype": "float32",
-               "emb_dim": 64, ..., "mlp_activations": ["gelu", "linear"], ...},
-   "vocabulary": {"path": the model file the run read (as given, may be gs://),
-                  "sha256": hex SHA-256 of its bytes, "extra_ids": 0,
-                  "copy": "vocab/spm.model" (relative to MODEL_DIR)}  (null: not SentencePiece),
-   "task": "mcwq_random_split_en", "split": "validation",
-   "feature_lengths": {"inputs": 32, "targets": 64}, "train_steps": 2000, "batch_size": 32,
-   "pack": true}
-
-Vocabulary rule (the mains `eval`, `infer`, and `train` when it resumes):
-  * $MCWQ_VOCAB unset (the vocabulary is not chosen explicitly): `adopt_recorded_vocabulary`
-    points $MCWQ_VOCAB at the run's copy before the model and tasks are built, so every vocabulary
-    resolved from it (`vocab.get_vocabulary()`, `vocab.mt5_vocabulary()`, the SeqIO tasks) is
-    the one the run was trained with, whatever the data folder holds now.
-  * the vocabulary actually used (explicit $MCWQ_VOCAB, or a path bound in gin) is then compared
-    with the record (`check_vocabulary`): a different file content or `extra_ids` raises
-    `VocabularyMismatchError` naming both files and hashes.
-  * a checkpoint without run.json (T5X's, or a step folder copied without its run) loads with a
-    warning, unchecked.
-
-`mcwq_t5x.checkpointing.export_hf` reads the network config, the vocabulary and the decoding length
-(`feature_lengths['targets']`) from run.json. This module imports neither TensorFlow nor gin
-(TensorFlow only to read a `gs://` vocabulary).
+run.json records the network config, the task, lengths, steps and the vocabulary (path, SHA-256,
+`extra_ids`, a byte copy at `MODEL_DIR/vocab/spm.model`); docs/t5x.md shows the format.
+Vocabulary rule of `eval`, `infer` and a resumed `train`: with `$MCWQ_VOCAB` unset,
+`adopt_recorded_vocabulary` points it at the run's copy before tasks and model are built; the
+vocabulary used is then compared with the record (`check_vocabulary`, `VocabularyMismatchError`
+naming both files and hashes); a checkpoint without run.json loads unchecked, with a warning.
+No TensorFlow (except to read a `gs://` vocabulary) or gin import.
 """
 from __future__ import annotations
 

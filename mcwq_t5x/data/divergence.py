@@ -1,62 +1,13 @@
 """Atoms, compounds and their divergence between sets of queries: DBCA (Keysers et al., ICLR 2020).
 
-Distribution-based compositionality assessment (DBCA; Keysers et al. 2020, "Measuring Compositional
-Generalization", §2 and App. K/L) compares the distributions of *atoms* (the primitive elements) and
-of *compounds* (combinations of atoms) of two sets of examples. An MCD split has a low atom
-divergence and a maximal compound divergence between train and test. MCWQ's MCD splits (Cui et al.,
-TACL 2022, §4) are CFQ's, which Keysers et al. made from the rule-application DAGs of CFQ's
-generator. MCWQ publishes no such DAGs, so here both are read off the SPARQL query alone (any
-release, any language: the questions are never looked at).
-
-Atoms of a query (`atoms`, a multiset; kinds before the colon):
-
-  * `form:ASK`, `form:SELECT` or `form:COUNT`: the query form (one per query);
-  * `property:wdt:P57`: each distinct triple's predicate (an alternative path such as
-    `wdt:P162|wdt:P272`, one English verb of the question, is one atom);
-  * `entity:wd:Q6581097`: each constant entity in a distinct triple or filter;
-  * `filter:?v!=M`: each distinct filter, by the roles of its two terms (sorted);
-  * `term:M`, `term:?v`, `term:?ans`: each distinct placeholder, variable, and the answer variable
-    of a SELECT query (the roles of entity placeholders and variables).
-
-Compounds (`compounds`): the connected sub-graphs of one to `MAX_COMPOUND_SIZE` (3) edges of the
-query's graph, whose edges are its distinct triples (`s p o`) and filters (`s != o`, undirected)
-and whose nodes are its terms; two edges are adjacent when they share a placeholder or a variable
-(a shared constant such as `wd:Q5` does not join them: the question says "a person" twice).
-Placeholders and variables are anonymised (`M1`, `M2`, `?v1`, ...; the answer variable of a SELECT
-query is `?ans`), constants kept, and the sub-graph is written in a canonical form (the least
-relabelling of its anonymous nodes, edges sorted), e.g. `M1 wdt:P57 ?v1 . M2 wdt:P57 ?v1`
-("directed M0 and M1") for `M0 wdt:P57 ?x0 . M1 wdt:P57 ?x0`.
-
-How this approximates Keysers' compounds: in CFQ an example is the DAG of the grammar rules that
-generated its question and query, atoms are single rule applications, and compounds are sub-DAGs of
-two or more applications. A triple here stands for the rules that produced one relation phrase with
-its arguments ("M0's director"), a connected group of 2-3 triples for the phrases combined by
-conjunction, possessives and relative clauses ("directed and wrote M0", "a child of M1's
-director"), and the anonymised roles keep the argument structure (who is the answer, which entity
-is shared) that those rules fix. What the SPARQL cannot show (word order, the choice among
-paraphrase templates) is not measured.
-
-Weighting: Keysers et al. (App. L.1) weight a compound in an example by how often it occurs without
-a larger super-compound containing it, so that sub-compounds that almost always come inside the
-same bigger one do not count twice. This module does not adopt that weighting; it counts each
-compound once per example in which it occurs (the maximum over occurrences that Keysers' weight
-also takes, with all weights 1), and atoms once per occurrence. The compound vocabulary is bounded
-by the size limit instead (three edges: 20 distinct compounds per query on average in MCWQ).
-
-Divergence (Keysers et al. §2.1): for frequency distributions P (of the first set, e.g. train) and
-Q (of the second, e.g. test), the Chernoff coefficient C_α(P‖Q) = Σ_k p_k^α q_k^(1−α) lies in
-[0, 1] (1 for identical distributions, 0 for disjoint supports), and the divergence is
-D_α(P‖Q) = 1 − C_α(P‖Q), with α = 0.5 for atoms (symmetric: train and test must have about the
-same atoms) and α = 0.1 for compounds (dominated by Q: a test compound missing from train costs much
-more than a train compound missing from test). The order matters for compounds: P is the training
-side.
-
-Speed: a query's atoms and compounds are computed once per distinct query text (cached), the
-canonical form once per distinct sub-graph shape, so the cost grows with the distinct queries
-(CHANGELOG.md has the figures); from `PARALLEL_MIN` distinct queries on, `analyse_many` spreads
-the work over one worker process per core.
-
-This module imports nothing from TensorFlow or seqio.
+DBCA ("Measuring Compositional Generalization", §2, App. K/L) compares the distributions of atoms
+and compounds of two sets of examples; an MCD split (MCWQ, Cui et al. TACL 2022 §4) has low atom
+and maximal compound divergence between train and test. MCWQ publishes no generator DAGs, so
+`atoms` and `compounds` are read off the SPARQL query alone (docs/splits.md defines both and how
+they approximate Keysers'). `divergence` is D_α(P‖Q) = 1 − Σ_k p_k^α q_k^(1−α) (§2.1), α = 0.5
+for atoms and 0.1 for compounds, P the training side. Results are cached per distinct query;
+`analyse_many` uses one process per core from `PARALLEL_MIN` distinct queries on.
+No TensorFlow or seqio import.
 """
 from __future__ import annotations
 
@@ -278,16 +229,10 @@ def analyse(query: str, max_size: int = MAX_COMPOUND_SIZE) -> QueryStructure:
 
 def analyse_many(queries: Iterable[str],
                  processes: Optional[int] = None) -> dict[str, QueryStructure]:
-  """`analyse` of every distinct query, in worker processes for large inputs.
+  """{query: `analyse(query)`} of every distinct query.
 
-  Args:
-    queries: SPARQL queries (repeats are analysed once).
-    processes: worker processes; default: one per core (at most 4) when there are at least
-      `PARALLEL_MIN` distinct queries (a full release), else none (this process, with
-      `analyse`'s cache).
-
-  Returns:
-    {query: QueryStructure}.
+  `processes` defaults to one per core (at most 4) from `PARALLEL_MIN` distinct queries on (a
+  full release), else this process alone (with `analyse`'s cache).
 
   Raises:
     sparql.SparqlParseError: a query does not parse.
@@ -476,18 +421,10 @@ def default_language(split: str, data_dir: Optional[readers.PathLike] = None) ->
 def split_figures(split: str,
                   data_dir: Optional[readers.PathLike] = None,
                   language: Optional[str] = None) -> list[tuple[str, str, int, int, Divergences]]:
-  """Atom and compound divergence between every two parts a split has (train/dev, train/test,
-  dev/test, whichever exist; the first of a pair is the training side P).
+  """[(part_a, part_b, size_a, size_b, Divergences)] for every two parts the split has
+  (train/dev, train/test, dev/test; part_a is the training side P); [] for fewer than two.
 
-  Args:
-    split: a split of `data_dir` (`readers.discover`).
-    data_dir: the MCWQ folder; default `paths.data_dir()`.
-    language: whose files to read (the queries are the same in every language); default "en" if
-      the split has it.
-
-  Returns:
-    [(part_a, part_b, size_a, size_b, Divergences)]; empty when the split has fewer than two
-    parts.
+  `language` picks the files read (the queries are the same in every language; default "en").
 
   Raises:
     ValueError: unknown split; malformed data (`readers.DataFormatError`, a query that does not

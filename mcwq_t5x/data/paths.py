@@ -1,17 +1,9 @@
 """Where the MCWQ data and the project's caches live.
 
-The data directory is the root of an MCWQ copy, i.e. the upstream folder `mcwq/` of the GitHub
-repository `coastalcph/seq2sparql` (holding `official/`, `translations/`, ...), or the full
-public release (holding `dataset.json` and `splits/`). It is resolved, in this order, from
-
-1. an explicit `path` argument,
-2. the environment variable `MCWQ_DATA_DIR`,
-3. `<repository root>/../shared/mcwq` (the development/CI copy).
-
-Caches (the small offline SentencePiece model, ...) live in `MCWQ_CACHE_DIR`, else
-`~/.cache/mcwq_t5x`; never next to the data, which may be read-only.
-
-This module imports nothing from TensorFlow, seqio or gin.
+The data directory (upstream `coastalcph/seq2sparql` `mcwq/`, or the full release with
+`dataset.json` and `splits/`) is an explicit `path`, else `$MCWQ_DATA_DIR`, else
+`<repository root>/../shared/mcwq`. Caches live in `$MCWQ_CACHE_DIR`, else `~/.cache/mcwq_t5x`,
+never next to the data (which may be read-only). No TensorFlow, seqio or gin import.
 """
 from __future__ import annotations
 
@@ -74,14 +66,7 @@ def not_found(path: PathLike,
 
 
 def data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathlib.Path:
-  """Returns the MCWQ data directory.
-
-  Args:
-    path: explicit directory (takes precedence).
-    must_exist: if True, raise when the directory is missing.
-
-  Returns:
-    The directory as an absolute `pathlib.Path` (user `~` expanded).
+  """The MCWQ data directory, absolute with `~` expanded: `path`, `$MCWQ_DATA_DIR` or the default.
 
   Raises:
     DataNotFoundError: `must_exist` and the directory does not exist; the message names the

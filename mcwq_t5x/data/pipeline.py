@@ -1,28 +1,12 @@
 """Data plumbing for the mains: dataset configs, materialised feature arrays, deterministic batches.
 
-Counterpart of the data half of T5X's `t5x/utils.py` (`DatasetConfig`, `get_dataset`):
-
-* `DatasetConfig`: the same fields as T5X's (mixture_or_task_name, task_feature_lengths, split,
-  batch_size (global), shuffle, seed, use_cached, pack, module).
-* `get_mixture_or_task()`: imports the task module named by the config (T5X's
-  `MIXTURE_OR_TASK_MODULE` / `DatasetConfig.module`) and looks the name up in SeqIO's registries.
-  The engine knows no task of its own: which module registers the tasks is configuration.
-* `load_feature_arrays()`: reads a split of a SeqIO task/mixture (or one `seqio.ShardInfo` shard
-  of it), runs the `seqio.EncDecFeatureConverter` and keeps the features as numpy arrays
-  (`dataset_to_arrays`; MCWQ-sized splits of at most a few hundred thousand short examples cost
-  little memory, and tf.data leaves the training loop). The training main reads the whole split
-  in every process, so that packing and the batch order do not depend on the process count.
-* `DeterministicBatches`: the GLOBAL batch of step `s` is a pure function of `(seed, s)` (epoch `e`
-  uses permutation `rng(seed, e)`), so a resumed run reads exactly the batches the killed run would
-  have, and each process of a multi-process run takes its rows of it (`batch(s, rows)`): the
-  examples and their order do not depend on the number of processes.
-
-* `without_autograph`: builds a function's tf.data pipelines without TensorFlow's AutoGraph (the
-  same datasets, less CPU per process).
-
-No gin registration here (gin files reach these names by dynamic registration,
-`from mcwq_t5x.data import pipeline`). SeqIO/TensorFlow are imported lazily; the batch iterator
-is numpy.
+The data half of T5X's `t5x/utils.py`: `DatasetConfig` (T5X's fields), `get_mixture_or_task`
+(imports the configured task module, then SeqIO's registries: the engine knows no task),
+`load_feature_arrays` (a split or `seqio.ShardInfo` shard through `seqio.EncDecFeatureConverter`
+into numpy arrays, read whole in every process), `DeterministicBatches` (the global batch of step
+`s` is a pure function of `(seed, s)`, each process takes its rows, so a resumed or differently
+sharded run reads the same examples) and `without_autograph`. No gin registration;
+SeqIO/TensorFlow are imported lazily.
 """
 from __future__ import annotations
 
@@ -132,25 +116,19 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def without_autograph(fn: _F) -> _F:
-  """Decorator: `fn` traces its tf.data functions (SeqIO preprocessors, feature converters) with
-  TensorFlow's AutoGraph off (`tf.autograph.experimental.do_not_convert`).
+  """Decorator: `fn` traces its tf.data functions with AutoGraph off (`do_not_convert`).
 
-  `tf.data.Dataset.map` converts every mapped Python function with AutoGraph by default: an AST
-  rewrite in Python that costs seconds of CPU per process for MCWQ's preprocessing
-  (`seqio.preprocessors.tokenize`, `append_eos_after_trim`, `tasks.mcwq.to_inputs_and_targets`),
-  which are TensorFlow ops without Python control flow on tensors, so the datasets are the same
-  (tests/unit/data/test_packing.py compares with `seqio.get_dataset`). A preprocessor that needs
-  AutoGraph (a Python `if`/`for` over a tensor, e.g. in a user's task) raises
-  `tf.errors.OperatorNotAllowedInGraphError` while traced without it; `fn` then runs again with
-  AutoGraph, as SeqIO runs it.
+  The datasets are the same (MCWQ's preprocessors have no Python control flow on tensors); a
+  preprocessor that needs AutoGraph makes `fn` run again with it, as SeqIO runs it.
   """
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     try:
+      # why: AutoGraph's AST rewrite of every mapped function costs seconds of CPU per process.
       return tf.autograph.experimental.do_not_convert(fn)(*args, **kwargs)
-    except tf.errors.OperatorNotAllowedInGraphError as e:
+    except tf.errors.OperatorNotAllowedInGraphError as e:  # a Python if/for over a tensor
       logging.info("%s: a preprocessor needs AutoGraph (%s); building its datasets with AutoGraph",
                    fn.__qualname__,
                    str(e).splitlines()[0])

@@ -1,38 +1,14 @@
 """Readers for every published form of MCWQ (Cui et al., TACL 2022), all returning `Example`.
 
-Published forms (upstream: GitHub `coastalcph/seq2sparql`, folder `mcwq/`, and the full release):
-
-* `official/{split}/{part}.{lang}.txt`: one example per line,
-  `IN: <question>  OUT: <SPARQL>` (two spaces before `OUT:`; a few Hebrew/Kannada questions end
-  in a space, giving three). Read by `read_official`.
-* `translations/{split}/{part}.{lang}.txt` + `.sparql`: line-parallel question / RIR query files
-  (the form used to train T5/mT5 in the paper; files have no trailing newline). Read by
-  `read_rir_pair`.
-* `translations/.../*.json`: JSON lines `{"translation": {"src": question, "tgt": RIR}}`
-  (Hugging Face translation format). Read by `read_translation_jsonl`.
-* the full release `dataset.json` (a JSON array of CFQ-style records with per-language fields
-  `questionPatternModEntities_{he,kn,zh}` next to the English `questionPatternModEntities`,
-  `sparqlPatternModEntities`, `recursionDepth`, `expectedResponse`, ...) with
-  `splits/{split}.json` holding CFQ-style `trainIdxs` / `devIdxs` / `testIdxs`. Read by
-  `read_release`.
-
-`read_split(split, part, language)` is the one entry point the rest of the project uses: it
-finds whichever layout exists. Reading is cached per file (keyed by path, size and mtime).
-Every `Example.question` is normalised by `normalize_question` (Unicode NFC, a leading byte order
-mark dropped, stripped), the same function `mcwq_t5x.infer` applies to its input, so training,
-evaluation and inference see the same code points. Every line file of the project (data,
-predictions, questions, the input of `mcwq_t5x.infer`) is split into lines by `decode_lines`
-(`read_lines` for a file), so "\n" alone ends a line everywhere and a leading BOM is dropped.
-
-Splits and languages: the published ones (`SPLITS`, `LANGUAGES`, `GOLD_LANGUAGES`) always, plus
-whatever a data directory holds, found by `discover(data_dir)` from directory listings alone (no
-file is read): a release written by `preprocessing.migrate` + `preprocessing.translate` (split
-`cfq_sample`, a fifth language `fr`) is read like the published data.
-
-Malformed input raises `DataFormatError` with a message `FILE:LINE: problem`; missing files
-raise `paths.DataNotFoundError` naming the expected path and the fetch command.
-
-This module imports nothing from TensorFlow or seqio.
+Layouts (upstream GitHub `coastalcph/seq2sparql`, `mcwq/`, and the full release; docs/data.md):
+`official/{split}/{part}.{lang}.txt` (`read_official`), `translations/` line-parallel `.txt` +
+`.sparql` RIR files (`read_rir_pair`) or Hugging Face JSON lines (`read_translation_jsonl`), and
+`dataset.json` + `splits/{split}.json` (`read_release`). `read_split(split, part, language)` is
+the one entry point: it finds whichever layout exists; `discover(data_dir)` finds a directory's
+splits and languages from listings alone. Questions are normalised by `normalize_question` and
+line files split by `decode_lines`, everywhere in the project. Reading is cached per file (path,
+size, mtime). Malformed input raises `DataFormatError` (`FILE:LINE: problem`); missing files
+`paths.DataNotFoundError`. No TensorFlow or seqio import.
 """
 from __future__ import annotations
 
@@ -71,23 +47,14 @@ NORMALIZATION_FORM = "NFC"
 
 
 def normalize_question(text: str) -> str:
-  """The one text normalisation of questions, for training, evaluation and inference alike.
+  """The one normalisation of questions: leading BOM (U+FEFF) dropped, Unicode NFC, stripped.
 
-  A leading byte order mark (U+FEFF) is dropped, the text is put in Unicode normalisation form
-  C (NFC: canonically equivalent spellings, e.g. a Kannada question typed in decomposed NFD form,
-  become the same code points and so the same tokens) and stripped of surrounding whitespace.
-  NFC, not NFKC: the published files are all NFC already (so the small vocabulary, trained on
-  them, is unchanged), while NFKC would rewrite the full-width punctuation of every Chinese
-  question; the mT5 vocabulary applies its own NFKC (`nmt_nfkc`) on top, which NFC does not
-  change. Every `Example` (`Example.question`) and `mcwq_t5x.infer` go through this function.
-
-  Args:
-    text: a question.
-
-  Returns:
-    The normalised question ("" for empty or whitespace-only text).
+  Returns "" for empty or whitespace-only text.
   """
   text = text.lstrip(BOM)
+  # why NFC: canonically equivalent spellings (a Kannada question typed in NFD) become the same
+  # tokens; not NFKC, which would rewrite every Chinese question's full-width punctuation (the
+  # published files are NFC already; mT5's sentencepiece applies its own `nmt_nfkc` on top).
   if not unicodedata.is_normalized(NORMALIZATION_FORM, text):
     text = unicodedata.normalize(NORMALIZATION_FORM, text)
   return text.strip()
@@ -139,24 +106,11 @@ class Example:
 
 
 def decode_lines(data: bytes, source: PathLike, strict: bool = True) -> list[str]:
-  """The project's one way to turn the bytes of a line file into lines (`read_lines` for files,
-  `mcwq_t5x.infer` for standard input).
+  """The lines of a UTF-8 line file's bytes, without terminators; "\\n" alone ends a line.
 
-  UTF-8; lines end at "\\n" only (not at the other Unicode line breaks that `str.splitlines`
-  honours and that questions or junk predictions may contain). A final line without trailing
-  newline counts as a line (the `translations/` files lack the trailing newline: `wc -l` shows
-  5407 for 5408 lines); a trailing newline does not start an extra empty line; no bytes are no
-  lines. A carriage return before the newline is dropped, and so is a byte order mark at the
-  start.
-
-  Args:
-    data: the bytes.
-    source: the file (or "<stdin>") the bytes came from, for error messages.
-    strict: if True, the bytes must be valid UTF-8; if False (model predictions), undecodable
-      bytes become U+FFFD so that binary junk can be scored as wrong instead of failing.
-
-  Returns:
-    The lines, as `str`, without their terminators.
+  A final line without newline counts, a trailing newline adds none, "\\r" before "\\n" and a
+  leading BOM are dropped. `source` (a path or "<stdin>") names the input in errors; with
+  `strict=False` (predictions) undecodable bytes become U+FFFD, to be scored as wrong.
 
   Raises:
     DataFormatError: (strict) not valid UTF-8 (`SOURCE:LINE` of the first bad byte).
@@ -169,21 +123,16 @@ def decode_lines(data: bytes, source: PathLike, strict: bool = True) -> list[str
   text = text[1:] if text.startswith(BOM) else text
   if not text:
     return []
+  # why not `str.splitlines`: it also breaks at U+2028, U+0085, ... inside questions or junk.
   lines = text.split("\n")
+  # why: the `translations/` files lack the final newline (`wc -l` shows 5407 for 5408 lines).
   if lines[-1] == "":
     lines.pop()
   return [l[:-1] if l.endswith("\r") else l for l in lines]
 
 
 def read_lines(path: PathLike, strict: bool = True) -> list[str]:
-  """The lines of a UTF-8 text file (`decode_lines`): MCWQ files, predictions, questions.
-
-  Args:
-    path: the file.
-    strict: see `decode_lines`.
-
-  Returns:
-    The lines, as `str`, without their terminators.
+  """The lines of a UTF-8 text file (`decode_lines`; `strict` as there).
 
   Raises:
     DataNotFoundError: the file does not exist (message names it and the fetch command).
@@ -196,17 +145,10 @@ def read_lines(path: PathLike, strict: bool = True) -> list[str]:
 
 
 def split_official_line(line: str) -> Optional[tuple[str, str]]:
-  """Splits an `official/` line `IN: <question>  OUT: <SPARQL>` into its two sides.
+  """`IN: <question>  OUT: <SPARQL>` -> (question stripped, SPARQL whitespace-collapsed).
 
-  The question runs up to the first whitespace-preceded `OUT:` (two spaces in the release; a
-  few Hebrew/Kannada questions end in a space, giving three).
-
-  Args:
-    line: one line without its terminator.
-
-  Returns:
-    (question stripped, SPARQL with whitespace runs collapsed to single spaces); either may be
-    empty. None when the line is not of that form (no leading `IN:` or no `OUT:` separator).
+  Either side may be empty; None when the line has no leading `IN:` or no `OUT:`. The question
+  ends at the first whitespace-preceded `OUT:` (a few he/kn questions end in a space).
   """
   m = _OFFICIAL_RE.match(line)
   if m is None:
@@ -320,15 +262,9 @@ def _read_official(path: PathLike, language: str, with_rir: bool) -> tuple[Examp
 def read_official(path: PathLike,
                   language: Optional[str] = None,
                   with_rir: bool = False) -> list[Example]:
-  """Reads an `official/{split}/{part}.{lang}.txt` file (`IN: question  OUT: sparql` lines).
+  """One Example per line of an `official/{split}/{part}.{lang}.txt` file.
 
-  Args:
-    path: the file.
-    language: the language code; default: taken from the file name (`dev.he.txt` -> "he").
-    with_rir: also fill `Example.rir` through `mcwq_t5x.data.rir.sparql_to_rir`.
-
-  Returns:
-    One Example per line, `question` stripped, `sparql` with whitespace runs collapsed.
+  `language` defaults to the file name's (`dev.he.txt` -> "he"); `with_rir` fills `rir`.
 
   Raises:
     DataNotFoundError: the file does not exist.
@@ -389,16 +325,9 @@ def read_rir_pair(question_path: PathLike,
                   sparql_path: PathLike,
                   language: Optional[str] = None,
                   with_sparql: bool = False) -> list[Example]:
-  """Reads line-parallel question (`*.txt`) and RIR query (`*.sparql`) files.
+  """One Example per line of parallel question (`*.txt`) and RIR query (`*.sparql`) files.
 
-  Args:
-    question_path: questions, one per line.
-    sparql_path: RIR queries (despite the extension), one per line, parallel to the questions.
-    language: language code; default: from the question file name.
-    with_sparql: also fill `Example.sparql` through `mcwq_t5x.data.rir.rir_to_sparql`.
-
-  Returns:
-    One Example per line with `question` and `rir` set.
+  `language` defaults to the question file name's; `with_sparql` fills `sparql` from the RIR.
 
   Raises:
     DataNotFoundError: a file does not exist.
@@ -440,17 +369,9 @@ def _read_translation_jsonl(path: PathLike, language: str,
 def read_translation_jsonl(path: PathLike,
                            language: Optional[str] = None,
                            with_sparql: bool = False) -> list[Example]:
-  """Reads a JSON-lines file of `{"translation": {"src": question, "tgt": RIR}}` records.
+  """One Example per `{"translation": {"src": question, "tgt": RIR}}` line (blanks skipped).
 
-  Blank lines are skipped.
-
-  Args:
-    path: the `.json` file.
-    language: language code; default: from the file name (`test.he.json` -> "he").
-    with_sparql: also fill `Example.sparql` through `mcwq_t5x.data.rir.rir_to_sparql`.
-
-  Returns:
-    One Example per record with `question` and `rir` set.
+  `language` defaults to the file name's (`test.he.json` -> "he"); `with_sparql` as above.
 
   Raises:
     DataNotFoundError: the file does not exist.
@@ -516,30 +437,16 @@ def read_release(data_dir: PathLike,
                  part: str,
                  language: str,
                  with_rir: bool = True) -> list[Example]:
-  """Reads one split/part/language from the full release (`dataset.json` + `splits/`).
+  """The records of `dataset.json` that `splits/{split}.json`'s CFQ-style `trainIdxs` /
+  `devIdxs` / `testIdxs` list, in that order; `line` is the 1-based record number.
 
-  `dataset.json` is a JSON array of records; `splits/{split}.json` is a JSON object with
-  CFQ-style index lists `trainIdxs`, `devIdxs`, `testIdxs` into that array. The question is
-  the record's `questionPatternModEntities` (English) or `questionPatternModEntities_{lang}`;
-  the query is `sparqlPatternModEntities` (whitespace runs collapsed to single spaces, which
-  gives the `official/` formatting); `recursionDepth` and `expectedResponse` are carried.
-
-  Args:
-    data_dir: directory holding `dataset.json` and `splits/`.
-    split: one of SPLITS (any name with a `splits/{split}.json` file works).
-    part: "train", "dev" or "test".
-    language: one of LANGUAGES, or any code with `questionPatternModEntities_{lang}` fields.
-    with_rir: fill `Example.rir` through `mcwq_t5x.data.rir.sparql_to_rir`.
-
-  Returns:
-    Examples in the order of the index list; `line` is the 1-based record number in
-    dataset.json.
+  Question: `questionPatternModEntities[_{lang}]`; query: `sparqlPatternModEntities` with
+  whitespace collapsed (the `official/` formatting); `recursionDepth`, `expectedResponse` kept.
 
   Raises:
     DataNotFoundError: `dataset.json` or the split file is missing.
-    DataFormatError: bad JSON, a missing index list, an index that is not an integer or out
-      of range (names the split file and the line of the index), a record that is not an
-      object or lacks the question/query field (names dataset.json and the record's line).
+    DataFormatError: bad JSON, a bad index list or index (`SPLIT_FILE:LINE`), a record without
+      the question or query field (`dataset.json:LINE`).
   """
   if part not in PARTS:
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
@@ -759,20 +666,11 @@ def split_files(split: str,
   3. `jsonl`: `translations/{split}/{part}.{lang}.json` (JSON lines, RIR targets);
   4. `release`: `dataset.json` + `splits/{split}.json`.
 
-  For split "gold" (part "test", languages he/kn/zh): `translations/gold/test.{lang}.txt` +
-  `.sparql` ("translations"), else `translations/gold/test.{lang}.json` ("jsonl").
-
-  Args:
-    split, part, language: see `read_split`.
-    data_dir: the MCWQ directory; default `paths.data_dir()`.
-
-  Returns:
-    (layout name, files).
+  Returns (layout name, files); "gold" (test, he/kn/zh) is "translations" or "jsonl".
 
   Raises:
     ValueError: unknown split/part/language.
-    DataNotFoundError: no layout has the data (names the expected official path and the fetch
-      command).
+    DataNotFoundError: no layout has the data (names the official path and the fetch command).
   """
   _check_args(split, part, language, data_dir)
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
@@ -808,22 +706,11 @@ def read_split(split: str,
                part: str,
                language: str,
                data_dir: Optional[PathLike] = None) -> list[Example]:
-  """Reads one split/part/language of MCWQ from whichever layout exists (see `split_files`).
+  """One split/part/language of MCWQ from whichever layout exists, `question`, `sparql` and
+  `rir` all filled, in file order (a fresh list of cached Examples).
 
-  Every returned Example has `question`, `sparql` and `rir` filled: on the official and
-  release layouts `rir` comes from `mcwq_t5x.data.rir.sparql_to_rir`; on the translations/gold
-  layouts `sparql` comes from `mcwq_t5x.data.rir.rir_to_sparql`.
-
-  Args:
-    split: "mcd1", "mcd2", "mcd3", "random_split", "gold" (human-translated test set,
-      part "test", languages he/kn/zh), or another split the data directory has (`discover`).
-    part: "train", "dev" or "test".
-    language: "en", "he", "kn", "zh", or another language the data directory has.
-    data_dir: MCWQ directory; default `paths.data_dir()` (env `MCWQ_DATA_DIR`, else
-      `../shared/mcwq`).
-
-  Returns:
-    The examples in file order (a fresh list; the Examples themselves are cached).
+  `split` may be "gold" (the human-translated test set: part "test", he/kn/zh) or any split the
+  data directory has; `data_dir` defaults to `paths.data_dir()`.
 
   Raises:
     ValueError: unknown split, part or language.

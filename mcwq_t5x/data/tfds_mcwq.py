@@ -1,30 +1,11 @@
 """TFDS builder `mcwq`: Multilingual Compositional Wikidata Questions (Cui et al., TACL 2022).
 
-One BuilderConfig per split x language (`mcd1_en`, ..., `random_split_zh`; 16) plus the
-human-translated gold test set (`gold_he`, `gold_kn`, `gold_zh`; test only).
-
-Features: `question` (text, entity placeholders M0..M9), `sparql` (the Wikidata SPARQL query,
-MCWQ formatting), `rir` (the same query in the reversible intermediate representation,
-`mcwq_t5x.data.rir`), `recursionDepth` (int32; -1 when the source does not record it).
-Splits: `train`, `validation` (the MCWQ `dev` part), `test`, each only where the data has it.
-
-Data, in order of preference:
-
-1. a local copy in the TFDS manual dir (`download_config=tfds.download.DownloadConfig(
-   manual_dir=...)`) holding the `mcwq/` layout (official/, translations/, or dataset.json +
-   splits/);
-2. the local copy `mcwq_t5x.data.paths.data_dir()` (`$MCWQ_DATA_DIR`, else `../shared/mcwq`);
-3. the public files of the GitHub repository `coastalcph/seq2sparql`, folder `mcwq/`
-   (raw.githubusercontent.com): `official/{split}/{dev,test}.{lang}.txt`,
-   `translations/{split}/train.{lang}.{txt,sparql}` and `translations/gold/test.{lang}.*`.
-
-Stale data: a dataset prepared from local files (1. or 2.) records their fingerprint
-(`source_fingerprint`: the SHA-256 of every file read, with the folder) in its metadata
-(`builder.info.metadata["source"]`, file `metadata.json` of the prepared folder). When the files
-the builder would read now differ (edited, replaced, another `$MCWQ_DATA_DIR` with other content),
-`download_and_prepare` (and `tfds.load`) and `as_dataset` log a warning and rebuild the dataset
-from the current files instead of serving the old examples. A prepared dataset without a recorded
-fingerprint is rebuilt once. Data downloaded from GitHub is not checked.
+Configs `{split}_{language}` (16) and `gold_{he,kn,zh}` (test only). Features: `question`
+(placeholders M0..M9), `sparql`, `rir` and `recursionDepth` (int32, -1 when unrecorded); splits
+`train`, `validation` (MCWQ's `dev`) and `test`. Data from the TFDS manual dir, else
+`paths.data_dir()`, else GitHub `coastalcph/seq2sparql` `mcwq/`. A dataset prepared from local
+files records their SHA-256s (`source_fingerprint`, `metadata.json`) and is rebuilt, with a
+warning, when those files change; downloaded data is not checked.
 
 Usage:
   import mcwq_t5x.data.tfds_mcwq  # registers the builder
@@ -160,18 +141,8 @@ def generate_examples(
     part: str,
     language: str,
     data_dir: Optional[paths.PathLike] = None) -> Iterator[tuple[str, dict[str, object]]]:
-  """Yields (key, features) for one split/part/language of a local copy.
-
-  Args:
-    split, part, language: see `readers.read_split`.
-    data_dir: MCWQ directory; default `paths.data_dir()`.
-
-  Yields:
-    (f"{part}_{line}", {"question", "sparql", "rir", "recursionDepth"}).
-
-  Raises:
-    DataNotFoundError / DataFormatError: from `readers.read_split`.
-  """
+  """Yields (f"{part}_{index:06d}", {"question", "sparql", "rir", "recursionDepth"}) of one
+  split/part/language of a local copy (`readers.read_split`, whose errors pass through)."""
   yield from _to_features(readers.read_split(split, part, language, data_dir), part)
 
 

@@ -1,34 +1,14 @@
 """SentencePiece vocabularies for MCWQ: the mT5 model and a small offline one.
 
-* Real runs use the mT5 vocabulary (Xue et al., 2021), the public SentencePiece model
-  `gs://t5-data/vocabs/mc4.250000.100extra/sentencepiece.model` (250,100 pieces including the
-  100 sentinels; T5X pads the embedding to 250,112). Point `MCWQ_VOCAB` (or `path=`) at a
-  local copy of it.
-* Offline default: a small SentencePiece BPE model (Kudo & Richardson, 2018) trained here
-  on the MCWQ questions (all four scripts) and RIR queries of every available `train` and
-  `dev` file (never `test`, never the gold set), with T5's special ids: pad=0, eos=1, unk=2,
-  no bos. Byte fallback makes every character encodable; identity normalisation makes
-  `decode(encode(text)) == text` for single-spaced text. BPE rather than unigram: on this
-  corpus the unigram trainer (sentencepiece 0.2.3) leaves frequent words such as "ASK" and
-  "Did" as single characters, while BPE learns them and whole properties once script
-  splitting is off (format 2, whitespace-split: mean RIR length 53 pieces vs. 190 for unigram
-  over all dev queries; 46.0 on the English `random_split` dev set). Whitespace
-  splitting is off too (`split_by_whitespace=False`), so pieces span spaces: RIR's bracket runs
-  become single pieces (`▁)▁)▁.▁(`, `▁(▁wdt:P57`) and the English `random_split` dev queries are
-  20.7 pieces long on average (questions 10.6), less than half the decoder's work per example
-  of whitespace-split pieces (CHANGELOG.md has the figures). Placeholders and
-  variables (`▁M0`, `▁?x0`) stay single pieces (`RIR_SYMBOLS`). Training is reproducible
-  (fixed seed, deterministic input order, one thread), and the model is cached in
-  `paths.cache_dir()/spm/` under a key that hashes its parameters and the bytes of the files
-  it was trained on.
-
-`get_vocabulary(path=None)` returns a `seqio.SentencePieceVocabulary` that encodes the Unicode
-NFC form of its text (`NFCSentencePieceVocabulary`): `path`, else `$MCWQ_VOCAB`, else the small
-model (trained on the first call on a machine and cached; without data the tasks still register
-and using the vocabulary raises `DataNotFoundError`; a vocabulary file that cannot be read raises
-`VocabularyNotFoundError` naming it). `scripts/train_vocab.py` is the command line
-for it. No gin here: gin files reach these functions by dynamic registration
-(`from mcwq_t5x.data import vocab`).
+Real runs use the mT5 vocabulary (Xue et al., 2021; `gs://t5-data/vocabs/mc4.250000.100extra/
+sentencepiece.model`, 250,100 pieces; T5X pads the embedding to 250,112) through `MCWQ_VOCAB` or
+`path=`. The offline default is a small BPE model (Kudo & Richardson, 2018) trained here on the
+`train` and `dev` questions and RIR queries (never `test` or gold), with T5's ids pad=0, eos=1,
+unk=2, byte fallback, reproducible and cached in `paths.cache_dir()/spm/` (docs/data.md says why
+BPE and why pieces span spaces). `get_vocabulary(path=None)` returns a
+`seqio.SentencePieceVocabulary` that encodes the NFC form of its text; a missing data directory
+raises `DataNotFoundError`, an unreadable vocabulary file `VocabularyNotFoundError`. No gin here
+(gin files reach these functions by dynamic registration).
 """
 from __future__ import annotations
 
@@ -218,20 +198,13 @@ def small_vocab_path(data_dir: Optional[PathLike] = None,
                      train_if_missing: bool = True) -> pathlib.Path:
   """Path of the cached small model for `config` and the data under `data_dir`.
 
-  The cache key is a SHA-256 over the config, the format version and the bytes of every
-  training file (`corpus_files`), so a different data copy or config never reuses a model.
-
-  Args:
-    data_dir: MCWQ directory; default `paths.data_dir()`.
-    config: training parameters.
-    train_if_missing: train (and cache) the model when it is not cached yet.
-
-  Returns:
-    `<cache_dir>/spm/mcwq_spm_<vocab_size>_<key>.model`.
+  `<cache_dir>/spm/mcwq_spm_<vocab_size>_<key>.model`, trained first if `train_if_missing`.
 
   Raises:
     DataNotFoundError: no training data.
   """
+  # why the key hashes config, format and every training file: another data copy or config
+  # never reuses a model.
   h = hashlib.sha256()
   h.update(json.dumps([_FORMAT_VERSION, dataclasses.asdict(config)], sort_keys=True).encode())
   for f in corpus_files(data_dir, config.parts):
@@ -387,22 +360,10 @@ def get_vocabulary(path: Optional[PathLike] = None,
                    extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
   """The vocabulary for inputs and targets (one instance per path, shared by all tasks).
 
-  Gin files bind it as `VOCABULARY = @vocab.get_vocabulary()` (`from mcwq_t5x.data import vocab`);
-  the SeqIO tasks of `tasks/mcwq.py` call it at import, so a model bound to this vocabulary and
-  the tasks always agree.
-
-  Args:
-    path: a SentencePiece `.model` (local or gs://); default `$MCWQ_VOCAB`, else the small
-      offline model (`small_vocab_path()`: trained and cached on the first call on a machine,
-      a few seconds).
-    extra_ids: sentinel ids appended to an explicit model (0 for the mT5 model, which
-      already contains its 100 sentinels).
-
-  Returns:
-    A `NFCSentencePieceVocabulary`: a `seqio.SentencePieceVocabulary` whose `encode` and
-    `encode_tf` put the text in Unicode NFC first, so that canonically equivalent spellings get
-    the same ids (equal, in seqio's sense, to any other `seqio.SentencePieceVocabulary` of the
-    same file).
+  Gin binds it as `VOCABULARY = @vocab.get_vocabulary()`. `path`: a SentencePiece `.model`
+  (local or gs://), default `$MCWQ_VOCAB`, else the small model (trained on first use);
+  `extra_ids`: sentinels appended (0 for mT5's, which has its 100). Returns a
+  `NFCSentencePieceVocabulary` (encodes the NFC form; equal to seqio's of the same file).
   """
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None

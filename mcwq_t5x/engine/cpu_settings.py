@@ -78,22 +78,12 @@ _M_ARENA_MAX = -8
 def set_host_malloc_options() -> bool:
   """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
 
-  The XLA CPU runtime allocates a step's temporary buffers with `malloc` and frees them after the
-  step. By default glibc gives such large blocks back to the kernel (fresh `mmap`s, and the
-  per-thread arenas of XLA's worker threads shrink), so every step touches new pages: minor page
-  faults and system time that are a good part of a step on the CPU. With one arena
-  (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`) and the heap trimmed only above
-  2 GiB of free memory at its top (`M_TRIM_THRESHOLD`), a step reuses the pages of the last one
-  (CHANGELOG.md has the figures). Peak RSS is the same high-water mark; memory freed below it
-  stays with the process instead of going back to the kernel.
-
-  Call it once at the start of a CPU training process (the training main does, after JAX has
-  chosen its backend, only when that backend is the CPU); it affects later allocations only.
-
-  Returns:
-    True if the options were set; False where the C library is not glibc (macOS, musl) or
-    refused an option, in which case nothing else changes.
+  One arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`), the heap trimmed only
+  above 2 GiB free (`M_TRIM_THRESHOLD`); affects later allocations only, peak RSS unchanged.
+  Returns False (nothing changed) where the C library is not glibc or refuses an option.
   """
+  # why: XLA's CPU runtime mallocs and frees a step's buffers; glibc returns large blocks to the
+  # kernel, so every step faults in fresh pages (a good part of a CPU step's time).
   try:
     import ctypes
     libc = ctypes.CDLL("libc.so.6")

@@ -1,41 +1,17 @@
 """Model-agnostic autoregressive decoding in pure JAX: temperature sampling (greedy at
 temperature 0) and beam search.
 
-This module follows the design and conventions of T5X's `t5x/decoding.py` (Roberts et al. 2022,
-"Scaling Up Models and Data with t5x and seqio"), re-implemented so that our engine installs from
-the package index alone (the real T5X, installed by `scripts/install_t5x.sh`, is the second
-engine; tests/e2e/test_t5x_interop.py decodes with both). Nothing here imports TensorFlow or SeqIO; everything is `jax.jit`-able (the decoding
-loops are `jax.lax.while_loop`s with an early exit, their states `flax.struct` dataclasses as in
-T5X). `mcwq_t5x.engine.model.EncoderDecoderModel.predict_batch` is the only caller; every option here is
-reachable from it.
-
-Conventions (identical to T5X):
-
-* `inputs` is the decoder prompt, int32 `[batch, max_decode_len]`, laid out like the decoder
-  input tokens (shifted right by one, as `seqio.EncDecFeatureConverter`'s `decoder_input_tokens`):
-  `inputs[:, 0]` is the BOS slot (ignored: decoding starts from the BOS/pad id 0 at decoder
-  position 0), and a non-zero `inputs[:, j]`, j >= 1, forces returned position `j - 1`; zeros
-  are decoded. An all-zero `inputs` decodes from scratch (the usual encoder-decoder case).
-  Example: `inputs = [0, 5, 6, 0, 0]` returns `[5, 6, a, b, c]` with `a, b, c` decoded.
-* The returned sequences do not include the initial BOS: returned position `j` is decoder
-  position `j + 1`, i.e. they are laid out like `decoder_target_tokens`.
-* `eos_id` ends a sequence. Only a *decoded* EOS ends it (an EOS inside the prompt does not). Every
-  position after the EOS is padding (0).
-* The decoded sequences are `[batch, num_decodes, max_decode_len]` and their scores
-  `[batch, num_decodes]`, sorted ascending by score: the best decode is LAST (`[:, -1]`).
-* Scores are sums of the model's log-probabilities (`log_softmax` of the float32 logits, *not* of
-  temperature-scaled or top-k-filtered logits: T5X's `rescale_log_probs=False`) over the decoded
-  tokens, EOS included, forced prompt tokens excluded. `beam_search` additionally divides by the
-  length penalty, see `length_penalized_score`.
-
-The model is seen only through `tokens_to_logits(state: DecodingState) -> (logits, new_cache)`:
-one call decodes one position for every row of the (flattened) batch, using a key/value cache
-(the flax "cache" collection of a decoder run with `decode=True`). `beam_search` and
-`temperature_sample(num_decodes > 1)` repeat every cache leaf per beam/sample
-(`flat_batch_beam_expand`), and `beam_search` reorders the cache by the surviving beams' parent
-indices at each step (`gather_beams`), exactly as T5X does. Cache leaves of rank 0 (e.g. flax's
-scalar `cache_index`) are shared by all rows and left untouched; every other cache leaf must have
-the batch dimension first (T5X's `cache_offset=0`; scanned-layer caches are not supported).
+T5X's `t5x/decoding.py` (Roberts et al. 2022) re-implemented with its conventions, `jax.jit`-able
+(`lax.while_loop`s with early exit, `flax.struct` states), no TensorFlow or SeqIO; the caller is
+`EncoderDecoderModel.predict_batch`. `inputs` is the decoder prompt, int32 [batch,
+max_decode_len] in decoder-input layout: `inputs[:, 0]` is the ignored BOS slot and a non-zero
+`inputs[:, j]` forces returned position `j - 1` (`[0, 5, 6, 0, 0]` -> `[5, 6, a, b, c]`). Returned
+sequences are BOS-less (`decoder_target_tokens` layout), [batch, num_decodes, max_decode_len],
+0 after the first decoded EOS, with scores [batch, num_decodes] sorted ascending (best LAST).
+Scores sum the untempered model log-probs of decoded tokens, EOS included (T5X's
+`rescale_log_probs=False`); beam scores are divided by `brevity_penalty`. The model is seen only
+through `tokens_to_logits(DecodingState) -> (logits, new_cache)`; every cache leaf but rank-0 ones
+has the batch first (T5X's `cache_offset=0`) and is expanded and reordered per beam as in T5X.
 """
 from __future__ import annotations
 
@@ -133,15 +109,8 @@ class BeamState:
 def brevity_penalty(alpha: Union[float, Array], length: Union[int, float, Array]) -> Array:
   """The GNMT length penalty `((5 + length) / 6) ** alpha` used by T5X's beam search.
 
-  Source: Wu et al. 2016 ("Google's Neural Machine Translation System", eq. 14) and T5X's
-  `decoding.brevity_penalty`.
-
-  Args:
-    alpha: penalty exponent (0 disables the penalty: the result is 1).
-    length: number of tokens (see `sequence_lengths` for the convention), any shape.
-
-  Returns:
-    float32 array of the shape of `length`.
+  float32 of `length`'s shape (tokens, `sequence_lengths`); `alpha` 0 gives 1. Source: Wu et al.
+  2016 (GNMT, eq. 14) and T5X's `decoding.brevity_penalty`.
   """
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, jnp.asarray(alpha, jnp.float32))
 
@@ -152,22 +121,9 @@ def sequence_lengths(sequences: Array,
                      inputs: Optional[Array] = None) -> Array:
   """Length used by the beam-search length penalty: tokens up to and including the first EOS.
 
-  The length is `j + 1` where `j` is the position of the first EOS in the returned (BOS-less)
-  sequence, i.e. the number of tokens up to and including EOS, counting prompt tokens. A sequence
-  without EOS (it hit the length limit) has length `max_len`, the decode length. This is T5X's
-  `cur_index + 1` at the step that produced the EOS.
-
-  Args:
-    sequences: int `[..., length]` decoded sequences (as returned by `beam_search`).
-    eos_id: end-of-sequence id.
-    max_len: length assigned to sequences without EOS; default `sequences.shape[-1]`.
-    inputs: optional prompt as passed to the decoding functions (decoder-input layout, so
-      `inputs[..., j + 1]` is the prompt token of returned position `j`), broadcastable to
-      `sequences`; EOS tokens at prompt positions do not count as the end (they do not end
-      decoding either).
-
-  Returns:
-    int32 array `[...]`.
+  int32 `[...]` of int `sequences` `[..., length]`: first EOS position + 1 (T5X's
+  `cur_index + 1`), prompt tokens counted, `max_len` (default the length) without EOS. An EOS at
+  a position the prompt `inputs` (decoder-input layout) forces does not count.
   """
   sequences = jnp.asarray(sequences)
   if max_len is None:
@@ -188,22 +144,9 @@ def length_penalized_score(log_probs: Array,
                            inputs: Optional[Array] = None) -> Array:
   """The beam-search score of a sequence: `log_probs / brevity_penalty(alpha, length)`.
 
-  `beam_search` returns exactly this (up to float32 rounding) for each returned sequence, so a
-  model can check its beam scores against its own scorer: with `lp = score_batch(...)` (the sum of
-  target token log-probs, EOS included),
-  `length_penalized_score(lp, sequences, eos_id, alpha, max_len=max_decode_len)` equals the
-  returned beam score. `length` is `sequence_lengths(sequences, eos_id, max_len, inputs)`.
-
-  Args:
-    log_probs: float `[...]`, summed token log-probs of each sequence.
-    sequences: int `[..., length]`.
-    eos_id: end-of-sequence id.
-    alpha: length-penalty exponent.
-    max_len: length of sequences without EOS; default `sequences.shape[-1]`.
-    inputs: optional prompt, see `sequence_lengths`.
-
-  Returns:
-    float32 `[...]`.
+  float32 `[...]` from summed log-probs `[...]` and int `sequences` `[..., length]`; `length` is
+  `sequence_lengths(sequences, eos_id, max_len, inputs)`. `beam_search` returns exactly this (up
+  to float32 rounding), so `score_batch` scores can be checked against beam scores.
   """
   lengths = sequence_lengths(sequences, eos_id, max_len=max_len, inputs=inputs)
   return jnp.asarray(log_probs, jnp.float32) / brevity_penalty(alpha, lengths)
@@ -255,14 +198,7 @@ def gather_beams(nested: PyTree, beam_indices: Array, batch_size: int,
                  new_beam_size: int) -> PyTree:
   """Selects beams of every leaf: `out[b, k] = x[b, beam_indices[b, k]]`.
 
-  Args:
-    nested: pytree of arrays `[batch, old_beam, ...]` (0-d leaves pass through).
-    beam_indices: int `[batch, new_beam_size]` indices into the old beam axis.
-    batch_size: batch size.
-    new_beam_size: number of beams selected.
-
-  Returns:
-    The pytree with leaves `[batch, new_beam_size, ...]`.
+  Leaves `[batch, old_beam, ...]` become `[batch, new_beam_size, ...]` (0-d leaves pass through).
 
   Raises:
     ValueError: if `beam_indices` is not `[batch_size, new_beam_size]`.
@@ -338,16 +274,10 @@ def _zero_after_eos(sequences: Array, prompt: Array, eos_id: int) -> Array:
 def argmax_last(x: Array) -> Array:
   """`jnp.argmax(x, axis=-1)`: the first index of the largest value (of the first NaN, if any).
 
-  The same indices from a max and a min over `x`'s last axis, instead of one reduction over
-  (value, index) pairs, which XLA's CPU backend does not vectorise (in greedy decoding it cost
-  about as much as the output layer's matmul).
-
-  Args:
-    x: float `[..., n]`.
-
-  Returns:
-    int32 `[...]`.
+  int32 `[...]` of float `[..., n]`.
   """
+  # why a max and a min, not one reduction over (value, index) pairs: XLA's CPU backend does not
+  # vectorise the latter (in greedy decoding it cost about as much as the output matmul).
   largest = jnp.max(x, axis=-1, keepdims=True)
   index = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
   hit = (x == largest) | jnp.isnan(x)

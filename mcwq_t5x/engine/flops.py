@@ -1,18 +1,10 @@
 """Model FLOPs of a training step, and the machine's float32 matmul peak measured in-process.
 
-Utilisation = model FLOPs per second / matmul peak: how close a training step comes to the
-fastest float32 matrix product the machine's kernels run. The training main logs it with every
-periodic step line (`mcwq_t5x.train.train`), `scripts/benchmark_vs_hf.py` prints it for both
-systems.
-
-* `train_step_flops`: the matmul FLOPs of one forward + backward pass of a T5 network on given
-  batch shapes (what the step computes on its padded rows). It reads only a config's sizes, so
-  that a process without JAX (the benchmark's PyTorch worker) counts with the same formula.
-* `matmul_peak`: the best GFLOP/s of float32 [n, n] x [n, n] products, timed on the kernels at
-  hand (NumPy's BLAS; XLA's `jnp.dot` on one device; any other callable, e.g. PyTorch's), each
-  the best of a few calls.
-
-Imports NumPy only; JAX is imported inside `matmul_peak` when the XLA kernel is timed.
+Utilisation = model FLOPs per second / matmul peak. `train_step_flops` counts the matmul FLOPs of
+one forward + backward pass of a T5 network on padded batch shapes from a config's sizes alone (so
+the benchmark's PyTorch worker counts with the same formula); `matmul_peak` is the best GFLOP/s of
+float32 [n, n] x [n, n] products on the kernels at hand (NumPy's BLAS, XLA's `jnp.dot`, or any
+callable). Imports NumPy only; JAX only inside `matmul_peak`.
 """
 from __future__ import annotations
 
@@ -26,46 +18,26 @@ import numpy as np
 def train_step_flops(config: Any, batch: int, input_length: int, target_length: int) -> float:
   """Matmul FLOPs of one training step (forward and backward) of `config`'s network.
 
-  Counted per matmul of the forward pass over the padded shapes (what the step computes; a
-  multiply-add is 2 FLOPs), times 3 for forward + backward (the backward pass does two matmuls
-  of each forward one's size: gradients of the activations and of the weights, or of both
-  operands of an attention product). With B = batch, Li/Lt = input/target length, d = emb_dim,
-  a = num_heads * head_dim, f = mlp_dim, m = len(mlp_activations), V = vocab_size:
-
-    encoder layer: 2 B [Li d a 4 + Li^2 a 2 + Li d f (m + 1)]
-    decoder layer: 2 B [Lt d a 4 + Lt^2 a 2 + (Lt + Li) d a 2 + Lt Li a 2 + Lt d f (m + 1)]
-    output layer:  2 B Lt d V  (a dense layer or the tied embedding alike)
-    step = 3 (num_encoder_layers encoder + num_decoder_layers decoder + output)
-
-  This is exactly the sum over the `dot_general`s of the training step's jaxpr
-  (`tests/unit/engine/test_flops.py`). Elementwise work (softmax, layer norms, activations, dropout, the
-  optimizer) and gathers (embeddings, relative position biases) are not counted; XLA's own
-  `cost_analysis()` of the compiled step, which counts them too, is about 1% higher for the
-  benchmark network of `scripts/benchmark_vs_hf.py`. Without the attention products (the Li^2,
-  Lt^2 and Lt Li terms) this is the usual "6 * parameters * tokens" rule, each weight counted on
-  the tokens it is applied to.
-
-  Args:
-    config: `mcwq_t5x.engine.network.T5Config`, or any object with its fields `emb_dim`,
-      `num_heads`, `head_dim`, `mlp_dim`, `mlp_activations`, `num_encoder_layers`,
-      `num_decoder_layers`, `vocab_size`.
-    batch: rows per step (global batch).
-    input_length, target_length: tokens per encoder / decoder row (padded lengths).
-
-  Returns:
-    FLOPs as a float.
+  Forward matmuls over the padded shapes (a multiply-add is 2 FLOPs) times 3, exactly the
+  `dot_general`s of the step's jaxpr; elementwise work and gathers are not counted. `config` is a
+  `T5Config` or any object with its size fields (no JAX needed).
 
   Raises:
     AttributeError: `config` lacks one of the fields.
   """
+  # B = batch, Li/Lt = input/target length, d = emb_dim, a = heads * head_dim, f = mlp_dim,
+  # m = len(mlp_activations); without the L^2 and Lt Li attention terms this is 6 * params * tokens.
   b, li, lt = batch, input_length, target_length
   d, a, f = config.emb_dim, config.num_heads * config.head_dim, config.mlp_dim
   m = len(config.mlp_activations)
+  # encoder layer: 2 B [Li d a 4 + Li^2 a 2 + Li d f (m + 1)]
   encoder = 2 * b * (li * d * a * 4 + li * li * a * 2 + li * d * f * (m + 1))
+  # decoder layer: 2 B [Lt d a 4 + Lt^2 a 2 + (Lt + Li) d a 2 + Lt Li a 2 + Lt d f (m + 1)]
   decoder = 2 * b * (
       lt * d * a * 4 + lt * lt * a * 2 + (lt + li) * d * a * 2 + lt * li * a * 2 + lt * d * f *
       (m + 1))
-  output = 2 * b * lt * d * config.vocab_size
+  output = 2 * b * lt * d * config.vocab_size  # a dense layer or the tied embedding alike
+  # why 3: the backward pass does two matmuls of each forward one's size.
   return 3.0 * (config.num_encoder_layers * encoder + config.num_decoder_layers * decoder + output)
 
 
@@ -142,24 +114,10 @@ def matmul_peak(n: int = 2048,
                 platform: Optional[str] = None) -> MatmulPeak:
   """The best float32 matmul GFLOP/s of the kernels at hand, timed in this process.
 
-  Each kernel multiplies the same two [n, n] float32 matrices `repeats` times and counts its
-  fastest call (NumPy's first call, which starts its BLAS threads, is one of them; XLA's product
-  is compiled before it is timed). With the defaults this takes about 6 products: about 0.8 s
-  at 130 GFLOP/s. Timed on a loaded machine the figure is lower: compare figures of one process.
-
-  Args:
-    n: matrix size.
-    repeats: calls per kernel.
-    kernels: of "numpy" (`np.matmul`, NumPy's BLAS on all cores) and "XLA" (`jnp.dot` on JAX's
-      first local device: the kernel and flags a training step of this process uses). On an
-      accelerator (`platform` not "cpu") "numpy" is skipped: the host's BLAS is not the peak
-      of the device that trains.
-    extra: more kernels, name -> function(x, y) that returns when the product is done (e.g.
-      PyTorch's `torch.matmul` on tensors made from x and y), called once untimed first.
-    platform: JAX's default backend (None: "cpu" unless "XLA" is timed, then JAX's).
-
-  Returns:
-    `MatmulPeak` of the fastest kernel.
+  `MatmulPeak` of the fastest kernel, each the fastest of `repeats` [n, n] float32 products (2 n^3
+  FLOPs): "numpy" (`np.matmul`; skipped when `platform` is not "cpu"), "XLA" (`jnp.dot` on the
+  first local device, compiled first) and `extra` name -> function(x, y) (e.g. `torch.matmul`).
+  A loaded machine lowers the figure: compare figures of one process.
 
   Raises:
     ValueError: no kernel to time, or an unknown kernel name.

@@ -1,46 +1,15 @@
 """`EncoderDecoderModel`: loss, decoding and scoring around `network.Transformer`.
 
-A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`:
+A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`: `loss_fn` (T5X's
+`compute_weighted_cross_entropy`: label smoothing less the smoothed distribution's entropy, z-loss
+`z_loss * log(Z)^2`, Chowdhery et al. 2022), `predict_batch[_with_aux]` (greedy, temperature
+sampling or beam search through `engine.decoding`, T5X's option names) and `score_batch`.
 
-* `loss_fn`: teacher-forced cross-entropy with T5X's semantics
-  (`t5x/losses.py::compute_weighted_cross_entropy`): label smoothing with the
-  entropy of the smoothed distribution subtracted (so a perfect model has loss
-  0), auxiliary z-loss `z_loss * log(Z)^2` per token (Chowdhery et al. 2022 /
-  Mesh TF) added to the loss, per-token weights from `decoder_loss_weights`,
-  and the summed loss divided by the loss normalizing factor (see "Loss
-  contract" below). Metrics are unnormalised SUMS over tokens.
-* `predict_batch` / `predict_batch_with_aux`: greedy decoding, temperature
-  sampling or beam search with the flax `cache` collection (one decoder
-  position per step) through `mcwq_t5x.engine.decoding`, inside `jax.jit`; options
-  with T5X's names (`num_decodes`, `return_all_decodes`, `decoder_params`,
-  `prompt_with_targets`).
-* `score_batch`: sum of target token log-probabilities.
-
-Loss contract (the model is the one owner of the loss normalisation; the
-trainer only sums):
-
-* `loss_normalizer(batch)` is the denominator `D(batch)`, a float32 scalar:
-  the number of target tokens (sum of `decoder_loss_weights`, at least 1) for
-  `loss_normalizing_factor=None` or `'NUM_REAL_TARGET_TOKENS'`;
-  batch x target length for `'NUM_TOTAL_TARGET_TOKENS'`; the number of
-  target sequences (rows, or segments when packed) for
-  `'AVERAGE_PER_SEQUENCE'`; the number itself for a number.
-* `loss_fn(params, batch, dropout_rng, normalizer=None)` returns
-  `(sum_t w_t * loss_t / D, metrics)` with `D = normalizer` if given, else
-  `loss_normalizer(batch)`; `w` = `decoder_loss_weights`, divided by the
-  token count of their sequence for `'AVERAGE_PER_SEQUENCE'`. The numerator
-  of a row depends on that row only, so for a batch split by rows into
-  microbatches (or data-parallel shards) `m`,
-  `sum_m loss_fn(p, m, r, normalizer=loss_normalizer(batch))[0]` equals
-  `loss_fn(p, batch, r)[0]`: summed microbatch gradients are exactly the
-  batch gradient. Metrics are sums over tokens/rows and add up the same way.
-
-Batches use the keys of seqio's `EncDecFeatureConverter`:
-`encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`,
-`decoder_loss_weights` and, when packed, `encoder_segment_ids`,
-`decoder_segment_ids`, `encoder_positions`, `decoder_positions` (the positions
-are accepted and not read: relative attention needs only the segment ids).
-PAD = 0, EOS = 1, decoder BOS = 0 (T5 convention).
+Loss contract: the model alone normalises. `loss_normalizer(batch)` is the float32 denominator D
+(`loss_normalizing_factor` as in T5X); `loss_fn(..., normalizer=D)` returns (Σ_t w_t loss_t / D,
+metrics as sums), and a row's numerator depends on that row only, so summed microbatch gradients
+with the batch's D equal the batch gradient. Batches use seqio's `EncDecFeatureConverter` keys
+(positions accepted and not read); PAD = 0, EOS = 1, decoder BOS = 0.
 """
 
 from __future__ import annotations
@@ -345,25 +314,11 @@ class EncoderDecoderModel:
               normalizer: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
     """Teacher-forced loss (dropout on iff `dropout_rng` is given).
 
-    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` is this
-    project's addition for exact microbatching (module docstring).
-
-    Args:
-      params: unboxed params.
-      batch: feature-converter batch (see module docstring).
-      dropout_rng: PRNG key for dropout, or None for a deterministic pass.
-      normalizer: the loss denominator, float scalar; default
-        `loss_normalizer(batch)`. A trainer splitting a batch into
-        microbatches passes the whole batch's.
-
-    Returns:
-      (loss, metrics): loss = sum of the token losses (cross-entropy +
-      z-loss) times the loss weights / normalizer, float32 scalar; metrics =
-      float32 SUMS over the batch with the plain token weights (whatever the
-      normalising factor): "loss" (token loss incl. z-loss), "cross_ent_loss",
-      "z_loss", "accuracy_numerator" (correct argmax tokens), "num_tokens"
-      (sum of weights), "num_examples" (non-empty rows, or segments when
-      packed).
+    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default `loss_normalizer(batch)`;
+    microbatches get the whole batch's) is ours, for exact microbatching. Returns (float32 loss =
+    Σ weighted token losses (cross-entropy + z-loss) / normalizer, float32 metric SUMS with the
+    plain weights: "loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
+    "num_examples" (non-empty rows, or segments when packed)).
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
@@ -483,35 +438,24 @@ class EncoderDecoderModel:
       max_decode_length: Optional[int] = None) -> tuple[Array, dict[str, Array]]:
     """Decodes a batch with the KV cache; returns tokens and scores.
 
-    Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument
-    names). T5X picks the decoding function when building the model
-    (`decode_fn`); here `method` picks it per call, so that every option is a
-    plain value (e.g. the mains' `predict_kwargs`).
+    Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument names); `method`
+    picks the decoding function per call (T5X: `decode_fn`, fixed at build).
 
     Args:
       params: unboxed params.
-      batch: needs "encoder_input_tokens" [B, in_len]; "decoder_input_tokens"
-        [B, L] gives the decode length L (unless `max_decode_length`) and,
-        with `prompt_with_targets`, the prompt.
-      rng: PRNG key of `temperature_sample` (required when it samples);
-        ignored by greedy decoding and beam search.
-      decoder_params: keyword arguments of the decoding function, T5X names:
-        beam_search {"alpha": length-penalty exponent, default 0.6};
-        temperature_sample {"temperature": float >= 0, default 1.0 (0 =
-        greedy), "topk": int >= 0, default 0 = all tokens (T5X's default is
-        1, i.e. greedy)}; greedy {}.
-      return_all_decodes: return all `num_decodes` sequences
-        [B, num_decodes, L] (ascending score, best last) instead of the best
-        [B, L].
+      batch: "encoder_input_tokens" [B, in_len]; "decoder_input_tokens" [B, L] gives L (unless
+        `max_decode_length`) and, with `prompt_with_targets`, the prompt.
+      rng: PRNG key, required when `temperature_sample` samples; otherwise ignored.
+      decoder_params: the decoding function's keywords, T5X names: beam_search {"alpha": 0.6};
+        temperature_sample {"temperature": 1.0 (0 = greedy), "topk": 0 = all (T5X: 1)}.
+      return_all_decodes: all `num_decodes` sequences [B, num_decodes, L], best last.
       num_decodes: beam size, or number of samples.
-      prompt_with_targets: force the decoder prompt to `decoder_input_tokens`
-        with EOS removed (T5X): non-zero tokens are kept as they are, the
-        rest is decoded; their log-probs are not in the scores.
-      method: "greedy", "beam_search" or "temperature_sample"; default
-        "greedy" if `num_decodes == 1`, else "beam_search".
-      max_decode_length: decode length L when the batch has no
-        "decoder_input_tokens" (or to override its length); with
-        `prompt_with_targets` it must be None or the prompt's length.
+      prompt_with_targets: force `decoder_input_tokens` less EOS as prompt (T5X); its
+        log-probs are not in the scores.
+      method: "greedy", "beam_search" or "temperature_sample"; default greedy if
+        `num_decodes == 1`, else beam search.
+      max_decode_length: L without (or overriding) "decoder_input_tokens"; with
+        `prompt_with_targets`, None or the prompt's length.
 
     Returns:
       (tokens int32 [B, L] or [B, num_decodes, L], {"scores": float32 [B] or

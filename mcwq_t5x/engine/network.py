@@ -1,30 +1,13 @@
 """T5.1.1 / mT5 / T5 1.0 encoder-decoder Transformer in Flax linen.
 
 The architecture, parameter tree and logical axis names follow T5X's
-`t5x/examples/t5/network.py` and `layers.py` (Roberts et al., 2022), so that
-checkpoints of T5X and of Hugging Face `T5ForConditionalGeneration` /
-`MT5ForConditionalGeneration` load unchanged (see `checkpoint_import`):
-
-* pre-norm residual blocks with RMS layer norm (scale only, no bias,
-  epsilon 1e-6), Raffel et al. (2020), Sec. 2.1;
-* gated-GELU MLP `wi_0, wi_1, wo` (T5.1.1/mT5, Shazeer 2020) or ReLU MLP with a
-  single `wi` (T5 1.0);
-* no biases anywhere; relative position buckets (32 buckets, max distance 128),
-  bidirectional in the encoder and causal in the decoder, one table per stack;
-* attention logits are not scaled by 1/sqrt(d_kv): T5X folds that factor into
-  the initialiser of the query kernel (HF T5 also does no scaling);
-* logits from a separate `logits_dense` kernel (T5.1.1/mT5) or from the
-  transposed token embedding scaled by 1/sqrt(emb_dim) (T5 1.0).
-
-Parameters are float32 and carry logical axis names via
-`nn.with_logical_partitioning` (`vocab, embed, mlp, heads, kv, joined_kv,
-relpos_buckets`); activations are annotated with `nn.with_logical_constraint`
-(`batch, length, embed, heads, kv, mlp, vocab`), which is a no-op outside a mesh
-with logical axis rules. Kernels are stored as T5X stores them: 2-D
-`[embed, joined_kv]` for query/key/value, `[joined_kv, embed]` for `out`,
-`[embed, mlp]` / `[mlp, embed]` for the MLP, `[vocab, embed]` for the embedding,
-`[embed, vocab]` for `logits_dense` and `[heads, relpos_buckets]` for the
-relative position bias.
+`t5x/examples/t5/network.py` and `layers.py` (Roberts et al., 2022), so that T5X and Hugging Face
+`(M)T5ForConditionalGeneration` checkpoints load unchanged: pre-norm RMS layer norm (epsilon
+1e-6; Raffel et al. 2020, Sec. 2.1), gated-GELU (T5.1.1/mT5, Shazeer 2020) or ReLU (T5 1.0) MLP,
+no biases, relative position buckets (32, max distance 128), unscaled attention logits (T5X folds
+1/sqrt(d_kv) into the query initialiser), logits from `logits_dense` or the tied embedding /
+sqrt(emb_dim). Parameters are float32 with logical axis names (`vocab, embed, mlp, heads, kv,
+joined_kv, relpos_buckets`) and T5X's kernel layouts (`[embed, joined_kv]`, `[vocab, embed]`, ...).
 """
 
 from __future__ import annotations
@@ -250,36 +233,17 @@ def make_decoder_mask(decoder_target_tokens: Array,
 
 
 def mask_value(dtype: DType) -> Array:
-  """The logit given to masked attention positions: the most negative finite value of `dtype`.
-
-  As Flax (`nn.dot_product_attention_weights`): `jnp.finfo(dtype).min` is finite in every float
-  dtype, whereas a fixed constant such as T5X's -1e10 overflows to -inf in float16 (max 65504), and
-  a row whose keys are all masked (a padding query) then becomes NaN after the softmax.
-
-  Args:
-    dtype: a floating dtype (float32, bfloat16, float16).
-
-  Returns:
-    A scalar of `dtype`.
-  """
+  """The logit of masked attention positions: a scalar `jnp.finfo(dtype).min` of float `dtype`."""
+  # why not T5X's -1e10: it overflows to -inf in float16 (max 65504), and a fully masked row (a
+  # padding query) becomes NaN after the softmax; Flax's `dot_product_attention_weights` agrees.
   return jnp.asarray(jnp.finfo(dtype).min, dtype)
 
 
 def mask_logits(logits: Array, mask: Array) -> Array:
-  """Replaces masked attention logits by `mask_value(logits.dtype)`.
-
-  The value is put in place (`jnp.where`), not added as a bias: adding it to a negative relative
-  position bias would overflow to -inf in float16. Masked keys then get weight exactly 0 after the
-  softmax (exp(min - max) underflows to 0) and a fully masked row gets uniform weights, finite in
-  every dtype.
-
-  Args:
-    logits: [batch, heads, q_len, kv_len] float attention logits (any float dtype).
-    mask: broadcastable to `logits`, e.g. [batch or 1, 1, q_len, kv_len]; > 0 = attend.
-
-  Returns:
-    `logits` with masked entries replaced, same shape and dtype.
-  """
+  """`logits` [batch, heads, q_len, kv_len] (any float dtype) with `mask_value` where `mask`
+  (broadcastable, e.g. [batch or 1, 1, q_len, kv_len]; > 0 = attend) is not; same shape, dtype."""
+  # why in place, not added as a bias: min + a negative relative bias overflows to -inf in
+  # float16; in place, masked keys get weight exactly 0 and a fully masked row stays finite.
   return jnp.where(mask > 0, logits, mask_value(logits.dtype))
 
 
@@ -766,28 +730,15 @@ class Decoder(nn.Module):
 
 
 def cross_attention_kv(config: T5Config, params: Any, encoded: Array) -> list[tuple[Array, Array]]:
-  """The encoder-decoder attentions' key and value projections of `encoded`, for each layer.
-
-  What every decoder layer's `encoder_decoder_attention` computes from the encoder output: in
-  cached decoding they are the same at every step, so the caller computes them once per batch, in
-  the layout the attention's products read without a transposed copy, and passes them to
-  `Transformer.decode(..., cross_kv=...)` (Hugging Face's decoders likewise keep the
-  cross-attention keys and values; T5X projects them at every step and leaves the hoisting to
-  XLA, which then copies them transposed at every step).
-
-  Args:
-    config: the network's config.
-    params: the Transformer's unboxed params (`params["decoder"]["layers_<i>"]
-      ["encoder_decoder_attention"]["key"|"value"]["kernel"]`).
-    encoded: [batch, in_len, emb_dim] encoder output (`Transformer.encode`).
-
-  Returns:
-    `num_decoder_layers` pairs (key, value), each [batch, num_heads, head_dim, in_len] in
-    `config.dtype` (the layout of the self-attention cache).
+  """Each decoder layer's cross-attention (key, value) of `encoded` [batch, in_len, emb_dim], for
+  `Transformer.decode(..., cross_kv=...)`: each [batch, num_heads, head_dim, in_len] in
+  `config.dtype` (the self-attention cache's layout). `params` are the unboxed Transformer params.
 
   Raises:
     KeyError: `params` lacks a decoder layer's attention kernels.
   """
+  # why once per batch: they are the same at every decoding step (as Hugging Face keeps them);
+  # T5X projects them per step and XLA then copies them transposed at every step.
   projection = DenseGeneral(
       axis=-1,
       features=(config.num_heads, config.head_dim),
@@ -911,27 +862,19 @@ class Transformer(nn.Module):
 
     Args:
       encoder_input_tokens: [batch, in_len] int32, 0 = padding.
-      decoder_input_tokens: [batch, tgt_len] int32 (targets shifted right,
-        BOS = 0).
-      decoder_target_tokens: [batch, tgt_len] int32, 0 = padding (used for
-        masks only).
+      decoder_input_tokens: [batch, tgt_len] int32 (targets shifted right, BOS = 0).
+      decoder_target_tokens: [batch, tgt_len] int32, 0 = padding (masks only).
       encoder_segment_ids, decoder_segment_ids: [batch, len] packing ids.
       encoder_positions, decoder_positions: [batch, len] positions in packed
-        examples; not read. They stay in the signature because T5X's `EncoderDecoderModel`
-        passes them by keyword (`get_initial_variables`, `_compute_logits`), so that T5X's model
-        can drive this network; `model.EncoderDecoderModel` does not pass them. As in T5X's
-        network, relative
-        positions are key index - query index in the row, one [1, heads, len, len] bias for the
-        whole batch. For packed rows (SeqIO: segments are contiguous and their positions count
-        from 0) this equals key position - query position on every pair of the same segment,
-        and the segment mask replaces the logits of every other pair, so logits and gradients
-        are those of the examples unpacked. (Computing the bias from the positions instead gave
-        a [batch, heads, len, len] gather per layer and its scatter-add in the backward pass.)
+        examples; accepted (T5X's `EncoderDecoderModel` passes them) and not read.
       enable_dropout: apply dropout (needs a 'dropout' rng).
-      decode: cached decoding mode (the first call creates the cache).
-      max_decode_length: cache length for `decode`.
+      decode, max_decode_length: cached decoding (the first call creates the cache) and its length.
     """
-    del encoder_positions, decoder_positions  # see the docstring
+    # why unread: relative positions are key index - query index in the row (one [1, heads, len,
+    # len] bias, as T5X), which equals position difference within a packed segment (contiguous,
+    # counting from 0) while the segment mask replaces every other pair; the positions would
+    # cost a [batch, heads, len, len] gather per layer and its scatter-add in the backward pass.
+    del encoder_positions, decoder_positions
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout=enable_dropout)
     return self.decode(
         encoded,

@@ -1,29 +1,14 @@
 """Device mesh, T5X logical axis rules and sharded compilation.
 
-This is the lean counterpart of T5X's `t5x/partitioning.py` (`PjitPartitioner`): a 2-D device mesh
-with axes `("data", "model")`, T5X's standard logical-axis rules mapping the model's logical axis
-names (`batch`, `vocab`, `embed`, `mlp`, `heads`, `kv`, `joined_kv`, `length`, `relpos_buckets`) to
-mesh axes, and `jax.jit` with explicit `in_shardings`/`out_shardings` (what `pjit` became in JAX).
-
-Multi-host / multi-process: `initialize_distributed()` wraps `jax.distributed.initialize` (the mains
-call it from T5X's flags `--multiprocess_gpu --coordinator_address --process_count --process_index`,
-`add_multiprocess_flags` / `initialize_from_flags`; on CPU the cross-process collectives use gloo).
-`Partitioner.local_batch_rows()` says which rows of each global batch this process's devices hold
-(its data shard), and `Partitioner.make_global_batch()` assembles the globally sharded batch from
-the per-process numpy rows with `jax.make_array_from_process_local_data`. Because the rows follow
-the mesh, a global batch holds the same examples in the same order however many processes feed
-it: 2 processes x 2 devices train exactly like 1 process x 4 devices.
-
-Parameter shardings: `Partitioner.param_mesh_specs` maps a parameter tree's logical axis names to
-mesh `PartitionSpec`s (a mesh axis that does not divide a dimension is dropped,
-`fit_spec_to_mesh`), and `Partitioner.abstract_params` gives the parameters' shapes, dtypes and
-shardings from a model's init by `jax.eval_shape`, allocating nothing.
-
-The CPU settings of the mains (XLA host devices, XLA CPU flags, glibc `malloc` options) are in
-`mcwq_t5x.engine.cpu_settings`; `set_host_device_count` is also reachable here, under the name the gin
-files configure (`partitioning.set_host_device_count.count`).
-
-Nothing here imports TensorFlow or SeqIO.
+The lean counterpart of T5X's `t5x/partitioning.py` (`PjitPartitioner`): a 2-D mesh
+`("data", "model")`, T5X's standard rules from logical axis names (`batch`, `vocab`, `embed`,
+`mlp`, `heads`, `kv`, `joined_kv`, `length`, `relpos_buckets`) to mesh axes, and `jax.jit` with
+explicit shardings. `initialize_distributed` wraps `jax.distributed.initialize` (T5X's
+`--multiprocess_gpu` flags; gloo on CPU); `local_batch_rows` and `make_global_batch` place each
+process's rows so that a global batch holds the same examples however many processes feed it.
+`param_mesh_specs` and `abstract_params` give parameter shardings without allocating.
+`set_host_device_count` is re-exported from `cpu_settings` under the name gin files configure.
+No TensorFlow or SeqIO import.
 """
 from __future__ import annotations
 
@@ -117,22 +102,12 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                            heartbeat_timeout: Optional[int] = HEARTBEAT_TIMEOUT_S) -> bool:
   """Calls `jax.distributed.initialize` for multi-process runs (no-op when nothing is configured).
 
-  Must run before anything touches a device (the mains call it right after parsing the flags).
-  On CPU, cross-process collectives need a CPU collectives implementation: it is set to gloo when
-  the installed JAX has none selected (JAX >= 0.5 selects gloo by default).
-
-  Args:
-    coordinator_address: "host:port" of process 0 (every process passes the same); None = single
-      process. "auto": let JAX detect the cluster (Cloud TPU, SLURM, Open MPI, ...).
-    num_processes: total number of processes (None: detected by JAX).
-    process_id: this process's index in [0, num_processes) (None: detected by JAX).
-    initialization_timeout: seconds to wait for all processes to connect (None: JAX's default,
-      300 s).
-    heartbeat_timeout: seconds without a heartbeat after which the coordination service counts a
-      process as dead and ends the run (`HEARTBEAT_TIMEOUT_S`; None: JAX's default, 100 s).
-
-  Returns:
-    True if `jax.distributed.initialize` was called.
+  Returns True if it was called. Run before anything touches a device. `coordinator_address`:
+  process 0's "host:port", "auto" (JAX detects Cloud TPU, SLURM, Open MPI, ...) or None (one
+  process); `num_processes`, `process_id` None: detected; `initialization_timeout` in seconds
+  (None: JAX's 300 s); `heartbeat_timeout` (s) without a heartbeat before the coordination
+  service ends the run (`HEARTBEAT_TIMEOUT_S`; None: JAX's 100 s).
+  On CPU the collectives are set to gloo when JAX has none selected.
 
   Raises:
     ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
@@ -267,14 +242,9 @@ class DataShardInfo:
 
 
 def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """Builds a `("data", "model")` mesh over `devices` (default: all devices of all processes).
+  """A `("data", "model")` mesh of shape `(len(devices) // num_partitions, num_partitions)`.
 
-  Args:
-    num_partitions: size of the `model` axis (T5X's `num_partitions`); must divide the device count.
-    devices: devices to use; None = `jax.devices()`.
-
-  Returns:
-    A `jax.sharding.Mesh` of shape `(num_devices // num_partitions, num_partitions)`.
+  `devices` defaults to `jax.devices()` (all processes'); `num_partitions` is T5X's.
 
   Raises:
     ValueError: if `num_partitions` is not a positive divisor of the number of devices.
@@ -347,16 +317,8 @@ class Partitioner:
   def local_batch_rows(self, global_batch_size: int) -> slice:
     """The rows of a global batch that this process's devices hold (`data_sharding`).
 
-    With one process: all rows. With P processes on a `data` x `model` mesh whose data replicas
-    are grouped by process (what `create_mesh` builds): a contiguous block of
-    `global_batch_size // P` rows, process 0 first. A process whose devices span several data
-    replicas of other processes (an unusual device order) gets a clear error.
-
-    Args:
-      global_batch_size: rows of the global batch (all processes together).
-
-    Returns:
-      `slice(start, stop)` into the global batch's leading dimension.
+    A `slice` into the global batch's leading dimension: all rows with one process, else a
+    contiguous block of `global_batch_size // P` rows, process 0 first (`create_mesh`'s order).
 
     Raises:
       ValueError: bad batch size (`check_batch_size`), or the process's rows are not one
@@ -462,15 +424,8 @@ class Partitioner:
                       rng: Optional[jax.Array] = None) -> PyTree:
     """Shapes, dtypes and shardings of the parameters `init_params` creates, allocating nothing.
 
-    Args:
-      init_params: rng -> the parameter tree boxed with logical axis names (e.g.
-        `lambda r: model.get_initial_variables(r, input_shapes)["params"]`); traced twice with
-        `jax.eval_shape` under `context()`, never run.
-      rng: the PRNG key passed to it (default `PRNGKey(0)`; shapes do not depend on it).
-
-    Returns:
-      The unboxed tree of `jax.ShapeDtypeStruct`s, each with its `NamedSharding` on this mesh
-      (`param_mesh_specs`): what `Trainer.state_shapes(...).params` holds for the same model.
+    `init_params`: rng -> the tree boxed with logical axis names, traced by `jax.eval_shape`,
+    never run. Returns the unboxed tree of `jax.ShapeDtypeStruct`s with their `NamedSharding`s.
     """
     rng = jax.random.PRNGKey(0) if rng is None else rng
     with self.context():

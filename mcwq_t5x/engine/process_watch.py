@@ -1,31 +1,14 @@
 """Which process of a multi-process run is gone, said by the processes that are left.
 
-When a process of a `jax.distributed` run dies (killed, out of memory, a crashed host), the others
-wait in their next collective until JAX's coordination service misses its heartbeats (about 50 s
-with JAX's defaults) and then ends them from C++ ("Terminating process because the JAX distributed
-service detected fatal errors ... The tasks have crashed", `Check failure stack trace`, exit status
-134): nothing says in the run's own terms which process died or how to go on.
-
-`ProcessWatch` says it first. Every process runs a daemon thread that, once a second
-(`INTERVAL_S`), writes a counter under its own key of the coordination service's key-value store
-and reads the others' keys:
-
-* a process whose counter has not moved for `TIMEOUT_S` seconds (less than JAX's heartbeat
-  timeout) is gone (died, killed or hung);
-* a process that has written "failed: <error>" stopped with that error;
-* when the store itself does not answer, process 0, which runs the coordination service, is gone
-  (XLA may end this process first then, with its own message, which names the "leader task");
-* a process that has written "done" has ended normally and is no longer watched.
-
-The thread then calls `on_lost(message)`: `mcwq_t5x.train` logs one last line naming the process
-and the command that resumes the run, and ends the process at once (exit status 1).
-
-`is_lost_process_error` tells the runtime error a collective raises in the main thread when its
-other end is gone (gloo: "Connection reset by peer") from the process's own errors.
-
-The store is reached through `jax._src.distributed.global_state.client`, as Orbax reaches it
-(`orbax.checkpoint.multihost.get_jax_distributed_client`): JAX has no public name for it. Nothing
-here imports TensorFlow or SeqIO.
+When a `jax.distributed` process dies, the others wait in their next collective until JAX's
+coordination service misses its heartbeats (~50 s) and ends them from C++ (exit 134), naming no
+process. `ProcessWatch` says it first: a daemon thread writes a counter under its own key of the
+coordination service's key-value store every `INTERVAL_S` and reads the others'; a counter still
+for `TIMEOUT_S` means gone, "failed: <error>" that error, an unanswering store that process 0 is
+gone, "done" a normal end; then `on_lost(message)` is called. `is_lost_process_error` tells a
+collective's error from a lost peer (gloo: "Connection reset by peer"). The store is reached
+through `jax._src.distributed.global_state.client`, as Orbax does (JAX has no public name).
+No TensorFlow or SeqIO import.
 """
 from __future__ import annotations
 

@@ -1,33 +1,15 @@
 """Training state, optimizer, learning-rate schedules and the sharded train/eval steps.
 
-Lean counterpart of T5X's `t5x/trainer.py` + `t5x/utils.py` (train-state creation) + `t5x/optimizers.py`:
-
-* `TrainState`: step, params, optax optimizer state (a flax struct, i.e. a pytree).
-* `make_optimizer()`: Adafactor (`optax.adafactor`) by default, as T5X fine-tuning uses; AdamW optional.
-* `create_learning_rate_schedule()`: constant, linear decay, rsqrt decay and cosine, each with linear warm-up.
-  The MCWQ paper (Cui et al., TACL 2022, Sec. 5) fine-tunes mT5 with learning rate 5e-4 and the other
-  baselines with 3e-5; both are gin settings of the experiment files.
-* `Trainer`: creates the state SHARDED (`jax.jit` of init with `out_shardings`: parameters are
-  never materialised whole on one device), compiles `train_step` (gradient accumulation over
-  `num_microbatches` with `jax.lax.scan`: each microbatch's `model.loss_fn` is normalised by the
-  model's `loss_normalizer` of the WHOLE batch and the gradients and metric sums are added, so
-  microbatching gives the same update as one large batch; the normalisation itself is the model's,
-  see the loss contract in `mcwq_t5x.engine.model`), dropout RNG =
-  `fold_in(fold_in(seed_rng, step), microbatch)`, and `eval_step`.
-* Dropout's random bits: JAX's default PRNG (threefry), or with `use_hardware_rng` (T5X's
-  `USE_HARDWARE_RNG`) the `unsafe_rbg` PRNG, i.e. XLA's `RngBitGenerator`, for dropout only
-  (parameter initialisation stays on the default PRNG). T5X sets `unsafe_rbg` process-wide for the
-  same reason: on TPU it is the hardware generator; on the CPU it replaces threefry's integer
-  hashing, a noticeable part of a training step (CHANGELOG.md has the figures).
-  The masks differ from threefry's and may differ between meshes of different shapes.
-* Non-finite loss or gradients: the step leaves the state unchanged and `Trainer.train_step` raises
-  `NonFiniteLossError` with the step and the unchanged state; whether a checkpoint of an earlier
-  step exists is for the caller (which saves them) to say. `Trainer.train_step_async` does not
-  wait for the device: it records the first bad step in a device-side `FiniteGuard` and freezes
-  the state from then on; `Trainer.check_finite` (at log and checkpoint steps) raises the same
-  error, for the same step and state, up to one check interval later.
-
-Nothing here imports TensorFlow or SeqIO.
+Lean counterpart of T5X's `t5x/trainer.py`, `t5x/utils.py` (train-state creation) and
+`t5x/optimizers.py`: `TrainState` (step, params, optax state), `make_optimizer` (Adafactor as T5X
+fine-tuning, or AdamW), `create_learning_rate_schedule` (constant, linear, rsqrt, cosine, linear
+warm-up; the MCWQ paper, Cui et al. TACL 2022 Sec. 5, uses 5e-4 for mT5) and `Trainer`: the
+state created sharded, `train_step` accumulating `num_microbatches` with `lax.scan` under the
+model's loss contract (`engine.model`), dropout rng `fold_in(fold_in(seed, step), microbatch)`,
+optionally XLA's `RngBitGenerator` (`use_hardware_rng`, T5X's `unsafe_rbg`; dropout only), and
+`eval_step`. A non-finite loss or gradient leaves the state unchanged and raises
+`NonFiniteLossError` (at once from `train_step`; from `check_finite` for `train_step_async`,
+whose device-side `FiniteGuard` freezes the state at the first bad step). No TensorFlow or SeqIO.
 """
 from __future__ import annotations
 
@@ -165,18 +147,9 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
                    adam_eps: float = 1e-8) -> optax.GradientTransformation:
   """The optimizer (an optax gradient transformation).
 
-  Args:
-    learning_rate_fn: schedule from `create_learning_rate_schedule`.
-    name: "adafactor" (T5X fine-tuning default: decay rate 0.8, update clipping 1.0, parameter-scale
-      relative steps, factored second moments) or "adamw".
-    weight_decay: decoupled weight decay (AdamW) / Adafactor `weight_decay_rate` (0 = none).
-    grad_clip_norm: global-norm gradient clipping before the optimizer (None = none; the paper's
-      recipe, the Hugging Face Trainer's default `max_grad_norm`: 1.0).
-    adam_b1, adam_b2, adam_eps: AdamW's moment decays and epsilon (defaults: the Hugging Face
-      Trainer's and `optax.adamw`'s, 0.9 / 0.999 / 1e-8).
-
-  Returns:
-    An `optax.GradientTransformation`.
+  `name`: "adafactor" (T5X fine-tuning's defaults) or "adamw" (the Hugging Face Trainer's and
+  `optax.adamw`'s defaults); `weight_decay` is decoupled (AdamW) or Adafactor's
+  `weight_decay_rate`; `grad_clip_norm` clips the global norm first (the paper's recipe: 1.0).
 
   Raises:
     ValueError: for an unknown optimizer name.
@@ -495,21 +468,10 @@ class Trainer:
                        guard: FiniteGuard) -> tuple[TrainState, dict[str, jax.Array], FiniteGuard]:
     """One optimizer update, dispatched without waiting for the device (no host sync).
 
-    Non-finite steps are recorded on the device in `guard` instead of raising: the first step
-    whose loss or gradient norm is NaN/Inf leaves the state unchanged, and so do all later steps
-    (the state stays the last good one, `state.step` == the bad step) until the caller calls
-    `check_finite(guard, state)`, which raises `NonFiniteLossError` naming that first bad step.
-    A caller that checks the guard before every checkpoint save and every metric log never saves
-    or logs anything from a non-finite step; the error comes at most one check interval late.
-
-    Args:
-      state: the train state (donated: do not reuse it).
-      batch: a global batch (already sharded, or plain numpy on one host).
-      guard: `FiniteGuard` from `initial_guard()` or the previous call.
-
-    Returns:
-      (new_state, metric sums of this step as device scalars, "learning_rate", "grad_norm" and
-      bool "is_finite" added; the new guard).
+    `state` is donated; `guard` comes from `initial_guard()` or the previous call. Returns
+    (new_state, metric sums as device scalars with "learning_rate", "grad_norm", "is_finite";
+    the new guard). From the first NaN/Inf step on the state stays the last good one until
+    `check_finite` raises `NonFiniteLossError` for that step: check before saving or logging.
     """
     if self._train_step_fn is None:
       shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
@@ -539,11 +501,7 @@ class Trainer:
   def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update on a global batch, checked at once (waits for the device).
 
-    `train_step_async` followed by `check_finite`; loops that should not wait on every step use
-    those two directly (as `mcwq_t5x.train.train` does).
-
-    Returns:
-      (new_state, metric sums as device scalars; "learning_rate", "grad_norm", "is_finite" added).
+    `train_step_async` followed by `check_finite`; returns (new_state, metric sums).
 
     Raises:
       NonFiniteLossError: if the loss or the gradient norm is NaN/Inf; the state is NOT updated

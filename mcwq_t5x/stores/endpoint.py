@@ -1,24 +1,12 @@
 """The SPARQL store interface: `Endpoint` (`select`, `ask`, `labels`), its errors, the Wikidata
-vocabulary and id checks, and the join order of generated queries.
+id checks and the join order of generated queries.
 
-Execution accuracy (`mcwq_t5x.evaluation.execution`) runs queries on a store; the dataset-creation
-pipeline (`preprocessing.substitute`, `preprocessing.migrate`: entity substitution and negative
-sampling, MCWQ paper §3.2) uses them too. The stores (each module's docstring says more):
-
-* `mcwq_t5x.stores.oxigraph.OxigraphEndpoint`: an embedded `pyoxigraph` store, loaded from
-  N-Triples or CoDEx, the offline default;
-* `mcwq_t5x.stores.remote.RemoteEndpoint`: any SPARQL 1.1 HTTP endpoint, by default the Wikidata
-  Query Service (through `mcwq_t5x.stores.transport`);
-* `mcwq_t5x.stores.cache.CachedEndpoint`: any store, its answers kept in a JSONL file;
-* `mcwq_t5x.stores.flags`: the command-line flags that name one.
-
-Every store raises `QueryTimeout` (an `EndpointError`) when a query takes longer than its
-`timeout_s`; it is not retried.
-
-Results are plain JSON-able values: `select` returns a list of {variable: term} rows where a
-Wikidata entity is written `wd:Q42`, a property `wdt:P57`, any other IRI `<…>` and a literal its
-lexical form (`compact`). `order_triples` orders a query's triple patterns for the embedded store's
-joins.
+Execution accuracy and dataset creation (entity substitution and negative sampling, MCWQ paper
+§3.2) run queries on a store: `oxigraph.OxigraphEndpoint` (embedded, the offline default),
+`remote.RemoteEndpoint` (any SPARQL 1.1 endpoint, by default WDQS) or `cache.CachedEndpoint`.
+Every store raises `QueryTimeout` past its `timeout_s` (not retried). `select` returns
+{variable: term} rows with terms as `compact` writes them (`wd:Q42`, `wdt:P57`, `<iri>`, a
+literal's lexical form).
 """
 
 from __future__ import annotations

@@ -20,22 +20,10 @@ from mcwq_t5x.stores.endpoint import Endpoint
 def add_endpoint_arguments(parser: Any,
                            embedded_timeout: bool = False,
                            max_retry_after: bool = False) -> None:
-  """Defines the command-line flags of a `remote.RemoteEndpoint` (see
-  `remote_endpoint_from_arguments`).
+  """Adds `--url`, `--user-agent`, `--timeout`, `--retries`, `--rate` (and, if asked,
+  `--max-retry-after`) to `parser` (a parser or an argument group).
 
-  The flags: `--url`, `--user-agent`, `--timeout`, `--retries`, `--rate` and, if asked,
-  `--max-retry-after`. A flag of two words is accepted with `-` and with `_` (`--user-agent`,
-  `--user_agent`); both set the same attribute (`args.user_agent`).
-
-  Args:
-    parser: an `argparse.ArgumentParser`, or an argument group of one.
-    embedded_timeout: `--timeout` also bounds the queries of the embedded store (its help says
-      so); otherwise it is documented as remote only.
-    max_retry_after: also define `--max-retry-after` (otherwise the `RemoteEndpoint` default,
-      `transport.DEFAULT_MAX_RETRY_AFTER_S`, is used).
-
-  Returns:
-    None; the flags are added to `parser`.
+  `embedded_timeout`: `--timeout`'s help says it bounds the embedded store too.
 
   Raises:
     argparse.ArgumentError: `parser` already has one of these flags.
@@ -43,7 +31,7 @@ def add_endpoint_arguments(parser: Any,
   parser.add_argument("--url", default=remote.WDQS_URL, help="remote SPARQL endpoint URL")
   parser.add_argument(
       "--user-agent",
-      "--user_agent",
+      "--user_agent",  # why: both spellings of a two-word flag set `args.user_agent`
       dest="user_agent",
       default=remote.DEFAULT_USER_AGENT,
       help="remote: User-Agent header of the requests")
@@ -75,14 +63,7 @@ def add_endpoint_arguments(parser: Any,
 
 
 def remote_endpoint_from_arguments(args: argparse.Namespace) -> remote.RemoteEndpoint:
-  """Builds the `RemoteEndpoint` that the flags of `add_endpoint_arguments` describe.
-
-  Args:
-    args: parsed command line with `url`, `user_agent`, `timeout`, `retries`, `rate` and,
-      optionally, `max_retry_after` (absent: `transport.DEFAULT_MAX_RETRY_AFTER_S`).
-
-  Returns:
-    The endpoint (no request is sent yet).
+  """The `RemoteEndpoint` of the flags of `add_endpoint_arguments` (no request sent yet).
 
   Raises:
     ValueError: `--timeout` is not positive.
@@ -99,22 +80,10 @@ def remote_endpoint_from_arguments(args: argparse.Namespace) -> remote.RemoteEnd
 def endpoint_from_arguments(args: argparse.Namespace,
                             embedded_timeout: bool = False,
                             allow_empty: bool = False) -> Endpoint:
-  """The store a command line names: `--endpoint remote` or the embedded one.
+  """The store a command line names (`args.endpoint`: "remote" or "oxigraph"); not cached.
 
-  Args:
-    args: parsed command line with `endpoint` ("remote" or "oxigraph"), `codex`, `ntriples` and
-      the flags of `add_endpoint_arguments`.
-    embedded_timeout: `--timeout` also bounds the embedded store's queries (as
-      `add_endpoint_arguments(embedded_timeout=True)` documents it).
-    allow_empty: see `oxigraph.embedded_store`.
-
-  Returns:
-    `remote_endpoint_from_arguments(args)` or `oxigraph.embedded_store(...)` (not cached: wrap it
-    in `mcwq_t5x.stores.cache.CachedEndpoint`).
-
-  Raises:
-    ValueError, FileNotFoundError: see `oxigraph.embedded_store` and
-      `remote_endpoint_from_arguments`.
+  `embedded_timeout`: `--timeout` also bounds the embedded store's queries; `allow_empty`: as in
+  `oxigraph.embedded_store`, whose ValueError and FileNotFoundError pass through.
   """
   if args.endpoint == "remote":
     return remote_endpoint_from_arguments(args)

@@ -249,19 +249,12 @@ def embedded_store(codex: str | pathlib.Path | None = None,
                    allow_empty: bool = False) -> OxigraphEndpoint:
   """Builds the embedded pyoxigraph store from a CoDEx folder and/or N-Triples files.
 
-  The one place both commands that query a store (`preprocessing.migrate` and
-  `mcwq_t5x.score --execute`) build their embedded store; `flags.endpoint_from_arguments` picks
-  it or the remote one from a command line.
-
   Args:
-    codex: a CoDEx folder (`{train,valid,test}.txt`, `entity2types.json`; see `load_codex`), e.g.
+    codex: a CoDEx folder (`{train,valid,test}.txt`, `entity2types.json`), e.g.
       `../shared/wikidata/codex-m`; None or "" for none.
     ntriples: N-Triples files with Wikidata IRIs.
-    timeout_s: bound of one query in seconds (`OxigraphEndpoint`); None = unbounded.
+    timeout_s: bound of one query in seconds; None = unbounded.
     allow_empty: accept a store with neither (`migrate --codex ''`: nothing is found).
-
-  Returns:
-    The loaded store.
 
   Raises:
     ValueError: neither `codex` nor `ntriples` (unless `allow_empty`), a malformed CoDEx line

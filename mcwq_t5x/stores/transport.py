@@ -1,48 +1,13 @@
-"""The HTTP transport of every remote client: SPARQL endpoints (`mcwq_t5x.stores.remote`, MCWQ
-paper §3.2) and machine translation (`preprocessing.translate.GoogleBackend`, §4.1).
+"""The HTTP transport of every remote client: SPARQL endpoints (`stores.remote`, MCWQ paper §3.2)
+and machine translation (`preprocessing.translate`, §4.1).
 
 `Transport.post` sends a form (`application/x-www-form-urlencoded`) through a `requests.Session`
-(connections kept alive, proxies set in the environment used) and applies one policy:
-
-* a deadline (`timeout_s`) on each attempt as a whole: connecting, sending, waiting for the answer
-  and reading all of it. An attempt whose answer is not complete by then raises `DeadlineExceeded`
-  and is not retried (the request would take as long again);
-* retries (at most `max_retries`) on network errors, on HTTP 429, 500, 502, 503, 504 and on
-  answers a caller marks (`retryable`, e.g. Google's 403 `rateLimitExceeded`), after a backoff of
-  `backoff_s` doubled after each failure (capped at `max_backoff_s`), or at least what the
-  answer's `Retry-After` asks (RFC 9110 §10.2.3, delay-seconds and HTTP-date); one asking more
-  than `max_retry_after_s` raises `RetryAfterTooLong` at once. After giving up on an answer with
-  `Retry-After`, the next request still waits for the rest of that time;
-* a minimum interval between the starts of two requests (`min_interval_s`, retries included);
-* redirects (301, 302, 303, 307, 308) followed by POSTing the same form to `Location` (at most
-  `MAX_REDIRECTS` hops, each logged; after a 301 or 308 later requests go there directly), e.g.
-  from http to https; `requests` would turn a POST redirected by a 301, 302 or 303 into a GET
-  without its form (as browsers do).
-
-What the libraries' public API could not do, and this module does itself:
-
-* `urllib3.util.Retry` (mounted through `HTTPAdapter(max_retries=...)`) sleeps with `time.sleep`
-  and reads an HTTP-date `Retry-After` against `time.time()` (neither can be injected, so tests
-  would sleep for real); its `retry_after_max` caps the wait and retries instead of stopping; it
-  does not back off before the first retry; it cannot see a body (Google's 403 reasons), count
-  attempts, keep a minimum interval between them, or remember a `Retry-After` after giving up;
-  and it would retry an attempt that the deadline cut, as a read error. So the adapter sends one
-  attempt (`requests`' default, no retry) and `Transport.post` is the retry loop.
-* `requests`' `timeout=(connect, read)` and urllib3's `Timeout(total=...)` bound each socket
-  operation, not an attempt: "if a server streams one byte every fifteen seconds, a timeout of 20
-  seconds will not trigger" (urllib3's `Timeout` documentation). The deadline is a timer that
-  shuts the attempt's socket down, which ends any blocked read at once; urllib3 has no public way
-  to reach the socket before the answer's headers arrive, so the connections are urllib3's own
-  with one method added (`_WatchedConnection.getresponse` hands the socket to the running
-  attempt's deadline, found in a `contextvars.ContextVar`), plugged in through the extension
-  points the libraries provide: `ConnectionCls` of a pool class, the pool manager's
-  `pool_classes_by_scheme` and `requests`' `HTTPAdapter.init_poolmanager` / `proxy_manager_for`.
-  Connections through a SOCKS proxy keep urllib3's classes: there the per-read timeout bounds an
-  attempt.
-
-A `Transport` sends one request at a time (its pacing is not shared between threads).
-
-Plain Python on `requests` and urllib3; no TensorFlow or JAX.
+under one policy: a deadline on each attempt as a whole (`timeout_s`; `DeadlineExceeded`, not
+retried); at most `max_retries` retries on network errors, HTTP 429/500/502/503/504 and answers a
+caller marks `retryable`, after an exponential backoff or at least the answer's `Retry-After` (RFC
+9110 §10.2.3; more than `max_retry_after_s` raises `RetryAfterTooLong`); a minimum interval between
+request starts (`min_interval_s`); redirects 301/302/303/307/308 followed by POSTing the same form
+(at most `MAX_REDIRECTS` hops). One request at a time: pacing is not shared between threads.
 """
 
 from __future__ import annotations
@@ -176,22 +141,13 @@ def retry_delay(backoff_s: float,
                 retry_after: str | None,
                 max_s: float = math.inf,
                 now: float | None = None) -> float:
-  """Seconds to wait before retrying a failed request.
+  """Seconds to wait before a retry: `max(min(backoff_s, max_s), Retry-After)`.
 
-  Args:
-    backoff_s: the current exponential-backoff delay, in seconds.
-    retry_after: the response's `Retry-After` header, or None (see `parse_retry_after`; an
-      unparseable value counts as absent).
-    max_s: the longest wait the caller accepts, in seconds: the backoff is capped at it, and a
-      server asking for more is an error.
-    now: the current time as POSIX seconds, for an HTTP-date `retry_after` (default `time.time()`).
-
-  Returns:
-    `max(backoff_s, server's delay)`, i.e. at least what the server asks; `min(backoff_s, max_s)`
-    when it asks nothing.
+  `retry_after` is the header or None (unparseable counts as absent); `max_s` is the longest wait
+  accepted (s); `now` is POSIX seconds for an HTTP-date (default `time.time()`).
 
   Raises:
-    RetryAfterTooLong: the server's delay exceeds `max_s`.
+    RetryAfterTooLong: the server asks for more than `max_s`.
   """
   wait_s = min(backoff_s, max_s)
   asked = parse_retry_after(retry_after, now)
@@ -301,6 +257,13 @@ _DEADLINE: contextvars.ContextVar[_Deadline | None] = contextvars.ContextVar(
     "mcwq_t5x_stores_transport_deadline", default=None)
 
 
+# why the deadline shuts the socket down: `requests`' `timeout=(connect, read)` and urllib3's
+# `Timeout(total=...)` bound each socket operation, not an attempt ("if a server streams one byte
+# every fifteen seconds, a timeout of 20 seconds will not trigger", urllib3's `Timeout` docs), and
+# urllib3 has no public way to reach the socket before the headers arrive. So `getresponse` hands
+# the socket to the running attempt's `_Deadline` (a `ContextVar`), plugged in through
+# `ConnectionCls`, `pool_classes_by_scheme` and `HTTPAdapter.init_poolmanager`/`proxy_manager_for`.
+# SOCKS proxies keep urllib3's classes: there the per-read timeout bounds an attempt.
 class _WatchedConnection:
   """Adds to a urllib3 connection: hand the socket to the running attempt's deadline before reading
   the answer (the status line, headers and body are all read from it)."""
@@ -362,6 +325,11 @@ def _describe(error: BaseException) -> str:
   return f"{type(error).__name__}: {error}"
 
 
+# why `post` is its own retry loop, not `urllib3.util.Retry`: Retry sleeps with `time.sleep` and
+# reads an HTTP-date against `time.time()` (tests would sleep for real), retries past
+# `retry_after_max` instead of stopping, does not back off before the first retry, cannot see a
+# body (Google's 403 `rateLimitExceeded`), keep an interval or remember a `Retry-After` after giving
+# up, and would retry an attempt the deadline cut as a read error.
 class Transport:
   """POSTs forms with the policy of the module docstring.
 
