@@ -28,6 +28,7 @@ import logging
 import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
@@ -43,7 +44,9 @@ def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Pat
 
   `mcwq_t5x.evaluation.report` names the model after `folder` (the run), not after this subfolder.
   """
-  return pathlib.Path(folder) / (f"eval_{step}" if step is not None else "eval")
+  if step is None:
+    return pathlib.Path(folder) / "eval"
+  return run_folder.eval_dir(folder, step)
 
 
 def evaluate(*,

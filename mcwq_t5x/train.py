@@ -54,7 +54,6 @@ Output layout of MODEL_DIR:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import pathlib
@@ -71,6 +70,7 @@ import numpy as np
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
@@ -96,48 +96,6 @@ def check_model_and_task(model: Any, cfg: pipeline.DatasetConfig) -> None:
   size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
   if size is not None:
     pipeline.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
-
-
-class ScalarWriter:
-  """TensorBoard event files whose metrics are plain scalar summaries (`simple_value`), so that
-  `EventAccumulator(dir).Scalars(tag)` reads them as well as TensorBoard does (clu's writer, like
-  TF2's `tf.summary.scalar`, stores tensor summaries, which `Scalars()` does not list). Only
-  process 0 writes; no TensorFlow needed.
-
-  Args:
-    logdir: the folder of the event file (created).
-  """
-
-  def __init__(self, logdir: str):
-    self._writer = None
-    if jax.process_index() == 0:
-      from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
-      pathlib.Path(logdir).mkdir(parents=True, exist_ok=True)
-      self._writer = event_file_writer.EventFileWriter(str(logdir))
-
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Writes one scalar per entry at `step`."""
-    if self._writer is None:
-      return
-    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
-    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
-    self._writer.add_event(
-        event_pb2.Event(
-            step=int(step), wall_time=time.time(), summary=summary_pb2.Summary(value=values)))
-
-  def flush(self) -> None:
-    if self._writer is not None:
-      self._writer.flush()
-
-  def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
-
-
-def create_metric_writer(logdir: str) -> ScalarWriter:
-  """The TensorBoard writer of `logdir` (`ScalarWriter`; the console log is `train`'s own)."""
-  return ScalarWriter(logdir)
 
 
 def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
@@ -180,54 +138,6 @@ def selection_metric(metric_name_to_monitor: Optional[str],
         "checkpoint and the periodic figures are monitoring only", metric_name_to_monitor, *key)
     return None
   return metric_name_to_monitor
-
-
-def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
-  if jax.process_index() == 0:
-    with open(path, "a") as f:
-      f.write(json.dumps(pipeline.to_jsonable(record), sort_keys=True) + "\n")
-
-
-METRICS_FILES = ("train_metrics.jsonl", "eval_metrics.jsonl")
-
-
-def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str, int]:
-  """Drops the rows of steps after `step` from MODEL_DIR's `METRICS_FILES` (process 0).
-
-  On resume from checkpoint `step`, the steps after it are trained again and their rows written
-  again; without this the files would hold them twice (TensorBoard readers likewise drop events
-  after a restart step). Lines that are not JSON (cut off when a run was killed) are dropped too.
-
-  Returns:
-    {file name: rows dropped} for the files that lost rows (each logged).
-
-  Raises:
-    OSError: a file cannot be rewritten.
-  """
-  dropped: dict[str, int] = {}
-  if jax.process_index() != 0:
-    return dropped
-  for name in METRICS_FILES:
-    path = pathlib.Path(model_dir) / name
-    if not path.is_file():
-      continue
-    kept = []
-    lines = path.read_text().splitlines()
-    for line in lines:
-      try:
-        row_step = json.loads(line).get("step")
-      except (ValueError, AttributeError):
-        continue
-      if isinstance(row_step, (int, float)) and row_step <= step:
-        kept.append(line)
-    if len(kept) != len(lines):
-      tmp = path.with_name(path.name + ".tmp")
-      tmp.write_text("".join(l + "\n" for l in kept))
-      tmp.replace(path)
-      dropped[name] = len(lines) - len(kept)
-      logging.info("%s: dropped %d row(s) after step %d (the run goes on from step %d)", path,
-                   dropped[name], step, step)
-  return dropped
 
 
 def utilisation(summary: Mapping[str, float], peak: Optional[flops_lib.MatmulPeak]) -> str:
@@ -346,7 +256,7 @@ def train(*,
     logging.warning("training on split %r of %s (not 'train')", train_dataset_cfg.split,
                     train_dataset_cfg.mixture_or_task_name)
   if jax.process_index() == 0:
-    (model_dir_p / "config.gin").write_text(gin.config_str())
+    (model_dir_p / run_folder.CONFIG_GIN).write_text(gin.config_str())
   partitioner = partitioner or partitioning.Partitioner()
   logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
                jax.device_count(),
@@ -435,7 +345,8 @@ def train(*,
   else:
     state = trainer.create_state(global_shapes, input_types)
   start_step = int(state.step)
-  drop_metric_rows_after(model_dir_p, start_step)  # a resumed run writes those steps again
+  run_folder.drop_metric_rows_after(model_dir_p,
+                                    start_step)  # a resumed run writes those steps again
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   logging.info("model: %.2fM parameters; starting at step %d of %d", n_params / 1e6, start_step,
                total_steps)
@@ -485,7 +396,7 @@ def train(*,
       logging.info("eval step %d%s: %s", step, monitor_note, {
           k: round(v, 4) for k, v in record.items() if k != "step"
       })
-      _append_jsonl(model_dir_p / "eval_metrics.jsonl", record)
+      run_folder.append_jsonl(model_dir_p / run_folder.EVAL_METRICS, pipeline.to_jsonable(record))
     return record
 
   # --- loop ---------------------------------------------------------------------------------
@@ -501,8 +412,8 @@ def train(*,
   pending: list[dict[str, Any]] = []
   guard = trainer.initial_guard()
   # Closed when the loop ends, however it ends (nothing is written to them after it).
-  train_writer = create_metric_writer(str(model_dir_p / "train"))
-  eval_writer = create_metric_writer(str(model_dir_p / "eval"))
+  train_writer = run_folder.create_metric_writer(str(model_dir_p / run_folder.TRAIN_EVENTS))
+  eval_writer = run_folder.create_metric_writer(str(model_dir_p / run_folder.EVAL_EVENTS))
   t_train = time.time()
   # SIGTERM (a scheduler's preemption notice): a checkpoint at the next step boundary, the same
   # step in every process, then `preemption.Preempted` (see `preemption.PreemptionWatch`).
@@ -545,7 +456,8 @@ def train(*,
             summary.get("accuracy", float("nan")), summary["learning_rate"], summary["step_time_s"],
             summary["examples_per_s"], summary["tokens_per_s"], utilisation(summary, peak))
         last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
-        _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
+        run_folder.append_jsonl(model_dir_p / run_folder.TRAIN_METRICS,
+                                pipeline.to_jsonable(last_logged))
       # Evaluate before saving, so that the checkpoint carries the step's metrics (best-keeping).
       record = None
       if eval_period and (step % eval_period == 0 or step == total_steps):

@@ -247,3 +247,18 @@ def test_leaves():
   graph = import_graph()
   assert graph["mcwq_t5x.checkpointing.checkpoint_paths"] == set()
   assert graph["mcwq_t5x.engine.cpu_settings"] == set()
+
+
+def test_run_folder_has_one_owner():
+  """`checkpointing.run_folder` names the run folder on top of the leaf only, and the writers and
+  the report read its names from it (no second copy of the `checkpoint_<step>` pattern)."""
+  graph = import_graph()
+  assert graph["mcwq_t5x.checkpointing.run_folder"] == {"mcwq_t5x.checkpointing.checkpoint_paths"}
+  for user in ("mcwq_t5x.train", "mcwq_t5x.eval", "mcwq_t5x.evaluation.prediction",
+               "mcwq_t5x.checkpointing.best_checkpoint", "mcwq_t5x.evaluation.report.discovery"):
+    assert "mcwq_t5x.checkpointing.run_folder" in graph[user], user
+  copies = [
+      p for p in project_modules().values()
+      if r"checkpoint_\d+" in p.read_text(encoding="utf-8") and p.name != "checkpoint_paths.py"
+  ]
+  assert not copies, f"a second checkpoint_<step> pattern: {copies}"

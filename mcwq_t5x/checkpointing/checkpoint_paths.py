@@ -72,6 +72,12 @@ class CheckpointMismatchError(ValueError):
   """A checkpoint's parameter names or shapes do not match the model."""
 
 
+def step_of(name: str) -> Optional[int]:
+  """The step of a `checkpoint_<step>` folder name, or None for any other name."""
+  m = _STEP_DIR_RE.match(name)
+  return int(m.group(1)) if m else None
+
+
 def checkpoint_dir(directory: PathLike, step: int) -> pathlib.Path:
   """`directory/checkpoint_<step>` (T5X `checkpoints_utils.get_checkpoint_dir`)."""
   return pathlib.Path(directory) / f"{CHECKPOINT_PREFIX}_{int(step)}"

@@ -32,8 +32,10 @@ from typing import Any, Iterator, Optional
 import jax
 import numpy as np
 
+from mcwq_t5x.checkpointing import run_folder
+
 #: The lock file in MODEL_DIR.
-LOCK_FILE = "train.lock"
+LOCK_FILE = run_folder.LOCK_FILE
 
 
 class ModelDirInUseError(RuntimeError):

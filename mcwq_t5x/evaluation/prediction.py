@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_loaders
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import partitioning
@@ -505,9 +506,8 @@ def write_predictions(
     OSError: the files cannot be written (callers check `check_writable` before decoding).
   """
   out_dir = pathlib.Path(out_dir)
-  name = f"{cfg.mixture_or_task_name}_{cfg.split}"
-  pred_path = out_dir / "predictions" / f"{name}.txt"
-  met_path = out_dir / "metrics" / f"{name}.json"
+  pred_path = run_folder.predictions_file(out_dir, cfg.mixture_or_task_name, cfg.split)
+  met_path = run_folder.metrics_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   if jax.process_index() == 0:
     pred_path.parent.mkdir(parents=True, exist_ok=True)
     met_path.parent.mkdir(parents=True, exist_ok=True)

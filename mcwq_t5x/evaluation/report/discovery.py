@@ -8,6 +8,7 @@ import pathlib
 import re
 from typing import Optional, Sequence
 
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.evaluation import score as score_lib
 from mcwq_t5x.evaluation.report.common import GOLD
 from mcwq_t5x.evaluation.report.common import MODES
@@ -19,10 +20,6 @@ _UPSTREAM_RE = re.compile(r"^generated_predictions_%s(?P<gold>-gold)?\.txt$" % _
 _TRAIN_RE = re.compile(
     r"^mcwq_%s(?P<zeroshot>_zeroshot)?_%s(?P<prefixed>_prefixed)?_(?P<part>test|validation)\.txt$" %
     (_SPLIT, _LANG))
-#: Folders that `mcwq_t5x.eval` (EVAL_OUTPUT_DIR default `MODEL_DIR/eval_<step>`) and the
-#: generated eval files (`MODEL_DIR/{test,zeroshot,gold}_<lang>`) put inside a run:
-#: the model is named after the run folder above them.
-_EVAL_SUBDIR_RE = re.compile(r"^(eval(_\d+)?|(test|zeroshot|gold)_[a-z]{2,3})$")
 _OWN_RE = re.compile(r"^predictions_%s_%s(?P<gold>-gold)?\.txt$" % (_SPLIT, _LANG))
 
 
@@ -100,7 +97,7 @@ def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFi
   """A `MODEL_DIR/predictions/{task}_test.txt` file of `mcwq_t5x.train` (layout 3)."""
   directory = path.parent
   model = run_name(directory)
-  if not _is_model_dir(run_dir(directory)):
+  if not run_folder.is_run_folder(run_dir(directory)):
     model = checkpoint_run_name(path) or model
   lang = m.group("lang")
   if m.group("split") != GOLD:
@@ -124,15 +121,6 @@ def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFi
                         path)
 
 
-_CHECKPOINT_STEP_RE = re.compile(r"^checkpoint_\d+$")
-
-
-def _is_model_dir(directory: pathlib.Path) -> bool:
-  """Whether `directory` is a training run's MODEL_DIR (run.json, config.gin or checkpoints)."""
-  return ((directory / "run.json").is_file() or (directory / "config.gin").is_file() or
-          any(directory.glob("checkpoint_*")))
-
-
 def checkpoint_run_name(path: pathlib.Path) -> Optional[str]:
   """The model name of a prediction file of `mcwq_t5x.eval`, from the checkpoint its metrics JSON
   records (`EVAL_OUTPUT_DIR/metrics/<task>_<split>.json`, key "checkpoint": the CHECKPOINT_PATH
@@ -146,9 +134,9 @@ def checkpoint_run_name(path: pathlib.Path) -> Optional[str]:
     names the model: `run_name`).
   """
   directory = path.parent
-  if directory.name != "predictions":
+  if directory.name != run_folder.PREDICTIONS:
     return None
-  record_path = directory.parent / "metrics" / (path.stem + ".json")
+  record_path = directory.parent / run_folder.METRICS / (path.stem + ".json")
   try:
     record = json.loads(record_path.read_text(encoding="utf-8"))
   except (OSError, ValueError):
@@ -156,27 +144,11 @@ def checkpoint_run_name(path: pathlib.Path) -> Optional[str]:
   checkpoint = record.get("checkpoint") if isinstance(record, dict) else None
   if not isinstance(checkpoint, str) or not checkpoint.strip():
     return None
-  parts = [p for p in re.split(r"[/\\]+", checkpoint.strip()) if p]
-  while parts and _CHECKPOINT_STEP_RE.match(parts[-1]):
-    parts.pop()
-  return parts[-1] if parts else None
+  return run_folder.run_name_of_checkpoint(checkpoint)
 
 
-def run_dir(directory: pathlib.Path) -> pathlib.Path:
-  """The run folder of predictions in `directory` (MODEL_DIR, or the folder CHECKPOINT_PATH
-  names): not `predictions/` nor the `eval_<step>/` (`{test,zeroshot,gold}_<lang>/`) folder that
-  `mcwq_t5x.eval` writes into it."""
-  d = directory.absolute()
-  if d.name == "predictions":
-    d = d.parent
-  while _EVAL_SUBDIR_RE.match(d.name) and d.parent != d:
-    d = d.parent
-  return d
-
-
-def run_name(directory: pathlib.Path) -> str:
-  """The model name of predictions in `directory`: the name of `run_dir(directory)`."""
-  return run_dir(directory).name or "model"
+run_dir = run_folder.run_folder_of  # why: the run folder has one owner
+run_name = run_folder.run_name
 
 
 def _test_splits(names: Sequence[str]) -> list[str]:
