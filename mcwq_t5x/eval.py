@@ -36,6 +36,7 @@ from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -129,7 +130,7 @@ GIN_HELP = gin_utils.gin_help([
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
   gin_utils.parse_flags(
       argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
@@ -140,11 +141,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   except paths.DataNotFoundError as e:  # missing data or vocabulary: one line, exit status 1
-    raise gin_utils.one_line_exit(e) from e
+    raise console.one_line_exit(e) from e
   print(result["metrics"])
   return result
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()

@@ -82,6 +82,7 @@ from mcwq_t5x.engine import preemption
 from mcwq_t5x.engine import process_watch
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -606,7 +607,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     or `DataNotFoundError`, e.g. `vocab.VocabularyNotFoundError` naming $MCWQ_VOCAB), or the run
     was preempted (status 143); and whatever else `train` raises.
   """
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
   args = gin_utils.parse_flags(
       argv,
@@ -617,7 +618,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   try:
     vocab.check_vocabulary_variable()
   except paths.DataNotFoundError as e:
-    raise gin_utils.one_line_exit(e) from e
+    raise console.one_line_exit(e) from e
   gin_utils.call_configured(cpu_settings.set_host_device_count)
   cpu_settings.set_xla_cpu_flags()
   if partitioning.initialize_from_flags(args) is None:
@@ -637,9 +638,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
           paths.DataNotFoundError) as e:
     # One clear last line (Orbax has logged a failed save's details above), exit status 1. Every
     # process of a multi-process run stops so (the same save, the same lock).
-    raise gin_utils.one_line_exit(e) from e
+    raise console.one_line_exit(e) from e
   except preemption.Preempted as e:
-    print(f"Preempted: {gin_utils.original_error(e)}", file=sys.stderr)
+    print(f"Preempted: {console.original_error(e)}", file=sys.stderr)
     sys.exit(preemption.EXIT_STATUS)
   except trainer_lib.NonFiniteLossError:  # every process at the same step
     raise
@@ -648,9 +649,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       lost = watch.wait_for_verdict(process_watch.TIMEOUT_S + 5 * process_watch.INTERVAL_S)
       _stop_lost_process(
           lost or f"another process of the run is gone ({type(e).__name__}: "
-          f"{str(gin_utils.original_error(e)).strip().splitlines()[0][:300]})", model_dir, argv)
-    first = str(gin_utils.original_error(e)).strip().splitlines()
-    status = f"failed: {type(gin_utils.original_error(e)).__name__}: {first[0][:300] if first else ''}"
+          f"{str(console.original_error(e)).strip().splitlines()[0][:300]})", model_dir, argv)
+    first = str(console.original_error(e)).strip().splitlines()
+    status = f"failed: {type(console.original_error(e)).__name__}: {first[0][:300] if first else ''}"
     raise
   finally:
     watch.finish(status)
@@ -678,5 +679,5 @@ def _stop_lost_process(lost: str, model_dir: Optional[str], argv: Optional[Seque
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()
