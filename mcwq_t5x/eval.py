@@ -140,7 +140,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
-  except paths.DataNotFoundError as e:  # missing data or vocabulary: one line, exit status 1
+  except (paths.DataNotFoundError,
+          *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary: one line, exit status 1
     raise console.one_line_exit(e) from e
   print(result["metrics"])
   return result

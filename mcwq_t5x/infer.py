@@ -208,7 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     gin_utils.call_configured(partitioning.initialize_distributed)
     predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
-  except paths.DataNotFoundError as e:  # a missing vocabulary file: one line, exit status 1
+  except (paths.DataNotFoundError,
+          *prediction.INPUT_ERRORS) as e:  # a missing vocabulary file: one line, exit status 1
     raise console.one_line_exit(e) from e
   if args.sparql:
     predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))

@@ -157,6 +157,25 @@ def utilisation(summary: Mapping[str, float], peak: Optional[flops_lib.MatmulPea
 # --------------------------------------------------------------------------------------------
 # train()
 # --------------------------------------------------------------------------------------------
+# First line of the config.gin the training writes: a MODEL_DIR's config.gin without it (and
+# without a run.json) is the user's own file, never overwritten.
+CONFIG_GIN_HEADER = "# The operative gin config of this run, written by mcwq_t5x.train.\n"
+
+
+def check_own_config_gin(model_dir: pathlib.Path) -> None:
+  """Raises ValueError when `model_dir/config.gin` exists and no training wrote it (no header,
+  no run.json beside it): MODEL_DIR is a folder of the user's files."""
+  path = model_dir / run_folder.CONFIG_GIN
+  if not path.is_file() or (model_dir / run_info.RUN_JSON).is_file():
+    return
+  with open(path, "rb") as f:
+    head = f.read(len(CONFIG_GIN_HEADER.encode()))
+  if head != CONFIG_GIN_HEADER.encode():
+    raise ValueError(f"MODEL_DIR {model_dir}: its config.gin was not written by a training "
+                     "(no run.json, no mcwq_t5x.train header) and would be overwritten; "
+                     "choose an empty folder or a run's MODEL_DIR as MODEL_DIR")
+
+
 def train(*,
           model: Any,
           train_dataset_cfg: pipeline.DatasetConfig,
@@ -256,8 +275,9 @@ def train(*,
   if train_dataset_cfg.split != "train":
     logging.warning("training on split %r of %s (not 'train')", train_dataset_cfg.split,
                     train_dataset_cfg.mixture_or_task_name)
+  check_own_config_gin(model_dir_p)
   if jax.process_index() == 0:
-    (model_dir_p / run_folder.CONFIG_GIN).write_text(gin.config_str())
+    (model_dir_p / run_folder.CONFIG_GIN).write_text(CONFIG_GIN_HEADER + gin.config_str())
   partitioner = partitioner or partitioning.Partitioner()
   logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
                jax.device_count(),

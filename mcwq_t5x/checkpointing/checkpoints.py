@@ -150,7 +150,8 @@ def _read_t5x_msgpack(folder: pathlib.Path) -> dict[str, Any]:
   try:
     tree = serialization.msgpack_restore(f.read_bytes())
   except Exception as e:  # msgpack raises several error types
-    raise ValueError(f"{f}: cannot read T5X msgpack: {e}") from e
+    raise checkpoint_paths.UnreadableCheckpointFileError(
+        f"{f}: cannot read T5X msgpack: {e}") from e
   if isinstance(tree, dict) and "optimizer" in tree:
     tree = tree["optimizer"]
   return tree
@@ -237,7 +238,8 @@ def restore_params_and_step(
       params, _ = _restore_target(folder, checkpoint_paths.checkpoint_format(folder),
                                   abstract_params, fallback_params)
       jax.block_until_ready(params)  # corrupt chunks fail here, not later
-    except checkpoint_paths.CheckpointMismatchError:
+    except (checkpoint_paths.CheckpointMismatchError,
+            checkpoint_paths.CheckpointOutsideFolderError):  # why: never fall back past these
       raise
     except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
       msg = _unreadable(folder, e)

@@ -37,7 +37,9 @@ import jax
 import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_loaders
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import run_folder
+from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import partitioning
@@ -290,6 +292,41 @@ class EvalSplit:
     return self.tasks
 
 
+# The longest feature (tokens, EOS included) that a decoding evaluation pads to when
+# TASK_FEATURE_LENGTHS leaves its length to the data: the encoder's attention logits of one batch
+# take batch x heads x length^2 x 4 bytes (32 x 6 x 4,096^2 x 4 = 12.9 GB for mT5-small); MCWQ's
+# questions and RIR queries are far shorter. A longer example is refused, never padded to.
+MAX_INFERRED_LENGTH = 4096
+
+
+class ExampleTooLongError(ValueError):
+  """An example is longer than `MAX_INFERRED_LENGTH` tokens and no TASK_FEATURE_LENGTHS bounds it
+  (the message names the example, its length and the setting)."""
+
+
+def check_inferred_lengths(cfg: pipeline.DatasetConfig, examples: Mapping[str, Sequence[Mapping]],
+                           lengths: Optional[Mapping[str, int]]) -> None:
+  """Raises ExampleTooLongError for the longest example of a feature whose length comes from the
+  data (`lengths` lacks it) when it exceeds `MAX_INFERRED_LENGTH` tokens."""
+  for k in ("inputs", "targets"):
+    if (lengths or {}).get(k):
+      continue  # why: an explicit length truncates, with pipeline.warn_truncated's warning
+    for task, exs in examples.items():
+      sizes = [len(ex[k]) for ex in exs]
+      if not sizes or max(sizes) <= MAX_INFERRED_LENGTH:
+        continue
+      i = int(np.argmax(sizes))
+      text = exs[i].get(f"{k}_pretokenized", b"")
+      text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+      raise ExampleTooLongError(
+          f"{task}/{cfg.split}: example {i + 1} (in the split's source order; its {k} begin "
+          f"{text[:60]!r}) is {sizes[i]:,} tokens long, more than the {MAX_INFERRED_LENGTH:,} "
+          f"a decoding evaluation pads to when TASK_FEATURE_LENGTHS leaves the {k} length to the "
+          f"data. Set TASK_FEATURE_LENGTHS = {{'inputs': N, 'targets': M}} (gin, or "
+          f"--gin.TASK_FEATURE_LENGTHS=\"{{'{k}': N, ...}}\") to truncate it, or remove the "
+          "example")
+
+
 @pipeline.without_autograph
 def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = None) -> Any:
   """`cfg`'s split tokenised and cached once, for many evaluations (`evaluate_split`).
@@ -304,6 +341,8 @@ def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = No
 
   Raises:
     ValueError: unknown task (see `pipeline.get_mixture_or_task`).
+    ExampleTooLongError: an example exceeds `MAX_INFERRED_LENGTH` tokens in a feature that
+      `cfg.task_feature_lengths` does not bound.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   task_or_mixture = pipeline.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
@@ -340,6 +379,7 @@ def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = No
     for k in longest:
       longest[k] = max([longest[k]] + [len(ex[k]) for ex in examples[task.name]])
   sequence_length = {k: (lengths or {}).get(k) or longest[k] for k in longest}
+  check_inferred_lengths(cfg, examples, lengths)  # why: before anything is padded or compiled
   arrays = {
       name:
           pipeline.dataset_to_arrays(
@@ -544,6 +584,29 @@ def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
   return partitioner.abstract_params(lambda rng: model.get_initial_variables(rng, shapes)["params"])
 
 
+def warn_if_other_dtype(model: Any, checkpoint_path: str) -> Optional[str]:
+  """Says on stderr (a warning) which dtype the model computes in when the run.json at or above
+  `checkpoint_path` records another one; returns the recorded dtype's name, or None."""
+  run_path = run_info.find(checkpoint_path)
+  recorded = (run_info.read(run_path).get("network") or {}).get("dtype") if run_path else None
+  used = np.dtype(model.module.config.dtype).name
+  if recorded is None or recorded == used:
+    return None
+  logging.warning(
+      "dtype: computing in %s, as the gin config binds it (network.get_config.dtype); the run "
+      "was trained in %s (%s): outputs may differ from its own evaluation. Add "
+      "--gin.network.get_config.dtype=\"'%s'\" to decode as it was trained", used, recorded,
+      run_path, recorded)
+  return recorded
+
+
+# Bad input the mains print as one line (`console.one_line_exit`): each message names the file
+# or example and the problem.
+INPUT_ERRORS = (ExampleTooLongError, checkpoint_paths.CheckpointOutsideFolderError,
+                checkpoint_paths.UnreadableCheckpointFileError,
+                checkpoint_paths.CheckpointMismatchError, checkpoint_paths.NotACheckpointError)
+
+
 def load_params(model: Any,
                 partitioner: partitioning.Partitioner,
                 checkpoint_path: str,
@@ -571,6 +634,7 @@ def load_params(model: Any,
       unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
       the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
+  warn_if_other_dtype(model, checkpoint_path)
   if abstract_params is None:
     abstract_params = param_shapes(model, partitioner)
   loaded = checkpoint_loaders.load_params(checkpoint_path, model.module.config, abstract_params)

@@ -123,3 +123,15 @@ def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
   assert all(np.isfinite(v) for v in curve.values())
   _, step = checkpoint_paths.resolve_checkpoint(tmp_path)
   assert step == steps[-1]
+
+
+def test_a_model_dir_of_user_files_keeps_its_config_gin(tmp_path):
+  """A MODEL_DIR whose config.gin no training wrote is refused, the file unchanged (before the fix
+  the training overwrote it); a training's own config.gin carries the header that allows a rerun."""
+  user = tmp_path / "config.gin"
+  user.write_text("MY_SETTING = 1\n")
+  with pytest.raises(ValueError, match=r"config\.gin was not written by a training"):
+    configured_train(tmp_path)()
+  assert user.read_text() == "MY_SETTING = 1\n"
+  user.write_text(train_lib.CONFIG_GIN_HEADER + "MY_SETTING = 1\n")
+  train_lib.check_own_config_gin(tmp_path)  # a training's own file: no error
