@@ -4,7 +4,7 @@ TensorBoard event files. T5X's layout (`checkpoint_<step>/`, `train/`, `eval/`) 
 
   train.lock  run.json  vocab/spm.model  config.gin  checkpoint_<step>/  train/ eval/
   train_metrics.jsonl  eval_metrics.jsonl  predictions/<task>_<split>.txt
-  metrics/<task>_<split>.json  eval_<step>/{predictions,metrics}/ (`mcwq_t5x.eval`)
+  metrics/<task>_<split>.json  eval_<step>/{eval.lock,predictions/,metrics/} (`mcwq_t5x.eval`)
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import jax
 from mcwq_t5x.checkpointing import checkpoint_paths
 
 LOCK_FILE = "train.lock"  # `run_lock`
+EVAL_LOCK_FILE = "eval.lock"  # `run_lock`, in EVAL_OUTPUT_DIR (`eval_<step>/`)
 RUN_JSON = "run.json"  # `run_info`
 CONFIG_GIN = "config.gin"  # the operative gin config (T5X writes the same name)
 TRAIN_METRICS = "train_metrics.jsonl"  # one JSON line per log step

@@ -41,6 +41,7 @@ from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import partitioning
 
@@ -537,22 +538,21 @@ def write_predictions(
 
   The text file has exactly one line per prediction, in source order (line breaks of any kind
   inside a prediction become spaces); the JSON holds task, split, num_examples, the metrics and
-  `extra`. Only process 0 writes.
+  `extra`. Only process 0 writes; each file whole or not at all (`writers.write_atomic`), the
+  metrics after the predictions.
 
   Returns:
     (predictions path, metrics path).
 
   Raises:
-    OSError: the files cannot be written (callers check `check_writable` before decoding).
+    writers.ResultWriteError: a file cannot be written (a full disk); that file and those after it
+      keep their previous contents (callers check `check_writable` before decoding).
   """
   out_dir = pathlib.Path(out_dir)
   pred_path = run_folder.predictions_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   met_path = run_folder.metrics_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   if jax.process_index() == 0:
-    pred_path.parent.mkdir(parents=True, exist_ok=True)
-    met_path.parent.mkdir(parents=True, exist_ok=True)
-    pred_path.write_text(
-        "".join(" ".join(p.splitlines()) + "\n" for p in predictions), encoding="utf-8")
+    writers.write_atomic(pred_path, (" ".join(p.splitlines()) + "\n" for p in predictions))
     record = {
         "task": cfg.mixture_or_task_name,
         "split": cfg.split,
@@ -560,7 +560,9 @@ def write_predictions(
         **dict(metrics),
         **dict(extra or {})
     }
-    met_path.write_text(json.dumps(pipeline.to_jsonable(record), indent=2, sort_keys=True) + "\n")
+    # Metrics last: metrics never describe predictions that are not on disk.
+    writers.write_atomic(met_path,
+                         json.dumps(pipeline.to_jsonable(record), indent=2, sort_keys=True) + "\n")
   return pred_path, met_path
 
 

@@ -100,3 +100,5 @@ from mcwq_t5x.evaluation.report.rows import columns, seed_groups  # noqa: F401
 from mcwq_t5x.evaluation.report.tables import heading, Table, TABLES, tables  # noqa: F401
 from mcwq_t5x.evaluation.report.write import comparison_markdown, format_p_value  # noqa: F401
 from mcwq_t5x.evaluation.report.write import ProgressLines, write_report  # noqa: F401
+from mcwq_t5x.evaluation.report.write import check_own_files, ForeignFileError  # noqa: F401
+from mcwq_t5x.evaluation.report.write import MANIFEST, record_own_files  # noqa: F401

@@ -5,6 +5,7 @@ import csv
 import pathlib
 from typing import Any, Optional, Sequence
 
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation.report.common import CI_HIGH
 from mcwq_t5x.evaluation.report.common import CI_LOW
 
@@ -64,7 +65,7 @@ def to_markdown(header: Sequence[str],
 
 def write_csv(path: pathlib.Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
   """Writes a CSV table; floats with 4 decimals, None as an empty cell."""
-  with open(path, "w", newline="", encoding="utf-8") as f:
+  with writers.open_atomic(path, newline="") as f:  # whole or not at all
     writer = csv.writer(f)
     writer.writerow(header)
     for row in rows:

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import published
 from mcwq_t5x.evaluation import uncertainty
 from mcwq_t5x.evaluation.report.common import Links
@@ -52,6 +53,37 @@ def format_p_value(p: float) -> str:
   return "p < 1e-300" if p < 1e-300 else f"p = {p:.3g}"
 
 
+#: The list of the files a report wrote in its folder (only those are ever replaced).
+MANIFEST = ".mcwq_report_files.json"
+_FIGURE_PREFIXES = ("errors_", "complexity_", "unseen_")
+
+
+class ForeignFileError(FileExistsError):
+  """The report's folder holds files of its names that no report wrote (a user's report.md)."""
+
+
+def check_own_files(folder: pathlib.Path, names: Sequence[str]) -> None:
+  """Raises ForeignFileError naming the files of `names` in `folder` that `folder/MANIFEST` does
+  not list (files this command did not write), so that they are never overwritten."""
+  foreign = sorted(n for n in set(names) - _listed(folder) if (folder / n).exists())
+  if foreign:
+    raise ForeignFileError(
+        f"{folder} holds {', '.join(foreign)}, which no report wrote ({MANIFEST} does not list "
+        "them): move them away or give another --out/--html; nothing was written")
+
+
+def record_own_files(folder: pathlib.Path, names: Sequence[str]) -> None:
+  """Adds `names` to `folder/MANIFEST` (the files `check_own_files` lets a report replace)."""
+  writers.write_atomic(folder / MANIFEST, json.dumps(sorted(_listed(folder) | set(names))) + "\n")
+
+
+def _listed(folder: pathlib.Path) -> set[str]:
+  try:
+    return set(json.loads((folder / MANIFEST).read_text(encoding="utf-8")))
+  except (OSError, ValueError, TypeError):  # no manifest (a new folder), or an unreadable one
+    return set()
+
+
 def write_report(report: Report,
                  out_dir: str | pathlib.Path,
                  html_dir: Optional[str | pathlib.Path] = None,
@@ -80,6 +112,11 @@ def write_report(report: Report,
   out_dir.mkdir(parents=True, exist_ok=True)
   links: Links = {}
   all_tables = tables(report, links, with_published)
+  own = ["report.md", "results.json"] + [f"{name}.csv" for name in all_tables]
+  own += [p.name for p in out_dir.glob("*.png") if p.name.startswith(_FIGURE_PREFIXES)]
+  check_own_files(out_dir, own)  # before anything is written
+  if html_dir is not None:
+    check_own_files(pathlib.Path(html_dir), [browser.PAGE])
   say("figures")
   pngs = figures(report, out_dir)
   page_url = None
@@ -133,16 +170,18 @@ def write_report(report: Report,
   if report["messages"]:
     md += ["## Notes", ""] + [f"- {m}" for m in report["messages"]] + [""]
   md_path = out_dir / "report.md"
-  md_path.write_text("\n".join(md), encoding="utf-8")
+  writers.write_atomic(md_path, "\n".join(md))
   public = {k: v for k, v in report.items() if not k.startswith("_")}
   if comparisons:
     public["comparisons"] = list(comparisons)
-  (out_dir / "results.json").write_text(
-      json.dumps(public, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+  writers.write_atomic(out_dir / "results.json",
+                       json.dumps(public, indent=2, ensure_ascii=False, default=str) + "\n")
+  record_own_files(out_dir, own + [p.name for p in pngs])
   html_path = None
   if html_dir is not None:
     say(f"error browser: {pathlib.Path(html_dir) / browser.PAGE}")
     html_path = browser.write_page(report, html_dir, sections)
+    record_own_files(pathlib.Path(html_dir), [browser.PAGE])
   return {"tables": all_tables, "figures": pngs, "markdown": md_path, "html": html_path}
 
 
