@@ -267,3 +267,62 @@ def test_run_folder_has_one_owner():
       if r"checkpoint_\d+" in p.read_text(encoding="utf-8") and p.name != "checkpoint_paths.py"
   ]
   assert not copies, f"a second checkpoint_<step> pattern: {copies}"
+
+
+#: Library modules tested in a file of another name: {module: the test file} (each file exists and
+#: names the module). Every other module of a wing has `tests/**/test_<module>.py`; a module of a
+#: package inside a wing (`evaluation/report/`) is tested by `test_<package>.py`.
+TESTED_IN = {
+    "mcwq_t5x.checkpointing.checkpoint_loaders":
+        "tests/unit/checkpointing/test_checkpoints.py",
+    "mcwq_t5x.checkpointing.checkpoint_paths":
+        "tests/unit/checkpointing/test_checkpoints.py",
+    "mcwq_t5x.checkpointing.run_info":
+        "tests/e2e/test_run_identity.py",
+    "mcwq_t5x.checkpointing.run_lock":
+        "tests/e2e/test_faults_checkpoints.py",
+    "mcwq_t5x.checkpointing.t5x_checkpoint_writer":
+        "tests/unit/checkpointing/test_checkpoint_import.py",
+    "mcwq_t5x.data.paths":
+        "tests/unit/data/test_readers.py",
+    "mcwq_t5x.data.tfds_mcwq":
+        "tests/unit/data/test_tfds.py",
+    "mcwq_t5x.engine.cpu_settings":
+        "tests/unit/engine/test_partitioning.py",
+    "mcwq_t5x.evaluation.prediction_checks":
+        "tests/unit/evaluation/test_score.py",
+    "mcwq_t5x.evaluation.published":
+        "tests/unit/evaluation/test_report.py",
+    "mcwq_t5x.stores.cache":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.flags":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.jsonl_cache":
+        "tests/unit/preprocessing/test_substitute.py",
+    "mcwq_t5x.stores.oxigraph":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.remote":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.transport":
+        "tests/unit/stores/test_endpoint.py",
+}
+
+
+def test_every_library_module_has_its_tests():
+  """ARCHITECTURE.md's rule for tests/unit/: each wing module has a test file of its name, or
+  `TESTED_IN` names the file that tests it."""
+  own = {p.stem[len("test_"):] for p in (ROOT / "tests").rglob("test_*.py")}
+  missing, wrong = [], []
+  for name, path in project_modules().items():
+    if wing_of(name) not in WINGS or path.name == "__init__.py":
+      continue
+    package = path.parent.name if path.parent.name not in WINGS else None
+    if path.stem in own or (package is not None and package in own):
+      continue
+    if name not in TESTED_IN:
+      missing.append(name)
+    elif not (ROOT / TESTED_IN[name]).is_file() or name.rsplit(
+        ".", 1)[1] not in (ROOT / TESTED_IN[name]).read_text(encoding="utf-8"):
+      wrong.append(f"{name}: {TESTED_IN[name]}")
+  assert not missing, f"modules without tests/**/test_<module>.py or a TESTED_IN entry: {missing}"
+  assert not wrong, f"TESTED_IN files that do not exist or never name their module: {wrong}"
