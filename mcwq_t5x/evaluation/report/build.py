@@ -137,6 +137,25 @@ def build(results_dir: str | pathlib.Path,
             alignment=checks["alignment"]))
     predictions_of[key] = preds
 
+  intersection = _intersection(runs, predictions_of, loader)
+  splits = sorted({r["split"] for r in runs})
+  unseen_compounds(runs, examples, data_dir, loader.messages, say)
+  say(f"divergences of {', '.join(splits) or 'no split'}")
+  return {
+      "runs": runs,
+      "intersection": intersection,
+      "divergences": split_divergences(splits, data_dir, loader.messages),
+      "messages": loader.messages,
+      "warnings": warnings,
+      "eval_split": eval_split,
+      "_examples": examples
+  }
+
+
+def _intersection(runs: Sequence[Run], predictions_of: dict[tuple, list[str]],
+                  loader: GoldLoader) -> list[dict[str, Any]]:
+  """Table 6 entries, one per gold prediction file: its scores on all gold examples and, on the
+  gold examples matched in the split's test set (`intersection_index`), the MT and gold scores."""
   intersection = []
   index_cache: dict[str, list[Optional[int]]] = {}
   for run in runs:
@@ -173,18 +192,7 @@ def build(results_dir: str | pathlib.Path,
               scores_of(metrics.score_predictions(targets, preds)),
               exact_match_ci=interval(metrics.exact_matches(targets, preds)))
     intersection.append(entry)
-  splits = sorted({r["split"] for r in runs})
-  unseen_compounds(runs, examples, data_dir, loader.messages, say)
-  say(f"divergences of {', '.join(splits) or 'no split'}")
-  return {
-      "runs": runs,
-      "intersection": intersection,
-      "divergences": split_divergences(splits, data_dir, loader.messages),
-      "messages": loader.messages,
-      "warnings": warnings,
-      "eval_split": eval_split,
-      "_examples": examples
-  }
+  return intersection
 
 
 def unseen_compounds(runs: Sequence[dict[str, Any]], examples: dict[str, Any],
