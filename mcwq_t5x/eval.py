@@ -33,6 +33,7 @@ import logging
 import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
@@ -42,6 +43,7 @@ from mcwq_t5x.data import writers
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -50,7 +52,9 @@ def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Pat
 
   `mcwq_t5x.evaluation.report` names the model after `folder` (the run), not after this subfolder.
   """
-  return pathlib.Path(folder) / (f"eval_{step}" if step is not None else "eval")
+  if step is None:
+    return pathlib.Path(folder) / "eval"
+  return run_folder.eval_dir(folder, step)
 
 
 def evaluate(*,
@@ -140,7 +144,7 @@ GIN_HELP = gin_utils.gin_help([
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
   args = gin_utils.parse_flags(
       argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
@@ -153,12 +157,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
-          *prediction.INPUT_ERRORS) as e:  # one line, exit status 1
-    raise gin_utils.one_line_exit(e) from e
+          *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary, a busy or unwritable
+    raise console.one_line_exit(e) from e  # EVAL_OUTPUT_DIR: one line, exit status 1
   print(result["metrics"])
   return result
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()

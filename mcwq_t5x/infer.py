@@ -42,6 +42,7 @@ from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -177,7 +178,7 @@ GIN_HELP = gin_utils.gin_help(['gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs
 
 def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   """Entry point (`python -m mcwq_t5x.infer`): gin flags + --input/--output/--sparql -> `infer`."""
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.infer")
 
   def extra(parser: argparse.ArgumentParser):
@@ -214,7 +215,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   except (paths.DataNotFoundError,
           *prediction.INPUT_ERRORS) as e:  # a missing vocabulary file: one line, exit status 1
-    raise gin_utils.one_line_exit(e) from e
+    raise console.one_line_exit(e) from e
   if args.sparql:
     predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))
   out = format_lines(predictions)
@@ -227,5 +228,5 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()

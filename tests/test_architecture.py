@@ -166,7 +166,8 @@ def test_no_import_cycle():
 
 
 def test_every_library_module_is_in_a_wing():
-  """mcwq_t5x/ holds the entry points and gin handling; the library is in the wings."""
+  """mcwq_t5x/ holds the entry points and what they share (gin handling, console, stderr filter);
+  the library is in the wings."""
   top = sorted(p.stem for p in (ROOT / "mcwq_t5x").glob("*.py") if p.stem != "__init__")
   assert top == sorted(ENTRY_POINTS), top
   assert sorted(
@@ -179,7 +180,7 @@ def test_every_library_module_is_in_a_wing():
 
 
 ENTRY_POINTS = ("train", "eval", "infer", "score", "report", "export_hf", "inspect_task",
-                "divergence", "rir", "best_checkpoint", "gin_utils")
+                "divergence", "rir", "best_checkpoint", "gin_utils", "console", "stderr_filter")
 
 
 def test_wings_import_only_what_their_rule_allows():
@@ -209,13 +210,17 @@ def test_wings_keep_out_of_forbidden_libraries():
   assert not offenders, "\n".join(offenders)
 
 
+#: The modules the mains share: gin handling, the console and error lines, the stderr filter.
+SHARED_BY_MAINS = ("mcwq_t5x.gin_utils", "mcwq_t5x.console", "mcwq_t5x.stderr_filter")
+
+
 def test_no_wing_imports_an_entry_point_and_no_entry_point_another():
   offenders = []
   for name, imports in import_graph().items():
     for target in sorted(imports):
-      if wing_of(target) == "entry" and target != "mcwq_t5x.gin_utils":
+      if wing_of(target) == "entry" and target not in SHARED_BY_MAINS:
         offenders.append(f"{name} imports the entry point {target}")
-      elif wing_of(name) in WINGS and target == "mcwq_t5x.gin_utils":
+      elif wing_of(name) in WINGS and target in SHARED_BY_MAINS:
         offenders.append(f"{name} imports gin handling ({target})")
   assert not offenders, "\n".join(offenders)
 
@@ -247,3 +252,77 @@ def test_leaves():
   graph = import_graph()
   assert graph["mcwq_t5x.checkpointing.checkpoint_paths"] == set()
   assert graph["mcwq_t5x.engine.cpu_settings"] == set()
+
+
+def test_run_folder_has_one_owner():
+  """`checkpointing.run_folder` names the run folder on top of the leaf only, and the writers and
+  the report read its names from it (no second copy of the `checkpoint_<step>` pattern)."""
+  graph = import_graph()
+  assert graph["mcwq_t5x.checkpointing.run_folder"] == {"mcwq_t5x.checkpointing.checkpoint_paths"}
+  for user in ("mcwq_t5x.train", "mcwq_t5x.eval", "mcwq_t5x.evaluation.prediction",
+               "mcwq_t5x.checkpointing.best_checkpoint", "mcwq_t5x.evaluation.report.discovery"):
+    assert "mcwq_t5x.checkpointing.run_folder" in graph[user], user
+  copies = [
+      p for p in project_modules().values()
+      if r"checkpoint_\d+" in p.read_text(encoding="utf-8") and p.name != "checkpoint_paths.py"
+  ]
+  assert not copies, f"a second checkpoint_<step> pattern: {copies}"
+
+
+#: Library modules tested in a file of another name: {module: the test file} (each file exists and
+#: names the module). Every other module of a wing has `tests/**/test_<module>.py`; a module of a
+#: package inside a wing (`evaluation/report/`) is tested by `test_<package>.py`.
+TESTED_IN = {
+    "mcwq_t5x.checkpointing.checkpoint_loaders":
+        "tests/unit/checkpointing/test_checkpoints.py",
+    "mcwq_t5x.checkpointing.checkpoint_paths":
+        "tests/unit/checkpointing/test_checkpoints.py",
+    "mcwq_t5x.checkpointing.run_info":
+        "tests/e2e/test_run_identity.py",
+    "mcwq_t5x.checkpointing.run_lock":
+        "tests/e2e/test_faults_checkpoints.py",
+    "mcwq_t5x.checkpointing.t5x_checkpoint_writer":
+        "tests/unit/checkpointing/test_checkpoint_import.py",
+    "mcwq_t5x.data.paths":
+        "tests/unit/data/test_readers.py",
+    "mcwq_t5x.data.tfds_mcwq":
+        "tests/unit/data/test_tfds.py",
+    "mcwq_t5x.engine.cpu_settings":
+        "tests/unit/engine/test_partitioning.py",
+    "mcwq_t5x.evaluation.prediction_checks":
+        "tests/unit/evaluation/test_score.py",
+    "mcwq_t5x.evaluation.published":
+        "tests/unit/evaluation/test_report.py",
+    "mcwq_t5x.stores.cache":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.flags":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.jsonl_cache":
+        "tests/unit/preprocessing/test_substitute.py",
+    "mcwq_t5x.stores.oxigraph":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.remote":
+        "tests/unit/stores/test_endpoint.py",
+    "mcwq_t5x.stores.transport":
+        "tests/unit/stores/test_endpoint.py",
+}
+
+
+def test_every_library_module_has_its_tests():
+  """ARCHITECTURE.md's rule for tests/unit/: each wing module has a test file of its name, or
+  `TESTED_IN` names the file that tests it."""
+  own = {p.stem[len("test_"):] for p in (ROOT / "tests").rglob("test_*.py")}
+  missing, wrong = [], []
+  for name, path in project_modules().items():
+    if wing_of(name) not in WINGS or path.name == "__init__.py":
+      continue
+    package = path.parent.name if path.parent.name not in WINGS else None
+    if path.stem in own or (package is not None and package in own):
+      continue
+    if name not in TESTED_IN:
+      missing.append(name)
+    elif not (ROOT / TESTED_IN[name]).is_file() or name.rsplit(
+        ".", 1)[1] not in (ROOT / TESTED_IN[name]).read_text(encoding="utf-8"):
+      wrong.append(f"{name}: {TESTED_IN[name]}")
+  assert not missing, f"modules without tests/**/test_<module>.py or a TESTED_IN entry: {missing}"
+  assert not wrong, f"TESTED_IN files that do not exist or never name their module: {wrong}"

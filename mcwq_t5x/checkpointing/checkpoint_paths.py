@@ -56,6 +56,12 @@ class CheckpointMismatchError(ValueError):
   """A checkpoint's parameter names or shapes do not match the model."""
 
 
+def step_of(name: str) -> Optional[int]:
+  """The step of a `checkpoint_<step>` folder name, or None for any other name."""
+  m = _STEP_DIR_RE.match(name)
+  return int(m.group(1)) if m else None
+
+
 class CheckpointOutsideFolderError(ValueError):
   """A checkpoint names data outside its own folder, or a store other than local files (an
   `http`/`gcs`/`s3`/`memory` kvstore, `../x`, `/etc/passwd`); the message names the file and the

@@ -35,10 +35,12 @@ from typing import Any, Iterator, Optional
 import jax
 import numpy as np
 
+from mcwq_t5x.checkpointing import run_folder
+
 #: The lock file in MODEL_DIR.
-LOCK_FILE = "train.lock"
+LOCK_FILE = run_folder.LOCK_FILE
 #: The lock file in EVAL_OUTPUT_DIR.
-EVAL_LOCK_FILE = "eval.lock"
+EVAL_LOCK_FILE = run_folder.EVAL_LOCK_FILE
 
 
 class FolderInUseError(RuntimeError):

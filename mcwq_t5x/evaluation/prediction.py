@@ -38,6 +38,7 @@ import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_loaders
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import writers
 from mcwq_t5x.engine import model as model_lib
@@ -547,9 +548,8 @@ def write_predictions(
       keep their previous contents (callers check `check_writable` before decoding).
   """
   out_dir = pathlib.Path(out_dir)
-  name = f"{cfg.mixture_or_task_name}_{cfg.split}"
-  pred_path = out_dir / "predictions" / f"{name}.txt"
-  met_path = out_dir / "metrics" / f"{name}.json"
+  pred_path = run_folder.predictions_file(out_dir, cfg.mixture_or_task_name, cfg.split)
+  met_path = run_folder.metrics_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   if jax.process_index() == 0:
     writers.write_atomic(pred_path, (" ".join(p.splitlines()) + "\n" for p in predictions))
     record = {
@@ -585,7 +585,7 @@ def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
   return partitioner.abstract_params(lambda rng: model.get_initial_variables(rng, shapes)["params"])
 
 
-# Bad input the mains print as one line (`gin_utils.one_line_exit`): each message names the file
+# Bad input the mains print as one line (`console.one_line_exit`): each message names the file
 # or example and the problem.
 INPUT_ERRORS = (ExampleTooLongError, checkpoint_paths.CheckpointOutsideFolderError,
                 checkpoint_paths.UnreadableCheckpointFileError,

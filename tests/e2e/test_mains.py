@@ -78,7 +78,7 @@ def test_train_log_is_short_and_says_what_it_decodes(trained):
   assert "monitoring on the reported split" in log
   assert f"final evaluation decodes the last checkpoint (checkpoint_{STEPS})" in log
   assert "'logger_cls' is empty" not in log
-  # No start-up noise of the native libraries (gin_utils.quiet_native_logs): absl's notice and
+  # No start-up noise of the native libraries (console.quiet_native_logs): absl's notice and
   # TensorFlow's oneDNN and CUDA lines (each twice), SentencePiece's normalizer note (10 times in
   # a short run), and, without an NVIDIA driver, no error-level CUDA line.
   for noise in ("absl::InitializeLog", "oneDNN custom operations", "cudart_stub.cc",
