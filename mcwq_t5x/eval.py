@@ -40,6 +40,7 @@ from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
 from mcwq_t5x.data import writers
+from mcwq_t5x.engine import compilation_cache
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
@@ -154,6 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.adopt_recorded_dtype(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)
+    compilation_cache.use_persistent_cache()
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,

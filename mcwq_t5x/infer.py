@@ -39,6 +39,7 @@ from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import vocab
+from mcwq_t5x.engine import compilation_cache
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
@@ -211,6 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     gin_utils.adopt_recorded_dtype(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)
+    compilation_cache.use_persistent_cache()
     gin_utils.call_configured(partitioning.initialize_distributed)
     predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
   except (paths.DataNotFoundError,

@@ -75,6 +75,7 @@ from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
+from mcwq_t5x.engine import compilation_cache
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import flops as flops_lib
 from mcwq_t5x.engine import partitioning
@@ -641,6 +642,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     raise console.one_line_exit(e) from e
   gin_utils.call_configured(cpu_settings.set_host_device_count)
   cpu_settings.set_xla_cpu_flags()
+  compilation_cache.use_persistent_cache()
   if partitioning.initialize_from_flags(args) is None:
     gin_utils.call_configured(partitioning.initialize_distributed)
   if jax.default_backend() == "cpu":

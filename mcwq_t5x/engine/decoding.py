@@ -418,7 +418,9 @@ def beam_search(inputs: Array,
 
   Each step extends the `num_decodes` live beams by every token, keeps the `2 * num_decodes` best
   extensions by log-prob; those ending in EOS (or reaching `max_decode_len`) compete for the
-  `num_decodes` finished slots by `log_prob / brevity_penalty(alpha, length)`, the others
+  `num_decodes` finished slots by `log_prob / brevity_penalty(alpha, length)` (a beam at the
+  length limit without EOS does not finish; an example with no finished beam returns its live
+  beams, scored by their log-probs, as T5X does), the others
   (best `num_decodes`) stay live and their caches are gathered from their parent beams.
   The loop exits early once no live beam can beat the worst finished one (the bound uses the
   largest penalty over the remaining lengths, so the result equals the one without early exit).
@@ -509,7 +511,9 @@ def beam_search(inputs: Array,
     topk_tokens = (topk_indices % vocab_size).astype(live_seqs.dtype)
     topk_seqs = gather_beams(live_seqs, topk_parents, batch_size, 2 * beam_size)
     topk_seqs = lax.dynamic_update_slice(topk_seqs, topk_tokens[:, :, None], (0, 0, index + 1))
-    newly_finished = ((topk_tokens == eos_id) & ~in_prompt[:, None]) | (index + 1 >= length)
+    # why: T5X finishes a beam at EOS only; one at the length limit stays live (returned below
+    # only for an example with no finished beam).
+    newly_finished = (topk_tokens == eos_id) & ~in_prompt[:, None]
 
     # Live beams: the best non-finished extensions, with their parents' caches.
     new_live_logprobs = topk_log_probs + jnp.where(newly_finished, NEG_INF, 0.0)
@@ -538,9 +542,12 @@ def beam_search(inputs: Array,
         cache=new_cache)
 
   final = lax.while_loop(cond_fn, body_fn, state0)
+  # As T5X: an example with no finished beam returns its live beams and their log-probs.
+  any_finished = jnp.any(final.finished_flags, axis=1)
+  seqs = jnp.where(any_finished[:, None, None], final.finished_seqs, final.live_seqs)
+  scores = jnp.where(any_finished[:, None], final.finished_scores, final.live_logprobs)
   # [:, :, 1:] drops the BOS. Positions after the EOS were never written (0), except a prompt
   # that would continue after it; zero them for the documented invariant.
-  sequences = _zero_after_eos(final.finished_seqs[:, :, 1:],
-                              _output_layout(inputs)[:, None], eos_id)
+  sequences = _zero_after_eos(seqs[:, :, 1:], _output_layout(inputs)[:, None], eos_id)
   # top_k order is descending; T5X returns ascending (best last).
-  return jnp.flip(sequences, axis=1), jnp.flip(final.finished_scores, axis=1)
+  return jnp.flip(sequences, axis=1), jnp.flip(scores, axis=1)

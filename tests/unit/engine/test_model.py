@@ -407,3 +407,42 @@ def test_loss_reads_decoder_loss_weights(params, batch):
   np.testing.assert_allclose(metrics["num_tokens"], weights.sum(), rtol=1e-6)
   np.testing.assert_allclose(metrics["loss"], (total * weights).sum(), rtol=1e-5)
   np.testing.assert_allclose(loss, (total * weights).sum() / weights.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.2])
+def test_beam_search_equals_t5x(trained, params, batch, monkeypatch, alpha):
+  """Our beam search gives the real T5X `decoding.beam_search`'s beams and scores (ascending, best
+  last) through the same model, weights, prompt and alpha: the trained tiny model and the random
+  one (whose beams end at varied lengths, so the brevity penalty decides)."""
+  t5x_decoding = pytest.importorskip("t5x.decoding")
+  model, fitted, _ = trained
+  ours = {
+      name:
+          model.predict_batch_with_aux(
+              p, batch, num_decodes=4, decoder_params={"alpha": alpha}, return_all_decodes=True)
+      for name, p in (("trained", fitted), ("random", params))
+  }
+
+  calls = []
+
+  def t5x_beam_search(inputs, cache, tokens_to_logits, eos_id, num_decodes, alpha):
+    calls.append(alpha)
+
+    def t5x_tokens_to_logits(
+        state):  # why: T5X's cur_token is [batch * beams, 1], ours [batch * beams]
+      return tokens_to_logits(state.replace(cur_token=state.cur_token[:, 0]))
+
+    return t5x_decoding.beam_search(
+        inputs, cache, t5x_tokens_to_logits, eos_id, num_decodes=num_decodes, alpha=alpha)
+
+  monkeypatch.setattr(decoding, "beam_search", t5x_beam_search)
+  jax.clear_caches()  # why: the model's jitted decoding traced ours above
+  lengths = set()
+  for name, p in (("trained", fitted), ("random", params)):
+    beams, aux = model.predict_batch_with_aux(
+        p, batch, num_decodes=4, decoder_params={"alpha": alpha}, return_all_decodes=True)
+    np.testing.assert_array_equal(ours[name][0], beams, err_msg=name)
+    np.testing.assert_allclose(ours[name][1]["scores"], aux["scores"], rtol=1e-5, atol=1e-5)
+    lengths |= set((np.asarray(beams) > 0).sum(-1).ravel().tolist())
+  assert calls and set(calls) == {alpha}, "the model decoded with T5X's beam search"
+  assert len(lengths) > 2, "beams of several lengths"
