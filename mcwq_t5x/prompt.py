@@ -150,8 +150,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def one(i: int) -> None:
       try:
         results[i] = chat.complete(prompts[i])
-      except client_lib.ContextLengthExceeded as e:
-        results[i] = {"text": None, "usage": None, "error": f"context_length: {e}"}
       except client_lib.RequestFailed as e:
         failures.append(f"example {i + 1}: {e}")
 

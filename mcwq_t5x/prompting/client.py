@@ -10,8 +10,8 @@ an error at once; the `openai` client caps Retry-After at 60 s and retries on it
 * 429 and 5xx, connection errors: retried at most `max_retries` times, then `RequestFailed`.
 * a time-out (`timeout_s` per attempt): `RequestFailed` at once, not retried (as
   `transport.DeadlineExceeded`: the request would take as long again).
-* a 400 saying the prompt exceeds the context length: `ContextLengthExceeded` (the prompt is too
-  long for that model; the caller counts the example as unanswered).
+* a 400 saying the prompt exceeds the context length: an answer with text None and an "error"
+  (cached: the same prompt fails the same way; the example counts as a syntax error).
 * any other 4xx: `RequestFailed` at once.
 
 The cache (`stores.jsonl_cache.JsonlCache`, fsync'ed before use) is keyed by the model, the
@@ -96,16 +96,20 @@ class ChatClient:
     return jsonl_cache.make_key("chat", self.model, json.dumps(self.params, sort_keys=True), prompt)
 
   def complete(self, prompt: str) -> dict[str, Any]:
-    """{"text", "usage", "cached"} for `prompt`, from the cache or the server.
+    """{"text", "usage", "cached"} for `prompt`, from the cache or the server; a prompt longer
+    than the model's context gives text None and "error" "context_length: ..." (cached).
 
     Raises:
-      ContextLengthExceeded, RequestFailed: see module docstring.
+      RequestFailed: see module docstring.
     """
     key = self.key(prompt)
     hit = self.cache.get(key)
     if hit is not None:
       return dict(hit, cached=True)
-    value = self._request(prompt)
+    try:
+      value = self._request(prompt)
+    except ContextLengthExceeded as e:  # why: the same prompt fails the same way: cache it too
+      value = {"text": None, "usage": None, "error": f"context_length: {e}"}
     self.cache.put(key, value)
     return dict(value, cached=False)
 

@@ -32,17 +32,15 @@ ORACLE_METHODS = ("oracle_compounds",)
 #: BM25 candidates the cover methods choose from (Levy et al. restrict the search the same way).
 CANDIDATES = 100
 _PLACEHOLDER = re.compile(r"^m\d$")
+_ZH_TOKEN = re.compile(r"[a-z0-9]+|\S")
 _PUNCT = re.compile(r"[\s?.,!;:\"'()，。？！、：；]+")
 
 
 def tokens(question: str, language: str) -> list[str]:
   """The tokens of a question: lower-cased words, or characters for zh (see module docstring)."""
   text = question.lower()
-  if language == "zh":  # why: Chinese has no spaces; placeholders stay whole
-    out = []
-    for word in _PUNCT.split(text):
-      out.extend([word] if _PLACEHOLDER.match(word) or word.isascii() else list(word))
-    return [t for t in out if t]
+  if language == "zh":  # why: Chinese has no spaces; Latin runs (M0, wdt) stay whole
+    return [t for t in _ZH_TOKEN.findall(text) if not _PUNCT.fullmatch(t)]
   return [t for t in _PUNCT.split(text) if t]
 
 
