@@ -6,6 +6,6 @@ word/bigram cover, oracle_compounds = an ORACLE covering the gold query's compou
 completions to an OpenAI-compatible server through the `openai` client, with the project's retry
 policy and a crash-safe request cache. The main is `mcwq_t5x.prompt`.
 
-Import rule: this wing imports `mcwq_t5x.data` and `mcwq_t5x.stores` only, and never JAX, Flax,
+Imports: this wing imports `mcwq_t5x.data` and `mcwq_t5x.stores` only, and never JAX, Flax,
 TensorFlow or SeqIO (the prompting main starts fast on a machine without them).
 """
