@@ -24,17 +24,22 @@ spm.model, `mcwq_t5x.checkpointing.run_info`); a different one (set explicitly) 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -43,7 +48,9 @@ def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Pat
 
   `mcwq_t5x.evaluation.report` names the model after `folder` (the run), not after this subfolder.
   """
-  return pathlib.Path(folder) / (f"eval_{step}" if step is not None else "eval")
+  if step is None:
+    return pathlib.Path(folder) / "eval"
+  return run_folder.eval_dir(folder, step)
 
 
 def evaluate(*,
@@ -81,36 +88,43 @@ def evaluate(*,
     FileNotFoundError: no checkpoint at `checkpoint_path`.
     checkpoints.UnreadableCheckpointError: a named `checkpoint_<step>` folder is unreadable;
       checkpoints.NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
+    run_lock.EvalOutputDirInUseError: another eval writes into the folder (`EVAL_OUTPUT_DIR/
+      eval.lock`; the message names it: pid, host, start time, command).
+    writers.ResultWriteError: a result file cannot be written (the previous one is kept).
   """
   prediction.check_predict_kwargs(model, predict_kwargs)
-  if output_dir is not None:
-    prediction.check_writable(output_dir, "EVAL_OUTPUT_DIR")
-  partitioner = partitioner or partitioning.Partitioner()
-  vocab = pipeline.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
-  pipeline.check_vocab_size(
-      vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
-  run_info.check_vocabulary(vocab, checkpoint_path, f"task {dataset_cfg.mixture_or_task_name}")
-  if getattr(model, "output_vocabulary", None) is not None:
-    run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
-  params, step, folder = prediction.load_params(model, partitioner, checkpoint_path)
-  if output_dir is None:
-    output_dir = str(default_output_dir(folder, step))
-    prediction.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
-  infer_fn = prediction.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
-  metrics, predictions = prediction.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
-  pred_path, met_path = prediction.write_predictions(
-      output_dir,
-      dataset_cfg,
-      predictions,
-      metrics,
-      extra={
-          "step": step,
-          "checkpoint": str(checkpoint_path),
-          "predict_kwargs": dict(predict_kwargs or {})
-      })
-  logging.info("%s/%s: %s (%d predictions) -> %s, %s", dataset_cfg.mixture_or_task_name,
-               dataset_cfg.split, metrics, len(predictions), pred_path, met_path)
-  return {"metrics": metrics, "predictions_path": str(pred_path), "metrics_path": str(met_path)}
+  with contextlib.ExitStack() as stack:  # holds EVAL_OUTPUT_DIR's lock until the files are written
+    if output_dir is not None:
+      prediction.check_writable(output_dir, "EVAL_OUTPUT_DIR")
+      # A second eval into this folder stops here, before anything is loaded.
+      stack.enter_context(run_lock.hold(output_dir, run_lock.EVAL_LOCK_FILE))
+    partitioner = partitioner or partitioning.Partitioner()
+    vocab = pipeline.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
+    pipeline.check_vocab_size(
+        vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
+    run_info.check_vocabulary(vocab, checkpoint_path, f"task {dataset_cfg.mixture_or_task_name}")
+    if getattr(model, "output_vocabulary", None) is not None:
+      run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
+    params, step, folder = prediction.load_params(model, partitioner, checkpoint_path)
+    if output_dir is None:
+      output_dir = str(default_output_dir(folder, step))
+      prediction.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
+      stack.enter_context(run_lock.hold(output_dir, run_lock.EVAL_LOCK_FILE))
+    infer_fn = prediction.get_infer_fn(model, partitioner, dataset_cfg.batch_size, predict_kwargs)
+    metrics, predictions = prediction.evaluate_split(dataset_cfg, infer_fn, params, num_examples)
+    pred_path, met_path = prediction.write_predictions(
+        output_dir,
+        dataset_cfg,
+        predictions,
+        metrics,
+        extra={
+            "step": step,
+            "checkpoint": str(checkpoint_path),
+            "predict_kwargs": dict(predict_kwargs or {})
+        })
+    logging.info("%s/%s: %s (%d predictions) -> %s, %s", dataset_cfg.mixture_or_task_name,
+                 dataset_cfg.split, metrics, len(predictions), pred_path, met_path)
+    return {"metrics": metrics, "predictions_path": str(pred_path), "metrics_path": str(met_path)}
 
 
 #: `--help` epilog: the gin files and macros of this main.
@@ -126,7 +140,7 @@ GIN_HELP = gin_utils.gin_help([
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
   gin_utils.parse_flags(
       argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
@@ -136,12 +150,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
-  except paths.DataNotFoundError as e:  # missing data or vocabulary: one line, exit status 1
-    raise gin_utils.one_line_exit(e) from e
+  except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
+          *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary, a busy or unwritable
+    raise console.one_line_exit(e) from e  # EVAL_OUTPUT_DIR: one line, exit status 1
   print(result["metrics"])
   return result
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()

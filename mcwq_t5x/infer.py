@@ -39,6 +39,7 @@ from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -174,7 +175,7 @@ GIN_HELP = gin_utils.gin_help(['gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs
 
 def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   """Entry point (`python -m mcwq_t5x.infer`): gin flags + --input/--output/--sparql -> `infer`."""
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.infer")
 
   def extra(parser: argparse.ArgumentParser):
@@ -207,8 +208,9 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     gin_utils.call_configured(partitioning.initialize_distributed)
     predictions = gin_utils.call_configured(infer, questions)  # pylint: disable=no-value-for-parameter
-  except paths.DataNotFoundError as e:  # a missing vocabulary file: one line, exit status 1
-    raise gin_utils.one_line_exit(e) from e
+  except (paths.DataNotFoundError,
+          *prediction.INPUT_ERRORS) as e:  # a missing vocabulary file: one line, exit status 1
+    raise console.one_line_exit(e) from e
   if args.sparql:
     predictions = to_sparql_lines(predictions, skip=empty_question_lines(questions))
   out = format_lines(predictions)
@@ -221,5 +223,5 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()

@@ -20,7 +20,7 @@ import numpy as np
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
-from mcwq_t5x import gin_utils
+from mcwq_t5x import console
 
 PERCENTILES = (50, 90, 95, 99)
 PROGRESS_EVERY_S = 5.0  # seconds between two progress lines while the split is read
@@ -201,5 +201,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   sys.exit(main())

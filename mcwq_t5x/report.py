@@ -20,6 +20,7 @@ import sys
 from typing import Optional, Sequence
 
 from mcwq_t5x.data import readers
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import report as report_lib
 from mcwq_t5x.evaluation import score as score_lib
 
@@ -94,13 +95,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 2
   for warning in report["warnings"]:
     print(f"warning: {warning}", file=sys.stderr)
-  written = report_lib.write_report(
-      report,
-      args.out,
-      html_dir=args.html,
-      with_published=not args.no_published,
-      comparisons=comparisons,
-      progress=progress)
+  try:
+    written = report_lib.write_report(
+        report,
+        args.out,
+        html_dir=args.html,
+        with_published=not args.no_published,
+        comparisons=comparisons,
+        progress=progress)
+  except (report_lib.ForeignFileError, writers.ResultWriteError) as e:
+    print(f"error: {e}", file=sys.stderr)  # one line, no traceback
+    return 2 if isinstance(e, report_lib.ForeignFileError) else 1
   print(written["markdown"].read_text(encoding="utf-8"))
   print(f"wrote {written['markdown']}, {len(written['tables'])} CSV tables and "
         f"{len(written['figures'])} figures to {args.out}" +

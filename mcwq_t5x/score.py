@@ -15,6 +15,7 @@ import pathlib
 import sys
 from typing import Optional, Sequence
 from mcwq_t5x.data import readers
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import execution
 from mcwq_t5x.evaluation import metrics
 from mcwq_t5x.evaluation import score
@@ -141,7 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except (score.InputError, readers.DataFormatError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  except transport.RetryAfterTooLong as e:
+  except (transport.RetryAfterTooLong, writers.ResultWriteError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   for warning in result["warnings"]:
@@ -164,7 +165,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.execute:
     print(result["execution"]["executable_of"], file=sys.stderr)
   if args.json_out:
-    pathlib.Path(args.json_out).write_text(text + "\n", encoding="utf-8")
+    try:
+      writers.write_atomic(args.json_out, text + "\n")
+    except writers.ResultWriteError as e:
+      print(f"error: {e}", file=sys.stderr)  # one line; the previous file stays whole
+      return 1
   if undefined:
     print(f"error: {undefined}", file=sys.stderr)
     return score.EXIT_UNDEFINED

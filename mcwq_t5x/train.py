@@ -54,7 +54,6 @@ Output layout of MODEL_DIR:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import pathlib
@@ -71,6 +70,7 @@ import numpy as np
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
@@ -82,6 +82,7 @@ from mcwq_t5x.engine import preemption
 from mcwq_t5x.engine import process_watch
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x.evaluation import prediction
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 
 
@@ -96,48 +97,6 @@ def check_model_and_task(model: Any, cfg: pipeline.DatasetConfig) -> None:
   size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
   if size is not None:
     pipeline.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
-
-
-class ScalarWriter:
-  """TensorBoard event files whose metrics are plain scalar summaries (`simple_value`), so that
-  `EventAccumulator(dir).Scalars(tag)` reads them as well as TensorBoard does (clu's writer, like
-  TF2's `tf.summary.scalar`, stores tensor summaries, which `Scalars()` does not list). Only
-  process 0 writes; no TensorFlow needed.
-
-  Args:
-    logdir: the folder of the event file (created).
-  """
-
-  def __init__(self, logdir: str):
-    self._writer = None
-    if jax.process_index() == 0:
-      from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
-      pathlib.Path(logdir).mkdir(parents=True, exist_ok=True)
-      self._writer = event_file_writer.EventFileWriter(str(logdir))
-
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Writes one scalar per entry at `step`."""
-    if self._writer is None:
-      return
-    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
-    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
-    self._writer.add_event(
-        event_pb2.Event(
-            step=int(step), wall_time=time.time(), summary=summary_pb2.Summary(value=values)))
-
-  def flush(self) -> None:
-    if self._writer is not None:
-      self._writer.flush()
-
-  def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
-
-
-def create_metric_writer(logdir: str) -> ScalarWriter:
-  """The TensorBoard writer of `logdir` (`ScalarWriter`; the console log is `train`'s own)."""
-  return ScalarWriter(logdir)
 
 
 def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
@@ -182,54 +141,6 @@ def selection_metric(metric_name_to_monitor: Optional[str],
   return metric_name_to_monitor
 
 
-def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
-  if jax.process_index() == 0:
-    with open(path, "a") as f:
-      f.write(json.dumps(pipeline.to_jsonable(record), sort_keys=True) + "\n")
-
-
-METRICS_FILES = ("train_metrics.jsonl", "eval_metrics.jsonl")
-
-
-def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str, int]:
-  """Drops the rows of steps after `step` from MODEL_DIR's `METRICS_FILES` (process 0).
-
-  On resume from checkpoint `step`, the steps after it are trained again and their rows written
-  again; without this the files would hold them twice (TensorBoard readers likewise drop events
-  after a restart step). Lines that are not JSON (cut off when a run was killed) are dropped too.
-
-  Returns:
-    {file name: rows dropped} for the files that lost rows (each logged).
-
-  Raises:
-    OSError: a file cannot be rewritten.
-  """
-  dropped: dict[str, int] = {}
-  if jax.process_index() != 0:
-    return dropped
-  for name in METRICS_FILES:
-    path = pathlib.Path(model_dir) / name
-    if not path.is_file():
-      continue
-    kept = []
-    lines = path.read_text().splitlines()
-    for line in lines:
-      try:
-        row_step = json.loads(line).get("step")
-      except (ValueError, AttributeError):
-        continue
-      if isinstance(row_step, (int, float)) and row_step <= step:
-        kept.append(line)
-    if len(kept) != len(lines):
-      tmp = path.with_name(path.name + ".tmp")
-      tmp.write_text("".join(l + "\n" for l in kept))
-      tmp.replace(path)
-      dropped[name] = len(lines) - len(kept)
-      logging.info("%s: dropped %d row(s) after step %d (the run goes on from step %d)", path,
-                   dropped[name], step, step)
-  return dropped
-
-
 def utilisation(summary: Mapping[str, float], peak: Optional[flops_lib.MatmulPeak]) -> str:
   """The step line's utilisation: "  12.3 GFLOP/s = 9.1% of the XLA matmul's 135.0" (the model
   FLOPs per second of the logged steps, `summary["model_gflops_per_s"]`, and their share of the
@@ -246,6 +157,25 @@ def utilisation(summary: Mapping[str, float], peak: Optional[flops_lib.MatmulPea
 # --------------------------------------------------------------------------------------------
 # train()
 # --------------------------------------------------------------------------------------------
+# First line of the config.gin the training writes: a MODEL_DIR's config.gin without it (and
+# without a run.json) is the user's own file, never overwritten.
+CONFIG_GIN_HEADER = "# The operative gin config of this run, written by mcwq_t5x.train.\n"
+
+
+def check_own_config_gin(model_dir: pathlib.Path) -> None:
+  """Raises ValueError when `model_dir/config.gin` exists and no training wrote it (no header,
+  no run.json beside it): MODEL_DIR is a folder of the user's files."""
+  path = model_dir / run_folder.CONFIG_GIN
+  if not path.is_file() or (model_dir / run_info.RUN_JSON).is_file():
+    return
+  with open(path, "rb") as f:
+    head = f.read(len(CONFIG_GIN_HEADER.encode()))
+  if head != CONFIG_GIN_HEADER.encode():
+    raise ValueError(f"MODEL_DIR {model_dir}: its config.gin was not written by a training "
+                     "(no run.json, no mcwq_t5x.train header) and would be overwritten; "
+                     "choose an empty folder or a run's MODEL_DIR as MODEL_DIR")
+
+
 def train(*,
           model: Any,
           train_dataset_cfg: pipeline.DatasetConfig,
@@ -345,8 +275,9 @@ def train(*,
   if train_dataset_cfg.split != "train":
     logging.warning("training on split %r of %s (not 'train')", train_dataset_cfg.split,
                     train_dataset_cfg.mixture_or_task_name)
+  check_own_config_gin(model_dir_p)
   if jax.process_index() == 0:
-    (model_dir_p / "config.gin").write_text(gin.config_str())
+    (model_dir_p / run_folder.CONFIG_GIN).write_text(CONFIG_GIN_HEADER + gin.config_str())
   partitioner = partitioner or partitioning.Partitioner()
   logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
                jax.device_count(),
@@ -435,7 +366,8 @@ def train(*,
   else:
     state = trainer.create_state(global_shapes, input_types)
   start_step = int(state.step)
-  drop_metric_rows_after(model_dir_p, start_step)  # a resumed run writes those steps again
+  run_folder.drop_metric_rows_after(model_dir_p,
+                                    start_step)  # a resumed run writes those steps again
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   logging.info("model: %.2fM parameters; starting at step %d of %d", n_params / 1e6, start_step,
                total_steps)
@@ -485,7 +417,7 @@ def train(*,
       logging.info("eval step %d%s: %s", step, monitor_note, {
           k: round(v, 4) for k, v in record.items() if k != "step"
       })
-      _append_jsonl(model_dir_p / "eval_metrics.jsonl", record)
+      run_folder.append_jsonl(model_dir_p / run_folder.EVAL_METRICS, pipeline.to_jsonable(record))
     return record
 
   # --- loop ---------------------------------------------------------------------------------
@@ -501,8 +433,8 @@ def train(*,
   pending: list[dict[str, Any]] = []
   guard = trainer.initial_guard()
   # Closed when the loop ends, however it ends (nothing is written to them after it).
-  train_writer = create_metric_writer(str(model_dir_p / "train"))
-  eval_writer = create_metric_writer(str(model_dir_p / "eval"))
+  train_writer = run_folder.create_metric_writer(str(model_dir_p / run_folder.TRAIN_EVENTS))
+  eval_writer = run_folder.create_metric_writer(str(model_dir_p / run_folder.EVAL_EVENTS))
   t_train = time.time()
   # SIGTERM (a scheduler's preemption notice): a checkpoint at the next step boundary, the same
   # step in every process, then `preemption.Preempted` (see `preemption.PreemptionWatch`).
@@ -545,7 +477,8 @@ def train(*,
             summary.get("accuracy", float("nan")), summary["learning_rate"], summary["step_time_s"],
             summary["examples_per_s"], summary["tokens_per_s"], utilisation(summary, peak))
         last_logged = {"step": step, "elapsed_s": time.time() - t_start, **summary}
-        _append_jsonl(model_dir_p / "train_metrics.jsonl", last_logged)
+        run_folder.append_jsonl(model_dir_p / run_folder.TRAIN_METRICS,
+                                pipeline.to_jsonable(last_logged))
       # Evaluate before saving, so that the checkpoint carries the step's metrics (best-keeping).
       record = None
       if eval_period and (step % eval_period == 0 or step == total_steps):
@@ -694,7 +627,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     or `DataNotFoundError`, e.g. `vocab.VocabularyNotFoundError` naming $MCWQ_VOCAB), or the run
     was preempted (status 143); and whatever else `train` raises.
   """
-  gin_utils.setup_logging()
+  console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
   args = gin_utils.parse_flags(
       argv,
@@ -705,7 +638,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   try:
     vocab.check_vocabulary_variable()
   except paths.DataNotFoundError as e:
-    raise gin_utils.one_line_exit(e) from e
+    raise console.one_line_exit(e) from e
   gin_utils.call_configured(cpu_settings.set_host_device_count)
   cpu_settings.set_xla_cpu_flags()
   if partitioning.initialize_from_flags(args) is None:
@@ -725,9 +658,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
           paths.DataNotFoundError) as e:
     # One clear last line (Orbax has logged a failed save's details above), exit status 1. Every
     # process of a multi-process run stops so (the same save, the same lock).
-    raise gin_utils.one_line_exit(e) from e
+    raise console.one_line_exit(e) from e
   except preemption.Preempted as e:
-    print(f"Preempted: {gin_utils.original_error(e)}", file=sys.stderr)
+    print(f"Preempted: {console.original_error(e)}", file=sys.stderr)
     sys.exit(preemption.EXIT_STATUS)
   except trainer_lib.NonFiniteLossError:  # every process at the same step
     raise
@@ -736,9 +669,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       lost = watch.wait_for_verdict(process_watch.TIMEOUT_S + 5 * process_watch.INTERVAL_S)
       _stop_lost_process(
           lost or f"another process of the run is gone ({type(e).__name__}: "
-          f"{str(gin_utils.original_error(e)).strip().splitlines()[0][:300]})", model_dir, argv)
-    first = str(gin_utils.original_error(e)).strip().splitlines()
-    status = f"failed: {type(gin_utils.original_error(e)).__name__}: {first[0][:300] if first else ''}"
+          f"{str(console.original_error(e)).strip().splitlines()[0][:300]})", model_dir, argv)
+    first = str(console.original_error(e)).strip().splitlines()
+    status = f"failed: {type(console.original_error(e)).__name__}: {first[0][:300] if first else ''}"
     raise
   finally:
     watch.finish(status)
@@ -766,5 +699,5 @@ def _stop_lost_process(lost: str, model_dir: Optional[str], argv: Optional[Seque
 
 
 if __name__ == "__main__":
-  gin_utils.quiet_native_logs()
+  console.quiet_native_logs()
   main()

@@ -620,11 +620,6 @@ def entity_mids(record: dict[str, Any],
   return {m: consts[m] for m in question_placeholders(record["questionPatternModEntities"])}
 
 
-def bracket_names(question_with_brackets: str) -> list[str]:
-  """Entity names in `[...]` of `questionWithBrackets`, in order."""
-  return re.findall(r"\[([^\]]*)\]", question_with_brackets)
-
-
 def validate_record(record: Any, where: str) -> None:
   """Checks that a CFQ record has the keys and types the migration needs (`REQUIRED_KEYS` strings;
   `EXACT_KEYS`, when present, strings or null).

@@ -183,3 +183,37 @@ def readme(tmp_path_factory, mcwq_dir):
                              lambda index: readme_commands.env_of(index, small),
                              readme_commands.with_overrides, readme_commands.depends,
                              readme_commands.same_as)
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+  """`full_disk(n)`: from now on, files opened with `os.fdopen` (`writers.open_atomic`'s) raise
+  OSError(ENOSPC), as `write(2)` on a full disk does, once `n` characters have been written to
+  them; no root tricks."""
+  import errno  # pylint: disable=g-import-not-at-top
+  real_fdopen = os.fdopen
+
+  class FullDiskFile:
+
+    def __init__(self, f, limit):
+      self._f, self._left = f, limit
+
+    def write(self, text):
+      self._left -= len(text)
+      if self._left < 0:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      return self._f.write(text)
+
+    def __getattr__(self, name):
+      return getattr(self._f, name)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      return self._f.__exit__(*exc)
+
+  def fill_after(n_chars: int) -> None:
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: FullDiskFile(real_fdopen(*a, **k), n_chars))
+
+  return fill_after

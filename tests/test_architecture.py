@@ -168,7 +168,8 @@ def test_no_import_cycle():
 
 
 def test_every_library_module_is_in_a_wing():
-  """mcwq_t5x/ holds the entry points and gin handling; the library is in the wings."""
+  """mcwq_t5x/ holds the entry points and what they share (gin handling, console, stderr filter);
+  the library is in the wings."""
   top = sorted(p.stem for p in (ROOT / "mcwq_t5x").glob("*.py") if p.stem != "__init__")
   assert top == sorted(ENTRY_POINTS), top
   assert sorted(
@@ -181,7 +182,8 @@ def test_every_library_module_is_in_a_wing():
 
 
 ENTRY_POINTS = ("train", "eval", "infer", "score", "report", "export_hf", "inspect_task",
-                "divergence", "rir", "best_checkpoint", "gin_utils", "prompt")
+                "divergence", "rir", "best_checkpoint", "gin_utils", "console", "stderr_filter",
+                "prompt")
 
 
 def test_wings_import_only_what_their_rule_allows():
@@ -211,13 +213,17 @@ def test_wings_keep_out_of_forbidden_libraries():
   assert not offenders, "\n".join(offenders)
 
 
+#: The modules the mains share: gin handling, the console and error lines, the stderr filter.
+SHARED_BY_MAINS = ("mcwq_t5x.gin_utils", "mcwq_t5x.console", "mcwq_t5x.stderr_filter")
+
+
 def test_no_wing_imports_an_entry_point_and_no_entry_point_another():
   offenders = []
   for name, imports in import_graph().items():
     for target in sorted(imports):
-      if wing_of(target) == "entry" and target != "mcwq_t5x.gin_utils":
+      if wing_of(target) == "entry" and target not in SHARED_BY_MAINS:
         offenders.append(f"{name} imports the entry point {target}")
-      elif wing_of(name) in WINGS and target == "mcwq_t5x.gin_utils":
+      elif wing_of(name) in WINGS and target in SHARED_BY_MAINS:
         offenders.append(f"{name} imports gin handling ({target})")
   assert not offenders, "\n".join(offenders)
 
@@ -249,3 +255,18 @@ def test_leaves():
   graph = import_graph()
   assert graph["mcwq_t5x.checkpointing.checkpoint_paths"] == set()
   assert graph["mcwq_t5x.engine.cpu_settings"] == set()
+
+
+def test_run_folder_has_one_owner():
+  """`checkpointing.run_folder` names the run folder on top of the leaf only, and the writers and
+  the report read its names from it (no second copy of the `checkpoint_<step>` pattern)."""
+  graph = import_graph()
+  assert graph["mcwq_t5x.checkpointing.run_folder"] == {"mcwq_t5x.checkpointing.checkpoint_paths"}
+  for user in ("mcwq_t5x.train", "mcwq_t5x.eval", "mcwq_t5x.evaluation.prediction",
+               "mcwq_t5x.checkpointing.best_checkpoint", "mcwq_t5x.evaluation.report.discovery"):
+    assert "mcwq_t5x.checkpointing.run_folder" in graph[user], user
+  copies = [
+      p for p in project_modules().values()
+      if r"checkpoint_\d+" in p.read_text(encoding="utf-8") and p.name != "checkpoint_paths.py"
+  ]
+  assert not copies, f"a second checkpoint_<step> pattern: {copies}"

@@ -25,8 +25,9 @@ import re
 from typing import Mapping, Optional
 
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import run_folder
 
-EVAL_METRICS_FILE = "eval_metrics.jsonl"
+EVAL_METRICS_FILE = run_folder.EVAL_METRICS
 
 
 def _from_jsonl(model_dir: pathlib.Path, name: str) -> dict[int, float]:
@@ -116,7 +117,7 @@ _EVAL_SPLIT_RE = re.compile(r"^EVAL_SPLIT\s*=\s*['\"](\w+)['\"]\s*$", re.M)
 def monitored_split(model_dir: str | pathlib.Path) -> Optional[str]:
   """The split of the run's periodic evaluation (`EVAL_SPLIT` of our `MODEL_DIR/config.gin`), or
   None when the run does not say (no config.gin, or T5X's)."""
-  config = pathlib.Path(model_dir) / "config.gin"
+  config = pathlib.Path(model_dir) / run_folder.CONFIG_GIN
   if not config.is_file():
     return None
   m = _EVAL_SPLIT_RE.search(config.read_text(errors="replace"))

@@ -18,7 +18,8 @@ numpy arrays keyed by T5X's parameter names (`token_embedder/embedding`,
   (`target.encoder.layers_0...`). The reference is either a TensorStore spec
   dict (T5X's own writer; the kvstore path is relative to the checkpoint
   directory) or a string `PLACEHOLDER://target.encoder...` (Orbax-style
-  writer). Only `target` is read; the optimizer state is ignored. An array
+  writer). Only `target` is read; the optimizer state is ignored. Arrays are read only from
+  local files inside the checkpoint's folder (`_local_spec`), as are Hugging Face shards. An array
   without a fill value must have every chunk file: a missing one raises
   `IncompleteCheckpointError` (TensorStore would otherwise read zeros there).
   The writer is `mcwq_t5x.checkpointing.t5x_checkpoint_writer`.
@@ -282,19 +283,36 @@ def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
   return m
 
 
+def _hf_file(directory: pathlib.Path, entry: str, source: pathlib.Path) -> pathlib.Path:
+  """`directory/entry` if it is a file name inside `directory` (a Hugging Face hub snapshot's links
+  into its repository's `blobs/` included), else CheckpointOutsideFolderError naming `source`."""
+  hub_blobs = [directory.parent.parent / "blobs"] if directory.parent.name == "snapshots" else []
+  if not isinstance(entry, str) or not entry:
+    raise checkpoint_paths.CheckpointOutsideFolderError(
+        f"{source}: entry {entry!r} is no file name")
+  try:
+    checkpoint_paths.inside_folder(directory, entry, hub_blobs)
+  except checkpoint_paths.CheckpointOutsideFolderError as e:
+    raise checkpoint_paths.CheckpointOutsideFolderError(f"{source}: {e}") from None
+  return directory / entry
+
+
 def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
-  """Reads model.safetensors (or shards, or pytorch_model.bin) as numpy."""
+  """Reads model.safetensors (or shards, or pytorch_model.bin) as numpy; every file must lie in
+  `directory` (CheckpointOutsideFolderError), malformed ones raise UnreadableCheckpointFileError."""
   single = directory / "model.safetensors"
   index = directory / "model.safetensors.index.json"
   files: list[pathlib.Path] = []
   if single.is_file():
-    files = [single]
+    files = [_hf_file(directory, single.name, single)]
   elif index.is_file():
     try:
       weight_map = json.loads(index.read_text())["weight_map"]
-    except (OSError, json.JSONDecodeError, KeyError) as e:
-      raise ValueError(f"{index}: cannot read safetensors index: {e}") from e
-    files = sorted({directory / f for f in weight_map.values()})
+      shards = set(weight_map.values())
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+      raise checkpoint_paths.UnreadableCheckpointFileError(
+          f"{index}: cannot read safetensors index: {type(e).__name__}: {e}") from e
+    files = sorted({_hf_file(directory, f, index) for f in shards})
   if files:
     from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
     state = {}
@@ -302,17 +320,24 @@ def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray],
       try:
         state.update(load_file(str(f)))
       except Exception as e:  # safetensors raises its own error types.
-        raise ValueError(f"{f}: cannot read safetensors file: {e}") from e
+        raise checkpoint_paths.UnreadableCheckpointFileError(
+            f"{f}: cannot read safetensors file: {e}") from e
     return state, str(files[0])
   binary = directory / "pytorch_model.bin"
   if binary.is_file():
+    _hf_file(directory, binary.name, binary)
     try:
       import torch  # pylint: disable=g-import-not-at-top
     except ImportError as e:
       raise ValueError(f"{binary}: reading pytorch_model.bin needs torch; "
                        "convert it to safetensors or install torch") from e
-    sd = torch.load(str(binary), map_location="cpu", weights_only=True)
-    return {k: v.float().numpy() for k, v in sd.items()}, str(binary)
+    try:
+      sd = torch.load(str(binary), map_location="cpu", weights_only=True)
+      return {k: v.float().numpy() for k, v in sd.items()}, str(binary)
+    except Exception as e:  # why: malformed or refused pickles raise many types (UnpicklingError...)
+      raise checkpoint_paths.UnreadableCheckpointFileError(
+          f"{binary}: cannot read pytorch_model.bin: {type(e).__name__}: "
+          f"{str(e).splitlines()[0] if str(e) else ''}") from e
   raise ValueError(f"{directory}: no model.safetensors, "
                    "model.safetensors.index.json or pytorch_model.bin")
 
@@ -457,23 +482,74 @@ def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
                      f"{e}") from e
 
 
-def _resolve_leaf(leaf: Any, directory: pathlib.Path, name: str) -> Any:
-  """Turns a msgpack leaf (array, spec dict or placeholder) into an array."""
-  if isinstance(leaf, str) and leaf.startswith(checkpoint_paths.T5X_PLACEHOLDER):
+# TensorStore drivers a checkpoint's array spec may name: arrays (`driver`) and the stores under
+# them (`kvstore.driver`). `gcs`/`gfile` specs are T5X's own writer's on a bucket: their path is
+# relative to the checkpoint folder (T5X `_update_ts_path_from_relative_to_absolute`) and is read
+# from the local folder; the bucket is never contacted.
+T5X_ARRAY_DRIVERS = frozenset({"zarr", "zarr3"})
+T5X_FILE_KVSTORES = frozenset({"file", "gcs", "gfile"})
+# Spec keys that name no store (`context` could configure a remote one; anything unknown is refused).
+_T5X_SPEC_KEYS = frozenset({"driver", "dtype", "kvstore", "metadata", "path", "transform"})
+
+
+def _local_file(kv: Any, directory: pathlib.Path, what: str) -> tuple[str, str]:
+  """(driver, path inside `directory`) of a file kvstore spec (dict or `file://` URL); raises
+  CheckpointOutsideFolderError for any other store or a path leaving `directory`."""
+  if isinstance(kv, str):  # a kvstore URL ("file:///x", "http://h/x") or a plain path
+    scheme, sep, rest = kv.partition("://")
+    if "|" in kv or (sep and scheme != "file"):  # why: `a|ocdbt:` / `http://` are other stores
+      raise checkpoint_paths.CheckpointOutsideFolderError(f"{what} names the kvstore {kv!r}")
+    kv = {"driver": "file", "path": rest if sep else kv}
+  driver = kv.get("driver") if isinstance(kv, dict) else None
+  if driver not in T5X_FILE_KVSTORES:
+    raise checkpoint_paths.CheckpointOutsideFolderError(
+        f"{what} names the kvstore driver {driver!r}; only local files "
+        f"({', '.join(sorted(T5X_FILE_KVSTORES))} paths in the folder) or ocdbt over them are read")
+  path = str(kv.get("path", ""))
+  try:
+    return driver, str(checkpoint_paths.inside_folder(directory, path))
+  except checkpoint_paths.CheckpointOutsideFolderError as e:
+    raise checkpoint_paths.CheckpointOutsideFolderError(f"{what}: {e}") from None
+
+
+def _local_spec(leaf: Any, directory: pathlib.Path, source: pathlib.Path,
+                name: str) -> tuple[dict[str, Any], str]:
+  """(TensorStore spec reading only files inside `directory`, the array's path) of a msgpack leaf
+  (a `PLACEHOLDER://` string or a spec dict); `source` is the msgpack file, for messages.
+
+  Raises:
+    checkpoint_paths.CheckpointOutsideFolderError: another driver (http, gcs with an absolute
+      path, s3, memory, ...), an unknown spec key, or a path outside `directory` (symlinks and
+      `..` resolved); the message names `source` and the array.
+  """
+  what = f"{source}: array {name}"
+  if isinstance(leaf, str):
     rel = leaf[len(checkpoint_paths.T5X_PLACEHOLDER):]
-    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(directory / rel)}}
-    return _ts_read(spec, str(directory / rel), name)
-  if isinstance(leaf, dict) and "kvstore" in leaf and "driver" in leaf:
-    spec = json.loads(json.dumps(leaf))  # deep copy of plain data
-    kv = spec["kvstore"]
-    if isinstance(kv, str):
-      kv = {"driver": "file", "path": kv}
-    rel = kv.get("path", spec.pop("path", name))
-    if kv.get("driver") in ("gcs", "gfile", "file"):
-      kv = {"driver": "file", "path": str(directory / rel)}
-    spec["kvstore"] = kv
-    return _ts_read(spec, str(directory / rel), name)
-  return leaf
+    _, path = _local_file({"driver": "file", "path": rel}, directory, what)
+    return {"driver": "zarr", "kvstore": {"driver": "file", "path": path}}, path
+  spec = json.loads(json.dumps(leaf))  # deep copy of plain data
+  if spec.get("driver") not in T5X_ARRAY_DRIVERS:
+    raise checkpoint_paths.CheckpointOutsideFolderError(
+        f"{what} names the TensorStore driver {spec.get('driver')!r}; only "
+        f"{', '.join(sorted(T5X_ARRAY_DRIVERS))} arrays are read")
+  unknown = sorted(set(spec) - _T5X_SPEC_KEYS)
+  if unknown:
+    raise checkpoint_paths.CheckpointOutsideFolderError(f"{what} has the spec key(s) {unknown}; "
+                                                        f"only {sorted(_T5X_SPEC_KEYS)} are read")
+  kv = spec["kvstore"]
+  inner = spec.pop("path", None)  # why: TensorStore appends a top-level path to the kvstore's
+  if isinstance(kv, dict) and kv.get("driver") == "ocdbt":
+    _, base = _local_file(kv.get("base"), directory, f"{what} (ocdbt base)")
+    key = "/".join(p for p in (kv.get("path"), inner) if p)
+    spec["kvstore"] = {"driver": "ocdbt", "base": {"driver": "file", "path": base}, "path": key}
+    return spec, f"{base}/{key}"
+  if isinstance(kv, dict) and not kv.get("path"):
+    kv = {**kv, "path": inner or name}  # why: T5X's spec may name the array only at top level
+  elif inner:
+    kv = ({**kv, "path": f"{kv['path']}/{inner}"} if isinstance(kv, dict) else f"{kv}/{inner}")
+  _, path = _local_file(kv, directory, what)
+  spec["kvstore"] = {"driver": "file", "path": path}
+  return spec, path
 
 
 def _is_ref(x: Any) -> bool:
@@ -496,7 +572,10 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
     checkpoint_paths.CheckpointMismatchError: names/shapes differ from the model.
     IncompleteCheckpointError: an array misses a chunk file or has another
       shape than the msgpack recorded (message names the array).
-    ValueError: unreadable msgpack, no `target` tree, unreadable arrays.
+    checkpoint_paths.CheckpointOutsideFolderError: an array is not a zarr array of local files
+      inside the folder (names the msgpack file and the array; nothing is read then).
+    checkpoint_paths.UnreadableCheckpointFileError: a malformed msgpack file.
+    ValueError: no `target` tree, unreadable arrays.
   """
   path = pathlib.Path(path)
   msgpack_file = path if path.is_file() else path / checkpoint_paths.T5X_MSGPACK_FILE
@@ -504,7 +583,8 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
   try:
     tree = serialization.msgpack_restore(msgpack_file.read_bytes())
   except Exception as e:  # msgpack raises several error types.
-    raise ValueError(f"{msgpack_file}: cannot read T5X msgpack: {e}") from e
+    raise checkpoint_paths.UnreadableCheckpointFileError(
+        f"{msgpack_file}: cannot read T5X msgpack: {e}") from e
   if isinstance(tree, dict) and "optimizer" in tree and "target" not in tree:
     tree = tree["optimizer"]
   if not isinstance(tree, dict) or "target" not in tree:
@@ -513,11 +593,15 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
                      f"(top-level keys: {keys})")
   target = tree["target"]
   flat = traverse_util.flatten_dict(target, is_leaf=lambda k, x: _is_ref(x))
+  specs = {  # why: every reference is checked before any array is read
+      key: _local_spec(leaf, directory, msgpack_file, "target." + ".".join(key))
+      for key, leaf in flat.items()
+      if _is_ref(leaf)
+  }
   out = {}
   for key, leaf in flat.items():
-    name = "/".join(key)
-    value = _resolve_leaf(leaf, directory, "target." + ".".join(key))
-    out[name] = np.asarray(value, dtype=np.float32)
+    value = _ts_read(*specs[key], "target." + ".".join(key)) if key in specs else leaf
+    out["/".join(key)] = np.asarray(value, dtype=np.float32)
   params = traverse_util.unflatten_dict(out, sep="/")
   if config is not None:
     check_params(params, config, str(msgpack_file))

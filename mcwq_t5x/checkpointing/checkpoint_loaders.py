@@ -60,12 +60,11 @@ def _float32_abstract(config: network.T5Config) -> PyTree:
       sep="/")
 
 
-def _place(params: PyTree, abstract_params: Optional[PyTree]) -> PyTree:
+def _place_tree(params: PyTree, abstract_params: Optional[PyTree]) -> PyTree:
   """Numpy `params` as `abstract_params` describes them (dtype, sharding); unchanged without."""
   if abstract_params is None:
     return params
-  return jax.tree_util.tree_map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding), params,
-                                abstract_params)
+  return jax.tree_util.tree_map(checkpoints.place, params, abstract_params)  # why: one placement
 
 
 def load_model_dir(path: pathlib.Path, config: network.T5Config,
@@ -89,7 +88,7 @@ def load_t5x(path: pathlib.Path, config: network.T5Config,
     checkpoint_paths.resolve_checkpoint(path)
   except checkpoint_paths.NotACheckpointError:
     params = checkpoint_import.load_t5x_checkpoint(path, config)
-    return LoadedParams(_place(params, abstract_params), None, path)
+    return LoadedParams(_place_tree(params, abstract_params), None, path)
   return load_model_dir(path, config, abstract_params)
 
 
@@ -98,7 +97,7 @@ def load_hf(path: pathlib.Path, config: network.T5Config,
   """A Hugging Face T5/mT5 folder (`checkpoint_import.load_hf_checkpoint`), checked strictly
   against `config`."""
   params = checkpoint_import.load_hf_checkpoint(path, config)
-  return LoadedParams(_place(params, abstract_params), None, path)
+  return LoadedParams(_place_tree(params, abstract_params), None, path)
 
 
 LOADERS: dict[str, Loader] = {

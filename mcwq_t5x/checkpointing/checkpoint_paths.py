@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 PathLike = str | os.PathLike
 
@@ -70,6 +70,35 @@ class NotACheckpointError(FileNotFoundError):
 
 class CheckpointMismatchError(ValueError):
   """A checkpoint's parameter names or shapes do not match the model."""
+
+
+def step_of(name: str) -> Optional[int]:
+  """The step of a `checkpoint_<step>` folder name, or None for any other name."""
+  m = _STEP_DIR_RE.match(name)
+  return int(m.group(1)) if m else None
+
+
+class CheckpointOutsideFolderError(ValueError):
+  """A checkpoint names data outside its own folder, or a store other than local files (an
+  `http`/`gcs`/`s3`/`memory` kvstore, `../x`, `/etc/passwd`); the message names the file and the
+  entry. Never read, never skipped for an older checkpoint."""
+
+
+class UnreadableCheckpointFileError(ValueError):
+  """A checkpoint's file is malformed (pickle, safetensors, msgpack, index JSON); the message
+  names the file and the problem."""
+
+
+def inside_folder(folder: PathLike, entry: str, roots: Sequence[PathLike] = ()) -> pathlib.Path:
+  """`folder/entry` resolved (symlinks, `..`) if it lies inside `folder` (or one of `roots`),
+  else raises `CheckpointOutsideFolderError` naming `entry` (the caller adds the file)."""
+  base = pathlib.Path(folder).resolve()
+  target = (base / entry).resolve()  # why: an absolute entry replaces base; both are checked
+  for root in [base, *(pathlib.Path(r).resolve() for r in roots)]:
+    if target == root or root in target.parents:
+      return target
+  raise CheckpointOutsideFolderError(f"entry {entry!r} resolves to {target}, outside the "
+                                     f"checkpoint's folder {base}")
 
 
 def checkpoint_dir(directory: PathLike, step: int) -> pathlib.Path:

@@ -100,7 +100,7 @@ def _name(key: tuple[str, ...]) -> str:
   return "/".join(key)
 
 
-def _place(value: Any, abstract: Any) -> Any:
+def place(value: Any, abstract: Any) -> Any:
   """`value` as an array of `abstract`'s dtype, on `abstract.sharding` when it has one."""
   sharding = getattr(abstract, "sharding", None)
   arr = np.asarray(value, dtype=abstract.dtype) if not isinstance(value, jax.Array) else value
@@ -150,7 +150,8 @@ def _read_t5x_msgpack(folder: pathlib.Path) -> dict[str, Any]:
   try:
     tree = serialization.msgpack_restore(f.read_bytes())
   except Exception as e:  # msgpack raises several error types
-    raise ValueError(f"{f}: cannot read T5X msgpack: {e}") from e
+    raise checkpoint_paths.UnreadableCheckpointFileError(
+        f"{f}: cannot read T5X msgpack: {e}") from e
   if isinstance(tree, dict) and "optimizer" in tree:
     tree = tree["optimizer"]
   return tree
@@ -165,7 +166,7 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
     missing = _check_params(folder, {
         k: np.shape(v) for k, v in arrays.items()
     }, flat_abstract, fallback_params is not None)
-    flat = {k: _place(arrays[k], a) for k, a in flat_abstract.items() if k in arrays}
+    flat = {k: place(arrays[k], a) for k, a in flat_abstract.items() if k in arrays}
     step = _read_t5x_msgpack(folder).get("state", {}).get("step")
     step = None if step is None else int(np.asarray(step))
   else:
@@ -196,7 +197,7 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
         raise checkpoint_paths.CheckpointMismatchError(
             f"{folder}: parameter {_name(key)} is missing from both the "
             "checkpoint and fallback_params")
-      flat[key] = _place(flat_fallback[key], flat_abstract[key])
+      flat[key] = place(flat_fallback[key], flat_abstract[key])
     logging.warning(
         "%s: %d parameter(s) missing from the checkpoint initialised from "
         "fallback_params (T5X fallback_to_scratch): %s", folder, len(missing),
@@ -237,7 +238,8 @@ def restore_params_and_step(
       params, _ = _restore_target(folder, checkpoint_paths.checkpoint_format(folder),
                                   abstract_params, fallback_params)
       jax.block_until_ready(params)  # corrupt chunks fail here, not later
-    except checkpoint_paths.CheckpointMismatchError:
+    except (checkpoint_paths.CheckpointMismatchError,
+            checkpoint_paths.CheckpointOutsideFolderError):  # why: never fall back past these
       raise
     except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
       msg = _unreadable(folder, e)
@@ -680,7 +682,7 @@ class CheckpointManager:
     step_value = int(step) if ckpt_step is None else ckpt_step
     data.setdefault("step", step_value)
     state = abstract_state.replace(
-        step=_place(np.int32(step_value), abstract_state.step), params=params, opt_state=opt_state)
+        step=place(np.int32(step_value), abstract_state.step), params=params, opt_state=opt_state)
     return state, data
 
   def restore_params(self, step: int, abstract_params: PyTree) -> dict:

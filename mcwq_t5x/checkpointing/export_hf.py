@@ -17,12 +17,14 @@ and imports back (`checkpoint_loaders.load_params`) to the exported params bit f
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import logging
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 from typing import Any, Mapping, Optional
 
@@ -245,6 +247,67 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
   path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+# The files `export_params` writes: a folder holding nothing else is a previous export, the only
+# kind of folder `overwrite` replaces.
+EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json", "spiece.model",
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_replaceable(out_dir: pathlib.Path, overwrite: bool) -> None:
+  """Raises ValueError unless `out_dir` is absent, empty, or (with `overwrite`) a folder holding
+  only `EXPORT_FILES`; the message names what else is there."""
+  if not out_dir.exists() and not out_dir.is_symlink():
+    return
+  if out_dir.is_symlink() or not out_dir.is_dir():  # why: never replace a file or a link's target
+    raise ValueError(f"{out_dir}: exists and is not a folder; choose another --out")
+  entries = sorted(out_dir.iterdir())
+  if not entries:
+    return
+  if not overwrite:
+    raise ValueError(f"{out_dir}: exists and is not empty (pass --overwrite to replace a "
+                     "previous export)")
+  other = [
+      e.name + ("/" if e.is_dir() else "")
+      for e in entries
+      if e.name not in EXPORT_FILES or e.is_symlink() or not e.is_file()
+  ]
+  if other:
+    shown = ", ".join(other[:10]) + (f", ... and {len(other) - 10} more" if len(other) > 10 else "")
+    raise ValueError(f"{out_dir}: --overwrite replaces only a previous export (a folder holding "
+                     f"nothing but {', '.join(EXPORT_FILES)}), but it also holds {len(other)} "
+                     f"other entr{'y' if len(other) == 1 else 'ies'}: {shown}; nothing was "
+                     "changed. Choose another --out, or remove them yourself")
+
+
+def _tmp_prefix(out_dir: pathlib.Path) -> str:
+  """Prefix of this process's temporary export folders beside `out_dir`: the host and process id
+  name their owner, so that `remove_stale_tmp` knows when a killed export left one."""
+  return f".{out_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-"
+
+
+def remove_stale_tmp(out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """Removes the temporary folders beside `out_dir` that an export of it on this host left when it
+  was killed (`kill -9`: no `finally` runs); returns them. Only names `_tmp_prefix` gives, only
+  when their process is gone."""
+  removed = []
+  prefix = f".{out_dir.name}.tmp-{socket.gethostname()}-"
+  for tmp in out_dir.parent.glob(glob.escape(prefix) + "*"):
+    pid = tmp.name[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit() or not tmp.is_dir() or tmp.is_symlink():
+      continue
+    try:
+      os.kill(int(pid), 0)  # why: signal 0 only asks whether the process exists
+      continue
+    except ProcessLookupError:
+      pass
+    except PermissionError:  # another user's live process
+      continue
+    shutil.rmtree(tmp, ignore_errors=True)
+    logging.info("removed %s, left by export process %s that no longer runs", tmp, pid)
+    removed.append(tmp)
+  return removed
+
+
 def _normal_permissions(folder: pathlib.Path) -> None:
   """Gives `folder` and its files the modes of ordinary `mkdir` and `open` (0777 / 0666 less the
   umask: 0755 / 0644 under the usual 022) instead of `mkdtemp`'s 0700 and safetensors' 0600."""
@@ -279,8 +342,9 @@ def export_params(params: Mapping[str, Any],
 
   Files get ordinary modes (0644, folders 0755, less the umask). Activations are float32 in
   transformers: a model trained with `dtype='bfloat16'` differs from its export by bfloat16
-  rounding only. Everything is written into a temporary sibling folder that is renamed to
-  `out_dir` at the end, so a failed export leaves no partial folder.
+  rounding only. Everything is written into a temporary sibling folder
+  (`.<out>.tmp-<host>-<pid>-*`) that is renamed to `out_dir` at the end, so a failed export
+  leaves no partial folder; one a killed export left is removed by the next export to `out_dir`.
 
   Args:
     params: nested dict of arrays (T5X names).
@@ -290,14 +354,15 @@ def export_params(params: Mapping[str, Any],
     extra_ids: sentinels appended after its pieces.
     max_new_tokens: decoding length written to generation_config.json (the run's target feature
       length), so that a plain `generate()` decodes as far as the run did.
-    overwrite: replace an existing non-empty `out_dir`.
+    overwrite: replace a previous export (a folder of `EXPORT_FILES` only) at `out_dir`.
 
   Returns:
     `out_dir` as a Path.
 
   Raises:
     CheckpointMismatchError: params do not fit `config`.
-    ValueError: `out_dir` exists and is not empty (without `overwrite`), bad vocabulary,
+    ValueError: `out_dir` exists and is not empty (without `overwrite`) or holds anything but a
+      previous export (naming it), bad vocabulary,
       activations transformers cannot express, `max_new_tokens` below 1.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
@@ -305,12 +370,12 @@ def export_params(params: Mapping[str, Any],
   if isinstance(max_new_tokens,
                 bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens {max_new_tokens!r}: expected a positive integer")
-  if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
-    raise ValueError(f"{out_dir}: exists and is not empty (pass --overwrite to replace it)")
+  check_replaceable(out_dir, overwrite)
   config_json = hf_config(config)  # fails early on activations HF cannot express
   state = to_hf_state_dict(params, config)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+  remove_stale_tmp(out_dir)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=_tmp_prefix(out_dir), dir=out_dir.parent))
   try:
     write_tokenizer(tmp, spm_path, extra_ids, config.vocab_size)
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -326,9 +391,14 @@ def export_params(params: Mapping[str, Any],
             "do_sample": False
         })
     _normal_permissions(tmp)
+    check_replaceable(out_dir, overwrite)  # why: again, a file may have appeared meanwhile
     if out_dir.exists():
-      shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
-    os.replace(tmp, out_dir)
+      old = pathlib.Path(tempfile.mkdtemp(prefix=_tmp_prefix(out_dir), dir=out_dir.parent))
+      os.replace(out_dir, old)  # why: the previous export stays whole until the new one is in
+      os.replace(tmp, out_dir)
+      shutil.rmtree(old)
+    else:
+      os.replace(tmp, out_dir)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
@@ -509,7 +579,7 @@ def export_checkpoint(checkpoint: PathLike,
     out_dir: folder to create; must not be, contain or lie inside the checkpoint.
     model_config, vocab, extra_ids, max_new_tokens: override what the checkpoint says
       (`resolve_sources`).
-    overwrite: replace an existing non-empty `out_dir`.
+    overwrite: replace a previous export at `out_dir` (see `export_params`).
 
   Returns:
     `out_dir` as a Path.
@@ -527,6 +597,7 @@ def export_checkpoint(checkpoint: PathLike,
   if dst == src or dst in src.parents or src in dst.parents:
     raise ValueError(f"--out {out_dir}: must not be, contain or lie inside the checkpoint "
                      f"{src}")
+  check_replaceable(pathlib.Path(out_dir), overwrite)  # why: before the checkpoint is loaded
   sources = resolve_sources(
       checkpoint,
       model_config=model_config,

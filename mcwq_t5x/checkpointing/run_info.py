@@ -47,11 +47,12 @@ import pathlib
 import tempfile
 from typing import Any, Mapping, Optional, Union
 
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.engine import network
 
 PathLike = Union[str, os.PathLike]
 
-RUN_JSON = "run.json"
+RUN_JSON = run_folder.RUN_JSON
 VOCAB_COPY = "vocab/spm.model"
 FORMAT_VERSION = 1
 ENGINE = "mcwq_t5x"

@@ -1,4 +1,5 @@
-"""One training at a time per MODEL_DIR: an exclusive lock on `MODEL_DIR/train.lock`.
+"""One training at a time per MODEL_DIR, one eval per EVAL_OUTPUT_DIR: an exclusive lock on
+`MODEL_DIR/train.lock` (`EVAL_OUTPUT_DIR/eval.lock`).
 
 Two trainings writing one MODEL_DIR corrupt each other without an error: both save
 `checkpoint_<step>` folders, delete each other's older ones, clean each other's temporary folders
@@ -9,6 +10,8 @@ host, start time and command into the file; a second training of the same folder
 releases the lock when the holding process ends, however it ends (killed with SIGKILL too), so a
 dead run never leaves the folder locked; the file itself stays (it is only locked while held).
 `flock` works across the processes of one machine and, on NFS, across the hosts that mount it.
+`hold(eval_output_dir, EVAL_LOCK_FILE)` is the same lock for `eval`, whose two runs into one folder
+would overwrite (or interleave) each other's predictions and metrics (`EvalOutputDirInUseError`).
 
 In a multi-process run (`jax.process_count() > 1`, the processes writing one MODEL_DIR together)
 process 0 holds the lock for the run; it tells every other process whether it got it
@@ -32,12 +35,31 @@ from typing import Any, Iterator, Optional
 import jax
 import numpy as np
 
+from mcwq_t5x.checkpointing import run_folder
+
 #: The lock file in MODEL_DIR.
-LOCK_FILE = "train.lock"
+LOCK_FILE = run_folder.LOCK_FILE
+#: The lock file in EVAL_OUTPUT_DIR.
+EVAL_LOCK_FILE = run_folder.EVAL_LOCK_FILE
 
 
-class ModelDirInUseError(RuntimeError):
+class FolderInUseError(RuntimeError):
+  """Another process holds the folder's lock; the message names the folder and the holder."""
+
+
+class ModelDirInUseError(FolderInUseError):
   """Another training holds MODEL_DIR; the message names the folder and the holding process."""
+
+
+class EvalOutputDirInUseError(FolderInUseError):
+  """Another eval holds EVAL_OUTPUT_DIR; the message names the folder and the holding process."""
+
+
+# lock file -> (the folder's name, the run, what two runs overwrite, the error)
+_KINDS = {
+    LOCK_FILE: ("MODEL_DIR", "training", "checkpoints and metrics", ModelDirInUseError),
+    EVAL_LOCK_FILE: ("EVAL_OUTPUT_DIR", "eval", "predictions and metrics", EvalOutputDirInUseError),
+}
 
 
 def command_line() -> str:
@@ -64,11 +86,11 @@ def _holder_description(path: pathlib.Path, attempts: int = 20) -> str:
   return "a process that has not written its details into the lock file"
 
 
-def _message(model_dir: pathlib.Path, holder: str) -> str:
-  return (f"MODEL_DIR {model_dir} is in use by another training: {holder} holds "
-          f"{model_dir / LOCK_FILE}. Two trainings of one MODEL_DIR overwrite each other's "
-          "checkpoints and metrics: wait for that run to end (or stop it), or give this one "
-          "another MODEL_DIR")
+def _message(folder: pathlib.Path, holder: str, lock_file: str = LOCK_FILE) -> str:
+  name, run, what, _ = _KINDS[lock_file]
+  return (f"{name} {folder} is in use by another {run}: {holder} holds "
+          f"{folder / lock_file}. Two {run}s of one {name} overwrite each other's "
+          f"{what}: wait for that run to end (or stop it), or give this one another {name}")
 
 
 def _try_lock(path: pathlib.Path) -> tuple[Optional[int], Optional[str]]:
@@ -95,21 +117,23 @@ def _try_lock(path: pathlib.Path) -> tuple[Optional[int], Optional[str]]:
 
 
 @contextlib.contextmanager
-def hold(model_dir: str | os.PathLike) -> Iterator[Optional[dict[str, Any]]]:
-  """Holds MODEL_DIR's training lock for the duration of the `with` block (see the module
-  docstring); creates MODEL_DIR if needed.
+def hold(model_dir: str | os.PathLike,
+         lock_file: str = LOCK_FILE) -> Iterator[Optional[dict[str, Any]]]:
+  """Holds MODEL_DIR's training lock (`lock_file=EVAL_LOCK_FILE`: EVAL_OUTPUT_DIR's eval lock)
+  for the duration of the `with` block (see the module docstring); creates the folder if needed.
 
   Yields:
     In the process that holds the lock (process 0), what the lock file says about it; None in
     the other processes of a multi-process run.
 
   Raises:
-    ModelDirInUseError: another process holds the lock (in every process of a multi-process run;
-      the message names MODEL_DIR and the holder: pid, host, start time, command).
+    ModelDirInUseError (EvalOutputDirInUseError): another process holds the lock (in every
+      process of a multi-process run; the message names the folder and the holder: pid, host,
+      start time, command).
     OSError: MODEL_DIR or the lock file cannot be created.
   """
   folder = pathlib.Path(model_dir).absolute()
-  path = folder / LOCK_FILE
+  path = folder / lock_file
   fd, holder = None, None
   if jax.process_index() == 0:
     folder.mkdir(parents=True, exist_ok=True)
@@ -120,7 +144,7 @@ def hold(model_dir: str | os.PathLike) -> Iterator[Optional[dict[str, Any]]]:
     if not got and holder is None:  # a process other than 0: the file names the holder
       holder = _holder_description(path)
   if holder is not None:
-    raise ModelDirInUseError(_message(folder, holder))
+    raise _KINDS[lock_file][3](_message(folder, holder, lock_file))
   try:
     yield None if fd is None else json.loads(path.read_text())
   finally:

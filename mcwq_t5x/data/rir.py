@@ -38,6 +38,12 @@ from mcwq_t5x.data import sparql as sparql_lib
 LB = "lb"
 RB = "rb"
 
+#: The most triples one group may stand for (predicates x objects). The largest group of all
+#: 188,672 dev/test queries of the four splits (../shared/mcwq/official/*/*.txt) stands for 15
+#: (3 x 5, mcd1/test.en line 1509); a predicted group beyond this bound is malformed and refused
+#: before it is expanded (a 3,000 x 3,000 group would be 9 million triples).
+MAX_GROUP_TRIPLES = 1000
+
 
 class RIRError(ValueError):
   """A string that is not a well-formed RIR query (typically a malformed model prediction)."""
@@ -154,6 +160,10 @@ def _parse_unit(tokens: list[str]) -> list[sparql_lib.Clause]:
   close = rest.index(")")
   predicates = _parse_list(rest[:close + 1], "predicate")
   objects = _parse_list(rest[close + 1:], "object")
+  if len(predicates) * len(objects) > MAX_GROUP_TRIPLES:  # before the quadratic expansion
+    raise RIRError(f"a group of {len(predicates)} predicates x {len(objects)} objects stands for "
+                   f"{len(predicates) * len(objects)} triples, more than {MAX_GROUP_TRIPLES} "
+                   f"(rir.MAX_GROUP_TRIPLES), in the group of {subject}")
   if not sparql_lib.is_term(subject):
     raise RIRError(f"bad subject {subject!r} in {text!r}")
   clauses: list[sparql_lib.Clause] = []
@@ -172,7 +182,8 @@ def rir_to_clauses(rir: str) -> tuple[str, list[sparql_lib.Clause]]:
 
   Raises:
     RIRError: the string is not well-formed RIR (unknown prefix, missing `lb`/`rb`, unbalanced
-      parentheses, a malformed group or term, no group at all). Never another exception type.
+      parentheses, a malformed group or term, a group of more than `MAX_GROUP_TRIPLES` triples,
+      no group at all). Never another exception type.
   """
   if not isinstance(rir, str):
     raise RIRError(f"expected a string, got {type(rir).__name__}")

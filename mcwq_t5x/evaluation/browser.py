@@ -31,6 +31,7 @@ import pathlib
 import urllib.parse
 from typing import Any, Mapping, Sequence
 
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import compounds
 from mcwq_t5x.evaluation import metrics
 
@@ -164,16 +165,21 @@ def write_page(
 
   Raises:
     ValueError: the report holds no per-example data.
-    OSError: the page cannot be written.
+    writers.ResultWriteError: the page cannot be written.
   """
-  data = json.dumps(page_data(report, sections), ensure_ascii=False, separators=(",", ":"))
-  # Inside <script>, "</" could close the element: JSON allows "<\/" for "</".
-  data = data.replace("</", "<\\/")
-  out_dir = pathlib.Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  path = out_dir / PAGE
-  path.write_text(_HTML.replace("__DATA__", data, 1), encoding="utf-8")
+  data = script_json(page_data(report, sections))
+  path = pathlib.Path(out_dir) / PAGE
+  writers.write_atomic(path, _HTML.replace("__DATA__", data, 1))
   return path
+
+
+def script_json(value: Any) -> str:
+  """`value` as JSON safe inside `<script>`: every `<`, `>` and `&` as a `\\u00XX` escape, so no
+  string can close the element (`</script>`) or open a comment (`<!--`, which makes the HTML parser
+  look for `-->` and swallow the page's code)."""
+  text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+  # JSON strings are the only place these characters can occur; the escapes decode back to them.
+  return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 _HTML = r"""<!DOCTYPE html>

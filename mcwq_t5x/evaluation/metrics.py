@@ -69,6 +69,17 @@ def _stripped_pairs(targets: Sequence[Text],
   return [_to_str(t).strip() for t in targets], [_to_str(p).strip() for p in predictions]
 
 
+def exact_matches(targets: Sequence[Text], predictions: Sequence[Text]) -> np.ndarray:
+  """Per-example exact match (§5.2): bool array [N], True where the prediction equals the target
+  after `str.strip()`; the one definition the metric, the report and its intervals use.
+
+  Raises:
+    ValueError: the sequences differ in length.  TypeError: an element is not str/bytes.
+  """
+  refs, hyps = _stripped_pairs(targets, predictions)
+  return np.array([r == h for r, h in zip(refs, hyps)], dtype=bool)
+
+
 def exact_match_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
   """Exact-match accuracy of the MCWQ paper (§5.2, Table 4).
 
@@ -87,9 +98,8 @@ def exact_match_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> 
     ValueError: if the two sequences differ in length.
     TypeError: if an element is neither str nor bytes.
   """
-  refs, hyps = _stripped_pairs(targets, predictions)
-  correct = sum(r == h for r, h in zip(refs, hyps))
-  return {"exact_match": 100.0 * correct / len(refs) if refs else 0.0}
+  correct = exact_matches(targets, predictions)
+  return {"exact_match": 100.0 * int(correct.sum()) / len(correct) if len(correct) else 0.0}
 
 
 def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
@@ -412,14 +422,15 @@ def accuracy_by_complexity(targets: Sequence[Text], predictions: Sequence[Text],
     raise ValueError(f"{len(depths)} depths but {len(targets)} targets")
   n: dict[int, int] = collections.Counter()
   correct: dict[int, int] = collections.Counter()
-  for i, (t, p, d) in enumerate(zip(targets, predictions, depths)):
+  matches = exact_matches(targets, predictions)
+  for i, (hit, d) in enumerate(zip(matches, depths)):
     if d is None:
       continue
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
       raise ValueError(f"depth #{i + 1} is {d!r}, expected an integer or None")
     d = int(d)
     n[d] += 1
-    correct[d] += _to_str(t).strip() == _to_str(p).strip()
+    correct[d] += bool(hit)
   return {
       d: {
           "n": n[d],

@@ -37,7 +37,11 @@ import jax
 import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_loaders
+from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import run_folder
+from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import partitioning
 
@@ -289,6 +293,41 @@ class EvalSplit:
     return self.tasks
 
 
+# The longest feature (tokens, EOS included) that a decoding evaluation pads to when
+# TASK_FEATURE_LENGTHS leaves its length to the data: the encoder's attention logits of one batch
+# take batch x heads x length^2 x 4 bytes (32 x 6 x 4,096^2 x 4 = 12.9 GB for mT5-small); MCWQ's
+# questions and RIR queries are far shorter. A longer example is refused, never padded to.
+MAX_INFERRED_LENGTH = 4096
+
+
+class ExampleTooLongError(ValueError):
+  """An example is longer than `MAX_INFERRED_LENGTH` tokens and no TASK_FEATURE_LENGTHS bounds it
+  (the message names the example, its length and the setting)."""
+
+
+def check_inferred_lengths(cfg: pipeline.DatasetConfig, examples: Mapping[str, Sequence[Mapping]],
+                           lengths: Optional[Mapping[str, int]]) -> None:
+  """Raises ExampleTooLongError for the longest example of a feature whose length comes from the
+  data (`lengths` lacks it) when it exceeds `MAX_INFERRED_LENGTH` tokens."""
+  for k in ("inputs", "targets"):
+    if (lengths or {}).get(k):
+      continue  # why: an explicit length truncates, with pipeline.warn_truncated's warning
+    for task, exs in examples.items():
+      sizes = [len(ex[k]) for ex in exs]
+      if not sizes or max(sizes) <= MAX_INFERRED_LENGTH:
+        continue
+      i = int(np.argmax(sizes))
+      text = exs[i].get(f"{k}_pretokenized", b"")
+      text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+      raise ExampleTooLongError(
+          f"{task}/{cfg.split}: example {i + 1} (in the split's source order; its {k} begin "
+          f"{text[:60]!r}) is {sizes[i]:,} tokens long, more than the {MAX_INFERRED_LENGTH:,} "
+          f"a decoding evaluation pads to when TASK_FEATURE_LENGTHS leaves the {k} length to the "
+          f"data. Set TASK_FEATURE_LENGTHS = {{'inputs': N, 'targets': M}} (gin, or "
+          f"--gin.TASK_FEATURE_LENGTHS=\"{{'{k}': N, ...}}\") to truncate it, or remove the "
+          "example")
+
+
 @pipeline.without_autograph
 def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = None) -> Any:
   """`cfg`'s split tokenised and cached once, for many evaluations (`evaluate_split`).
@@ -303,6 +342,8 @@ def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = No
 
   Raises:
     ValueError: unknown task (see `pipeline.get_mixture_or_task`).
+    ExampleTooLongError: an example exceeds `MAX_INFERRED_LENGTH` tokens in a feature that
+      `cfg.task_feature_lengths` does not bound.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   task_or_mixture = pipeline.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
@@ -339,6 +380,7 @@ def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = No
     for k in longest:
       longest[k] = max([longest[k]] + [len(ex[k]) for ex in examples[task.name]])
   sequence_length = {k: (lengths or {}).get(k) or longest[k] for k in longest}
+  check_inferred_lengths(cfg, examples, lengths)  # why: before anything is padded or compiled
   arrays = {
       name:
           pipeline.dataset_to_arrays(
@@ -496,23 +538,21 @@ def write_predictions(
 
   The text file has exactly one line per prediction, in source order (line breaks of any kind
   inside a prediction become spaces); the JSON holds task, split, num_examples, the metrics and
-  `extra`. Only process 0 writes.
+  `extra`. Only process 0 writes; each file whole or not at all (`writers.write_atomic`), the
+  metrics after the predictions.
 
   Returns:
     (predictions path, metrics path).
 
   Raises:
-    OSError: the files cannot be written (callers check `check_writable` before decoding).
+    writers.ResultWriteError: a file cannot be written (a full disk); that file and those after it
+      keep their previous contents (callers check `check_writable` before decoding).
   """
   out_dir = pathlib.Path(out_dir)
-  name = f"{cfg.mixture_or_task_name}_{cfg.split}"
-  pred_path = out_dir / "predictions" / f"{name}.txt"
-  met_path = out_dir / "metrics" / f"{name}.json"
+  pred_path = run_folder.predictions_file(out_dir, cfg.mixture_or_task_name, cfg.split)
+  met_path = run_folder.metrics_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   if jax.process_index() == 0:
-    pred_path.parent.mkdir(parents=True, exist_ok=True)
-    met_path.parent.mkdir(parents=True, exist_ok=True)
-    pred_path.write_text(
-        "".join(" ".join(p.splitlines()) + "\n" for p in predictions), encoding="utf-8")
+    writers.write_atomic(pred_path, (" ".join(p.splitlines()) + "\n" for p in predictions))
     record = {
         "task": cfg.mixture_or_task_name,
         "split": cfg.split,
@@ -520,7 +560,9 @@ def write_predictions(
         **dict(metrics),
         **dict(extra or {})
     }
-    met_path.write_text(json.dumps(pipeline.to_jsonable(record), indent=2, sort_keys=True) + "\n")
+    # Metrics last: metrics never describe predictions that are not on disk.
+    writers.write_atomic(met_path,
+                         json.dumps(pipeline.to_jsonable(record), indent=2, sort_keys=True) + "\n")
   return pred_path, met_path
 
 
@@ -542,6 +584,29 @@ def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
       "decoder_input_tokens": (partitioner.data_parallel_size, 8)
   }
   return partitioner.abstract_params(lambda rng: model.get_initial_variables(rng, shapes)["params"])
+
+
+def warn_if_other_dtype(model: Any, checkpoint_path: str) -> Optional[str]:
+  """Says on stderr (a warning) which dtype the model computes in when the run.json at or above
+  `checkpoint_path` records another one; returns the recorded dtype's name, or None."""
+  run_path = run_info.find(checkpoint_path)
+  recorded = (run_info.read(run_path).get("network") or {}).get("dtype") if run_path else None
+  used = np.dtype(model.module.config.dtype).name
+  if recorded is None or recorded == used:
+    return None
+  logging.warning(
+      "dtype: computing in %s, as the gin config binds it (network.get_config.dtype); the run "
+      "was trained in %s (%s): outputs may differ from its own evaluation. Add "
+      "--gin.network.get_config.dtype=\"'%s'\" to decode as it was trained", used, recorded,
+      run_path, recorded)
+  return recorded
+
+
+# Bad input the mains print as one line (`console.one_line_exit`): each message names the file
+# or example and the problem.
+INPUT_ERRORS = (ExampleTooLongError, checkpoint_paths.CheckpointOutsideFolderError,
+                checkpoint_paths.UnreadableCheckpointFileError,
+                checkpoint_paths.CheckpointMismatchError, checkpoint_paths.NotACheckpointError)
 
 
 def load_params(model: Any,
@@ -571,6 +636,7 @@ def load_params(model: Any,
       unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
       the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
   """
+  warn_if_other_dtype(model, checkpoint_path)
   if abstract_params is None:
     abstract_params = param_shapes(model, partitioner)
   loaded = checkpoint_loaders.load_params(checkpoint_path, model.module.config, abstract_params)

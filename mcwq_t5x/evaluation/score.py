@@ -54,6 +54,7 @@ from typing import Any, Optional, Sequence
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import rir as rir_lib
 from mcwq_t5x.data import sparql as sparql_lib
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import execution
 from mcwq_t5x.evaluation import metrics
 from mcwq_t5x.evaluation import prediction_checks
@@ -286,6 +287,7 @@ def evaluate_files(predictions: str | pathlib.Path,
     ValueError: no targets and no release, or only some of release/split/part.
     mcwq_t5x.stores.transport.RetryAfterTooLong: the remote endpoint asks to wait longer than it
       is configured to.
+    writers.ResultWriteError: `errors_out` or `answers_out` cannot be written (left as it was).
   """
   if (release is None) != (split is None) or (release is None) != (part is None):
     raise ValueError("give --release, --split and --part together")
@@ -340,13 +342,14 @@ def evaluate_files(predictions: str | pathlib.Path,
       result["execution"]["undefined"] = f"execution accuracy is undefined: {reason}"
     result["execution"]["executable_of"] = execution_line(result)
     if answers_out is not None:
-      with open(answers_out, "w", encoding="utf-8") as f:
-        for record in answer_records(examples, preds, outcomes, endpoint, max_answers):
-          f.write(json.dumps(record, ensure_ascii=False) + "\n")
+      writers.write_atomic(
+          answers_out,
+          (json.dumps(record, ensure_ascii=False) + "\n"
+           for record in answer_records(examples, preds, outcomes, endpoint, max_answers)))
     if isinstance(endpoint, cache_lib.CachedEndpoint):
       result["execution"]["store_requests"] = endpoint.misses
   if errors_out is not None:
-    with open(errors_out, "w", encoding="utf-8") as f:
+    with writers.open_atomic(errors_out) as f:
       for i, (t, p) in enumerate(zip(gold, preds)):
         analysis = metrics.analyze_error(t, p)
         record: dict[str, Any] = {"line": i + 1, "category": analysis.category}

@@ -61,13 +61,6 @@ def check_qid(qid: str) -> str:
   return qid
 
 
-def check_pid(pid: str) -> str:
-  """Returns `pid` if it is a Wikidata property id `P123`, else raises ValueError."""
-  if not isinstance(pid, str) or not PID_RE.match(pid):
-    raise ValueError(f"not a Wikidata property id: {pid!r}")
-  return pid
-
-
 def compact(iri: str) -> str:
   """`http://www.wikidata.org/entity/Q42` -> `wd:Q42` (other IRIs -> `<iri>`)."""
   if iri.startswith(WD):

@@ -145,3 +145,30 @@ def test_table_cell_links_to_its_examples(driver, shared_report):
   assert _count(driver) == _shown(driver) == expected == 21
   assert {c.text for c in driver.find_elements("css selector", "#rows tbody tr td:nth-child(7)")
          } == {"syntax_error"}
+
+
+HOSTILE = ["<!--<script>", "</script><script>document.title = 'injected'</script>", "a & b <!-- c"]
+
+
+def test_markup_in_predictions_is_shown_as_text(driver, tmp_path):
+  """Predictions holding `<!--`, `<script>` and `</script>` (which once left the page with 0 rows,
+  never ready) are shown as text, every row counted, nothing run."""
+  from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import report as report_cli  # pylint: disable=g-import-not-at-top
+  gold = rir.sparql_to_rir("ASK WHERE { M0 wdt:P57 ?x0 }")
+  (tmp_path / "translations/mcd1").mkdir(parents=True)
+  (tmp_path / "translations/mcd1/test.en.sparql").write_text("\n".join([gold] * 3) + "\n")
+  (tmp_path / "results/tiny").mkdir(parents=True)
+  (tmp_path / "results/tiny/predictions_mcd1_en.txt").write_text("\n".join(HOSTILE) + "\n")
+  assert report_cli.main([
+      str(tmp_path / "results"), "--targets_dir",
+      str(tmp_path / "translations"), "--out",
+      str(tmp_path / "out"), "--html",
+      str(tmp_path / "html")
+  ]) == 0
+  _open(driver, tmp_path / "html" / browser.PAGE)
+  assert _count(driver) == _shown(driver) == 3
+  shown = driver.find_element("id", "rows").text
+  for prediction in HOSTILE:
+    assert prediction in shown, (prediction, shown)
+  assert driver.title != "injected"

@@ -130,6 +130,41 @@ def test_eval_checks_its_output_folder_before_loading(tmp_path):
   assert "no checkpoint" not in out.stderr
 
 
+HOLD_EVAL_LOCK = """
+import sys, time
+from mcwq_t5x.checkpointing import run_lock
+with run_lock.hold(sys.argv[1], run_lock.EVAL_LOCK_FILE):
+  print("held", flush=True)
+  time.sleep(600)
+"""
+
+
+def test_a_second_eval_into_one_output_dir_is_refused_naming_the_first(tmp_path):
+  """Two evals into one EVAL_OUTPUT_DIR overwrite (or interleave) each other's files: the second
+  stops at once, before reading a checkpoint (here: none at all), naming the first."""
+  out_dir = tmp_path / "eval"
+  log = tmp_path / "holder.log"
+  holder = mains.start([sys.executable, "-c", HOLD_EVAL_LOCK, str(out_dir)], log)
+  try:
+    mains.wait_for_line(log, "^held$", holder)
+    out = mains.python_m(
+        "mcwq_t5x.eval", *eval_args(tmp_path / "no_checkpoint", out_dir), check=False)
+  finally:
+    holder.kill()
+    holder.wait()
+  assert out.returncode == 1, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(
+      f"EvalOutputDirInUseError: EVAL_OUTPUT_DIR {out_dir} is in use by another eval: process "
+      f"{holder.pid} on host {socket.gethostname()}, started "), last
+  assert last.endswith(
+      f"(python -c {out_dir}) holds {out_dir}/eval.lock. Two evals of one "
+      "EVAL_OUTPUT_DIR overwrite each other's predictions and metrics: wait for "
+      "that run to end (or stop it), or give this one another EVAL_OUTPUT_DIR"), last
+  assert "no checkpoint" not in out.stderr  # refused before anything was loaded
+  assert not (out_dir / "predictions").exists()
+
+
 # --- Two trainings of one MODEL_DIR; SIGTERM -----------------------------------------------------
 LONG = ["TRAIN_STEPS = 1000", "CHECKPOINT_PERIOD = 1000"]  # long enough to be interrupted
 

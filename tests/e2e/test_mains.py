@@ -78,7 +78,7 @@ def test_train_log_is_short_and_says_what_it_decodes(trained):
   assert "monitoring on the reported split" in log
   assert f"final evaluation decodes the last checkpoint (checkpoint_{STEPS})" in log
   assert "'logger_cls' is empty" not in log
-  # No start-up noise of the native libraries (gin_utils.quiet_native_logs): absl's notice and
+  # No start-up noise of the native libraries (console.quiet_native_logs): absl's notice and
   # TensorFlow's oneDNN and CUDA lines (each twice), SentencePiece's normalizer note (10 times in
   # a short run), and, without an NVIDIA driver, no error-level CUDA line.
   for noise in ("absl::InitializeLog", "oneDNN custom operations", "cudart_stub.cc",
@@ -151,3 +151,35 @@ def test_infer_main_names_the_bad_input_line(trained, tmp_path):
         check=False)
     assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
     assert out.stderr.rstrip().splitlines()[-1].startswith(message), out.stderr[-3000:]
+
+
+def test_infer_main_malformed_weights_are_one_line(tmp_path):
+  """A malformed model.safetensors, or an index naming a shard outside the folder: exit 1 and one
+  last line naming the file and the problem (before the fix: a traceback)."""
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(
+      json.dumps({
+          "model_type": "mt5",
+          "vocab_size": 2000,
+          "d_model": 32,
+          "num_heads": 2,
+          "num_layers": 1,
+          "d_kv": 16,
+          "d_ff": 64,
+          "feed_forward_proj": "gated-gelu"
+      }))
+  (hf / "model.safetensors").write_bytes(b"not safetensors")
+  out = mains.python_m(
+      "mcwq_t5x.infer",
+      f"--gin_file={MODEL}",
+      "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+      f"--gin.CHECKPOINT_PATH='{hf}'",
+      *mains.gin_flags(mains.SMALL_MODEL),
+      input="Did M0 direct M1\n",
+      check=False)
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert out.stderr.rstrip().splitlines()[-1].startswith(
+      f"UnreadableCheckpointFileError: {hf / 'model.safetensors'}: cannot read safetensors file"
+  ), out.stderr[-3000:]

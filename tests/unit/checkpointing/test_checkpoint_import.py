@@ -10,7 +10,10 @@ decoding token for token against `generate(num_beams=1, do_sample=False)`.
 """
 import io
 import json
+import re
+import shutil
 
+from flax import traverse_util
 import jax
 import numpy as np
 import pytest
@@ -27,6 +30,7 @@ from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import t5x_checkpoint_writer
 from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import network
+import local_http
 import tiny_engine
 
 VOCAB = 256  # model rows; the SentencePiece vocab is smaller (as in mT5)
@@ -449,3 +453,168 @@ def test_arrays_with_a_fill_value_may_omit_chunks(tmp_path):
   assert sorted(f.name for f in (tmp_path / "a").iterdir()) == [".zarray", "0.0"]
   read = ci._ts_read({"driver": "zarr", "kvstore": spec["kvstore"]}, "a", "target.a")
   np.testing.assert_array_equal(read, value)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints that name data outside their folder (issue 52).
+# ---------------------------------------------------------------------------
+def _tiny_params(seed=0):
+  config = tiny_engine.config(vocab_size=32)
+  rng = np.random.default_rng(seed)
+  flat = {
+      k: rng.standard_normal(s).astype(np.float32)
+      for k, s in ci.expected_param_shapes(config).items()
+  }
+  return config, traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _retarget(folder, name, leaf):
+  """Rewrites the msgpack of the T5X-native checkpoint `folder` so that array `name` is `leaf`."""
+  from flax import serialization  # pylint: disable=g-import-not-at-top
+  msgpack = folder / checkpoint_paths.T5X_MSGPACK_FILE
+  tree = serialization.msgpack_restore(msgpack.read_bytes())
+  node = tree["target"]
+  *parents, last = name.split(".")[1:]
+  for p in parents:
+    node = node[p]
+  node[last] = leaf
+  msgpack.write_bytes(serialization.msgpack_serialize(tree))
+
+
+class _Files(local_http.Handler):
+  """Serves the files of `server.root` (a zarr array as TensorStore's http kvstore reads it)."""
+
+  def do_GET(self):  # noqa: N802
+    self.server.requests += 1
+    f = self.server.root / self.path.lstrip("/")
+    if f.is_file():
+      self.answer(200, f.read_bytes(), "application/octet-stream")
+    else:
+      self.answer(404, b"")
+
+
+NAME = "target.encoder.layers_0.attention.query.kernel"
+
+
+def test_t5x_arrays_are_read_only_from_local_files_inside_the_folder(tmp_path, local_server):
+  """An array spec naming another store (http, memory, an absolute gcs path) or a path outside
+  the checkpoint (`..`, an absolute path, a symlink) is refused naming the msgpack file and the
+  array; the http server is never contacted. Before the fix each of these loaded (exit 0)."""
+  config, params = _tiny_params()
+  other = t5x_checkpoint_writer.save_t5x_checkpoint(_tiny_params(1)[1], tmp_path / "other")
+  server = local_server(_Files, root=other)
+  good = t5x_checkpoint_writer.save_t5x_checkpoint(params, tmp_path / "good", reference="spec")
+  np.testing.assert_array_equal(  # a genuine checkpoint still loads
+      ci.load_t5x_checkpoint(good, config)["encoder"]["layers_0"]["attention"]["query"]["kernel"],
+      params["encoder"]["layers_0"]["attention"]["query"]["kernel"])
+  (good / "link").symlink_to(other / NAME)
+  zarr = lambda kv: {"driver": "zarr", "kvstore": kv}  # noqa: E731
+  bad = {
+      "http": zarr({
+          "driver": "http",
+          "base_url": server.base,
+          "path": "/" + NAME
+      }),
+      "http-url": zarr(f"{server.base}/{NAME}"),
+      "memory": zarr({
+          "driver": "memory",
+          "path": NAME
+      }),
+      "dotdot": zarr({
+          "driver": "file",
+          "path": f"../../other/{NAME}"
+      }),
+      "absolute": zarr({
+          "driver": "file",
+          "path": str(other / NAME)
+      }),
+      "gcs-absolute": zarr({
+          "driver": "gcs",
+          "bucket": "b",
+          "path": str(other / NAME)
+      }),
+      "symlink": zarr({
+          "driver": "file",
+          "path": "link"
+      }),
+      "placeholder": checkpoint_paths.T5X_PLACEHOLDER + f"../../other/{NAME}",
+      "ocdbt-outside": zarr({
+          "driver": "ocdbt",
+          "base": str(other),
+          "path": NAME
+      }),
+      "array-driver": {
+          "driver": "array",
+          "kvstore": {},
+          "array": [1.0]
+      },
+  }
+  for case, leaf in bad.items():
+    folder = tmp_path / case / "checkpoint_2"
+    shutil.copytree(good, folder, symlinks=True)
+    _retarget(folder, NAME, leaf)
+    with pytest.raises(checkpoint_paths.CheckpointOutsideFolderError) as e:
+      ci.load_t5x_checkpoint(folder, config)
+    assert str(e.value).startswith(f"{folder / 'checkpoint'}: array {NAME}"), (case, e.value)
+    # In a MODEL_DIR the loader neither reads it nor falls back to the older checkpoint_1.
+    shutil.copytree(good, folder.parent / "checkpoint_1", symlinks=True)
+    with pytest.raises(checkpoint_paths.CheckpointOutsideFolderError, match=NAME):
+      checkpoint_loaders.load_params(folder.parent, config)
+  assert server.requests == 0
+
+
+def test_hf_shards_are_read_only_from_inside_the_folder(tmp_path):
+  """`model.safetensors.index.json` entries naming `../other/...`, an absolute path or a symlink
+  out of the folder are refused naming the index and the entry; a hub snapshot's links into its
+  repository's blobs/ load."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  hf = tiny_engine.hf_t5("mt5", 32)
+  hf.save_pretrained(str(tmp_path / "hf"))
+  config = ci.config_from_hf(tmp_path / "hf")
+  state = {k: v.numpy() for k, v in hf.state_dict().items()}
+  (tmp_path / "other").mkdir()
+  save_file(state, str(tmp_path / "other" / "model.safetensors"))
+  for case, entry in (("dotdot", "../other/model.safetensors"), ("passwd", "/etc/passwd"),
+                      ("symlink", "link.safetensors")):
+    folder = tmp_path / case
+    folder.mkdir()
+    shutil.copy(tmp_path / "hf" / "config.json", folder)
+    (folder / "link.safetensors").symlink_to(tmp_path / "other" / "model.safetensors")
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"shared.weight": entry}}))
+    with pytest.raises(
+        checkpoint_paths.CheckpointOutsideFolderError,
+        match=rf"^{re.escape(str(index))}: entry '{re.escape(entry)}' resolves to"):
+      checkpoint_loaders.load_params(folder, config)
+  # The Hugging Face hub cache: snapshots/<revision>/model.safetensors -> ../../blobs/<hash>.
+  repo = tmp_path / "models--tiny"
+  (repo / "blobs").mkdir(parents=True)
+  snapshot = repo / "snapshots" / "abc"
+  snapshot.mkdir(parents=True)
+  shutil.copy(tmp_path / "hf" / "model.safetensors", repo / "blobs" / "123")
+  shutil.copy(tmp_path / "hf" / "config.json", snapshot)
+  (snapshot / "model.safetensors").symlink_to("../../blobs/123")
+  loaded = checkpoint_loaders.load_params(snapshot, config).params
+  np.testing.assert_array_equal(loaded["token_embedder"]["embedding"], state["shared.weight"])
+
+
+def test_malformed_hf_weights_are_one_error_naming_the_file(tmp_path):
+  """A malformed safetensors file, index or pickle: UnreadableCheckpointFileError naming it."""
+  hf = tiny_engine.hf_t5("mt5", 32)
+  hf.save_pretrained(str(tmp_path / "hf"))
+  config = ci.config_from_hf(tmp_path / "hf")
+  cases = {
+      "model.safetensors": b"not a safetensors file",
+      "model.safetensors.index.json": b"{\"weight_map\": [1]}",
+      "pytorch_model.bin": b"\x80\x04not a pickle"
+  }
+  for name, data in cases.items():
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(tmp_path / "hf" / "config.json", folder)
+    (folder / name).write_bytes(data)
+    with pytest.raises(
+        checkpoint_paths.UnreadableCheckpointFileError,
+        match=rf"^{re.escape(str(folder / name))}: cannot read") as e:
+      checkpoint_loaders.load_params(folder, config)
+    assert "\n" not in str(e.value)

@@ -18,6 +18,10 @@ import io
 import json
 import os
 import pathlib
+import shutil
+import socket
+import subprocess
+import sys
 
 from flax import traverse_util
 import jax
@@ -43,6 +47,7 @@ from mcwq_t5x.engine import network
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import export_hf as export_hf_cli
+import mains
 import tiny_engine
 
 LANGUAGES = ("en", "he", "kn", "zh")
@@ -505,8 +510,11 @@ def test_export_output_folder_checks(tiny_run, spm_path, tmp_path):
   with pytest.raises(ValueError, match="max_new_tokens 0: expected a positive integer"):
     export_hf.export_params(params, config, out, spm_path, max_new_tokens=0, overwrite=True)
   assert (out / "keep.txt").is_file()
+  (out / "keep.txt").unlink()
   export_hf.export_params(params, config, out, spm_path, max_new_tokens=8, overwrite=True)
   assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)
+  export_hf.export_params(params, config, out, spm_path, max_new_tokens=9, overwrite=True)
+  assert json.loads((out / "generation_config.json").read_text())["max_new_tokens"] == 9
   step_dir = checkpoint_paths.locate(model_dir)[1]
   with pytest.raises(ValueError, match="must not be, contain or lie inside the checkpoint"):
     export_hf.export_checkpoint(model_dir, step_dir / "hf", vocab=spm_path)
@@ -557,3 +565,50 @@ def test_export_generate_without_arguments_decodes_like_infer(tiny_run, mcwq_dir
   # Same tokens (decoded with one vocabulary: an 8-step model emits byte pieces, which the two
   # tokenizers render differently when they form no valid UTF-8).
   assert [small_vocab.decode(row[1:]) for row in generated.tolist()] == ours
+
+
+def test_overwrite_replaces_only_a_previous_export(tiny_run, spm_path, tmp_path):
+  """`--overwrite --out <another run's MODEL_DIR>` (or a previous export with a file added) is
+  refused naming what is there, exit 1, nothing changed; before the fix it deleted the run."""
+  _, _, model_dir = tiny_run
+  other_run = tmp_path / "other_run"
+  shutil.copytree(model_dir, other_run)
+  before = sorted(str(p.relative_to(other_run)) for p in other_run.rglob("*"))
+  out = mains.python_m(
+      "mcwq_t5x.export_hf",
+      "--checkpoint",
+      str(model_dir),
+      "--vocab",
+      str(spm_path),
+      "--overwrite",
+      "--out",
+      str(other_run),
+      check=False)
+  assert out.returncode == 1, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"export_hf: error: {other_run}: --overwrite replaces only a previous "
+                         "export"), last
+  assert "checkpoint_8/" in last and "run.json" in last and "nothing was changed" in last, last
+  assert sorted(str(p.relative_to(other_run)) for p in other_run.rglob("*")) == before
+  assert not list(tmp_path.glob(".other_run.tmp-*"))
+
+
+def test_export_removes_only_the_temporary_folders_of_dead_exports(tiny_run, spm_path, tmp_path):
+  """A `kill -9`ed export leaves `.<out>.tmp-<host>-<pid>-*`: the next export to that --out
+  removes it when that process is gone, and keeps a live process's and foreign folders."""
+  config, params, _ = tiny_run
+  out = tmp_path / "hf"
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  host = socket.gethostname()
+  stale = tmp_path / f".hf.tmp-{host}-{dead.pid}-abc"
+  live = tmp_path / f".hf.tmp-{host}-{os.getppid()}-def"  # why: the test's parent process lives
+  foreign = [
+      tmp_path / ".hf.tmp-xyz", tmp_path / f".hf.tmp-otherhost-{dead.pid}-x",
+      tmp_path / f".hf2.tmp-{host}-{dead.pid}-x"
+  ]
+  for folder in [stale, live, *foreign]:
+    folder.mkdir()
+  export_hf.export_params(params, config, out, spm_path, max_new_tokens=8)
+  assert not stale.exists() and live.is_dir() and all(f.is_dir() for f in foreign)
+  assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)

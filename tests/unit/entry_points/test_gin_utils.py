@@ -10,6 +10,7 @@ import gin
 import pytest
 
 from mcwq_t5x import eval as eval_lib
+from mcwq_t5x import console
 from mcwq_t5x import gin_utils
 from mcwq_t5x import infer as infer_lib
 from mcwq_t5x import train as train_lib
@@ -44,7 +45,7 @@ def test_log_shows_a_config_summary_not_the_gin_dump(caplog):
 
 
 def test_seqio_logger_cls_warning_is_silenced():
-  gin_utils.setup_logging()
+  console.setup_logging()
   seen = []
   handler = logging.Handler()
   handler.emit = lambda record: seen.append(record.getMessage())
@@ -59,11 +60,11 @@ def test_seqio_logger_cls_warning_is_silenced():
 
 
 def test_commands_set_tensorflow_log_level_unless_the_user_did(tmp_path):
-  """`gin_utils.quiet_native_logs` in a fresh process, as a command calls it: without an NVIDIA
+  """`console.quiet_native_logs` in a fresh process, as a command calls it: without an NVIDIA
   driver TensorFlow's C++ errors are off (its one error there is the failed CUDA probe), a
   user's own TF_CPP_MIN_LOG_LEVEL is kept. (What a command prints: test_readme's inspect_task
   and test_mains' training log.)"""
-  probe = ("import os; from mcwq_t5x import gin_utils; gin_utils.quiet_native_logs(); "
+  probe = ("import os; from mcwq_t5x import console; console.quiet_native_logs(); "
            "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])")
   ours = mains.run([sys.executable, "-c", probe], unset=["TF_CPP_MIN_LOG_LEVEL"], cwd=tmp_path)
   assert ours.stdout.strip() == ("1" if os.path.exists("/proc/driver/nvidia") else "3")
@@ -77,8 +78,8 @@ def test_native_noise_filter_keeps_everything_else(tmp_path):
   words included."""
   script = r"""
 import os, sys
-from mcwq_t5x import gin_utils
-gin_utils.quiet_native_logs()
+from mcwq_t5x import console
+console.quiet_native_logs()
 w = lambda b: os.write(2, b)
 w(b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
 w(b"I0000 00:00:1796306389.669676   14198 port.cc:153] oneDNN custom operations are on. You may "
@@ -116,8 +117,8 @@ def test_native_noise_filter_outlives_a_signal_to_the_process_group(tmp_path):
   running, so what the command prints while it handles the signal still comes out."""
   script = r"""
 import os, signal, sys, time
-from mcwq_t5x import gin_utils
-gin_utils.quiet_native_logs()
+from mcwq_t5x import console
+console.quiet_native_logs()
 def on_term(signum, frame):
   time.sleep(0.5)  # the filter has had the signal too by now
   print("saving a checkpoint before stopping", file=sys.stderr, flush=True)

@@ -6,7 +6,6 @@ stop closes the metric writers; a non-finite loss names the last good checkpoint
 
 The mains as users run them, in fresh processes: tests/e2e/ (test_mains, test_faults_checkpoints,
 test_multiprocess, test_readme)."""
-import json
 import logging
 
 import gin
@@ -15,8 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import partitioning
@@ -48,23 +47,6 @@ def test_loss_over_split_scores_every_row_once():
   np.testing.assert_allclose(single["loss"], chunked["loss"], rtol=1e-5)
 
 
-def test_resume_drops_metric_rows_after_the_resumed_step(tmp_path):
-  """A run killed at step 40 after checkpoint 20 resumes from 20: the rows of steps 25-40 are
-  dropped (they are written again), so no step appears twice; a line cut off by the kill too."""
-  train_rows = [{"step": s, "loss": 1.0} for s in range(5, 45, 5)]
-  (tmp_path / "train_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows) +
-                                                '{"step": 4')
-  (tmp_path / "eval_metrics.jsonl").write_text("".join(
-      json.dumps({"step": s}) + "\n" for s in (20, 40)))
-  dropped = train_lib.drop_metric_rows_after(tmp_path, 20)
-  assert dropped == {"train_metrics.jsonl": 5, "eval_metrics.jsonl": 1}
-  rows = [json.loads(l) for l in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows] == [5, 10, 15, 20]
-  assert (tmp_path / "eval_metrics.jsonl").read_text() == '{"step": 20}\n'
-  assert train_lib.drop_metric_rows_after(tmp_path, 20) == {}  # nothing more to drop
-  assert train_lib.drop_metric_rows_after(tmp_path / "missing", 0) == {}
-
-
 def test_selection_is_never_on_the_reported_split(caplog):
   test = pipeline.DatasetConfig("mcwq_random_split_en", None, "test", 8)
   dev = pipeline.DatasetConfig("mcwq_random_split_en", None, "validation", 8)
@@ -84,20 +66,6 @@ def test_tiny_job_selects_no_checkpoint():
   finally:
     gin.clear_config()
   del fn
-
-
-def test_tensorboard_metrics_are_plain_scalars(tmp_path):
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
-  writer = train_lib.create_metric_writer(str(tmp_path / "train"))
-  writer.write_scalars(1, {"loss": 2.5, "accuracy": 0.25})
-  writer.write_scalars(2, {"loss": 1.5, "accuracy": 0.5})
-  writer.close()
-  acc = event_accumulator.EventAccumulator(str(tmp_path / "train"))
-  acc.Reload()
-  assert sorted(acc.Tags()["scalars"]) == ["accuracy", "loss"]
-  assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 1.5)]
-  # best_checkpoint reads them too (T5X's {run}/{tag} form).
-  assert best_checkpoint.read_metric(tmp_path, "train/loss") == {1: 2.5, 2: 1.5}
 
 
 # --- configuration errors, through gin in this process -----------------------------------------
@@ -128,8 +96,8 @@ def test_early_stop_closes_the_metric_writers(tmp_path, monkeypatch):
   its TensorBoard writers are closed (their events, the evaluation's too, are on disk)."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   writers = []
-  create = train_lib.create_metric_writer
-  monkeypatch.setattr(train_lib, "create_metric_writer",
+  create = run_folder.create_metric_writer
+  monkeypatch.setattr(run_folder, "create_metric_writer",
                       lambda logdir: writers.append(create(logdir)) or writers[-1])
   run = configured_train(tmp_path, "EVAL_PERIOD = 2", "LOG_EVERY_STEPS = 2",
                          "INFER_EVAL_NUM_EXAMPLES = 2")
@@ -155,3 +123,15 @@ def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
   assert all(np.isfinite(v) for v in curve.values())
   _, step = checkpoint_paths.resolve_checkpoint(tmp_path)
   assert step == steps[-1]
+
+
+def test_a_model_dir_of_user_files_keeps_its_config_gin(tmp_path):
+  """A MODEL_DIR whose config.gin no training wrote is refused, the file unchanged (before the fix
+  the training overwrote it); a training's own config.gin carries the header that allows a rerun."""
+  user = tmp_path / "config.gin"
+  user.write_text("MY_SETTING = 1\n")
+  with pytest.raises(ValueError, match=r"config\.gin was not written by a training"):
+    configured_train(tmp_path)()
+  assert user.read_text() == "MY_SETTING = 1\n"
+  user.write_text(train_lib.CONFIG_GIN_HEADER + "MY_SETTING = 1\n")
+  train_lib.check_own_config_gin(tmp_path)  # a training's own file: no error

@@ -281,3 +281,57 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
   assert results["metric_fns"] == results["metric_objs"]
   assert results["metric_fns"][0] == {"exact_match": pytest.approx(200 / 3)}
   assert results["metric_fns"][1][0] == "ASK WHERE lb M0 wdt:P57 M1 rb"
+
+
+def test_an_over_long_example_is_refused_before_compiling():
+  """With TASK_FEATURE_LENGTHS None (the eval default: each split's longest example), a question
+  of 10,000+ tokens is refused naming the example, its length and the setting (before the fix it
+  became the padded length: a 5 MiB question died in XLA with RESOURCE_EXHAUSTED); an explicit
+  inputs length truncates it as T5X does."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  def source(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({
+        "inputs": ["Did M0 direct M1", "Who edited M0 " * 2500, "Was M1 a film"],
+        "targets": ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
+    })
+
+  name = "test_prediction_too_long"
+  seqio.TaskRegistry.add(
+      name,
+      source=seqio.FunctionDataSource(source, splits=["validation"]),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+      output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features,
+      postprocess_fn=tasks.mcwq.postprocess_query,
+      metric_fns=[metrics_lib.exact_match_metric])
+  try:
+    cfg = pipeline.DatasetConfig(name, None, "validation", 2, shuffle=False)
+    with pytest.raises(
+        prediction.ExampleTooLongError,
+        match=(rf"^{name}/validation: example 2 .*'Who edited M0 Who.* is [\d,]+ tokens long, "
+               r"more than the 4,096 .*Set TASK_FEATURE_LENGTHS = \{'inputs': N")):
+      prediction.make_evaluator(cfg)
+    cfg = pipeline.DatasetConfig(name, {"inputs": 64}, "validation", 2, shuffle=False)
+    split = prediction.make_evaluator(cfg)
+    assert split.sequence_length["inputs"] == 64
+  finally:
+    seqio.TaskRegistry.remove(name)
+
+
+def test_a_run_trained_in_another_dtype_is_said_on_stderr(model_and_params, tmp_path, caplog):
+  """infer/eval compute in the gin config's dtype; when run.json records another, a warning says
+  which is used and how to match the run (before the fix: nothing was said)."""
+  model = model_and_params[0]
+  (tmp_path / "run.json").write_text('{"format": 1, "network": {"dtype": "bfloat16"}}')
+  (tmp_path / "checkpoint_5").mkdir()
+  with caplog.at_level("WARNING"):
+    assert prediction.warn_if_other_dtype(model, str(tmp_path / "checkpoint_5")) == "bfloat16"
+  assert ("dtype: computing in float32, as the gin config binds it" in caplog.text and
+          "trained in bfloat16" in caplog.text), caplog.text
+  (tmp_path / "run.json").write_text('{"format": 1, "network": {"dtype": "float32"}}')
+  assert prediction.warn_if_other_dtype(model, str(tmp_path)) is None

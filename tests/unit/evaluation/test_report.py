@@ -464,3 +464,49 @@ def test_misaligned_prediction_file_is_named_on_stderr_and_in_the_report(mcwq_di
 def test_p_value_that_underflows_is_not_printed_as_zero():
   assert report.format_p_value(20 / 512) == "p = 0.0391"
   assert report.format_p_value(0.0) == "p < 1e-300"
+
+
+def test_browser_data_escapes_markup():
+  """The data embedded in the error browser holds no `<`, `>` or `&` (so no `<!--`, `<script>` or
+  `</script>` of a prediction can end or hide the page's code) and decodes back to itself."""
+  from mcwq_t5x.evaluation import browser  # pylint: disable=g-import-not-at-top
+  value = {"prediction": ["<!--<script>", "</script>", "a & b -->", "\u05d0 </SCRIPT >"]}
+  text = browser.script_json(value)
+  assert not set("<>&") & set(text)
+  assert json.loads(text) == value
+
+
+def test_report_replaces_only_the_files_it_wrote(tmp_path, capsys):
+  """A report into a folder with a user's report.md is refused, naming it, and writes nothing; a
+  report replaces the files of an earlier report (its manifest lists them)."""
+  data, results = _fake_release(tmp_path)
+  args = [str(results), "--targets_dir", str(data / "translations"), "--out"]
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "report.md").write_text("my notes\n")
+  assert report_cli.main(args + [str(mine)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (f"error: {mine} holds report.md, which no report wrote "
+                     f"({report.MANIFEST} does not list them): move them away or give another "
+                     "--out/--html; nothing was written")
+  assert sorted(p.name for p in mine.iterdir()) == ["report.md"]
+  assert (mine / "report.md").read_text() == "my notes\n"
+  out = tmp_path / "out"
+  assert report_cli.main(args + [str(out)]) == 0
+  first = (out / "report.md").read_text()
+  assert "report.md" in json.loads((out / report.MANIFEST).read_text())
+  assert report_cli.main(args + [str(out)]) == 0  # its own files: replaced
+  assert (out / "report.md").read_text() == first
+
+
+def test_report_on_a_full_disk_keeps_the_previous_report(tmp_path, capsys, full_disk):
+  data, results = _fake_release(tmp_path)
+  args = [str(results), "--targets_dir", str(data / "translations"), "--out", str(tmp_path / "out")]
+  assert report_cli.main(args) == 0
+  before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+  capsys.readouterr()
+  full_disk(0)
+  assert report_cli.main(args) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith(f"error: cannot write {tmp_path}/out/") and "(ENOSPC)" in err[-1]
+  assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before

@@ -314,3 +314,46 @@ def test_invalid_utf8_prediction_lines_are_named(mcwq_dir, tmp_path, capsys):
   assert not json.loads(out)["alignment"]["misaligned"]
   status, out, err = _run(capsys, _args(mcwq_dir, "monolingual", "he"))
   assert status == 0 and json.loads(out)["warnings"] == [] and err == ""
+
+
+def test_a_runaway_prediction_line_is_named_with_a_warning(mcwq_dir, tmp_path, capsys):
+  """One prediction line of 560,000 characters (a model that never stops) takes corpus BLEU down
+  for the whole file: a warning names it (stderr and the JSON); the scores are still computed."""
+  lines = (mcwq_dir / "results/mt5_small/monolingual/mcd1/generated_predictions_en.txt").read_text(
+      encoding="utf-8").split("\n")
+  lines[99] = "( M0 ( wdt:P57 ) ( M1 ) ) . " * 20_000
+  preds = tmp_path / "en.txt"
+  preds.write_text("\n".join(lines), encoding="utf-8")
+  targets = str(mcwq_dir / "translations/mcd1/test.en.sparql")
+  status, out, err = _run(capsys, ["--predictions", str(preds), "--targets", targets])
+  assert status == 0
+  result = json.loads(out)
+  warning = (f"{preds}: 1 prediction line(s) are more than 10 times as long as the longest gold "
+             f"line of {targets} (341 characters): line 100 (the longest 560000 characters); they "
+             "are scored, but they dominate corpus BLEU")
+  assert result["warnings"] == [warning]
+  assert err.splitlines() == [f"warning: {warning}"]
+  status, out, _ = _run(capsys, _args(mcwq_dir, "monolingual", "en"))
+  assert json.loads(out)["warnings"] == []
+  assert result["bleu"] < 0.6 * json.loads(out)["bleu"]  # 54.4 vs 97.4: why the warning matters
+
+
+def test_a_full_disk_keeps_the_previous_results_and_ends_in_one_line(tmp_path, capsys, full_disk):
+  """`--json` and `--errors_out` on a full disk: one line naming the file, exit status 1, the
+  previous file whole (a new one: no file at all, not a 0-byte one)."""
+  (tmp_path / "t.sparql").write_text(f"{G1}\n{G2}\n")
+  (tmp_path / "p.txt").write_text(f"{G1}\n{G1}\n")
+  args = ["--predictions", str(tmp_path / "p.txt"), "--targets", str(tmp_path / "t.sparql")]
+  old = tmp_path / "old.json"
+  old.write_text("previous result\n")
+  full_disk(0)
+  for out_flag, path in (("--json", old), ("--json", tmp_path / "new.json"), ("--errors_out", old),
+                         ("--errors_out", tmp_path / "new.jsonl")):
+    status, _, err = _run(capsys, args + [out_flag, str(path)])
+    assert status == 1
+    assert err.splitlines() == [
+        f"error: cannot write {path}: No space left on device (ENOSPC); nothing was written (the "
+        f"previous {path.name}, if any, is unchanged)"
+    ]
+  assert old.read_text() == "previous result\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json", "p.txt", "t.sparql"]

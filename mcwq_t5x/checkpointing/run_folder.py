@@ -1,0 +1,166 @@
+"""The run folder (MODEL_DIR) of `mcwq_t5x.train` and `mcwq_t5x.eval`: the name of every file and
+folder in it, "is this a run folder, and of which run", and the writers of its metrics files and
+TensorBoard event files. T5X's layout (`checkpoint_<step>/`, `train/`, `eval/`) plus ours.
+
+  train.lock  run.json  vocab/spm.model  config.gin  checkpoint_<step>/  train/ eval/
+  train_metrics.jsonl  eval_metrics.jsonl  predictions/<task>_<split>.txt
+  metrics/<task>_<split>.json  eval_<step>/{eval.lock,predictions/,metrics/} (`mcwq_t5x.eval`)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import re
+import time
+from typing import Any, Mapping, Optional
+
+import jax
+
+from mcwq_t5x.checkpointing import checkpoint_paths
+
+LOCK_FILE = "train.lock"  # `run_lock`
+EVAL_LOCK_FILE = "eval.lock"  # `run_lock`, in EVAL_OUTPUT_DIR (`eval_<step>/`)
+RUN_JSON = "run.json"  # `run_info`
+CONFIG_GIN = "config.gin"  # the operative gin config (T5X writes the same name)
+TRAIN_METRICS = "train_metrics.jsonl"  # one JSON line per log step
+EVAL_METRICS = "eval_metrics.jsonl"  # one JSON line per evaluation
+METRICS_FILES = (TRAIN_METRICS, EVAL_METRICS)
+TRAIN_EVENTS, EVAL_EVENTS = "train", "eval"  # TensorBoard runs (T5X's names)
+PREDICTIONS = "predictions"  # <task>_<split>.txt, one prediction per line
+METRICS = "metrics"  # <task>_<split>.json
+#: Folders `mcwq_t5x.eval` (`eval_<step>`) and the generated eval files (`{test,zeroshot,gold}_<lang>`)
+#: write inside a run: their predictions are the run's.
+_EVAL_SUBDIR_RE = re.compile(r"^(eval(_\d+)?|(test|zeroshot|gold)_[a-z]{2,3})$")
+
+
+def eval_dir(model_dir: str | pathlib.Path, step: int) -> pathlib.Path:
+  """`MODEL_DIR/eval_<step>`, `mcwq_t5x.eval`'s default EVAL_OUTPUT_DIR."""
+  return pathlib.Path(model_dir) / f"eval_{step}"
+
+
+def predictions_file(out_dir: str | pathlib.Path, task: str, split: str) -> pathlib.Path:
+  """`OUT/predictions/<task>_<split>.txt`."""
+  return pathlib.Path(out_dir) / PREDICTIONS / f"{task}_{split}.txt"
+
+
+def metrics_file(out_dir: str | pathlib.Path, task: str, split: str) -> pathlib.Path:
+  """`OUT/metrics/<task>_<split>.json`."""
+  return pathlib.Path(out_dir) / METRICS / f"{task}_{split}.json"
+
+
+def is_run_folder(directory: str | pathlib.Path) -> bool:
+  """Whether `directory` is a training run's MODEL_DIR (run.json, config.gin or checkpoints)."""
+  d = pathlib.Path(directory)
+  return ((d / RUN_JSON).is_file() or (d / CONFIG_GIN).is_file() or
+          any(d.glob(f"{checkpoint_paths.CHECKPOINT_PREFIX}_*")))
+
+
+def run_folder_of(directory: str | pathlib.Path) -> pathlib.Path:
+  """The run folder of predictions in `directory`: above `predictions/` and the `eval_<step>/`
+  (`{test,zeroshot,gold}_<lang>/`) folders written into a run. Absolute; not checked to exist."""
+  d = pathlib.Path(directory).absolute()
+  if d.name == PREDICTIONS:
+    d = d.parent
+  while _EVAL_SUBDIR_RE.match(d.name) and d.parent != d:
+    d = d.parent
+  return d
+
+
+def run_name(directory: str | pathlib.Path) -> str:
+  """The model name of predictions in `directory`: the name of `run_folder_of` ("model" at /)."""
+  return run_folder_of(directory).name or "model"
+
+
+def run_name_of_checkpoint(checkpoint: str) -> Optional[str]:
+  """The run a CHECKPOINT_PATH names (MODEL_DIR or MODEL_DIR/checkpoint_<step>): the MODEL_DIR's
+  last component, or None for an empty path. Pure string work (the path need not exist here)."""
+  parts = [p for p in re.split(r"[/\\]+", checkpoint.strip()) if p]
+  while parts and checkpoint_paths.step_of(parts[-1]) is not None:
+    parts.pop()
+  return parts[-1] if parts else None
+
+
+def append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
+  """Appends `record` (JSON-serialisable) as one sorted-keys line; process 0 only."""
+  if jax.process_index() == 0:
+    with open(path, "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str, int]:
+  """Drops the rows of steps after `step` from MODEL_DIR's `METRICS_FILES` (process 0): a run
+  resumed from checkpoint `step` writes them again (TensorBoard readers likewise drop events after
+  a restart step). Lines that are not JSON (cut off by a kill) go too.
+
+  Returns:
+    {file name: rows dropped} for the files that lost rows (each logged).
+
+  Raises:
+    OSError: a file cannot be rewritten.
+  """
+  dropped: dict[str, int] = {}
+  if jax.process_index() != 0:
+    return dropped
+  for name in METRICS_FILES:
+    path = pathlib.Path(model_dir) / name
+    if not path.is_file():
+      continue
+    kept = []
+    lines = path.read_text().splitlines()
+    for line in lines:
+      try:
+        row_step = json.loads(line).get("step")
+      except (ValueError, AttributeError):
+        continue  # why: a line cut off when the run was killed
+      if isinstance(row_step, (int, float)) and row_step <= step:
+        kept.append(line)
+    if len(kept) != len(lines):
+      tmp = path.with_name(path.name + ".tmp")
+      tmp.write_text("".join(l + "\n" for l in kept))
+      tmp.replace(path)  # why: whole or not at all
+      dropped[name] = len(lines) - len(kept)
+      logging.info("%s: dropped %d row(s) after step %d (the run goes on from step %d)", path,
+                   dropped[name], step, step)
+  return dropped
+
+
+class ScalarWriter:
+  """TensorBoard event files of plain scalar summaries (`simple_value`), which
+  `EventAccumulator(dir).Scalars(tag)` lists (clu's and TF2's tensor summaries it does not).
+  Process 0 writes; no TensorFlow needed.
+
+  Args:
+    logdir: the folder of the event file (created).
+  """
+
+  def __init__(self, logdir: str):
+    self._writer = None
+    if jax.process_index() == 0:
+      from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
+      pathlib.Path(logdir).mkdir(parents=True, exist_ok=True)
+      self._writer = event_file_writer.EventFileWriter(str(logdir))
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Writes one scalar per entry at `step`."""
+    if self._writer is None:
+      return
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+    self._writer.add_event(
+        event_pb2.Event(
+            step=int(step), wall_time=time.time(), summary=summary_pb2.Summary(value=values)))
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+def create_metric_writer(logdir: str) -> ScalarWriter:
+  """The TensorBoard writer of `logdir` (`ScalarWriter`)."""
+  return ScalarWriter(logdir)

@@ -1,0 +1,62 @@
+"""`writers.write_atomic`: a result file is replaced whole or left as it was.
+
+A full disk is injected (the `full_disk` fixture of conftest.py), no root tricks. `kill -9` safety
+follows from the order of operations: until `os.replace`, the previous file is untouched and only
+a `.NAME.tmp-*` file exists beside it; `os.replace` itself is atomic, so a reader sees one file or
+the other (the last test stops a write mid-way and checks).
+"""
+import errno
+
+import pytest
+
+from mcwq_t5x.data import writers
+
+
+def test_write_atomic_writes_and_replaces(tmp_path):
+  path = tmp_path / "sub" / "metrics.json"
+  assert writers.write_atomic(path, "old\n") == path  # creates the folder
+  writers.write_atomic(path, (f"{i}\n" for i in range(3)))
+  assert path.read_text() == "0\n1\n2\n"
+  assert oct(path.stat().st_mode & 0o777) == "0o644"
+  assert sorted(p.name for p in path.parent.iterdir()) == ["metrics.json"]  # no temporary file
+
+
+def test_a_full_disk_keeps_the_previous_file_and_names_it(tmp_path, full_disk):
+  path = tmp_path / "predictions.txt"
+  path.write_text("good old predictions\n")
+  full_disk(10)
+  with pytest.raises(writers.ResultWriteError) as e:
+    writers.write_atomic(path, ["new line\n"] * 1000)
+  assert str(e.value) == (f"cannot write {path}: No space left on device (ENOSPC); nothing was "
+                          "written (the previous predictions.txt, if any, is unchanged)")
+  assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value)
+  assert path.read_text() == "good old predictions\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.txt"]  # no partial file
+
+
+def test_a_full_disk_on_a_new_file_leaves_nothing(tmp_path, full_disk):
+  full_disk(0)
+  with pytest.raises(writers.ResultWriteError, match="EDQUOT|ENOSPC"):
+    writers.write_atomic(tmp_path / "score.json", "{}\n")
+  assert list(tmp_path.iterdir()) == []  # not even a 0-byte file
+
+
+def test_a_write_stopped_midway_leaves_the_old_file_whole(tmp_path):
+  """What a reader (or the next run, after `kill -9`) sees while the new file is half written:
+  the old file, whole, and a temporary file beside it."""
+  path = tmp_path / "predictions.txt"
+  path.write_text("old\n")
+
+  class Killed(BaseException):  # not an OSError: as if the process ended here
+    pass
+
+  def lines():
+    yield "new 1\n"
+    assert path.read_text() == "old\n"
+    assert [p.name.startswith(".predictions.txt.tmp-") for p in tmp_path.iterdir()
+           ].count(True) == 1  # all that a `kill -9` here would leave besides the old file
+    raise Killed
+
+  with pytest.raises(Killed):
+    writers.write_atomic(path, lines())
+  assert path.read_text() == "old\n"
