@@ -13,7 +13,9 @@ empty line, a syntax error for `mcwq_t5x.score`), `targets.txt` (the gold RIR of
 `responses.jsonl` (per example the raw response, the demonstrations' ids, the error if any),
 `requests.jsonl` (the crash-safe request cache: a rerun sends no request twice) and `run.json`
 (server, model, parameters, selection, demonstrations per example, token usage; never the key).
-Score with `python -m mcwq_t5x.score --predictions DIR/predictions.txt --targets DIR/targets.txt`.
+A run over a whole test part also writes `predictions_{split}_{lang}.txt`, which
+`python -m mcwq_t5x.report RESULTS_DIR` finds and names after run.json's system (model, shots,
+selection; ORACLE_ first for an oracle selection). Score with `python -m mcwq_t5x.score --predictions DIR/predictions.txt --targets DIR/targets.txt`.
 
 Demonstrations come from the split's train part, or its dev part where there is none (a log line
 says so; the shared copy mirrors only dev and test). The API key is read from the environment
@@ -54,11 +56,12 @@ def parse_task(task: str) -> tuple[str, str]:
 
 
 def system_name(model: str, shots: int, selection: str, demo_language: str) -> str:
-  """The report's name of a run, e.g. "llama-3 8-shot cover" ("ORACLE" for oracle selection)."""
-  name = f"{model} {shots}-shot {selection}"
+  """The report's name of a run, e.g. "llama-3-8b_8shot_cover" ("ORACLE_..." for an oracle
+  selection); no space or slash (it names figure files)."""
+  name = f"{re.sub(r'[^A-Za-z0-9._+-]+', '-', model)}_{shots}shot_{selection}"
   if demo_language == "en":
-    name += " (en demos)"
-  return f"ORACLE {name}" if selection in selection_lib.ORACLE_METHODS else name
+    name += "_en-demos"
+  return f"ORACLE_{name}" if selection in selection_lib.ORACLE_METHODS else name
 
 
 def _write_whole(path: pathlib.Path, text: str) -> None:
@@ -190,6 +193,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   _write_whole(out / "targets.txt", "".join(e.rir + "\n" for e in examples))
   _write_whole(out / "predictions.txt", "".join(p + "\n" for p in predictions))
   _write_whole(out / "run.json", json.dumps(run, indent=1, ensure_ascii=False) + "\n")
+  if args.split == "test" and args.max_examples is None:  # why: the report reads whole test sets
+    _write_whole(out / f"predictions_{split}_{language}.txt", "".join(p + "\n" for p in predictions))
   exact = sum(p == e.rir for p, e in zip(predictions, examples))
   print(f"{run['system']}: {len(examples)} examples, exact match "
         f"{100.0 * exact / max(1, len(examples)):.2f}%, {run['syntax_errors']} without a query, "

@@ -37,9 +37,9 @@ def test_parse_task_and_system_names():
   assert prompt_main.parse_task("mcwq_random_split_zh") == ("random_split", "zh")
   with pytest.raises(ValueError, match="mcwq_mcd1_he"):
     prompt_main.parse_task("mcwq_mcd1_zeroshot_he")
-  assert prompt_main.system_name("m", 8, "oracle_compounds", "same") == "ORACLE m 8-shot " \
-      "oracle_compounds"
-  assert prompt_main.system_name("m", 8, "cover", "en") == "m 8-shot cover (en demos)"
+  assert prompt_main.system_name("m", 8, "oracle_compounds", "same") == \
+      "ORACLE_m_8shot_oracle_compounds"
+  assert prompt_main.system_name("org/M 7b", 8, "cover", "en") == "org-M-7b_8shot_cover_en-demos"
 
 
 def test_extract_and_convert_a_real_query():
@@ -83,7 +83,7 @@ def test_end_to_end_through_a_server_equals_the_baseline(baseline, tmp_path):
   run = json.loads((baseline / "run.json").read_text(encoding="utf-8"))
   assert len(predictions) == 6 and run["demonstration_part"] == "dev"
   assert all(rir.rir_to_sparql(p) for p in predictions)  # copies of real queries: all parse
-  assert run["system"] == "nearest_neighbour 1-shot similar"
+  assert run["system"] == "nearest_neighbour_1shot_similar"
   with local_http.serve(local_http.ChatCompletions, seen=[], script=[]) as server:
     out = tmp_path / "llm"
     env = {"MCWQ_TEST_KEY": SECRET}
@@ -171,3 +171,18 @@ def test_oracle_is_named_and_offline_baseline_needs_similar_1(tmp_path):
   probe = mains.run([sys.executable, "-c", "import sys, mcwq_t5x.prompt; "
                      "print(sorted(m for m in ('jax', 'tensorflow', 'seqio') if m in sys.modules))"])
   assert probe.stdout.strip() == "[]"
+
+
+def test_report_discovers_a_prompting_run_as_its_own_system(tmp_path):
+  from mcwq_t5x.evaluation.report import discovery  # pylint: disable=import-outside-toplevel
+  run_dir = tmp_path / "llm_cover"
+  run_dir.mkdir()
+  (run_dir / "predictions_mcd1_he.txt").write_text("x\n", encoding="utf-8")
+  (run_dir / "run.json").write_text(json.dumps({"kind": "prompting",
+                                                "system": "ORACLE_m_8shot_oracle_compounds"}))
+  other = tmp_path / "mt5_small"
+  other.mkdir()
+  (other / "predictions_mcd1_he.txt").write_text("x\n", encoding="utf-8")
+  found = discovery.discover(tmp_path)
+  assert sorted(f.model for f in found) == ["ORACLE_m_8shot_oracle_compounds", "mt5_small"]
+  assert {f.split for f in found} == {"mcd1"} and {f.language for f in found} == {"he"}
