@@ -98,8 +98,9 @@ def _pool(split: str, language: str, data_dir: Optional[str]) -> tuple[str, list
   parts = readers.available_parts(split, language, data_dir)
   if "train" in parts:
     return "train", readers.read_split(split, "train", language, data_dir)
-  print(f"note: {split} has no train part here; demonstrations come from its dev part",
-        file=sys.stderr)
+  print(
+      f"note: {split} has no train part here; demonstrations come from its dev part",
+      file=sys.stderr)
   return "dev", readers.read_split(split, "dev", language, data_dir)
 
 
@@ -112,8 +113,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 2
   offline = args.model == OFFLINE_MODEL
   if offline and (args.selection != "similar" or args.shots != 1):
-    print(f"error: --model {OFFLINE_MODEL} is the retrieval baseline: it needs --selection "
-          "similar --shots 1", file=sys.stderr)
+    print(
+        f"error: --model {OFFLINE_MODEL} is the retrieval baseline: it needs --selection "
+        "similar --shots 1",
+        file=sys.stderr)
     return 2
   if not offline and not args.base_url:
     print("error: --base_url is required (or --model nearest_neighbour)", file=sys.stderr)
@@ -132,7 +135,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     chosen = selector.select(args.selection, ex.question, args.shots + leave_out, i, ex.sparql)
     demos.append([j for j in chosen if not (leave_out and j == i)][:args.shots])
   prompts = [
-      prompt_format.render([(shown[j].question, shown[j].sparql) for j in d], ex.question)
+      prompt_format.render([(shown[j].question, shown[j].sparql)
+                            for j in d], ex.question)
       for ex, d in zip(examples, demos)
   ]
   out = pathlib.Path(args.out)
@@ -145,10 +149,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
   else:
     chat = client_lib.ChatClient(
-        args.base_url, args.model, os.environ.get(args.api_key_env) or "EMPTY", params,
+        args.base_url,
+        args.model,
+        os.environ.get(args.api_key_env) or "EMPTY",
+        params,
         out / "requests.jsonl",
         min_interval_s=1.0 / args.requests_per_s if args.requests_per_s > 0 else 0.0,
-        timeout_s=args.timeout, max_retries=args.retries, max_retry_after_s=args.max_retry_after)
+        timeout_s=args.timeout,
+        max_retries=args.retries,
+        max_retry_after_s=args.max_retry_after)
 
     def one(i: int) -> None:
       try:
@@ -161,8 +170,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if failures:
     for f in failures[:10]:
       print(f"error: {f}", file=sys.stderr)
-    print(f"error: {len(failures)} request(s) failed; {len(examples) - len(failures)} answered "
-          f"and cached in {out / 'requests.jsonl'}; rerun to resume", file=sys.stderr)
+    print(
+        f"error: {len(failures)} request(s) failed; {len(examples) - len(failures)} answered "
+        f"and cached in {out / 'requests.jsonl'}; rerun to resume",
+        file=sys.stderr)
     return 1
   predictions = [prompt_format.to_rir(r.get("text")) for r in results]
   usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
@@ -171,22 +182,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       usage[k] += int((r.get("usage") or {}).get(k) or 0)
   ids = [[f"{pool_part}:{pool[j].line}" for j in d] for d in demos]
   responses = [
-      json.dumps({"line": ex.line, "demonstrations": d, "response": r.get("text"),
-                  "error": r.get("error"), "prediction": p, "cached": r.get("cached")},
-                 ensure_ascii=False) for ex, d, r, p in zip(examples, ids, results, predictions)
+      json.dumps(
+          {
+              "line": ex.line,
+              "demonstrations": d,
+              "response": r.get("text"),
+              "error": r.get("error"),
+              "prediction": p,
+              "cached": r.get("cached")
+          },
+          ensure_ascii=False) for ex, d, r, p in zip(examples, ids, results, predictions)
   ]
   run = {
       "kind": "prompting",
       "system": system_name(args.model, args.shots, args.selection, args.demo_language),
       "oracle": args.selection in selection_lib.ORACLE_METHODS,
-      "task": args.task, "split": split, "language": language, "part": args.split,
-      "n_examples": len(examples), "server": None if offline else args.base_url,
-      "model": args.model, "parameters": params, "shots": args.shots,
-      "selection": args.selection, "demo_language": args.demo_language,
-      "demonstration_part": pool_part, "seed": args.seed, "demonstrations": ids,
-      "usage": usage, "syntax_errors": sum(not p for p in predictions),
+      "task": args.task,
+      "split": split,
+      "language": language,
+      "part": args.split,
+      "n_examples": len(examples),
+      "server": None if offline else args.base_url,
+      "model": args.model,
+      "parameters": params,
+      "shots": args.shots,
+      "selection": args.selection,
+      "demo_language": args.demo_language,
+      "demonstration_part": pool_part,
+      "seed": args.seed,
+      "demonstrations": ids,
+      "usage": usage,
+      "syntax_errors": sum(not p for p in predictions),
       "context_length_errors": sum(bool(r.get("error")) for r in results),
-      "requests_sent": 0 if offline else chat.sent, "retries": 0 if offline else chat.retries,
+      "requests_sent": 0 if offline else chat.sent,
+      "retries": 0 if offline else chat.retries,
       "cached_answers": sum(bool(r.get("cached")) for r in results),
   }
   _write_whole(out / "responses.jsonl", "".join(r + "\n" for r in responses))
@@ -194,7 +223,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   _write_whole(out / "predictions.txt", "".join(p + "\n" for p in predictions))
   _write_whole(out / "run.json", json.dumps(run, indent=1, ensure_ascii=False) + "\n")
   if args.split == "test" and args.max_examples is None:  # why: the report reads whole test sets
-    _write_whole(out / f"predictions_{split}_{language}.txt", "".join(p + "\n" for p in predictions))
+    _write_whole(out / f"predictions_{split}_{language}.txt",
+                 "".join(p + "\n" for p in predictions))
   exact = sum(p == e.rir for p, e in zip(predictions, examples))
   print(f"{run['system']}: {len(examples)} examples, exact match "
         f"{100.0 * exact / max(1, len(examples)):.2f}%, {run['syntax_errors']} without a query, "

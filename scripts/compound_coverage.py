@@ -41,13 +41,15 @@ def main() -> None:
           continue  # why: these two ignore the question's language (parallel files, same seed)
         cov = [
             selection_lib.compound_coverage(
-                e.sparql, [pool[j].sparql for j in sel.select(method, e.question, args.shots, i,
-                                                               e.sparql)])
+                e.sparql,
+                [pool[j].sparql
+                 for j in sel.select(method, e.question, args.shots, i, e.sparql)])
             for i, e in enumerate(test)
         ]
         table[f"{split}/{language}/{method}"] = 100.0 * sum(cov) / len(cov)
-        print(f"{split} {language} {method} (pool {pool_part}): {table[f'{split}/{language}/{method}']:.1f}",
-              flush=True)
+        print(
+            f"{split} {language} {method} (pool {pool_part}): {table[f'{split}/{language}/{method}']:.1f}",
+            flush=True)
   pathlib.Path(args.json).write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")

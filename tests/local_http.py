@@ -193,16 +193,27 @@ class ChatCompletions(Handler):
       return
     prompt = request["messages"][-1]["content"]
     lines = [l for l in prompt.split("\n") if l.startswith("SPARQL: ")]
-    text = ("I cannot answer that." if step == "noquery" or not lines else
-            f"```sparql\n{lines[0][len('SPARQL: '):]}\n```")
+    text = ("I cannot answer that."
+            if step == "noquery" or not lines else f"```sparql\n{lines[0][len('SPARQL: '):]}\n```")
     words = len(prompt.split())
     body = {
-        "id": "chatcmpl-test", "object": "chat.completion", "created": 0,
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
         "model": request["model"],
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": words, "completion_tokens": len(text.split()),
-                  "total_tokens": words + len(text.split())},
+        "choices": [{
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {
+                "role": "assistant",
+                "content": text
+            }
+        }],
+        "usage": {
+            "prompt_tokens": words,
+            "completion_tokens": len(text.split()),
+            "total_tokens": words + len(text.split())
+        },
     }
     try:
       self.answer(200, json.dumps(body).encode(), "application/json")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import openai
 
@@ -78,8 +78,9 @@ class ChatClient:
     self.model = model
     self.params = dict(params)
     self.cache = jsonl_cache.JsonlCache(cache_path)
-    self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                                 timeout=timeout_s)  # why: this module owns the retries
+    self._client = openai.OpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0,
+        timeout=timeout_s)  # why: this module owns the retries
     self._min_interval_s = min_interval_s
     self._max_retries = max_retries
     self._backoff_s = backoff_s
@@ -121,7 +122,10 @@ class ChatClient:
         self.sent += 1
       try:
         answer = self._client.chat.completions.create(
-            model=self.model, messages=[{"role": "user", "content": prompt}], **self.params)
+            model=self.model, messages=[{
+                "role": "user",
+                "content": prompt
+            }], **self.params)
       except openai.APITimeoutError as e:
         raise RequestFailed(f"{self.model}: no complete answer within the time-out ({e})") from e
       except openai.BadRequestError as e:
@@ -147,6 +151,9 @@ class ChatClient:
         raise RequestFailed(f"{self.model}: HTTP {e.status_code}: {e.message}") from e
       choice = answer.choices[0] if answer.choices else None
       usage = answer.usage.model_dump() if answer.usage is not None else None
-      return {"text": choice.message.content if choice else None, "usage": usage,
-              "finish_reason": choice.finish_reason if choice else None}
+      return {
+          "text": choice.message.content if choice else None,
+          "usage": usage,
+          "finish_reason": choice.finish_reason if choice else None
+      }
     raise AssertionError("unreachable")

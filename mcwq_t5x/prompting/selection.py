@@ -63,7 +63,10 @@ class Selector:
     seed: seed of `random` (each test example draws with `seed` and its index).
   """
 
-  def __init__(self, pool_questions: Sequence[str], pool_queries: Sequence[str], language: str,
+  def __init__(self,
+               pool_questions: Sequence[str],
+               pool_queries: Sequence[str],
+               language: str,
                seed: int = 0):
     self.language = language
     self.seed = seed
@@ -100,7 +103,11 @@ class Selector:
         chosen.append(i)
     return chosen
 
-  def select(self, method: str, question: str, shots: int, index: int = 0,
+  def select(self,
+             method: str,
+             question: str,
+             shots: int,
+             index: int = 0,
              gold_sparql: Optional[str] = None) -> list[int]:
     """Indices of `shots` pool examples for one test question (most relevant first).
 

@@ -2,7 +2,6 @@
 server of the tests (answering through the nearest-neighbour baseline), parsing, cache, scoring,
 the error cases, and the API key kept out of every file."""
 import json
-import pathlib
 import sys
 
 import pytest
@@ -22,8 +21,8 @@ TASK = ["--task", "mcwq_mcd1_he", "--split", "test", "--max_examples", "6"]
 
 
 def _prompt(out, *extra, env=None, check=True):
-  return mains.python_m("mcwq_t5x.prompt", *TASK, "--out", str(out), *extra, env=env, check=check,
-                        timeout=120)
+  return mains.python_m(
+      "mcwq_t5x.prompt", *TASK, "--out", str(out), *extra, env=env, check=check, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -106,24 +105,48 @@ def test_end_to_end_through_a_server_equals_the_baseline(baseline, tmp_path):
   for path in out.iterdir():
     assert SECRET not in path.read_text(encoding="utf-8"), path
   assert SECRET not in first.stdout + first.stderr + again.stdout + again.stderr
-  scored = mains.python_m("mcwq_t5x.score", "--predictions", str(out / "predictions.txt"),
-                          "--targets", str(out / "targets.txt"), timeout=120)
+  scored = mains.python_m(
+      "mcwq_t5x.score",
+      "--predictions",
+      str(out / "predictions.txt"),
+      "--targets",
+      str(out / "targets.txt"),
+      timeout=120)
   exact = sum(p == g.rir for p, g in zip(predictions, gold))
   assert json.loads(scored.stdout)["exact_match"] == pytest.approx(100.0 * exact / 6)
 
 
 def test_errors_are_retried_or_named(tmp_path):
   sleeps = []
-  script = [(429, {"Retry-After": "7"}, {"error": {"message": "slow down"}}),
-            (500, {}, {"error": {"message": "boom"}})]
+  script = [(429, {
+      "Retry-After": "7"
+  }, {
+      "error": {
+          "message": "slow down"
+      }
+  }), (500, {}, {
+      "error": {
+          "message": "boom"
+      }
+  })]
   with local_http.serve(local_http.ChatCompletions, seen=[], script=script) as server:
-    chat = client_lib.ChatClient(server.base + "/v1", "m", "k", {"temperature": 0.0},
-                                 tmp_path / "c.jsonl", sleep=sleeps.append, backoff_s=1.0)
+    chat = client_lib.ChatClient(
+        server.base + "/v1",
+        "m",
+        "k", {"temperature": 0.0},
+        tmp_path / "c.jsonl",
+        sleep=sleeps.append,
+        backoff_s=1.0)
     answer = chat.complete("Question: q\nSPARQL: ASK WHERE { M0 wdt:P57 M1 }\n")
     assert answer["text"] == "```sparql\nASK WHERE { M0 wdt:P57 M1 }\n```"
     assert sleeps == [7.0, 2.0] and server.requests == 3 and chat.retries == 2
-    server.script.append((400, {}, {"error": {"message": "This model's maximum context length "
-                                              "is 4096 tokens", "code": "context_length_exceeded"}}))
+    server.script.append((400, {}, {
+        "error": {
+            "message": "This model's maximum context length "
+                       "is 4096 tokens",
+            "code": "context_length_exceeded"
+        }
+    }))
     refused = chat.complete("a long prompt")
     assert refused["text"] is None and "maximum context length" in refused["error"]
     assert chat.complete("a long prompt")["cached"]  # not sent again
@@ -132,14 +155,15 @@ def test_errors_are_retried_or_named(tmp_path):
       chat.complete("another prompt")
     server.script.extend([(503, {}, {"error": {"message": "down"}})] * 2)
     with pytest.raises(client_lib.RequestFailed, match="503 after 2 attempts"):
-      client_lib.ChatClient(server.base + "/v1", "m", "k", {}, None, max_retries=1,
-                            sleep=sleeps.append).complete("p")
+      client_lib.ChatClient(
+          server.base + "/v1", "m", "k", {}, None, max_retries=1, sleep=sleeps.append).complete("p")
     server.script.append("hang")
     server.hang_s = 3.0
     before = server.requests
     with pytest.raises(client_lib.RequestFailed, match="time-out"):
-      client_lib.ChatClient(server.base + "/v1", "m", "k", {}, None, timeout_s=0.5,
-                            sleep=sleeps.append).complete("p2")
+      client_lib.ChatClient(
+          server.base + "/v1", "m", "k", {}, None, timeout_s=0.5,
+          sleep=sleeps.append).complete("p2")
     assert server.requests == before + 1  # a time-out is not retried
 
 
@@ -167,9 +191,10 @@ def test_main_counts_no_query_and_context_length_and_resumes_after_a_stop(tmp_pa
 def test_oracle_is_named_and_offline_baseline_needs_similar_1(tmp_path):
   bad = _prompt(tmp_path, "--model", "nearest_neighbour", "--shots", "8", check=False)
   assert bad.returncode == 2 and "--selection similar --shots 1" in bad.stderr
-  assert "jax" not in sys.modules or True  # the in-process imports are the tests' own
-  probe = mains.run([sys.executable, "-c", "import sys, mcwq_t5x.prompt; "
-                     "print(sorted(m for m in ('jax', 'tensorflow', 'seqio') if m in sys.modules))"])
+  probe = mains.run([
+      sys.executable, "-c", "import sys, mcwq_t5x.prompt; "
+      "print(sorted(m for m in ('jax', 'tensorflow', 'seqio') if m in sys.modules))"
+  ])
   assert probe.stdout.strip() == "[]"
 
 
@@ -178,8 +203,11 @@ def test_report_discovers_a_prompting_run_as_its_own_system(tmp_path):
   run_dir = tmp_path / "llm_cover"
   run_dir.mkdir()
   (run_dir / "predictions_mcd1_he.txt").write_text("x\n", encoding="utf-8")
-  (run_dir / "run.json").write_text(json.dumps({"kind": "prompting",
-                                                "system": "ORACLE_m_8shot_oracle_compounds"}))
+  (run_dir / "run.json").write_text(
+      json.dumps({
+          "kind": "prompting",
+          "system": "ORACLE_m_8shot_oracle_compounds"
+      }))
   other = tmp_path / "mt5_small"
   other.mkdir()
   (other / "predictions_mcd1_he.txt").write_text("x\n", encoding="utf-8")
