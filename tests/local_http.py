@@ -8,6 +8,7 @@ is asked to make: the tests inject the clients' sleep and clock.
 """
 import contextlib
 import http.server
+import json
 import pathlib
 import socket
 import subprocess
@@ -167,3 +168,54 @@ def sparql_server(ntriples: pathlib.Path, folder: pathlib.Path, load_timeout_s: 
   finally:
     proc.terminate()
     proc.wait(timeout=10)
+
+
+class ChatCompletions(Handler):
+  """An OpenAI-protocol chat-completions server (`POST .../chat/completions`) that answers through
+  the nearest-neighbour baseline: the first demonstration's query of the prompt (the line after
+  the first "SPARQL: "), in a ```sparql code fence, with a usage record (prompt tokens = words).
+
+  State (keywords of `serve`): `script`, a list of answers sent first, in order, each
+  (status, headers, body) or "hang" (sleep `hang_s` seconds, then answer normally) or "noquery"
+  (a 200 whose text holds no query); `seen`, a list that gets each request's JSON and
+  Authorization header.
+  """
+
+  def do_POST(self):  # pylint: disable=invalid-name
+    request = json.loads(self.read_body())
+    self.server.seen.append((request, self.headers.get("Authorization")))
+    step = self.server.script.pop(0) if self.server.script else None
+    if step == "hang":
+      time.sleep(self.server.hang_s)
+    elif isinstance(step, tuple):
+      status, headers, body = step
+      self.answer(status, json.dumps(body).encode(), "application/json", headers)
+      return
+    prompt = request["messages"][-1]["content"]
+    lines = [l for l in prompt.split("\n") if l.startswith("SPARQL: ")]
+    text = ("I cannot answer that."
+            if step == "noquery" or not lines else f"```sparql\n{lines[0][len('SPARQL: '):]}\n```")
+    words = len(prompt.split())
+    body = {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": request["model"],
+        "choices": [{
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {
+                "role": "assistant",
+                "content": text
+            }
+        }],
+        "usage": {
+            "prompt_tokens": words,
+            "completion_tokens": len(text.split()),
+            "total_tokens": words + len(text.split())
+        },
+    }
+    try:
+      self.answer(200, json.dumps(body).encode(), "application/json")
+    except BrokenPipeError:  # the client gave up waiting (the time-out case)
+      pass

@@ -94,7 +94,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
   return []
 
 
-WINGS = ("engine", "data", "checkpointing", "evaluation", "stores")
+WINGS = ("engine", "data", "checkpointing", "evaluation", "stores", "prompting")
 # What each wing may import of the project, besides itself (mcwq_t5x/<wing>/__init__.py says why).
 ALLOWED = {
     "engine": set(),
@@ -102,6 +102,7 @@ ALLOWED = {
     "stores": set(),
     "checkpointing": {"engine", "data"},
     "evaluation": {"engine", "data", "checkpointing", "stores"},
+    "prompting": {"data", "stores"},
 }
 # Packages no module of a wing may import, anywhere in the module (the GPU image has neither
 # TensorFlow nor SeqIO; the stores are plain Python clients).
@@ -109,6 +110,7 @@ FORBIDDEN_LIBRARIES = {
     "engine": {"tensorflow", "seqio", "tensorflow_datasets", "t5x"},
     "stores": {"jax", "flax", "optax", "tensorflow", "seqio", "tensorflow_datasets"},
     "checkpointing": {"seqio", "tensorflow_datasets"},
+    "prompting": {"jax", "flax", "optax", "tensorflow", "seqio", "tensorflow_datasets"},
 }
 # Imported only inside functions, where a wing module may import them at all.
 LAZY_LIBRARIES = {"checkpointing": {"tensorflow"}}
@@ -180,7 +182,8 @@ def test_every_library_module_is_in_a_wing():
 
 
 ENTRY_POINTS = ("train", "eval", "infer", "score", "report", "export_hf", "inspect_task",
-                "divergence", "rir", "best_checkpoint", "gin_utils", "console", "stderr_filter")
+                "divergence", "rir", "best_checkpoint", "gin_utils", "console", "stderr_filter",
+                "prompt")
 
 
 def test_wings_import_only_what_their_rule_allows():

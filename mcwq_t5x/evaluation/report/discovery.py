@@ -89,8 +89,22 @@ def discover(results_dir: str | pathlib.Path, eval_split: str = "test") -> list[
       split = m.group("split")
       mode = "zeroshot" if "zeroshot" in rel_dirs else "monolingual"
       model = rel_dirs[0] if rel_dirs and rel_dirs[0] not in MODES else root.resolve().name
+      model = prompting_system(path) or model
     found.append(PredictionFile(model, mode, split, m.group("lang"), bool(m.group("gold")), path))
   return sorted(found, key=lambda f: (f.model, f.mode, f.split, f.language, f.gold))
+
+
+def prompting_system(path: pathlib.Path) -> Optional[str]:
+  """The system name of a `mcwq_t5x.prompt` run (its run.json beside `path`, "kind": "prompting",
+  e.g. "llama-3-8b_8shot_cover", "ORACLE_..." for an oracle selection), else None."""
+  run_json = path.parent / "run.json"
+  if not run_json.is_file():
+    return None
+  try:
+    run = json.loads(run_json.read_text(encoding="utf-8"))
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    return None
+  return run.get("system") if isinstance(run, dict) and run.get("kind") == "prompting" else None
 
 
 def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFile]:

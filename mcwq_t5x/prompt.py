@@ -1,0 +1,236 @@
+"""In-context semantic parsing of MCWQ with a large language model (issue 54).
+
+  python -m mcwq_t5x.prompt --task mcwq_mcd1_he --split test --base_url http://localhost:8000/v1
+      --model NAME --shots 8 --selection {random,similar,cover,oracle_compounds} --out DIR
+      [--demo_language {same,en}] [--max_examples N] [--concurrency N] [--requests_per_s R]
+      [--seed S] [--max_tokens N] [--timeout S] [--retries N] [--api_key_env NAME]
+  python -m mcwq_t5x.prompt --task mcwq_mcd1_en --split test --model nearest_neighbour
+      --selection similar --shots 1 --out DIR      # the retrieval baseline, no server
+
+Writes to DIR, whole or not at all: `predictions.txt` (RIR, one line per example, line-parallel
+with the split or its first `--max_examples` lines; a response with no parseable query is an
+empty line, a syntax error for `mcwq_t5x.score`), `targets.txt` (the gold RIR of the same lines),
+`responses.jsonl` (per example the raw response, the demonstrations' ids, the error if any),
+`requests.jsonl` (the crash-safe request cache: a rerun sends no request twice) and `run.json`
+(server, model, parameters, selection, demonstrations per example, token usage; never the key).
+A run over a whole test part also writes `predictions_{split}_{lang}.txt`, which
+`python -m mcwq_t5x.report RESULTS_DIR` finds and names after run.json's system (model, shots,
+selection; ORACLE_ first for an oracle selection). Score with `python -m mcwq_t5x.score --predictions DIR/predictions.txt --targets DIR/targets.txt`.
+
+Demonstrations come from the split's train part, or its dev part where there is none (a log line
+says so; the shared copy mirrors only dev and test). The API key is read from the environment
+variable `--api_key_env` (default OPENAI_API_KEY; "EMPTY" when unset, as local servers accept).
+Exit status 1 when a request failed for good (the finished ones stay cached; rerun to resume).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import sys
+import tempfile
+from typing import Any, Optional, Sequence
+
+from mcwq_t5x.data import readers
+from mcwq_t5x.prompting import client as client_lib
+from mcwq_t5x.prompting import prompt_format
+from mcwq_t5x.prompting import selection as selection_lib
+
+OFFLINE_MODEL = "nearest_neighbour"
+_TASK = re.compile(r"^mcwq_(?P<split>.+)_(?P<language>[a-z]{2})$")
+
+
+def parse_task(task: str) -> tuple[str, str]:
+  """("mcd1", "he") from "mcwq_mcd1_he" (the SeqIO task names of `tasks/mcwq.py`).
+
+  Raises:
+    ValueError: a name not of the form mcwq_{split}_{lang}.
+  """
+  m = _TASK.match(task)
+  if not m or "zeroshot" in task or task.endswith("multilingual"):
+    raise ValueError(f"--task {task!r}: expected mcwq_{{split}}_{{lang}}, e.g. mcwq_mcd1_he")
+  return m.group("split"), m.group("language")
+
+
+def system_name(model: str, shots: int, selection: str, demo_language: str) -> str:
+  """The report's name of a run, e.g. "llama-3-8b_8shot_cover" ("ORACLE_..." for an oracle
+  selection); no space or slash (it names figure files)."""
+  name = f"{re.sub(r'[^A-Za-z0-9._+-]+', '-', model)}_{shots}shot_{selection}"
+  if demo_language == "en":
+    name += "_en-demos"
+  return f"ORACLE_{name}" if selection in selection_lib.ORACLE_METHODS else name
+
+
+def _write_whole(path: pathlib.Path, text: str) -> None:
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)  # why: a reader never sees half a file
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m mcwq_t5x.prompt", description=__doc__.split("\n")[0])
+  p.add_argument("--task", required=True, help="e.g. mcwq_mcd1_he")
+  p.add_argument("--split", default="test", choices=("dev", "test"), help="the part to answer")
+  p.add_argument("--base_url", default=None, help="OpenAI API root, e.g. http://localhost:8000/v1")
+  p.add_argument("--model", required=True, help=f"the server's model name, or {OFFLINE_MODEL}")
+  p.add_argument("--shots", type=int, default=8)
+  p.add_argument("--selection", default="cover", choices=selection_lib.METHODS)
+  p.add_argument("--demo_language", default="same", choices=("same", "en"))
+  p.add_argument("--max_examples", type=int, default=None, help="answer the first N only")
+  p.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
+  p.add_argument("--requests_per_s", type=float, default=0.0, help="rate limit; 0 = none")
+  p.add_argument("--seed", type=int, default=0, help="random selection and the server's seed")
+  p.add_argument("--max_tokens", type=int, default=512)
+  p.add_argument("--timeout", type=float, default=120.0, help="seconds per attempt")
+  p.add_argument("--retries", type=int, default=5, help="retries on 429, 5xx, connection errors")
+  p.add_argument("--max_retry_after", type=float, default=600.0)
+  p.add_argument("--api_key_env", default="OPENAI_API_KEY")
+  p.add_argument("--data_dir", default=None)
+  p.add_argument("--out", required=True)
+  return p
+
+
+def _pool(split: str, language: str, data_dir: Optional[str]) -> tuple[str, list[readers.Example]]:
+  parts = readers.available_parts(split, language, data_dir)
+  if "train" in parts:
+    return "train", readers.read_split(split, "train", language, data_dir)
+  print(
+      f"note: {split} has no train part here; demonstrations come from its dev part",
+      file=sys.stderr)
+  return "dev", readers.read_split(split, "dev", language, data_dir)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    split, language = parse_task(args.task)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  offline = args.model == OFFLINE_MODEL
+  if offline and (args.selection != "similar" or args.shots != 1):
+    print(
+        f"error: --model {OFFLINE_MODEL} is the retrieval baseline: it needs --selection "
+        "similar --shots 1",
+        file=sys.stderr)
+    return 2
+  if not offline and not args.base_url:
+    print("error: --base_url is required (or --model nearest_neighbour)", file=sys.stderr)
+    return 2
+  examples = readers.read_split(split, args.split, language, args.data_dir)
+  if args.max_examples is not None:
+    examples = examples[:args.max_examples]
+  pool_part, pool = _pool(split, language, args.data_dir)
+  shown = pool if args.demo_language == "same" else readers.read_split(
+      split, pool_part, "en", args.data_dir)  # why: the language files are line-parallel
+  leave_out = pool_part == args.split  # why: never show a test example as its own demonstration
+  selector = selection_lib.Selector([e.question for e in pool], [e.sparql for e in pool], language,
+                                    args.seed)
+  demos = []
+  for i, ex in enumerate(examples):
+    chosen = selector.select(args.selection, ex.question, args.shots + leave_out, i, ex.sparql)
+    demos.append([j for j in chosen if not (leave_out and j == i)][:args.shots])
+  prompts = [
+      prompt_format.render([(shown[j].question, shown[j].sparql)
+                            for j in d], ex.question)
+      for ex, d in zip(examples, demos)
+  ]
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  params = {"temperature": 0.0, "seed": args.seed, "max_tokens": args.max_tokens}
+  results: list[dict[str, Any]] = [{} for _ in examples]
+  failures: list[str] = []
+  if offline:
+    for i, d in enumerate(demos):
+      results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
+  else:
+    chat = client_lib.ChatClient(
+        args.base_url,
+        args.model,
+        os.environ.get(args.api_key_env) or "EMPTY",
+        params,
+        out / "requests.jsonl",
+        min_interval_s=1.0 / args.requests_per_s if args.requests_per_s > 0 else 0.0,
+        timeout_s=args.timeout,
+        max_retries=args.retries,
+        max_retry_after_s=args.max_retry_after)
+
+    def one(i: int) -> None:
+      try:
+        results[i] = chat.complete(prompts[i])
+      except client_lib.RequestFailed as e:
+        failures.append(f"example {i + 1}: {e}")
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.concurrency)) as executor:
+      list(executor.map(one, range(len(examples))))
+  if failures:
+    for f in failures[:10]:
+      print(f"error: {f}", file=sys.stderr)
+    print(
+        f"error: {len(failures)} request(s) failed; {len(examples) - len(failures)} answered "
+        f"and cached in {out / 'requests.jsonl'}; rerun to resume",
+        file=sys.stderr)
+    return 1
+  predictions = [prompt_format.to_rir(r.get("text")) for r in results]
+  usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+  for r in results:
+    for k in usage:
+      usage[k] += int((r.get("usage") or {}).get(k) or 0)
+  ids = [[f"{pool_part}:{pool[j].line}" for j in d] for d in demos]
+  responses = [
+      json.dumps(
+          {
+              "line": ex.line,
+              "demonstrations": d,
+              "response": r.get("text"),
+              "error": r.get("error"),
+              "prediction": p,
+              "cached": r.get("cached")
+          },
+          ensure_ascii=False) for ex, d, r, p in zip(examples, ids, results, predictions)
+  ]
+  run = {
+      "kind": "prompting",
+      "system": system_name(args.model, args.shots, args.selection, args.demo_language),
+      "oracle": args.selection in selection_lib.ORACLE_METHODS,
+      "task": args.task,
+      "split": split,
+      "language": language,
+      "part": args.split,
+      "n_examples": len(examples),
+      "server": None if offline else args.base_url,
+      "model": args.model,
+      "parameters": params,
+      "shots": args.shots,
+      "selection": args.selection,
+      "demo_language": args.demo_language,
+      "demonstration_part": pool_part,
+      "seed": args.seed,
+      "demonstrations": ids,
+      "usage": usage,
+      "syntax_errors": sum(not p for p in predictions),
+      "context_length_errors": sum(bool(r.get("error")) for r in results),
+      "requests_sent": 0 if offline else chat.sent,
+      "retries": 0 if offline else chat.retries,
+      "cached_answers": sum(bool(r.get("cached")) for r in results),
+  }
+  _write_whole(out / "responses.jsonl", "".join(r + "\n" for r in responses))
+  _write_whole(out / "targets.txt", "".join(e.rir + "\n" for e in examples))
+  _write_whole(out / "predictions.txt", "".join(p + "\n" for p in predictions))
+  _write_whole(out / "run.json", json.dumps(run, indent=1, ensure_ascii=False) + "\n")
+  if args.split == "test" and args.max_examples is None:  # why: the report reads whole test sets
+    _write_whole(out / f"predictions_{split}_{language}.txt",
+                 "".join(p + "\n" for p in predictions))
+  exact = sum(p == e.rir for p, e in zip(predictions, examples))
+  print(f"{run['system']}: {len(examples)} examples, exact match "
+        f"{100.0 * exact / max(1, len(examples)):.2f}%, {run['syntax_errors']} without a query, "
+        f"{run['cached_answers']} from the cache, {usage['total_tokens']} tokens")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,216 @@
+"""The prompting path of issue 54 on the shared data: selection, prompt, the OpenAI-protocol
+server of the tests (answering through the nearest-neighbour baseline), parsing, cache, scoring,
+the error cases, and the API key kept out of every file."""
+import json
+import sys
+
+import pytest
+
+from mcwq_t5x import prompt as prompt_main
+from mcwq_t5x.data import readers
+from mcwq_t5x.data import rir
+from mcwq_t5x.evaluation import metrics
+from mcwq_t5x.prompting import client as client_lib
+from mcwq_t5x.prompting import prompt_format
+from mcwq_t5x.prompting import selection as selection_lib
+import local_http
+import mains
+
+SECRET = "sk-test-secret-0123456789"
+TASK = ["--task", "mcwq_mcd1_he", "--split", "test", "--max_examples", "6"]
+
+
+def _prompt(out, *extra, env=None, check=True):
+  return mains.python_m(
+      "mcwq_t5x.prompt", *TASK, "--out", str(out), *extra, env=env, check=check, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+  out = tmp_path_factory.mktemp("nn")
+  _prompt(out, "--model", "nearest_neighbour", "--selection", "similar", "--shots", "1")
+  return out
+
+
+def test_parse_task_and_system_names():
+  assert prompt_main.parse_task("mcwq_random_split_zh") == ("random_split", "zh")
+  with pytest.raises(ValueError, match="mcwq_mcd1_he"):
+    prompt_main.parse_task("mcwq_mcd1_zeroshot_he")
+  assert prompt_main.system_name("m", 8, "oracle_compounds", "same") == \
+      "ORACLE_m_8shot_oracle_compounds"
+  assert prompt_main.system_name("org/M 7b", 8, "cover", "en") == "org-M-7b_8shot_cover_en-demos"
+
+
+def test_extract_and_convert_a_real_query():
+  ex = readers.read_split("mcd1", "test", "kn")[0]
+  fenced = f"The query is:\n```sparql\n{ex.sparql.replace(' . ', ' .' + chr(10))}\n```\nDone."
+  assert prompt_format.to_rir(fenced) == ex.rir
+  assert prompt_format.to_rir(f"SPARQL: {ex.sparql}") == ex.rir
+  assert prompt_format.to_rir("I do not know.") == ""
+  assert prompt_format.to_rir("SELECT ?x WHERE { ?x") == ""  # truncated: no closing brace
+  assert metrics.classify_error(ex.rir, "") == metrics.SYNTAX_ERROR
+
+
+def test_selection_methods_on_shared_dev():
+  pool = readers.read_split("mcd1", "dev", "en")[:400]
+  test = readers.read_split("mcd1", "test", "en")[:20]
+  sel = selection_lib.Selector([e.question for e in pool], [e.sparql for e in pool], "en", seed=3)
+  assert sel.select("random", "q", 8, index=5) == sel.select("random", "other", 8, index=5)
+  assert sel.select("random", "q", 8, index=5) != sel.select("random", "q", 8, index=6)
+  cover, oracle, similar = [], [], []
+  for i, ex in enumerate(test):
+    units = selection_lib.cover_units(ex.question, "en")
+    c = sel.select("cover", ex.question, 4, i)
+    s = sel.select("similar", ex.question, 4, i)
+    assert len(c) == len(set(c)) == 4
+    got = set().union(*(selection_lib.cover_units(pool[j].question, "en") for j in c))
+    top = set().union(*(selection_lib.cover_units(pool[j].question, "en") for j in s))
+    cover.append(len(units & got))
+    similar.append(len(units & top))
+    o = sel.select("oracle_compounds", ex.question, 4, i, ex.sparql)
+    oracle.append(selection_lib.compound_coverage(ex.sparql, [pool[j].sparql for j in o]))
+    assert oracle[-1] >= selection_lib.compound_coverage(ex.sparql, [pool[j].sparql for j in s])
+  assert sum(cover) > sum(similar)  # the cover covers more of the question than the top 4
+  assert 0.5 < sum(oracle) / len(oracle) <= 1.0
+  zh = selection_lib.tokens("M0的导演是谁？", "zh")
+  assert zh == ["m0", "的", "导", "演", "是", "谁"]
+
+
+def test_end_to_end_through_a_server_equals_the_baseline(baseline, tmp_path):
+  gold = readers.read_split("mcd1", "test", "he")[:6]
+  predictions = (baseline / "predictions.txt").read_text(encoding="utf-8").splitlines()
+  run = json.loads((baseline / "run.json").read_text(encoding="utf-8"))
+  assert len(predictions) == 6 and run["demonstration_part"] == "dev"
+  assert all(rir.rir_to_sparql(p) for p in predictions)  # copies of real queries: all parse
+  assert run["system"] == "nearest_neighbour_1shot_similar"
+  with local_http.serve(local_http.ChatCompletions, seen=[], script=[]) as server:
+    out = tmp_path / "llm"
+    env = {"MCWQ_TEST_KEY": SECRET}
+    args = ("--base_url", server.base + "/v1", "--model", "test-model", "--shots", "1",
+            "--selection", "similar", "--api_key_env", "MCWQ_TEST_KEY")
+    first = _prompt(out, *args, env=env)
+    assert server.requests == 6
+    assert {auth for _, auth in server.seen} == {f"Bearer {SECRET}"}
+    request = server.seen[0][0]
+    assert request["temperature"] == 0.0 and request["seed"] == 0 and request["model"] == \
+        "test-model"
+    assert (out / "predictions.txt").read_text(encoding="utf-8").splitlines() == predictions
+    again = _prompt(out, *args, env=env)
+    assert server.requests == 6  # every answer came from the cache
+    assert "6 from the cache" in again.stdout
+  run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+  assert run["server"] == server.base + "/v1" and run["model"] == "test-model"
+  assert run["demonstrations"][0][0].startswith("dev:") and len(run["demonstrations"]) == 6
+  assert run["usage"]["prompt_tokens"] > 6 * 20
+  for path in out.iterdir():
+    assert SECRET not in path.read_text(encoding="utf-8"), path
+  assert SECRET not in first.stdout + first.stderr + again.stdout + again.stderr
+  scored = mains.python_m(
+      "mcwq_t5x.score",
+      "--predictions",
+      str(out / "predictions.txt"),
+      "--targets",
+      str(out / "targets.txt"),
+      timeout=120)
+  exact = sum(p == g.rir for p, g in zip(predictions, gold))
+  assert json.loads(scored.stdout)["exact_match"] == pytest.approx(100.0 * exact / 6)
+
+
+def test_errors_are_retried_or_named(tmp_path):
+  sleeps = []
+  script = [(429, {
+      "Retry-After": "7"
+  }, {
+      "error": {
+          "message": "slow down"
+      }
+  }), (500, {}, {
+      "error": {
+          "message": "boom"
+      }
+  })]
+  with local_http.serve(local_http.ChatCompletions, seen=[], script=script) as server:
+    chat = client_lib.ChatClient(
+        server.base + "/v1",
+        "m",
+        "k", {"temperature": 0.0},
+        tmp_path / "c.jsonl",
+        sleep=sleeps.append,
+        backoff_s=1.0)
+    answer = chat.complete("Question: q\nSPARQL: ASK WHERE { M0 wdt:P57 M1 }\n")
+    assert answer["text"] == "```sparql\nASK WHERE { M0 wdt:P57 M1 }\n```"
+    assert sleeps == [7.0, 2.0] and server.requests == 3 and chat.retries == 2
+    server.script.append((400, {}, {
+        "error": {
+            "message": "This model's maximum context length "
+                       "is 4096 tokens",
+            "code": "context_length_exceeded"
+        }
+    }))
+    refused = chat.complete("a long prompt")
+    assert refused["text"] is None and "maximum context length" in refused["error"]
+    assert chat.complete("a long prompt")["cached"]  # not sent again
+    server.script.append((429, {"Retry-After": "9999"}, {"error": {"message": "quota"}}))
+    with pytest.raises(client_lib.RequestFailed, match="9999"):
+      chat.complete("another prompt")
+    server.script.extend([(503, {}, {"error": {"message": "down"}})] * 2)
+    with pytest.raises(client_lib.RequestFailed, match="503 after 2 attempts"):
+      client_lib.ChatClient(
+          server.base + "/v1", "m", "k", {}, None, max_retries=1, sleep=sleeps.append).complete("p")
+    server.script.append("hang")
+    server.hang_s = 3.0
+    before = server.requests
+    with pytest.raises(client_lib.RequestFailed, match="time-out"):
+      client_lib.ChatClient(
+          server.base + "/v1", "m", "k", {}, None, timeout_s=0.5,
+          sleep=sleeps.append).complete("p2")
+    assert server.requests == before + 1  # a time-out is not retried
+
+
+def test_main_counts_no_query_and_context_length_and_resumes_after_a_stop(tmp_path):
+  context = (400, {}, {"error": {"message": "maximum context length exceeded"}})
+  script = ["noquery", context] + [(500, {}, {"error": {"message": "quota"}})] * 4
+  with local_http.serve(local_http.ChatCompletions, seen=[], script=script) as server:
+    args = ("--base_url", server.base + "/v1", "--model", "m", "--shots", "2", "--selection",
+            "cover", "--retries", "0", "--concurrency", "1")
+    stopped = _prompt(tmp_path, *args, check=False)
+    assert stopped.returncode == 1 and "4 request(s) failed" in stopped.stderr
+    assert not (tmp_path / "predictions.txt").exists()  # whole or not at all
+    assert server.requests == 6
+    _prompt(tmp_path, *args)
+    assert server.requests == 6 + 4  # the no-query and context-length answers were cached
+  run = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
+  predictions = (tmp_path / "predictions.txt").read_text(encoding="utf-8").split("\n")
+  assert run["syntax_errors"] >= 2 and run["context_length_errors"] == 1
+  assert predictions[0] == "" and predictions[1] == ""
+  responses = [json.loads(l) for l in (tmp_path / "responses.jsonl").read_text().splitlines()]
+  assert responses[0]["response"] == "I cannot answer that."
+  assert responses[1]["error"].startswith("context_length")
+
+
+def test_oracle_is_named_and_offline_baseline_needs_similar_1(tmp_path):
+  bad = _prompt(tmp_path, "--model", "nearest_neighbour", "--shots", "8", check=False)
+  assert bad.returncode == 2 and "--selection similar --shots 1" in bad.stderr
+  probe = mains.run([
+      sys.executable, "-c", "import sys, mcwq_t5x.prompt; "
+      "print(sorted(m for m in ('jax', 'tensorflow', 'seqio') if m in sys.modules))"
+  ])
+  assert probe.stdout.strip() == "[]"
+
+
+def test_report_discovers_a_prompting_run_as_its_own_system(tmp_path):
+  from mcwq_t5x.evaluation.report import discovery  # pylint: disable=import-outside-toplevel
+  run_dir = tmp_path / "llm_cover"
+  run_dir.mkdir()
+  (run_dir / "predictions_mcd1_he.txt").write_text("x\n", encoding="utf-8")
+  (run_dir / "run.json").write_text(
+      json.dumps({
+          "kind": "prompting",
+          "system": "ORACLE_m_8shot_oracle_compounds"
+      }))
+  other = tmp_path / "mt5_small"
+  other.mkdir()
+  (other / "predictions_mcd1_he.txt").write_text("x\n", encoding="utf-8")
+  found = discovery.discover(tmp_path)
+  assert sorted(f.model for f in found) == ["ORACLE_m_8shot_oracle_compounds", "mt5_small"]
+  assert {f.split for f in found} == {"mcd1"} and {f.language for f in found} == {"he"}
