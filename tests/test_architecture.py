@@ -296,6 +296,12 @@ TESTED_IN = {
         "tests/unit/evaluation/test_score.py",
     "mcwq_t5x.evaluation.published":
         "tests/unit/evaluation/test_report.py",
+    "mcwq_t5x.prompting.client":
+        "tests/unit/prompting/test_prompting.py",
+    "mcwq_t5x.prompting.prompt_format":
+        "tests/unit/prompting/test_prompting.py",
+    "mcwq_t5x.prompting.selection":
+        "tests/unit/prompting/test_prompting.py",
     "mcwq_t5x.stores.cache":
         "tests/unit/stores/test_endpoint.py",
     "mcwq_t5x.stores.flags":
