@@ -2,7 +2,8 @@
 prints its figures: one line per system, and the ratio line last.
 
 Speed itself is never asserted (the figures depend on the machine). One tiny run of two modes, as
-one command, on 64 of the 155 Hebrew gold questions: the epoch mode (a 1-layer width-32 network; our
+one command, on 16 of the 155 Hebrew gold questions (the plumbing, not an epoch: a step or two,
+two decode batches): the epoch mode (a 1-layer width-32 network; our
 real training path, `mcwq_t5x.train.train`, against transformers; on 1 XLA device, the
 default, the program compiles in a quarter less CPU time than on 2, whose data-parallel mesh the
 partitioning and multi-process tests cover; the fixed-shape mode times a plain step loop of the
@@ -24,12 +25,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 TINY = [
-    "--modes", "epoch,decode", "--task", "mcwq_gold_he", "--split", "test", "--max_examples", "64",
+    "--modes", "epoch,decode", "--task", "mcwq_gold_he", "--split", "test", "--max_examples", "16",
     "--emb_dim", "32", "--num_heads", "2", "--head_dim", "16", "--mlp_dim", "64", "--num_layers",
-    "1", "--batch_size", "16", "--decode_methods", "greedy", "--decode_batch_size", "16",
+    "1", "--batch_size", "8", "--decode_methods", "greedy", "--decode_batch_size", "8",
     "--input_length", "40", "--target_length", "128"
 ]
-DECODE_QUESTIONS = 64
+DECODE_QUESTIONS = 16
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,15 @@ def test_epoch_prints_both_systems_the_flop_rate_and_the_ratio(lines):
   runs = [l for l in lines if re.match(r"^\s*(ours|hf) (epoch|fixed) +[\d.]+ ex/s", l)]
   assert len(runs) == 2, lines
   for line in runs:
-    rate, tokens, seconds, rss = map(
+    rate, tokens, seconds, rss, steps = map(
         float,
-        re.search(r"([\d.]+) ex/s\s+([\d.]+) tgt tok/s\s+([\d.]+) s\s+([\d.]+) GiB", line).groups())
-    assert rate > 0 and tokens > rate and seconds > 0 and 0.1 < rss < 24, line
+        re.search(
+            r"([\d.]+) ex/s\s+([\d.]+) tgt tok/s\s+([\d.]+) s\s+([\d.]+) GiB peak RSS  "
+            r"\((\d+) steps\)", line).groups())
+    # 16 examples: transformers' epoch may print 0.0 s (one decimal; its rate is over the real
+    # time), ours counts its compilation
+    assert rate > 0 and tokens > rate and 0.1 < rss < 24 and steps >= 1, line
+    assert seconds > 0 or line.lstrip().startswith("hf "), line
   # The run's peak: the fastest of the kernels each worker timed in its own process.
   peak_lines = [l for l in lines if l.startswith("matmul peak: ")]
   assert len(peak_lines) == 1, lines
@@ -67,7 +73,8 @@ def test_epoch_prints_both_systems_the_flop_rate_and_the_ratio(lines):
         re.fullmatch(
             rf"{system} epoch: ([\d.]+) GFLOP/s of ([\d.]+) GFLOP/s matmul peak "
             r"\(([\d.]+)%\)", flops[0]).groups())
-    assert 0 < achieved and peak == float(top) and share == pytest.approx(
+    # >= 0: ours on 16 examples, its compilation counted, prints 0.0 GFLOP/s (one decimal)
+    assert 0 <= achieved and peak == float(top) and share == pytest.approx(
         100 * achieved / peak, abs=0.6)
   assert re.fullmatch(r"epoch ratio ours/hf: \d+\.\d\d", lines[-1]), lines[-3:]
   assert not any("fixed-shape" in l for l in lines)
