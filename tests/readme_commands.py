@@ -33,6 +33,7 @@ PAGES = (
     "docs/dataset_creation.md",
     "docs/splits.md",
     "docs/glossary.md",
+    "docs/llm.md",
 )
 TEST_COMMAND = 'pip install -e ".[test]" && bash scripts/install_t5x.sh && python -m pytest -q tests'
 
