@@ -1,6 +1,7 @@
 """Tests of mcwq_t5x.evaluation.prediction with a tiny model and inputs built here: decoding a dataset in
 batches (sorted by length, last batch padded, batch sizes rounded to the data-parallel devices)
 gives, row for row, what the model decodes for the whole array at once."""
+import contextlib
 import json
 
 import jax
@@ -229,22 +230,43 @@ def test_evaluate_split_gives_seqios_metrics_and_predictions(name):
                                      for m in ("bleu", "exact_match"))
 
 
+@contextlib.contextmanager
+def _validation_task(name: str, questions: list[str], **metrics):
+  """Registers a SeqIO task `name` whose validation split is `questions` with three fixed RIR
+  targets, tokenised as the MCWQ tasks are (`metrics`: `metric_fns=` or `metric_objs=`); removes
+  it on exit."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tasks.mcwq  # pylint: disable=g-import-not-at-top
+
+  def source(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({
+        "inputs": questions,
+        "targets": ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
+    })
+
+  seqio.TaskRegistry.add(
+      name,
+      source=seqio.FunctionDataSource(source, splits=["validation"]),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+      output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features,
+      postprocess_fn=tasks.mcwq.postprocess_query,
+      **metrics)
+  try:
+    yield name
+  finally:
+    seqio.TaskRegistry.remove(name)
+
+
 def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
   """A task whose metric is a `metric_objs` entry (not a `metric_fns` function) is evaluated by
   `seqio.Evaluator` itself; an otherwise equal task with the function as `metric_fns` takes the
   batched path; both give the same metric and predictions."""
   import seqio  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tasks.mcwq  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-
-  def source(split, shuffle_files, seed=None):
-    del split, shuffle_files, seed
-    return tf.data.Dataset.from_tensor_slices({
-        "inputs": ["Did M0 direct M1", "Who edited M0", "Was M1 a film"],
-        "targets": ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
-    })
 
   def infer_fn(params, arrays):
     del params
@@ -265,21 +287,12 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
   }
   results = {}
   for kind, kwargs in metric_kwargs.items():
-    name = f"test_prediction_{kind}"
-    seqio.TaskRegistry.add(
-        name,
-        source=seqio.FunctionDataSource(source, splits=["validation"]),
-        preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
-        output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features,
-        postprocess_fn=tasks.mcwq.postprocess_query,
-        **kwargs)
-    try:
+    questions = ["Did M0 direct M1", "Who edited M0", "Was M1 a film"]
+    with _validation_task(f"test_prediction_{kind}", questions, **kwargs) as name:
       cfg = pipeline.DatasetConfig(name, None, "validation", 2, shuffle=False)
       evaluator = prediction.make_evaluator(cfg)
       assert isinstance(evaluator, prediction.EvalSplit) == (kind == "metric_fns")
       results[kind] = prediction.evaluate_split(cfg, infer_fn, None, evaluator=evaluator)
-    finally:
-      seqio.TaskRegistry.remove(name)
   assert results["metric_fns"] == results["metric_objs"]
   assert results["metric_fns"][0] == {"exact_match": pytest.approx(200 / 3)}
   assert results["metric_fns"][1][0] == "ASK WHERE lb M0 wdt:P57 M1 rb"
@@ -290,28 +303,12 @@ def test_an_over_long_example_is_refused_before_compiling():
   of 10,000+ tokens is refused naming the example, its length and the setting (before the fix it
   became the padded length: a 5 MiB question died in XLA with RESOURCE_EXHAUSTED); an explicit
   inputs length truncates it as T5X does."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tasks.mcwq  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
-  def source(split, shuffle_files, seed=None):
-    del split, shuffle_files, seed
-    return tf.data.Dataset.from_tensor_slices({
-        "inputs": ["Did M0 direct M1", "Who edited M0 " * 2500, "Was M1 a film"],
-        "targets": ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
-    })
-
-  name = "test_prediction_too_long"
-  seqio.TaskRegistry.add(
-      name,
-      source=seqio.FunctionDataSource(source, splits=["validation"]),
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
-      output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features,
-      postprocess_fn=tasks.mcwq.postprocess_query,
-      metric_fns=[metrics_lib.exact_match_metric])
-  try:
+  questions = ["Did M0 direct M1", "Who edited M0 " * 2500, "Was M1 a film"]
+  with _validation_task(
+      "test_prediction_too_long", questions, metric_fns=[metrics_lib.exact_match_metric]) as name:
     cfg = pipeline.DatasetConfig(name, None, "validation", 2, shuffle=False)
     with pytest.raises(
         prediction.ExampleTooLongError,
@@ -321,8 +318,6 @@ def test_an_over_long_example_is_refused_before_compiling():
     cfg = pipeline.DatasetConfig(name, {"inputs": 64}, "validation", 2, shuffle=False)
     split = prediction.make_evaluator(cfg)
     assert split.sequence_length["inputs"] == 64
-  finally:
-    seqio.TaskRegistry.remove(name)
 
 
 def test_a_rewrite_on_a_full_disk_keeps_the_previous_predictions_and_metrics(tmp_path, full_disk):
