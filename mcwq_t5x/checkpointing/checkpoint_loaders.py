@@ -117,7 +117,7 @@ def load_params(path: checkpoint_paths.PathLike,
   (`jax.ShapeDtypeStruct`s) give the result's dtypes and shardings, else float32 numpy.
 
   Raises:
-    NotACheckpointError (no such path), ValueError (no checkpoint, unreadable files),
+    NotACheckpointError (no such path, no checkpoint there), ValueError (unreadable files),
     CheckpointMismatchError (each differing parameter named), IncompleteCheckpointError,
     UnreadableCheckpointError, NoUsableCheckpointError.
   """

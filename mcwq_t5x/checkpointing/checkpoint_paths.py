@@ -203,9 +203,9 @@ def locate(path: PathLike) -> tuple[str, pathlib.Path]:
   T5X-native checkpoint (FORMAT_T5X).
 
   Raises:
-    NotACheckpointError: (a FileNotFoundError) `path` does not exist (and is no URL); the
-      message says what was looked for.
-    ValueError: `path` exists but holds none of the formats (the message lists them).
+    NotACheckpointError: (a FileNotFoundError) `path` does not exist, or holds none of the
+      formats (an empty `checkpoint_<step>` folder, say): the message names `path`, what it
+      holds and what was looked for.
   """
   p = pathlib.Path(path)
   try:
@@ -223,8 +223,24 @@ def locate(path: PathLike) -> tuple[str, pathlib.Path]:
   native = t5x_native_folder(p)
   if native is not None:
     return FORMAT_T5X, native
-  looked_for = "; or ".join(FORMAT_DESCRIPTIONS[f] for f in (FORMAT_HF, FORMAT_T5X, FORMAT_ORBAX))
-  raise ValueError(f"{p}: not a checkpoint: expected {looked_for}")
+  if step_of(p.name) is not None and p.is_dir():  # why: a step folder's items are all it can hold
+    looked_for = (f"its '{STATE_ITEM}/' Orbax item (mcwq_t5x.train, t5x.train) or a "
+                  f"'{T5X_MSGPACK_FILE}' msgpack file (T5X)")
+  else:
+    looked_for = "; or ".join(FORMAT_DESCRIPTIONS[f] for f in (FORMAT_HF, FORMAT_T5X, FORMAT_ORBAX))
+  raise NotACheckpointError(f"{p}: not a checkpoint: {_holding(p)}; expected {looked_for}")
+
+
+def _holding(p: pathlib.Path, shown: int = 5) -> str:
+  """What `p` holds, in a few words: "the folder is empty", "the folder holds no checkpoint
+  files (it has: a, b)", "a file" or "no such file or folder"."""
+  if p.is_dir():
+    names = sorted(c.name + ("/" if c.is_dir() else "") for c in p.iterdir())
+    if not names:
+      return "the folder is empty"
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return f"the folder holds no checkpoint files (it has: {', '.join(names[:shown])}{more})"
+  return "a file" if p.exists() else "no such file or folder"
 
 
 def detect_format(path: PathLike) -> str:

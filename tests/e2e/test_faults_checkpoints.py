@@ -1,8 +1,9 @@
 """The mains on faulty checkpoints and output folders, each run as users run
 it, in a fresh process, with a very small model and a few steps on real MCWQ text: a disk that
 fills up while a checkpoint is written, a corrupt newest checkpoint (eval falls back, a resumed
-run moves it aside), the metric rows of a resumed run, an unwritable EVAL_OUTPUT_DIR, a second
-training of a MODEL_DIR in use, a SIGTERM (a scheduler's preemption notice)."""
+run moves it aside), a checkpoint folder without checkpoint files, the metric rows of a resumed
+run, an unwritable EVAL_OUTPUT_DIR, a second training of a MODEL_DIR in use, a SIGTERM (a
+scheduler's preemption notice)."""
 import json
 import os
 import pathlib
@@ -128,6 +129,31 @@ def test_eval_checks_its_output_folder_before_loading(tmp_path):
       f"mcwq_t5x.evaluation.prediction.UnwritableOutputError: cannot write to the EVAL_OUTPUT_DIR "
       f"{tmp_path}/file/out (NotADirectoryError: ") in out.stderr, out.stderr[-3000:]
   assert "no checkpoint" not in out.stderr
+
+
+@pytest.mark.parametrize("main", ["infer", "eval"])
+def test_a_checkpoint_folder_without_checkpoint_files_is_one_line(main, tmp_path):
+  """A `checkpoint_<step>` folder that is empty (infer) or holds no checkpoint files (eval): exit
+  1 and one last line naming the folder and what is missing (before the fix: a traceback of
+  `checkpoint_paths.locate`'s ValueError)."""
+  folder = tmp_path / "run/checkpoint_5"
+  folder.mkdir(parents=True)
+  if main == "eval":
+    (folder / "notes.txt").write_text("")
+    args = eval_args(folder, tmp_path / "eval")
+  else:
+    args = [
+        f"--gin_file={MODEL}", "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+        f"--gin.CHECKPOINT_PATH='{folder}'", *mains.gin_flags(mains.SMALL_MODEL)
+    ]
+  out = mains.python_m(f"mcwq_t5x.{main}", *args, input="Did M0 direct M1\n", check=False)
+  assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  holds = ("the folder is empty"
+           if main == "infer" else "the folder holds no checkpoint files (it has: notes.txt)")
+  assert out.stderr.rstrip().splitlines()[-1] == (
+      f"NotACheckpointError: {folder}: not a checkpoint: {holds}; expected its 'state/' Orbax "
+      "item (mcwq_t5x.train, t5x.train) or a 'checkpoint' msgpack file (T5X)"), out.stderr[-3000:]
 
 
 HOLD_EVAL_LOCK = """

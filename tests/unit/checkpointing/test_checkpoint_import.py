@@ -232,7 +232,7 @@ def test_mismatch_names_the_parameter(hf_model, tmp_path):
   t5x_path = t5x_checkpoint_writer.save_t5x_checkpoint(incomplete, tmp_path / "ckpt")
   with pytest.raises(checkpoint_paths.CheckpointMismatchError, match="decoder/decoder_norm/scale"):
     checkpoint_loaders.load_params(t5x_path, config)
-  with pytest.raises(ValueError, match="not a checkpoint"):
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match="not a checkpoint"):
     checkpoint_loaders.load_params(tmp_path, config)
 
 

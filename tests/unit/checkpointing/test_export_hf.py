@@ -462,7 +462,7 @@ def test_export_rejects_another_architecture(tiny_run, spm_path, tmp_path, capsy
       match=r"token_embedder/embedding has shape \(2000, 16\), the model expects "
       r"\(2000, 32\)"):
     export_hf.export_checkpoint(model_dir, tmp_path / "o", model_config=str(wider))
-  with pytest.raises(ValueError, match="not a checkpoint"):
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match="not a checkpoint"):
     export_hf.export_checkpoint(tmp_path, tmp_path / "o", vocab=spm_path)
   assert not (tmp_path / "o").exists()
 
