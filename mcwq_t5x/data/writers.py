@@ -1,8 +1,8 @@
 """Result files written whole or not at all (the counterpart of `readers`).
 
-`write_atomic(path, text)` writes a temporary file in `path`'s own folder, flushes and fsyncs it,
-and moves it onto `path` with `os.replace` (atomic within one file system, POSIX), then fsyncs the
-folder. A reader, a `kill -9` or a power cut therefore sees the previous file or the new one,
+`write_atomic(path, text)` and `open_atomic(path)` (text, or `binary`: a PNG figure) write a
+temporary file in `path`'s own folder, flush and fsync it, and move it onto `path` with
+`os.replace` (atomic within one file system, POSIX), then fsync the folder. A reader, a `kill -9` or a power cut therefore sees the previous file or the new one,
 never a truncated or mixed one; a failed write (a full disk: ENOSPC, EDQUOT) removes the
 temporary file, leaves the previous `path` untouched and raises `ResultWriteError` naming the file.
 A `kill -9` mid-write can leave only a `.<name>.tmp-*` file beside the old result.
@@ -14,7 +14,7 @@ import errno
 import os
 import pathlib
 import tempfile
-from typing import IO, Iterable, Iterator, Union
+from typing import IO, Any, Iterable, Iterator, Union
 
 #: The prefix of the temporary files (`.<name>.tmp-XXXX`) beside the file being written.
 TMP_INFIX = ".tmp-"
@@ -32,8 +32,11 @@ def _message(path: pathlib.Path, e: OSError) -> str:
 
 
 @contextlib.contextmanager
-def open_atomic(path: Union[str, os.PathLike], newline: str | None = None) -> Iterator[IO[str]]:
-  """A text file (UTF-8) opened for writing that replaces `path` only when the `with` block ends
+def open_atomic(path: Union[str, os.PathLike],
+                newline: str | None = None,
+                binary: bool = False) -> Iterator[IO[Any]]:
+  """A file opened for writing, text (UTF-8; `newline` as `open`'s) or with `binary` bytes (a PNG
+  figure: `fig.savefig(f, format="png")`), that replaces `path` only when the `with` block ends
   without an exception (module docstring); the folder is created if needed.
 
   Raises:
@@ -45,7 +48,8 @@ def open_atomic(path: Union[str, os.PathLike], newline: str | None = None) -> It
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same folder: os.replace is only atomic within one file system.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TMP_INFIX}", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as f:
+    text = {} if binary else {"encoding": "utf-8", "newline": newline}
+    with os.fdopen(fd, "wb" if binary else "w", **text) as f:
       yield f
       f.flush()
       os.fsync(f.fileno())  # the data is on disk before the name points at it

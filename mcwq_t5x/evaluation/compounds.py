@@ -38,6 +38,7 @@ import numpy as np
 from mcwq_t5x.data import divergence
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import rir
+from mcwq_t5x.data import writers
 
 #: Lower edges of the buckets of the number of unseen compounds (the last one is open).
 BUCKET_EDGES = (0, 1, 2, 3, 5, 10, 20, 40)
@@ -213,7 +214,8 @@ def plot_by_unseen(runs: Sequence[dict[str, Any]], title: str, path: Any) -> Non
     runs: [{"label": legend text, "by_unseen": `by_unseen` output, optionally with "ci": [low,
       high] per bucket}].
     title: the figure's title.
-    path: the PNG written (matplotlib, Agg).
+    path: the PNG written (matplotlib, Agg), whole or not at all (raises
+      `writers.ResultWriteError`).
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -246,5 +248,8 @@ def plot_by_unseen(runs: Sequence[dict[str, Any]], title: str, path: Any) -> Non
   ax.set_title(title, fontsize=10)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  try:
+    with writers.open_atomic(path, binary=True) as f:  # whole or not at all
+      fig.savefig(f, format="png", dpi=100)
+  finally:
+    plt.close(fig)

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import compounds
 from mcwq_t5x.evaluation import metrics
 from mcwq_t5x.evaluation.report.common import Report
@@ -18,6 +19,16 @@ def _pyplot():
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
+
+
+def save_png(fig, path: pathlib.Path) -> None:
+  """Writes the matplotlib figure `fig` to `path` as a PNG (100 dpi), whole or not at all
+  (`writers.open_atomic`; raises its ResultWriteError), and closes it."""
+  try:
+    with writers.open_atomic(path, binary=True) as f:
+      fig.savefig(f, format="png", dpi=100)
+  finally:
+    _pyplot().close(fig)  # why: a failed write must not leak the figure
 
 
 def plot_error_categories(runs: Sequence[dict], title: str, path: pathlib.Path) -> None:
@@ -37,8 +48,7 @@ def plot_error_categories(runs: Sequence[dict], title: str, path: pathlib.Path) 
   ax.set_title(title)
   ax.legend(title="language")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  save_png(fig, path)
 
 
 def plot_complexity(runs: Sequence[dict], title: str, path: pathlib.Path) -> None:
@@ -57,8 +67,7 @@ def plot_complexity(runs: Sequence[dict], title: str, path: pathlib.Path) -> Non
   ax.set_title(title)
   ax.legend(title="language")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  save_png(fig, path)
 
 
 def figures(report: Report, out_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -41,6 +41,23 @@ def test_a_full_disk_on_a_new_file_leaves_nothing(tmp_path, full_disk):
   assert list(tmp_path.iterdir()) == []  # not even a 0-byte file
 
 
+def test_open_atomic_binary_writes_bytes_whole_or_not_at_all(tmp_path, full_disk):
+  """The binary mode (the report's PNG figures): bytes written as given, no temporary file left;
+  a full disk keeps the previous file."""
+  path = tmp_path / "figure.png"
+  data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40
+  with writers.open_atomic(path, binary=True) as f:
+    f.write(data)
+  assert path.read_bytes() == data and oct(path.stat().st_mode & 0o777) == "0o644"
+  full_disk(100)
+  with pytest.raises(writers.ResultWriteError, match=f"cannot write {path}: .*ENOSPC"):
+    with writers.open_atomic(path, binary=True) as f:
+      f.write(b"new figure")
+      f.write(bytes(1000))
+  assert path.read_bytes() == data
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["figure.png"]
+
+
 def test_a_write_stopped_midway_leaves_the_old_file_whole(tmp_path):
   """What a reader (or the next run, after `kill -9`) sees while the new file is half written:
   the old file, whole, and a temporary file beside it."""

@@ -510,3 +510,24 @@ def test_report_on_a_full_disk_keeps_the_previous_report(tmp_path, capsys, full_
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith(f"error: cannot write {tmp_path}/out/") and "(ENOSPC)" in err[-1]
   assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+
+
+def test_a_full_disk_while_writing_a_figure_keeps_the_previous_png(tmp_path, capsys, full_disk):
+  """The figures are the report's first files: a full disk there ends in one line naming the PNG
+  and leaves every previous file as it was (before the fix matplotlib wrote the PNGs directly,
+  past the full disk, over the previous ones)."""
+  data, results = _fake_release(tmp_path)
+  out = tmp_path / "out"
+  args = [str(results), "--targets_dir", str(data / "translations"), "--out", str(out)]
+  assert report_cli.main(args) == 0
+  for png in out.glob("*.png"):
+    png.write_bytes(b"previous " + png.name.encode())  # differs from what the report draws
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  capsys.readouterr()
+  full_disk(0)
+  assert report_cli.main(args) == 1
+  first = out / "errors_tiny_monolingual_mcd1.png"
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      f"error: cannot write {first}: No space left on device (ENOSPC); nothing was written (the "
+      f"previous {first.name}, if any, is unchanged)")
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file either
