@@ -146,15 +146,41 @@ def _remove(registry, name: str) -> None:
     registry.remove(name)
 
 
+class McwqDataSource(seqio.FunctionDataSource):
+  """The source of one MCWQ split and language (`_dataset_fn`), which also names the file and
+  line each example comes from (`example_location`)."""
+
+  def __init__(self, mcwq_split: str, language: str, data_dir: Optional[str],
+               splits: Sequence[str]):
+    self._read = dict(mcwq_split=mcwq_split, language=language, data_dir=data_dir)
+    super().__init__(dataset_fn=functools.partial(_dataset_fn, **self._read), splits=tuple(splits))
+
+  def example_location(self, split: str, index: int) -> Optional[str]:
+    """"FILE:LINE" (1-based; dataset.json: "FILE, record N") of example `index` (0-based, in the
+    dataset's order) of the seqio `split`, or None when there is none."""
+    if split not in SEQIO_TO_PART:
+      return None
+    args = (self._read["mcwq_split"], SEQIO_TO_PART[split], self._read["language"],
+            self._read["data_dir"])
+    try:
+      examples = readers.read_split(*args)  # why: cached, the examples the dataset was made of
+      layout = readers.split_files(*args)[0]
+    except (OSError, ValueError):  # why: an error message's detail never raises in its place
+      return None
+    if not 0 <= index < len(examples) or not examples[index].source:
+      return None
+    e = examples[index]
+    if layout == "release":  # dataset.json: `line` is the record number
+      return f"{e.source}, record {e.line}"
+    return f"{e.source}:{e.line}"
+
+
 def _add_task(name: str, mcwq_split: str, language: str, splits: Sequence[str],
               output_features: Mapping[str, seqio.Feature],
               prefix: Union[str, Callable[[str], str]], data_dir: Optional[str]) -> seqio.Task:
   _remove(seqio.TaskRegistry, name)
   prefix = prefix(language) if callable(prefix) else prefix
-  source = seqio.FunctionDataSource(
-      dataset_fn=functools.partial(
-          _dataset_fn, mcwq_split=mcwq_split, language=language, data_dir=data_dir),
-      splits=tuple(splits))
+  source = McwqDataSource(mcwq_split, language, data_dir, splits)
   return seqio.TaskRegistry.add(
       name,
       source=source,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -301,13 +302,50 @@ MAX_INFERRED_LENGTH = 4096
 
 class ExampleTooLongError(ValueError):
   """An example is longer than `MAX_INFERRED_LENGTH` tokens and no TASK_FEATURE_LENGTHS bounds it
-  (the message names the example, its length and the setting)."""
+  (the message names the example's file and line, else its position, its length and the
+  setting)."""
 
 
-def check_inferred_lengths(cfg: pipeline.DatasetConfig, examples: Mapping[str, Sequence[Mapping]],
-                           lengths: Optional[Mapping[str, int]]) -> None:
+def example_location(task: Any, split: str, index: int) -> Optional[str]:
+  """"FILE:LINE" (1-based) of example `index` (0-based, source order, unshuffled) of a SeqIO
+  task's `split`, where its source knows it, else None.
+
+  Known for a source with `example_location(split, index)` (tasks/mcwq.py's) and for a
+  `seqio.TextLineDataSource` of one local file (its preprocessors taken to keep every line, as
+  SeqIO's own do; the line must exist); another `seqio.FileDataSource` of one file gives "FILE"
+  alone.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  source = getattr(task, "source", None)
+  if callable(getattr(source, "example_location", None)):
+    return source.example_location(split, index)
+  if not isinstance(source, seqio.FileDataSource):
+    return None
+  try:
+    files = source.list_shards(split)
+  except KeyError:
+    return None
+  if len(files) != 1:
+    return None  # why: several files are interleaved, the position says nothing of the line
+  if not isinstance(source, seqio.TextLineDataSource):
+    return files[0]
+  line = index + 1 + source._skip_header_lines  # pylint: disable=protected-access
+  try:
+    with open(files[0], "rb") as f:
+      if sum(1 for _ in itertools.islice(f, line)) < line:
+        return files[0]  # why: fewer lines than examples: a preprocessor made them
+  except OSError:  # not a local file (gs://...)
+    return files[0]
+  return f"{files[0]}:{line}"
+
+
+def check_inferred_lengths(cfg: pipeline.DatasetConfig,
+                           examples: Mapping[str, Sequence[Mapping]],
+                           lengths: Optional[Mapping[str, int]],
+                           tasks: Optional[Mapping[str, Any]] = None) -> None:
   """Raises ExampleTooLongError for the longest example of a feature whose length comes from the
-  data (`lengths` lacks it) when it exceeds `MAX_INFERRED_LENGTH` tokens."""
+  data (`lengths` lacks it) when it exceeds `MAX_INFERRED_LENGTH` tokens; `tasks` (name -> SeqIO
+  task) let the message name the example's file and line (`example_location`)."""
   for k in ("inputs", "targets"):
     if (lengths or {}).get(k):
       continue  # why: an explicit length truncates, with pipeline.warn_truncated's warning
@@ -318,8 +356,10 @@ def check_inferred_lengths(cfg: pipeline.DatasetConfig, examples: Mapping[str, S
       i = int(np.argmax(sizes))
       text = exs[i].get(f"{k}_pretokenized", b"")
       text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+      where = example_location((tasks or {}).get(task), cfg.split, i)
+      where = f"at {where}" if where else "in the split's source order"
       raise ExampleTooLongError(
-          f"{task}/{cfg.split}: example {i + 1} (in the split's source order; its {k} begin "
+          f"{task}/{cfg.split}: example {i + 1} ({where}; its {k} begin "
           f"{text[:60]!r}) is {sizes[i]:,} tokens long, more than the {MAX_INFERRED_LENGTH:,} "
           f"a decoding evaluation pads to when TASK_FEATURE_LENGTHS leaves the {k} length to the "
           f"data. Set TASK_FEATURE_LENGTHS = {{'inputs': N, 'targets': M}} (gin, or "
@@ -379,7 +419,8 @@ def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = No
     for k in longest:
       longest[k] = max([longest[k]] + [len(ex[k]) for ex in examples[task.name]])
   sequence_length = {k: (lengths or {}).get(k) or longest[k] for k in longest}
-  check_inferred_lengths(cfg, examples, lengths)  # why: before anything is padded or compiled
+  check_inferred_lengths(cfg, examples, lengths,
+                         {t.name: t for t in tasks})  # why: before anything is padded or compiled
   arrays = {
       name:
           pipeline.dataset_to_arrays(

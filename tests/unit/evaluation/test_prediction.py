@@ -3,6 +3,7 @@ batches (sorted by length, last batch padded, batch sizes rounded to the data-pa
 gives, row for row, what the model decodes for the whole array at once."""
 import contextlib
 import json
+import re
 
 import jax
 import numpy as np
@@ -231,25 +232,36 @@ def test_evaluate_split_gives_seqios_metrics_and_predictions(name):
 
 
 @contextlib.contextmanager
-def _validation_task(name: str, questions: list[str], **metrics):
+def _validation_task(name: str, questions: list[str], tsv_file=None, **metrics):
   """Registers a SeqIO task `name` whose validation split is `questions` with three fixed RIR
   targets, tokenised as the MCWQ tasks are (`metrics`: `metric_fns=` or `metric_objs=`); removes
-  it on exit."""
+  it on exit. With `tsv_file`, the split is read from that file (a header line, then a line
+  `question<TAB>target` an example) by a `seqio.TextLineDataSource`."""
   import seqio  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  targets = ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
 
   def source(split, shuffle_files, seed=None):
     del split, shuffle_files, seed
-    return tf.data.Dataset.from_tensor_slices({
-        "inputs": questions,
-        "targets": ["ASK WHERE lb M0 wdt:P57 M1 rb", "SELECT ?x0", "ASK WHERE lb M1 rb"]
-    })
+    return tf.data.Dataset.from_tensor_slices({"inputs": questions, "targets": targets})
 
+  def parse_tsv(dataset):
+    fields = lambda line: tf.strings.split(line, "\t")
+    return dataset.map(lambda line: {"inputs": fields(line)[0], "targets": fields(line)[1]})
+
+  if tsv_file is None:
+    data_source, parse = seqio.FunctionDataSource(source, splits=["validation"]), []
+  else:
+    tsv_file.write_text("".join(["question\tquery\n"] +
+                                [f"{q}\t{t}\n" for q, t in zip(questions, targets)]))
+    data_source = seqio.TextLineDataSource({"validation": str(tsv_file)}, skip_header_lines=1)
+    parse = [parse_tsv]
   seqio.TaskRegistry.add(
       name,
-      source=seqio.FunctionDataSource(source, splits=["validation"]),
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+      source=data_source,
+      preprocessors=parse +
+      [seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
       output_features=seqio.get_mixture_or_task("mcwq_gold_he").output_features,
       postprocess_fn=tasks.mcwq.postprocess_query,
       **metrics)
@@ -298,26 +310,65 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
   assert results["metric_fns"][1][0] == "ASK WHERE lb M0 wdt:P57 M1 rb"
 
 
-def test_an_over_long_example_is_refused_before_compiling():
+@pytest.mark.parametrize("source", ["function", "tsv"])
+def test_an_over_long_example_is_refused_before_compiling(source, tmp_path):
   """With TASK_FEATURE_LENGTHS None (the eval default: each split's longest example), a question
-  of 10,000+ tokens is refused naming the example, its length and the setting (before the fix it
-  became the padded length: a 5 MiB question died in XLA with RESOURCE_EXHAUSTED); an explicit
-  inputs length truncates it as T5X does."""
+  of 10,000+ tokens is refused naming the example (its file and line where the task reads a file,
+  else its position), its length and the setting (before the fix it became the padded length: a
+  5 MiB question died in XLA with RESOURCE_EXHAUSTED); an explicit inputs length truncates it as
+  T5X does. The MCWQ tasks' file and line: tests/unit/tasks/test_tasks.py."""
   from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
   questions = ["Did M0 direct M1", "Who edited M0 " * 2500, "Was M1 a film"]
+  tsv = tmp_path / "validation.tsv" if source == "tsv" else None
+  where = (f"at {tsv}:3" if tsv else "in the split's source order")  # line 1: the header
   with _validation_task(
-      "test_prediction_too_long", questions, metric_fns=[metrics_lib.exact_match_metric]) as name:
+      f"test_prediction_too_long_{source}",
+      questions,
+      tsv_file=tsv,
+      metric_fns=[metrics_lib.exact_match_metric]) as name:
     cfg = pipeline.DatasetConfig(name, None, "validation", 2, shuffle=False)
-    with pytest.raises(
-        prediction.ExampleTooLongError,
-        match=(rf"^{name}/validation: example 2 .*'Who edited M0 Who.* is [\d,]+ tokens long, "
-               r"more than the 4,096 .*Set TASK_FEATURE_LENGTHS = \{'inputs': N")):
+    with pytest.raises(prediction.ExampleTooLongError) as e:
       prediction.make_evaluator(cfg)
+    assert re.match(
+        rf"^{name}/validation: example 2 \({re.escape(where)}; its inputs begin 'Who edited M0 "
+        r"Who.*'\) is [\d,]+ tokens long, more than the 4,096 .*Set TASK_FEATURE_LENGTHS = "
+        r"\{'inputs': N", str(e.value)), str(e.value)
     cfg = pipeline.DatasetConfig(name, {"inputs": 64}, "validation", 2, shuffle=False)
     split = prediction.make_evaluator(cfg)
     assert split.sequence_length["inputs"] == 64
+
+
+def test_an_over_long_mcwq_example_is_named_by_its_file(tmp_path):
+  """An MCWQ task (tasks/mcwq.py, here of a release layout made here): the over-long example is
+  named by its dataset.json record, as `readers` number them."""
+  import json as json_lib  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tasks.mcwq  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
+  questions = ["Did M0 direct M1", "Was M1 a film", "Who edited M0 " * 2500]
+  (tmp_path / "dataset.json").write_text(
+      json_lib.dumps([{
+          "questionPatternModEntities": q,
+          "sparqlPatternModEntities": "ASK WHERE {\nM0 wdt:P57 M1\n}"
+      } for q in questions]))
+  (tmp_path / "splits").mkdir()
+  (tmp_path /
+   "splits/mcd1.json").write_text('{"trainIdxs": [], "devIdxs": [0, 2, 1], "testIdxs": []}')
+  names = tasks.mcwq.register_mcwq_tasks(suffix="_too_long", data_dir=str(tmp_path))
+  try:
+    cfg = pipeline.DatasetConfig("mcwq_mcd1_en_too_long", None, "validation", 2, shuffle=False)
+    with pytest.raises(
+        prediction.ExampleTooLongError,
+        match=(r"^mcwq_mcd1_en_too_long/validation: example 2 \(at "
+               rf"{re.escape(str(tmp_path / 'dataset.json'))}, record 3; its inputs begin 'Who ")):
+      prediction.make_evaluator(cfg)
+  finally:
+    for name in names:
+      for registry in (seqio.TaskRegistry, seqio.MixtureRegistry):
+        if name in registry.names():
+          registry.remove(name)
 
 
 def test_a_rewrite_on_a_full_disk_keeps_the_previous_predictions_and_metrics(tmp_path, full_disk):

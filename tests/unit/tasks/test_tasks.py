@@ -167,6 +167,23 @@ def test_multilingual_mixture(mcwq_tasks, mcwq_dir):
   assert len(got) == 20 and set(got) <= questions
 
 
+def test_example_location_names_the_file_and_line(mcwq_tasks, mcwq_dir):
+  """What `prediction.ExampleTooLongError` names: the file and 1-based line an example of a
+  task's split was read from (the real files; the line holds the example's question)."""
+  for name, split, index, path, part in [
+      ("mcwq_gold_zh", "test", 0, "translations/gold/test.zh.txt", ("gold", "test", "zh")),
+      ("mcwq_mcd1_en", "validation", 5407, "official/mcd1/dev.en.txt", ("mcd1", "dev", "en")),
+      ("mcwq_mcd2_zeroshot_he", "test", 99, "official/mcd2/test.he.txt", ("mcd2", "test", "he")),
+  ]:
+    where = seqio.get_mixture_or_task(name).source.example_location(split, index)
+    assert where == f"{mcwq_dir / path}:{index + 1}", (name, where)
+    line = (mcwq_dir / path).read_text(encoding="utf-8").splitlines()[index]
+    assert readers.read_split(*part, mcwq_dir)[index].question in line, (name, line)
+  task = seqio.get_mixture_or_task("mcwq_gold_zh")
+  assert task.source.example_location("test", 10**6) is None
+  assert task.source.example_location("train", 0) is None  # gold has no train split
+
+
 def test_prefix_postprocess_and_release_layout(mcwq_tasks, tmp_path):
   records = [{
       "questionPatternModEntities": "Did M0 direct M1",
@@ -187,6 +204,7 @@ def test_prefix_postprocess_and_release_layout(mcwq_tasks, tmp_path):
   assert ex["recursionDepth"] == 7
   assert task.postprocess_fn(
       b"ASK  WHERE lb\n rb ", example=ex, is_target=False) == ("ASK WHERE lb rb")
+  assert task.source.example_location("train", 0) == f"{tmp_path / 'dataset.json'}, record 1"
   for name in names:
     if name.endswith("_synth"):
       for registry in (seqio.TaskRegistry, seqio.MixtureRegistry):
