@@ -1,11 +1,12 @@
 """Chat completions from any OpenAI-compatible server (vLLM, llama.cpp, Ollama, TGI, hosted APIs),
 with the project's retry policy and a crash-safe cache of every answer.
 
-Who retries: this module, one way for every remote client of the project
-(`mcwq_t5x.stores.transport`'s policy): the `openai` client is built with `max_retries=0`, so no
-request is ever retried twice over, and the waits use `transport.retry_delay` (backoff doubling to
-`max_backoff_s`, at least what `Retry-After` asks, a server asking more than `max_retry_after_s`
-an error at once; the `openai` client caps Retry-After at 60 s and retries on its own schedule).
+Who retries: this module, one way for every remote client of the project (the
+`mcwq_t5x.stores.transport.RetryPolicy` the transport holds): the `openai` client is built with
+`max_retries=0`, so no request is ever retried twice over, and the waits are the policy's
+(backoff doubling to `max_backoff_s`, at least what `Retry-After` asks, a server asking more than
+`max_retry_after_s` an error at once; the `openai` client caps Retry-After at 60 s and retries on
+its own schedule).
 
 * 429 and 5xx, connection errors: retried at most `max_retries` times, then `RequestFailed`.
 * a time-out (`timeout_s` per attempt): `RequestFailed` at once, not retried (as
@@ -60,6 +61,9 @@ class ChatClient:
     min_interval_s: least seconds between the starts of two requests (a rate limit).
     timeout_s, max_retries, backoff_s, max_backoff_s, max_retry_after_s: see module docstring.
     sleep: the sleep function (tests inject one).
+
+  Attributes:
+    policy: the `transport.RetryPolicy` of the retry and pacing arguments (the transport's).
   """
 
   def __init__(self,
@@ -81,11 +85,8 @@ class ChatClient:
     self._client = openai.OpenAI(
         base_url=base_url, api_key=api_key, max_retries=0,
         timeout=timeout_s)  # why: this module owns the retries
-    self._min_interval_s = min_interval_s
-    self._max_retries = max_retries
-    self._backoff_s = backoff_s
-    self._max_backoff_s = max_backoff_s
-    self._max_retry_after_s = max_retry_after_s
+    self.policy = transport.RetryPolicy(max_retries, backoff_s, max_backoff_s, max_retry_after_s,
+                                        min_interval_s)
     self._sleep = sleep
     self._pace_lock = threading.Lock()
     self._last = 0.0
@@ -115,10 +116,9 @@ class ChatClient:
     return dict(value, cached=False)
 
   def _request(self, prompt: str) -> dict[str, Any]:
-    backoff = self._backoff_s
-    for attempt in range(self._max_retries + 1):
+    for attempt in range(self.policy.max_retries + 1):
       with self._pace_lock:
-        self._last = transport.pace(self._last, self._min_interval_s, self._sleep)
+        self._last = transport.pace(self._last, self.policy.min_interval_s, self._sleep)
         self.sent += 1
       try:
         answer = self._client.chat.completions.create(
@@ -136,16 +136,15 @@ class ChatClient:
       except (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError) as e:
         response = getattr(e, "response", None)
         what = f"HTTP {response.status_code}" if response is not None else type(e).__name__
-        if attempt == self._max_retries:
+        if attempt == self.policy.max_retries:
           raise RequestFailed(f"{self.model}: {what} after {attempt + 1} attempts: {e}") from e
         retry_after = response.headers.get("retry-after") if response is not None else None
         try:
-          wait = transport.retry_delay(backoff, retry_after, self._max_retry_after_s)
+          wait = self.policy.delay(attempt + 1, retry_after)
         except transport.RetryAfterTooLong as too_long:
           raise RequestFailed(f"{self.model}: {what}: {too_long}") from e
         self.retries += 1
         self._sleep(wait)
-        backoff = min(backoff * 2, self._max_backoff_s)
         continue
       except openai.APIStatusError as e:
         raise RequestFailed(f"{self.model}: HTTP {e.status_code}: {e.message}") from e

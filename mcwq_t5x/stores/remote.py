@@ -151,15 +151,15 @@ class RemoteEndpoint(Endpoint):
 
   @property
   def max_retries(self) -> int:
-    return self.transport.max_retries
+    return self.transport.policy.max_retries
 
   @property
   def min_interval_s(self) -> float:
-    return self.transport.min_interval_s
+    return self.transport.policy.min_interval_s
 
   @property
   def max_retry_after_s(self) -> float:
-    return self.transport.max_retry_after_s
+    return self.transport.policy.max_retry_after_s
 
   @property
   def num_requests(self) -> int:

@@ -160,6 +160,42 @@ def retry_delay(backoff_s: float,
   return wait_s
 
 
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+  """How every remote client of the project retries and paces its requests (`Transport`,
+  `prompting.client.ChatClient`); times in seconds.
+
+  Attributes:
+    max_retries: retries after a retryable failure.
+    backoff_s: the backoff before the first retry; doubles after each failure.
+    max_backoff_s: cap of the backoff (not of a wait the server asks for).
+    max_retry_after_s: the longest `Retry-After` accepted (see `RetryAfterTooLong`).
+    min_interval_s: minimum time between the starts of two requests (`pace`).
+
+  Raises:
+    ValueError: `max_retries` is negative.
+  """
+  max_retries: int
+  backoff_s: float = DEFAULT_BACKOFF_S
+  max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
+  max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S
+  min_interval_s: float = 0.0
+
+  def __post_init__(self):
+    if self.max_retries < 0:
+      raise ValueError(f"max_retries must not be negative, got {self.max_retries!r}")
+
+  def backoff(self, failures: int) -> float:
+    """The backoff after `failures` failures in a row: 0 for none, then `backoff_s` doubling
+    after each one, at most `max_backoff_s`."""
+    return 0.0 if failures <= 0 else min(self.max_backoff_s, self.backoff_s * 2**(failures - 1))
+
+  def delay(self, failures: int, retry_after: str | None, now: float | None = None) -> float:
+    """`retry_delay` of `backoff(failures)` and the answer's `Retry-After` (or None), at most
+    `max_retry_after_s`; `now` as `retry_delay`'s. Raises RetryAfterTooLong."""
+    return retry_delay(self.backoff(failures), retry_after, self.max_retry_after_s, now)
+
+
 def body_head(body: bytes, n: int = 200) -> str:
   """The first `n` bytes of an answer, decoded for a message (quoted, `…` when cut)."""
   return repr(body[:n].decode("utf-8", "replace") + ("…" if len(body) > n else ""))
@@ -349,6 +385,8 @@ class Transport:
     clock: the wall clock (POSIX seconds) an HTTP-date `Retry-After` is compared to; injectable.
 
   Attributes:
+    policy: the `RetryPolicy` of `max_retries`, `backoff_s`, `max_backoff_s`,
+      `max_retry_after_s` and `min_interval_s`.
     num_requests: attempts sent (retries and redirect hops included).
 
   Raises:
@@ -368,14 +406,9 @@ class Transport:
                clock: Callable[[], float] = time.time):
     if not timeout_s > 0:
       raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
-    if max_retries < 0:
-      raise ValueError(f"max_retries must not be negative, got {max_retries!r}")
     self.timeout_s = timeout_s
-    self.max_retries = max_retries
-    self.backoff_s = backoff_s
-    self.max_backoff_s = max_backoff_s
-    self.min_interval_s = min_interval_s
-    self.max_retry_after_s = max_retry_after_s
+    self.policy = RetryPolicy(max_retries, backoff_s, max_backoff_s, max_retry_after_s,
+                              min_interval_s)
     self.user_agent = user_agent
     self.num_requests = 0
     self._retryable = retryable
@@ -413,7 +446,7 @@ class Transport:
       hold = self._hold_until - time.monotonic()
       if hold > 0:
         self._sleep(hold)
-      self._last = pace(self._last, self.min_interval_s, self._sleep)
+      self._last = pace(self._last, self.policy.min_interval_s, self._sleep)
       attempts += 1
       self.num_requests += 1
       retry_after = None
@@ -447,17 +480,15 @@ class Transport:
             return response
           raise HTTPStatusError(response)
         retry_after = response.headers.get("Retry-After")
-      if failures >= self.max_retries:
+      if failures >= self.policy.max_retries:
         if retry_after is not None:
-          self._checked_delay(url, problem, 0.0, retry_after)
+          self._checked_delay(url, problem, 0, retry_after)
           asked = parse_retry_after(retry_after, self._clock())
           if asked:
             self._hold_until = time.monotonic() + asked
         raise TransportError(f"{url}: giving up after {attempts} attempts: {problem}")
       failures += 1
-      wait_s = self._checked_delay(url, problem,
-                                   min(self.max_backoff_s, self.backoff_s * 2**(failures - 1)),
-                                   retry_after)
+      wait_s = self._checked_delay(url, problem, failures, retry_after)
       _log.warning("%s: %s; retrying in %.1f s", url, problem, wait_s)
       self._sleep(wait_s)
 
@@ -518,15 +549,15 @@ class Transport:
       self._moved[first] = url
     return url
 
-  def _checked_delay(self, url: str, problem: str, backoff_s: float,
-                     retry_after: str | None) -> float:
-    """`retry_delay` with this transport's maximum and clock.
+  def _checked_delay(self, url: str, problem: str, failures: int, retry_after: str | None) -> float:
+    """`policy.delay` after `failures` failures (0: `Retry-After` alone), with this transport's
+    clock.
 
     Raises:
       RetryAfterTooLong: naming `url` and `problem`.
     """
     try:
-      return retry_delay(backoff_s, retry_after, self.max_retry_after_s, now=self._clock())
+      return self.policy.delay(failures, retry_after, now=self._clock())
     except RetryAfterTooLong as e:
       raise RetryAfterTooLong(
           f"{url}: {problem}: {e}; stopping rather than retrying "

@@ -167,6 +167,28 @@ def test_errors_are_retried_or_named(tmp_path):
     assert server.requests == before + 1  # a time-out is not retried
 
 
+def test_the_chat_client_retries_and_paces_by_the_transports_policy(tmp_path):
+  """One `transport.RetryPolicy` for every remote client: the chat client's arguments make the
+  one a `transport.Transport` of the same arguments holds, and its waits are that policy's
+  (backoff doubling to its cap)."""
+  from mcwq_t5x.stores import transport  # pylint: disable=g-import-not-at-top
+  sleeps = []
+  settings = dict(max_retries=4, backoff_s=1.0, max_backoff_s=3.0, max_retry_after_s=60.0)
+  script = [(500, {}, {"error": {"message": "boom"}})] * 4
+  with local_http.serve(local_http.ChatCompletions, seen=[], script=script) as server:
+    chat = client_lib.ChatClient(
+        server.base + "/v1",
+        "m",
+        "k", {},
+        None,
+        min_interval_s=0.0,
+        sleep=sleeps.append,
+        **settings)
+    assert chat.policy == transport.Transport(10.0, **settings).policy
+    assert chat.complete("p")["text"] is not None
+  assert sleeps == [chat.policy.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 3.0, 3.0]
+
+
 def test_main_counts_no_query_and_context_length_and_resumes_after_a_stop(tmp_path):
   context = (400, {}, {"error": {"message": "maximum context length exceeded"}})
   script = ["noquery", context] + [(500, {}, {"error": {"message": "quota"}})] * 4

@@ -62,6 +62,19 @@ def test_retry_delay_waits_at_least_what_the_server_asks_and_refuses_more_than_t
     transport.retry_delay(2.0, http_date(NOW + 3600), max_s=600.0, now=NOW)
 
 
+def test_retry_policy_backs_off_doubling_to_its_cap_and_is_the_transports():
+  policy = transport.RetryPolicy(5, backoff_s=1.5, max_backoff_s=5.0, max_retry_after_s=60.0)
+  assert [policy.backoff(n) for n in range(5)] == [0.0, 1.5, 3.0, 5.0, 5.0]
+  assert policy.delay(1, "30") == 30.0 and policy.delay(0, None) == 0.0
+  with pytest.raises(transport.RetryAfterTooLong, match="maximum of 60 s"):
+    policy.delay(2, "61")
+  with pytest.raises(ValueError, match="max_retries must not be negative"):
+    transport.RetryPolicy(-1)
+  t = transport.Transport(
+      10.0, 5, backoff_s=1.5, max_backoff_s=5.0, max_retry_after_s=60.0, min_interval_s=0.0)
+  assert t.policy == policy
+
+
 class _Scripted(local_http.Handler):
   """Answers the server's `script` of (status, headers) in turn, then 200 with ASK true."""
 
