@@ -554,7 +554,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
     if parsed is None:
       scores.outcomes.append(SYNTAX_ERROR)
       continue
-    if parsed.canonical() == gold.canonical():
+    if gold.equivalent(parsed):
       scores.outcomes.append(CORRECT)
       continue
     try:
