@@ -44,7 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument(
       "--split",
       default="test",
-      choices=tuple(report_lib.EVAL_SPLITS),
+      choices=report_lib.EVAL_SPLITS,
       help="which predictions to score: test (default) or validation (`mcwq_t5x.train`/`eval` "
       "output, scored against the dev part; for a release without a test part)")
   parser.add_argument(

@@ -20,6 +20,7 @@ import tempfile
 from typing import Any, Mapping, Optional, Union
 
 from mcwq_t5x.checkpointing import run_folder
+from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import network
 
 PathLike = Union[str, os.PathLike]
@@ -252,6 +253,24 @@ def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[p
     except ImportError:  # no seqio: nothing cached either
       pass
   return path
+
+
+def check_model_vocabulary(vocabulary: Any,
+                           model: Any,
+                           where: str,
+                           checkpoint_path: Optional[PathLike] = None) -> None:
+  """Checks `vocabulary` fits the model's `T5Config.vocab_size` (`pipeline.check_vocab_size`) and,
+  with `checkpoint_path`, is the one its run.json records (`check_vocabulary`).
+
+  Raises:
+    ValueError: vocabulary/model size mismatch (names both sizes and `where`).
+    VocabularyMismatchError: not the recorded vocabulary (names both files).
+  """
+  size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
+  if size is not None:
+    pipeline.check_vocab_size(vocabulary, size, where=where)
+  if checkpoint_path is not None:
+    check_vocabulary(vocabulary, checkpoint_path, where)
 
 
 def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> None:

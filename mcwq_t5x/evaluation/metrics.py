@@ -467,7 +467,8 @@ def score_predictions(targets: Sequence[Text],
   result: dict[str, Any] = {"n": len(targets)}
   result.update(exact_match_metric(targets, predictions))
   result.update(bleu_metric(targets, predictions))
-  categories = error_categories(targets, predictions, fmt)  # first: its ValueError names the example
+  # error_categories first: its ValueError on a malformed target names the example.
+  categories = error_categories(targets, predictions, fmt)
   result.update(equivalence_metric(targets, predictions, fmt))
   found = collections.Counter(categories)
   result["error_categories"] = {c: int(found.get(c, 0)) for c in ERROR_CATEGORIES}
