@@ -202,7 +202,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     else:
       lines = readers.read_lines(args.input)
   except (FileNotFoundError, readers.DataFormatError) as e:
-    raise SystemExit(f"infer: error: {e}") from None
+    raise console.one_line_exit(e) from None
   questions = [readers.normalize_question(l) for l in lines]
   try:
     vocab.check_vocabulary_variable()

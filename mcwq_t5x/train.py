@@ -664,7 +664,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     # process of a multi-process run stops so (the same save, the same lock).
     raise console.one_line_exit(e) from e
   except preemption.Preempted as e:
-    print(f"Preempted: {console.original_error(e)}", file=sys.stderr)
+    console.print_error(e)
     sys.exit(preemption.EXIT_STATUS)
   except trainer_lib.NonFiniteLossError:  # every process at the same step
     raise
@@ -698,7 +698,7 @@ def _stop_lost_process(lost: str, model_dir: Optional[str], argv: Optional[Seque
   for handler in logging.getLogger().handlers:
     handler.flush()
   sys.stdout.flush()
-  print(f"{process_watch.LostProcessError.__name__}: {message}", file=sys.stderr, flush=True)
+  print(console.error_line(process_watch.LostProcessError(message)), file=sys.stderr, flush=True)
   os._exit(1)  # pylint: disable=protected-access
 
 
