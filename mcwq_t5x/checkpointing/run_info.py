@@ -255,6 +255,13 @@ def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[p
   return path
 
 
+def same_vocabulary(identity: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+  """True iff a `vocabulary_identity` is the vocabulary a run.json `record` names (the SHA-256 of
+  the file and the extra ids)."""
+  return (identity["sha256"] == record["sha256"] and
+          int(identity["extra_ids"]) == int(record.get("extra_ids", 0)))
+
+
 def check_model_vocabulary(vocabulary: Any,
                            model: Any,
                            where: str,
@@ -298,7 +305,7 @@ def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> 
   ident = vocabulary_identity(vocabulary)
   if not rec or ident is None:
     return
-  if ident["sha256"] == rec["sha256"] and ident["extra_ids"] == int(rec.get("extra_ids", 0)):
+  if same_vocabulary(ident, rec):
     return
   copy = run_path.parent / rec.get("copy", VOCAB_COPY)
   raise VocabularyMismatchError(
