@@ -10,6 +10,7 @@ import sys
 from typing import Optional, Sequence
 from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x import console
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     metric = None if args.metric.lower() == "none" else args.metric
     print(best_checkpoint.checkpoint_path(args.model_dir, metric, args.mode))
   except checkpoint_paths.NotACheckpointError as e:
-    print(f"best_checkpoint: error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 1
   return 0
 

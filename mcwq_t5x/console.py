@@ -45,11 +45,21 @@ def original_error(error: BaseException) -> BaseException:
   return context if proxy else error
 
 
+def error_line(error: BaseException, where: str = "") -> str:
+  """Every command's error line: `"<ErrorType>: <where><message>"` of `original_error(error)`."""
+  error = original_error(error)
+  return f"{type(error).__name__}: {where}{error}"
+
+
+def print_error(error: BaseException, where: str = "") -> None:
+  """Prints `error_line(error, where)` to stderr (the command then returns its exit status)."""
+  print(error_line(error, where), file=sys.stderr)
+
+
 def one_line_exit(error: BaseException) -> SystemExit:
   """`SystemExit` (exit status 1) whose message, the last line the command prints, is
-  `"<ErrorType>: <message>"` of `original_error(error)`; the caller raises it `from error`."""
-  error = original_error(error)
-  return SystemExit(f"{type(error).__name__}: {error}")
+  `error_line(error)`; the caller raises it `from error`."""
+  return SystemExit(error_line(error))
 
 
 # Lines that TensorFlow, XLA and tf.text's SentencePiece op write from C++ straight to file

@@ -105,9 +105,8 @@ def evaluate(*,
       stack.enter_context(run_lock.hold(output_dir, run_lock.EVAL_LOCK_FILE))
     partitioner = partitioner or partitioning.Partitioner()
     vocab = pipeline.output_vocabulary(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
-    pipeline.check_vocab_size(
-        vocab, model.module.config.vocab_size, where=f"task {dataset_cfg.mixture_or_task_name}")
-    run_info.check_vocabulary(vocab, checkpoint_path, f"task {dataset_cfg.mixture_or_task_name}")
+    run_info.check_model_vocabulary(vocab, model, f"task {dataset_cfg.mixture_or_task_name}",
+                                    checkpoint_path)
     if getattr(model, "output_vocabulary", None) is not None:
       run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
     params, step, folder = prediction.load_params(model, partitioner, checkpoint_path)

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import export_hf
 from mcwq_t5x.engine import network
+from mcwq_t5x import console
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -62,7 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                       **{k: getattr(args, k) for k in options})
   except (ValueError, checkpoint_paths.NotACheckpointError) as e:
     # ValueError includes CheckpointMismatchError / IncompleteCheckpointError.
-    print(f"export_hf: error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 1
   print(export_hf.summary(out))
   return 0

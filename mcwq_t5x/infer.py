@@ -36,7 +36,6 @@ import numpy as np
 
 from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import paths
-from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import vocab
 from mcwq_t5x.engine import compilation_cache
@@ -109,8 +108,7 @@ def infer(questions: Sequence[str],
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
   if vocabulary is None:
     raise ValueError("infer needs a vocabulary (gin: infer.vocabulary = %VOCABULARY)")
-  pipeline.check_vocab_size(vocabulary, model.module.config.vocab_size, where="infer")
-  run_info.check_vocabulary(vocabulary, checkpoint_path, "infer")
+  run_info.check_model_vocabulary(vocabulary, model, "infer", checkpoint_path)
   partitioner = partitioner or partitioning.Partitioner()
   params, _, _ = prediction.load_params(model, partitioner, checkpoint_path)
   normalized = [readers.normalize_question(q) for q in questions]
@@ -204,7 +202,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     else:
       lines = readers.read_lines(args.input)
   except (FileNotFoundError, readers.DataFormatError) as e:
-    raise SystemExit(f"infer: error: {e}") from None
+    raise console.one_line_exit(e) from None
   questions = [readers.normalize_question(l) for l in lines]
   try:
     vocab.check_vocabulary_variable()

@@ -189,13 +189,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     vocab.check_vocabulary_variable()
     inspect(args.task, args.split, args.num_examples, args.max_examples)
   except UnknownTaskError as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 2
   except vocab.VocabularyNotFoundError as e:  # $MCWQ_VOCAB names a missing or unreadable file
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 1
   except (paths.DataNotFoundError, ValueError) as e:  # e.g. --split train without train files
-    print(f"error: {args.task} split {args.split!r}: {e}", file=sys.stderr)
+    console.print_error(e, f"{args.task} split {args.split!r}: ")
     return 1
   return 0
 

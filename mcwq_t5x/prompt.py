@@ -38,6 +38,7 @@ from mcwq_t5x.data import readers
 from mcwq_t5x.prompting import client as client_lib
 from mcwq_t5x.prompting import prompt_format
 from mcwq_t5x.prompting import selection as selection_lib
+from mcwq_t5x import console
 
 OFFLINE_MODEL = "nearest_neighbour"
 _TASK = re.compile(r"^mcwq_(?P<split>.+)_(?P<language>[a-z]{2})$")
@@ -109,17 +110,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     split, language = parse_task(args.task)
   except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 2
   offline = args.model == OFFLINE_MODEL
   if offline and (args.selection != "similar" or args.shots != 1):
-    print(
-        f"error: --model {OFFLINE_MODEL} is the retrieval baseline: it needs --selection "
-        "similar --shots 1",
-        file=sys.stderr)
+    console.print_error(
+        ValueError(f"--model {OFFLINE_MODEL} is the retrieval baseline: it needs --selection "
+                   "similar --shots 1"))
     return 2
   if not offline and not args.base_url:
-    print("error: --base_url is required (or --model nearest_neighbour)", file=sys.stderr)
+    console.print_error(ValueError("--base_url is required (or --model nearest_neighbour)"))
     return 2
   examples = readers.read_split(split, args.split, language, args.data_dir)
   if args.max_examples is not None:
@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   out.mkdir(parents=True, exist_ok=True)
   params = {"temperature": 0.0, "seed": args.seed, "max_tokens": args.max_tokens}
   results: list[dict[str, Any]] = [{} for _ in examples]
-  failures: list[str] = []
+  failures: list[tuple[int, client_lib.RequestFailed]] = []
   if offline:
     for i, d in enumerate(demos):
       results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
@@ -163,17 +163,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       try:
         results[i] = chat.complete(prompts[i])
       except client_lib.RequestFailed as e:
-        failures.append(f"example {i + 1}: {e}")
+        failures.append((i, e))
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.concurrency)) as executor:
       list(executor.map(one, range(len(examples))))
   if failures:
-    for f in failures[:10]:
-      print(f"error: {f}", file=sys.stderr)
-    print(
-        f"error: {len(failures)} request(s) failed; {len(examples) - len(failures)} answered "
-        f"and cached in {out / 'requests.jsonl'}; rerun to resume",
-        file=sys.stderr)
+    for i, e in failures[:10]:
+      console.print_error(e, f"example {i + 1}: ")
+    console.print_error(
+        client_lib.RequestFailed(
+            f"{len(failures)} request(s) failed; {len(examples) - len(failures)} answered "
+            f"and cached in {out / 'requests.jsonl'}; rerun to resume"))
     return 1
   predictions = [prompt_format.to_rir(r.get("text")) for r in results]
   usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

@@ -23,6 +23,7 @@ from mcwq_t5x.data import readers
 from mcwq_t5x.data import writers
 from mcwq_t5x.evaluation import report as report_lib
 from mcwq_t5x.evaluation import score as score_lib
+from mcwq_t5x import console
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -44,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument(
       "--split",
       default="test",
-      choices=tuple(report_lib.EVAL_SPLITS),
+      choices=report_lib.EVAL_SPLITS,
       help="which predictions to score: test (default) or validation (`mcwq_t5x.train`/`eval` "
       "output, scored against the dev part; for a release without a test part)")
   parser.add_argument(
@@ -88,10 +89,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     report = report_lib.build(args.results_dir, targets_dir, args.data_dir, args.split, progress)
   except (FileNotFoundError, score_lib.InputError, readers.DataFormatError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 2
   if not report["runs"]:
-    print(f"error: no prediction files found under {args.results_dir}", file=sys.stderr)
+    console.print_error(FileNotFoundError(f"no prediction files found under {args.results_dir}"))
     return 2
   for warning in report["warnings"]:
     print(f"warning: {warning}", file=sys.stderr)
@@ -104,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         comparisons=comparisons,
         progress=progress)
   except (report_lib.ForeignFileError, writers.ResultWriteError) as e:
-    print(f"error: {e}", file=sys.stderr)  # one line, no traceback
+    console.print_error(e)  # one line, no traceback
     return 2 if isinstance(e, report_lib.ForeignFileError) else 1
   print(written["markdown"].read_text(encoding="utf-8"))
   print(f"wrote {written['markdown']}, {len(written['tables'])} CSV tables and "

@@ -22,6 +22,7 @@ from mcwq_t5x.evaluation import score
 from mcwq_t5x.stores import cache as cache_lib
 from mcwq_t5x.stores import flags as store_flags
 from mcwq_t5x.stores import transport
+from mcwq_t5x import console
 
 _DEFAULT_CODEX = pathlib.Path(__file__).resolve().parents[2] / "shared" / "wikidata" / "codex-m"
 
@@ -140,10 +141,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         max_answers=args.max_answers,
         answers_out=args.answers_out)
   except (score.InputError, readers.DataFormatError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 2
   except (transport.RetryAfterTooLong, writers.ResultWriteError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 1
   for warning in result["warnings"]:
     print(f"warning: {warning}", file=sys.stderr)
@@ -168,10 +169,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
       writers.write_atomic(args.json_out, text + "\n")
     except writers.ResultWriteError as e:
-      print(f"error: {e}", file=sys.stderr)  # one line; the previous file stays whole
+      console.print_error(e)  # one line; the previous file stays whole
       return 1
   if undefined:
-    print(f"error: {undefined}", file=sys.stderr)
+    console.print_error(RuntimeError(undefined))
     return score.EXIT_UNDEFINED
   return 0
 

@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mcwq_t5x.checkpointing import checkpoint_loaders
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints as checkpoints_lib
 from mcwq_t5x.checkpointing import run_info
@@ -95,9 +96,7 @@ def check_model_and_task(model: Any, cfg: pipeline.DatasetConfig) -> None:
       mismatch (names both sizes).
   """
   vocab = pipeline.output_vocabulary(cfg.mixture_or_task_name, cfg.module)
-  size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
-  if size is not None:
-    pipeline.check_vocab_size(vocab, size, where=f"task {cfg.mixture_or_task_name}")
+  run_info.check_model_vocabulary(vocab, model, f"task {cfg.mixture_or_task_name}")
 
 
 def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
@@ -360,8 +359,8 @@ def train(*,
   elif initial_checkpoint_path:
     logging.info("initialising the parameters from %s (fresh optimizer state)",
                  initial_checkpoint_path)
-    params = prediction.load_params(
-        model, partitioner, initial_checkpoint_path, abstract_params=abstract_state.params)[0]
+    params = checkpoint_loaders.load_params(initial_checkpoint_path, model.module.config,
+                                            abstract_state.params).params
     state = trainer.create_state(global_shapes, input_types, init_params=params)
     del params
   else:
@@ -665,7 +664,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     # process of a multi-process run stops so (the same save, the same lock).
     raise console.one_line_exit(e) from e
   except preemption.Preempted as e:
-    print(f"Preempted: {console.original_error(e)}", file=sys.stderr)
+    console.print_error(e)
     sys.exit(preemption.EXIT_STATUS)
   except trainer_lib.NonFiniteLossError:  # every process at the same step
     raise
@@ -699,7 +698,7 @@ def _stop_lost_process(lost: str, model_dir: Optional[str], argv: Optional[Seque
   for handler in logging.getLogger().handlers:
     handler.flush()
   sys.stdout.flush()
-  print(f"{process_watch.LostProcessError.__name__}: {message}", file=sys.stderr, flush=True)
+  print(console.error_line(process_watch.LostProcessError(message)), file=sys.stderr, flush=True)
   os._exit(1)  # pylint: disable=protected-access
 
 

@@ -588,18 +588,6 @@ def sparql_mod_entities(record: dict[str, Any],
   return ParsedQuery(q.prefix, tuple(sorted(clauses, key=Clause.text)))
 
 
-def entity_mids(record: dict[str, Any],
-                where: str = "<record>",
-                context_model: ContextModel | None = None) -> dict[str, str]:
-  """Maps each question placeholder to its Freebase MID (`M1` -> `ns:m.0abc`); exact when the
-  record has `questionWithMids` or `sparqlPatternModEntities`, else see `placeholder_constants`."""
-  exact = exact_entity_constants(record, where)
-  if exact is not None:
-    return dict(exact)
-  consts = placeholder_constants(record, where, context_model)
-  return {m: consts[m] for m in question_placeholders(record["questionPatternModEntities"])}
-
-
 def validate_record(record: Any, where: str) -> None:
   """Checks that a CFQ record has the keys and types the migration needs (`REQUIRED_KEYS` strings;
   `EXACT_KEYS`, when present, strings or null).

@@ -21,7 +21,6 @@ The mapping lives in `preprocessing/data/property_mapping.json` (derived and che
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import pathlib
 import re
@@ -201,30 +200,3 @@ def migrate_record(record: dict[str, Any],
   q = cfq.sparql_mod_entities(record, where, context_model)
   return rewrite_question(record["questionPatternModEntities"],
                           mapping), migrate_query(q, mapping, where)
-
-
-def equal_up_to_renaming(a: str, b: str) -> tuple[bool, dict[str, str] | None]:
-  """Whether two MCWQ queries are equal up to clause order and a consistent renaming of `Mk`.
-
-  Uses `mcwq_t5x.data.sparql.Query.canonical` for the order-insensitive comparison.
-
-  Returns:
-    (equal, renaming of a's placeholders into b's that makes them equal, identity first) or
-    (False, None).
-  """
-  qa, qb = sparql_lib.parse_sparql(a), sparql_lib.parse_sparql(b)
-  pa = sorted({t for t in qa.entities(include_filters=True) if sparql_lib.is_placeholder(t)})
-  pb = sorted({t for t in qb.entities(include_filters=True) if sparql_lib.is_placeholder(t)})
-  if len(pa) != len(pb):
-    return False, None
-  target = qb.canonical()
-  for perm in itertools.permutations(pb):
-    ren = dict(zip(pa, perm))
-    r = lambda t, ren=ren: ren.get(t, t)  # noqa: E731
-    qr = sparql_lib.Query(
-        qa.prefix,
-        tuple(sparql_lib.Triple(r(t.subject), t.predicate, r(t.object)) for t in qa.triples),
-        tuple(sparql_lib.Filter(r(f.left), f.op, r(f.right)) for f in qa.filters))
-    if qr.canonical() == target:
-      return True, ren
-  return False, None

@@ -62,6 +62,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
+from mcwq_t5x import console
 from mcwq_t5x.data import readers
 from mcwq_t5x.stores import transport
 from mcwq_t5x.stores.jsonl_cache import JsonlCache, make_key
@@ -769,7 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
       backend: Backend = FileBackend(args.file)
     except (OSError, ValueError) as e:
-      print(f"error: {e}", file=sys.stderr)
+      console.print_error(e)
       return 2
   elif args.backend == "hf":
     if not args.model:
@@ -796,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overwrite=args.overwrite,
         problems_dir=args.problems_dir)
   except (OSError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.print_error(e)
     return 2
   print(json.dumps(report, indent=1, ensure_ascii=False))
   if not report["complete"]:

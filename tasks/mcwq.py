@@ -28,8 +28,6 @@ SPLITS = readers.SPLITS
 LANGUAGES = readers.LANGUAGES
 ZEROSHOT_LANGUAGES = ("he", "kn", "zh")
 GOLD_LANGUAGES = readers.GOLD_LANGUAGES
-# seqio split name -> MCWQ part.
-SEQIO_TO_PART = readers.DATASET_SPLIT_TO_PART
 # The input prefix of the paper's Hugging Face training code (English); the default is no prefix.
 PAPER_INPUT_PREFIX = "translate English to Sparql: "
 DEFAULT_INPUT_PREFIX = ""
@@ -104,10 +102,11 @@ def _dataset_fn(split: str,
                 data_dir: Optional[str]) -> tf.data.Dataset:
   """seqio `dataset_fn`: reads one part through `readers.read_split` (cached per file)."""
   del shuffle_files, seed  # one file per part; seqio shuffles examples when asked.
-  if split not in SEQIO_TO_PART:
-    raise ValueError(f"unknown seqio split {split!r}; expected one of {tuple(SEQIO_TO_PART)}")
+  if split not in readers.DATASET_SPLIT_TO_PART:
+    raise ValueError(
+        f"unknown seqio split {split!r}; expected one of {tuple(readers.DATASET_SPLIT_TO_PART)}")
   return examples_to_dataset(
-      readers.read_split(mcwq_split, SEQIO_TO_PART[split], language, data_dir))
+      readers.read_split(mcwq_split, readers.DATASET_SPLIT_TO_PART[split], language, data_dir))
 
 
 def to_inputs_and_targets(dataset: tf.data.Dataset, prefix: str = "") -> tf.data.Dataset:

@@ -14,7 +14,7 @@ import logging
 import math
 import pathlib
 import re
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import run_folder
@@ -79,28 +79,23 @@ def read_metric(model_dir: str | pathlib.Path, metric_name: str) -> dict[int, fl
   return _from_jsonl(d, metric_name) or _from_event_files(d, metric_name)
 
 
-def best_of(values: Mapping[int, float], metric_mode: str = "min") -> Optional[int]:
-  """The step of the best finite value (`min` or `max`; ties: the earlier step), or None if none.
+def best_of(values: Mapping[int, float],
+            metric_mode: str = "min",
+            steps: Optional[Iterable[int]] = None) -> Optional[int]:
+  """The step of the best finite value (`min` or `max`; ties: the earlier step) among `steps`
+  (None: all of `values`), or None if none.
 
   Raises:
     ValueError: `metric_mode` is not "min" or "max".
   """
   if metric_mode not in ("min", "max"):
     raise ValueError(f"metric_mode must be 'min' or 'max', got {metric_mode!r}")
-  finite = [(s, v) for s, v in values.items() if math.isfinite(v)]
+  among = None if steps is None else set(steps)
+  finite = [(s, v) for s, v in values.items() if math.isfinite(v) and (among is None or s in among)]
   if not finite:
     return None
   sign = 1.0 if metric_mode == "min" else -1.0
   return min(finite, key=lambda sv: (sign * sv[1], sv[0]))[0]
-
-
-def best_step(model_dir: str | pathlib.Path,
-              metric_name_to_monitor: str,
-              metric_mode: str = "min") -> Optional[int]:
-  """The best step among the FINISHED checkpoints of `model_dir` with a logged metric, or None."""
-  steps = set(checkpoint_paths.finished_steps(model_dir))
-  values = {s: v for s, v in read_metric(model_dir, metric_name_to_monitor).items() if s in steps}
-  return best_of(values, metric_mode)
 
 
 _EVAL_SPLIT_RE = re.compile(r"^EVAL_SPLIT\s*=\s*['\"](\w+)['\"]\s*$", re.M)
@@ -139,7 +134,9 @@ def checkpoint_path(path: str,
         "dev); not selecting on it, using the newest checkpoint (step %d)", directory,
         metric_name_to_monitor, newest)
     return str(checkpoint_paths.checkpoint_dir(directory, newest))
-  step = best_step(directory, metric_name_to_monitor, metric_mode)
+  step = best_of(
+      read_metric(directory, metric_name_to_monitor), metric_mode,
+      checkpoint_paths.finished_steps(directory))
   if step is None:
     logging.warning("%s: no kept checkpoint has a logged %r; using the newest (step %d)", directory,
                     metric_name_to_monitor, newest)

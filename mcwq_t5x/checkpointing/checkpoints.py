@@ -413,10 +413,7 @@ class CheckpointManager:
     None (no metric monitored, or no kept checkpoint has a value)."""
     if not self.metric_name_to_monitor:
       return None
-    kept = set(self.all_steps())
-    return best_checkpoint.best_of({
-        s: v for s, v in self._metrics.items() if s in kept
-    }, self.metric_mode)
+    return best_checkpoint.best_of(self._metrics, self.metric_mode, self.all_steps())
 
   def _remove_all_but_best(self) -> None:
     """Deletes every finished checkpoint except the newest and the `max_to_keep` best."""

@@ -428,7 +428,7 @@ def _check_against_run(spm_path: pathlib.Path, extra_ids: int, run_path: pathlib
   if not rec:
     return
   digest = hashlib.sha256(spm_path.read_bytes()).hexdigest()
-  if digest != rec["sha256"] or extra_ids != int(rec.get("extra_ids", 0)):
+  if not run_info.same_vocabulary({"sha256": digest, "extra_ids": extra_ids}, rec):
     raise ValueError(
         f"--vocab {spm_path} (sha256 {digest}, extra_ids {extra_ids}) is not the vocabulary the "
         f"checkpoint was trained with: {rec['path']} (sha256 {rec['sha256']}, extra_ids "

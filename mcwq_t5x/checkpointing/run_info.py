@@ -20,6 +20,7 @@ import tempfile
 from typing import Any, Mapping, Optional, Union
 
 from mcwq_t5x.checkpointing import run_folder
+from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import network
 
 PathLike = Union[str, os.PathLike]
@@ -254,6 +255,31 @@ def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[p
   return path
 
 
+def same_vocabulary(identity: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+  """True iff a `vocabulary_identity` is the vocabulary a run.json `record` names (the SHA-256 of
+  the file and the extra ids)."""
+  return (identity["sha256"] == record["sha256"] and
+          int(identity["extra_ids"]) == int(record.get("extra_ids", 0)))
+
+
+def check_model_vocabulary(vocabulary: Any,
+                           model: Any,
+                           where: str,
+                           checkpoint_path: Optional[PathLike] = None) -> None:
+  """Checks `vocabulary` fits the model's `T5Config.vocab_size` (`pipeline.check_vocab_size`) and,
+  with `checkpoint_path`, is the one its run.json records (`check_vocabulary`).
+
+  Raises:
+    ValueError: vocabulary/model size mismatch (names both sizes and `where`).
+    VocabularyMismatchError: not the recorded vocabulary (names both files).
+  """
+  size = getattr(getattr(getattr(model, "module", None), "config", None), "vocab_size", None)
+  if size is not None:
+    pipeline.check_vocab_size(vocabulary, size, where=where)
+  if checkpoint_path is not None:
+    check_vocabulary(vocabulary, checkpoint_path, where)
+
+
 def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> None:
   """Checks that `vocabulary` is the one recorded in the run.json at or above `checkpoint_path`.
 
@@ -279,7 +305,7 @@ def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> 
   ident = vocabulary_identity(vocabulary)
   if not rec or ident is None:
     return
-  if ident["sha256"] == rec["sha256"] and ident["extra_ids"] == int(rec.get("extra_ids", 0)):
+  if same_vocabulary(ident, rec):
     return
   copy = run_path.parent / rec.get("copy", VOCAB_COPY)
   raise VocabularyMismatchError(

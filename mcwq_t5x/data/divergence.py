@@ -155,27 +155,6 @@ def _connected_masks(neighbours: Sequence[int], max_size: int) -> list[int]:
   return found
 
 
-def connected_subsets(edges: Sequence[tuple[str, str, str]],
-                      max_size: int = MAX_COMPOUND_SIZE) -> list[tuple[int, ...]]:
-  """The connected sets of 1..max_size edges (sorted index tuples, by size then indices); edges
-  are adjacent when they share a placeholder or a variable.
-
-  Args:
-    edges: (s, p, o) edges.
-    max_size: the largest set, in edges (>= 1).
-
-  Returns:
-    The sets, each once, as sorted tuples of indices into `edges`.
-  """
-  subsets = [
-      tuple(i
-            for i in range(len(edges))
-            if mask >> i & 1)
-      for mask in _connected_masks(_neighbour_masks(edges), max_size)
-  ]
-  return sorted(subsets, key=lambda t: (len(t), t))
-
-
 @functools.lru_cache(maxsize=1 << 18)
 def analyse(query: str, max_size: int = MAX_COMPOUND_SIZE) -> QueryStructure:
   """Atoms and compounds of one query (definitions: module docstring); cached per query text.

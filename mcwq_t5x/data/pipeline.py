@@ -15,7 +15,7 @@ import difflib
 import functools
 import importlib
 import logging
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar
 
 import numpy as np
 
@@ -335,13 +335,6 @@ class DeterministicBatches:
     if rows is not None:
       idx = idx[rows]
     return {k: v[idx] for k, v in self.arrays.items()}
-
-  def iterate(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Batches `start_step`, `start_step + 1`, ... forever."""
-    step = start_step
-    while True:
-      yield self.batch(step)
-      step += 1
 
 
 def pad_batch(batch: Mapping[str, np.ndarray],

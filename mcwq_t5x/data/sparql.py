@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 ASK = "ASK WHERE"
 SELECT = "SELECT DISTINCT ?x0 WHERE"
@@ -131,6 +131,10 @@ class Query:
         (f.op,) + tuple(sorted((f.left, f.right))) if f.op == "!=" else (f.op, f.left, f.right)
         for f in self.filters)
     return (self.prefix, frozenset(self.triples), filters)
+
+  def equivalent(self, other: Optional["Query"]) -> bool:
+    """Query equivalence: True iff `other` is a query (not None) with the same `canonical` form."""
+    return other is not None and self.canonical() == other.canonical()
 
   def to_sparql(self) -> str:
     """The query on one line in MCWQ formatting: triples first, then filters."""
@@ -258,12 +262,3 @@ def parse_sparql(text: str) -> Query:
   """
   prefix, clauses = parse_clauses(text)
   return Query.from_clauses(prefix, clauses)
-
-
-def queries_equivalent(a: str, b: str) -> bool:
-  """True iff both strings parse and have the same canonical form (equal up to clause order and
-  duplicates). A string that does not parse is equivalent to nothing."""
-  try:
-    return parse_sparql(a).canonical() == parse_sparql(b).canonical()
-  except SparqlParseError:
-    return False

@@ -27,7 +27,6 @@ from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 
 UPSTREAM_BASE_URL = "https://raw.githubusercontent.com/coastalcph/seq2sparql/HEAD/mcwq"
-TFDS_TO_PART = readers.DATASET_SPLIT_TO_PART
 
 _CITATION = """\
 @article{cui-etal-2022-multilingual,
@@ -263,7 +262,7 @@ class Mcwq(tfds.core.GeneratorBasedBuilder):
           source_fingerprint(cfg.split, cfg.language, local), manual=source[1])
       return {
           tfds_split: generate_examples(cfg.split, part, cfg.language, local)
-          for tfds_split, part in TFDS_TO_PART.items()
+          for tfds_split, part in readers.DATASET_SPLIT_TO_PART.items()
           if part in readers.available_parts(cfg.split, cfg.language, local)
       }
     self.info.metadata["source"] = {}  # downloaded: nothing local to compare with
@@ -274,7 +273,7 @@ class Mcwq(tfds.core.GeneratorBasedBuilder):
     }
     downloaded = dl_manager.download(urls)
     generators = {}
-    for tfds_split, part in TFDS_TO_PART.items():
+    for tfds_split, part in readers.DATASET_SPLIT_TO_PART.items():
       if part not in files:
         continue
       got = [downloaded[f"{part}{i}"] for i in range(len(files[part]))]

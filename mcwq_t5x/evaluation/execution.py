@@ -393,25 +393,6 @@ def _requests(query: sparql_lib.Query, entities: Mapping[str, str],
   return _Requests(plan.form, plan.variable, tuple(asks), select, plan.unsatisfiable)
 
 
-def component_queries(query: sparql_lib.Query,
-                      entities: Mapping[str, str],
-                      counts: Optional[dict[str, int]] = None,
-                      max_answers: int = DEFAULT_MAX_ANSWERS) -> list[str]:
-  """The SPARQL texts (without PREFIX lines) that `execute` sends for `query`, for inspection.
-
-  Returns:
-    The ASK queries of the components without the selected variable, then (SELECT) the query of
-    the component with it; [] when a filter has a variable no triple binds (no solution).
-
-  Raises:
-    UnsafeQueryError: see `execute`.
-  """
-  req = _requests(query, entities, counts, max_answers)
-  if req.unsatisfiable:
-    return []
-  return list(req.asks) + ([req.select] if req.select else [])
-
-
 def execute(query: sparql_lib.Query,
             entities: Mapping[str, str],
             endpoint: ep.Endpoint,
@@ -554,7 +535,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
     if parsed is None:
       scores.outcomes.append(SYNTAX_ERROR)
       continue
-    if parsed.canonical() == gold.canonical():
+    if gold.equivalent(parsed):
       scores.outcomes.append(CORRECT)
       continue
     try:

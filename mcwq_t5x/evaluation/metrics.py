@@ -247,7 +247,7 @@ def equivalence_metric(targets: Sequence[Text],
   for i, (t, p) in enumerate(zip(targets, predictions)):
     gold = _parse_gold(t, fmt, i)
     pred = parse_query(p, fmt)
-    correct += pred is not None and pred.canonical() == gold.canonical()
+    correct += gold.equivalent(pred)
   return {"equivalence": 100.0 * correct / len(targets)}
 
 
@@ -333,7 +333,7 @@ def analyze_error(target: Text, prediction: Text, fmt: str = RIR) -> ErrorAnalys
   pred = parse_query(prediction_s, fmt)
   if pred is None:
     return ErrorAnalysis(SYNTAX_ERROR)
-  if pred.canonical() == gold.canonical():
+  if gold.equivalent(pred):
     return ErrorAnalysis(EQUIVALENT)
   gold_props, pred_props = set(gold.properties()), set(pred.properties())
   gold_ents = set(gold.entities(include_filters=True))
@@ -467,13 +467,11 @@ def score_predictions(targets: Sequence[Text],
   result: dict[str, Any] = {"n": len(targets)}
   result.update(exact_match_metric(targets, predictions))
   result.update(bleu_metric(targets, predictions))
+  # error_categories first: its ValueError on a malformed target names the example.
   categories = error_categories(targets, predictions, fmt)
+  result.update(equivalence_metric(targets, predictions, fmt))
   found = collections.Counter(categories)
-  counts = {c: int(found.get(c, 0)) for c in ERROR_CATEGORIES}
-  # Exact matches and "equivalent" predictions are exactly the equivalent ones.
-  result["equivalence"] = (100.0 * (counts[CORRECT] + counts[EQUIVALENT]) /
-                           len(targets) if targets else 0.0)
-  result["error_categories"] = counts
+  result["error_categories"] = {c: int(found.get(c, 0)) for c in ERROR_CATEGORIES}
   if per_example:
     result["categories"] = categories
   return result

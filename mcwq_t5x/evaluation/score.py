@@ -172,7 +172,7 @@ def check_targets_match_release(targets: str | pathlib.Path, gold: Sequence[str]
   """
   for number, (target, example) in enumerate(zip(gold, examples), start=1):
     parsed = metrics.parse_query(target, metrics.RIR)
-    if parsed.canonical() != sparql_lib.parse_sparql(example.pattern).canonical():
+    if not sparql_lib.parse_sparql(example.pattern).equivalent(parsed):
       raise InputError(f"{targets}:{number}: target is not the query of {example.source} record "
                        f"{example.index} (line {example.line}): {example.pattern!r}; are the "
                        "--split/--part right?")
@@ -232,7 +232,7 @@ def _add_answers(record: dict[str, Any], example: execution.ReleaseQuery, pred: 
   record["gold_query"] = example.pattern
   record["gold"] = execution.execute(gold, example.entities, endpoint, max_answers).to_json()
   parsed = metrics.parse_query(pred, metrics.RIR)
-  if parsed.canonical() == gold.canonical():
+  if gold.equivalent(parsed):
     record["predicted"] = record["gold"]
   else:
     record["predicted"] = execution.execute(parsed, example.entities, endpoint,

@@ -138,9 +138,9 @@ def test_infer_main_names_the_bad_input_line(trained, tmp_path):
   line), before any model is built."""
   bad = tmp_path / "questions.txt"
   bad.write_bytes(b"Did M0 direct M1\nWho edited \xff M0\n")
-  for path, message in ((bad, f"infer: error: {bad}:2: not valid UTF-8"),
+  for path, message in ((bad, f"DataFormatError: {bad}:2: not valid UTF-8"),
                         (tmp_path / "absent.txt",
-                         f"infer: error: {tmp_path / 'absent.txt'}: no such file")):
+                         f"FileNotFoundError: {tmp_path / 'absent.txt'}: no such file")):
     out = mains.python_m(
         "mcwq_t5x.infer",
         f"--gin_file={MODEL}",

@@ -71,11 +71,11 @@ def build(results_dir: str | pathlib.Path,
     ValueError: an unknown `eval_split`.
   """
   if eval_split not in EVAL_SPLITS:
-    raise ValueError(f"eval_split {eval_split!r}: expected one of {tuple(EVAL_SPLITS)}")
+    raise ValueError(f"eval_split {eval_split!r}: expected one of {EVAL_SPLITS}")
   say = progress or (lambda _: None)
   targets_dir = pathlib.Path(targets_dir)
   data_dir = pathlib.Path(data_dir) if data_dir is not None else targets_dir.parent
-  loader = GoldLoader(targets_dir, data_dir, EVAL_SPLITS[eval_split])
+  loader = GoldLoader(targets_dir, data_dir, readers.DATASET_SPLIT_TO_PART[eval_split])
   runs: list[Run] = []
   examples: dict[str, Any] = {"sets": {}, "runs": []}
   warnings: list[str] = []

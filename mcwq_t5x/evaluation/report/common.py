@@ -32,8 +32,8 @@ SCORE_TITLES = {
     "equivalence": "query equivalence (%)"
 }
 
-#: seqio split -> MCWQ part of the gold queries: `readers.DATASET_SPLIT_TO_PART`, test first.
-EVAL_SPLITS = {s: readers.DATASET_SPLIT_TO_PART[s] for s in ("test", "validation")}
+#: The seqio splits a report scores, test first (their MCWQ parts: `readers.DATASET_SPLIT_TO_PART`).
+EVAL_SPLITS = ("test", "validation")
 
 
 def scores_of(result: dict[str, Any]) -> dict[str, float]:
@@ -77,8 +77,8 @@ Links = dict[str, list[dict[int, Filters]]]
 
 
 def part_of(report: dict[str, Any]) -> str:
-  """The MCWQ part a report scored (`EVAL_SPLITS`)."""
-  return EVAL_SPLITS[report.get("eval_split", "test")]
+  """The MCWQ part ("test" or "dev") a report scored."""
+  return readers.DATASET_SPLIT_TO_PART[report.get("eval_split", "test")]
 
 
 def run_filters(run: dict[str, Any], part: str, **more: Any) -> Filters:

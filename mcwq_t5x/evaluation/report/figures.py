@@ -82,8 +82,7 @@ def figures(report: Report, out_dir: pathlib.Path) -> list[pathlib.Path]:
     groups.setdefault((r["model"], r["mode"], r["split"], r["gold"]), []).append(r)
   for (model, mode, split, gold), runs in sorted(groups.items()):
     name = f"{model}_{mode}_{split}" + ("-gold" if gold else "")
-    part = "test" if report.get("eval_split", "test") == "test" else "validation"
-    test_set = "gold test" if gold else f"{title(split)} {part}"
+    test_set = "gold test" if gold else f"{title(split)} {report.get('eval_split', 'test')}"
     path = out_dir / f"errors_{name}.png"
     trained = ("English-trained, zero-shot" if mode == "zeroshot" else "monolingual")
     plot_error_categories(
@@ -105,13 +104,13 @@ def figures(report: Report, out_dir: pathlib.Path) -> list[pathlib.Path]:
   for (mode, split), runs in sorted(by_split.items()):
     models = {r["model"] for r in runs}
     path = out_dir / f"unseen_{mode}_{split}.png"
-    part = "test" if report.get("eval_split", "test") == "test" else "validation"
+    eval_split = report.get("eval_split", "test")
     compounds.plot_by_unseen(
         [
             dict(
                 label=r["language"] if len(models) == 1 else f"{r['model']} ({r['language']})",
                 by_unseen=r["by_unseen"]) for r in runs
-        ], f"Exact match by unseen compounds ({mode}), {title(split)} {part}"
+        ], f"Exact match by unseen compounds ({mode}), {title(split)} {eval_split}"
         f"{' (' + next(iter(models)) + ')' if len(models) == 1 else ''}; 95% bootstrap intervals",
         path)
     written.append(path)

@@ -586,7 +586,7 @@ def test_overwrite_replaces_only_a_previous_export(tiny_run, spm_path, tmp_path)
       check=False)
   assert out.returncode == 1, out.stderr[-2000:]
   last = out.stderr.strip().splitlines()[-1]
-  assert last.startswith(f"export_hf: error: {other_run}: --overwrite replaces only a previous "
+  assert last.startswith(f"ValueError: {other_run}: --overwrite replaces only a previous "
                          "export"), last
   assert "checkpoint_8/" in last and "run.json" in last and "nothing was changed" in last, last
   assert sorted(str(p.relative_to(other_run)) for p in other_run.rglob("*")) == before

@@ -190,7 +190,7 @@ def test_missing_vocabulary_file_is_one_line(tmp_path):
   assert train.stderr.splitlines()[-1] == f"VocabularyNotFoundError: {message}"
   inspect = mains.python_m(
       "mcwq_t5x.inspect_task", "mcwq_mcd1_en", env=env, check=False, cwd=tmp_path)
-  assert inspect.returncode == 1 and inspect.stderr.strip() == f"error: {message}"
+  assert inspect.returncode == 1 and inspect.stderr.strip() == f"VocabularyNotFoundError: {message}"
 
 
 def test_unreadable_remote_vocabulary_is_one_line(monkeypatch):

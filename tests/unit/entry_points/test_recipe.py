@@ -421,7 +421,8 @@ def test_best_checkpoint_reads_t5x_event_files(tmp_path):
   name = "training_eval/mcwq_gold_he_prefixed/loss"
   assert best_checkpoint.read_metric(tmp_path, name) == {5: 9.0, 10: 4.0, 15: 6.0}
   assert best_checkpoint.checkpoint_path(str(tmp_path), name) == str(tmp_path / "checkpoint_10")
-  assert best_checkpoint.best_step(tmp_path, name, "max") == 5
+  assert best_checkpoint.checkpoint_path(str(tmp_path), name,
+                                         "max") == str(tmp_path / "checkpoint_5")
 
 
 # --- tiny runs with the recipe ----------------------------------------------------------------

@@ -158,6 +158,24 @@ def test_execution_malformed_and_unsafe_predictions_count_wrong(train, store):
     execution.execute(metrics.parse_query(gold.replace("M1", "M7")), example.entities, store)
 
 
+class _Recording(ep.Endpoint):
+  """Records the queries `execute` sends; every ASK holds, every SELECT has no row."""
+
+  def __init__(self, counts):
+    self.counts, self.sent = counts, []
+
+  def predicate_counts(self):
+    return self.counts
+
+  def select(self, query):
+    self.sent.append(query)
+    return []
+
+  def ask(self, query):
+    self.sent.append(query)
+    return True
+
+
 def test_execution_queries_are_built_from_validated_terms(store):
   query = sparql.parse_sparql("SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P31 wd:Q5 . M1 wdt:P161 ?x0 . "
                               "?x2 wdt:P737 M0 . FILTER ( ?x0 != M1 ) }")
@@ -165,15 +183,18 @@ def test_execution_queries_are_built_from_validated_terms(store):
   counts = store.predicate_counts()
   assert counts["wdt:P161"] < counts["wdt:P31"]
   # The unconnected ?x2 pattern is asked on its own; P161 (rarer) is joined before P31.
-  assert execution.component_queries(
-      query, entities, counts, max_answers=99) == [
-          "ASK WHERE { ?x2 wdt:P737 wd:Q882 }",
-          "SELECT DISTINCT ?x0 WHERE { wd:Q30937 wdt:P161 ?x0 . ?x0 wdt:P31 wd:Q5 . "
-          "FILTER ( ?x0 != wd:Q30937 ) } LIMIT 100"
-      ]
+  recording = _Recording(counts)
+  execution.execute(query, entities, recording, max_answers=99)
+  assert recording.sent == [
+      "ASK WHERE { ?x2 wdt:P737 wd:Q882 }",
+      "SELECT DISTINCT ?x0 WHERE { wd:Q30937 wdt:P161 ?x0 . ?x0 wdt:P31 wd:Q5 . "
+      "FILTER ( ?x0 != wd:Q30937 ) } LIMIT 100"
+  ]
   # A filter on a variable that no triple binds has no solution (nothing is sent).
   unbound = sparql.parse_sparql("ASK WHERE { M0 wdt:P737 ?x0 . FILTER ( ?x9 != M0 ) }")
-  assert execution.component_queries(unbound, entities) == []
+  recording.sent.clear()
+  assert execution.execute(unbound, entities, recording).value is False
+  assert recording.sent == []
   assert execution.execute(unbound, entities, store).value is False
   with pytest.raises(ValueError, match="not a Wikidata item id"):
     execution.check_entities({"M0": "Q1 } . ?s ?p ?o"})
@@ -357,7 +378,7 @@ def test_execution_cli_when_every_gold_query_fails_is_an_error_not_zero(
   result = json.loads(captured.out)
   assert result["execution_accuracy"] is None and result["execution"]["n"] == 0
   assert result["execution"]["outcomes"]["gold_error"] == 2
-  assert "error: execution accuracy is undefined: the gold query of every executable example " \
+  assert "RuntimeError: execution accuracy is undefined: the gold query of every executable example " \
       "failed on the store (2 examples" in captured.err
   assert url in captured.err and "an error object" in captured.err
   assert json.loads((tmp_path / "result.json").read_text())["execution_accuracy"] is None

@@ -486,7 +486,7 @@ def test_report_replaces_only_the_files_it_wrote(tmp_path, capsys):
   (mine / "report.md").write_text("my notes\n")
   assert report_cli.main(args + [str(mine)]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err[-1] == (f"error: {mine} holds report.md, which no report wrote "
+  assert err[-1] == (f"ForeignFileError: {mine} holds report.md, which no report wrote "
                      f"({report.MANIFEST} does not list them): move them away or give another "
                      "--out/--html; nothing was written")
   assert sorted(p.name for p in mine.iterdir()) == ["report.md"]
@@ -508,7 +508,8 @@ def test_report_on_a_full_disk_keeps_the_previous_report(tmp_path, capsys, full_
   full_disk(0)
   assert report_cli.main(args) == 1
   err = capsys.readouterr().err.strip().splitlines()
-  assert err[-1].startswith(f"error: cannot write {tmp_path}/out/") and "(ENOSPC)" in err[-1]
+  assert err[-1].startswith(
+      f"ResultWriteError: cannot write {tmp_path}/out/") and "(ENOSPC)" in err[-1]
   assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
 
 

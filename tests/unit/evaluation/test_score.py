@@ -352,7 +352,7 @@ def test_a_full_disk_keeps_the_previous_results_and_ends_in_one_line(tmp_path, c
     status, _, err = _run(capsys, args + [out_flag, str(path)])
     assert status == 1
     assert err.splitlines() == [
-        f"error: cannot write {path}: No space left on device (ENOSPC); nothing was written (the "
+        f"ResultWriteError: cannot write {path}: No space left on device (ENOSPC); nothing was written (the "
         f"previous {path.name}, if any, is unchanged)"
     ]
   assert old.read_text() == "previous result\n"

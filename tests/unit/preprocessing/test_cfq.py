@@ -124,7 +124,6 @@ def test_exact_keys_decide_the_alignment(full_record, records, model, mapping):
               without(full_record, "sparqlPatternModEntities")):
     assert cfq.alignment_source(rec) == "exact"
     assert cfq.exact_entity_constants(rec, "185244") == exact
-    assert cfq.entity_mids(rec, "185244", Contrary()) == exact
     assert cfq.placeholder_constants(rec, "185244", Contrary())["M1"] == "ns:m.02v63m"
     q = cfq.sparql_mod_entities(rec, "185244", Contrary().fit(records.values()))
     assert q == cfq.parse_query(MOD_ENTITIES_185244)

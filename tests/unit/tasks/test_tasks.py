@@ -132,8 +132,9 @@ def test_example_counts_per_task(mcwq_tasks, mcwq_dir):
   }
   for split, (n_dev, n_test) in counts.items():
     for lang in readers.LANGUAGES:
-      assert len(readers.read_split(split, mcwq_tasks.SEQIO_TO_PART["validation"], lang)) == n_dev
-      assert len(readers.read_split(split, mcwq_tasks.SEQIO_TO_PART["test"], lang)) == n_test
+      assert len(readers.read_split(split, readers.DATASET_SPLIT_TO_PART["validation"],
+                                    lang)) == n_dev
+      assert len(readers.read_split(split, readers.DATASET_SPLIT_TO_PART["test"], lang)) == n_test
   ds = seqio.get_mixture_or_task("mcwq_gold_he").get_dataset(None, split="test", shuffle=False)
   assert sum(1 for _ in ds.as_numpy_iterator()) == 155
 
