@@ -276,6 +276,8 @@ def train(*,
     logging.warning("training on split %r of %s (not 'train')", train_dataset_cfg.split,
                     train_dataset_cfg.mixture_or_task_name)
   check_own_config_gin(model_dir_p)
+  if initial_checkpoint_path and not checkpoint_paths.finished_steps(model_dir_p):
+    checkpoint_paths.locate(initial_checkpoint_path)  # why: a wrong path fails before the compile
   if jax.process_index() == 0:
     (model_dir_p / run_folder.CONFIG_GIN).write_text(CONFIG_GIN_HEADER + gin.config_str())
   partitioner = partitioner or partitioning.Partitioner()
@@ -658,8 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: its vocabulary
         run_info.adopt_recorded_vocabulary(model_dir)
       return gin_utils.call_configured(train)
-  except (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseError,
-          paths.DataNotFoundError) as e:
+  except (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseError, paths.DataNotFoundError,
+          *checkpoint_paths.INPUT_ERRORS) as e:
     # One clear last line (Orbax has logged a failed save's details above), exit status 1. Every
     # process of a multi-process run stops so (the same save, the same lock).
     raise console.one_line_exit(e) from e

@@ -73,6 +73,12 @@ class UnreadableCheckpointFileError(ValueError):
   names the file and the problem."""
 
 
+# A checkpoint path that is not one, or one that cannot be read: each message names the file or
+# folder and the problem; the mains print it as one line (`console.one_line_exit`).
+INPUT_ERRORS = (NotACheckpointError, CheckpointMismatchError, CheckpointOutsideFolderError,
+                UnreadableCheckpointFileError)
+
+
 def inside_folder(folder: PathLike, entry: str, roots: Sequence[PathLike] = ()) -> pathlib.Path:
   """`folder/entry` resolved (symlinks, `..`) if it lies inside `folder` (or one of `roots`),
   else raises `CheckpointOutsideFolderError` naming `entry` (the caller adds the file)."""

@@ -628,9 +628,7 @@ def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
 
 # Bad input the mains print as one line (`console.one_line_exit`): each message names the file
 # or example and the problem.
-INPUT_ERRORS = (ExampleTooLongError, checkpoint_paths.CheckpointOutsideFolderError,
-                checkpoint_paths.UnreadableCheckpointFileError,
-                checkpoint_paths.CheckpointMismatchError, checkpoint_paths.NotACheckpointError)
+INPUT_ERRORS = (ExampleTooLongError, *checkpoint_paths.INPUT_ERRORS)
 
 
 def load_params(model: Any,

@@ -131,16 +131,22 @@ def test_eval_checks_its_output_folder_before_loading(tmp_path):
   assert "no checkpoint" not in out.stderr
 
 
-@pytest.mark.parametrize("main", ["infer", "eval"])
+@pytest.mark.parametrize("main", ["infer", "eval", "train"])
 def test_a_checkpoint_folder_without_checkpoint_files_is_one_line(main, tmp_path):
-  """A `checkpoint_<step>` folder that is empty (infer) or holds no checkpoint files (eval): exit
-  1 and one last line naming the folder and what is missing (before the fix: a traceback of
-  `checkpoint_paths.locate`'s ValueError)."""
+  """A `checkpoint_<step>` folder that is empty (infer; train's INITIAL_CHECKPOINT_PATH, checked
+  before the data and the compile) or holds no checkpoint files (eval): exit 1 and one last line
+  naming the folder and what is missing (before the fix: a traceback of `checkpoint_paths.locate`'s
+  ValueError)."""
   folder = tmp_path / "run/checkpoint_5"
   folder.mkdir(parents=True)
   if main == "eval":
     (folder / "notes.txt").write_text("")
     args = eval_args(folder, tmp_path / "eval")
+  elif main == "train":
+    args = [
+        f"--gin_file={TINY}", *mains.gin_flags(
+            RUN + [f"MODEL_DIR = '{tmp_path / 'new'}'", f"INITIAL_CHECKPOINT_PATH = '{folder}'"])
+    ]
   else:
     args = [
         f"--gin_file={MODEL}", "--gin_file=gin/mcwq_t5x/runs/infer.gin",
@@ -150,7 +156,7 @@ def test_a_checkpoint_folder_without_checkpoint_files_is_one_line(main, tmp_path
   assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
   holds = ("the folder is empty"
-           if main == "infer" else "the folder holds no checkpoint files (it has: notes.txt)")
+           if main != "eval" else "the folder holds no checkpoint files (it has: notes.txt)")
   assert out.stderr.rstrip().splitlines()[-1] == (
       f"NotACheckpointError: {folder}: not a checkpoint: {holds}; expected its 'state/' Orbax "
       "item (mcwq_t5x.train, t5x.train) or a 'checkpoint' msgpack file (T5X)"), out.stderr[-3000:]
