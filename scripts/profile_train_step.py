@@ -214,6 +214,9 @@ def main(argv=None) -> None:
   cpu_settings.set_host_malloc_options()
   import jax
 
+  if len(jax.devices()) < max(args.host_devices):  # why: XLA_FLAGS may already set fewer
+    parser.error(f"--host_devices {max(args.host_devices)}: this process has "
+                 f"{len(jax.devices())} devices (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
   from mcwq_t5x.data import pipeline
 
   cfg = bench._dataset_config(args, pack=True)  # pylint: disable=protected-access
