@@ -8,11 +8,14 @@ at most 2 steps in flight), prints the compile time, runs `--warmup_steps` steps
 (matmuls, gradient all-reduce, attention elementwise, layer norms, MLP elementwise, embedding and
 loss, residual adds and dropout, optimizer, copies, other; docs/benchmarks.md defines them), with
 model FLOPs per second against the matmul peak (`flops`) and the `--top` longest instructions of
-each kind. `--no-trace` only times the steps.
+each kind. `--no-trace` only times the steps. `--host_devices 1,2` prints one report per count
+from one process (the data, the peaks and the start-up paid once): the CPU is split into the
+largest count and a smaller count's mesh is the first devices of it.
 
 Example:
   python scripts/profile_train_step.py --steps 5
   python scripts/profile_train_step.py --steps 5 --host_devices 2
+  python scripts/profile_train_step.py --steps 5 --host_devices 1,2
   python scripts/profile_train_step.py --steps 20 --no-trace
 """
 from __future__ import annotations
@@ -186,11 +189,18 @@ def main(argv=None) -> None:
   parser.add_argument("--pack_input_length", type=int, default=40)
   parser.add_argument("--pack_target_length", type=int, default=72)
   bench.add_network_flags(parser)
-  parser.add_argument("--host_devices", type=int, default=1, help="as the benchmark's epoch")
+  parser.add_argument(
+      "--host_devices",
+      type=_device_counts,
+      default=[1],
+      help="as the benchmark's epoch; comma-separated counts: one report each (e.g. 1,2)")
   parser.add_argument("--warmup_steps", type=int, default=3)
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--top", type=int, default=3, help="instructions listed per kind")
-  parser.add_argument("--trace_dir", default="", help="keep the trace here (default: temporary)")
+  parser.add_argument(
+      "--trace_dir",
+      default="",
+      help="keep the traces here, one <N>_devices folder per report (default: temporary)")
   parser.add_argument(
       "--trace",
       action=argparse.BooleanOptionalAction,
@@ -199,21 +209,47 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
 
   from mcwq_t5x.engine import cpu_settings
-  cpu_settings.set_host_device_count(args.host_devices)
+  cpu_settings.set_host_device_count(max(args.host_devices))
   cpu_settings.set_xla_cpu_flags()
   cpu_settings.set_host_malloc_options()
-  import glob
-
   import jax
 
+  if len(jax.devices()) < max(args.host_devices):  # why: XLA_FLAGS may already set fewer
+    parser.error(f"--host_devices {max(args.host_devices)}: this process has "
+                 f"{len(jax.devices())} devices (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
   from mcwq_t5x.data import pipeline
-  from mcwq_t5x.engine import flops
-  from mcwq_t5x.engine import partitioning
 
   cfg = bench._dataset_config(args, pack=True)  # pylint: disable=protected-access
   arrays = pipeline.load_feature_arrays(cfg)
   batches = pipeline.DeterministicBatches(arrays, args.batch_size, seed=0, shuffle=True)
-  partitioner = partitioning.Partitioner()
+  peaks: list[Any] = []  # why: (matmul peak, CPU-time peak), timed once for all the reports
+  for count in args.host_devices:
+    _report(args, bench, batches, jax.devices()[:count], peaks)
+
+
+def _device_counts(text: str) -> list[int]:
+  """`--host_devices`: "2" -> [2], "1,2" -> [1, 2] (each at least 1)."""
+  try:
+    counts = [int(c) for c in text.split(",")]
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"{text!r}: comma-separated device counts, e.g. 1,2") from e
+  if any(c < 1 for c in counts):
+    raise argparse.ArgumentTypeError(f"{text!r}: each device count must be at least 1")
+  return counts
+
+
+def _report(args: argparse.Namespace, bench: Any, batches: Any, devices: list[Any],
+            peaks: list[Any]) -> None:
+  """Compiles, warms up and traces the step on a mesh of `devices` and prints its report (module
+  docstring); `peaks` holds the matmul and CPU-time peaks once the first report timed them."""
+  import glob
+
+  import jax
+
+  from mcwq_t5x.engine import flops
+  from mcwq_t5x.engine import partitioning
+
+  partitioner = partitioning.Partitioner(devices=devices)
   trainer = bench._our_trainer_cls(args)(  # pylint: disable=protected-access
       model=bench._our_model(args),
       partitioner=partitioner,
@@ -258,7 +294,7 @@ def main(argv=None) -> None:
     return {"wall": wall, "process_cpu": _cpu_seconds() - cpu, "host_cpu": host}
 
   run(0, args.warmup_steps)
-  print(f"{jax.device_count()} devices, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
+  print(f"{len(devices)} devices, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
   print(f"compiling the step: {compile_wall:.1f} s wall, {compile_cpu:.1f} CPU-seconds")
   if not args.trace:
     timing = run(args.warmup_steps, args.steps)
@@ -269,15 +305,18 @@ def main(argv=None) -> None:
     return
   with tempfile.TemporaryDirectory() as tmp:
     trace_dir = args.trace_dir or tmp
+    trace_dir = os.path.join(trace_dir, f"{len(devices)}_devices")  # why: one trace per report
     jax.profiler.start_trace(trace_dir)
     timing = run(args.warmup_steps, args.steps)
     jax.profiler.stop_trace()
     trace = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
-    peak: Any = flops.matmul_peak()
+    if not peaks:
+      peaks.extend([flops.matmul_peak(), cpu_time_peak()])
+    peak, cpu_peak = peaks
     print(f"matmul peak: {peak.gflops:.1f} GFLOP/s, {peak.describe()}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    for line in analyse(trace, hlo_text, timing, args.steps, step_flops, peak.gflops,
-                        cpu_time_peak(), cores, args.top):
+    for line in analyse(trace, hlo_text, timing, args.steps, step_flops, peak.gflops, cpu_peak,
+                        cores, args.top):
       print(line)
 
 

@@ -1,7 +1,8 @@
 """`scripts/profile_train_step.py`: the compiled step's instructions read from XLA's text, each put
 in its kind, and the script run as users run it (a fresh process) on a tiny network and real MCWQ
-questions: the kinds' shares of the cores' time add up, and the step's FLOPs are those of
-`flops.train_step_flops`. No speed is asserted."""
+questions, once for its reports on 1 and 2 devices (`--host_devices 1,2`): the kinds' shares of the
+cores' time add up, and the step's FLOPs are those of `flops.train_step_flops`. No speed is
+asserted."""
 import re
 import sys
 
@@ -39,15 +40,25 @@ def test_instructions_and_their_kinds_from_the_compiled_text():
   assert kinds <= set(profile.KINDS), kinds
 
 
-@pytest.mark.parametrize("devices", ["1", "2"])
-def test_the_report_on_a_tiny_network(devices):
+@pytest.fixture(scope="module")
+def reports():
+  """The script's reports for 1 and 2 devices, from one run (`--host_devices 1,2`): count ->
+  its lines, from its "N devices" line to the next report's."""
   args = [
       "--task", "mcwq_gold_he", "--split", "test", "--batch_size", "8", "--emb_dim", "32",
       "--num_heads", "2", "--head_dim", "16", "--mlp_dim", "64", "--num_layers", "1", "--steps",
-      "2", "--warmup_steps", "1", "--top", "2", "--host_devices", devices
+      "2", "--warmup_steps", "1", "--top", "2", "--host_devices", "1,2"
   ]
   out = mains.run([sys.executable, "scripts/profile_train_step.py", *args], timeout=900).stdout
-  assert f"{devices} devices" in out, out
+  parts = re.split(r"^(?=\d+ devices, XLA_FLAGS=)", out, flags=re.M)
+  assert [p.split(" ", 1)[0] for p in parts[1:]] == ["1", "2"], out
+  return dict(zip(["1", "2"], parts[1:]))
+
+
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_the_report_on_a_tiny_network(reports, devices):
+  out = reports[devices]
+  assert out.startswith(f"{devices} devices"), out
   config = profile.argparse.Namespace(
       emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_layers=1, vocab_size=2048)
   step_flops = flops.train_step_flops(
