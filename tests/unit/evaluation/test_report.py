@@ -529,6 +529,6 @@ def test_a_full_disk_while_writing_a_figure_keeps_the_previous_png(tmp_path, cap
   assert report_cli.main(args) == 1
   first = out / "errors_tiny_monolingual_mcd1.png"
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
-      f"error: cannot write {first}: No space left on device (ENOSPC); nothing was written (the "
+      f"ResultWriteError: cannot write {first}: No space left on device (ENOSPC); nothing was written (the "
       f"previous {first.name}, if any, is unchanged)")
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file either
