@@ -31,16 +31,9 @@ PyTree = Any
 
 
 class LoadedParams(NamedTuple):
-  """What a loader returns.
-
-  Attributes:
-    params: nested dict of arrays with T5X names: with `abstract_params`, jax arrays of its dtypes
-      and shardings; without, float32 numpy arrays.
-    step: the checkpoint's training step, or None when the format has none (Hugging Face, a
-      standalone T5X-native folder).
-    directory: MODEL_DIR for T5X's layout (the folder holding `checkpoint_<step>/`), else the
-      path loaded.
-  """
+  """What a loader returns: `params` (T5X names; jax arrays of `abstract_params`' dtypes and
+  shardings, else float32 numpy), `step` (None for Hugging Face or standalone T5X-native), and
+  `directory` (MODEL_DIR for T5X's layout, else the path loaded)."""
   params: PyTree
   step: Optional[int]
   directory: pathlib.Path
@@ -110,16 +103,11 @@ LOADERS: dict[str, Loader] = {
 def load_params(path: checkpoint_paths.PathLike,
                 config: network.T5Config,
                 abstract_params: Optional[PyTree] = None) -> LoadedParams:
-  """Parameters (no optimizer state) of the checkpoint at `path`, whatever its format.
+  """`LoadedParams` (no optimizer state) of the checkpoint at `path`, whatever its format.
 
-  `path`: anything `checkpoint_paths.locate` accepts (MODEL_DIR, `checkpoint_<step>`, T5X-native
-  or Hugging Face folder); names and shapes are checked against `config`; `abstract_params`
-  (`jax.ShapeDtypeStruct`s) give the result's dtypes and shardings, else float32 numpy.
-
-  Raises:
-    NotACheckpointError (no such path), ValueError (no checkpoint, unreadable files),
-    CheckpointMismatchError (each differing parameter named), IncompleteCheckpointError,
-    UnreadableCheckpointError, NoUsableCheckpointError.
+  Names and shapes are checked against `config`. Raises NotACheckpointError, ValueError (no
+  checkpoint, unreadable files), CheckpointMismatchError (each differing parameter named),
+  IncompleteCheckpointError, UnreadableCheckpointError, NoUsableCheckpointError.
   """
   fmt, _ = checkpoint_paths.locate(path)
   return LOADERS[fmt](pathlib.Path(path), config, abstract_params)
