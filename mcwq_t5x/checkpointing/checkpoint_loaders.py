@@ -62,9 +62,8 @@ def _place_tree(params: PyTree, abstract_params: Optional[PyTree]) -> PyTree:
 
 def load_model_dir(path: pathlib.Path, config: network.T5Config,
                    abstract_params: Optional[PyTree]) -> LoadedParams:
-  """T5X's MODEL_DIR layout (Orbax or msgpack step folders): a MODEL_DIR gives its newest
-  readable checkpoint, a named `checkpoint_<step>` that one (`checkpoints.restore_params_and_step`,
-  whose errors it raises); parameters the model lacks are ignored with a warning."""
+  """T5X's MODEL_DIR layout (Orbax or msgpack steps) via `checkpoints.restore_params_and_step`;
+  parameters the model lacks are ignored with a warning."""
   target = abstract_params if abstract_params is not None else _float32_abstract(config)
   params, directory, step = checkpoints.restore_params_and_step(path, target)
   if abstract_params is None:
@@ -74,9 +73,8 @@ def load_model_dir(path: pathlib.Path, config: network.T5Config,
 
 def load_t5x(path: pathlib.Path, config: network.T5Config,
              abstract_params: Optional[PyTree]) -> LoadedParams:
-  """A T5X-native (msgpack + zarr) checkpoint: in a MODEL_DIR layout as `load_model_dir`; a
-  standalone folder (or its `checkpoint` file) with `checkpoint_import.load_t5x_checkpoint`,
-  checked strictly against `config`."""
+  """A T5X-native checkpoint: in a MODEL_DIR layout as `load_model_dir`, else a standalone folder
+  via `checkpoint_import.load_t5x_checkpoint`, checked strictly against `config`."""
   try:
     checkpoint_paths.resolve_checkpoint(path)
   except checkpoint_paths.NotACheckpointError:
