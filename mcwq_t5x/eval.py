@@ -5,12 +5,11 @@ Usage:
     --gin.MIXTURE_OR_TASK_NAME="'mcwq_random_split_en'" --gin.CHECKPOINT_PATH="'runs/tiny'"
   python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/mt5_small_mcd1_he.gin   # zero-shot he from en
 
-The run file binds `eval_script.evaluate` by dynamic registration. CHECKPOINT_PATH is a
-MODEL_DIR of `mcwq_t5x.train` or `t5x.train` (its newest readable checkpoint), one
-`checkpoint_<step>`, or a Hugging Face / T5X-native checkpoint. Writes
-predictions/<task>_<split>.txt and metrics/<task>_<split>.json under EVAL_OUTPUT_DIR (default
-<MODEL_DIR>/eval_<step>), each whole or not at all, holding its eval.lock. The vocabulary and
-dtype are the run.json's unless set.
+The run file binds `eval_script.evaluate` by dynamic registration. CHECKPOINT_PATH is a MODEL_DIR
+of `mcwq_t5x.train` or `t5x.train` (its newest readable checkpoint), one `checkpoint_<step>`, or a
+Hugging Face / T5X-native checkpoint. Writes predictions/<task>_<split>.txt and
+metrics/<task>_<split>.json under EVAL_OUTPUT_DIR (default <MODEL_DIR>/eval_<step>), each whole
+or not at all, holding its eval.lock. The vocabulary and dtype are the run.json's unless set.
 """
 from __future__ import annotations
 
@@ -52,9 +51,9 @@ def evaluate(*,
   """{"metrics", "predictions_path", "metrics_path"}: `dataset_cfg`'s split decoded with the
   checkpoint.
 
-  `dataset_cfg.task_feature_lengths` None: each split's longest example. `predict_kwargs`:
-  e.g. {"num_decodes": 4, "decoder_params": {"alpha": 0.6}} (beam search). Raises ValueError
-  (bad `predict_kwargs`, task or vocabulary size), run_info.VocabularyMismatchError,
+  `dataset_cfg.task_feature_lengths` None: each split's longest example. `predict_kwargs`: e.g.
+  {"num_decodes": 4, "decoder_params": {"alpha": 0.6}} (beam search). Raises ValueError (bad
+  `predict_kwargs`, task or vocabulary size), run_info.VocabularyMismatchError,
   prediction.UnwritableOutputError, FileNotFoundError, checkpoints.UnreadableCheckpointError /
   NoUsableCheckpointError, run_lock.EvalOutputDirInUseError (names the holder),
   writers.ResultWriteError.

@@ -6,11 +6,11 @@ Flags (same names as T5X):
   --gin_bindings=BINDING     repeatable; a raw binding "NAME = VALUE".
   --gin_search_paths=A,B     folders searched for files and includes (default: cwd, repo root).
 
-Config errors (unknown configurable or parameter, syntax, a macro no file uses, an include
-cycle or a missing include) raise `GinConfigError` naming the file and line or the binding.
-Nothing is registered with gin at import: the files use dynamic registration, as T5X's do, and
-name the main by its module (`from mcwq_t5x import train as train_script`, T5X: `import
-__main__`), so the files of both engines parse in one process.
+Config errors (unknown configurable or parameter, syntax, a macro no file uses, an include cycle
+or a missing include) raise `GinConfigError` naming the file and line or the binding. Nothing is
+registered with gin at import: the files use dynamic registration, as T5X's do, and name the
+main by its module (`from mcwq_t5x import train as train_script`, T5X: `import __main__`), so the
+files of both engines parse in one process.
 """
 from __future__ import annotations
 
@@ -125,8 +125,8 @@ def parse_gin(gin_files: Sequence[str],
               skip_unknown: bool = False) -> None:
   """Clears gin, then parses the files and bindings (bindings override the files).
 
-  The cwd and repo root are always search paths; `finalize` locks the config; `skip_unknown`
-  is gin's. Raises GinConfigError: a missing file or include, a cycle, unknown configurable or
+  The cwd and repo root are always search paths; `finalize` locks the config; `skip_unknown` is
+  gin's. Raises GinConfigError: a missing file or include, a cycle, unknown configurable or
   parameter, syntax, or an UPPER_CASE macro binding no file references by its whole name
   (`TRAIN_STEP = 5` beside `%TRAIN_STEPS`).
   """
@@ -303,8 +303,8 @@ def use_main_module_as(name: str) -> None:
 
 
 def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
-  """Calls `fn` with the bindings the parsed config gives it, else plainly (set-up functions such
-  as `partitioning.set_host_device_count` that run before `train`/`evaluate`)."""
+  """Calls `fn` with the bindings the parsed config gives it, else plainly (set-up functions such as
+  `partitioning.set_host_device_count` that run before `train`/`evaluate`)."""
   try:
     # gin only configures a function it calls itself, unless asked.
     configured = gin.get_configurable(fn)

@@ -1,17 +1,16 @@
-r"""Inference main: questions (a file or stdin) -> RIR queries, or executable SPARQL with
---sparql.
+r"""Inference main: questions (a file or stdin) -> RIR queries, or executable SPARQL with --sparql.
 
 Usage:
   echo "Did M0 direct M1" | python -m mcwq_t5x.infer --gin_file=gin/mcwq_t5x/models/tiny.gin \
       --gin_file=gin/mcwq_t5x/runs/infer.gin --gin.CHECKPOINT_PATH="'runs/tiny'" --sparql
   python -m mcwq_t5x.infer --gin_file=... --input=questions.txt --output=queries.txt
 
-One UTF-8 question per input line (placeholders M0..M9 as in MCWQ; bytes that are not UTF-8
-are an error naming the line), one output line per input line, in order; questions are
-normalised as the training data is. An empty question gives an empty line, RIR that
-`rir_to_sparql` rejects the line `ERROR: <reason>` (both with a warning). With PREDICT_KWARGS
-{'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes separated by tabs,
-ascending score (the last is the one printed without it).
+One UTF-8 question per input line (placeholders M0..M9 as in MCWQ; bytes that are not UTF-8 are
+an error naming the line), one output line per input
+line, in order; questions are normalised as the training data is. An empty question gives an
+empty line, RIR that `rir_to_sparql` rejects the line `ERROR: <reason>` (both with a warning).
+With PREDICT_KWARGS {'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes
+separated by tabs, ascending score (the last is the one printed without it).
 """
 from __future__ import annotations
 
@@ -61,9 +60,8 @@ def infer(questions: Sequence[str],
           batch_size: int = 64,
           predict_kwargs: Optional[dict[str, Any]] = None,
           partitioner: Optional[partitioning.Partitioner] = None) -> list[Any]:
-  """The predicted RIR of each question, in input order (a list of `num_decodes` strings each
-  with `return_all_decodes`, ascending score, best last; "" and a warning for an empty
-  question).
+  """The predicted RIR of each question, in input order (a list of `num_decodes` strings each with
+  `return_all_decodes`, ascending score, best last; "" and a warning for an empty question).
 
   `input_prefix` must match training (the tasks' `prefix`); `input_length` counts EOS (longer
   questions are trimmed); `batch_size` is rounded up to the data-parallel devices. Raises

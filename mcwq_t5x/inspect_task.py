@@ -150,8 +150,8 @@ def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]`: exit status 0, 2 (unknown task)
-  or 1 (missing data, vocabulary or split; one stderr line)."""
+  """`python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]`: exit status 0, 2 (unknown task) or 1
+  (missing data, vocabulary or split; one stderr line)."""
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.inspect_task", description=__doc__.split("\n\n")[0])
   parser.add_argument("task", help="seqio task or mixture name, e.g. mcwq_mcd1_he")

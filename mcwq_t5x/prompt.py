@@ -7,10 +7,10 @@
 
 Writes to DIR, whole or not at all: `predictions.txt` (RIR, line-parallel with the split; no
 parseable query: an empty line), `targets.txt`, `responses.jsonl`, `requests.jsonl` (the
-crash-safe request cache: a rerun sends no request twice), `run.json` (never the key) and,
-over a whole test part, `predictions_{split}_{lang}.txt` for `mcwq_t5x.report`. Demonstrations
-come from the split's train part, else its dev part. The key is read from `--api_key_env`
-(default OPENAI_API_KEY). Exit status 1 when a request failed for good (rerun to resume).
+crash-safe request cache: a rerun sends no request twice), `run.json` (never the key) and, over a
+whole test part, `predictions_{split}_{lang}.txt` for `mcwq_t5x.report`. Demonstrations come
+from the split's train part, else its dev part. The key is read from `--api_key_env` (default
+OPENAI_API_KEY). Exit status 1 when a request failed for good (rerun to resume).
 """
 from __future__ import annotations
 

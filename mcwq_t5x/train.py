@@ -5,14 +5,13 @@ Usage:
   python -m mcwq_t5x.train --gin_file=... --gin.MODEL_DIR="'runs/x'" --multiprocess_gpu \
     --coordinator_address=HOST0:1234 --process_count=2 --process_index=0   # 1 on the other host
 
-The run file binds `train_script.train` by dynamic registration (nothing is registered at
-import, so one process can parse the real T5X's files too, `gin_utils`). `train` builds the
-mesh, model and `Trainer`; resumes from MODEL_DIR's newest readable checkpoint, else
-INITIAL_CHECKPOINT_PATH; trains TRAIN_STEPS steps with periodic logging, checkpoints and
-evaluation (loss and decoding, T5X's `training_eval/` and `inference_eval/`); saves at the
-next step boundary on SIGTERM (exit status 143); and decodes the final splits into
-MODEL_DIR/predictions/ and metrics/ (the files `checkpointing.run_folder` names). One training
-at a time per MODEL_DIR (`run_lock`).
+The run file binds `train_script.train` by dynamic registration (nothing is registered at import,
+so one process can parse the real T5X's files too, `gin_utils`). `train` builds the mesh, model
+and `Trainer`; resumes from MODEL_DIR's newest readable checkpoint, else INITIAL_CHECKPOINT_PATH;
+trains TRAIN_STEPS steps with periodic logging, checkpoints and evaluation (loss and decoding,
+T5X's `training_eval/` and `inference_eval/`); saves at the next step boundary on SIGTERM (exit
+status 143); and decodes the final splits into MODEL_DIR/predictions/ and metrics/ (the files
+`checkpointing.run_folder` names). One training at a time per MODEL_DIR (`run_lock`).
 """
 from __future__ import annotations
 
@@ -530,9 +529,9 @@ GIN_HELP = gin_utils.gin_help([
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
-  Raises gin_utils.GinConfigError (bad gin flags), ValueError (bad multi-process flags),
-  SystemExit with one last line (a failed checkpoint write, MODEL_DIR in use, missing data or
-  vocabulary; preemption: status 143), and whatever `train` raises.
+  Raises gin_utils.GinConfigError (bad gin flags), ValueError (bad multi-process flags), SystemExit
+  with one last line (a failed checkpoint write, MODEL_DIR in use, missing data or vocabulary;
+  preemption: status 143), and whatever `train` raises.
   """
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")

@@ -1,13 +1,13 @@
 """SeqIO tasks and mixtures for MCWQ (Cui et al., TACL 2022).
 
-Inputs are the questions (placeholders M0..M9), targets the queries in RIR
-(`mcwq_t5x.data.rir`), as in the paper's mT5 experiments (§5). Importing registers, with
-`vocab.get_vocabulary()` and nothing with gin (T5X imports it after its flags:
-`MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`): `mcwq_{split}_{lang}` (train, validation = MCWQ's
-dev, test), `mcwq_gold_{he,kn,zh}`, `mcwq_{split}_zeroshot_{lang}` (§5.3),
-`mcwq_{split}_multilingual`, each also `_prefixed` (the authors' `translate {Language} to
-Sparql: `), for the published splits and languages and those `readers.discover` finds.
-Examples also carry `question`, `sparql`, `rir` and `recursionDepth` (int32, -1 when unknown).
+Inputs are the questions (placeholders M0..M9), targets the queries in RIR (`mcwq_t5x.data.rir`),
+as in the paper's mT5 experiments (§5). Importing registers, with `vocab.get_vocabulary()` and
+nothing with gin (T5X imports it after its flags: `MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`):
+`mcwq_{split}_{lang}` (train, validation = MCWQ's dev, test), `mcwq_gold_{he,kn,zh}`,
+`mcwq_{split}_zeroshot_{lang}` (§5.3), `mcwq_{split}_multilingual`, each also `_prefixed` (the
+authors' `translate {Language} to Sparql: `), for the published splits and languages and those
+`readers.discover` finds. Examples also carry `question`, `sparql`, `rir` and `recursionDepth`
+(int32, -1 when unknown).
 """
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def multilingual_mixture_name(split: str, suffix: str = "") -> str:
 
 
 def examples_to_dataset(examples: Sequence[readers.Example]) -> tf.data.Dataset:
-  """A tf.data.Dataset of dicts: `question`, `sparql`, `rir`, `language` (tf.string scalars, ""
-  when missing), `recursionDepth` (tf.int32 scalar, -1 when unknown)."""
+  """A tf.data.Dataset of dicts: `question`, `sparql`, `rir`, `language` (tf.string scalars, "" when
+  missing), `recursionDepth` (tf.int32 scalar, -1 when unknown)."""
 
   def strings(values):
     return tf.constant([v or "" for v in values], dtype=tf.string, shape=[len(values)])
@@ -152,13 +152,12 @@ def register_mcwq_tasks(prefix: Union[str, Callable[[str], str]] = DEFAULT_INPUT
                         vocabulary: Optional[seqio.Vocabulary] = None,
                         suffix: str = "",
                         data_dir: Optional[str] = None) -> list[str]:
-  """The names of all MCWQ tasks and mixtures, registered (replacing earlier ones of those
-  names).
+  """The names of all MCWQ tasks and mixtures, registered (replacing earlier ones of those names).
 
   `prefix`: text before every input, or a function language -> text (`input_prefix`); default
-  none. `vocabulary` default `vocab.get_vocabulary()` ($MCWQ_VOCAB, else the offline
-  SentencePiece model). `suffix` names variants side by side. `data_dir` (default
-  `paths.data_dir()`, resolved when read) adds the splits and languages it holds, listed now.
+  none. `vocabulary` default `vocab.get_vocabulary()` ($MCWQ_VOCAB, else the offline SentencePiece
+  model). `suffix` names variants side by side. `data_dir` (default `paths.data_dir()`, resolved
+  when read) adds the splits and languages it holds, listed now.
   """
   vocabulary = vocabulary if vocabulary is not None else vocab_lib.get_vocabulary()
   output_features = {

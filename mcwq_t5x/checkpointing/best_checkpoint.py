@@ -65,8 +65,7 @@ def _from_event_files(model_dir: pathlib.Path, name: str) -> dict[int, float]:
 
 
 def read_metric(model_dir: str | pathlib.Path, metric_name: str) -> dict[int, float]:
-  """{step: value} of `metric_name` as either engine logged it in `model_dir` (later records
-  win).
+  """{step: value} of `metric_name` as either engine logged it in `model_dir` (later records win).
 
   `metric_name`: our `eval_metrics.jsonl` key ("training_eval/loss") or T5X's TensorBoard
   `{run}/{tag}` ("training_eval/mcwq_mcd1_en_prefixed/loss"); {} when never logged.
@@ -114,10 +113,9 @@ def checkpoint_path(path: str,
                     metric_mode: str = "min") -> str:
   """The checkpoint to decode for `path` (the eval files' `CHECKPOINT_PATH`).
 
-  The absolute `MODEL_DIR/checkpoint_<step>` best by `metric_name_to_monitor` (None: the
-  newest), a `checkpoint_<step>` unchanged; the newest, with a warning, when no kept
-  checkpoint has the metric or the run monitored the test split. Raises NotACheckpointError,
-  ValueError.
+  The absolute `MODEL_DIR/checkpoint_<step>` best by `metric_name_to_monitor` (None: the newest),
+  a `checkpoint_<step>` unchanged; the newest, with a warning, when no kept checkpoint has the
+  metric or the run monitored the test split. Raises NotACheckpointError, ValueError.
   """
   directory, newest = checkpoint_paths.resolve_checkpoint(path)
   p = pathlib.Path(path).absolute()
@@ -145,8 +143,8 @@ def t5x_save_best_checkpointer(metric_name_to_monitor: str,
                                metric_mode: str = "min",
                                keep_checkpoints_without_metrics: bool = True):
   """T5X's `checkpoints.SaveBestCheckpointer` as a partial for
-  `SaveCheckpointConfig.checkpointer_cls` (`metric_name_to_monitor` T5X's `{run}/{tag}`).
-  Imports T5X."""
+  `SaveCheckpointConfig.checkpointer_cls` (`metric_name_to_monitor` T5X's `{run}/{tag}`). Imports
+  T5X."""
   # why a partial: T5X's Orbax manager (`utils.create_checkpoint_manager_cls`) reads the
   # best-keeping settings only from one; a bare class keeps only the most recent checkpoints.
   import functools  # pylint: disable=g-import-not-at-top

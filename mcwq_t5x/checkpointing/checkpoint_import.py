@@ -5,9 +5,8 @@ Both return float32 numpy arrays with T5X's names, checked against `expected_par
 `load_hf_checkpoint`: a Hugging Face `(M)T5ForConditionalGeneration` folder (safetensors, or
 `pytorch_model.bin` with torch), through `hf_name_map`, no rescaling (neither scales attention
 logits). `load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as
-under gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local
-files inside the checkpoint's folder (`_local_spec`). Imports only the leaf
-`checkpoint_paths`.
+under gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local files
+inside the checkpoint's folder (`_local_spec`). Imports only the leaf `checkpoint_paths`.
 """
 
 from __future__ import annotations
@@ -67,8 +66,8 @@ def _expected_param_shapes(config: network.T5Config) -> tuple:
 def check_params(params: Mapping[str, Any],
                  config: network.T5Config,
                  source: str = "checkpoint") -> None:
-  """CheckpointMismatchError naming every missing, unexpected and mis-shaped parameter (the first
-  50 of each, then a count) unless `params` (T5X names) match `config` exactly."""
+  """CheckpointMismatchError naming every missing, unexpected and mis-shaped parameter (the first 50
+  of each, then a count) unless `params` (T5X names) match `config` exactly."""
   expected = expected_param_shapes(config)
   got = {k: tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(dict(params), sep="/").items()}
   missing = sorted(set(expected) - set(got))
@@ -113,10 +112,9 @@ def config_from_hf(config: PathLike | Mapping[str, Any], **overrides: Any) -> ne
 
   d_model -> emb_dim, num_layers -> num_encoder_layers, d_kv -> head_dim, d_ff -> mlp_dim,
   feed_forward_proj "gated-gelu" -> ("gelu", "linear"), "relu" -> ("relu",), "gated-silu" ->
-  ("silu", "linear"), others by name. Tied, scaled logits for "t5" unless
-  `tie_word_embeddings: false` (T5.1.1) or `scale_decoder_outputs: false`; mT5 never.
-  ValueError: unreadable, missing field, bad activation, another `model_type` (BART, UMT5:
-  per-layer relative position tables).
+  ("silu", "linear"), others by name. Tied, scaled logits for "t5" unless `tie_word_embeddings:
+  false` (T5.1.1) or `scale_decoder_outputs: false`; mT5 never. ValueError: unreadable, missing
+  field, bad activation, another `model_type` (BART, UMT5: per-layer relative position tables).
   """
   if isinstance(config, (str, os.PathLike)):
     path = pathlib.Path(config)
@@ -176,12 +174,12 @@ def config_from_hf(config: PathLike | Mapping[str, Any], **overrides: Any) -> ne
 
 
 def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
-  """{T5X flat name: (HF state-dict key, transpose?)}, one entry per parameter: the one table of
-  the import and the export (`export_hf`), transformers `modeling_t5.py` names.
+  """{T5X flat name: (HF state-dict key, transpose?)}, one entry per parameter: the one table of the
+  import and the export (`export_hf`), transformers `modeling_t5.py` names.
 
   Torch `Linear` [out, in] vs T5X kernels [in, out] and HF's relative position table [buckets,
-  heads] vs [heads, buckets] are transposed; embeddings and norm scales are stored alike; a
-  tied config has no `lm_head.weight`.
+  heads] vs [heads, buckets] are transposed; embeddings and norm scales are stored alike; a tied
+  config has no `lm_head.weight`.
   """
   m: dict[str, tuple[str, bool]] = {
       "token_embedder/embedding": ("shared.weight", False),
@@ -300,14 +298,12 @@ def _hf_config_ties_embeddings(directory: pathlib.Path) -> bool:
 
 
 def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
-  """Nested float32 numpy params in T5X layout from a Hugging Face T5/mT5 `save_pretrained`
-  folder.
+  """Nested float32 numpy params in T5X layout from a Hugging Face T5/mT5 `save_pretrained` folder.
 
-  `config` default `config_from_hf(path/config.json)`. CheckpointMismatchError names the HF
-  key and T5X parameter of each tensor missing (`shared.weight` stands for `lm_head.weight`
-  only with `tie_word_embeddings: true`, as transformers), mis-shaped, unexpected, or a stored
-  embedding copy differing from `shared.weight`. ValueError: unreadable files, another
-  architecture.
+  `config` default `config_from_hf(path/config.json)`. CheckpointMismatchError names the HF key and
+  T5X parameter of each tensor missing (`shared.weight` stands for `lm_head.weight` only with
+  `tie_word_embeddings: true`, as transformers), mis-shaped, unexpected, or a stored embedding copy
+  differing from `shared.weight`. ValueError: unreadable files, another architecture.
   """
   directory = pathlib.Path(path)
   if config is None:
@@ -371,11 +367,10 @@ def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None
 # T5X native (msgpack + TensorStore zarr).
 # ---------------------------------------------------------------------------
 def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
-  """The TensorStore array of `spec` as numpy (its stored dtype); `source` and `name` for
-  messages.
+  """The TensorStore array of `spec` as numpy (its stored dtype); `source` and `name` for messages.
 
-  IncompleteCheckpointError: a missing chunk without fill value (TensorStore would read zeros)
-  or a shape other than the msgpack's; ValueError: unreadable.
+  IncompleteCheckpointError: a missing chunk without fill value (TensorStore would read zeros) or a
+  shape other than the msgpack's; ValueError: unreadable.
   """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   recorded = (spec.get("metadata") or {}).get("shape")
@@ -432,11 +427,10 @@ def _local_file(kv: Any, directory: pathlib.Path, what: str) -> tuple[str, str]:
 
 def _local_spec(leaf: Any, directory: pathlib.Path, source: pathlib.Path,
                 name: str) -> tuple[dict[str, Any], str]:
-  """(TensorStore spec reading only files inside `directory`, the array's path) of a msgpack
-  leaf.
+  """(TensorStore spec reading only files inside `directory`, the array's path) of a msgpack leaf.
 
-  CheckpointOutsideFolderError (naming `source` and the array): another driver, an unknown
-  spec key, or a path outside `directory` (symlinks and `..` resolved).
+  CheckpointOutsideFolderError (naming `source` and the array): another driver, an unknown spec
+  key, or a path outside `directory` (symlinks and `..` resolved).
   """
   what = f"{source}: array {name}"
   if isinstance(leaf, str):
@@ -475,12 +469,11 @@ def _is_ref(x: Any) -> bool:
 
 
 def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
-  """Nested float32 numpy params (`target`) of a T5X-native `checkpoint_N` folder or msgpack
-  file.
+  """Nested float32 numpy params (`target`) of a T5X-native `checkpoint_N` folder or msgpack file.
 
   Raises CheckpointMismatchError (with `config`), IncompleteCheckpointError,
-  CheckpointOutsideFolderError (nothing is read then), UnreadableCheckpointFileError
-  (malformed msgpack), ValueError (no `target`, unreadable arrays).
+  CheckpointOutsideFolderError (nothing is read then), UnreadableCheckpointFileError (malformed
+  msgpack), ValueError (no `target`, unreadable arrays).
   """
   path = pathlib.Path(path)
   msgpack_file = path if path.is_file() else path / checkpoint_paths.T5X_MSGPACK_FILE

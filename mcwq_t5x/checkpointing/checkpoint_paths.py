@@ -64,8 +64,7 @@ def step_of(name: str) -> Optional[int]:
 
 class CheckpointOutsideFolderError(ValueError):
   """A checkpoint names data outside its folder or a non-local store (`http`/`gcs`/`s3`/`memory`,
-  `../x`); never read, never skipped for an older checkpoint. The message names file and
-  entry."""
+  `../x`); never read, never skipped for an older checkpoint. The message names file and entry."""
 
 
 class UnreadableCheckpointFileError(ValueError):
@@ -91,10 +90,9 @@ def checkpoint_dir(directory: PathLike, step: int) -> pathlib.Path:
 
 
 def checkpoint_format(folder: PathLike) -> str:
-  """The item format of a finished `checkpoint_<step>`: ITEM_FORMAT_MCWQ (`state/` plus our
-  `data/` or `optimizer/`), ITEM_FORMAT_T5X_ORBAX (`state/` only) or ITEM_FORMAT_T5X_MSGPACK
-  (T5X's legacy `checkpoint` file). NotACheckpointError for none (e.g. an unfinished Orbax
-  temporary folder)."""
+  """The item format of a finished `checkpoint_<step>`: ITEM_FORMAT_MCWQ (`state/` plus our `data/`
+  or `optimizer/`), ITEM_FORMAT_T5X_ORBAX (`state/` only) or ITEM_FORMAT_T5X_MSGPACK (T5X's legacy
+  `checkpoint` file). NotACheckpointError for none (e.g. an unfinished Orbax temporary folder)."""
   folder = pathlib.Path(folder)
   if (folder / STATE_ITEM).is_dir():
     if (folder / DATA_ITEM).is_dir() or (folder / OPTIMIZER_ITEM).is_dir():
@@ -132,9 +130,8 @@ def finished_steps(directory: PathLike) -> list[int]:
 
 def resolve_checkpoint(path: PathLike) -> tuple[pathlib.Path, int]:
   """(absolute MODEL_DIR, step) of `MODEL_DIR` (its newest finished step, also under
-  `MODEL_DIR/checkpoints/`), `MODEL_DIR/checkpoint_<step>`, or its `state` / `checkpoint`
-  item, as T5X `checkpoints.find_checkpoint`. NotACheckpointError (a FileNotFoundError) for
-  anything else."""
+  `MODEL_DIR/checkpoints/`), `MODEL_DIR/checkpoint_<step>`, or its `state` / `checkpoint` item, as
+  T5X `checkpoints.find_checkpoint`. NotACheckpointError (a FileNotFoundError) for anything else."""
   p = pathlib.Path(path).absolute()
   if p.name in (STATE_ITEM, T5X_MSGPACK_FILE) and _STEP_DIR_RE.match(p.parent.name):
     p = p.parent

@@ -189,9 +189,9 @@ def restore_params_and_step(
     fallback_params: Optional[PyTree] = None) -> tuple[dict, pathlib.Path, int]:
   """(params, MODEL_DIR, step): `restore_params` and where the parameters came from.
 
-  A MODEL_DIR gives its newest READABLE checkpoint (a corrupt newer one skipped with a
-  warning); a named `checkpoint_<step>` is read or raises `UnreadableCheckpointError`. Raises
-  as `restore_params`.
+  A MODEL_DIR gives its newest READABLE checkpoint (a corrupt newer one skipped with a warning); a
+  named `checkpoint_<step>` is read or raises `UnreadableCheckpointError`. Raises as
+  `restore_params`.
   """
   p = pathlib.Path(path).absolute()
   directory, step = checkpoint_paths.resolve_checkpoint(p)
@@ -264,8 +264,7 @@ def _describe(node: Any, params_def: Any) -> str:
 
 
 def optimizer_state_signature(opt_state: PyTree, params: PyTree) -> dict[str, Any]:
-  """{"description", "num_arrays", "fingerprint"} of an optax state (arrays or
-  ShapeDtypeStructs).
+  """{"description", "num_arrays", "fingerprint"} of an optax state (arrays or ShapeDtypeStructs).
 
   `description` names the state types ("(FactoredState(count, v_row, v_col, v), EmptyState,
   ...)"); `fingerprint`, a SHA-256 of structure, shapes and dtypes, is equal exactly when two
@@ -324,12 +323,12 @@ def _step_array(step: int, like: Any) -> jax.Array:
 class CheckpointManager:
   """Saves/restores (train state, data position) as `directory/checkpoint_<step>/` with Orbax.
 
-  T5X's `OrbaxCheckpointManagerInterface`: saves on multiples of `save_interval_steps` and at
-  a multi-process preemption sync point (forced saves always; no Orbax first-step save), keeps
-  the last `max_to_keep` (with `metric_name_to_monitor`: that many BEST plus the newest, T5X
-  `SaveBestCheckpointer`), `async_save`, atomic finalisation. Beyond T5X: falls back to an
-  older checkpoint when the newest is corrupt, and says clearly when the optimizer changed or
-  a save failed (naming the last good one). Metrics go into the `data/` item. ValueError: bad
+  T5X's `OrbaxCheckpointManagerInterface`: saves on multiples of `save_interval_steps` and at a
+  multi-process preemption sync point (forced saves always; no Orbax first-step save), keeps the
+  last `max_to_keep` (with `metric_name_to_monitor`: that many BEST plus the newest, T5X
+  `SaveBestCheckpointer`), `async_save`, atomic finalisation. Beyond T5X: falls back to an older
+  checkpoint when the newest is corrupt, and says clearly when the optimizer changed or a save
+  failed (naming the last good one). Metrics go into the `data/` item. ValueError: bad
   `metric_mode`.
   """
 
@@ -469,9 +468,9 @@ class CheckpointManager:
     """True if `checkpoint_<step>/` was (started to be) written, False when off the interval.
 
     `state`: `.params` (T5X names) and `.opt_state` (optax); `data_state`: JSON-able position
-    ("step" added); `metrics` ({"training_eval/loss": 0.3}) go into `data/`. Raises TypeError
-    (no params/opt_state), CheckpointSaveError (this or the previous asynchronous save failed;
-    names it, the cause, e.g. "No space left on device", and the last good checkpoint).
+    ("step" added); `metrics` ({"training_eval/loss": 0.3}) go into `data/`. Raises TypeError (no
+    params/opt_state), CheckpointSaveError (this or the previous asynchronous save failed; names it,
+    the cause, e.g. "No space left on device", and the last good checkpoint).
     """
     if not (hasattr(state, "params") and hasattr(state, "opt_state")):
       raise TypeError(f"CheckpointManager.save needs a TrainState (params, opt_state), got "
@@ -544,10 +543,9 @@ class CheckpointManager:
               fallback_params: Optional[PyTree] = None) -> tuple[Any, dict[str, Any]]:
     """(state like `abstract_state`, data_state: the saved JSON, {"step"} for T5X's) of `step`.
 
-    `params_only`, or a T5X checkpoint (its Adafactor state is not optax's), gets a fresh
-    state from `optimizer`. Raises OptimizerStateMismatchError, MissingOptimizerError,
-    CheckpointMismatchError, NotACheckpointError, Orbax/TensorStore errors for unreadable
-    files.
+    `params_only`, or a T5X checkpoint (its Adafactor state is not optax's), gets a fresh state from
+    `optimizer`. Raises OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError,
+    NotACheckpointError, Orbax/TensorStore errors for unreadable files.
     """
     folder = checkpoint_paths.checkpoint_dir(self.directory, step)
     fmt = checkpoint_paths.checkpoint_format(folder)
@@ -593,11 +591,11 @@ class CheckpointManager:
       params_only: bool = False,
       optimizer: Any = None,
       fallback_params: Optional[PyTree] = None) -> Optional[tuple[int, Any, dict[str, Any]]]:
-    """(step, state, data_state) of the newest readable checkpoint (older ones if it is corrupt),
-    or None when there is none; arguments as `restore`.
+    """(step, state, data_state) of the newest readable checkpoint (older ones if it is corrupt), or
+    None when there is none; arguments as `restore`.
 
-    Raises at once OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError
-    (an older one would not fit either); NoUsableCheckpointError when none can be read.
+    Raises at once OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError (an
+    older one would not fit either); NoUsableCheckpointError when none can be read.
     """
     steps = self.all_steps()
     errors = []

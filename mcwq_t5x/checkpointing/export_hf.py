@@ -56,9 +56,9 @@ def hf_config(config: network.T5Config) -> dict[str, Any]:
   `checkpoint_import.config_from_hf`).
 
   emb_dim -> d_model, head_dim -> d_kv, mlp_dim -> d_ff, num_encoder_layers -> num_layers,
-  mlp_activations -> feed_forward_proj, the others by name. `logits_via_embedding` False:
-  "mt5" untied; True: "t5" tied (transformers scales the decoder output by d_model**-0.5, as
-  T5 1.0). ValueError: activations transformers' T5 cannot express (("gelu", "gelu")).
+  mlp_activations -> feed_forward_proj, the others by name. `logits_via_embedding` False: "mt5"
+  untied; True: "t5" tied (transformers scales the decoder output by d_model**-0.5, as T5 1.0).
+  ValueError: activations transformers' T5 cannot express (("gelu", "gelu")).
   """
   acts = tuple(config.mlp_activations)
   if acts not in _FEED_FORWARD_PROJ:
@@ -98,8 +98,7 @@ def to_hf_state_dict(params: Mapping[str, Any],
   `checkpoint_import.hf_name_map`.
 
   Kernels [in, out] -> torch [out, in], relative position tables [heads, buckets] -> [buckets,
-  heads]; no `lm_head.weight` when tied. CheckpointMismatchError names every offending
-  parameter.
+  heads]; no `lm_head.weight` when tied. CheckpointMismatchError names every offending parameter.
   """
   params = nn.unbox(dict(params))
   checkpoint_import.check_params(params, config, source)
@@ -145,8 +144,7 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
   tokenizer_config.json and special_tokens_map.json into `out_dir`.
 
   `spm_path`: pad 0, eos 1 as T5; `model_vocab_size`: the embedding's rows. ValueError: not a
-  SentencePiece model, other pad/eos ids, more ids than rows, word/char models, no
-  transformers.
+  SentencePiece model, other pad/eos ids, more ids than rows, word/char models, no transformers.
   """
   out_dir, spm_path = pathlib.Path(out_dir), pathlib.Path(spm_path)
   proto = _sentencepiece_proto(spm_path)
@@ -294,16 +292,15 @@ def export_params(params: Mapping[str, Any],
                   *,
                   max_new_tokens: int,
                   overwrite: bool = False) -> pathlib.Path:
-  """`out_dir`, a Hugging Face folder for `params` of `network.Transformer(config)`, written
-  whole (a temporary sibling renamed; modes 0644/0755 less the umask).
+  """`out_dir`, a Hugging Face folder for `params` of `network.Transformer(config)`, written whole
+  (a temporary sibling renamed; modes 0644/0755 less the umask).
 
-  Files: config.json (`hf_config`), model.safetensors (float32,
-  `checkpoint_import.hf_name_map`), generation_config.json (decoder_start 0, eos 1, pad 0,
-  greedy, `max_new_tokens`: `generate` decodes as our `infer`), spiece.model, tokenizer.json
-  and its configs (`write_tokenizer`). `overwrite` replaces a previous export (`EXPORT_FILES`
-  only). Activations are float32 in transformers (bfloat16 runs differ by rounding). Raises
-  CheckpointMismatchError, ValueError (`out_dir` not empty or not an export, bad vocabulary or
-  activations, `max_new_tokens` < 1).
+  Files: config.json (`hf_config`), model.safetensors (float32, `checkpoint_import.hf_name_map`),
+  generation_config.json (decoder_start 0, eos 1, pad 0, greedy, `max_new_tokens`: `generate`
+  decodes as our `infer`), spiece.model, tokenizer.json and its configs (`write_tokenizer`).
+  `overwrite` replaces a previous export (`EXPORT_FILES` only). Activations are float32 in
+  transformers (bfloat16 runs differ by rounding). Raises CheckpointMismatchError, ValueError
+  (`out_dir` not empty or not an export, bad vocabulary or activations, `max_new_tokens` < 1).
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   out_dir = pathlib.Path(out_dir)
@@ -347,9 +344,8 @@ def export_params(params: Mapping[str, Any],
 
 @dataclasses.dataclass(frozen=True)
 class Sources:
-  """What an export writes besides the weights: `config`, `spm_path`, `extra_ids`,
-  `max_new_tokens`, and `notes` saying where each came from ("model config from .../run.json;
-  ...")."""
+  """What an export writes besides the weights: `config`, `spm_path`, `extra_ids`, `max_new_tokens`,
+  and `notes` saying where each came from ("model config from .../run.json; ...")."""
   config: network.T5Config
   spm_path: pathlib.Path
   extra_ids: int
@@ -397,12 +393,12 @@ def resolve_sources(checkpoint: PathLike,
                     vocab: Optional[PathLike] = None,
                     extra_ids: Optional[int] = None,
                     max_new_tokens: Optional[int] = None) -> Sources:
-  """The `Sources` of `checkpoint`: the arguments, else a Hugging Face folder's own files, else
-  the run.json at or up to 3 folders above it (`run_info.find`).
+  """The `Sources` of `checkpoint`: the arguments, else a Hugging Face folder's own files, else the
+  run.json at or up to 3 folders above it (`run_info.find`).
 
-  `extra_ids` default: as recorded, else 0. Raises ValueError (a part neither given nor
-  recorded: one line naming the flags; another vocabulary than recorded; an unreadable
-  run.json or a missing recorded vocabulary; a bad `model_config`), NotACheckpointError.
+  `extra_ids` default: as recorded, else 0. Raises ValueError (a part neither given nor recorded:
+  one line naming the flags; another vocabulary than recorded; an unreadable run.json or a missing
+  recorded vocabulary; a bad `model_config`), NotACheckpointError.
   """
   fmt, where = checkpoint_paths.locate(checkpoint)
   hf_folder = fmt == checkpoint_paths.FORMAT_HF
@@ -488,8 +484,8 @@ def export_checkpoint(checkpoint: PathLike,
                       extra_ids: Optional[int] = None,
                       max_new_tokens: Optional[int] = None,
                       overwrite: bool = False) -> pathlib.Path:
-  """`out_dir` (a Path): any checkpoint `checkpoint_loaders.load_params` reads, exported to
-  Hugging Face.
+  """`out_dir` (a Path): any checkpoint `checkpoint_loaders.load_params` reads, exported to Hugging
+  Face.
 
   `out_dir` must not be, contain or lie inside the checkpoint; the other arguments override it
   (`resolve_sources`, `export_params`). Raises ValueError (names the file or flag),

@@ -120,9 +120,8 @@ def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str
 
 
 class ScalarWriter:
-  """TensorBoard event files of plain `simple_value` scalars in `logdir` (process 0, no
-  TensorFlow): `EventAccumulator(dir).Scalars(tag)` lists them, not clu's or TF2's tensor
-  summaries."""
+  """TensorBoard event files of plain `simple_value` scalars in `logdir` (process 0, no TensorFlow):
+  `EventAccumulator(dir).Scalars(tag)` lists them, not clu's or TF2's tensor summaries."""
 
   def __init__(self, logdir: str):
     self._writer = None

@@ -83,8 +83,8 @@ def _read_bytes(path: str) -> bytes:
 
 
 def vocabulary_identity(vocabulary: Any) -> Optional[dict[str, Any]]:
-  """{"path", "sha256", "extra_ids"} of a SentencePiece vocabulary, None for another kind;
-  OSError / DataNotFoundError when the model file cannot be read."""
+  """{"path", "sha256", "extra_ids"} of a SentencePiece vocabulary, None for another kind; OSError /
+  DataNotFoundError when the model file cannot be read."""
   path = getattr(vocabulary, "sentencepiece_model_file", None)
   if vocabulary is None or path is None:
     return None
@@ -118,9 +118,9 @@ def write(model_dir: PathLike,
           train_steps: Optional[int] = None,
           batch_size: Optional[int] = None,
           pack: Optional[bool] = None) -> dict[str, Any]:
-  """The dict written to MODEL_DIR/run.json, with MODEL_DIR/vocab/spm.model, atomically:
-  `model`'s network config and `output_vocabulary`, and the training data (task, split,
-  lengths, steps, batch size, pack)."""
+  """The dict written to MODEL_DIR/run.json, with MODEL_DIR/vocab/spm.model, atomically: `model`'s
+  network config and `output_vocabulary`, and the training data (task, split, lengths, steps,
+  batch size, pack)."""
   model_dir = pathlib.Path(model_dir)
   ident = vocabulary_identity(getattr(model, "output_vocabulary", None))
   if ident is not None:
@@ -223,8 +223,8 @@ def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[p
 
 def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> None:
   """VocabularyMismatchError unless `vocabulary` (a seqio SentencePiece one; others unchecked) is
-  the one the run.json at or above `checkpoint_path` records; it names both files, their
-  SHA-256 and how to use the recorded one. `where` says who asks."""
+  the one the run.json at or above `checkpoint_path` records; it names both files, their SHA-256
+  and how to use the recorded one. `where` says who asks."""
   run_path = find(checkpoint_path)
   if run_path is None:
     if pathlib.Path(checkpoint_path).exists():

@@ -2,11 +2,11 @@
 `MODEL_DIR/train.lock` (`EVAL_OUTPUT_DIR/eval.lock`).
 
 Two trainings writing one MODEL_DIR corrupt each other without an error (each other's
-checkpoints, temporary folders and `train_metrics.jsonl` rows); two evals interleave
-predictions. `hold` takes an `fcntl.flock` for the whole run and writes the holder's pid,
-host, start time and command into the file; a second run is refused with `ModelDirInUseError`
-/ `EvalOutputDirInUseError` naming the folder and that holder. In a multi-process run process
-0 holds it for all.
+checkpoints, temporary folders and `train_metrics.jsonl` rows); two evals interleave predictions.
+`hold` takes an `fcntl.flock` for the whole run and writes the holder's pid, host, start time and
+command into the file; a second run is refused with `ModelDirInUseError` /
+`EvalOutputDirInUseError` naming the folder and that holder. In a multi-process run process 0
+holds it for all.
 """
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ def _try_lock(path: pathlib.Path) -> tuple[Optional[int], Optional[str]]:
 @contextlib.contextmanager
 def hold(model_dir: str | os.PathLike,
          lock_file: str = LOCK_FILE) -> Iterator[Optional[dict[str, Any]]]:
-  """Context manager holding MODEL_DIR's training lock (`lock_file=EVAL_LOCK_FILE`: the eval
-  lock); yields the holder's description in process 0, None in the others. Creates the folder.
+  """Context manager holding MODEL_DIR's training lock (`lock_file=EVAL_LOCK_FILE`: the eval lock);
+  yields the holder's description in process 0, None in the others. Creates the folder.
 
   Raises ModelDirInUseError / EvalOutputDirInUseError (in every process; names folder and
   holder), OSError (the folder or lock file cannot be created).

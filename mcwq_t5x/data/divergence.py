@@ -83,8 +83,7 @@ def canonical_compound(edges: tuple[tuple[str, str, str], ...], answer: Optional
   """The canonical string of a sub-graph, e.g. "M1 wdt:P57 ?v1 . M2 wdt:P57 ?v1".
 
   Placeholders -> `M1..`, variables -> `?v1..` (`answer` -> `?ans`), constants kept; the least
-  sorted edge list over all renumberings of each role's anonymous nodes; `!=` edges
-  undirected.
+  sorted edge list over all renumberings of each role's anonymous nodes; `!=` edges undirected.
   """
   groups: dict[str, list[str]] = {"M": [], "?v": []}
   for s, _, o in edges:
@@ -252,9 +251,8 @@ def chernoff_coefficient(p: Union[Mapping[str, float], np.ndarray],
                          q: Union[Mapping[str, float], np.ndarray], alpha: float) -> float:
   """Chernoff coefficient C_α(P‖Q) = Σ_k p_k^α q_k^(1−α) in [0, 1] (Keysers et al. 2020, §2.1).
 
-  `p`, `q`: counts (normalised here), both mappings or both arrays over the same keys. 1 iff
-  equal, 0 iff disjoint (0 < α < 1). ValueError: α outside [0, 1], a negative count, an
-  all-zero side.
+  `p`, `q`: counts (normalised here), both mappings or both arrays over the same keys. 1 iff equal,
+  0 iff disjoint (0 < α < 1). ValueError: α outside [0, 1], a negative count, an all-zero side.
   """
   if not 0.0 <= alpha <= 1.0:
     raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
@@ -359,8 +357,8 @@ def default_language(split: str, data_dir: Optional[readers.PathLike] = None) ->
 def split_figures(split: str,
                   data_dir: Optional[readers.PathLike] = None,
                   language: Optional[str] = None) -> list[tuple[str, str, int, int, Divergences]]:
-  """[(part_a, part_b, size_a, size_b, Divergences)] for every two parts of the split (part_a is
-  P); [] for fewer than two. ValueError: unknown split, malformed data."""
+  """[(part_a, part_b, size_a, size_b, Divergences)] for every two parts of the split (part_a is P);
+  [] for fewer than two. ValueError: unknown split, malformed data."""
   language = language or default_language(split, data_dir)
   parts = readers.available_parts(split, language, data_dir)
   queries = {p: split_queries(split, p, data_dir, language) for p in parts}

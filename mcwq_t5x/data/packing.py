@@ -1,13 +1,13 @@
 """Packing of encoder-decoder examples into fixed-length rows, on numpy arrays.
 
 `pack()` takes the UNPACKED `EncDecFeatureConverter(pack=False)` arrays and returns rows with
-exactly the features and conventions of SeqIO's packed converter (segment ids 1, 2, ... and 0
-on padding, positions restarting per example, `decoder_input_tokens` shifted within each
-example). "greedy" is SeqIO's stream-order rule and gives its rows exactly; "first_fit"
-(default) is first-fit decreasing bin packing in two dimensions (Johnson, 1973),
-deterministic. On MCWQ (English random-split dev, 2,000-piece vocabulary) greedy 64/128-token
-rows hold 2.1 examples where the targets leave room for 2.7: a third of each step padding.
-Rows are training rows, their order meaningless (the trainer shuffles them). No TensorFlow.
+exactly the features and conventions of SeqIO's packed converter (segment ids 1, 2, ... and 0 on
+padding, positions restarting per example, `decoder_input_tokens` shifted within each example).
+"greedy" is SeqIO's stream-order rule and gives its rows exactly; "first_fit" (default) is
+first-fit decreasing bin packing in two dimensions (Johnson, 1973), deterministic. On MCWQ
+(English random-split dev, 2,000-piece vocabulary) greedy 64/128-token rows hold 2.1 examples
+where the targets leave room for 2.7: a third of each step padding. Rows are training rows, their
+order meaningless (the trainer shuffles them). No TensorFlow.
 """
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def assign_rows(input_lengths: np.ndarray,
   """Lists of example indices (source order within a row) placing int [N] `input_lengths` /
   `target_lengths` (EOS included) into rows of `input_capacity` / `target_capacity` tokens.
 
-  `method`: "first_fit" or "greedy". ValueError: unknown method, an example longer than the
-  row.
+  `method`: "first_fit" or "greedy". ValueError: unknown method, an example longer than the row.
   """
   if method not in METHODS:
     raise ValueError(f"unknown packing method {method!r}; expected one of {METHODS}")
@@ -85,13 +84,11 @@ def pack(arrays: Mapping[str, np.ndarray],
          target_length: int,
          method: str = "first_fit") -> dict[str, np.ndarray]:
   """SeqIO's packed `EncDecFeatureConverter` features, int32 [rows, input_length] or [rows,
-  target_length], of unpacked `arrays` [N, Li] / [N, Lt] (`UNPACKED_FEATURES`; others
-  dropped).
+  target_length], of unpacked `arrays` [N, Li] / [N, Lt] (`UNPACKED_FEATURES`; others dropped).
 
-  Features: encoder_input_tokens, encoder_segment_ids, encoder_positions,
-  decoder_target_tokens, decoder_input_tokens, decoder_loss_weights, decoder_segment_ids,
-  decoder_positions. Raises KeyError (a feature missing), ValueError (unknown method; an
-  example longer than a row).
+  Features: encoder_input_tokens, encoder_segment_ids, encoder_positions, decoder_target_tokens,
+  decoder_input_tokens, decoder_loss_weights, decoder_segment_ids, decoder_positions. Raises
+  KeyError (a feature missing), ValueError (unknown method; an example longer than a row).
   """
   missing = [k for k in UNPACKED_FEATURES if k not in arrays]
   if missing:

@@ -26,11 +26,10 @@ from mcwq_t5x.data import packing
 class DatasetConfig:
   """Which data to read and how to batch it (T5X `utils.DatasetConfig` names).
 
-  `task_feature_lengths` {"inputs", "targets"} (tokens, EOS included; None: each split's
-  longest); `batch_size` is GLOBAL; `seed` None = 0; `use_cached`: T5X's USE_CACHED_TASKS;
-  `pack` (training only, `data.packing`) with `packing_method` "first_fit" (more examples per
-  row on MCWQ) or "greedy" (SeqIO's rows); `module`: T5X's MIXTURE_OR_TASK_MODULE
-  ("tasks.mcwq") or None.
+  `task_feature_lengths` {"inputs", "targets"} (tokens, EOS included; None: each split's longest);
+  `batch_size` is GLOBAL; `seed` None = 0; `use_cached`: T5X's USE_CACHED_TASKS; `pack` (training
+  only, `data.packing`) with `packing_method` "first_fit" (more examples per row on MCWQ) or
+  "greedy" (SeqIO's rows); `module`: T5X's MIXTURE_OR_TASK_MODULE ("tasks.mcwq") or None.
   """
   mixture_or_task_name: str
   task_feature_lengths: Optional[Mapping[str, int]]
@@ -78,8 +77,8 @@ def output_vocabulary(name: str, module: Optional[str] = None):
 
 
 def check_vocab_size(vocabulary: Any, model_vocab_size: int, where: str = "") -> None:
-  """ValueError (naming both sizes and their sources) unless the model's embedding size equals
-  the vocabulary's, or is it rounded up to a multiple of 128 (mT5: 250100 -> 250112, as T5X)."""
+  """ValueError (naming both sizes and their sources) unless the model's embedding size equals the
+  vocabulary's, or is it rounded up to a multiple of 128 (mT5: 250100 -> 250112, as T5X)."""
   n = int(vocabulary.vocab_size)
   padded = -(-n // 128) * 128
   if model_vocab_size not in (n, padded):
@@ -118,8 +117,8 @@ def load_feature_arrays(cfg: DatasetConfig,
                         shard_index: int = 0,
                         num_shards: int = 1,
                         num_examples: Optional[int] = None) -> dict[str, np.ndarray]:
-  """feature -> int32 [N, length] (`seqio.EncDecFeatureConverter`'s, plus segment/position
-  features when packed) of one process's shard of `cfg`'s split.
+  """feature -> int32 [N, length] (`seqio.EncDecFeatureConverter`'s, plus segment/position features
+  when packed) of one process's shard of `cfg`'s split.
 
   `num_examples`: the first N (source order, before packing); `shuffle` is the iterator's.
   Raises ValueError (unknown task, an empty split), paths.DataNotFoundError.
@@ -232,8 +231,8 @@ class DeterministicBatches:
   """Endless batches where batch `s` depends only on (seed, s): a resume needs only `s`.
 
   Batch `s` is items [s*B, (s+1)*B) of epoch 0's permutation, then epoch 1's, ...
-  (`np.random.default_rng([seed, e])`; `shuffle` False: source order). `arrays`: feature ->
-  [N, ...]. ValueError: no rows, or `batch_size` < 1.
+  (`np.random.default_rng([seed, e])`; `shuffle` False: source order). `arrays`: feature -> [N,
+  ...]. ValueError: no rows, or `batch_size` < 1.
   """
 
   def __init__(self,

@@ -72,10 +72,10 @@ class DataFormatError(ValueError):
 class Example:
   """One MCWQ example (field names as dataset.json's).
 
-  `question` with placeholders M0..M9, normalised on creation; `sparql` (MCWQ formatting) or
-  None when the source has only RIR; `rir` or None; `language` ("en", "he", "kn", "zh" or a
-  release's own); `recursionDepth` and `expectedResponse` where dataset.json has them;
-  `source` and 1-based `line` (dataset.json: record number).
+  `question` with placeholders M0..M9, normalised on creation; `sparql` (MCWQ formatting) or None
+  when the source has only RIR; `rir` or None; `language` ("en", "he", "kn", "zh" or a release's
+  own); `recursionDepth` and `expectedResponse` where dataset.json has them; `source` and 1-based
+  `line` (dataset.json: record number).
   """
   question: str
   sparql: Optional[str]
@@ -238,8 +238,8 @@ def read_official(path: PathLike,
                   with_rir: bool = False) -> list[Example]:
   """One Example per line of `official/{split}/{part}.{lang}.txt` (`language` from the name).
 
-  Raises DataNotFoundError, DataFormatError (no `IN:`/`OUT:`, an empty side, or with
-  `with_rir` a query that does not convert to RIR).
+  Raises DataNotFoundError, DataFormatError (no `IN:`/`OUT:`, an empty side, or with `with_rir` a
+  query that does not convert to RIR).
   """
   language = language if language is not None else _language_from_name(path)
   return list(_read_official(str(path), language, with_rir))
@@ -332,8 +332,7 @@ def read_translation_jsonl(path: PathLike,
                            with_sparql: bool = False) -> list[Example]:
   """One Example per `{"translation": {"src": question, "tgt": RIR}}` line (blanks skipped).
 
-  Raises DataNotFoundError, DataFormatError (not JSON; `translation.src`/`tgt` missing or
-  empty).
+  Raises DataNotFoundError, DataFormatError (not JSON; `translation.src`/`tgt` missing or empty).
   """
   language = language if language is not None else _language_from_name(path)
   return list(_read_translation_jsonl(str(path), language, with_sparql))
@@ -494,9 +493,8 @@ def discover(data_dir: Optional[PathLike] = None) -> Contents:
   read.
 
   Looks at `official/{split}/{part}.{lang}.txt`, `translations/{split}/{part}.{lang}.*`,
-  `translations/gold/test.{lang}.*` and `splits/{split}.json`. The published splits and
-  languages are always included, so a partial copy or a missing directory gives at least
-  those.
+  `translations/gold/test.{lang}.*` and `splits/{split}.json`. The published splits and languages
+  are always included, so a partial copy or a missing directory gives at least those.
   """
   root = paths.data_dir(data_dir, must_exist=False)
   found_splits: set[str] = set()
@@ -592,8 +590,7 @@ def split_files(split: str,
                 language: str,
                 data_dir: Optional[PathLike] = None) -> tuple[str, tuple[pathlib.Path, ...]]:
   """(layout, files) of one split/part/language, preferring `official` (`official/...txt`), then
-  `translations` (`.txt` + `.sparql`), `jsonl` (`.json`), `release` (`dataset.json` +
-  `splits/`).
+  `translations` (`.txt` + `.sparql`), `jsonl` (`.json`), `release` (`dataset.json` + `splits/`).
 
   Raises ValueError (unknown split/part/language), DataNotFoundError (names the official path
   and the fetch command).
@@ -632,12 +629,10 @@ def read_split(split: str,
                part: str,
                language: str,
                data_dir: Optional[PathLike] = None) -> list[Example]:
-  """One split/part/language from whichever layout exists, `question`, `sparql`, `rir` filled,
-  file order (a fresh list of cached Examples); `split` "gold" is the human-translated test
-  set.
+  """One split/part/language from whichever layout exists, `question`, `sparql`, `rir` filled, file
+  order (a fresh list of cached Examples); `split` "gold" is the human-translated test set.
 
-  Raises ValueError (unknown names), DataNotFoundError, DataFormatError (`FILE:LINE:
-  problem`).
+  Raises ValueError (unknown names), DataNotFoundError, DataFormatError (`FILE:LINE: problem`).
   """
   layout, files = split_files(split, part, language, data_dir)
   if layout == "official":

@@ -2,9 +2,9 @@
 
 Herzig et al. (2021), "Unlocking Compositional Generalization in Pre-trained Models Using
 Intermediate Representations": braces become the words `lb` and `rb`, and all triples of one
-subject whose predicates share an object list become one group `( S ( r1 , r2 ) ( o1 , o2 )
-)`, standing for every triple `S ri oj`; filters stay `( FILTER ( a != b ) )`. MCWQ (Cui et
-al., TACL 2022, §5) trains and scores on this form. The grouping reproduces the published
+subject whose predicates share an object list become one group `( S ( r1 , r2 ) ( o1 , o2 ) )`,
+standing for every triple `S ri oj`; filters stay `( FILTER ( a != b ) )`. MCWQ (Cui et al., TACL
+2022, §5) trains and scores on this form. The grouping reproduces the published
 `translations/{split}/{part}.{lang}.sparql` byte for byte (all 188,672 dev/test lines):
 
   ASK WHERE { M0 wdt:P57 ?x0 . M0 wdt:P58 ?x0 . ?x0 wdt:P27 wd:Q30 . FILTER ( ?x0 != M1 ) }
@@ -159,8 +159,8 @@ def _parse_unit(tokens: list[str]) -> list[sparql_lib.Clause]:
 def rir_to_clauses(rir: str) -> tuple[str, list[sparql_lib.Clause]]:
   """(prefix, clauses) of an RIR string, every group expanded into its triples.
 
-  RIRError, never another exception, for malformed RIR (unknown prefix, no `lb`/`rb`,
-  unbalanced parentheses, a bad group or term, over `MAX_GROUP_TRIPLES` triples, no group).
+  RIRError, never another exception, for malformed RIR (unknown prefix, no `lb`/`rb`, unbalanced
+  parentheses, a bad group or term, over `MAX_GROUP_TRIPLES` triples, no group).
   """
   if not isinstance(rir, str):
     raise RIRError(f"expected a string, got {type(rir).__name__}")

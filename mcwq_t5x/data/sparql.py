@@ -5,12 +5,11 @@ MCWQ queries (Cui et al., TACL 2022, §3) are conjunctive queries over Wikidata 
   ASK WHERE { M0 wdt:P57 ?x0 . ?x0 wdt:P27 wd:Q30 . FILTER ( ?x0 != M1 ) }
   SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P106 wd:Q2526255 . ?x0 wdt:P750|wdt:P272 M0 }
 
-Terms are separated by single spaces, clauses by ` . `; a clause is `subject predicate object`
-or `FILTER ( a != b )`. Terms: variables (`?x0`), placeholders (`M0`..`M9`), entities
-(`wd:Q30`), prefixed names or IRIs; predicates: `wdt:P57`, alternatives `wdt:P750|wdt:P272`,
-or `a`. CFQ (Keysers et al., ICLR 2020) has Freebase names and `SELECT count(*) WHERE` (MCWQ:
-`ASK WHERE`). `Query.canonical` compares queries up to clause order and duplicates (query
-equivalence).
+Terms are separated by single spaces, clauses by ` . `; a clause is `subject predicate object` or
+`FILTER ( a != b )`. Terms: variables (`?x0`), placeholders (`M0`..`M9`), entities (`wd:Q30`),
+prefixed names or IRIs; predicates: `wdt:P57`, alternatives `wdt:P750|wdt:P272`, or `a`. CFQ
+(Keysers et al., ICLR 2020) has Freebase names and `SELECT count(*) WHERE` (MCWQ: `ASK WHERE`).
+`Query.canonical` compares queries up to clause order and duplicates (query equivalence).
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ RIR_SYMBOLS = tuple("\u2581" + s for s in _BARE_SYMBOLS) + _BARE_SYMBOLS
 class SmallVocabConfig:
   """Parameters of the small offline SentencePiece model (all enter the cache key).
 
-  `vocab_size` counts pad/eos/unk and 256 byte-fallback pieces; `parts` supply the training
-  text (never "test"); `split_by_whitespace` False lets pieces span spaces.
+  `vocab_size` counts pad/eos/unk and 256 byte-fallback pieces; `parts` supply the training text
+  (never "test"); `split_by_whitespace` False lets pieces span spaces.
   """
   vocab_size: int = DEFAULT_VOCAB_SIZE
   model_type: str = "bpe"
@@ -203,8 +203,7 @@ def _vocabulary_classes() -> tuple[type, type]:
 
     Canonically equivalent spellings (NFD Kannada, say) get the same ids through a task,
     `mcwq_t5x.infer` or a user's `encode`; NFC text encodes as before. It adds no state, so it
-    compares equal to a plain `seqio.SentencePieceVocabulary` of the file (T5X's vocabulary
-    check).
+    compares equal to a plain `seqio.SentencePieceVocabulary` of the file (T5X's vocabulary check).
     """
 
     def _encode(self, s):
@@ -257,9 +256,8 @@ class VocabularyNotFoundError(paths.DataNotFoundError):
 
 
 def unreadable_vocabulary(model_file: str, reason: str = "") -> VocabularyNotFoundError:
-  """A `VocabularyNotFoundError` (to raise) whose one-line message names `model_file`,
-  `$MCWQ_VOCAB` when it holds that path, the first line of `reason` (empty: a missing local
-  file), what to do."""
+  """A `VocabularyNotFoundError` (to raise) whose one-line message names `model_file`, `$MCWQ_VOCAB`
+  when it holds that path, the first line of `reason` (empty: a missing local file), what to do."""
   reason = reason.strip().splitlines()[0] if reason.strip() else ""
   problem = f"cannot be read ({reason})" if reason else "does not exist"
   if os.environ.get(VOCAB_ENV) == model_file:
@@ -326,11 +324,10 @@ def clear_vocabulary_cache() -> None:
 
 def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
   """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2) from
-  `$MCWQ_VOCAB`, the variable the SeqIO tasks read (`VOCABULARY = @vocab.mt5_vocabulary()` in
-  the paper files).
+  `$MCWQ_VOCAB`, the variable the SeqIO tasks read (`VOCABULARY = @vocab.mt5_vocabulary()` in the
+  paper files).
 
-  ValueError when unset (the tasks would use the small vocabulary); the message says what to
-  set.
+  ValueError when unset (the tasks would use the small vocabulary); the message says what to set.
   """
   path = os.environ.get(VOCAB_ENV)
   if not path:
@@ -344,8 +341,8 @@ def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
 
 
 def t5_vocabulary() -> seqio.SentencePieceVocabulary:
-  """The English T5.1.1 vocabulary (`cc_all.32000.100extra`, 32,100 pieces; 32,128 embedding
-  rows) of the paper's T5-base runs, from `$MCWQ_VOCAB`; ValueError when unset."""
+  """The English T5.1.1 vocabulary (`cc_all.32000.100extra`, 32,100 pieces; 32,128 embedding rows)
+  of the paper's T5-base runs, from `$MCWQ_VOCAB`; ValueError when unset."""
   path = os.environ.get(VOCAB_ENV)
   if not path:
     raise ValueError(f"the T5-base experiments use the T5.1.1 SentencePiece model, and the MCWQ "

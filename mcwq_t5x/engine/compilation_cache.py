@@ -1,11 +1,11 @@
 """JAX's persistent compilation cache for the mains: a program compiled once is loaded next time.
 
 `use_persistent_cache` (train, eval and infer call it before compiling) points
-`jax_compilation_cache_dir` at `$XDG_CACHE_HOME/mcwq_t5x/jax` (default
-`~/.cache/mcwq_t5x/jax`); JAX keys an entry by program, compiler options, devices and JAX/XLA
-versions, and writes only programs that took `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` (1
-s) to compile. `MCWQ_T5X_COMPILATION_CACHE=off` opts out, `=/a/folder` moves it; a cache set
-through JAX's own `JAX_COMPILATION_CACHE_DIR` is left as it is.
+`jax_compilation_cache_dir` at `$XDG_CACHE_HOME/mcwq_t5x/jax` (default `~/.cache/mcwq_t5x/jax`);
+JAX keys an entry by program, compiler options, devices and JAX/XLA versions, and writes only
+programs that took `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` (1 s) to compile.
+`MCWQ_T5X_COMPILATION_CACHE=off` opts out, `=/a/folder` moves it; a cache set through JAX's own
+`JAX_COMPILATION_CACHE_DIR` is left as it is.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def default_cache_dir() -> pathlib.Path:
 
 
 def use_persistent_cache() -> Optional[str]:
-  """The cache folder in use, or None when off; must run before the first compilation (JAX reads
-  the setting once). A folder that cannot be created turns the cache off with JAX's warning."""
+  """The cache folder in use, or None when off; must run before the first compilation (JAX reads the
+  setting once). A folder that cannot be created turns the cache off with JAX's warning."""
   choice = os.environ.get(ENV_VAR, "").strip()
   if choice.lower() in OFF_VALUES or not jax.config.jax_enable_compilation_cache:
     return None

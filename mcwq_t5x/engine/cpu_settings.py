@@ -1,7 +1,7 @@
 """CPU settings of the mains: XLA host devices, XLA CPU compiler flags, glibc `malloc` options.
 
-Process-wide, each made before JAX initialises its backends (the XLA flags) or once at the
-start (`malloc`); accelerators ignore them. `set_host_device_count` (every main; gin:
+Process-wide, each made before JAX initialises its backends (the XLA flags) or once at the start
+(`malloc`); accelerators ignore them. `set_host_device_count` (every main; gin:
 `partitioning.set_host_device_count.count`), `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`
 (training only: they make greedy decoding slower), `set_host_malloc_options` (CPU training).
 Imports nothing of JAX or of this project: it edits `XLA_FLAGS` and calls the C library.
@@ -40,8 +40,8 @@ XLA_CPU_TRAINING_FLAGS = (
 
 
 def set_xla_cpu_flags(flags: Sequence[str] = XLA_CPU_TRAINING_FLAGS) -> list[str]:
-  """The "--name=value" `flags` added to XLA_FLAGS, each unless XLA_FLAGS names it (set it there
-  to override); before JAX initialises its backends."""
+  """The "--name=value" `flags` added to XLA_FLAGS, each unless XLA_FLAGS names it (set it there to
+  override); before JAX initialises its backends."""
   current = os.environ.get("XLA_FLAGS", "")
   added = [f for f in flags if f.split("=")[0] not in current]
   if added:

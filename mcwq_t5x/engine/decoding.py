@@ -34,10 +34,10 @@ NEG_INF = np.array(-1.0e7, dtype=np.float32)
 class DecodingState:
   """What `tokens_to_logits` sees at one decoding step (T5X's DecodingState fields).
 
-  `flat_batch` = batch * num_decodes (`flatten_beam_dim`). `cur_index` int32 [flat_batch]:
-  position of `cur_token` [flat_batch] (0 = BOS), the same for every row; `sequences`
-  [flat_batch, max_decode_len]: decoder inputs so far (BOS 0 first), the prompt (or 0) after
-  `cur_index`; `cache`: the model's pytree, leading dim flat_batch (0-d leaves shared).
+  `flat_batch` = batch * num_decodes (`flatten_beam_dim`). `cur_index` int32 [flat_batch]: position
+  of `cur_token` [flat_batch] (0 = BOS), the same for every row; `sequences` [flat_batch,
+  max_decode_len]: decoder inputs so far (BOS 0 first), the prompt (or 0) after `cur_index`;
+  `cache`: the model's pytree, leading dim flat_batch (0-d leaves shared).
   """
   cur_index: Array
   sequences: Array
@@ -52,8 +52,8 @@ TokensToLogits = Callable[[DecodingState], Tuple[Array, PyTree]]
 class SamplingLoopState:
   """The `lax.while_loop` state of `temperature_sample` (T5X's; one scalar position, no prefill).
 
-  `cur_index` int32 scalar; `sequences` [flat_batch, max_decode_len + 1] (returned position j
-  is j + 1); `cache`; `ended` bool [flat_batch]; `log_prob` float32 [flat_batch]; `rng`.
+  `cur_index` int32 scalar; `sequences` [flat_batch, max_decode_len + 1] (returned position j is
+  j + 1); `cache`; `ended` bool [flat_batch]; `log_prob` float32 [flat_batch]; `rng`.
   """
   cur_index: Array
   sequences: Array
@@ -244,14 +244,13 @@ def temperature_sample(inputs: Array,
   """Samples, or greedily decodes, `num_decodes` continuations per example (T5X
   `decoding.temperature_sample`).
 
-  Greedy when `temperature == 0` or `topk == 1`; else from `softmax(logits / temperature)`
-  over the `topk` most likely tokens (0: all; T5X's default is 1). Not here: T5X's top-p,
-  per-example temperatures, `initial_index`, `max_decode_steps`, callbacks. `inputs`: int
-  [batch, max_decode_len] decoder prompt (module docstring); `cache` leading dim batch;
-  `decode_rng` required unless greedy. Returns sequences [batch, num_decodes, max_decode_len]
-  (no BOS, 0 after EOS) and float32 [batch, num_decodes] log-prob sums (EOS in, prompt out),
-  ascending (best last). ValueError: malformed shapes or arguments, no `decode_rng` when
-  sampling.
+  Greedy when `temperature == 0` or `topk == 1`; else from `softmax(logits / temperature)` over the
+  `topk` most likely tokens (0: all; T5X's default is 1). Not here: T5X's top-p, per-example
+  temperatures, `initial_index`, `max_decode_steps`, callbacks. `inputs`: int [batch,
+  max_decode_len] decoder prompt (module docstring); `cache` leading dim batch; `decode_rng`
+  required unless greedy. Returns sequences [batch, num_decodes, max_decode_len] (no BOS, 0 after
+  EOS) and float32 [batch, num_decodes] log-prob sums (EOS in, prompt out), ascending (best last).
+  ValueError: malformed shapes or arguments, no `decode_rng` when sampling.
   """
   inputs = _check_inputs(inputs, num_decodes)
   temperature, topk = float(temperature), int(topk)
@@ -344,12 +343,12 @@ def beam_search(inputs: Array,
                 eos_id: int,
                 num_decodes: int = 4,
                 alpha: float = 0.6) -> Tuple[Array, Array]:
-  """Beam search with the GNMT length penalty (T5X `decoding.beam_search`, without
-  `initial_index`, `cache_offset`, `min_log_prob` and callbacks).
+  """Beam search with the GNMT length penalty (T5X `decoding.beam_search`, without `initial_index`,
+  `cache_offset`, `min_log_prob` and callbacks).
 
   `inputs`: int [batch, max_decode_len] decoder prompt (module docstring); `cache` leading dim
-  batch; `num_decodes`: beam size; `alpha` 0: no penalty. Returns sequences [batch,
-  num_decodes, max_decode_len] (no BOS, 0 after EOS) and float32 [batch, num_decodes]
+  batch; `num_decodes`: beam size; `alpha` 0: no penalty. Returns sequences [batch, num_decodes,
+  max_decode_len] (no BOS, 0 after EOS) and float32 [batch, num_decodes]
   `length_penalized_score`s, ascending (best last); slots without a distinct finished sequence
   score <= NEG_INF / 2. ValueError: malformed shapes or arguments.
   """

@@ -92,8 +92,7 @@ def matmul_peak(n: int = 2048,
                 extra: Optional[Mapping[str, Callable[[np.ndarray, np.ndarray], Any]]] = None,
                 platform: Optional[str] = None) -> MatmulPeak:
   """`MatmulPeak` of the fastest float32 [n, n] kernel timed in this process: "numpy" (CPU only),
-  "XLA" (`jnp.dot`, compiled first), and `extra` {name: fn(x, y)}. ValueError: none, or
-  unknown."""
+  "XLA" (`jnp.dot`, compiled first), and `extra` {name: fn(x, y)}. ValueError: none, or unknown."""
   unknown = [k for k in kernels if k not in ("numpy", "XLA")]
   if unknown:
     raise ValueError(f"matmul_peak: unknown kernel(s) {unknown}; choose from ['numpy', 'XLA']")

@@ -52,9 +52,9 @@ def check_decode_options(
     decoder_params: Optional[Mapping[str, Any]] = None) -> tuple[str, dict[str, Any]]:
   """(method, decoder_params) checked before anything is decoded or loaded.
 
-  The method defaults to "greedy" if `num_decodes == 1`, else "beam_search"; `decoder_params`
-  come back as a dict (`topk` int, `alpha`/`temperature` float). ValueError: `num_decodes` <
-  1, an unknown method, greedy with `num_decodes > 1`, or keys the method does not take.
+  The method defaults to "greedy" if `num_decodes == 1`, else "beam_search"; `decoder_params` come
+  back as a dict (`topk` int, `alpha`/`temperature` float). ValueError: `num_decodes` < 1, an
+  unknown method, greedy with `num_decodes > 1`, or keys the method does not take.
   """
   if int(num_decodes) < 1:
     raise ValueError(f"num_decodes must be >= 1, got {num_decodes}")
@@ -99,8 +99,8 @@ def compute_weighted_cross_entropy(logits: Array,
                                    z_loss: float = 0.0) -> tuple[Array, Array, Array]:
   """(total_loss, z_loss_term, cross_entropy), float32 [batch, len], times `weights`, NOT summed.
 
-  `logits` float [batch, len, vocab], `targets` int [batch, len]; label smoothing spreads its
-  mass over the other vocab - 1 tokens and the smoothed target's entropy is subtracted (T5X).
+  `logits` float [batch, len, vocab], `targets` int [batch, len]; label smoothing spreads its mass
+  over the other vocab - 1 tokens and the smoothed target's entropy is subtracted (T5X).
   """
   vocab_size = logits.shape[-1]
   confidence = 1.0 - label_smoothing
@@ -133,8 +133,8 @@ class EncoderDecoderModel:
   `output_vocabulary.eos_id` is the only vocabulary use (default EOS 1). `label_smoothing` and
   `z_loss` default to T5X's (0, 1e-4). `loss_normalizing_factor`: None or
   'NUM_REAL_TARGET_TOKENS' (target tokens), 'NUM_TOTAL_TARGET_TOKENS' (batch x length),
-  'AVERAGE_PER_SEQUENCE', or a positive constant (T5X pre-training: 2048 * 114 = 233472);
-  names of T5X's `SpecialLossNormalizingFactor`, case-insensitive. Unlike T5X, None is not "no
+  'AVERAGE_PER_SEQUENCE', or a positive constant (T5X pre-training: 2048 * 114 = 233472); names of
+  T5X's `SpecialLossNormalizingFactor`, case-insensitive. Unlike T5X, None is not "no
   normalisation" (pass 1.0).
   """
 
@@ -255,13 +255,11 @@ class EncoderDecoderModel:
               batch: Batch,
               dropout_rng: Optional[Array],
               normalizer: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
-    """(float32 loss = Σ weighted token losses / `normalizer`, float32 metric SUMS)
-    teacher-forced.
+    """(float32 loss = Σ weighted token losses / `normalizer`, float32 metric SUMS) teacher-forced.
 
-    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default
-    `loss_normalizer(batch)`) is ours, for exact microbatching. Dropout iff `dropout_rng`.
-    Metrics: "loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
-    "num_examples" (rows, or segments when packed).
+    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default `loss_normalizer(batch)`) is
+    ours, for exact microbatching. Dropout iff `dropout_rng`. Metrics: "loss", "cross_ent_loss",
+    "z_loss", "accuracy_numerator", "num_tokens", "num_examples" (rows, or segments when packed).
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
@@ -381,12 +379,11 @@ class EncoderDecoderModel:
 
     Source: T5X `EncoderDecoderModel.predict_batch_with_aux`, same names; `method` ("greedy",
     "beam_search", "temperature_sample") is chosen per call (T5X: `decode_fn`). L is
-    `decoder_input_tokens`' length unless `max_decode_length`; `prompt_with_targets` forces it
-    less EOS. `decoder_params`: beam_search {"alpha"}, temperature_sample {"temperature",
-    "topk"}. No BOS, 0 after EOS; scores are untempered log-prob sums (T5X
-    `rescale_log_probs=False`), for beams / brevity penalty. ValueError: packed batches, a bad
-    method or keys, sampling without `rng`, no decode length, `prompt_with_targets` without
-    targets or with another length.
+    `decoder_input_tokens`' length unless `max_decode_length`; `prompt_with_targets` forces it less
+    EOS. `decoder_params`: beam_search {"alpha"}, temperature_sample {"temperature", "topk"}. No
+    BOS, 0 after EOS; scores are untempered log-prob sums (T5X `rescale_log_probs=False`), for beams
+    / brevity penalty. ValueError: packed batches, a bad method or keys, sampling without `rng`, no
+    decode length, `prompt_with_targets` without targets or with another length.
     """
     if "encoder_segment_ids" in batch:
       raise ValueError("predict_batch: packed batches are not supported")

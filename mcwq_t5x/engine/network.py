@@ -34,14 +34,14 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 class T5Config:
   """Hyper-parameters of the network; field names are those of T5X's config.
 
-  `dtype`: activations (float32/bfloat16/float16, strings accepted); params are float32;
-  masked logits get `mask_value(dtype)`. `emb_dim` d_model, `head_dim` d_kv, `mlp_dim` d_ff.
-  `mlp_activations`: one per `wi` kernel, multiplied: ("gelu", "linear") gated GELU
-  (T5.1.1/mT5), ("relu",) T5 1.0. `dropout_rate`: T5X's placement (embeddings, attention
-  weights, MLP hidden, block outputs, final norm). `logits_via_embedding`: tied output (T5
-  1.0, decoder output @ embedding.T / sqrt(emb_dim)) else `logits_dense`.
-  `float32_attention_logits`: q.k and softmax in float32. `relative_attention_num_buckets`
-  (T5: 32), `relative_attention_max_distance` (T5: 128), `layer_norm_epsilon` (T5/HF: 1e-6).
+  `dtype`: activations (float32/bfloat16/float16, strings accepted); params are float32; masked
+  logits get `mask_value(dtype)`. `emb_dim` d_model, `head_dim` d_kv, `mlp_dim` d_ff.
+  `mlp_activations`: one per `wi` kernel, multiplied: ("gelu", "linear") gated GELU (T5.1.1/mT5),
+  ("relu",) T5 1.0. `dropout_rate`: T5X's placement (embeddings, attention weights, MLP hidden,
+  block outputs, final norm). `logits_via_embedding`: tied output (T5 1.0, decoder output @
+  embedding.T / sqrt(emb_dim)) else `logits_dense`. `float32_attention_logits`: q.k and softmax in
+  float32. `relative_attention_num_buckets` (T5: 32), `relative_attention_max_distance` (T5: 128),
+  `layer_norm_epsilon` (T5/HF: 1e-6).
   """
   vocab_size: int = 250112
   dtype: Any = jnp.float32
@@ -287,8 +287,8 @@ class Embed(nn.Module):
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> Array:
-  """int32 buckets in [0, num_buckets) of `relative_position` (memory - query), T5's (Raffel et
-  al. 2020, Sec. 2.1; T5X/mesh TF).
+  """int32 buckets in [0, num_buckets) of `relative_position` (memory - query), T5's (Raffel et al.
+  2020, Sec. 2.1; T5X/mesh TF).
 
   Bidirectional: half the buckets per direction, else future positions share bucket 0;
   distances >= `max_distance` share the last bucket.
@@ -364,14 +364,13 @@ class MultiHeadDotProductAttention(nn.Module):
                decode: bool = False,
                deterministic: bool = False,
                precomputed_kv: Optional[tuple[Array, Array]] = None) -> Array:
-    """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed] -> [b, q, embed] in
-    `dtype`.
+    """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed] -> [b, q, embed] in `dtype`.
 
-    `mask` [b or 1, 1 or heads, q, k] (1 = attend; masked logits get `mask_value`), `bias` [b
-    or 1, heads, q, k]. `decode`: use and update the cache (one query position per call; the
-    first call only creates it). `precomputed_kv`: (key, value) [b, heads, head_dim, k]
-    (`cross_attention_kv`). ValueError: a cached query that is not one position of the cached
-    batch; `precomputed_kv` with `decode`.
+    `mask` [b or 1, 1 or heads, q, k] (1 = attend; masked logits get `mask_value`), `bias` [b or 1,
+    heads, q, k]. `decode`: use and update the cache (one query position per call; the first call
+    only creates it). `precomputed_kv`: (key, value) [b, heads, head_dim, k] (`cross_attention_kv`).
+    ValueError: a cached query that is not one position of the cached batch; `precomputed_kv` with
+    `decode`.
     """
     projection = functools.partial(
         DenseGeneral,
@@ -653,9 +652,8 @@ class Decoder(nn.Module):
 
 
 def cross_attention_kv(config: T5Config, params: Any, encoded: Array) -> list[tuple[Array, Array]]:
-  """Per decoder layer, the cross-attention (key, value) of `encoded` [batch, in_len, emb_dim],
-  each [batch, num_heads, head_dim, in_len] in `config.dtype`; KeyError if `params` lack a
-  kernel."""
+  """Per decoder layer, the cross-attention (key, value) of `encoded` [batch, in_len, emb_dim], each
+  [batch, num_heads, head_dim, in_len] in `config.dtype`; KeyError if `params` lack a kernel."""
   # why once per batch: they are the same at every decoding step (as Hugging Face keeps them);
   # T5X projects them per step and XLA then copies them transposed at every step.
   projection = DenseGeneral(
@@ -768,10 +766,9 @@ class Transformer(nn.Module):
                max_decode_length: Optional[int] = None) -> Array:
     """Teacher-forced logits float32 [batch, tgt_len, vocab].
 
-    Tokens int32 [batch, len], 0 = padding; `decoder_input_tokens` are the targets shifted
-    right (BOS 0); `decoder_target_tokens` feed the masks only; `*_segment_ids` pack;
-    `*_positions` are accepted (T5X's model passes them) and not read. `decode`,
-    `max_decode_length`: cached decoding.
+    Tokens int32 [batch, len], 0 = padding; `decoder_input_tokens` are the targets shifted right
+    (BOS 0); `decoder_target_tokens` feed the masks only; `*_segment_ids` pack; `*_positions` are
+    accepted (T5X's model passes them) and not read. `decode`, `max_decode_length`: cached decoding.
     """
     # why unread: relative positions are key index - query index in the row (one [1, heads, len,
     # len] bias, as T5X), which equals position difference within a packed segment (contiguous,

@@ -41,14 +41,12 @@ def standard_logical_axis_rules(
     activation_partitioning_dims: int = 1,
     parameter_partitioning_dims: int = 1,
     additional_rules: Optional[LogicalAxisRules] = None) -> tuple[tuple[str, Any], ...]:
-  """T5X's default logical-axis -> mesh-axis rules
-  (`t5x.partitioning.standard_logical_axis_rules`), as `(logical_name, mesh_axis_or_None)`
-  pairs for `flax.linen.logical_axis_rules`.
+  """T5X's default logical-axis -> mesh-axis rules (`t5x.partitioning.standard_logical_axis_rules`),
+  as `(logical_name, mesh_axis_or_None)` pairs for `flax.linen.logical_axis_rules`.
 
-  1-D parameter partitioning splits `vocab`, `mlp`, `heads`, `joined_kv` over `model` and the
-  batch over `data`; 2-D also `embed` over `data` (ZeRO-3-like); 2-D activations put `embed`
-  on `model`. `additional_rules` go first (the first match wins). ValueError: dims not 1 or 2,
-  or (2, 2).
+  1-D parameter partitioning splits `vocab`, `mlp`, `heads`, `joined_kv` over `model` and the batch
+  over `data`; 2-D also `embed` over `data` (ZeRO-3-like); 2-D activations put `embed` on `model`.
+  `additional_rules` go first (the first match wins). ValueError: dims not 1 or 2, or (2, 2).
   """
   if activation_partitioning_dims not in (1, 2) or parameter_partitioning_dims not in (1, 2):
     raise ValueError("activation_partitioning_dims and parameter_partitioning_dims must be 1 or 2, "
@@ -91,12 +89,12 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                            process_id: Optional[int] = None,
                            initialization_timeout: Optional[int] = None,
                            heartbeat_timeout: Optional[int] = HEARTBEAT_TIMEOUT_S) -> bool:
-  """True if it called `jax.distributed.initialize` (a no-op when nothing is configured); run
-  before anything touches a device.
+  """True if it called `jax.distributed.initialize` (a no-op when nothing is configured); run before
+  anything touches a device.
 
   `coordinator_address`: "host:port" of process 0, "auto" (Cloud TPU, SLURM, Open MPI, ...) or
-  None; `num_processes`, `process_id` None: detected; timeouts in seconds (None: JAX's 300 s
-  and 100 s). ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
+  None; `num_processes`, `process_id` None: detected; timeouts in seconds (None: JAX's 300 s and
+  100 s). ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
   """
   if coordinator_address is None:
     return False
@@ -185,8 +183,8 @@ def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
 
 
 def fit_spec_to_mesh(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-  """A `PartitionSpec`, one entry per dimension of `shape`, without the mesh axes that do not
-  divide the dimension they shard (an odd vocabulary over 2 `model` devices: replicated)."""
+  """A `PartitionSpec`, one entry per dimension of `shape`, without the mesh axes that do not divide
+  the dimension they shard (an odd vocabulary over 2 `model` devices: replicated)."""
   entries = list(spec) + [None] * (len(shape) - len(spec))
   fitted = []
   for dim, entry in zip(shape, entries):
@@ -260,8 +258,8 @@ class Partitioner:
 
   # --- data ---------------------------------------------------------------------------------
   def local_batch_rows(self, global_batch_size: int) -> slice:
-    """The `slice` of a global batch this process's devices hold: all rows with one process, else
-    a contiguous block of `global_batch_size // P`, process 0 first. ValueError: bad size or
+    """The `slice` of a global batch this process's devices hold: all rows with one process, else a
+    contiguous block of `global_batch_size // P`, process 0 first. ValueError: bad size or
     layout."""
     self.check_batch_size(global_batch_size)
     index_map = self.data_sharding.addressable_devices_indices_map((global_batch_size,))
@@ -340,8 +338,8 @@ class Partitioner:
   def abstract_params(self,
                       init_params: Callable[[jax.Array], PyTree],
                       rng: Optional[jax.Array] = None) -> PyTree:
-    """The unboxed tree of `jax.ShapeDtypeStruct`s with `NamedSharding`s that `init_params` (rng
-    -> boxed tree) would create, traced by `jax.eval_shape`, never run."""
+    """The unboxed tree of `jax.ShapeDtypeStruct`s with `NamedSharding`s that `init_params` (rng ->
+    boxed tree) would create, traced by `jax.eval_shape`, never run."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
     with self.context():
       boxed = jax.eval_shape(init_params, rng)
@@ -376,8 +374,8 @@ class Partitioner:
       static_argnums: Sequence[int] = (),
       donate_argnums: Sequence[int] = ()
   ) -> "PartitionedFunction":
-    """`jax.jit(fn)` with explicit shardings (as `jax.jit`'s arguments), traced and run inside
-    the mesh and rules context."""
+    """`jax.jit(fn)` with explicit shardings (as `jax.jit`'s arguments), traced and run inside the
+    mesh and rules context."""
     jitted = jax.jit(
         fn,
         in_shardings=in_shardings,

@@ -1,11 +1,11 @@
 """Preemption: a SIGTERM asks the training loop to save a checkpoint at a step boundary and stop.
 
 Schedulers (TPU and GPU job schedulers, SLURM, Kubernetes) send SIGTERM some time before they
-stop a job; T5X saves at a preemption sync point, and `PreemptionWatch.reached(step)` gives
-the loop the same: True at the first step boundary after a SIGTERM, in a multi-process run at
-the same step in every process (JAX's preemption service, `jax.distributed`). One process: a
-Python handler, installed while the watch is entered (main thread only). Without the service
-SIGTERM keeps its default action and a warning says so. No TensorFlow or SeqIO import.
+stop a job; T5X saves at a preemption sync point, and `PreemptionWatch.reached(step)` gives the
+loop the same: True at the first step boundary after a SIGTERM, in a multi-process run at the
+same step in every process (JAX's preemption service, `jax.distributed`). One process: a Python
+handler, installed while the watch is entered (main thread only). Without the service SIGTERM
+keeps its default action and a warning says so. No TensorFlow or SeqIO import.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ ONE_PROCESS, JAX_SERVICE, NONE = "signal handler", "JAX preemption service", "no
 class PreemptionWatch:
   """Watches for SIGTERM during a training loop, from `start_step`; a context manager.
 
-  `mode`: `ONE_PROCESS`, `JAX_SERVICE` or `NONE` (default action: not the main thread, or
-  several processes without the service); `signalled`: one process, SIGTERM arrived.
+  `mode`: `ONE_PROCESS`, `JAX_SERVICE` or `NONE` (default action: not the main thread, or several
+  processes without the service); `signalled`: one process, SIGTERM arrived.
   """
 
   def __init__(self, start_step: int = 0):

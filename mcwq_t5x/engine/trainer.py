@@ -33,9 +33,9 @@ Batch = Mapping[str, jax.Array]
 class NonFiniteLossError(FloatingPointError):
   """A train step produced a NaN/Inf loss or gradient; the train state was not updated.
 
-  `step` = `int(state.step)` of the failed update; `state` the last good `TrainState`; `loss`
-  the summed token loss (may be finite when only the gradient is not); `grad_norm`. The
-  message says nothing of checkpoints: the caller saves them.
+  `step` = `int(state.step)` of the failed update; `state` the last good `TrainState`; `loss` the
+  summed token loss (may be finite when only the gradient is not); `grad_norm`. The message says
+  nothing of checkpoints: the caller saves them.
   """
 
   def __init__(self, step: int, state: "TrainState", loss: float, grad_norm: float):
@@ -78,10 +78,9 @@ def create_learning_rate_schedule(
   """`fn(step) -> float32` optax schedule; ValueError for an unknown schedule or missing
   `decay_steps`.
 
-  `base_learning_rate`: the peak (paper Sec. 5: 5e-4 for mT5). `schedule`: "constant";
-  "linear" (peak at `warmup_steps` to `end_learning_rate_factor * peak` at `decay_steps`);
-  "rsqrt" (T5's `peak * sqrt(max(warmup_steps, 1) / max(step, warmup_steps))`); "cosine".
-  Linear warm-up from 0.
+  `base_learning_rate`: the peak (paper Sec. 5: 5e-4 for mT5). `schedule`: "constant"; "linear"
+  (peak at `warmup_steps` to `end_learning_rate_factor * peak` at `decay_steps`); "rsqrt" (T5's
+  `peak * sqrt(max(warmup_steps, 1) / max(step, warmup_steps))`); "cosine". Linear warm-up from 0.
   """
   peak = float(base_learning_rate)
   if schedule == "constant":
@@ -120,8 +119,8 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
                    adam_eps: float = 1e-8) -> optax.GradientTransformation:
   """The optax optimizer: "adafactor" (T5X fine-tuning's defaults) or "adamw" (HF Trainer's).
 
-  `weight_decay` is decoupled (AdamW) or Adafactor's `weight_decay_rate`; `grad_clip_norm`
-  clips the global norm first (the paper's recipe: 1.0). ValueError: unknown name.
+  `weight_decay` is decoupled (AdamW) or Adafactor's `weight_decay_rate`; `grad_clip_norm` clips
+  the global norm first (the paper's recipe: 1.0). ValueError: unknown name.
   """
   if name == "adafactor":
     tx = optax.adafactor(
@@ -225,8 +224,8 @@ class Trainer:
 
   `model`: `get_initial_variables`, `loss_normalizer`, `loss_fn(params, batch, rng,
   normalizer=None)`, `eval_fn` (the `engine.model` loss contract). `optimizer` default
-  `make_optimizer(learning_rate_fn)`; `num_microbatches` accumulation steps; `seed` for init
-  and dropout; `use_hardware_rng`: dropout masks from `unsafe_rbg` (XLA `RngBitGenerator`, T5X
+  `make_optimizer(learning_rate_fn)`; `num_microbatches` accumulation steps; `seed` for init and
+  dropout; `use_hardware_rng`: dropout masks from `unsafe_rbg` (XLA `RngBitGenerator`, T5X
   `USE_HARDWARE_RNG`), same init either way.
   """
 
@@ -303,9 +302,8 @@ class Trainer:
                    init_params: Optional[PyTree] = None) -> TrainState:
     """A `TrainState` initialised directly sharded over the mesh.
 
-    `input_shapes`: feature -> global batch shape; `init_params` (e.g. a pretrained
-    checkpoint) replaces the random init. ValueError if its structure or shapes differ from
-    the model's.
+    `input_shapes`: feature -> global batch shape; `init_params` (e.g. a pretrained checkpoint)
+    replaces the random init. ValueError if its structure or shapes differ from the model's.
     """
     shardings = self.state_shardings(input_shapes, input_types)
     p = self.partitioner
@@ -402,8 +400,8 @@ class Trainer:
                        guard: FiniteGuard) -> tuple[TrainState, dict[str, jax.Array], FiniteGuard]:
     """(new_state, metric sums as device scalars, new guard): one update, no host sync.
 
-    From the first NaN/Inf step on the state stays the last good one until `check_finite`
-    raises: check before saving or logging.
+    From the first NaN/Inf step on the state stays the last good one until `check_finite` raises:
+    check before saving or logging.
     """
     if self._train_step_fn is None:
       shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)

@@ -343,9 +343,8 @@ def execute(query: sparql_lib.Query,
             max_answers: int = DEFAULT_MAX_ANSWERS) -> Answer:
   """The `Answer` of `query` with its placeholders bound to `entities`, run on `endpoint`.
 
-  Raises UnsafeQueryError (a term not `?var`, a bound placeholder, `wd:Q<n>` or a `wdt:P<n>`
-  path; a form other than ASK / SELECT DISTINCT ?var), stores.endpoint.EndpointError (the store
-  failed).
+  Raises UnsafeQueryError (a term not `?var`, a bound placeholder, `wd:Q<n>` or a `wdt:P<n>` path;
+  a form other than ASK / SELECT DISTINCT ?var), stores.endpoint.EndpointError (the store failed).
   """
   req = _requests(query, entities, endpoint.predicate_counts(), max_answers)
   empty = Answer(req.form, False if req.form == "ask" else frozenset())

@@ -356,10 +356,10 @@ def match_test_intersection(gold_targets: Sequence[str],
   Table 6), length G.
 
   The files carry no ids: a gold example takes, among the unused MCD lines with its target, the
-  one whose questions are most similar (mean `difflib` ratio over the shared languages; ties to
-  the lowest line). `*_questions`: a list, or {language: list}, both sides or neither. On the
-  shared data all 155 gold targets occur in mcd1/test, 89 once. Raises ValueError on one-sided
-  questions, no common language, or wrong lengths.
+  one whose questions are most similar (mean `difflib` ratio over the shared languages; ties to the
+  lowest line). `*_questions`: a list, or {language: list}, both sides or neither. On the shared
+  data all 155 gold targets occur in mcd1/test, 89 once. Raises ValueError on one-sided questions,
+  no common language, or wrong lengths.
   """
   gold_cols, mcd_cols = _as_columns(gold_questions), _as_columns(mcd_questions)
   if (gold_cols is None) != (mcd_cols is None):

@@ -1,12 +1,11 @@
-"""The prediction stage (files -> task -> model -> **predictions** -> metrics), shared by the
-mains.
+"""The prediction stage (files -> task -> model -> **predictions** -> metrics), shared by the mains.
 
 Counterpart of T5X's `pipeline.get_infer_fn` and the decoding half of `t5x/train.py` /
-`t5x/eval.py`: `get_infer_fn` decodes feature arrays in batches, `evaluate_split` scores one
-task split with the values `seqio.Evaluator` gives, `write_predictions` writes the files both
-mains write, and `check_writable` / `check_predict_kwargs` fail before anything is loaded.
-Functions take the parameters and return the outputs; only the compiled decoding step of each
-batch shape is kept. SeqIO/TensorFlow are imported lazily.
+`t5x/eval.py`: `get_infer_fn` decodes feature arrays in batches, `evaluate_split` scores one task
+split with the values `seqio.Evaluator` gives, `write_predictions` writes the files both mains
+write, and `check_writable` / `check_predict_kwargs` fail before anything is loaded. Functions
+take the parameters and return the outputs; only the compiled decoding step of each batch shape
+is kept. SeqIO/TensorFlow are imported lazily.
 """
 from __future__ import annotations
 
@@ -77,13 +76,12 @@ def check_writable(out_dir: str | pathlib.Path, what: str = "output folder") -> 
 def check_predict_kwargs(model: Any,
                          predict_kwargs: Optional[Mapping[str, Any]],
                          allow_all_decodes: bool = False) -> dict[str, Any]:
-  """PREDICT_KWARGS as a dict, checked against `model.predict_batch_with_aux`'s keyword
-  arguments.
+  """PREDICT_KWARGS as a dict, checked against `model.predict_batch_with_aux`'s keyword arguments.
 
   For `EncoderDecoderModel`: `num_decodes`, `method`, `decoder_params` (e.g. {"alpha": 0.6}),
   `return_all_decodes` (only with `allow_all_decodes`), `prompt_with_targets`,
-  `max_decode_length`; values by `model.check_decode_options`. ValueError names the bad option
-  and the accepted ones.
+  `max_decode_length`; values by `model.check_decode_options`. ValueError names the bad option and
+  the accepted ones.
   """
   if predict_kwargs is not None and not isinstance(predict_kwargs, Mapping):
     raise ValueError(f"PREDICT_KWARGS must be a dict, got {predict_kwargs!r}")
@@ -128,8 +126,8 @@ def get_infer_fn(model: Any,
   """`infer_fn(params, arrays, rng=None) -> tokens`, compiled per batch shape.
 
   `arrays`: int32 features [N, ...] (at least `encoder_input_tokens` [N, input_length] and
-  `decoder_input_tokens` [N, max_decode_length]); returns int32 [N, max_decode_length], or [N,
-  num_decodes, max_decode_length] with `return_all_decodes` (ascending score, best last), in
+  `decoder_input_tokens` [N, max_decode_length]); returns int32 [N, max_decode_length], or
+  [N, num_decodes, max_decode_length] with `return_all_decodes` (ascending score, best last), in
   row order on every process. Batches are sharded over the data axis. ValueError: bad
   `predict_kwargs` or batch size.
   """
@@ -210,9 +208,8 @@ class EvalSplit:
   """A split read once and decoded and scored repeatedly (`seqio.Evaluator`'s cache, as NumPy).
 
   `tasks`: the evaluated subtasks (`seqio.evaluation.get_valid_eval_tasks`), mixture order;
-  `examples` and `arrays` (int32 [N, ...], `EncDecFeatureConverter(pack=False)`) per task,
-  source order; `sequence_length`: the config's, else each feature's longest example over all
-  tasks.
+  `examples` and `arrays` (int32 [N, ...], `EncDecFeatureConverter(pack=False)`) per task, source
+  order; `sequence_length`: the config's, else each feature's longest example over all tasks.
   """
   tasks: list[Any]
   examples: dict[str, list[dict[str, Any]]]
@@ -337,10 +334,9 @@ def metrics_of_predictions(task: Any, examples: Sequence[Mapping[str, Any]],
   """({metric: value}, postprocessed predictions) of decoded `tokens`, as `seqio.Evaluator`
   computes.
 
-  As `seqio.metrics.LegacyMetric`: targets are `targets_pretokenized` (else decoded
-  `targets`), both sides go through the task's `postprocess_fn`, each `metric_fn` sees the
-  whole split. ValueError: not one row per example, or two metric functions giving the same
-  name.
+  As `seqio.metrics.LegacyMetric`: targets are `targets_pretokenized` (else decoded `targets`),
+  both sides go through the task's `postprocess_fn`, each `metric_fn` sees the whole split.
+  ValueError: not one row per example, or two metric functions giving the same name.
   """
   vocabulary = task.output_features["targets"].vocabulary
   if len(tokens) != len(examples):
@@ -422,8 +418,8 @@ def write_predictions(
   """(predictions path, metrics path): `predictions/<task>_<split>.txt`,
   `metrics/<task>_<split>.json`.
 
-  One line per prediction, source order; the JSON holds task, split, num_examples, the metrics
-  and `extra`. Process 0 writes, each file whole or not at all, metrics last. Raises
+  One line per prediction, source order; the JSON holds task, split, num_examples, the metrics and
+  `extra`. Process 0 writes, each file whole or not at all, metrics last. Raises
   writers.ResultWriteError (that file and the later ones keep their contents).
   """
   out_dir = pathlib.Path(out_dir)
@@ -468,8 +464,8 @@ def load_params(model: Any,
                 partitioner: partitioning.Partitioner,
                 checkpoint_path: str,
                 abstract_params: Any = None) -> tuple[Any, Optional[int], pathlib.Path]:
-  """(params, step or None, MODEL_DIR-like folder) from any checkpoint `checkpoint_loaders`
-  reads, sharded over the mesh with the model's dtypes.
+  """(params, step or None, MODEL_DIR-like folder) from any checkpoint `checkpoint_loaders` reads,
+  sharded over the mesh with the model's dtypes.
 
   Raises FileNotFoundError / ValueError (nothing, or no checkpoint, at the path),
   CheckpointMismatchError, UnreadableCheckpointError, NoUsableCheckpointError.

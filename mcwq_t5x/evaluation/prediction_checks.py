@@ -1,12 +1,11 @@
-"""Checks that a prediction file is scored against the gold lines it belongs to, and reads as
-text.
+"""Checks that a prediction file is scored against the gold lines it belongs to, and reads as text.
 
-Line i of a prediction file is scored against line i of a gold file: a reordered file, or one
-of other questions, would still get a number, near zero. `check_alignment` measures how often
-the predictions' placeholders (`M0`...`M9`, copied from the question long before the query is
-right) agree with their own gold query and question, as Cohen's kappa against a random pairing
-of the same lines. Misalignment, runaway lines and invalid UTF-8 are warnings (stderr, result
-JSON), never errors: the scores are still computed.
+Line i of a prediction file is scored against line i of a gold file: a reordered file, or one of
+other questions, would still get a number, near zero. `check_alignment` measures how often the
+predictions' placeholders (`M0`...`M9`, copied from the question long before the query is right)
+agree with their own gold query and question, as Cohen's kappa against a random pairing of the
+same lines. Misalignment, runaway lines and invalid UTF-8 are warnings (stderr, result JSON),
+never errors: the scores are still computed.
 """
 from __future__ import annotations
 
@@ -53,9 +52,9 @@ def question_placeholders(question: str) -> frozenset[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Agreement:
-  """Placeholder agreement with the own lines: `observed` and `chance` fractions (chance exact
-  from the two columns' frequencies) and `kappa` = (observed - chance) / (1 - chance), None
-  when `chance` exceeds `MAX_CHANCE`."""
+  """Placeholder agreement with the own lines: `observed` and `chance` fractions (chance exact from
+  the two columns' frequencies) and `kappa` = (observed - chance) / (1 - chance), None when
+  `chance` exceeds `MAX_CHANCE`."""
   observed: float
   chance: float
   kappa: Optional[float]
@@ -84,11 +83,11 @@ def _agreement(preds: Sequence[frozenset[str]], others: Sequence[frozenset[str]]
 def check_alignment(predictions: Sequence[str],
                     targets: Sequence[str],
                     questions: Optional[Sequence[str]] = None) -> dict[str, Any]:
-  """{"checked", "misaligned", "reason", "well_formed", "targets", ["questions"]} for
-  line-parallel predictions, RIR targets and optional questions.
+  """{"checked", "misaligned", "reason", "well_formed", "targets", ["questions"]} for line-parallel
+  predictions, RIR targets and optional questions.
 
-  "reason" says why not checked or why misaligned; "targets"/"questions" are
-  `Agreement.to_json()`. ValueError if the lengths differ.
+  "reason" says why not checked or why misaligned; "targets"/"questions" are `Agreement.to_json()`.
+  ValueError if the lengths differ.
   """
   n = len(predictions)
   if len(targets) != n or (questions is not None and len(questions) != n):
@@ -206,8 +205,8 @@ def check_prediction_file(predictions_path: Any,
                           questions: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """{"alignment": `check_alignment`'s result, "warnings": [...]} for one prediction file.
 
-  The warnings name the files (invalid UTF-8, long lines, misalignment). OSError if the
-  prediction file cannot be read again for its bytes.
+  The warnings name the files (invalid UTF-8, long lines, misalignment). OSError if the prediction
+  file cannot be read again for its bytes.
   """
   alignment = check_alignment(predictions, targets, questions)
   warnings = [

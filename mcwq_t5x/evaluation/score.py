@@ -4,9 +4,9 @@ Both files hold one query per line, line-parallel. Predictions are RIR; targets 
 (`translations/{split}/test.{lang}.sparql`), SPARQL or `official/` lines (converted with
 `rir.sparql_to_rir`, so exact match compares RIR strings as the paper does, Cui et al., TACL
 2022, §5.2), or come from a release (`dataset.json` + `splits/NAME.json`). Execution accuracy
-(`execution`, not in the paper) runs where placeholders are bound. Bad input raises
-`InputError` naming the file and line; malformed predictions and failed store requests for
-them are scored as wrong, never an error.
+(`execution`, not in the paper) runs where placeholders are bound. Bad input raises `InputError`
+naming the file and line; malformed predictions and failed store requests for them are scored
+as wrong, never an error.
 """
 from __future__ import annotations
 
@@ -119,8 +119,8 @@ def targets_as_examples(gold: Sequence[str], source: str) -> list[execution.Rele
   """Gold RIR queries without a release as execution examples
   (`official/{split}/{part}.{lang}.txt`).
 
-  A query with placeholders `M0`... is not executable (only a release binds them) and leaves
-  the denominator; one without runs as it is.
+  A query with placeholders `M0`... is not executable (only a release binds them) and leaves the
+  denominator; one without runs as it is.
   """
   out = []
   for i, g in enumerate(gold):
@@ -192,12 +192,12 @@ def evaluate_files(predictions: str | pathlib.Path,
                    answers_out: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
   """Scores a prediction file against gold queries: the command line's result dict.
 
-  `metrics.score_predictions`'s dict plus "alignment", "warnings", "by_complexity" (with
-  `depths`), "execution_accuracy" and "execution" (with `endpoint`: an Endpoint, or a function
-  making one once the inputs are checked) and the file names. `release`, `split`, `part`: all
-  or none. `errors_out` / `answers_out`: JSON-lines per example. Raises InputError (a bad
-  file, length, target, depth, release or store, naming the file), readers.DataFormatError
-  (not UTF-8), ValueError (no targets and no release, or some of release/split/part),
+  `metrics.score_predictions`'s dict plus "alignment", "warnings", "by_complexity" (with `depths`),
+  "execution_accuracy" and "execution" (with `endpoint`: an Endpoint, or a function making one
+  once the inputs are checked) and the file names. `release`, `split`, `part`: all or none.
+  `errors_out` / `answers_out`: JSON-lines per example. Raises InputError (a bad file, length,
+  target, depth, release or store, naming the file), readers.DataFormatError (not UTF-8),
+  ValueError (no targets and no release, or some of release/split/part),
   stores.transport.RetryAfterTooLong, writers.ResultWriteError (the output is left as it was).
   """
   if (release is None) != (split is None) or (release is None) != (part is None):

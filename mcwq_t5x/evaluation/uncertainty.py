@@ -44,8 +44,7 @@ def exact_match_interval(correct: Sequence[Sequence[bool] | np.ndarray],
                          confidence: float = CONFIDENCE,
                          seed: int = SEED) -> Optional[tuple[float, float]]:
   """(low, high) percent: the percentile bootstrap interval of the exact match of one test set, or
-  of the mean over several (the "MCD mean"), each resampled independently; None if any set is
-  empty.
+  of the mean over several (the "MCD mean"), each resampled independently; None if any set is empty.
 
   `correct`: per test set, 1-D outcomes (bool or 0/1). Raises ValueError on non-0/1 outcomes,
   `n_resamples` < 1, or `confidence` outside (0, 1).

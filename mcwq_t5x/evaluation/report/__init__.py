@@ -1,14 +1,14 @@
 """Reproduction report: the MCWQ paper's result tables and analysis figures from predictions
 (the command line is `python -m mcwq_t5x.report`).
 
-Every prediction file under RESULTS_DIR (`discovery`: three layouts) is scored against its
-gold queries (`gold`), checked to belong to them (`prediction_checks`) and turned into a
-`Report` (`build`): Tables 4-6 (test-intersection-MT vs -gold), 95% bootstrap intervals, the
-§6.2 error categories, Figures 4-6, unseen compounds, seed spreads and DBCA split divergences,
-with the published rows (`published`) beside them. `tables` is the table registry; `render`,
-`figures` and `write` write report.md, one CSV per table, PNGs, results.json and the error
-browser; `compare` is the paired test of two files. Splits and languages beyond the published
-ones are further rows and columns.
+Every prediction file under RESULTS_DIR (`discovery`: three layouts) is scored against its gold
+queries (`gold`), checked to belong to them (`prediction_checks`) and turned into a `Report`
+(`build`): Tables 4-6 (test-intersection-MT vs -gold), 95% bootstrap intervals, the §6.2 error
+categories, Figures 4-6, unseen compounds, seed spreads and DBCA split divergences, with the
+published rows (`published`) beside them. `tables` is the table registry; `render`, `figures` and
+`write` write report.md, one CSV per table, PNGs, results.json and the error browser; `compare`
+is the paired test of two files. Splits and languages beyond the published ones are further rows
+and columns.
 """
 from __future__ import annotations
 

@@ -32,15 +32,14 @@ def build(results_dir: str | pathlib.Path,
           data_dir: Optional[str | pathlib.Path] = None,
           eval_split: str = "test",
           progress: Progress = None) -> Report:
-  """The `Report` of every prediction file under `results_dir`: scores, 95% bootstrap intervals
-  of every exact match, Table 6, error categories, complexity, unseen compounds, divergences.
+  """The `Report` of every prediction file under `results_dir`: scores, 95% bootstrap intervals of
+  every exact match, Table 6, error categories, complexity, unseen compounds, divergences.
 
   `targets_dir`: `translations/` ({split}/test.{lang}.sparql, gold/); `data_dir` (default its
-  parent) for `readers` fallbacks, recursionDepth and training parts. `eval_split`
-  "validation" scores against the `dev` part. `progress` gets a line before each slow step.
-  The shape is `common.Run` / `common.Report`. Raises FileNotFoundError (no `results_dir`),
-  score.InputError (a length mismatch or malformed gold file), readers.DataFormatError (not
-  UTF-8), ValueError.
+  parent) for `readers` fallbacks, recursionDepth and training parts. `eval_split` "validation"
+  scores against the `dev` part. `progress` gets a line before each slow step. The shape is
+  `common.Run` / `common.Report`. Raises FileNotFoundError (no `results_dir`), score.InputError (a
+  length mismatch or malformed gold file), readers.DataFormatError (not UTF-8), ValueError.
   """
   if eval_split not in EVAL_SPLITS:
     raise ValueError(f"eval_split {eval_split!r}: expected one of {tuple(EVAL_SPLITS)}")
@@ -210,9 +209,8 @@ def unseen_compounds(runs: Sequence[dict[str, Any]], examples: dict[str, Any],
 
 def split_divergences(splits: Sequence[str], data_dir: pathlib.Path,
                       messages: list[str]) -> list[dict[str, Any]]:
-  """[{"split", "parts": "dev/test", "sizes", "atom", "compound"}]: DBCA divergences (Keysers et
-  al. 2020 §2) between each two parts `data_dir` holds; a split without them gets a `messages`
-  line."""
+  """[{"split", "parts": "dev/test", "sizes", "atom", "compound"}]: DBCA divergences (Keysers et al.
+  2020 §2) between each two parts `data_dir` holds; a split without them gets a `messages` line."""
   out = []
   for split in splits:
     try:

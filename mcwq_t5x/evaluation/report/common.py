@@ -121,10 +121,10 @@ class Run(TypedDict, total=False):
 
 
 class Report(TypedDict, total=False):
-  """`build.build`'s output. `intersection`: per gold file {model, mode, split, language,
-  matched, n_gold, mt, gold, gold_all}; `_examples` (the browser's, not in results.json):
-  {"sets": {key: {split, part, language, targets, questions, depths, unseen}}, "runs": [{set,
-  predictions, categories, correct}] parallel to `runs`}."""
+  """`build.build`'s output. `intersection`: per gold file {model, mode, split, language, matched,
+  n_gold, mt, gold, gold_all}; `_examples` (the browser's, not in results.json): {"sets": {key:
+  {split, part, language, targets, questions, depths, unseen}}, "runs": [{set, predictions,
+  categories, correct}] parallel to `runs`}."""
   runs: list[Run]
   intersection: list[dict[str, Any]]
   divergences: list[dict[str, Any]]

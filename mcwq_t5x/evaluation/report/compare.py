@@ -24,8 +24,8 @@ def compare(file_a: str | pathlib.Path,
 
   Each file is placed as `discover` places it unless `gold_file` (RIR, one per line) is given.
   Returns {"a", "b", "gold", "n", "exact_match_a", "exact_match_b", "difference", "interval",
-  "only_a", "only_b", "both", "neither", "p_value", "n_resamples", "seed", "confidence"}.
-  Raises score.InputError: a missing file, lengths that differ, or different test sets.
+  "only_a", "only_b", "both", "neither", "p_value", "n_resamples", "seed", "confidence"}. Raises
+  score.InputError: a missing file, lengths that differ, or different test sets.
   """
   paths = [pathlib.Path(file_a), pathlib.Path(file_b)]
   for p in paths:

@@ -10,8 +10,7 @@ and test set. One predicted RIR query per line, line-parallel with the gold file
      there, if unique); the model is the run (MODEL_DIR, never `eval_<step>`; outside any
      MODEL_DIR, the run whose checkpoint the metrics JSON records: `checkpoint_run_name`).
 
-A second file of one run and test set is skipped; `_validation.txt` only with `--split
-validation`.
+A second file of one run and test set is skipped; `_validation.txt` only with `--split validation`.
 """
 from __future__ import annotations
 
@@ -49,8 +48,8 @@ class PredictionFile:
 
 
 def discover(results_dir: str | pathlib.Path, eval_split: str = "test") -> list[PredictionFile]:
-  """The prediction files under `results_dir` (recursive), sorted by (model, mode, split,
-  language, gold); files matching no layout are ignored.
+  """The prediction files under `results_dir` (recursive), sorted by (model, mode, split, language,
+  gold); files matching no layout are ignored.
 
   `eval_split` "validation" reads the `{task}_validation.txt` files only. FileNotFoundError if
   `results_dir` is not a folder.
@@ -133,9 +132,8 @@ def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFi
 
 
 def checkpoint_run_name(path: pathlib.Path) -> Optional[str]:
-  """The MODEL_DIR name of the checkpoint the `metrics/<task>_<split>.json` beside a
-  `mcwq_t5x.eval` prediction file records (key "checkpoint"), or None without one (then the
-  folder names it)."""
+  """The MODEL_DIR name of the checkpoint the `metrics/<task>_<split>.json` beside a `mcwq_t5x.eval`
+  prediction file records (key "checkpoint"), or None without one (then the folder names it)."""
   directory = path.parent
   if directory.name != run_folder.PREDICTIONS:
     return None

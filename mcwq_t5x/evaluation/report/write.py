@@ -1,9 +1,9 @@
 """Writing the report under --out: report.md (every table, warnings, files read, skipped
 analyses), one CSV per table (`table4_monolingual_*.csv`, `table5_zeroshot_*.csv`,
-`table6_gold_test.csv`, `error_categories.csv`, `unseen_compounds_*.csv`,
-`seeds_exact_match.csv`, `split_divergences.csv`; exact matches with `<column> 95% CI
-low/high` columns), the figures, results.json and the error browser (`browser.write_page`);
-`ProgressLines` prints the progress lines on stderr."""
+`table6_gold_test.csv`, `error_categories.csv`, `unseen_compounds_*.csv`, `seeds_exact_match.csv`,
+`split_divergences.csv`; exact matches with `<column> 95% CI low/high` columns), the figures,
+results.json and the error browser (`browser.write_page`); `ProgressLines` prints the progress
+lines on stderr."""
 from __future__ import annotations
 
 import json
