@@ -196,9 +196,9 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
   special = {"eos_token": eos, "pad_token": pad, "unk_token": unk}
   if sentinels:
     special["additional_special_tokens"] = sentinels[::-1]  # <extra_id_0> first
+  # why not `T5Tokenizer`: it rebuilds unigram models only and would re-tokenise a BPE model such as
+  # our small one.
   tokenizer_config = {
-      # why not `T5Tokenizer`: it rebuilds unigram models only and would re-tokenise a BPE model
-      # such as our small one.
       "tokenizer_class": "PreTrainedTokenizerFast",
       **special, "clean_up_tokenization_spaces": False,
       "model_max_length": 1 << 30
