@@ -28,8 +28,8 @@ def set_host_device_count(count: Optional[int] = None) -> bool:
   return True
 
 
-# XLA CPU settings for training, the fastest on the benchmark model of `scripts/benchmark_vs_hf.py`
-# (CHANGELOG.md has the figures). The matmuls and reductions run as YNNPACK fusions; the
+# XLA CPU settings for training, the fastest on the benchmark model of `scripts/benchmark_vs_hf.py`.
+# The matmuls and reductions run as YNNPACK fusions; the
 # elementwise ops stay with XLA's own loop fusions (YNN's elementwise fusions materialise
 # broadcast constants as full tensors and split the gated-GELU chain into several passes). Logits
 # stay within the transformers-parity tolerances.

@@ -85,7 +85,7 @@ _ACTIVATIONS = {
 }
 
 # Presets. `tiny` learns MCWQ on a CPU in minutes (width 64: on 2 CPU cores, half the step time of
-# width 128 for about the same learning per step; CHANGELOG.md); the others are the
+# width 128 for about the same learning per step); the others are the
 # published sizes (mT5: Xue et al., 2021, Table 1 / T5X gin files; T5 1.0 base: Raffel et al.,
 # 2020).
 _T5_1_1_BASE = T5Config(
