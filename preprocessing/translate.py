@@ -109,14 +109,12 @@ class Backend(abc.ABC):
 
 
 class FileBackend(Backend):
-  """Pre-translated texts from a TSV or JSONL file (see module docstring).
+  """Pre-translated texts from a TSV (`source<TAB>translation`) or JSONL (`{"source", "target",
+  "lang"}`, `lang` optional) file: human or earlier MT output.
 
-  A JSONL line whose `target` is null or empty, like a TSV line with an empty translation, is no
-  translation (the text counts as missing): the problem files `translation_problems.{lang}.jsonl`
-  can be filled in and read back. `translate` returns None for a text without an entry.
-
-  Raises:
-    ValueError: `FILE:LINE: problem` for a malformed line.
+  A null or empty `target` (or TSV translation) is no translation (the text counts as missing), so
+  a filled-in `translation_problems.{lang}.jsonl` reads back. `translate` gives None for a text
+  without an entry. ValueError `FILE:LINE: problem` for a malformed line.
   """
 
   name = "file"
@@ -398,22 +396,15 @@ def placeholders(text: str) -> collections.Counter:
 
 
 class Translator:
-  """Backend + "?" handling + placeholder check + on-disk cache (see module docstring).
+  """Backend + "?" handling + placeholder check + on-disk cache, as §4.1 describes around MT.
 
-  Args:
-    backend: the MT system.
-    cache_path: JSONL cache file (None = memory only; unused for a backend that is not
-      `cacheable`).
-    batch_size: texts sent to the backend at a time (each batch is cached before the next).
-    add_question_mark: append "?" before and strip it after translating (§4.1).
-    max_consecutive_failures: after this many failed requests in a row, the remaining texts are
-      not sent (they are "failed" problems; a rerun tries them again).
-
-  Attributes:
-    flagged: [(source, target language, translation)] whose placeholders differ from the source.
-    failures: {(target language, source): Problem} of the texts left untranslated ("missing" or
-      "failed") by the latest `translate` call that asked for them.
-    backend_calls: number of backend.translate calls made by this object.
+  `add_question_mark`: "?" appended before and stripped after translating (the questions have
+  none; it makes MT treat them as questions). Every placeholder M0…M9 must survive: a translation
+  that loses or invents one is `flagged` (cached, so not asked again, but never written).
+  `cache_path`: JSONL appended per batch of `batch_size` (None: memory; unused for a backend that is
+  not `cacheable`), so a killed run resumes. After `max_consecutive_failures` failed requests in a
+  row the rest is not sent ("failed"; a rerun tries again). `failures`: {(language, source):
+  Problem} of the latest call; `backend_calls` counts calls.
   """
 
   def __init__(self,

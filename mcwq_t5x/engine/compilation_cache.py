@@ -17,7 +17,7 @@ import jax
 
 ENV_VAR = "MCWQ_T5X_COMPILATION_CACHE"
 OFF_VALUES = ("0", "off", "false", "no", "none")
-# why: a size limit is what makes JAX lock the folder (module docstring); 16 GiB holds a few
+# why: a size limit is what makes JAX lock the folder (`use_persistent_cache`); 16 GiB holds a few
 # hundred mT5-small/base programs.
 DEFAULT_MAX_SIZE_BYTES = 16 << 30
 
