@@ -93,8 +93,10 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   anything touches a device.
 
   `coordinator_address`: "host:port" of process 0, "auto" (Cloud TPU, SLURM, Open MPI, ...) or
-  None; `num_processes`, `process_id` None: detected; timeouts in seconds (None: JAX's 300 s and
-  100 s). ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
+  None; `num_processes`, `process_id` None: detected; `initialization_timeout` (None: JAX's 300 s)
+  and `heartbeat_timeout` (default `HEARTBEAT_TIMEOUT_S`; None: JAX's 100 s) in seconds. On CPU
+  the collectives become gloo when JAX has none selected. ValueError: `num_processes` < 1 or
+  `process_id` outside [0, num_processes).
   """
   if coordinator_address is None:
     return False
