@@ -530,8 +530,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
   Raises gin_utils.GinConfigError (bad gin flags), ValueError (bad multi-process flags), SystemExit
-  with one last line (a failed checkpoint write, MODEL_DIR in use, missing data or vocabulary;
-  preemption: status 143), and whatever `train` raises.
+  with one last line (`CheckpointSaveError`, `run_lock.ModelDirInUseError`, `DataNotFoundError`
+  such as `vocab.VocabularyNotFoundError`; "Preempted: ..." with status 143; "LostProcessError: ..."
+  naming a lost process and the resume command, status 1), and whatever `train` raises.
   """
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")

@@ -177,7 +177,7 @@ def locate(path: PathLike) -> tuple[str, pathlib.Path]:
 
   Tried in order: T5X's MODEL_DIR layout (FORMAT_ORBAX, or FORMAT_T5X for msgpack steps), a
   Hugging Face folder, a standalone T5X-native checkpoint. Raises NotACheckpointError (no such
-  path), ValueError (none of the formats; the message lists them).
+  path; a FileNotFoundError), ValueError (none of the formats; the message lists them).
   """
   p = pathlib.Path(path)
   try:

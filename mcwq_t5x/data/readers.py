@@ -118,7 +118,8 @@ def decode_lines(data: bytes, source: PathLike, strict: bool = True) -> list[str
 
 
 def read_lines(path: PathLike, strict: bool = True) -> list[str]:
-  """The lines of a UTF-8 text file (`decode_lines`); DataNotFoundError names the fetch command."""
+  """The lines of a UTF-8 text file (`decode_lines`); DataNotFoundError (naming the fetch command),
+  DataFormatError (`FILE:LINE`, when strict)."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise paths.not_found(path, "MCWQ file")
