@@ -35,9 +35,7 @@ class _QuietFilter(logging.Filter):
 
 
 def original_error(error: BaseException) -> BaseException:
-  """The exception itself, or the one gin wrapped: an exception raised in a configurable reaches
-  the caller as a proxy subclassing its type, whose message adds "In call to configurable ...";
-  the original is its `__context__`."""
+  """The exception itself, or the one gin wrapped (the proxy's `__context__`)."""
   context = error.__context__
   proxy = (
       context is not None and type(context) in type(error).__bases__ and
@@ -83,24 +81,17 @@ TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
 
 def quiet_native_logs() -> None:
-  """Keeps the native libraries' start-up noise out of a command's stderr (the mains call it under
-  `if __name__ == "__main__"`, before TensorFlow is imported; never in a library user's process).
+  """Keeps the native libraries' start-up noise out of a command's stderr.
 
-  * `TF_CPP_MIN_LOG_LEVEL`, unless the user set it: 3 without an NVIDIA driver (TensorFlow runs
-    the data pipeline only; its one error there is the failed CUDA probe, "failed call to
-    cuInit"), else 1 (no INFO lines). TensorFlow's errors still raise Python exceptions.
-  * Unless `TF_CPP_MIN_LOG_LEVEL=0` (the user asks for everything), file descriptor 2 becomes a
-    pipe to a small filter process (`mcwq_t5x/stderr_filter.py`, the same interpreter run with `-I -S`)
-    that writes every line to the original stderr except those matching `NATIVE_NOISE` (and
-    `NO_GPU_NOISE` without a driver). A separate process, so that what a crashing command prints
-    last (a fatal native error, a traceback) still comes out. At exit the original stderr is put
-    back once the filter has written everything (up to 10 s: processes the command started may
-    hold the pipe longer).
-
-  Nothing happens when stderr is not open or the filter cannot be started.
+  Called by the mains under `if __name__ == "__main__"`, before TensorFlow is imported. Sets
+  `TF_CPP_MIN_LOG_LEVEL` unless set; unless it is "0", fd 2 becomes a pipe to
+  `mcwq_t5x/stderr_filter.py`, which drops `NATIVE_NOISE` lines (and `NO_GPU_NOISE` without a
+  driver). Nothing happens when stderr is not open or the filter cannot start.
   """
   no_driver = not os.path.exists("/proc/driver/nvidia")
   if TF_LOG_LEVEL_ENV not in os.environ:
+    # Without a driver TF runs the data pipeline only; its one error there is the failed cuInit
+    # probe.
     os.environ[TF_LOG_LEVEL_ENV] = "3" if no_driver else "1"
   if os.environ[TF_LOG_LEVEL_ENV] == "0":
     return
@@ -111,6 +102,7 @@ def quiet_native_logs() -> None:
     return
   read_end, write_end = os.pipe()
   try:
+    # why a process: what a crashing command prints last (a fatal native error) still comes out.
     proc = subprocess.Popen([sys.executable, "-I", "-S", FILTER_SCRIPT, *patterns],
                             stdin=read_end,
                             stdout=saved,
@@ -134,6 +126,7 @@ def quiet_native_logs() -> None:
     os.dup2(saved, 2)  # closes the command's end of the pipe: the filter drains it and ends
     os.close(saved)
     try:
+      # Processes the command started may hold the pipe longer.
       proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
       pass

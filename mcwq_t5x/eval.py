@@ -5,26 +5,11 @@ Usage:
     --gin.MIXTURE_OR_TASK_NAME="'mcwq_random_split_en'" --gin.CHECKPOINT_PATH="'runs/tiny'"
   python -m mcwq_t5x.eval --gin_file=gin/mcwq_t5x/zeroshot/mt5_small_mcd1_he.gin   # zero-shot he from en
 
-The run file configures `evaluate` by dynamic registration (`from mcwq_t5x import eval as
-eval_script`, `eval_script.evaluate: ...`).
-
-Writes, under EVAL_OUTPUT_DIR (default: <checkpoint's MODEL_DIR>/eval_<step>; `mcwq_t5x.evaluation.report
-MODEL_DIR_OR_ABOVE` reads it and names the model after MODEL_DIR):
-  predictions/<task>_<split>.txt   one prediction per line, in source order
-  metrics/<task>_<split>.json      the task's metrics (exact_match, bleu) + step, checkpoint, count
-each file whole or not at all (`mcwq_t5x.data.writers`; the metrics last), while holding
-EVAL_OUTPUT_DIR/eval.lock: a second eval into the folder stops at once, naming the first.
-
-CHECKPOINT_PATH may be a MODEL_DIR of `mcwq_t5x.train` or `t5x.train` (its newest readable
-checkpoint: an unreadable newer one is skipped with a warning naming it) or one `checkpoint_<step>`
-folder (only the parameters are read; an unreadable one is an error), or a pretrained Hugging Face
-/ T5X-native checkpoint (`mcwq_t5x.evaluation.prediction.load_params`). PREDICT_KWARGS and the output folder
-are checked before anything is loaded or decoded.
-
-Vocabulary: with $MCWQ_VOCAB unset, the one recorded in the run's run.json (MODEL_DIR/vocab/
-spm.model, `mcwq_t5x.checkpointing.run_info`); a different one (set explicitly) is an error naming both.
-dtype: the one run.json records, unless the command line binds network.get_config.dtype
-(`gin_utils.adopt_recorded_dtype`; one line on stderr says which).
+The run file binds `eval_script.evaluate` by dynamic registration. CHECKPOINT_PATH is a MODEL_DIR
+of `mcwq_t5x.train` or `t5x.train` (its newest readable checkpoint), one `checkpoint_<step>`, or a
+Hugging Face / T5X-native checkpoint. Writes predictions/<task>_<split>.txt and
+metrics/<task>_<split>.json under EVAL_OUTPUT_DIR (default <MODEL_DIR>/eval_<step>), each whole
+or not at all, holding its eval.lock. The vocabulary and dtype are the run.json's unless set.
 """
 from __future__ import annotations
 
@@ -49,10 +34,7 @@ from mcwq_t5x import gin_utils
 
 
 def default_output_dir(folder: pathlib.Path, step: Optional[int]) -> pathlib.Path:
-  """EVAL_OUTPUT_DIR when unset: `<MODEL_DIR>/eval_<step>` (`<folder>/eval` without a step).
-
-  `mcwq_t5x.evaluation.report` names the model after `folder` (the run), not after this subfolder.
-  """
+  """EVAL_OUTPUT_DIR when unset: `<MODEL_DIR>/eval_<step>` (`<folder>/eval` without a step)."""
   if step is None:
     return pathlib.Path(folder) / "eval"
   return run_folder.eval_dir(folder, step)
@@ -66,36 +48,15 @@ def evaluate(*,
              partitioner: Optional[partitioning.Partitioner] = None,
              predict_kwargs: Optional[Mapping[str, Any]] = None,
              num_examples: Optional[int] = None) -> dict[str, Any]:
-  """Decodes `dataset_cfg`'s split with the checkpoint; writes predictions and a metrics JSON.
+  """{"metrics", "predictions_path", "metrics_path"}: `dataset_cfg`'s split decoded with the
+  checkpoint.
 
-  Args:
-    model: MODEL.
-    dataset_cfg: task (MIXTURE_OR_TASK_NAME), split, batch size; `task_feature_lengths` None =
-      each split's longest example (nothing truncated).
-    checkpoint_path: CHECKPOINT_PATH (see `prediction.load_params`).
-    output_dir: EVAL_OUTPUT_DIR (None: <MODEL_DIR>/eval_<step>).
-    partitioner: mesh (default one model partition).
-    predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 4, "decoder_params":
-      {"alpha": 0.6}} for beam search (see gin/mcwq_t5x/runs/eval.gin and
-      `prediction.check_predict_kwargs`).
-    num_examples: only the first N examples (None = all).
-
-  Returns:
-    {"metrics": {...}, "predictions_path": str, "metrics_path": str}.
-
-  Raises:
-    ValueError: invalid `predict_kwargs` (before anything is loaded), unknown task or
-      vocabulary/model mismatch.
-    run_info.VocabularyMismatchError: the task's or the model's vocabulary is not the one the
-      checkpoint's run.json records (both named).
-    prediction.UnwritableOutputError: `output_dir` (or the default one) cannot be written; checked
-      before decoding (a given `output_dir` before anything is loaded).
-    FileNotFoundError: no checkpoint at `checkpoint_path`.
-    checkpoints.UnreadableCheckpointError: a named `checkpoint_<step>` folder is unreadable;
-      checkpoints.NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
-    run_lock.EvalOutputDirInUseError: another eval writes into the folder (`EVAL_OUTPUT_DIR/
-      eval.lock`; the message names it: pid, host, start time, command).
-    writers.ResultWriteError: a result file cannot be written (the previous one is kept).
+  `dataset_cfg.task_feature_lengths` None: each split's longest example. `predict_kwargs`: e.g.
+  {"num_decodes": 4, "decoder_params": {"alpha": 0.6}} (beam search). Raises ValueError (bad
+  `predict_kwargs`, task or vocabulary size), run_info.VocabularyMismatchError,
+  prediction.UnwritableOutputError, FileNotFoundError, checkpoints.UnreadableCheckpointError /
+  NoUsableCheckpointError, run_lock.EvalOutputDirInUseError (names the holder),
+  writers.ResultWriteError.
   """
   prediction.check_predict_kwargs(model, predict_kwargs)
   with contextlib.ExitStack() as stack:  # holds EVAL_OUTPUT_DIR's lock until the files are written
@@ -109,8 +70,11 @@ def evaluate(*,
                                     checkpoint_path)
     if getattr(model, "output_vocabulary", None) is not None:
       run_info.check_vocabulary(model.output_vocabulary, checkpoint_path, "eval (model)")
+    # An unreadable newer checkpoint of a MODEL_DIR is skipped with a warning; a named one is an
+    # error.
     params, step, folder = prediction.load_params(model, partitioner, checkpoint_path)
     if output_dir is None:
+      # The report names the model after MODEL_DIR (the run), not this subfolder.
       output_dir = str(default_output_dir(folder, step))
       prediction.check_writable(output_dir, "default EVAL_OUTPUT_DIR")
       stack.enter_context(run_lock.hold(output_dir, run_lock.EVAL_LOCK_FILE))
@@ -151,6 +115,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   try:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
+    # Unless the command line binds network.get_config.dtype (one stderr line says which).
     gin_utils.adopt_recorded_dtype(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)

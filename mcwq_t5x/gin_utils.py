@@ -4,22 +4,13 @@ Flags (same names as T5X):
   --gin_file=PATH            repeatable; a config file (searched in --gin_search_paths).
   --gin.NAME=VALUE           a binding, e.g. --gin.TRAIN_STEPS=100 --gin.MODEL_DIR="'runs/x'".
   --gin_bindings=BINDING     repeatable; a raw binding "NAME = VALUE".
-  --gin_search_paths=A,B     comma-separated folders searched for gin files and includes
-                             (default: the current folder and the repository root).
+  --gin_search_paths=A,B     folders searched for files and includes (default: cwd, repo root).
 
-Errors in the config (unknown configurable or parameter, a syntax error, a binding of a macro that no
-config file uses, an include cycle, a missing include) are raised as `GinConfigError` naming the
-file/line or the binding (a cycle: each of its files and the line that includes the next).
-
-Nothing is registered with gin here or anywhere else in the library at import: the config files
-name what they configure by dynamic registration (`from __gin__ import dynamic_registration`,
-`from mcwq_t5x.engine import network`, `network.get_config.name = 'mt5_small'`), as T5X's
-files do. Our run files name the main by its module (`from mcwq_t5x import train as
-train_script`), where T5X's say `import __main__ as train_script`; so the files of both engines
-parse in one process, and `use_main_module_as` makes the running `python -m mcwq_t5x.train` that
-module (no second import).
-
-The mains' console and error lines are `mcwq_t5x.console`'s.
+Config errors (unknown configurable or parameter, syntax, a macro no file uses, an include cycle
+or a missing include) raise `GinConfigError` naming the file and line or the binding. Nothing is
+registered with gin at import: the files use dynamic registration, as T5X's do, and name the
+main by its module (`from mcwq_t5x import train as train_script`, T5X: `import __main__`), so the
+files of both engines parse in one process.
 """
 from __future__ import annotations
 
@@ -41,14 +32,8 @@ class GinConfigError(ValueError):
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-  """Splits `--gin.NAME=VALUE` arguments off `argv`.
-
-  Returns:
-    (remaining argv, list of "NAME = VALUE" bindings).
-
-  Raises:
-    GinConfigError: for `--gin.NAME` without `=VALUE`.
-  """
+  """(remaining argv, ["NAME = VALUE", ...]): `--gin.NAME=VALUE` split off; GinConfigError
+  without `=`."""
   rest, bindings = [], []
   for arg in argv:
     if arg.startswith("--gin."):
@@ -77,20 +62,17 @@ _INCLUDE_RE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.M)
 
 
 def _include_search_paths(search_paths: Sequence[str]) -> list[str]:
-  """Where includes are looked for: the search paths, then `sys.path` (includes of installed
-  packages' files, e.g. 't5x/configs/runs/finetune.gin', as gin's own resource reader finds
-  them)."""
+  """Where includes are looked for: the search paths, then `sys.path`."""
+  # Installed packages' files (t5x/configs/runs/finetune.gin), as gin's resource reader finds them.
   return list(search_paths) + [d for d in sys.path if d]
 
 
 def _config_text(files: Sequence[str], search_paths: Sequence[str]) -> str:
-  """Text of the files and everything they include (for the unused-macro check), read in
-  include order; a file included twice (not in a cycle) is read once.
+  """Text of the files and all they include, in include order, each file once (the unused-macro
+  check).
 
-  Raises:
-    GinConfigError: an include cycle (the message names the files of the cycle, each with the
-      line that includes the next) or an include that is not found (the message names the
-      including file and line, the missing file and the folders searched).
+  GinConfigError: an include cycle (each file with the line including the next) or a missing
+  include (the including file and line, the folders searched).
   """
   paths = _include_search_paths(search_paths)
   done: set[pathlib.Path] = set()
@@ -143,18 +125,10 @@ def parse_gin(gin_files: Sequence[str],
               skip_unknown: bool = False) -> None:
   """Clears gin, then parses the files and bindings (bindings override the files).
 
-  Args:
-    gin_files: config files (relative to a search path or absolute).
-    gin_bindings: "NAME = VALUE" bindings.
-    gin_search_paths: folders for files and includes (the cwd and the repo root are always added).
-    finalize: lock the config after parsing.
-    skip_unknown: passed to gin (False: unknown configurables are errors).
-
-  Raises:
-    GinConfigError: missing file, an include cycle (naming its files) or a missing include (naming
-      the including file and line), unknown configurable/parameter, syntax error, or a macro binding
-      (UPPER_CASE name) that no config file references by its whole name (`TRAIN_STEP = 5` is an
-      error even though the files reference `%TRAIN_STEPS`).
+  The cwd and repo root are always search paths; `finalize` locks the config; `skip_unknown` is
+  gin's. Raises GinConfigError: a missing file or include, a cycle, unknown configurable or
+  parameter, syntax, or an UPPER_CASE macro binding no file references by its whole name
+  (`TRAIN_STEP = 5` beside `%TRAIN_STEPS`).
   """
   search = [str(s) for s in gin_search_paths] + [os.getcwd(), str(REPO_ROOT)]
   gin.clear_config()
@@ -216,22 +190,10 @@ def parse_flags(argv: Optional[Sequence[str]] = None,
                 extra_args: Optional[callable] = None,
                 prog: Optional[str] = None,
                 epilog: Optional[str] = None) -> argparse.Namespace:
-  """Parses the T5X-style gin flags of `argv` (default `sys.argv[1:]`) and configures gin.
+  """The argparse namespace of `argv`'s T5X-style gin flags (plus `extra_args`'), gin configured.
 
-  Args:
-    argv: command-line arguments without the program name.
-    description: help text.
-    extra_args: optional `fn(parser)` adding main-specific arguments.
-    prog: program name in the usage line (e.g. "python -m mcwq_t5x.train").
-    epilog: text after the options in `--help` (`gin_help`).
-
-  Returns:
-    The argparse namespace (with `gin_file`, `gin_bindings`, `gin_search_paths`,
-    `command_line_bindings`: the --gin_bindings and --gin.NAME=VALUE ones as "NAME = VALUE", and
-    any extras).
-
-  Raises:
-    GinConfigError: see `parse_gin`.
+  `command_line_bindings`: the --gin_bindings and --gin.NAME=VALUE as "NAME = VALUE". `epilog`
+  follows the options in `--help` (`gin_help`). Raises GinConfigError (`parse_gin`).
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   argv, dotted = rewrite_gin_args(argv)
@@ -276,21 +238,11 @@ DTYPE_PARAMETER = "network.get_config.dtype"
 
 def adopt_recorded_dtype(checkpoint_path: Optional[str],
                          command_line_bindings: Sequence[str]) -> Optional[str]:
-  """Makes the model compute in the dtype its run was trained in, unless the command line chose.
+  """The dtype name the model computes in ("bfloat16"; None if neither gin nor run.json has one).
 
-  The dtype used: a command-line binding of `DTYPE_PARAMETER` (--gin.network.get_config.dtype=...
-  or --gin_bindings) if there is one, else the network dtype recorded in the run.json at or above
-  `checkpoint_path` (`run_info.find`; bound as `DTYPE_PARAMETER`), else the gin files' (the model
-  files all bind one, so theirs never counts as a choice). Says on stderr, in one line, which
-  dtype is used and why (a warning when it is not the run's). Call it after parsing gin, before
-  the model is built (the infer and eval mains).
-
-  Returns:
-    The name of the dtype used (e.g. "bfloat16"), None when the gin config does not bind
-    `DTYPE_PARAMETER` and no run.json records one.
-
-  Raises:
-    ValueError: an unreadable run.json (names it).
+  Order: a command-line binding of `DTYPE_PARAMETER`, else the run.json at or above
+  `checkpoint_path`, else the gin files'; one stderr line says which. Call after parsing gin,
+  before building the model. ValueError names an unreadable run.json.
   """
   # why: run_info imports jax, which inspect_task (a gin_utils user) never needs
   from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
@@ -312,6 +264,7 @@ def adopt_recorded_dtype(checkpoint_path: Optional[str],
     logging.log(level, "dtype: computing in %s, as the command line binds it (%s)%s", bound,
                 explicit[-1], f"; {trained}" if recorded else "")
     return bound
+  # The model files all bind a dtype, so the gin files' never counts as a choice.
   if recorded is None:
     logging.info("dtype: computing in %s, as the gin config binds it (%s at or above %s)", bound,
                  "no dtype recorded in run.json" if run_path else "no run.json", checkpoint_path)
@@ -340,25 +293,20 @@ def _dtype_name(value: Any) -> str:
 def use_main_module_as(name: str) -> None:
   """Under `python -m name`, registers the running `__main__` module as `name` too.
 
-  The gin files import the main by name (`from mcwq_t5x import train as train_script`); without
-  this, that import would load a second copy of the module and gin would configure the copy's
-  function, not the one `__main__` calls. Does nothing when the module runs under another name
-  (imported by a test, say), where the import finds the module itself.
+  Does nothing under another name (a test importing it).
   """
   main = sys.modules.get("__main__")
+  # why: the gin files import the main by name; a second copy's function would be configured, not
+  # `__main__`'s.
   if getattr(getattr(main, "__spec__", None), "name", None) == name:
     sys.modules.setdefault(name, main)
 
 
 def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
-  """Calls `fn` with the bindings the parsed config gives it (if a file configured it by dynamic
-  registration, e.g. `partitioning.set_host_device_count.count = 4`), else plainly.
-
-  The mains use it for the set-up functions that must run before `train`/`evaluate` is called
-  (XLA host devices, `jax.distributed`), which gin would otherwise only configure when it calls
-  them itself.
-  """
+  """Calls `fn` with the bindings the parsed config gives it, else plainly (set-up functions such as
+  `partitioning.set_host_device_count` that run before `train`/`evaluate`)."""
   try:
+    # gin only configures a function it calls itself, unless asked.
     configured = gin.get_configurable(fn)
   except ValueError:  # not configured by any file
     configured = fn

@@ -5,24 +5,12 @@ Usage:
       --gin_file=gin/mcwq_t5x/runs/infer.gin --gin.CHECKPOINT_PATH="'runs/tiny'" --sparql
   python -m mcwq_t5x.infer --gin_file=... --input=questions.txt --output=queries.txt
 
-One question per input line (entity placeholders M0..M9 as in MCWQ), one output line per input
-line, in order. The input is UTF-8, split into lines as every line file of the project is
-(`readers.decode_lines`: "\n" alone ends a line, so form feeds or Unicode line separators inside a
-question never split it; a trailing "\r" is dropped); input that is not UTF-8 is an error naming
-the line. Questions are normalised as the training data is (`readers.normalize_question`: Unicode
-NFC, a leading byte order mark dropped, stripped); an empty or whitespace-only line gives an empty
-output line and a warning. With --sparql the RIR is converted by
-`mcwq_t5x.data.rir.rir_to_sparql`; a prediction that is not valid RIR gives the line
-`ERROR: <reason>` (and a warning on stderr), so lines stay aligned.
-
-All decodes of a beam (or of samples): --gin.PREDICT_KWARGS="{'num_decodes': 4,
-'return_all_decodes': True}" prints, still one line per question, its `num_decodes` predictions
-separated by tabs, in the model's order (ascending score: the last one is the prediction printed
-without `return_all_decodes`); tabs inside a prediction become spaces. PREDICT_KWARGS is checked
-before the checkpoint is loaded.
-
-dtype: the one the run's run.json records, unless the command line binds network.get_config.dtype
-(`gin_utils.adopt_recorded_dtype`; one line on stderr says which).
+One UTF-8 question per input line (placeholders M0..M9 as in MCWQ; bytes that are not UTF-8 are
+an error naming the line), one output line per input
+line, in order; questions are normalised as the training data is. An empty question gives an
+empty line, RIR that `rir_to_sparql` rejects the line `ERROR: <reason>` (both with a warning).
+With PREDICT_KWARGS {'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes
+separated by tabs, ascending score (the last is the one printed without it).
 """
 from __future__ import annotations
 
@@ -50,14 +38,8 @@ def encode_questions(questions: Sequence[str],
                      vocabulary: Any,
                      input_length: int,
                      input_prefix: str = "") -> np.ndarray:
-  """Tokenizes questions like the SeqIO task: prefix + question, EOS appended, trimmed, padded.
-
-  Each question is first normalised as the tasks' data is (`readers.normalize_question`: NFC,
-  no leading BOM, stripped).
-
-  Returns:
-    int32 [len(questions), input_length] (0 = padding, EOS = 1 as in T5).
-  """
+  """int32 [len(questions), input_length] (0 = padding, EOS = 1 as in T5): prefix + normalised
+  question + EOS, trimmed, padded, as the SeqIO task tokenises."""
   out = np.zeros((len(questions), input_length), np.int32)
   for i, q in enumerate(questions):
     q = readers.normalize_question(q)
@@ -77,32 +59,13 @@ def infer(questions: Sequence[str],
           batch_size: int = 64,
           predict_kwargs: Optional[dict[str, Any]] = None,
           partitioner: Optional[partitioning.Partitioner] = None) -> list[Any]:
-  """Predicts the RIR query of each question.
+  """The predicted RIR of each question, in input order (a list of `num_decodes` strings each with
+  `return_all_decodes`, ascending score, best last; "" and a warning for an empty question).
 
-  Args:
-    questions: question strings.
-    model: MODEL.
-    checkpoint_path: CHECKPOINT_PATH (see `mcwq_t5x.evaluation.prediction.load_params`).
-    vocabulary: input/output vocabulary (default the model's `input_vocabulary`).
-    input_prefix: prepended to each question; must match training (tasks' `prefix`, default "").
-    input_length: input tokens (EOS included; longer questions are trimmed).
-    max_decode_length: output tokens.
-    batch_size: decoding batch size (rounded up to a multiple of the data-parallel devices).
-    predict_kwargs: `model.predict_batch` options (e.g. beam search {"num_decodes": 4,
-      "decoder_params": {"alpha": 0.6}}; all beams: add "return_all_decodes": True).
-    partitioner: mesh.
-
-  Returns:
-    The predicted RIR strings, in input order; with `return_all_decodes`, one list of
-    `num_decodes` strings per question (ascending score, best last). "" (and a warning) for a
-    question that is empty or whitespace-only after normalisation (`readers.normalize_question`),
-    which is not decoded.
-
-  Raises:
-    ValueError: invalid `predict_kwargs` (checked first), no vocabulary, or vocabulary/model size
-      mismatch.
-    run_info.VocabularyMismatchError: the vocabulary is not the one the checkpoint's run.json
-      records (both named).
+  `input_prefix` must match training (the tasks' `prefix`); `input_length` counts EOS (longer
+  questions are trimmed); `batch_size` is rounded up to the data-parallel devices. Raises
+  ValueError (bad `predict_kwargs`, checked first; no vocabulary; size mismatch),
+  run_info.VocabularyMismatchError.
   """
   predict_kwargs = prediction.check_predict_kwargs(model, predict_kwargs, allow_all_decodes=True)
   vocabulary = vocabulary if vocabulary is not None else getattr(model, "input_vocabulary", None)
@@ -136,9 +99,8 @@ def empty_question_lines(questions: Sequence[str]) -> list[int]:
 
 
 def to_sparql_lines(rirs: Iterable[Any], skip: Iterable[int] = ()) -> list[Any]:
-  """RIR -> SPARQL per line; malformed RIR -> 'ERROR: ...' (warned on stderr); the 1-based lines
-  in `skip` (empty questions) stay empty. A line may be a list of predictions
-  (`return_all_decodes`): each is converted."""
+  """RIR -> SPARQL per line (each of a list with `return_all_decodes`); malformed RIR ->
+  'ERROR: ...' (warned); the 1-based lines in `skip` (empty questions) stay empty."""
   from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   skip = set(skip)
 
@@ -163,6 +125,7 @@ def format_lines(predictions: Sequence[Any]) -> str:
   def one(p: str) -> str:
     return " ".join(p.splitlines())
 
+  # Tabs separate decodes, so a tab inside one becomes a space.
   return "".join(("\t".join(one(x).replace("\t", " ")
                             for x in p) if isinstance(p, list) else one(p)) + "\n"
                  for p in predictions)
@@ -196,6 +159,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
       epilog=GIN_HELP)
   try:  # before the model is built: bad input fails fast
     if args.input == "-":
+      # "\n" alone ends a line: a form feed or U+2028 inside a question never splits it.
       lines = readers.decode_lines(sys.stdin.buffer.read(), "<stdin>")
     elif not os.path.isfile(args.input):
       raise FileNotFoundError(f"{args.input}: no such file")

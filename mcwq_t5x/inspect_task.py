@@ -34,10 +34,9 @@ class UnknownTaskError(KeyError):
 
 
 def get_task(name: str):
-  """Returns the registered seqio Task or Mixture `name` (importing `tasks` first).
+  """The registered seqio Task or Mixture `name` (`tasks` imported first).
 
-  Raises:
-    UnknownTaskError: unknown name; the message lists the closest registered names.
+  UnknownTaskError lists the closest registered names.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
@@ -63,11 +62,8 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
 
 
 def input_prefix_of(task) -> Optional[str]:
-  """The text a task's preprocessors put before each question, or None when it cannot be told.
-
-  Reads the `prefix` keyword of the first preprocessor that has one (the MCWQ tasks'
-  `tasks.mcwq.to_inputs_and_targets`); mixtures and other tasks give None.
-  """
+  """The `prefix` keyword of a task's first preprocessor that has one, or None (mixtures,
+  others)."""
   for p in getattr(task, "preprocessors", None) or ():
     keywords = getattr(p, "keywords", None) or {}
     if "prefix" in keywords:
@@ -81,24 +77,11 @@ def inspect(name: str,
             max_examples: Optional[int] = None,
             out=sys.stdout,
             progress=sys.stderr) -> dict[str, Any]:
-  """Prints `num_examples` preprocessed examples and the length statistics of `split`.
+  """{"inputs": stats, "targets": stats} (`length_stats`) of `split`; prints `num_examples`
+  examples.
 
-  Args:
-    name: seqio task or mixture name.
-    split: seqio split ("train", "validation", "test").
-    num_examples: examples to print (text and token ids).
-    max_examples: examples for the statistics (None or 0: the whole split).
-    out: stream to print to.
-    progress: stream for the progress lines (`[  12 s] ...`: loading, then the number of
-      examples read every `PROGRESS_EVERY_S` seconds, then the total).
-
-  Returns:
-    {"inputs": stats, "targets": stats} as from `length_stats`.
-
-  Raises:
-    UnknownTaskError: unknown task name.
-    DataNotFoundError: the split's data is missing (`vocab.VocabularyNotFoundError`: the
-      vocabulary file cannot be read).
+  `max_examples` None or 0: the whole split. `progress` gets `[  12 s] ...` lines every
+  `PROGRESS_EVERY_S`. Raises UnknownTaskError, DataNotFoundError (missing data or vocabulary).
   """
   start = time.monotonic()
   say = lambda message: print(f"[{time.monotonic() - start:4.0f} s] {message}", file=progress)
@@ -167,12 +150,8 @@ def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Command line `python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]` (module docstring).
-
-  Returns:
-    The exit status: 0 on success, 2 for an unknown task, 1 when its data or vocabulary cannot
-    be found or read, or the split does not exist (one line on stderr, no traceback).
-  """
+  """`python -m mcwq_t5x.inspect_task TASK [--split S] [-n N]`: exit status 0, 2 (unknown task) or 1
+  (missing data, vocabulary or split; one stderr line)."""
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.inspect_task", description=__doc__.split("\n\n")[0])
   parser.add_argument("task", help="seqio task or mixture name, e.g. mcwq_mcd1_he")

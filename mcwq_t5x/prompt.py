@@ -2,25 +2,15 @@
 
   python -m mcwq_t5x.prompt --task mcwq_mcd1_he --split test --base_url http://localhost:8000/v1
       --model NAME --shots 8 --selection {random,similar,cover,oracle_compounds} --out DIR
-      [--demo_language {same,en}] [--max_examples N] [--concurrency N] [--requests_per_s R]
-      [--seed S] [--max_tokens N] [--timeout S] [--retries N] [--api_key_env NAME]
   python -m mcwq_t5x.prompt --task mcwq_mcd1_en --split test --model nearest_neighbour
       --selection similar --shots 1 --out DIR      # the retrieval baseline, no server
 
-Writes to DIR, whole or not at all: `predictions.txt` (RIR, one line per example, line-parallel
-with the split or its first `--max_examples` lines; a response with no parseable query is an
-empty line, a syntax error for `mcwq_t5x.score`), `targets.txt` (the gold RIR of the same lines),
-`responses.jsonl` (per example the raw response, the demonstrations' ids, the error if any),
-`requests.jsonl` (the crash-safe request cache: a rerun sends no request twice) and `run.json`
-(server, model, parameters, selection, demonstrations per example, token usage; never the key).
-A run over a whole test part also writes `predictions_{split}_{lang}.txt`, which
-`python -m mcwq_t5x.report RESULTS_DIR` finds and names after run.json's system (model, shots,
-selection; ORACLE_ first for an oracle selection). Score with `python -m mcwq_t5x.score --predictions DIR/predictions.txt --targets DIR/targets.txt`.
-
-Demonstrations come from the split's train part, or its dev part where there is none (a log line
-says so; the shared copy mirrors only dev and test). The API key is read from the environment
-variable `--api_key_env` (default OPENAI_API_KEY; "EMPTY" when unset, as local servers accept).
-Exit status 1 when a request failed for good (the finished ones stay cached; rerun to resume).
+Writes to DIR, whole or not at all: `predictions.txt` (RIR, line-parallel with the split; no
+parseable query: an empty line), `targets.txt`, `responses.jsonl`, `requests.jsonl` (the
+crash-safe request cache: a rerun sends no request twice), `run.json` (never the key) and, over a
+whole test part, `predictions_{split}_{lang}.txt` for `mcwq_t5x.report`. Demonstrations come
+from the split's train part, else its dev part. The key is read from `--api_key_env` (default
+OPENAI_API_KEY). Exit status 1 when a request failed for good (rerun to resume).
 """
 from __future__ import annotations
 
@@ -45,11 +35,8 @@ _TASK = re.compile(r"^mcwq_(?P<split>.+)_(?P<language>[a-z]{2})$")
 
 
 def parse_task(task: str) -> tuple[str, str]:
-  """("mcd1", "he") from "mcwq_mcd1_he" (the SeqIO task names of `tasks/mcwq.py`).
-
-  Raises:
-    ValueError: a name not of the form mcwq_{split}_{lang}.
-  """
+  """("mcd1", "he") from "mcwq_mcd1_he"; ValueError for a name not of the form
+  mcwq_{split}_{lang}."""
   m = _TASK.match(task)
   if not m or "zeroshot" in task or task.endswith("multilingual"):
     raise ValueError(f"--task {task!r}: expected mcwq_{{split}}_{{lang}}, e.g. mcwq_mcd1_he")

@@ -111,8 +111,8 @@ def _make_endpoint(args: argparse.Namespace) -> cache_lib.CachedEndpoint:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Runs the command line; returns the exit status (module docstring: 0 ok, 2 bad input, 3
-  execution accuracy undefined, 1 a Retry-After too long)."""
+  """Runs the command line; returns the exit status: 0 ok, 2 bad input (naming file and line), 3
+  execution accuracy undefined (the JSON is still printed), 1 a Retry-After too long."""
   parser = _parser()
   args = parser.parse_args(argv)
   if args.targets is None and args.release is None:

@@ -2,54 +2,16 @@ r"""Training main (T5X `t5x/train.py` habit): gin-configured fine-tuning / train
 
 Usage:
   python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/mt5_base_mcd1_he.gin --gin.MODEL_DIR="'runs/x'"
-  python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin --gin.MODEL_DIR="'runs/tiny'"
-
-Several processes (GPU hosts, a TPU slice, or CPU processes on one machine) run the same command
-with T5X's flags, each with its own index, the same MODEL_DIR and the same coordinator (process 0):
   python -m mcwq_t5x.train --gin_file=... --gin.MODEL_DIR="'runs/x'" --multiprocess_gpu \
     --coordinator_address=HOST0:1234 --process_count=2 --process_index=0   # 1 on the other host
 
-Gin as in T5X, by dynamic registration: the run file says `from mcwq_t5x import train as
-train_script` and binds `train_script.train`; nothing is registered at import, so the same process
-can parse the real T5X's files too (see `gin_utils`).
-
-What it does (all gin-configurable through `train`):
-  1. builds the device mesh (`partitioning.Partitioner`), the model and the `trainer.Trainer`;
-  2. reads the training split (`pipeline.load_feature_arrays`) and batches it deterministically from
-     (seed, step); each process gathers only its rows of each global batch (its data shard,
-     `Partitioner.local_batch_rows`), so the examples of a step and their order do not depend on
-     the number of processes;
-  3. resumes from the newest readable checkpoint in MODEL_DIR (all processes together; falls back
-     to an older one if the newest is corrupt), else starts from INITIAL_CHECKPOINT_PATH (pretrained mT5) or random;
-  4. trains TRAIN_STEPS steps; every `log_every_steps` logs loss, token accuracy, learning rate, step
-     time, examples/s and tokens/s to the console and to TensorBoard (MODEL_DIR/train); saves
-     checkpoints every `checkpoint_period`; every `eval_period` computes the loss on the
-     `train_eval_dataset_cfg` split (logged as `training_eval/...`, every row of it when
-     `eval_steps` is None) and a decoding-based evaluation through `seqio.Evaluator`
-     (`inference_eval/...`: exact match, BLEU, the task's metric_fns; `mcwq_t5x.evaluation.prediction`);
-  5. on SIGTERM (a scheduler's preemption notice) saves a checkpoint at the next step boundary, the
-     same step in every process (T5X's preemption sync point), and stops with exit status 143;
-     the same command resumes from it (`preemption`);
-  6. at the end decodes the `final_eval_dataset_cfgs` splits (with METRIC_NAME_TO_MONITOR set: the
-     kept checkpoint with the best value of that metric, e.g. the lowest dev loss) and writes
-     MODEL_DIR/predictions/<task>_<split>.txt (one prediction per line, source order) and
-     MODEL_DIR/metrics/<task>_<split>.json.
-
-One training at a time per MODEL_DIR: a second one is refused, naming the process that holds
-MODEL_DIR/train.lock (`run_lock`; released when that process ends, however it ends).
-
-Output layout of MODEL_DIR:
-  train.lock                    the lock of the running training (pid, host, start, command)
-  config.gin                    the operative gin config
-  run.json, vocab/spm.model     what the run is: network config, vocabulary (SHA-256 + a copy of
-                                the SentencePiece model), task, lengths, steps (`run_info`);
-                                a resumed run must use the same vocabulary
-  checkpoint_<step>/            T5X's layout (orbax `state/` = {target: params, state: {step}},
-                                plus our `optimizer/` and `data/`), last K kept (checkpoints.py)
-  train/, eval/                 TensorBoard event files
-  train_metrics.jsonl           one JSON line per log step and at a preemption (the loss curve)
-  eval_metrics.jsonl            one JSON line per evaluation
-  predictions/<task>_<split>.txt, metrics/<task>_<split>.json   final decoding evaluation
+The run file binds `train_script.train` by dynamic registration (nothing is registered at import,
+so one process can parse the real T5X's files too, `gin_utils`). `train` builds the mesh, model
+and `Trainer`; resumes from MODEL_DIR's newest readable checkpoint, else INITIAL_CHECKPOINT_PATH;
+trains TRAIN_STEPS steps with periodic logging, checkpoints and evaluation (loss and decoding,
+T5X's `training_eval/` and `inference_eval/`); saves at the next step boundary on SIGTERM (exit
+status 143); and decodes the final splits into MODEL_DIR/predictions/ and metrics/ (the files
+`checkpointing.run_folder` names). One training at a time per MODEL_DIR (`run_lock`).
 """
 from __future__ import annotations
 
@@ -91,9 +53,7 @@ from mcwq_t5x import gin_utils
 def check_model_and_task(model: Any, cfg: pipeline.DatasetConfig) -> None:
   """Checks the task exists and its vocabulary fits the model's `vocab_size`.
 
-  Raises:
-    ValueError: unknown task (names the closest registered ones) or vocabulary/model size
-      mismatch (names both sizes).
+  ValueError names the closest registered tasks, or both sizes.
   """
   vocab = pipeline.output_vocabulary(cfg.mixture_or_task_name, cfg.module)
   run_info.check_model_vocabulary(vocab, model, f"task {cfg.mixture_or_task_name}")
@@ -101,12 +61,7 @@ def check_model_and_task(model: Any, cfg: pipeline.DatasetConfig) -> None:
 
 def loss_over_split(trainer: trainer_lib.Trainer, state: Any, arrays: Mapping[str, np.ndarray],
                     batch_size: int, partitioner: partitioning.Partitioner) -> dict[str, float]:
-  """Loss and token accuracy over every row of `arrays` (the last batch padded with empty rows,
-  which carry no loss weight, so each row counts exactly once).
-
-  Returns:
-    {"loss", "cross_ent_loss", "accuracy"} normalised per target token (`summarize_metrics`).
-  """
+  """{"loss", "cross_ent_loss", "accuracy"} per target token over every row of `arrays`."""
   sums: dict[str, float] = {}
   n_rows = len(next(iter(arrays.values())))
   for start in range(0, n_rows, batch_size):
@@ -203,68 +158,40 @@ def train(*,
           stop_after_steps: Optional[int] = None,
           run_note: Optional[str] = None,
           measure_matmul_peak: bool = True) -> dict[str, Any]:
-  """Trains, evaluates and checkpoints (see the module docstring). Gin names as in T5X.
+  """Trains, evaluates and checkpoints; gin names as in T5X.
 
   Args:
-    model: `mcwq_t5x.engine.model.EncoderDecoderModel` (gin MODEL).
-    train_dataset_cfg: training data (MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE, ...).
-    model_dir: MODEL_DIR (checkpoints, events, predictions, metrics).
-    total_steps: TRAIN_STEPS (optimizer updates in total, counting resumed ones).
-    partitioner: mesh (default: `partitioning.Partitioner()`, gin num_partitions).
-    trainer_cls: `trainer.Trainer` (gin binds learning_rate_fn, num_microbatches, ...).
-    train_eval_dataset_cfg: data for the periodic validation loss (None = skip).
-    infer_eval_dataset_cfg: data for the periodic decoding evaluation (None = skip).
-    final_eval_dataset_cfgs: splits decoded at the end -> predictions + metrics JSON.
-    final_eval_num_examples: decode only the first N examples of those (None = all).
-    eval_period: steps between evaluations (and at the end).
-    eval_steps: training-eval loss batches per evaluation (None = every row of the split).
-    infer_eval_num_examples: examples of the periodic decoding evaluation (None = all).
-    infer_batch_size: decoding batch size.
-    predict_kwargs: passed to `model.predict_batch` (e.g. {"num_decodes": 1} = greedy).
-    log_every_steps: steps between metric logs.
-    checkpoint_period: steps between checkpoints (a final one is always written).
-    keep_checkpoints: keep the last K checkpoints.
-    initial_checkpoint_path: INITIAL_CHECKPOINT_PATH for fine-tuning: parameters only, with a fresh
-      optimizer state, from a checkpoint of ours or of `t5x.train` (MODEL_DIR or
-      `checkpoint_<step>`), a T5X-native or a Hugging Face checkpoint; ignored when MODEL_DIR
-      already holds a checkpoint (resume wins).
-    resume_params_only: RESUME_PARAMS_ONLY: resume from MODEL_DIR's newest checkpoint with its
-      parameters and step but a fresh optimizer state (after changing OPTIMIZER; a full resume
-      then stops with "the optimizer state differs").
-    random_seed: parameter-init / dropout / data-order seed (the data seed defaults to it).
-    metric_name_to_monitor: keep the checkpoint(s) with the best value of this evaluation metric
-      (T5X `SaveBestCheckpointer.metric_name_to_monitor`; ours are the `eval_metrics.jsonl` keys,
-      e.g. "training_eval/loss", the dev loss) instead of the most recent ones: every evaluation
-      step is checkpointed with its metrics, `keep_checkpoints` best ones are kept plus the newest,
-      and the final evaluation decodes the best one (the paper's recipe: the lowest dev loss).
-      None = keep the last `keep_checkpoints` and decode the final parameters.
-    metric_mode: "min" (a loss) or "max".
-    stop_after_steps: stop (after checkpointing) once this step is reached, without the final
-      evaluation: a "killed" run for resume tests.
-    run_note: a line logged at start (e.g. which split stands in for training data).
-    measure_matmul_peak: time the machine's float32 matmul peak at start-up
-      (`flops.matmul_peak`, under a second on a CPU) so that every step line gives the model
-      FLOPs per second as a share of it; False: the step lines give GFLOP/s alone.
+    model: `engine.model.EncoderDecoderModel` (gin MODEL).
+    train_dataset_cfg: MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE, ...
+    model_dir: MODEL_DIR. total_steps: TRAIN_STEPS (updates in total, resumed ones included).
+    partitioner, trainer_cls: the mesh (`partitioning.Partitioner()`) and `trainer.Trainer`.
+    train_eval_dataset_cfg, infer_eval_dataset_cfg: periodic loss / decoding data (None: skip).
+    final_eval_dataset_cfgs: splits decoded at the end (first `final_eval_num_examples`).
+    eval_period, eval_steps (None: every row), infer_eval_num_examples, infer_batch_size,
+      predict_kwargs (`model.predict_batch`, {"num_decodes": 1} = greedy), log_every_steps,
+      checkpoint_period (a final one is always written), keep_checkpoints: as in T5X.
+    initial_checkpoint_path: INITIAL_CHECKPOINT_PATH, parameters only with a fresh optimizer (ours,
+      `t5x.train`'s, T5X-native or Hugging Face); ignored when MODEL_DIR has a checkpoint.
+    resume_params_only: RESUME_PARAMS_ONLY: resume parameters and step, fresh optimizer state.
+    random_seed: init / dropout / data-order seed.
+    metric_name_to_monitor, metric_mode: keep the best checkpoints by this `eval_metrics.jsonl` key
+      ("training_eval/loss", "min") plus the newest, and decode the best (T5X
+      `SaveBestCheckpointer`; the paper's recipe); None: the last ones, decode the final step.
+    stop_after_steps: stop after checkpointing at this step, no final evaluation (resume tests).
+    run_note: a line logged at start. measure_matmul_peak: time the float32 matmul peak at start
+      (`flops.matmul_peak`) for the step lines' share of it.
 
   Returns:
-    {"step", "final_eval": {task_split: metrics}, "train_metrics": last logged metrics, "wall_s",
-     "train_time_s", "decoded_step": the step whose parameters the final evaluation decoded,
-     "matmul_peak": `flops.MatmulPeak` or None}.
+    {"step", "final_eval": {task_split: metrics}, "train_metrics", "wall_s", "train_time_s",
+     "decoded_step", "matmul_peak"}.
 
   Raises:
-    ValueError: invalid predict_kwargs (checked first), unknown task, vocabulary/model mismatch,
-      bad batch size.
-    run_info.VocabularyMismatchError: resuming MODEL_DIR with another vocabulary than the one its
-      run.json records.
-    trainer.NonFiniteLossError: NaN/Inf loss (the last good checkpoint is kept). Steps run
-      without waiting for the device, so it is raised at the first log, evaluation or checkpoint
-      step at or after the bad step (at most one such interval later), naming the bad step;
-      nothing from the bad step or after it is logged or saved.
-    checkpoints.CheckpointSaveError: writing a checkpoint failed (e.g. disk full); the message
-      names it, the cause and the last good checkpoint; the checkpoint manager is closed first.
-    preemption.Preempted: a SIGTERM arrived during the training loop: the checkpoint of the next
-      step boundary (the same step in every process) was saved (its metric row written too) and
-      the run stopped without its final evaluation; its message names the checkpoint.
+    ValueError: bad predict_kwargs (checked first), unknown task, vocabulary/model mismatch, batch.
+    run_info.VocabularyMismatchError: resuming with another vocabulary than run.json's.
+    trainer.NonFiniteLossError: NaN/Inf loss, raised at the next log/eval/checkpoint step and
+      naming the bad step; nothing from it on is logged or saved.
+    checkpoints.CheckpointSaveError: a checkpoint write failed (names the last good one).
+    preemption.Preempted: SIGTERM; the checkpoint of the next step boundary was saved.
   """
   prediction.check_predict_kwargs(model, predict_kwargs)
   t_start = time.time()
@@ -347,6 +274,8 @@ def train(*,
       metric_name_to_monitor=metric_name_to_monitor,
       metric_mode=metric_mode)
   abstract_state = trainer.state_shapes(global_shapes, input_types)
+  # Resume wins over INITIAL_CHECKPOINT_PATH; a corrupt newest checkpoint falls back to an older
+  # one.
   restored = ckpt.restore_latest(
       abstract_state, optimizer=trainer.optimizer, params_only=resume_params_only)
   if restored is not None:
@@ -538,6 +467,7 @@ def train(*,
     return result
 
   # --- final evaluation ---------------------------------------------------------------------
+  # With METRIC_NAME_TO_MONITOR: the kept checkpoint with the best value (e.g. the lowest dev loss).
   decoded_step, decode_params, selection = step, state.params, {}
   best = ckpt.best_step()
   if best is not None:
@@ -600,34 +530,10 @@ GIN_HELP = gin_utils.gin_help([
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
-  The run files configure `train` by dynamic registration (`train_script.train`); `main` calls it
-  with those bindings. T5X's multi-process flags (`partitioning.add_multiprocess_flags`:
-  `--multiprocess_gpu --coordinator_address=HOST:PORT --process_count=N --process_index=I`)
-  initialise `jax.distributed` before any device is used; every process runs the same command
-  with its own `--process_index` and the same MODEL_DIR. On CPU, XLA gets the training flags of
-  `cpu_settings.XLA_CPU_TRAINING_FLAGS` unless XLA_FLAGS sets them, and the process keeps freed
-  host memory for reuse (`cpu_settings.set_host_malloc_options`). When MODEL_DIR holds a
-  checkpoint and $MCWQ_VOCAB is unset, the vocabulary recorded in its run.json is used
-  (`run_info.adopt_recorded_vocabulary`).
-
-  One training at a time per MODEL_DIR: the run holds `MODEL_DIR/train.lock`
-  (`run_lock.hold`; in a multi-process run, process 0 for all), and a second training of the same
-  folder stops at once, naming the folder and the process that holds it. A SIGTERM (a scheduler's
-  preemption notice) saves a checkpoint at the next step boundary (the same step in every process)
-  and ends the run with the line "Preempted: ..." and exit status 143 (`preemption.EXIT_STATUS`);
-  rerunning the command resumes from that checkpoint. When another process of a multi-process run
-  dies, the others end within `process_watch.TIMEOUT_S` seconds (`--lost_process_timeout`) with
-  a last line "LostProcessError: ..." naming it and the command that resumes the run, exit status 1
-  (`process_watch`; where XLA's runtime ends a process first, as it may when the coordinator,
-  process 0, is gone, XLA's message, which names the "leader task", is the last one).
-
-  Raises:
-    gin_utils.GinConfigError: bad gin flags; ValueError: bad multi-process flags (see
-    `partitioning.initialize_from_flags`); SystemExit: a checkpoint could not be written, MODEL_DIR
-    is in use by another training, or data or a vocabulary file is missing or unreadable (the
-    message, the last line printed, is the `CheckpointSaveError`, `run_lock.ModelDirInUseError`
-    or `DataNotFoundError`, e.g. `vocab.VocabularyNotFoundError` naming $MCWQ_VOCAB), or the run
-    was preempted (status 143); and whatever else `train` raises.
+  Raises gin_utils.GinConfigError (bad gin flags), ValueError (bad multi-process flags), SystemExit
+  with one last line (`CheckpointSaveError`, `run_lock.ModelDirInUseError`, `DataNotFoundError`
+  such as `vocab.VocabularyNotFoundError`; "Preempted: ..." with status 143; "LostProcessError: ..."
+  naming a lost process and the resume command, status 1), and whatever `train` raises.
   """
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
@@ -644,18 +550,23 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   gin_utils.call_configured(cpu_settings.set_host_device_count)
   cpu_settings.set_xla_cpu_flags()
   compilation_cache.use_persistent_cache()
+  # T5X's multi-process flags initialise `jax.distributed` before any device is used.
   if partitioning.initialize_from_flags(args) is None:
     gin_utils.call_configured(partitioning.initialize_distributed)
+  # Freed host memory is kept for reuse (CPU training flags: `cpu_settings`).
   if jax.default_backend() == "cpu":
     cpu_settings.set_host_malloc_options()
   model_dir = gin_utils.macro_value("MODEL_DIR")
   lost_timeout = (
       process_watch.TIMEOUT_S if args.lost_process_timeout is None else args.lost_process_timeout)
+  # If another process dies, the others end within `lost_timeout` s naming it and the resume
+  # command.
   watch = process_watch.ProcessWatch(
       lambda lost: _stop_lost_process(lost, model_dir, argv), timeout_s=lost_timeout)
   watch.start()  # several processes: says which one is gone if one dies
   status = "done"
   try:
+    # A second training of the folder stops at once, naming the holder (process 0 holds it for all).
     with run_lock.hold(model_dir) if model_dir else contextlib.nullcontext():
       if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: its vocabulary
         run_info.adopt_recorded_vocabulary(model_dir)

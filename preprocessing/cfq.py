@@ -1,22 +1,14 @@
 """Reading CFQ records and their Freebase SPARQL (input side of the MCWQ pipeline).
 
-CFQ (Keysers et al., ICLR 2020) publishes `dataset.json`, a JSON array of records with the keys
-`questionIdx`, `questionWithBrackets`, `questionPatternModEntities`, `sparql` (Freebase SPARQL with
-MIDs such as `ns:m.0hhkf7k`), `sparqlPattern` (the same query with constants abstracted as `M0`…
-and properties as `P0`…), `recursionDepth` and `expectedResponse`, and in the full release also
-`questionWithMids` (the question with MIDs where the pattern has `Mk`) and
-`sparqlPatternModEntities` (the query with only the question entities abstracted as `Mk`). The
-sample in `../shared/cfq/cfq_sample_{train,dev}.json` has the same form without these two keys.
-
-The M indices of `sparqlPattern` are the ones of `questionPatternModEntities` (MCWQ §3.2 relies on
-this): aligning `sparql` and `sparqlPattern` clause by clause gives, for each placeholder, the
-Freebase constant it stands for. Placeholders that occur in the question pattern are entities;
-the others are types (`?x0 a ns:film.director`) or special entities (genders, nationalities).
-`sparqlPattern` does not always say which entity goes with which property; `questionWithMids` and
-`sparqlPatternModEntities` do, and are used when present (`exact_entity_constants`); without
-them `ContextModel` chooses from the question's words.
-
-Everything here is plain Python (no TensorFlow).
+CFQ (Keysers et al., ICLR 2020) `dataset.json` records have `questionIdx`, `questionWithBrackets`,
+`questionPatternModEntities`, `sparql` (Freebase, MIDs such as `ns:m.0hhkf7k`), `sparqlPattern`
+(constants as `M0`…, properties as `P0`…), `recursionDepth`, `expectedResponse`, and in the full
+release `questionWithMids` and `sparqlPatternModEntities` (the sample in
+`../shared/cfq/cfq_sample_{train,dev}.json` lacks these two). `sparqlPattern`'s M indices are the
+question pattern's (MCWQ §3.2 relies on this), so aligning it with `sparql` gives each
+placeholder's constant; placeholders not in the question are types or special entities. Which
+entity goes with which property comes from the two full-release keys when present
+(`exact_entity_constants`), else `ContextModel` chooses from the question's words. No TensorFlow.
 """
 
 from __future__ import annotations

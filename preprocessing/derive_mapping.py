@@ -1,22 +1,15 @@
 r"""Derives the Freebase -> Wikidata property mapping by aligning CFQ with MCWQ (MCWQ §3.1).
 
-The same question pattern has the same query shape in CFQ and MCWQ, so for every CFQ record whose
-`questionPatternModEntities` appears in an MCWQ `official/*/*.en.txt` file, the CFQ query (with
-question entities replaced by `M0`…, CFQ's `sparqlPatternModEntities`) and the MCWQ query are
-aligned clause by clause:
-
-* a Freebase predicate expression `p` on `(s, o)` votes for every Wikidata property `P` of an MCWQ
-  triple `(s, P, o)` (direct) or `(o, P, s)` (reverse: subject and object swapped);
-* a type assertion `?x a ns:T` votes for every `(P, Q)` of an MCWQ triple `?x P wd:Q`;
-* a triple `s p ns:m.MID` with a constant object (gender, nationality) votes for `(P, Q)` of an
-  MCWQ triple `s P wd:Q`, giving both the property and the special entity.
-
-A key's derived value is the candidate present in all of its occurrences. The script prints the
-derived table and compares it with the curated `preprocessing/data/property_mapping.json`
-(which adds labels and the entries the data cannot reveal); it exits 1 on a contradiction.
-
-Usage:
   python -m preprocessing.derive_mapping [--cfq FILE ...] [--mcwq DIR] [--mapping FILE] [--json OUT]
+
+The same question pattern has the same query shape in CFQ and MCWQ: each CFQ record whose
+`questionPatternModEntities` is in an MCWQ `official/*/*.en.txt` file is aligned clause by clause
+with the MCWQ query. A Freebase predicate on (s, o) votes for every Wikidata property of an MCWQ
+triple (s, P, o) or (o, P, s) (reverse); a type `?x a ns:T` for every (P, Q) of `?x P wd:Q`; a
+constant object (gender, nationality) for (P, Q) of `s P wd:Q`. A key's value is the candidate
+present in all its occurrences. Prints the derived table beside the curated
+`preprocessing/data/property_mapping.json` (which adds labels and what the data cannot reveal);
+exit status 1 on a contradiction.
 """
 
 from __future__ import annotations

@@ -4,44 +4,14 @@ r"""Maximum-compound-divergence (MCD) splits of any MCWQ release, and random spl
       [--source_parts dev test] [--seed 0] [--train_fraction 0.5] [--dev_fraction 0.0625]
       [--test_fraction 0.0625] [--atom_bound 0.02] [--candidates 256]
 
-DBCA split generation (Keysers et al., ICLR 2020, §2.2 and App. L): train and test are grown
-together by a greedy procedure. Each step adds one example of the pool to whichever set is
-further from its target size (so both grow in proportion); the example is the one, among
-`--candidates` drawn at random from the unused pool (Keysers et al. also score a random sample of
-candidates per step), that gives the highest compound divergence D_0.1(train‖test) among those that
-keep the atom divergence D_0.5 at most `--atom_bound` (or, while the sets are still too small for
-that, at most its current value); when no candidate does, the one with the lowest atom divergence.
-Each set starts from one random example. Atoms and compounds are those of `mcwq_t5x.data.divergence`
-(read off the SPARQL). The held-out set is then split at random into dev and test, as CFQ's dev and
-test are two random halves of its MCD hold-out (Keysers et al. §4).
-
-The atom bound is held between train and the whole hold-out (`train/dev+test` in the report); dev
-and test alone, smaller samples, come out a little higher (docs/splits.md has the figures).
-Examples left over are in no part (`unused`): the default fractions give CFQ's proportions,
-80/10/10, with train half the pool (CFQ's own: `--train_fraction 0.4 --dev_fraction 0.05
---test_fraction 0.05`).
-
-The random split (`--random_name`) draws train, dev and test of the same sizes uniformly from the
-same pool. Both are reproducible from `--seed` (numpy's PCG64).
-
-Pool: a release's `dataset.json` records (all of them; the full release or one written by
-`preprocessing.migrate`), or, for a data folder without `dataset.json` (such as the shared copy,
-`official/` files only), the examples of `--source_split`'s `--source_parts` (default: every part
-it has) pooled, with their questions in every language the split has (the language files of a part
-are line-parallel: the same line is the same example and query).
-
-Output (`--out`, a release that `mcwq_t5x.data.readers` and `tasks.mcwq` read like any other: the
-splits are found by `readers.discover`):
-
-  dataset.json                 the pool as CFQ-style records (`questionPatternModEntities`,
-                               `questionPatternModEntities_{lang}`, `sparqlPatternModEntities`,
-                               and, for a pool from official files, `source`: `split/part:line`)
-  splits/{name}.json           {"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]}
-  official/{name}/{part}.{lang}.txt   `IN: question  OUT: SPARQL`, one file per language
-  make_splits.json             the pool size, the seed, the options, and per split its sizes, the
-                               examples in no part (`unused`), the atom and compound divergences
-                               (train vs dev+test: what the atom bound holds; train vs dev, train
-                               vs test, dev vs test) and the time taken
+DBCA split generation (Keysers et al., ICLR 2020, §2.2 and App. L): train and the hold-out grow
+together greedily, each step taking the candidate with the highest compound divergence
+D_0.1(train‖test) that keeps the atom divergence D_0.5 at most `--atom_bound`; the hold-out is
+split at random into dev and test (as CFQ's, Keysers et al. §4). The pool is a release's
+`dataset.json`, else `--source_split`'s parts with every language. The output is a release
+(`dataset.json`, `splits/{name}.json`, `official/{name}/{part}.{lang}.txt`, `make_splits.json`:
+sizes, `unused`, divergences, options, time) that `readers.discover` finds; the default fractions
+give CFQ's 80/10/10 proportions with train half the pool. Reproducible from `--seed` (PCG64).
 """
 from __future__ import annotations
 
@@ -238,20 +208,11 @@ def greedy_mcd(structures: Sequence[dv.QueryStructure],
                rng: np.random.Generator,
                atom_bound: float = 0.02,
                candidates: int = 256) -> tuple[np.ndarray, np.ndarray]:
-  """Keysers et al.'s greedy MCD construction (module docstring): train and held-out indices.
+  """(train indices [n_train], test indices [n_test]), int64 in the order added: Keysers et al.'s
+  greedy MCD construction over the pool's `divergence.analyse` structures.
 
-  Args:
-    structures: the pool's atoms and compounds (`divergence.analyse`), one per example.
-    n_train, n_test: target sizes (>= 1 each, n_train + n_test <= len(structures)).
-    rng: the random generator (candidate draws, the first example of each set).
-    atom_bound: the largest atom divergence D_0.5 a step may leave once it is reached.
-    candidates: examples scored per step (drawn without replacement from the unused pool).
-
-  Returns:
-    (train indices [n_train], test indices [n_test]), int64, in the order they were added.
-
-  Raises:
-    ValueError: impossible sizes.
+  `atom_bound`: the largest D_0.5 a step may leave once reached; `candidates` are drawn without
+  replacement from the unused pool each step. ValueError: impossible sizes.
   """
   n = len(structures)
   if n_train < 1 or n_test < 1 or n_train + n_test > n:
@@ -272,21 +233,26 @@ def greedy_mcd(structures: Sequence[dv.QueryStructure],
     comps.add(side, row)
     chosen[side].append(row)
 
+  # Each set starts from one random example.
   take(0, 0)
   take(1, 0)
   targets = (n_train, n_test)
   while len(chosen[0]) < n_train or len(chosen[1]) < n_test:
     fill = [len(chosen[s]) / targets[s] for s in (0, 1)]
+    # The set further from its target size grows, so both grow in proportion.
     side = 0 if (fill[0] <= fill[1] and fill[0] < 1) or fill[1] >= 1 else 1
     k = min(candidates, m)
+    # A random sample of candidates per step, as Keysers et al. score.
     positions = rng.choice(m, size=k, replace=False) if k < m else np.arange(m)
     rows = unused[positions]
     atom_div = atoms.divergence_if_added(side, rows)
+    # While the sets are too small for the bound, at most the current atom divergence.
     feasible = atom_div <= max(atom_bound, atoms.divergence())
     if feasible.any():
       comp_div = comps.divergence_if_added(side, rows)
       best = int(np.argmax(np.where(feasible, comp_div, -np.inf)))
     else:
+      # No candidate keeps the bound: the one with the lowest atom divergence.
       best = int(np.argmin(atom_div))
     take(side, int(positions[best]))
   return np.asarray(chosen[0], dtype=np.int64), np.asarray(chosen[1], dtype=np.int64)
@@ -315,20 +281,13 @@ def make_splits(structures: Sequence[dv.QueryStructure],
                 test_fraction: float = 0.0625,
                 atom_bound: float = 0.02,
                 candidates: int = 256) -> dict[str, dict[str, list[int]]]:
-  """An MCD split and a random split of equal sizes of a pool (module docstring).
-
-  Args:
-    structures: one `divergence.QueryStructure` per pool example.
-    seed: the seed of everything random here.
-    train_fraction, dev_fraction, test_fraction: part sizes, as fractions of the pool.
-    atom_bound, candidates: see `greedy_mcd`.
-
-  Returns:
-    {"mcd": {"trainIdxs", "devIdxs", "testIdxs"}, "random": {...}}: sorted pool indices.
-  """
+  """{"mcd": {"trainIdxs", "devIdxs", "testIdxs"}, "random": {...}} (sorted pool indices): an MCD
+  split and a random split of the same sizes, all randomness from `seed`."""
   n_train, n_dev, n_test = sizes(len(structures), train_fraction, dev_fraction, test_fraction)
   rng = np.random.default_rng(seed)
   train, holdout = greedy_mcd(structures, n_train, n_dev + n_test, rng, atom_bound, candidates)
+  # The atom bound holds between train and the whole hold-out; dev and test alone, smaller samples,
+  # come out a little higher.
   holdout = rng.permutation(holdout)
   perm = rng.permutation(len(structures))
   as_list = lambda a: sorted(int(i) for i in a)
@@ -379,11 +338,8 @@ def _write_text(path: pathlib.Path, text: str) -> None:
 
 def write_release(out: readers.PathLike, records: Sequence[dict], languages: Sequence[str],
                   splits: dict[str, dict[str, list[int]]]) -> list[str]:
-  """Writes `dataset.json`, `splits/{name}.json` and `official/{name}/{part}.{lang}.txt`.
-
-  Returns:
-    The paths written.
-  """
+  """The paths written: `dataset.json` (CFQ-style records; a pool from official files adds `source`:
+  `split/part:line`), `splits/{name}.json` and `official/{name}/{part}.{lang}.txt`."""
   out = pathlib.Path(out)
   written = [out / "dataset.json"]
   _write_text(written[0], json.dumps(list(records), indent=1, ensure_ascii=False))

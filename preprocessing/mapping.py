@@ -1,21 +1,11 @@
 """Freebase -> Wikidata query migration (MCWQ paper, §3.1).
 
-The mapping lives in `preprocessing/data/property_mapping.json` (derived and checked by
-`python -m preprocessing.derive_mapping`). Rules applied by `migrate_query`:
-
-* a property with a direct mapping becomes `wdt:P…` (an alternative path `a|b` becomes
-  `wdt:P1|wdt:P2`, as MCWQ writes it);
-* a reverse property swaps subject and object (`film.director.film` -> reverse of P57);
-* a unary type assertion `?x a ns:film.director` becomes a triple with an entity:
-  `?x wdt:P106 wd:Q2526255` (occupation) or `?x wdt:P31 wd:Q…` (instance of);
-* the art-director property and type are replaced by composer, and the questions' "art director"
-  by "composer";
-* special entities (genders, nationalities) are replaced by their Q-codes;
-* queries with a reverse mark over a property (`^ns:…`) are filtered out;
-* `SELECT count(*) WHERE` becomes `ASK WHERE`;
-* every CFQ clause gives one Wikidata clause, in CFQ's order, repetitions kept: MCWQ keeps the
-  filter CFQ repeats for "sibling and spouse" (`FILTER ( ?x0 != M0 ) . FILTER ( ?x0 != M0 )`,
-  in all 64 such MCWQ dev/test queries) and CFQ's repeated triples (random_split/test line 388).
+The mapping is `preprocessing/data/property_mapping.json` (derived and checked by
+`python -m preprocessing.derive_mapping`): properties become `wdt:P…` (a path `a|b` becomes
+`wdt:P1|wdt:P2`, as MCWQ writes it), reverse properties swap subject and object, type assertions
+become triples with an entity (`?x wdt:P106 wd:Q2526255`), special entities (genders,
+nationalities) their Q-codes; the art director becomes the composer, in the questions too.
+Queries with a reverse mark (`^ns:…`) are filtered out.
 """
 
 from __future__ import annotations
@@ -140,20 +130,12 @@ class Migrated:
 def migrate_query(q: cfq.ParsedQuery,
                   mapping: PropertyMapping,
                   where: str = "<record>") -> Migrated:
-  """Migrates a CFQ query (question entities already replaced by `Mk`) to Wikidata.
+  """The Wikidata query of a CFQ query whose question entities are `Mk` (`cfq.sparql_mod_entities`).
 
-  Args:
-    q: e.g. `cfq.sparql_mod_entities(record)`.
-    mapping: the loaded mapping.
-    where: names the record in messages.
-
-  Returns:
-    The Wikidata query.
-
-  Raises:
-    SkipRecord: reasons "reverse mark" (a `^ns:` property), "unmapped property", "unmapped type",
-      "unmapped entity".
+  SkipRecord reasons (naming `where`): "reverse mark", "unmapped property", "unmapped type",
+  "unmapped entity".
   """
+  # MCWQ writes CFQ's `SELECT count(*) WHERE` as `ASK WHERE`.
   prefix = "ASK WHERE" if q.prefix == "SELECT count(*) WHERE" else q.prefix
 
   def term(t: str) -> str:
@@ -163,6 +145,9 @@ def migrate_query(q: cfq.ParsedQuery,
       return mapping.entities[t][0]
     raise SkipRecord("unmapped entity", f"{where}: {t}")
 
+  # One Wikidata clause per CFQ clause, in order, repeats kept: MCWQ keeps CFQ's repeated "sibling
+  # and spouse" filter (all 64 such dev/test queries) and repeated triples (random_split/test line
+  # 388).
   out: list[cfq.Clause] = []
   for c in q.clauses:
     if c.is_filter:
@@ -179,6 +164,7 @@ def migrate_query(q: cfq.ParsedQuery,
         raise SkipRecord("unmapped property", f"{where}: {c.predicate}")
       p, rev, _ = mapping.properties[c.predicate]
       s, o = term(c.subject), term(c.object)
+      # A reverse property (`film.director.film` -> reverse of P57) swaps subject and object.
       new = cfq.Clause(o, p, s) if rev else cfq.Clause(s, p, o)
     out.append(new)
   return Migrated(prefix, tuple(out))

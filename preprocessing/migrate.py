@@ -1,42 +1,18 @@
 r"""Migrates CFQ to Wikidata: the MCWQ dataset-creation pipeline (Cui et al., TACL 2022, §3).
 
-Steps: (1) read CFQ records (malformed ones are reported with their questionIdx and skipped);
-(2) migrate each query with the property mapping (§3.1, `preprocessing.mapping`); (3) find a
-satisfying entity assignment on a SPARQL endpoint and substitute it (§3.2); (4) sample a verified
-negative for each yes/no question (§3.2); (5) write the release formats.
-
-Output folder:
-  dataset.json            JSON array, one record per migrated CFQ record (keys below)
-  splits/{NAME}.json      {"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]} into dataset.json
-  official/{NAME}/{part}.en.txt   `IN: question  OUT: sparql` (read by mcwq_t5x.data.readers)
-  negatives.json          verified negatives of yes/no questions (same keys, expectedResponse False)
-  report.json             counts (records read, malformed, migrated, skipped by reason, how the
-                          entities were aligned (`cfq.alignment_source`), assigned,
-                          negatives, endpoint requests, cache hits and timeouts) and, with an
-                          MCWQ folder (`--mcwq`), `mcwq_conformance`: how many migrated records
-                          whose question pattern MCWQ has give MCWQ's query string for string
-  cache/endpoint.jsonl    every endpoint answer as it arrives (append-only; a rerun resumes)
-
-dataset.json keys: questionIdx (CFQ's), cfqFile, questionPatternModEntities,
-sparqlPatternModEntities, sparqlPattern, recursionDepth, and, when an assignment was found,
-questionWithMids, questionWithBrackets, sparql (with `wd:Q…`), entities ({"M0": "Q42"}),
-expectedResponse ("True" for yes/no, answers joined by "; " for wh-); else those are null.
-
-Splits: by default one split NAME (--split-name) whose parts come from the input file names
-(`*train*` -> train, `*dev*` -> dev, `*test*` -> test, anything else -> train). --cfq-split FILE
-adds a split per CFQ split file (`{"trainIdxs": [...], ...}` indexing the concatenated input
-records), induced onto the migrated subset.
-
-Endpoints: `--endpoint oxigraph` (default; an embedded pyoxigraph store loaded from --codex and/or
---ntriples), `--endpoint remote` (SPARQL 1.1 over HTTP; --url defaults to the Wikidata Query
-Service), or `--endpoint none` (migration only). --timeout bounds every query of either kind; a
-query that runs into it is reported as an endpoint error, recorded in the cache and not re-run by a
-later run on the same cache unless --retry-timeouts is given.
-
-Example:
   python -m preprocessing.migrate --out /tmp/mcwq_sample
   python -m preprocessing.migrate --cfq cfq/dataset.json --cfq-split cfq/splits/mcd1.json \
       --endpoint remote --rate 1.0 --require-assignment --out out/
+
+Reads CFQ records (malformed ones reported by questionIdx and skipped), migrates each query
+with the property mapping (§3.1), finds and substitutes a satisfying entity assignment on a
+SPARQL endpoint (§3.2; `--endpoint oxigraph|remote|none`, `--timeout` per query), samples a
+verified negative per yes/no question (§3.2), and writes a release: `dataset.json` (CFQ's keys;
+with an assignment also `sparql`, `entities` {"M0": "Q42"}, `expectedResponse`, else null),
+`splits/{NAME}.json` (parts from the input file names, or `--cfq-split`), `official/{NAME}/
+{part}.en.txt`, `negatives.json`, `report.json` (counts, `mcwq_conformance` with `--mcwq`) and
+`cache/endpoint.jsonl` (append-only: a rerun resumes; timeouts not re-run without
+`--retry-timeouts`).
 """
 
 from __future__ import annotations
@@ -133,11 +109,15 @@ def mcwq_conformance(migrated: Sequence[dict[str, Any]], mcwq_official: str) -> 
 
 
 def run(args: argparse.Namespace, endpoint: ep.Endpoint | None = None) -> dict[str, Any]:
-  """Runs the pipeline (see module docstring); returns the report dict (also in report.json).
+  """The report dict (also report.json) of the pipeline on `args`; `endpoint` overrides
+  `make_endpoint(args)` (tests inject counting or failing ones).
 
-  Args:
-    args: parsed command line (`build_parser`).
-    endpoint: overrides `make_endpoint(args)` (tests inject counting/failing endpoints).
+  dataset.json keys: questionIdx (CFQ's), cfqFile, questionPatternModEntities,
+  sparqlPatternModEntities, sparqlPattern, recursionDepth; with an assignment questionWithMids,
+  questionWithBrackets, sparql (`wd:Q…`), entities, expectedResponse ("True" for yes/no, answers
+  joined by "; " for wh-), else null. report.json: records read, malformed, migrated, skipped by
+  reason, entity alignment (`cfq.alignment_source`), assigned, negatives, endpoint requests,
+  cache hits and timeouts.
   """
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

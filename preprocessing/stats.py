@@ -1,25 +1,14 @@
 r"""Dataset statistics as in MCWQ Table 3 (paper §3.4) and a complexity histogram.
 
-For a produced release folder (`dataset.json`) or any `official/*/*.txt` files:
-unique questions, question patterns, unique queries, query patterns, yes/no vs wh- questions, and
-the histogram of complexity levels drawn as a PNG with matplotlib's Agg backend, titled with the
-release (its folder's name) or the first official file, and the number of questions.
-
-Complexity level (docs/glossary.md): CFQ's `recursionDepth`, the depth of the rule applications of
-CFQ's grammar that generated the question, where a record has it (a `dataset.json` of the full
-release or of `preprocessing.migrate`); else the number of triples and filters of the query (the
-`official/` files record no depth). `complexity_measure` in the output says which (`recursionDepth`,
-`clauses`, or `mixed`), as does the figure's axis.
-
-Definitions (CFQ/MCWQ): a question pattern is `questionPatternModEntities`; a unique question is
-`questionWithBrackets` (the pattern when only patterns are known); a unique query is `sparql` with
-entities (else `sparqlPatternModEntities`); a query pattern is the query with entities and
-properties abstracted (`sparqlPattern`, computed when missing). Queries are compared up to clause
-order (`mcwq_t5x.data.sparql.Query.canonical`).
-
-Command line:
   python -m preprocessing.stats --dataset OUT/dataset.json --png complexity.png
   python -m preprocessing.stats --official ../shared/mcwq/official/mcd1/test.en.txt
+
+For a release (`dataset.json`) or `official/*/*.txt` files: unique questions
+(`questionWithBrackets`), question patterns (`questionPatternModEntities`), unique queries
+(`sparql`, else `sparqlPatternModEntities`), query patterns (`sparqlPattern`), yes/no vs wh-
+questions, queries compared up to clause order; and a PNG histogram of complexity: CFQ's
+`recursionDepth` where records have it, else the number of triples and filters
+(`complexity_measure` says which: `recursionDepth`, `clauses` or `mixed`).
 """
 
 from __future__ import annotations

@@ -1,48 +1,18 @@
 r"""Machine translation of MCWQ questions (MCWQ paper, §4.1).
 
-Backends (one interface, `Backend.translate(texts, target, source) -> list[str]`):
-
-* `FileBackend`: pre-translated text, from a TSV (`source<TAB>translation`) or JSONL file
-  (`{"source": …, "target": …, "lang": …}`; `lang` optional) — e.g. human or earlier MT output.
-* `HFBackend`: a local Hugging Face seq2seq model given by path (Marian, NLLB, M2M100); NLLB and
-  M2M get the target language as forced BOS token (codes in `NLLB_CODES` or given as is).
-* `KeepPlaceholdersBackend` (`--keep-placeholders`): wraps any backend; translates the text
-  between the placeholders M0…M9 piece by piece and puts the placeholders back, so that a model
-  which does not copy them (a small or random-weight one) still gives usable questions.
-* `GoogleBackend`: Google Cloud Translation, REST API v2 (`POST …/language/translate/v2`,
-  form fields q (repeated), target, source, format=text, key), batched, through
-  `mcwq_t5x.stores.transport` (deadline, pacing, retries; a 403 `rateLimitExceeded` /
-  `userRateLimitExceeded` is retried, as Google documents). A 200 whose body is not a v2 answer
-  is an error naming the URL and the head of the body. `url` can point at any such server.
-
-`Translator` adds what §4.1 describes around the backend: "?" is appended before translating
-(the questions have none; it makes MT treat them as questions) and stripped after; question
-patterns and bracketed questions are translated separately; every placeholder M0…M9 of the
-source must survive (a translation that loses or invents one is flagged and reported); every
-translation is cached on disk as it arrives (append-only JSONL), so a killed run resumes without
-re-translating.
-
-A run always finishes. Texts without a usable translation are collected, not fatal: "missing"
-(the file backend has no entry), "failed" (a remote request was refused or failed after its
-retries; after 3 failed requests in a row the rest is not sent) and "placeholders" (the output
-lost or invented a placeholder; it is cached, so it is not requested again, but not written).
-Everything else is written; the report gives the counts and first examples, and
-`RELEASE/translation_problems.{lang}.jsonl` lists every problem text, one JSON object a line
-(`{"lang", "problem", "source", "target": null, "output", "detail", "uses"}`): fill in `target`
-and pass the file back with `--backend file --file` to complete the release. A rerun translates
-only what the release lacks (translations already in dataset.json are kept unless --overwrite;
-what the cache holds is not requested again).
-
-Command line (adds `questionPatternModEntities_{lang}` / `questionWithBrackets_{lang}` to a
-dataset.json written by `preprocessing.migrate`, and `official/*/{part}.{lang}.txt` for each part
-whose questions are all translated):
   python -m preprocessing.translate --release OUT --lang he kn zh --backend google --api-key KEY
   python -m preprocessing.translate --release OUT --lang he --backend hf --model /path/to/opus-mt-en-he
   python -m preprocessing.translate --release OUT --lang he --backend file --file he.tsv
   python -m preprocessing.translate --release OUT --lang fr --backend hf --model DIR --keep-placeholders
-Exit status: 0 when the release is complete for every language asked for, 3 when some text has no
-usable translation (the rest is written; rerun to fill the gaps), 2 on bad input (a malformed
-translation file or release, naming file and line).
+
+Adds `questionPatternModEntities_{lang}` / `questionWithBrackets_{lang}` to a release of
+`preprocessing.migrate`, and `official/*/{part}.{lang}.txt` for each fully translated part.
+Backends: `FileBackend` (TSV or JSONL), `HFBackend` (Marian, NLLB, M2M100), `GoogleBackend`
+(Cloud Translation v2), `KeepPlaceholdersBackend`; `Translator` does §4.1's "?" handling, checks
+every placeholder M0…M9 and caches each translation as it arrives. A run always finishes;
+texts without a usable translation go to `RELEASE/translation_problems.{lang}.jsonl` (fill in
+`target`, pass it back with `--backend file`). Exit status 0 (complete), 3 (gaps; rerun), 2 (bad
+input, naming file and line).
 """
 
 from __future__ import annotations
@@ -140,14 +110,12 @@ class Backend(abc.ABC):
 
 
 class FileBackend(Backend):
-  """Pre-translated texts from a TSV or JSONL file (see module docstring).
+  """Pre-translated texts from a TSV (`source<TAB>translation`) or JSONL (`{"source", "target",
+  "lang"}`, `lang` optional) file: human or earlier MT output.
 
-  A JSONL line whose `target` is null or empty, like a TSV line with an empty translation, is no
-  translation (the text counts as missing): the problem files `translation_problems.{lang}.jsonl`
-  can be filled in and read back. `translate` returns None for a text without an entry.
-
-  Raises:
-    ValueError: `FILE:LINE: problem` for a malformed line.
+  A null or empty `target` (or TSV translation) is no translation (the text counts as missing), so
+  a filled-in `translation_problems.{lang}.jsonl` reads back. `translate` gives None for a text
+  without an entry. ValueError `FILE:LINE: problem` for a malformed line.
   """
 
   name = "file"
@@ -429,22 +397,15 @@ def placeholders(text: str) -> collections.Counter:
 
 
 class Translator:
-  """Backend + "?" handling + placeholder check + on-disk cache (see module docstring).
+  """Backend + "?" handling + placeholder check + on-disk cache, as §4.1 describes around MT.
 
-  Args:
-    backend: the MT system.
-    cache_path: JSONL cache file (None = memory only; unused for a backend that is not
-      `cacheable`).
-    batch_size: texts sent to the backend at a time (each batch is cached before the next).
-    add_question_mark: append "?" before and strip it after translating (§4.1).
-    max_consecutive_failures: after this many failed requests in a row, the remaining texts are
-      not sent (they are "failed" problems; a rerun tries them again).
-
-  Attributes:
-    flagged: [(source, target language, translation)] whose placeholders differ from the source.
-    failures: {(target language, source): Problem} of the texts left untranslated ("missing" or
-      "failed") by the latest `translate` call that asked for them.
-    backend_calls: number of backend.translate calls made by this object.
+  `add_question_mark`: "?" appended before and stripped after translating (the questions have
+  none; it makes MT treat them as questions). Every placeholder M0…M9 must survive: a translation
+  that loses or invents one is `flagged` (cached, so not asked again, but never written).
+  `cache_path`: JSONL appended per batch of `batch_size` (None: memory; unused for a backend that is
+  not `cacheable`), so a killed run resumes. After `max_consecutive_failures` failed requests in a
+  row the rest is not sent ("failed"; a rerun tries again). `failures`: {(language, source):
+  Problem} of the latest call; `backend_calls` counts calls.
   """
 
   def __init__(self,

@@ -1,28 +1,16 @@
 #!/usr/bin/env python3
 r"""Speed benchmark of the T5/mT5 network on a GPU/TPU: a training step and decoding.
 
-A GPU/TPU benchmark: on a CPU it still runs but says so first (the defaults, bfloat16 at 64/128
-tokens, take minutes there; `scripts/benchmark_vs_hf.py` is the CPU comparison). It prints a line
-as each phase starts (compiling the train step, timing it, each decoding mode) and the results
-at the end.
-
-Builds `network.Transformer` at a preset size with random params, then times
-(after compilation, on one device) an Adafactor training step (optax, as T5X
-fine-tuning) and greedy / beam-search decoding on synthetic batches (random
-token ids, every position filled, EOS last). Prints examples/s, target
-tokens/s, step time, compile time, peak memory (device `memory_stats()` where
-the backend has it, else the process's peak RSS) and, on a GPU/TPU, the model
-FLOPs utilisation: analytic model FLOPs (matmuls of the forward pass x 3 for
-training, attention scores included, see `model_flops`) / step time / peak
-FLOP/s (`--peak_tflops`, default from the device kind: H100/H200 989, A100
-312, V100 125 dense bf16 TFLOP/s).
-
-Nothing here imports TensorFlow or SeqIO.
-
-Examples:
   python scripts/benchmark.py --model tiny --dtype float32 --batch_size 16
   python scripts/benchmark.py --model mt5_small --dtype bfloat16 \
       --batch_size 64 --input_length 64 --target_length 128 --beam 4
+
+Times, after compilation on one device, an Adafactor training step (optax, as T5X fine-tuning)
+and greedy / beam-search decoding of `network.Transformer` at a preset size with random params on
+synthetic batches. Prints examples/s, target tokens/s, step and compile time, peak memory and,
+on a GPU/TPU, model FLOPs utilisation (`model_flops` / step time / `--peak_tflops`, default from
+the device kind: H100/H200 989, A100 312, V100 125 dense bf16 TFLOP/s). On a CPU it says so
+first (`scripts/benchmark_vs_hf.py` is the CPU comparison). No TensorFlow or SeqIO.
 """
 
 from __future__ import annotations

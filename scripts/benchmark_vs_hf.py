@@ -1,23 +1,17 @@
 #!/usr/bin/env python3
 r"""Training speed of our engine against Hugging Face transformers (PyTorch) on the same work.
 
-Both systems train the same mT5-layout network (default d_model 256, 4+4 layers, 4 heads of 64,
-d_ff 1024, vocabulary 2,048, float32, dropout 0.1) with Adafactor on the same batches of one
-SeqIO task split (default `mcwq_random_split_en` `validation`), each in its own fresh process,
-interleaved for `--repeats`. Modes (`--modes`): `epoch` (ours: `mcwq_t5x.train.train` on packed
-rows; theirs: `MT5ForConditionalGeneration` with length-grouped dynamic padding), `fixed` (both
-on batches of exactly `--input_length`/`--target_length`), `decode` (greedy and beam search with
-one checkpoint and its `export_hf` export) and `eval` (whole eval processes). Prints examples/s,
-target tokens/s, wall time, peak RSS, model FLOP/s against the matmul peak and last the ratios
-ours/hf. docs/benchmarks.md says what each mode times and how. Needs PyTorch and transformers.
-
-Examples:
-  python scripts/benchmark_vs_hf.py
-  python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 2
+  python scripts/benchmark_vs_hf.py [--repeats 2] [--host_devices 2]
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
   python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
   python scripts/benchmark_vs_hf.py --modes eval --checkpoint runs/tiny_random_split_en \
     --split test --repeats 2
+
+Both train the same mT5-layout network with Adafactor on the same batches of one SeqIO split,
+each in a fresh process, interleaved `--repeats` times. `--modes`: `epoch` (packed rows vs
+length-grouped dynamic padding), `fixed`, `decode` (greedy and beam, a checkpoint and its
+`export_hf` export), `eval`. Prints throughput, wall time, peak RSS, FLOP/s against the matmul
+peak and the ratios ours/hf (docs/benchmarks.md). Needs PyTorch and transformers.
 """
 
 from __future__ import annotations

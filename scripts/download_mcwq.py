@@ -1,23 +1,14 @@
 #!/usr/bin/env python3
 """Fetches the public MCWQ files into a data directory and verifies them.
 
-Sources:
-  * default: the GitHub repository `coastalcph/seq2sparql`, folder `mcwq/`, through
-    raw.githubusercontent.com: `official/{split}/{dev,test}.{lang}.txt`,
-    `translations/{split}/{train,dev,test}.{lang}.{txt,sparql}` (the RIR form, incl. train)
-    and `translations/gold/test.{he,kn,zh}.{txt,sparql,json}`;
-  * `--from DIR`: a local copy (e.g. `../shared/mcwq` or an unpacked full release); copies
-    `official/`, `translations/`, `splits/`, `dataset.json` and `gold_test.json` where present.
-
-Verification (also alone with `--verify-only`): every `official/`/`translations/` file parses,
-the four languages of one split/part have equal line counts, question/RIR pairs are
-line-parallel, dev/test counts match the published ones (mcd1 5,408/5,310, mcd2 5,929/5,891,
-mcd3 6,034/6,151, random_split 6,163/6,282) and the gold set has 155 examples.
-
-Usage:
   python scripts/download_mcwq.py --out ~/data/mcwq
   python scripts/download_mcwq.py --from ../shared/mcwq --out /tmp/mcwq
-  export MCWQ_DATA_DIR=~/data/mcwq
+
+Default source: GitHub `coastalcph/seq2sparql` `mcwq/` (`official/`, `translations/` with the
+RIR train files, `translations/gold/`); `--from DIR` copies a local copy or a full release. The
+check (alone: `--verify-only`): every file parses, a part's four languages and question/RIR
+pairs are line-parallel, dev/test counts are the published ones (mcd1 5,408/5,310, mcd2
+5,929/5,891, mcd3 6,034/6,151, random_split 6,163/6,282) and the gold set has 155 examples.
 """
 from __future__ import annotations
 

@@ -1,36 +1,16 @@
 #!/usr/bin/env python3
 """Writes the experiment gin files of both engines from one table.
 
-The MCWQ paper (Cui et al., TACL 2022, Sec. 5) fine-tunes mT5-small and mT5-base on each split
-(mcd1, mcd2, mcd3, random_split) and language (en, he, kn, zh), and T5-base (`t5-v1_1-base`) on
-English, with the recipe of the authors' Hugging Face scripts (coastalcph/seq2sparql hf/run_mt5.sh,
-hf/run_t5.sh; `RECIPE` below, the recipe card in docs/recipe.md): AdamW, gradient norm clipped at 1.0,
-learning rate 5e-4 decaying linearly to 0 over 50K steps, batch 24 / 12 / 36, inputs
-`translate {Language} to Sparql: ` + question (the `_prefixed` tasks), dev loss every 500 steps and
-the checkpoint with the lowest one decoded greedily, seed 16 (T5-base: 8, and 16 as a second seed).
-The English-trained mT5 models are also evaluated zero-shot on he/kn/zh (Sec. 5.3, with the test
-language's prefix), and every mT5 model on the human-translated gold test set (Sec. 4.3).
-
-For each of these the script writes two files, one per engine, from the same row of `MODELS`
-and the same settings (`RECIPE`):
-
-* the real T5X (`python -m t5x.train` / `t5x.eval` / `t5x.infer`): `gin/<model>_<split>_<lang>.gin`,
-  `gin/test/...`, `gin/zeroshot/...`, `gin/gold/...`, `gin/infer/<model>.gin`; they include T5X's
-  own model and run files (`t5x/examples/t5/{mt5,t5_1_1}/<size>.gin`,
-  `t5x/configs/runs/{finetune,eval,infer}.gin`);
-* our engine (`python -m mcwq_t5x.train` / `.eval` / `.infer`): the same names under
-  `gin/mcwq_t5x/`, plus our model files `gin/mcwq_t5x/models/<model>.gin`;
-* the T5X-habit alternative (Adafactor, constant rate) for each engine, added after an experiment
-  file: `gin/recipes/t5x_adafactor.gin`, `gin/mcwq_t5x/recipes/t5x_adafactor.gin`.
-
-Both sets read the vocabulary with `vocab.mt5_vocabulary()` / `vocab.t5_vocabulary()` (`$MCWQ_VOCAB`,
-the variable the SeqIO tasks read too) and the tasks from `MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`.
-T5X counts `TRAIN_STEPS` from 0, so its files train to 1,000,000 (the checkpoint's pre-training
-steps) + 50,000.
-
-Usage:
   python scripts/make_gin_configs.py            # (re)write the files under gin/
   python scripts/make_gin_configs.py --check    # exit 1 if a committed file differs
+
+The MCWQ paper (Cui et al., TACL 2022, Sec. 5): mT5-small and -base per split and language,
+T5-base (`t5-v1_1-base`) on English, with the authors' Hugging Face recipe (coastalcph/seq2sparql
+hf/run_mt5.sh, hf/run_t5.sh; `RECIPE`, docs/recipe.md); English mT5 models also zero-shot on
+he/kn/zh (Sec. 5.3) and every mT5 model on the gold test set (Sec. 4.3). Each row of `MODELS`
+gives one file per engine: the real T5X's under `gin/` (including T5X's own model and run files)
+and ours under `gin/mcwq_t5x/`, plus the Adafactor alternative in `recipes/t5x_adafactor.gin`.
+Vocabularies come from `$MCWQ_VOCAB`, tasks from `tasks.mcwq`.
 """
 from __future__ import annotations
 
@@ -46,6 +26,7 @@ ZEROSHOT_LANGUAGES = ("he", "kn", "zh")
 GOLD_LANGUAGES = ("he", "kn", "zh")
 LANGUAGE_NAMES = {"en": "English", "he": "Hebrew", "kn": "Kannada", "zh": "Chinese"}
 T5X_CHECKPOINTS = "gs://t5-data/pretrained_models/t5x"
+# T5X counts `TRAIN_STEPS` from 0: its files train to the checkpoint's pre-training steps + 50,000.
 PRETRAINING_STEPS = 1_000_000
 PREFIXED = "_prefixed"  # tasks.mcwq.PREFIXED_SUFFIX: inputs `translate {Language} to Sparql: ` + q
 # MCWQ dev rows per split (every language: the splits are parallel); T5X's training-eval loss

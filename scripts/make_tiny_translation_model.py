@@ -2,21 +2,13 @@
 """Writes a tiny Hugging Face translation model with RANDOM weights, offline, for trying the
 translation pipeline (`python -m preprocessing.translate --backend hf`) without a download.
 
-The model is a Marian encoder-decoder (1+1 layers of width 16, `transformers.MarianMTModel`)
-initialised from a fixed seed, with a word-level SentencePiece tokenizer trained here on a few
-dozen words of the target language. It has never been trained to translate: its output is a
-deterministic string of target-language words unrelated to the input. That is enough to run the
-mechanics end to end (translate a release, register its tasks, train and evaluate on them), not
-to say anything about translation quality. Its vocabulary has no digits and no capital M, so its
-output can never hold a placeholder M0..M9: use it with `--keep-placeholders`.
-
-Usage:
   python scripts/make_tiny_translation_model.py --out runs/tiny_mt_en_fr
-  python -m preprocessing.translate --release DIR --lang fr --backend hf --model runs/tiny_mt_en_fr --keep-placeholders
 
-Needs `torch`, `transformers` and `sentencepiece` (the test extra). Writes `save_pretrained`
-folders: config.json, model.safetensors, generation_config.json, source.spm, target.spm,
-vocab.json, tokenizer_config.json; prints the folder and the parameter count.
+A Marian encoder-decoder (1+1 layers of width 16) from a fixed seed, with a word-level
+SentencePiece tokenizer trained on a few dozen target-language words. It was never trained: its
+output is a deterministic string of target words, enough to run the mechanics end to end, not to
+say anything about translation. Its vocabulary has no digits or capital M, so it never outputs a
+placeholder: use `--keep-placeholders`. Needs `torch`, `transformers`, `sentencepiece`.
 """
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """SeqIO tasks and mixtures for MCWQ (Cui et al., TACL 2022).
 
 Inputs are the questions (placeholders M0..M9), targets the queries in RIR (`mcwq_t5x.data.rir`),
-as in the paper's mT5 experiments (§5). Importing this module registers, with the vocabulary of
-`vocab.get_vocabulary()` and nothing with gin (so T5X can import it after its flags,
-`MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`): `mcwq_{split}_{lang}` (seqio splits train, validation
-= MCWQ's dev, test), `mcwq_gold_{he,kn,zh}`, `mcwq_{split}_zeroshot_{lang}` (§5.3), the mixture
-`mcwq_{split}_multilingual`, each also `_prefixed` (the authors' `translate {Language} to
-Sparql: ` prefix, the paper's form), for the published splits and languages and those
-`readers.discover` finds (docs/data.md lists them). `register_mcwq_tasks(...)` registers
-variants, replacing earlier ones. Examples also carry `question`, `sparql`, `rir` and
-`recursionDepth` (int32, -1 when unknown).
+as in the paper's mT5 experiments (§5). Importing registers, with `vocab.get_vocabulary()` and
+nothing with gin (T5X imports it after its flags: `MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'`):
+`mcwq_{split}_{lang}` (train, validation = MCWQ's dev, test), `mcwq_gold_{he,kn,zh}`,
+`mcwq_{split}_zeroshot_{lang}` (§5.3), `mcwq_{split}_multilingual`, each also `_prefixed` (the
+authors' `translate {Language} to Sparql: `), for the published splits and languages and those
+`readers.discover` finds. Examples also carry `question`, `sparql`, `rir` and `recursionDepth`
+(int32, -1 when unknown).
 """
 from __future__ import annotations
 
@@ -38,16 +36,9 @@ LANGUAGE_NAMES = {"en": "English", "he": "Hebrew", "kn": "Kannada", "zh": "Chine
 
 
 def input_prefix(language: str) -> str:
-  """The paper's task prefix for questions in `language`: `translate {Language} to Sparql: `.
-
-  Args:
-    language: a language code ("en", "he", "kn", "zh"; others allowed).
-
-  Returns:
-    E.g. "translate Hebrew to Sparql: " for "he". A code missing from `LANGUAGE_NAMES` (a language
-    added by a new release) falls back to the code itself ("translate xx to Sparql: "); add its
-    name to `LANGUAGE_NAMES` to get the paper's form.
-  """
+  """The paper's task prefix `translate {Language} to Sparql: ` ("he" -> "translate Hebrew to
+  Sparql: ")."""
+  # A code missing from LANGUAGE_NAMES (a new release's language) stands for its name.
   return f"translate {LANGUAGE_NAMES.get(language, language)} to Sparql: "
 
 
@@ -67,12 +58,8 @@ def multilingual_mixture_name(split: str, suffix: str = "") -> str:
 
 
 def examples_to_dataset(examples: Sequence[readers.Example]) -> tf.data.Dataset:
-  """A tf.data.Dataset over `examples` with string features question/sparql/rir/language.
-
-  Returns:
-    Dataset of dicts: `question`, `sparql`, `rir`, `language` (tf.string scalars; missing
-    values as ""), `recursionDepth` (tf.int32 scalar, -1 when unknown).
-  """
+  """A tf.data.Dataset of dicts: `question`, `sparql`, `rir`, `language` (tf.string scalars, "" when
+  missing), `recursionDepth` (tf.int32 scalar, -1 when unknown)."""
 
   def strings(values):
     return tf.constant([v or "" for v in values], dtype=tf.string, shape=[len(values)])
@@ -124,16 +111,8 @@ def to_inputs_and_targets(dataset: tf.data.Dataset, prefix: str = "") -> tf.data
 def postprocess_query(output: Any,
                       example: Optional[Mapping[str, Any]] = None,
                       is_target: bool = False) -> str:
-  """Decodes a model output or target to `str` and normalises whitespace (runs -> one space).
-
-  Args:
-    output: str or UTF-8 bytes.
-    example: the seqio example (unused).
-    is_target: whether `output` is the target (same treatment).
-
-  Returns:
-    The stripped string.
-  """
+  """`output` (str or UTF-8 bytes; target or prediction alike) stripped, whitespace runs -> one
+  space."""
   del example, is_target
   if isinstance(output, bytes):
     output = output.decode("utf-8", errors="replace")
@@ -157,9 +136,9 @@ class McwqDataSource(seqio.FunctionDataSource):
   def example_location(self, split: str, index: int) -> Optional[str]:
     """"FILE:LINE" (1-based; dataset.json: "FILE, record N") of example `index` (0-based, in the
     dataset's order) of the seqio `split`, or None when there is none."""
-    if split not in SEQIO_TO_PART:
+    if split not in readers.DATASET_SPLIT_TO_PART:
       return None
-    args = (self._read["mcwq_split"], SEQIO_TO_PART[split], self._read["language"],
+    args = (self._read["mcwq_split"], readers.DATASET_SPLIT_TO_PART[split], self._read["language"],
             self._read["data_dir"])
     try:
       examples = readers.read_split(*args)  # why: cached, the examples the dataset was made of
@@ -198,20 +177,12 @@ def register_mcwq_tasks(prefix: Union[str, Callable[[str], str]] = DEFAULT_INPUT
                         vocabulary: Optional[seqio.Vocabulary] = None,
                         suffix: str = "",
                         data_dir: Optional[str] = None) -> list[str]:
-  """Registers all MCWQ tasks and mixtures (replacing earlier registrations of those names).
+  """The names of all MCWQ tasks and mixtures, registered (replacing earlier ones of those names).
 
-  Args:
-    prefix: text prepended to every input, or a function language code -> that text (e.g.
-      `input_prefix`, the paper's form); default none.
-    vocabulary: input and target vocabulary; default `mcwq_t5x.data.vocab.get_vocabulary()`
-      (`$MCWQ_VOCAB`, else the small offline SentencePiece model, trained on first use).
-    suffix: appended to every task/mixture name, to register variants side by side.
-    data_dir: MCWQ directory; default (None) resolves `paths.data_dir()` when read. Its
-      splits and languages are listed now (`readers.discover`), on top of the published ones.
-
-  Returns:
-    The registered task and mixture names. A split's multilingual mixture holds the languages
-    that split has files in (`readers.Contents.languages_of`), else the published four.
+  `prefix`: text before every input, or a function language -> text (`input_prefix`); default
+  none. `vocabulary` default `vocab.get_vocabulary()` ($MCWQ_VOCAB, else the offline SentencePiece
+  model). `suffix` names variants side by side. `data_dir` (default `paths.data_dir()`, resolved
+  when read) adds the splits and languages it holds, listed now.
   """
   vocabulary = vocabulary if vocabulary is not None else vocab_lib.get_vocabulary()
   output_features = {

@@ -18,7 +18,7 @@ os.environ.setdefault(
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Two workers share two cores (pytest.ini): one OpenMP thread per process (PyTorch, BLAS), inherited
 # by the commands the tests start. With one OpenMP thread per core each, the threads spin while
-# the other worker runs (CHANGELOG.md has the figures). A variable set before the tests wins.
+# the other worker runs. A variable set before the tests wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # JAX's persistent compilation cache, shared by the session's xdist workers and every command they
 # start (environment variables, read when JAX is imported): a program compiled once (a train step,

@@ -30,8 +30,7 @@ SMALL_MODEL = [
 # loaded from the cache by the next command that builds them. Not for the tests' own processes,
 # where writing every small program costs more than it saves. (XLA's
 # `--xla_backend_optimization_level=0` is not set for them: it makes the tests' T5X training runs
-# cheaper but their decoding and our 300-step `conftest.our_run` dearer; CHANGELOG.md has the
-# figures.)
+# cheaper but their decoding and our 300-step `conftest.our_run` dearer.)
 CHILD_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 

@@ -65,15 +65,10 @@ def _from_event_files(model_dir: pathlib.Path, name: str) -> dict[int, float]:
 
 
 def read_metric(model_dir: str | pathlib.Path, metric_name: str) -> dict[int, float]:
-  """Step -> value of `metric_name` as logged by either engine in `model_dir`.
+  """{step: value} of `metric_name` as either engine logged it in `model_dir` (later records win).
 
-  Args:
-    model_dir: a training MODEL_DIR.
-    metric_name: our `eval_metrics.jsonl` key (e.g. "training_eval/loss") or T5X's
-      `{run}/{tag}` TensorBoard name (e.g. "training_eval/mcwq_mcd1_en_prefixed/loss").
-
-  Returns:
-    {step: float value}; empty when the metric was never logged. Later records of a step win.
+  `metric_name`: our `eval_metrics.jsonl` key ("training_eval/loss") or T5X's TensorBoard
+  `{run}/{tag}` ("training_eval/mcwq_mcd1_en_prefixed/loss"); {} when never logged.
   """
   d = pathlib.Path(model_dir)
   return _from_jsonl(d, metric_name) or _from_event_files(d, metric_name)
@@ -82,12 +77,8 @@ def read_metric(model_dir: str | pathlib.Path, metric_name: str) -> dict[int, fl
 def best_of(values: Mapping[int, float],
             metric_mode: str = "min",
             steps: Optional[Iterable[int]] = None) -> Optional[int]:
-  """The step of the best finite value (`min` or `max`; ties: the earlier step) among `steps`
-  (None: all of `values`), or None if none.
-
-  Raises:
-    ValueError: `metric_mode` is not "min" or "max".
-  """
+  """The step of the best finite value among `steps` (None: all of `values`; ties: the earlier),
+  or None; ValueError for a bad `metric_mode`."""
   if metric_mode not in ("min", "max"):
     raise ValueError(f"metric_mode must be 'min' or 'max', got {metric_mode!r}")
   among = None if steps is None else set(steps)
@@ -114,15 +105,11 @@ def monitored_split(model_dir: str | pathlib.Path) -> Optional[str]:
 def checkpoint_path(path: str,
                     metric_name_to_monitor: Optional[str] = None,
                     metric_mode: str = "min") -> str:
-  """The checkpoint to decode for `path` (gin: the eval files' `CHECKPOINT_PATH`).
+  """The checkpoint to decode for `path` (the eval files' `CHECKPOINT_PATH`).
 
-  The absolute `MODEL_DIR/checkpoint_<step>` best by `metric_name_to_monitor` ("min" or "max";
-  None: the newest), a `checkpoint_<step>` path unchanged; the newest, with a warning, when no
-  kept checkpoint has the metric or the run monitored the test split (no selection on test).
-
-  Raises:
-    checkpoint_paths.NotACheckpointError: `path` holds no checkpoint.
-    ValueError: bad `metric_mode`.
+  The absolute `MODEL_DIR/checkpoint_<step>` best by `metric_name_to_monitor` (None: the newest),
+  a `checkpoint_<step>` unchanged; the newest, with a warning, when no kept checkpoint has the
+  metric or the run monitored the test split. Raises NotACheckpointError, ValueError.
   """
   directory, newest = checkpoint_paths.resolve_checkpoint(path)
   p = pathlib.Path(path).absolute()
@@ -151,12 +138,9 @@ def checkpoint_path(path: str,
 def t5x_save_best_checkpointer(metric_name_to_monitor: str,
                                metric_mode: str = "min",
                                keep_checkpoints_without_metrics: bool = True):
-  """T5X's `checkpoints.SaveBestCheckpointer` with its best-keeping settings, as a partial.
-
-  For T5X's `utils.SaveCheckpointConfig.checkpointer_cls`; `metric_name_to_monitor` is T5X's
-  `{run}/{tag}`, e.g. "training_eval/mcwq_mcd1_en_prefixed/loss"; `metric_mode` "min" or "max".
-  Imports T5X.
-  """
+  """T5X's `checkpoints.SaveBestCheckpointer` as a partial for
+  `SaveCheckpointConfig.checkpointer_cls` (`metric_name_to_monitor` T5X's `{run}/{tag}`). Imports
+  T5X."""
   # why a partial: T5X's Orbax manager (`utils.create_checkpoint_manager_cls`) reads the
   # best-keeping settings only from one; a bare class keeps only the most recent checkpoints.
   import functools  # pylint: disable=g-import-not-at-top

@@ -1,16 +1,12 @@
 """Readers of pre-trained T5/mT5 weights into the `network.Transformer` tree.
 
-Both return a nested dict of float32 numpy arrays with T5X's parameter names, checked against
-`expected_param_shapes(config)` (`CheckpointMismatchError` names every missing, unexpected or
-mis-shaped parameter). `load_hf_checkpoint`: a Hugging Face `(M)T5ForConditionalGeneration`
-folder (safetensors, or `pytorch_model.bin` with torch); kernels are transposed from torch's
-[out, in] and the relative position table to [heads, buckets], no rescaling (neither scales the
-attention logits); `hf_name_map` serves both directions. `load_t5x_checkpoint`: a T5X-native
-`checkpoint_N/` (msgpack `checkpoint` whose large arrays reference TensorStore zarr arrays, by
-spec dict or `PLACEHOLDER://` string, as published under gs://t5-data/pretrained_models/t5x/);
-only `target` is read, and a missing chunk raises `IncompleteCheckpointError`. Arrays and
-Hugging Face shards are read only from local files inside the checkpoint's folder (`_local_spec`).
-Imports only the leaf `checkpoint_paths` of the checkpoint modules.
+Both return float32 numpy arrays with T5X's names, checked against `expected_param_shapes`
+(`CheckpointMismatchError` names every missing, unexpected or mis-shaped parameter).
+`load_hf_checkpoint`: a Hugging Face `(M)T5ForConditionalGeneration` folder (safetensors, or
+`pytorch_model.bin` with torch), through `hf_name_map`, no rescaling (neither scales attention
+logits). `load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as
+under gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local files
+inside the checkpoint's folder (`_local_spec`). Imports only the leaf `checkpoint_paths`.
 """
 
 from __future__ import annotations
@@ -52,10 +48,8 @@ def _name_all(names: list[str], limit: int = 50) -> str:
 # Expected shapes and validation.
 # ---------------------------------------------------------------------------
 def expected_param_shapes(config: network.T5Config) -> dict[str, tuple]:
-  """Flat {'a/b/kernel': shape} of `network.Transformer(config)` params.
-
-  Computed with `jax.eval_shape`, so nothing is allocated (cached per config).
-  """
+  """Flat {'a/b/kernel': shape} of `network.Transformer(config)` params (`jax.eval_shape`,
+  cached)."""
   return dict(_expected_param_shapes(config))
 
 
@@ -72,17 +66,8 @@ def _expected_param_shapes(config: network.T5Config) -> tuple:
 def check_params(params: Mapping[str, Any],
                  config: network.T5Config,
                  source: str = "checkpoint") -> None:
-  """Raises checkpoint_paths.CheckpointMismatchError unless params match the model exactly.
-
-  Args:
-    params: nested dict of arrays (T5X names).
-    config: the model config.
-    source: file/dir name used in error messages.
-
-  Raises:
-    checkpoint_paths.CheckpointMismatchError: naming every missing, unexpected and mis-shaped
-      parameter (the first 50 of each kind, then a count).
-  """
+  """CheckpointMismatchError naming every missing, unexpected and mis-shaped parameter (the first 50
+  of each, then a count) unless `params` (T5X names) match `config` exactly."""
   expected = expected_param_shapes(config)
   got = {k: tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(dict(params), sep="/").items()}
   missing = sorted(set(expected) - set(got))
@@ -123,21 +108,13 @@ HF_REDUNDANT_TENSORS = {
 
 
 def config_from_hf(config: PathLike | Mapping[str, Any], **overrides: Any) -> network.T5Config:
-  """T5Config from a Hugging Face T5/mT5 `config.json` (path or dict).
+  """T5Config of a Hugging Face T5/mT5 `config.json` (path or dict).
 
-  Mapping: d_model->emb_dim, num_heads, num_layers->num_encoder_layers,
-  num_decoder_layers, d_kv->head_dim, d_ff->mlp_dim,
-  feed_forward_proj ("gated-gelu" -> ("gelu", "linear"), "relu" -> ("relu",),
-  "gated-silu" -> ("silu", "linear")), dropout_rate, layer_norm_epsilon,
-  relative_attention_{num_buckets,max_distance}. Tied, scaled logits
-  (logits_via_embedding) for model_type "t5" unless the config says
-  `tie_word_embeddings: false` (T5.1.1) or `scale_decoder_outputs: false`;
-  mT5 always has a separate output layer.
-
-  Raises:
-    ValueError: unreadable file, missing field, unsupported activation, or a
-      `model_type` other than "t5"/"mt5" (another architecture, e.g. BART or
-      UMT5, whose per-layer relative position tables this network lacks).
+  d_model -> emb_dim, num_layers -> num_encoder_layers, d_kv -> head_dim, d_ff -> mlp_dim,
+  feed_forward_proj "gated-gelu" -> ("gelu", "linear"), "relu" -> ("relu",), "gated-silu" ->
+  ("silu", "linear"), others by name. Tied, scaled logits for "t5" unless `tie_word_embeddings:
+  false` (T5.1.1) or `scale_decoder_outputs: false`; mT5 never. ValueError: unreadable, missing
+  field, bad activation, another `model_type` (BART, UMT5: per-layer relative position tables).
   """
   if isinstance(config, (str, os.PathLike)):
     path = pathlib.Path(config)
@@ -197,20 +174,12 @@ def config_from_hf(config: PathLike | Mapping[str, Any], **overrides: Any) -> ne
 
 
 def hf_name_map(config: network.T5Config) -> dict[str, tuple[str, bool]]:
-  """{T5X flat name: (HF state-dict key, transpose?)} for `config`.
+  """{T5X flat name: (HF state-dict key, transpose?)}, one entry per parameter: the one table of the
+  import and the export (`export_hf`), transformers `modeling_t5.py` names.
 
-  The one table between this network's parameters and the state dict of
-  Hugging Face `T5ForConditionalGeneration` / `MT5ForConditionalGeneration`
-  (transformers `modeling_t5.py` module names), used by the import here and by
-  the export (`mcwq_t5x.checkpointing.export_hf`). Torch `Linear` weights are [out, in] and
-  T5X kernels [in, out], so kernels are transposed (`transpose=True`); the HF
-  relative position table [buckets, heads] is transposed to T5X's
-  [heads, buckets]. Embedding [vocab, embed] and layer-norm scales [embed] are
-  stored alike. A tied config (`logits_via_embedding`) has no `lm_head.weight`.
-
-  Returns:
-    One entry per parameter of `network.Transformer(config)`; keys of the
-    returned dict equal `expected_param_shapes(config)`'s.
+  Torch `Linear` [out, in] vs T5X kernels [in, out] and HF's relative position table [buckets,
+  heads] vs [heads, buckets] are transposed; embeddings and norm scales are stored alike; a tied
+  config has no `lm_head.weight`.
   """
   m: dict[str, tuple[str, bool]] = {
       "token_embedder/embedding": ("shared.weight", False),
@@ -329,26 +298,12 @@ def _hf_config_ties_embeddings(directory: pathlib.Path) -> bool:
 
 
 def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
-  """Params from a Hugging Face T5/mT5 directory (save_pretrained layout).
+  """Nested float32 numpy params in T5X layout from a Hugging Face T5/mT5 `save_pretrained` folder.
 
-  Args:
-    path: directory with config.json and model.safetensors (or shards /
-      pytorch_model.bin).
-    config: model config; default `config_from_hf(path/config.json)`.
-
-  Returns:
-    Nested dict of float32 numpy arrays in T5X layout.
-
-  Raises:
-    checkpoint_paths.CheckpointMismatchError: naming every tensor that is missing (e.g. the
-      `lm_head.weight` of an untied config: `shared.weight` stands in for it
-      only when `config.json` says `tie_word_embeddings: true`, as
-      transformers does), has the wrong shape, is not a
-      parameter of the model (e.g. `encoder.block.8` for an 8-layer config), or
-      is a stored copy of the embedding (`lm_head.weight` of a tied config,
-      `*.embed_tokens.weight`) that differs from `shared.weight`. Each message
-      names the HF key and the T5X parameter.
-    ValueError: unreadable files; `config.json` of another architecture.
+  `config` default `config_from_hf(path/config.json)`. CheckpointMismatchError names the HF key and
+  T5X parameter of each tensor missing (`shared.weight` stands for `lm_head.weight` only with
+  `tie_word_embeddings: true`, as transformers), mis-shaped, unexpected, or a stored embedding copy
+  differing from `shared.weight`. ValueError: unreadable files, another architecture.
   """
   directory = pathlib.Path(path)
   if config is None:
@@ -412,13 +367,10 @@ def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None
 # T5X native (msgpack + TensorStore zarr).
 # ---------------------------------------------------------------------------
 def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
-  """The TensorStore array of `spec` as numpy (its stored dtype); `source` (its path) and
-  `name` (dotted, `target.encoder...`) appear in messages.
+  """The TensorStore array of `spec` as numpy (its stored dtype); `source` and `name` for messages.
 
-  Raises:
-    IncompleteCheckpointError: a chunk of an array without fill value is missing (TensorStore
-      would read zeros there), or the shape differs from the msgpack's `metadata.shape`.
-    ValueError: unreadable array.
+  IncompleteCheckpointError: a missing chunk without fill value (TensorStore would read zeros) or a
+  shape other than the msgpack's; ValueError: unreadable.
   """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   recorded = (spec.get("metadata") or {}).get("shape")
@@ -475,13 +427,10 @@ def _local_file(kv: Any, directory: pathlib.Path, what: str) -> tuple[str, str]:
 
 def _local_spec(leaf: Any, directory: pathlib.Path, source: pathlib.Path,
                 name: str) -> tuple[dict[str, Any], str]:
-  """(TensorStore spec reading only files inside `directory`, the array's path) of a msgpack leaf
-  (a `PLACEHOLDER://` string or a spec dict); `source` is the msgpack file, for messages.
+  """(TensorStore spec reading only files inside `directory`, the array's path) of a msgpack leaf.
 
-  Raises:
-    checkpoint_paths.CheckpointOutsideFolderError: another driver (http, gcs with an absolute
-      path, s3, memory, ...), an unknown spec key, or a path outside `directory` (symlinks and
-      `..` resolved); the message names `source` and the array.
+  CheckpointOutsideFolderError (naming `source` and the array): another driver, an unknown spec
+  key, or a path outside `directory` (symlinks and `..` resolved).
   """
   what = f"{source}: array {name}"
   if isinstance(leaf, str):
@@ -520,23 +469,11 @@ def _is_ref(x: Any) -> bool:
 
 
 def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
-  """Params (`target`) of a T5X native checkpoint directory.
+  """Nested float32 numpy params (`target`) of a T5X-native `checkpoint_N` folder or msgpack file.
 
-  Args:
-    path: the `checkpoint_N` directory (or its `checkpoint` msgpack file).
-    config: if given, names and shapes are checked against the model.
-
-  Returns:
-    Nested dict of float32 numpy arrays in T5X layout.
-
-  Raises:
-    checkpoint_paths.CheckpointMismatchError: names/shapes differ from the model.
-    IncompleteCheckpointError: an array misses a chunk file or has another
-      shape than the msgpack recorded (message names the array).
-    checkpoint_paths.CheckpointOutsideFolderError: an array is not a zarr array of local files
-      inside the folder (names the msgpack file and the array; nothing is read then).
-    checkpoint_paths.UnreadableCheckpointFileError: a malformed msgpack file.
-    ValueError: no `target` tree, unreadable arrays.
+  Raises CheckpointMismatchError (with `config`), IncompleteCheckpointError,
+  CheckpointOutsideFolderError (nothing is read then), UnreadableCheckpointFileError (malformed
+  msgpack), ValueError (no `target`, unreadable arrays).
   """
   path = pathlib.Path(path)
   msgpack_file = path if path.is_file() else path / checkpoint_paths.T5X_MSGPACK_FILE

@@ -31,16 +31,9 @@ PyTree = Any
 
 
 class LoadedParams(NamedTuple):
-  """What a loader returns.
-
-  Attributes:
-    params: nested dict of arrays with T5X names: with `abstract_params`, jax arrays of its dtypes
-      and shardings; without, float32 numpy arrays.
-    step: the checkpoint's training step, or None when the format has none (Hugging Face, a
-      standalone T5X-native folder).
-    directory: MODEL_DIR for T5X's layout (the folder holding `checkpoint_<step>/`), else the
-      path loaded.
-  """
+  """What a loader returns: `params` (T5X names; jax arrays of `abstract_params`' dtypes and
+  shardings, else float32 numpy), `step` (None for Hugging Face or standalone T5X-native), and
+  `directory` (MODEL_DIR for T5X's layout, else the path loaded)."""
   params: PyTree
   step: Optional[int]
   directory: pathlib.Path
@@ -69,9 +62,8 @@ def _place_tree(params: PyTree, abstract_params: Optional[PyTree]) -> PyTree:
 
 def load_model_dir(path: pathlib.Path, config: network.T5Config,
                    abstract_params: Optional[PyTree]) -> LoadedParams:
-  """T5X's MODEL_DIR layout (Orbax or msgpack step folders): a MODEL_DIR gives its newest
-  readable checkpoint, a named `checkpoint_<step>` that one (`checkpoints.restore_params_and_step`,
-  whose errors it raises); parameters the model lacks are ignored with a warning."""
+  """T5X's MODEL_DIR layout (Orbax or msgpack steps) via `checkpoints.restore_params_and_step`;
+  parameters the model lacks are ignored with a warning."""
   target = abstract_params if abstract_params is not None else _float32_abstract(config)
   params, directory, step = checkpoints.restore_params_and_step(path, target)
   if abstract_params is None:
@@ -81,9 +73,8 @@ def load_model_dir(path: pathlib.Path, config: network.T5Config,
 
 def load_t5x(path: pathlib.Path, config: network.T5Config,
              abstract_params: Optional[PyTree]) -> LoadedParams:
-  """A T5X-native (msgpack + zarr) checkpoint: in a MODEL_DIR layout as `load_model_dir`; a
-  standalone folder (or its `checkpoint` file) with `checkpoint_import.load_t5x_checkpoint`,
-  checked strictly against `config`."""
+  """A T5X-native checkpoint: in a MODEL_DIR layout as `load_model_dir`, else a standalone folder
+  via `checkpoint_import.load_t5x_checkpoint`, checked strictly against `config`."""
   try:
     checkpoint_paths.resolve_checkpoint(path)
   except checkpoint_paths.NotACheckpointError:
@@ -110,16 +101,11 @@ LOADERS: dict[str, Loader] = {
 def load_params(path: checkpoint_paths.PathLike,
                 config: network.T5Config,
                 abstract_params: Optional[PyTree] = None) -> LoadedParams:
-  """Parameters (no optimizer state) of the checkpoint at `path`, whatever its format.
+  """`LoadedParams` (no optimizer state) of the checkpoint at `path`, whatever its format.
 
-  `path`: anything `checkpoint_paths.locate` accepts (MODEL_DIR, `checkpoint_<step>`, T5X-native
-  or Hugging Face folder); names and shapes are checked against `config`; `abstract_params`
-  (`jax.ShapeDtypeStruct`s) give the result's dtypes and shardings, else float32 numpy.
-
-  Raises:
-    NotACheckpointError (no such path, no checkpoint there), ValueError (unreadable files),
-    CheckpointMismatchError (each differing parameter named), IncompleteCheckpointError,
-    UnreadableCheckpointError, NoUsableCheckpointError.
+  Names and shapes are checked against `config`. Raises NotACheckpointError (no such path, no
+  checkpoint there), ValueError (unreadable files), CheckpointMismatchError (each differing
+  parameter named), IncompleteCheckpointError, UnreadableCheckpointError, NoUsableCheckpointError.
   """
   fmt, _ = checkpoint_paths.locate(path)
   return LOADERS[fmt](pathlib.Path(path), config, abstract_params)

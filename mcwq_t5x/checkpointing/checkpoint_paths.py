@@ -63,9 +63,8 @@ def step_of(name: str) -> Optional[int]:
 
 
 class CheckpointOutsideFolderError(ValueError):
-  """A checkpoint names data outside its own folder, or a store other than local files (an
-  `http`/`gcs`/`s3`/`memory` kvstore, `../x`, `/etc/passwd`); the message names the file and the
-  entry. Never read, never skipped for an older checkpoint."""
+  """A checkpoint names data outside its folder or a non-local store (`http`/`gcs`/`s3`/`memory`,
+  `../x`); never read, never skipped for an older checkpoint. The message names file and entry."""
 
 
 class UnreadableCheckpointFileError(ValueError):
@@ -97,16 +96,9 @@ def checkpoint_dir(directory: PathLike, step: int) -> pathlib.Path:
 
 
 def checkpoint_format(folder: PathLike) -> str:
-  """Item format of a finished step folder `.../checkpoint_<step>`.
-
-  Returns:
-    ITEM_FORMAT_MCWQ (ours: `state/` plus our `data/` or `optimizer/` item), ITEM_FORMAT_T5X_ORBAX
-    (`state/` only, as `t5x.train` writes it) or ITEM_FORMAT_T5X_MSGPACK (a `checkpoint` msgpack
-    file, T5X's legacy `Checkpointer`).
-
-  Raises:
-    NotACheckpointError: none of these is there (e.g. an unfinished Orbax temporary folder).
-  """
+  """The item format of a finished `checkpoint_<step>`: ITEM_FORMAT_MCWQ (`state/` plus our `data/`
+  or `optimizer/`), ITEM_FORMAT_T5X_ORBAX (`state/` only) or ITEM_FORMAT_T5X_MSGPACK (T5X's legacy
+  `checkpoint` file). NotACheckpointError for none (e.g. an unfinished Orbax temporary folder)."""
   folder = pathlib.Path(folder)
   if (folder / STATE_ITEM).is_dir():
     if (folder / DATA_ITEM).is_dir() or (folder / OPTIMIZER_ITEM).is_dir():
@@ -128,17 +120,14 @@ def _is_finished(folder: pathlib.Path) -> bool:
 
 
 def finished_steps(directory: PathLike) -> list[int]:
-  """Ascending steps of the finished `checkpoint_<step>` folders in `directory` (any item format).
-
-  Orbax's temporary folders (`checkpoint_<step>.orbax-checkpoint-tmp-*`) and T5X's
-  (`checkpoint_<step>.tmp-*`) do not match the name, so a half-written checkpoint is never listed.
-  A missing `directory` has none.
-  """
+  """Ascending steps of the finished `checkpoint_<step>` folders in `directory` ([] if missing)."""
   d = pathlib.Path(directory)
   if not d.is_dir():
     return []
   steps = []
   for child in d.iterdir():
+    # Orbax's `checkpoint_<step>.orbax-checkpoint-tmp-*` and T5X's `.tmp-*` do not match: a half-
+    # written checkpoint is never listed.
     m = _STEP_DIR_RE.match(child.name)
     if m and child.is_dir() and _is_finished(child):
       steps.append(int(m.group(1)))
@@ -146,21 +135,9 @@ def finished_steps(directory: PathLike) -> list[int]:
 
 
 def resolve_checkpoint(path: PathLike) -> tuple[pathlib.Path, int]:
-  """(directory holding `checkpoint_<step>/`, step) for any way of naming a checkpoint.
-
-  Accepted (ours and T5X's alike, T5X `checkpoints.find_checkpoint`):
-    * `MODEL_DIR`: its newest finished checkpoint (also found in `MODEL_DIR/checkpoints/`, where
-      managers constructed with MODEL_DIR/checkpoints put them);
-    * `MODEL_DIR/checkpoint_<step>`;
-    * `MODEL_DIR/checkpoint_<step>/state` (the Orbax item) or `.../checkpoint` (the msgpack file).
-
-  Returns:
-    (MODEL_DIR, step), MODEL_DIR absolute; the step folder is `checkpoint_dir(MODEL_DIR, step)`.
-
-  Raises:
-    NotACheckpointError: (a FileNotFoundError) nothing of the above at `path` (Hugging Face and
-      standalone T5X-native folders are found by `locate`).
-  """
+  """(absolute MODEL_DIR, step) of `MODEL_DIR` (its newest finished step, also under
+  `MODEL_DIR/checkpoints/`), `MODEL_DIR/checkpoint_<step>`, or its `state` / `checkpoint` item, as
+  T5X `checkpoints.find_checkpoint`. NotACheckpointError (a FileNotFoundError) for anything else."""
   p = pathlib.Path(path).absolute()
   if p.name in (STATE_ITEM, T5X_MSGPACK_FILE) and _STEP_DIR_RE.match(p.parent.name):
     p = p.parent
@@ -202,16 +179,12 @@ def t5x_native_folder(path: PathLike) -> Optional[pathlib.Path]:
 
 
 def locate(path: PathLike) -> tuple[str, pathlib.Path]:
-  """(format, folder) of the checkpoint at `path`; the one format detection of the project.
+  """(format, folder) of the checkpoint at `path`; the project's one format detection.
 
-  Tried in order: T5X's MODEL_DIR layout (`resolve_checkpoint`; FORMAT_ORBAX, or FORMAT_T5X for
-  a msgpack step folder; the step folder), a Hugging Face folder (FORMAT_HF), a standalone
-  T5X-native checkpoint (FORMAT_T5X).
-
-  Raises:
-    NotACheckpointError: (a FileNotFoundError) `path` does not exist, or holds none of the
-      formats (an empty `checkpoint_<step>` folder, say): the message names `path`, what it
-      holds and what was looked for.
+  Tried in order: T5X's MODEL_DIR layout (FORMAT_ORBAX, or FORMAT_T5X for msgpack steps), a
+  Hugging Face folder, a standalone T5X-native checkpoint. Raises NotACheckpointError (a
+  FileNotFoundError): no such path, or none of the formats (the message names what `path` holds
+  and what was looked for).
   """
   p = pathlib.Path(path)
   try:
@@ -250,9 +223,6 @@ def _holding(p: pathlib.Path, shown: int = 5) -> str:
 
 
 def detect_format(path: PathLike) -> str:
-  """FORMAT_HF, FORMAT_T5X or FORMAT_ORBAX: the format `locate` finds at `path`.
-
-  Raises:
-    As `locate`.
-  """
+  """FORMAT_HF, FORMAT_T5X or FORMAT_ORBAX: the format `locate` finds at `path` (raises as it
+  does)."""
   return locate(path)[0]

@@ -187,14 +187,11 @@ def restore_params_and_step(
     abstract_params: PyTree,
     *,
     fallback_params: Optional[PyTree] = None) -> tuple[dict, pathlib.Path, int]:
-  """`restore_params`, also returning where the parameters came from: (params, MODEL_DIR, step).
+  """(params, MODEL_DIR, step): `restore_params` and where the parameters came from.
 
-  A MODEL_DIR gives its newest READABLE checkpoint: a corrupt newer one (unreadable files) is
-  skipped with a warning naming it. A `checkpoint_<step>` folder (or its item) named by the caller
-  is read or fails: an unreadable one raises `UnreadableCheckpointError`, never another step.
-
-  Raises:
-    As `restore_params`.
+  A MODEL_DIR gives its newest READABLE checkpoint (a corrupt newer one skipped with a warning); a
+  named `checkpoint_<step>` is read or raises `UnreadableCheckpointError`. Raises as
+  `restore_params`.
   """
   p = pathlib.Path(path).absolute()
   directory, step = checkpoint_paths.resolve_checkpoint(p)
@@ -269,10 +266,9 @@ def _describe(node: Any, params_def: Any) -> str:
 def optimizer_state_signature(opt_state: PyTree, params: PyTree) -> dict[str, Any]:
   """{"description", "num_arrays", "fingerprint"} of an optax state (arrays or ShapeDtypeStructs).
 
-  `description` names the optax state types, e.g. adafactor's
-  "(FactoredState(count, v_row, v_col, v), EmptyState, ...)"; `fingerprint` is a SHA-256 over
-  the tree structure and every leaf's shape and dtype, so two states restore into each other
-  exactly when their fingerprints are equal.
+  `description` names the state types ("(FactoredState(count, v_row, v_col, v), EmptyState,
+  ...)"); `fingerprint`, a SHA-256 of structure, shapes and dtypes, is equal exactly when two
+  states restore into each other.
   """
   params_def = jax.tree_util.tree_structure(params)
   leaves, treedef = jax.tree_util.tree_flatten(opt_state)
@@ -310,16 +306,14 @@ def _fresh_opt_state(optimizer: Any, params: PyTree, abstract_opt_state: PyTree,
 
 
 def _step_array(step: int, like: Any) -> jax.Array:
-  """`step` as an int32 scalar `jax.Array` placed like `like` (the train state's step).
-
-  In a multi-process run the train state's step is replicated over the global mesh; Orbax saves
-  only such global arrays there (a single-device array of one process is "host local" and
-  refused), so the saved step takes its sharding. Without a sharded `like`: a plain array.
-  """
+  """`step` as an int32 scalar `jax.Array` placed like `like` (the train state's step), else
+  plain."""
   value = jnp.asarray(int(step), jnp.int32)
   sharding = getattr(like, "sharding", None) if isinstance(like, jax.Array) else None
   if sharding is None or sharding.is_fully_addressable:
     return value
+  # why: Orbax saves only global arrays in a multi-process run (a one-process array is "host local",
+  # refused).
   return jax.device_put(np.asarray(int(step), np.int32), sharding)
 
 
@@ -329,31 +323,13 @@ def _step_array(step: int, like: Any) -> jax.Array:
 class CheckpointManager:
   """Saves/restores (train state, data position) as `directory/checkpoint_<step>/` with Orbax.
 
-  Mirrors T5X's `OrbaxCheckpointManagerInterface` (`t5x/checkpoints.py`): periodic saves
-  (`save_interval_steps`, forced saves always happen), keep the last `max_to_keep`, asynchronous
-  writes, atomic finalisation (temporary folder + rename; leftovers of a killed run are removed on
-  start, `cleanup_tmp_directories`), plus what T5X lacks: fallback to an older checkpoint when the
-  newest is corrupt (moved aside on resume, so retention keeps the readable ones), a clear error
-  when the optimizer changed, a clear error naming the last good checkpoint when a save fails (e.g.
-  disk full), and params-only restores.
-
-  Args:
-    directory: MODEL_DIR itself (checkpoints are `MODEL_DIR/checkpoint_<step>/`, as T5X).
-    save_interval_steps: save only on steps that are multiples of this, and at a preemption sync
-      point of a multi-process run (`jax.experimental.multihost_utils.reached_preemption_sync_point`,
-      T5X's rule); forced saves always happen. Unlike Orbax's default there is no save of the
-      first step a manager sees: a run writes the checkpoints it asks for.
-    max_to_keep: number of most recent checkpoints to keep (None = all); with
-      `metric_name_to_monitor`, the number of BEST checkpoints kept, plus always the newest one
-      (T5X `SaveBestCheckpointer` semantics: "the latest checkpoint plus `keep` best").
-    async_save: write in a background thread (call `wait()`/`close()` before exiting).
-    metric_name_to_monitor: keep checkpoints by this metric (T5X `SaveBestCheckpointer` name),
-      given to `save(..., metrics={name: value})` and stored in the checkpoint's `data/` item (so a
-      resumed run knows the values); None = keep the most recent.
-    metric_mode: "min" (e.g. the dev loss) or "max".
-
-  Raises:
-    ValueError: `metric_mode` is not "min" or "max".
+  T5X's `OrbaxCheckpointManagerInterface`: saves on multiples of `save_interval_steps` and at a
+  multi-process preemption sync point (forced saves always; no Orbax first-step save), keeps the
+  last `max_to_keep` (with `metric_name_to_monitor`: that many BEST plus the newest, T5X
+  `SaveBestCheckpointer`), `async_save`, atomic finalisation. Beyond T5X: falls back to an older
+  checkpoint when the newest is corrupt, and says clearly when the optimizer changed or a save
+  failed (naming the last good one). Metrics go into the `data/` item. ValueError: bad
+  `metric_mode`.
   """
 
   def __init__(self,
@@ -459,14 +435,11 @@ class CheckpointManager:
       raise self._save_error(step, e) from e
 
   def _drain_failed_save(self) -> None:
-    """Waits for the other writes of a failed asynchronous save to end.
-
-    Orbax stops waiting at the first failed item, while the writes of the other items go on in
-    background threads; left running, they fail at interpreter shutdown with thousands of lines
-    ("cannot schedule new futures after interpreter shutdown", "sys.meta_path is None") after
-    the real error. Their own failures are the same cause and are not raised again.
-    """
+    """Waits for the other writes of a failed asynchronous save to end (their failures not
+    re-raised)."""
     checkpointer = getattr(self._manager, "_checkpointer", None)
+    # why: Orbax stops waiting at the first failed item; the others, left running, fail at shutdown
+    # with thousands of lines after the real error.
     futures = getattr(getattr(checkpointer, "_async_manager", None), "_commit_futures", None)
     for f in futures or ():
       try:
@@ -489,27 +462,12 @@ class CheckpointManager:
            data_state: Optional[Mapping[str, Any]] = None,
            force: bool = False,
            metrics: Optional[Mapping[str, float]] = None) -> bool:
-    """Writes `checkpoint_<step>/` (see the module docstring for the tree).
+    """True if `checkpoint_<step>/` was (started to be) written, False when off the interval.
 
-    Args:
-      step: the step; stored as `state/step` (int32) and in the folder name.
-      state: a `trainer.TrainState` (anything with `.params`, a nested dict with T5X names, and
-        `.opt_state`, an optax state; `.step` is not read).
-      data_state: JSON-able data position (e.g. {"data_seed": 0, "global_batch_size": 128});
-        "step" is added when missing.
-      force: save even when `step` is not on the interval.
-      metrics: the step's evaluation metrics (e.g. {"training_eval/loss": 0.3}); stored in the
-        `data/` item under "metrics"; `metric_name_to_monitor`'s value decides which checkpoints
-        are kept.
-
-    Returns:
-      True if a checkpoint was (started to be) written, False when skipped by the interval.
-
-    Raises:
-      TypeError: `state` has no `params`/`opt_state`.
-      CheckpointSaveError: writing this checkpoint, or the previous asynchronous one (awaited
-        here), failed; the message names it, the cause (e.g. "No space left on device") and the
-        last good checkpoint.
+    `state`: `.params` (T5X names) and `.opt_state` (optax); `data_state`: JSON-able position
+    ("step" added); `metrics` ({"training_eval/loss": 0.3}) go into `data/`. Raises TypeError (no
+    params/opt_state), CheckpointSaveError (this or the previous asynchronous save failed; names it,
+    the cause, e.g. "No space left on device", and the last good checkpoint).
     """
     if not (hasattr(state, "params") and hasattr(state, "opt_state")):
       raise TypeError(f"CheckpointManager.save needs a TrainState (params, opt_state), got "
@@ -580,17 +538,11 @@ class CheckpointManager:
               params_only: bool = False,
               optimizer: Any = None,
               fallback_params: Optional[PyTree] = None) -> tuple[Any, dict[str, Any]]:
-    """Restores checkpoint `step` into the shardings/dtypes of `abstract_state`.
+    """(state like `abstract_state`, data_state: the saved JSON, {"step"} for T5X's) of `step`.
 
-    Returns (state like `abstract_state` (`Trainer.state_shapes`), data_state: the saved JSON,
-    {"step": step} for T5X's). `params_only`, or a T5X checkpoint (its Adafactor state is not
-    optax's), gets a fresh state from `optimizer` (T5X: `state/param_states` unassigned +
-    fallback); `fallback_params` as in `restore_params`.
-
-    Raises:
-      OptimizerStateMismatchError: the checkpoint's optax state is another optimizer's.
-      MissingOptimizerError: a fresh optimizer state is needed and `optimizer` is None.
-      CheckpointMismatchError, NotACheckpointError; Orbax/TensorStore errors for unreadable files.
+    `params_only`, or a T5X checkpoint (its Adafactor state is not optax's), gets a fresh state from
+    `optimizer`. Raises OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError,
+    NotACheckpointError, Orbax/TensorStore errors for unreadable files.
     """
     folder = checkpoint_paths.checkpoint_dir(self.directory, step)
     fmt = checkpoint_paths.checkpoint_format(folder)
@@ -636,21 +588,11 @@ class CheckpointManager:
       params_only: bool = False,
       optimizer: Any = None,
       fallback_params: Optional[PyTree] = None) -> Optional[tuple[int, Any, dict[str, Any]]]:
-    """Restores the newest readable checkpoint, falling back to older ones if it is corrupt.
+    """(step, state, data_state) of the newest readable checkpoint (older ones if it is corrupt), or
+    None when there is none; arguments as `restore`.
 
-    Args: as `restore`.
-
-    Returns:
-      (step, state, data_state), or None when there is no checkpoint at all.
-
-    Unreadable checkpoints newer than the restored one are moved aside (renamed
-    `checkpoint_<step>.corrupt-<time>`, with a warning), so that the resumed run writes those steps
-    anew and retention keeps the readable ones.
-
-    Raises:
-      OptimizerStateMismatchError, MissingOptimizerError, checkpoint_paths.CheckpointMismatchError: the newest
-        checkpoint does not fit the run (raised at once: older checkpoints would not fit either).
-      NoUsableCheckpointError: checkpoints exist but none can be read.
+    Raises at once OptimizerStateMismatchError, MissingOptimizerError, CheckpointMismatchError (an
+    older one would not fit either); NoUsableCheckpointError when none can be read.
     """
     steps = self.all_steps()
     errors = []
@@ -684,11 +626,10 @@ class CheckpointManager:
     return None
 
   def _move_aside(self, steps: Sequence[int]) -> None:
-    """Renames the unreadable checkpoints `steps` to `checkpoint_<step>.corrupt-<time>` (process 0;
-    kept for inspection, no longer a checkpoint), so that the run goes on from the restored one:
-    new checkpoints of those steps can be written, and retention, which counts finished
-    checkpoints, never deletes the restored (readable) one while keeping an unreadable newer one.
-    """
+    """Renames the unreadable checkpoints `steps` to `checkpoint_<step>.corrupt-<time>` (process
+    0)."""
+    # Kept for inspection; the run rewrites those steps, and retention (counting finished
+    # checkpoints) never deletes the restored one for an unreadable newer one.
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     if jax.process_index() == 0:
       for s in steps:
@@ -705,21 +646,13 @@ class CheckpointManager:
     self._metrics = {k: v for k, v in self._metrics.items() if k not in set(steps)}
 
   def wait(self) -> None:
-    """Blocks until an asynchronous save has finished (no-op after `close`).
-
-    Raises:
-      CheckpointSaveError: that save failed (raised once; the next `wait` returns).
-    """
+    """Blocks until an asynchronous save has finished; CheckpointSaveError once if it failed."""
     if not self._closed:
       self._await_pending()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager (its threads end; idempotent). The
-    manager is released even when the pending save failed.
-
-    Raises:
-      CheckpointSaveError: the pending save failed.
-    """
+    """Waits for pending saves and releases the manager, also after a failure (idempotent);
+    CheckpointSaveError if the pending save failed."""
     if self._closed:
       return
     try:

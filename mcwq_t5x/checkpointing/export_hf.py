@@ -52,18 +52,13 @@ _FEED_FORWARD_PROJ = {
 # Weights and config.json
 # ------------------------------------------------------------------------------------------------
 def hf_config(config: network.T5Config) -> dict[str, Any]:
-  """The Hugging Face `config.json` dict of a `network.T5Config`.
+  """The Hugging Face `config.json` dict of a `network.T5Config` (inverse of
+  `checkpoint_import.config_from_hf`).
 
-  Field mapping (inverse of `checkpoint_import.config_from_hf`): emb_dim->d_model,
-  head_dim->d_kv, mlp_dim->d_ff, num_encoder_layers->num_layers, num_decoder_layers,
-  num_heads, vocab_size, mlp_activations->feed_forward_proj, dropout_rate, layer_norm_epsilon,
-  relative_attention_{num_buckets,max_distance}. `logits_via_embedding=False` -> model_type
-  "mt5" / `MT5ForConditionalGeneration` with `tie_word_embeddings: false`; True -> "t5" /
-  `T5ForConditionalGeneration` with `tie_word_embeddings: true` (transformers then ties
-  `lm_head` to `shared` and scales the decoder output by d_model**-0.5, as T5 1.0).
-
-  Raises:
-    ValueError: activations transformers' T5 cannot express (e.g. ("gelu", "gelu")).
+  emb_dim -> d_model, head_dim -> d_kv, mlp_dim -> d_ff, num_encoder_layers -> num_layers,
+  mlp_activations -> feed_forward_proj, the others by name. `logits_via_embedding` False: "mt5"
+  untied; True: "t5" tied (transformers scales the decoder output by d_model**-0.5, as T5 1.0).
+  ValueError: activations transformers' T5 cannot express (("gelu", "gelu")).
   """
   acts = tuple(config.mlp_activations)
   if acts not in _FEED_FORWARD_PROJ:
@@ -99,14 +94,11 @@ def hf_config(config: network.T5Config) -> dict[str, Any]:
 def to_hf_state_dict(params: Mapping[str, Any],
                      config: network.T5Config,
                      source: str = "params") -> dict[str, np.ndarray]:
-  """Hugging Face T5/mT5 state dict of `network.Transformer(config)` params.
+  """{HF key: C-contiguous float32 numpy} of `params` (T5X names) via
+  `checkpoint_import.hf_name_map`.
 
-  {HF key: C-contiguous float32 numpy array} of `params` (T5X names, boxed or plain) through
-  `checkpoint_import.hf_name_map`: kernels [in, out] -> torch [out, in], relative position tables
-  [heads, buckets] -> [buckets, heads]; no `lm_head.weight` when tied. `source` names the params.
-
-  Raises:
-    CheckpointMismatchError: params do not fit `config` (every offending parameter named).
+  Kernels [in, out] -> torch [out, in], relative position tables [heads, buckets] -> [buckets,
+  heads]; no `lm_head.weight` when tied. CheckpointMismatchError names every offending parameter.
   """
   params = nn.unbox(dict(params))
   checkpoint_import.check_params(params, config, source)
@@ -148,27 +140,11 @@ def _hf_extra_ids(path: pathlib.Path) -> Optional[int]:
 
 def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
                     model_vocab_size: int) -> int:
-  """Writes spiece.model, tokenizer.json, tokenizer_config.json, special_tokens_map.json.
+  """The tokenizer's size (pieces + `extra_ids`), after writing spiece.model, tokenizer.json,
+  tokenizer_config.json and special_tokens_map.json into `out_dir`.
 
-  `tokenizer.json` is built with transformers' `SpmConverter.build_tokenizer_from_spm_proto`
-  (legacy dummy-prefix handling, which encodes as `SentencePieceProcessor.encode` does), then
-  `</s>` is appended to every sequence (seqio/T5 add EOS) and sentinel `<extra_id_N>` gets id
-  `pieces + extra_ids - 1 - N` (seqio's and HF's order). The tokenizer class is the generic
-  `PreTrainedTokenizerFast` over `tokenizer.json`: transformers' own `T5Tokenizer` can only
-  rebuild unigram models and would re-tokenise a BPE model such as the project's small one.
-
-  Args:
-    out_dir: existing output folder.
-    spm_path: SentencePiece `.model` file (pad 0, eos 1, as T5).
-    extra_ids: sentinels appended after the model's pieces.
-    model_vocab_size: rows of the model's embedding.
-
-  Returns:
-    The tokenizer's size (pieces + extra_ids).
-
-  Raises:
-    ValueError: not a SentencePiece model, pad/eos ids other than 0/1, more ids than the
-      embedding has rows, an unsupported model type, or transformers missing.
+  `spm_path`: pad 0, eos 1 as T5; `model_vocab_size`: the embedding's rows. ValueError: not a
+  SentencePiece model, other pad/eos ids, more ids than rows, word/char models, no transformers.
   """
   out_dir, spm_path = pathlib.Path(out_dir), pathlib.Path(spm_path)
   proto = _sentencepiece_proto(spm_path)
@@ -200,9 +176,11 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
   else:
     raise ValueError(f"{spm_path}: SentencePiece model type {spec.model_type} (word/char) is "
                      "not supported; expected unigram or BPE")
+  # Legacy dummy-prefix handling encodes as `SentencePieceProcessor.encode` does.
   tokenizer = build(proto, vocab, legacy=True)
   if tokenizer is None:
     raise ValueError(f"{spm_path}: transformers could not convert this SentencePiece model")
+  # `<extra_id_N>` gets id pieces + extra_ids - 1 - N: seqio's and HF's order.
   sentinels = [f"<extra_id_{extra_ids - 1 - k}>" for k in range(extra_ids)]
   tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in sentinels])
   for k, s in enumerate(sentinels):
@@ -210,6 +188,7 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
       raise ValueError(f"{spm_path}: sentinel {s} would get id {tokenizer.token_to_id(s)}, "
                        f"expected {num_pieces + k} (the model already has a piece {s}?)")
   eos, pad, unk = spec.eos_piece or "</s>", spec.pad_piece or "<pad>", spec.unk_piece or "<unk>"
+  # seqio/T5 append EOS to every sequence.
   tokenizer.post_processor = processors.TemplateProcessing(
       single=["$A", eos], pair=["$A", eos, "$B", eos], special_tokens=[(eos, EOS_ID)])
   shutil.copyfile(spm_path, out_dir / "spiece.model")
@@ -217,6 +196,8 @@ def write_tokenizer(out_dir: PathLike, spm_path: PathLike, extra_ids: int,
   special = {"eos_token": eos, "pad_token": pad, "unk_token": unk}
   if sentinels:
     special["additional_special_tokens"] = sentinels[::-1]  # <extra_id_0> first
+  # why not `T5Tokenizer`: it rebuilds unigram models only and would re-tokenise a BPE model such as
+  # our small one.
   tokenizer_config = {
       "tokenizer_class": "PreTrainedTokenizerFast",
       **special, "clean_up_tokenization_spaces": False,
@@ -270,9 +251,8 @@ def _tmp_prefix(out_dir: pathlib.Path) -> str:
 
 
 def remove_stale_tmp(out_dir: pathlib.Path) -> list[pathlib.Path]:
-  """Removes the temporary folders beside `out_dir` that an export of it on this host left when it
-  was killed (`kill -9`: no `finally` runs); returns them. Only names `_tmp_prefix` gives, only
-  when their process is gone."""
+  """The temporary folders beside `out_dir` a killed export on this host left (names from
+  `_tmp_prefix`, their process gone), removed."""
   removed = []
   prefix = f".{out_dir.name}.tmp-{socket.gethostname()}-"
   for tmp in out_dir.parent.glob(glob.escape(prefix) + "*"):
@@ -312,29 +292,15 @@ def export_params(params: Mapping[str, Any],
                   *,
                   max_new_tokens: int,
                   overwrite: bool = False) -> pathlib.Path:
-  """Writes a Hugging Face folder for `params` of `network.Transformer(config)`:
+  """`out_dir`, a Hugging Face folder for `params` of `network.Transformer(config)`, written whole
+  (a temporary sibling renamed; modes 0644/0755 less the umask).
 
-    config.json             `hf_config` (model_type "mt5" untied / "t5" tied)
-    model.safetensors       float32 state dict, names and transposes from the one table
-                            `checkpoint_import.hf_name_map`
-    generation_config.json  decoder_start_token_id 0, eos_token_id 1, pad_token_id 0 (T5),
-                            greedy, `max_new_tokens`, so a plain `model.generate(**inputs)`
-                            decodes as our `infer` does
-    spiece.model            the SentencePiece model, unchanged
-    tokenizer.json          the same tokenizer for the `tokenizers` library (`write_tokenizer`)
-    tokenizer_config.json, special_tokens_map.json
-
-  Returns `out_dir`, written whole (a temporary sibling renamed at the end) with modes 0644/0755
-  less the umask. `extra_ids` are sentinels after the pieces of `spm_path`; `overwrite` replaces
-  a previous export (a folder of `EXPORT_FILES` only); a killed export's temporary sibling
-  (`.<out>.tmp-<host>-<pid>-*`) is removed by the next export to `out_dir`. Activations are float32
-  in transformers (bfloat16 runs differ by rounding).
-
-  Raises:
-    CheckpointMismatchError: params do not fit `config`.
-    ValueError: `out_dir` exists and is not empty (without `overwrite`) or holds anything but a
-      previous export (naming it), bad vocabulary,
-      activations transformers cannot express, `max_new_tokens` below 1.
+  Files: config.json (`hf_config`), model.safetensors (float32, `checkpoint_import.hf_name_map`),
+  generation_config.json (decoder_start 0, eos 1, pad 0, greedy, `max_new_tokens`: `generate`
+  decodes as our `infer`), spiece.model, tokenizer.json and its configs (`write_tokenizer`).
+  `overwrite` replaces a previous export (`EXPORT_FILES` only). Activations are float32 in
+  transformers (bfloat16 runs differ by rounding). Raises CheckpointMismatchError, ValueError
+  (`out_dir` not empty or not an export, bad vocabulary or activations, `max_new_tokens` < 1).
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   out_dir = pathlib.Path(out_dir)
@@ -378,15 +344,8 @@ def export_params(params: Mapping[str, Any],
 
 @dataclasses.dataclass(frozen=True)
 class Sources:
-  """What an export writes besides the weights, and where each part came from.
-
-  Attributes:
-    config: the network config (config.json, the params' expected shapes).
-    spm_path: the SentencePiece model file of the vocabulary.
-    extra_ids: sentinel ids after its pieces (seqio `extra_ids`).
-    max_new_tokens: the decoding length written to generation_config.json.
-    notes: where each came from, for the log ("model config from .../run.json; ...").
-  """
+  """What an export writes besides the weights: `config`, `spm_path`, `extra_ids`, `max_new_tokens`,
+  and `notes` saying where each came from ("model config from .../run.json; ...")."""
   config: network.T5Config
   spm_path: pathlib.Path
   extra_ids: int
@@ -395,13 +354,8 @@ class Sources:
 
 
 def model_config_argument(value: str) -> network.T5Config:
-  """The network config `--model_config` names: a preset of `network.CONFIGS`, or a JSON file
-  holding an object of `network.T5Config` fields or a run.json (its "network" object).
-
-  Raises:
-    ValueError: neither a preset nor a readable JSON object of `T5Config` fields (names the file
-      or lists the presets).
-  """
+  """The `T5Config` `--model_config` names: a preset of `network.CONFIGS`, or a JSON file of
+  `T5Config` fields or a run.json. ValueError names the file or lists the presets."""
   if value in network.CONFIGS:
     return network.CONFIGS[value]
   path = pathlib.Path(value)
@@ -419,11 +373,8 @@ def model_config_argument(value: str) -> network.T5Config:
 
 def _check_against_run(spm_path: pathlib.Path, extra_ids: int, run_path: pathlib.Path,
                        run: Mapping[str, Any]) -> None:
-  """An explicitly chosen vocabulary must be the one the run recorded (run.json).
-
-  Raises:
-    ValueError: another SHA-256 or other extra ids than recorded (names both files).
-  """
+  """ValueError (naming both files) if the chosen vocabulary's SHA-256 or extra ids differ from
+  run.json's."""
   rec = run.get("vocabulary")
   if not rec:
     return
@@ -442,22 +393,12 @@ def resolve_sources(checkpoint: PathLike,
                     vocab: Optional[PathLike] = None,
                     extra_ids: Optional[int] = None,
                     max_new_tokens: Optional[int] = None) -> Sources:
-  """The network config, vocabulary and decoding length of `checkpoint` (see the module
-  docstring): the arguments, else the Hugging Face folder's own files, else the run.json at or
-  up to 3 folders above the checkpoint (`run_info.find`).
+  """The `Sources` of `checkpoint`: the arguments, else a Hugging Face folder's own files, else the
+  run.json at or up to 3 folders above it (`run_info.find`).
 
-  Args:
-    checkpoint: any path `checkpoint_paths.locate` accepts.
-    model_config: `model_config_argument`'s preset name or JSON file.
-    vocab: a SentencePiece model file.
-    extra_ids: its sentinel count (default: as recorded / the tokenizer_config.json says, else 0).
-    max_new_tokens: the decoding length.
-
-  Raises:
-    ValueError: a part neither given nor recorded (one line naming the flags to pass); an
-      explicit vocabulary other than the recorded one; an unreadable run.json or a missing
-      recorded vocabulary; a bad `model_config`.
-    NotACheckpointError: `checkpoint` is not a checkpoint.
+  `extra_ids` default: as recorded, else 0. Raises ValueError (a part neither given nor recorded:
+  one line naming the flags; another vocabulary than recorded; an unreadable run.json or a missing
+  recorded vocabulary; a bad `model_config`), NotACheckpointError.
   """
   fmt, where = checkpoint_paths.locate(checkpoint)
   hf_folder = fmt == checkpoint_paths.FORMAT_HF
@@ -543,23 +484,12 @@ def export_checkpoint(checkpoint: PathLike,
                       extra_ids: Optional[int] = None,
                       max_new_tokens: Optional[int] = None,
                       overwrite: bool = False) -> pathlib.Path:
-  """Exports any checkpoint `checkpoint_loaders.load_params` reads to a Hugging Face folder.
+  """`out_dir` (a Path): any checkpoint `checkpoint_loaders.load_params` reads, exported to Hugging
+  Face.
 
-  Args:
-    checkpoint: checkpoint path (see `checkpoint_paths.locate`).
-    out_dir: folder to create; must not be, contain or lie inside the checkpoint.
-    model_config, vocab, extra_ids, max_new_tokens: override what the checkpoint says
-      (`resolve_sources`).
-    overwrite: replace a previous export at `out_dir` (see `export_params`).
-
-  Returns:
-    `out_dir` as a Path.
-
-  Raises:
-    ValueError: bad input (message names the file/flag); CheckpointMismatchError: the
-      checkpoint's params do not fit the model config (another architecture or size);
-      IncompleteCheckpointError: a checkpoint array lacks data.
-    NotACheckpointError: `checkpoint` is not a checkpoint.
+  `out_dir` must not be, contain or lie inside the checkpoint; the other arguments override it
+  (`resolve_sources`, `export_params`). Raises ValueError (names the file or flag),
+  CheckpointMismatchError, IncompleteCheckpointError, NotACheckpointError.
   """
   fmt, where = checkpoint_paths.locate(checkpoint)
   # The whole checkpoint: an Orbax state item lives in a step folder with other items.
@@ -588,13 +518,10 @@ def export_checkpoint(checkpoint: PathLike,
 
 
 def summary(out_dir: PathLike) -> str:
-  """One line saying what an exported folder holds, e.g. "wrote exported/tiny:
-  MT5ForConditionalGeneration (1,234,567 parameters), its tokenizer, generation_config.json
-  (greedy, up to 64 new tokens)".
+  """One line on an exported folder ("wrote exported/tiny: MT5ForConditionalGeneration (1,234,567
+  parameters), its tokenizer, generation_config.json (greedy, up to 64 new tokens)").
 
-  Raises:
-    ValueError: `out_dir` has no readable config.json of a T5/mT5 model.
-    OSError, json.JSONDecodeError: no readable generation_config.json.
+  Raises ValueError (no T5/mT5 config.json), OSError / json.JSONDecodeError.
   """
   out_dir = pathlib.Path(out_dir)
   config = checkpoint_import.config_from_hf(out_dir / "config.json")

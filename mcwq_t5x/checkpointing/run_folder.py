@@ -89,16 +89,10 @@ def append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
 
 
 def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str, int]:
-  """Drops the rows of steps after `step` from MODEL_DIR's `METRICS_FILES` (process 0): a run
-  resumed from checkpoint `step` writes them again (TensorBoard readers likewise drop events after
-  a restart step). Lines that are not JSON (cut off by a kill) go too.
-
-  Returns:
-    {file name: rows dropped} for the files that lost rows (each logged).
-
-  Raises:
-    OSError: a file cannot be rewritten.
-  """
+  """{file: rows dropped} of the `METRICS_FILES` rows after `step` (process 0), each logged, and
+  lines that are not JSON (cut off by a kill); OSError if a file cannot be rewritten."""
+  # why: a run resumed from checkpoint `step` writes those rows again (TensorBoard readers drop
+  # events after a restart step alike).
   dropped: dict[str, int] = {}
   if jax.process_index() != 0:
     return dropped
@@ -126,13 +120,8 @@ def drop_metric_rows_after(model_dir: str | pathlib.Path, step: int) -> dict[str
 
 
 class ScalarWriter:
-  """TensorBoard event files of plain scalar summaries (`simple_value`), which
-  `EventAccumulator(dir).Scalars(tag)` lists (clu's and TF2's tensor summaries it does not).
-  Process 0 writes; no TensorFlow needed.
-
-  Args:
-    logdir: the folder of the event file (created).
-  """
+  """TensorBoard event files of plain `simple_value` scalars in `logdir` (process 0, no TensorFlow):
+  `EventAccumulator(dir).Scalars(tag)` lists them, not clu's or TF2's tensor summaries."""
 
   def __init__(self, logdir: str):
     self._writer = None

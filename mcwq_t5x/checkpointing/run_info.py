@@ -61,11 +61,8 @@ def network_fields(config: network.T5Config) -> dict[str, Any]:
 
 
 def network_config(run: Mapping[str, Any], source: PathLike = RUN_JSON) -> network.T5Config:
-  """The `T5Config` recorded in a run.json dict.
-
-  Raises:
-    ValueError: no "network" object, or fields `T5Config` does not have (names `source`).
-  """
+  """The `T5Config` of a run.json dict; ValueError (naming `source`): no "network", unknown
+  fields."""
   fields = run.get("network")
   if not isinstance(fields, dict):
     raise ValueError(f"{source}: no \"network\" object (the model config)")
@@ -87,12 +84,8 @@ def _read_bytes(path: str) -> bytes:
 
 
 def vocabulary_identity(vocabulary: Any) -> Optional[dict[str, Any]]:
-  """{"path", "sha256", "extra_ids"} of a SentencePiece vocabulary (seqio's
-  `sentencepiece_model_file`), None for any other kind of vocabulary.
-
-  Raises:
-    OSError / DataNotFoundError: the model file cannot be read.
-  """
+  """{"path", "sha256", "extra_ids"} of a SentencePiece vocabulary, None for another kind; OSError /
+  DataNotFoundError when the model file cannot be read."""
   path = getattr(vocabulary, "sentencepiece_model_file", None)
   if vocabulary is None or path is None:
     return None
@@ -126,16 +119,9 @@ def write(model_dir: PathLike,
           train_steps: Optional[int] = None,
           batch_size: Optional[int] = None,
           pack: Optional[bool] = None) -> dict[str, Any]:
-  """Writes MODEL_DIR/run.json and MODEL_DIR/vocab/spm.model (atomically) for `model`.
-
-  Args:
-    model_dir: MODEL_DIR.
-    model: the `EncoderDecoderModel` (its network config and `output_vocabulary`).
-    task, split, feature_lengths, train_steps, batch_size, pack: the training data, recorded.
-
-  Returns:
-    The dict written (format: the module docstring).
-  """
+  """The dict written to MODEL_DIR/run.json, with MODEL_DIR/vocab/spm.model, atomically: `model`'s
+  network config and `output_vocabulary`, and the training data (task, split, lengths, steps,
+  batch size, pack)."""
   model_dir = pathlib.Path(model_dir)
   ident = vocabulary_identity(getattr(model, "output_vocabulary", None))
   if ident is not None:
@@ -172,12 +158,7 @@ def find(checkpoint_path: PathLike, levels: int = 3) -> Optional[pathlib.Path]:
 
 
 def read(path: PathLike) -> dict[str, Any]:
-  """Reads a run.json.
-
-  Raises:
-    ValueError: not JSON, not an object, or a format newer than this engine reads (names the
-      file).
-  """
+  """The run.json dict; ValueError (naming the file): not a JSON object, or a newer format."""
   path = pathlib.Path(path)
   try:
     run = json.loads(path.read_text())
@@ -195,15 +176,9 @@ def recorded_vocabulary_file(
     run_path: PathLike,
     run: Optional[Mapping[str, Any]] = None,
 ) -> Optional[pathlib.Path]:
-  """The local file of the vocabulary recorded in `run_path`: the run's copy
-  (MODEL_DIR/vocab/spm.model), else the recorded path, whichever has the recorded SHA-256.
-
-  Returns:
-    The file, or None when the run recorded no (SentencePiece) vocabulary.
-
-  Raises:
-    ValueError: neither file exists with the recorded content (names both and the hash).
-  """
+  """The local file of the recorded vocabulary with the recorded SHA-256 (the run's copy
+  MODEL_DIR/vocab/spm.model, else the recorded path); None if none was recorded; ValueError
+  (naming both and the hash) if neither matches."""
   run_path = pathlib.Path(run_path)
   run = read(run_path) if run is None else run
   rec = run.get("vocabulary")
@@ -225,18 +200,10 @@ def recorded_vocabulary_file(
 
 
 def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[pathlib.Path]:
-  """Makes the run's recorded vocabulary the default one, unless the user chose one.
+  """The file $MCWQ_VOCAB now names, or None: with the variable unset and a run.json at or above
+  `checkpoint_path`, the run's vocabulary becomes the default of `vocab` and the SeqIO tasks.
 
-  When $MCWQ_VOCAB is unset and a run.json is found at or above `checkpoint_path` (see `find`),
-  sets $MCWQ_VOCAB to the run's vocabulary file (`recorded_vocabulary_file`), so that
-  `vocab.get_vocabulary()`, `vocab.mt5_vocabulary()` and the SeqIO tasks built afterwards use it.
-  Call it before the model and the tasks are built (the mains: right after parsing gin).
-
-  Returns:
-    The adopted file, or None (variable already set, no run.json, no recorded vocabulary).
-
-  Raises:
-    ValueError: see `recorded_vocabulary_file`.
+  Call before the model and tasks are built. ValueError as `recorded_vocabulary_file`.
   """
   if checkpoint_path is None or os.environ.get(VOCAB_ENV):
     return None
@@ -281,18 +248,9 @@ def check_model_vocabulary(vocabulary: Any,
 
 
 def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> None:
-  """Checks that `vocabulary` is the one recorded in the run.json at or above `checkpoint_path`.
-
-  Args:
-    vocabulary: the vocabulary about to be used (a seqio `SentencePieceVocabulary`; others are
-      not checked).
-    checkpoint_path: MODEL_DIR or a checkpoint in it.
-    where: who asks (for the message), e.g. "infer".
-
-  Raises:
-    VocabularyMismatchError: other file content or other `extra_ids` than recorded; the message
-      names both files with their SHA-256 and says how to use the recorded one.
-  """
+  """VocabularyMismatchError unless `vocabulary` (a seqio SentencePiece one; others unchecked) is
+  the one the run.json at or above `checkpoint_path` records; it names both files, their SHA-256
+  and how to use the recorded one. `where` says who asks."""
   run_path = find(checkpoint_path)
   if run_path is None:
     if pathlib.Path(checkpoint_path).exists():

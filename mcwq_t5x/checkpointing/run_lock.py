@@ -1,22 +1,12 @@
 """One training at a time per MODEL_DIR, one eval per EVAL_OUTPUT_DIR: an exclusive lock on
 `MODEL_DIR/train.lock` (`EVAL_OUTPUT_DIR/eval.lock`).
 
-Two trainings writing one MODEL_DIR corrupt each other without an error: both save
-`checkpoint_<step>` folders, delete each other's older ones, clean each other's temporary folders
-and append their rows to one `train_metrics.jsonl`. `hold(model_dir)` takes an exclusive
-`fcntl.flock` on `MODEL_DIR/train.lock` for the whole run and writes the holder's process id,
-host, start time and command into the file; a second training of the same folder is refused with
-`ModelDirInUseError`, whose message names the folder and that holder. The operating system
-releases the lock when the holding process ends, however it ends (killed with SIGKILL too), so a
-dead run never leaves the folder locked; the file itself stays (it is only locked while held).
-`flock` works across the processes of one machine and, on NFS, across the hosts that mount it.
-`hold(eval_output_dir, EVAL_LOCK_FILE)` is the same lock for `eval`, whose two runs into one folder
-would overwrite (or interleave) each other's predictions and metrics (`EvalOutputDirInUseError`).
-
-In a multi-process run (`jax.process_count() > 1`, the processes writing one MODEL_DIR together)
-process 0 holds the lock for the run; it tells every other process whether it got it
-(`multihost_utils.broadcast_one_to_all`), so that all the processes of a refused run stop with the
-same error instead of waiting for a process 0 that has stopped.
+Two trainings writing one MODEL_DIR corrupt each other without an error (each other's
+checkpoints, temporary folders and `train_metrics.jsonl` rows); two evals interleave predictions.
+`hold` takes an `fcntl.flock` for the whole run and writes the holder's pid, host, start time and
+command into the file; a second run is refused with `ModelDirInUseError` /
+`EvalOutputDirInUseError` naming the folder and that holder. In a multi-process run process 0
+holds it for all.
 """
 from __future__ import annotations
 
@@ -72,8 +62,7 @@ def command_line() -> str:
 
 def _holder_description(path: pathlib.Path, attempts: int = 20) -> str:
   """What the lock file says about its holder ("process 123 on host h, started ..., command
-  ..."). The holder writes it just after taking the lock: an empty file is read again a few
-  times (0.1 s apart) before saying that it is unknown."""
+  ...")."""
   for _ in range(attempts):
     try:
       info = json.loads(path.read_text() or "null")
@@ -82,6 +71,7 @@ def _holder_description(path: pathlib.Path, attempts: int = 20) -> str:
     if isinstance(info, dict):
       return (f"process {info.get('pid')} on host {info.get('host')}, started "
               f"{info.get('started')} ({info.get('command')})")
+    # The holder writes its details just after taking the lock: read an empty file again.
     time.sleep(0.1)
   return "a process that has not written its details into the lock file"
 
@@ -97,6 +87,8 @@ def _try_lock(path: pathlib.Path) -> tuple[Optional[int], Optional[str]]:
   """(open file descriptor holding the lock, None), or (None, the holder's description)."""
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
+    # The OS releases it when the holder ends, however (SIGKILL too): a dead run never leaves the
+    # folder locked. Works across processes and, on NFS, hosts.
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
     os.close(fd)
@@ -119,18 +111,11 @@ def _try_lock(path: pathlib.Path) -> tuple[Optional[int], Optional[str]]:
 @contextlib.contextmanager
 def hold(model_dir: str | os.PathLike,
          lock_file: str = LOCK_FILE) -> Iterator[Optional[dict[str, Any]]]:
-  """Holds MODEL_DIR's training lock (`lock_file=EVAL_LOCK_FILE`: EVAL_OUTPUT_DIR's eval lock)
-  for the duration of the `with` block (see the module docstring); creates the folder if needed.
+  """Context manager holding MODEL_DIR's training lock (`lock_file=EVAL_LOCK_FILE`: the eval lock);
+  yields the holder's description in process 0, None in the others. Creates the folder.
 
-  Yields:
-    In the process that holds the lock (process 0), what the lock file says about it; None in
-    the other processes of a multi-process run.
-
-  Raises:
-    ModelDirInUseError (EvalOutputDirInUseError): another process holds the lock (in every
-      process of a multi-process run; the message names the folder and the holder: pid, host,
-      start time, command).
-    OSError: MODEL_DIR or the lock file cannot be created.
+  Raises ModelDirInUseError / EvalOutputDirInUseError (in every process; names folder and
+  holder), OSError (the folder or lock file cannot be created).
   """
   folder = pathlib.Path(model_dir).absolute()
   path = folder / lock_file
@@ -140,6 +125,8 @@ def hold(model_dir: str | os.PathLike,
     fd, holder = _try_lock(path)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    # why: every process of a refused run stops with the same error, none waits for a process 0 that
+    # stopped.
     got = int(multihost_utils.broadcast_one_to_all(np.int32(fd is not None)))
     if not got and holder is None:  # a process other than 0: the file names the holder
       holder = _holder_description(path)

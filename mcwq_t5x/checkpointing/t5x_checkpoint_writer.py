@@ -27,25 +27,11 @@ def save_t5x_checkpoint(params: Mapping[str, Any],
                         step: int = 0,
                         reference: str = "placeholder",
                         optimizer_state: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
-  """Writes params in the T5X native layout (msgpack + TensorStore zarr).
+  """The directory `path`, a T5X-native checkpoint of `params` (msgpack + TensorStore zarr).
 
-  Each parameter goes to the zarr array `path/target.<dotted name>`; the
-  msgpack `path/checkpoint` holds `{"version": 3, "target": refs, "state":
-  {"step": step, "param_states": optimizer_state or {}}}`.
-
-  Args:
-    params: nested dict of arrays (boxed or plain).
-    path: the checkpoint directory to create.
-    step: training step stored in `state`.
-    reference: "placeholder" (`PLACEHOLDER://target....` strings) or "spec"
-      (TensorStore spec dicts with relative kvstore paths, T5X's own writer).
-    optimizer_state: optional tree written inline under state/param_states.
-
-  Returns:
-    The checkpoint directory.
-
-  Raises:
-    ValueError: unknown `reference`.
+  Each parameter is the zarr array `path/target.<dotted name>`; `path/checkpoint` holds
+  {"version": 3, "target": refs, "state": {"step", "param_states"}}. `reference` "placeholder"
+  (`PLACEHOLDER://` strings) or "spec" (T5X's own writer); ValueError for another.
   """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   if reference not in ("placeholder", "spec"):

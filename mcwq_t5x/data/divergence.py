@@ -37,12 +37,8 @@ _FORMS = {sparql_lib.ASK: "ASK", sparql_lib.SELECT: "SELECT", sparql_lib.COUNT: 
 
 @dataclasses.dataclass(frozen=True)
 class QueryStructure:
-  """The DBCA view of one query.
-
-  Attributes:
-    atoms: atom -> number of occurrences (definitions: module docstring).
-    compounds: the compounds the query contains (canonical strings), each counted once.
-  """
+  """The DBCA view of one query: `atoms` {atom: occurrences}, `compounds` (canonical strings,
+  once)."""
   atoms: Mapping[str, int]
   compounds: frozenset[str]
 
@@ -84,16 +80,10 @@ def _anonymous(term: str) -> bool:
 
 @functools.lru_cache(maxsize=1 << 20)
 def canonical_compound(edges: tuple[tuple[str, str, str], ...], answer: Optional[str]) -> str:
-  """The canonical string of a sub-graph: placeholders -> `M1..`, variables -> `?v1..` (the
-  answer variable -> `?ans`), constants kept; the least (lexicographic) of the sorted edge lists
-  over all renumberings of the anonymous nodes of each role.
+  """The canonical string of a sub-graph, e.g. "M1 wdt:P57 ?v1 . M2 wdt:P57 ?v1".
 
-  Args:
-    edges: the sub-graph's edges (s, p, o) with the query's own names; `!=` edges are undirected.
-    answer: the answer variable of a SELECT query, or None.
-
-  Returns:
-    e.g. "M1 wdt:P57 ?v1 . M2 wdt:P57 ?v1" (edges joined by " . ").
+  Placeholders -> `M1..`, variables -> `?v1..` (`answer` -> `?ans`), constants kept; the least
+  sorted edge list over all renumberings of each role's anonymous nodes; `!=` edges undirected.
   """
   groups: dict[str, list[str]] = {"M": [], "?v": []}
   for s, _, o in edges:
@@ -157,18 +147,7 @@ def _connected_masks(neighbours: Sequence[int], max_size: int) -> list[int]:
 
 @functools.lru_cache(maxsize=1 << 18)
 def analyse(query: str, max_size: int = MAX_COMPOUND_SIZE) -> QueryStructure:
-  """Atoms and compounds of one query (definitions: module docstring); cached per query text.
-
-  Args:
-    query: SPARQL in the CFQ/MCWQ syntax (`mcwq_t5x.data.sparql`).
-    max_size: the largest compound, in edges.
-
-  Returns:
-    A `QueryStructure`.
-
-  Raises:
-    sparql.SparqlParseError: the query does not parse.
-  """
+  """The `QueryStructure` of one CFQ/MCWQ SPARQL query, cached per text; sparql.SparqlParseError."""
   parsed = sparql_lib.parse_sparql(query)
   answer = _answer_variable(parsed.prefix)
   edges = _edges(parsed)
@@ -208,13 +187,9 @@ def analyse(query: str, max_size: int = MAX_COMPOUND_SIZE) -> QueryStructure:
 
 def analyse_many(queries: Iterable[str],
                  processes: Optional[int] = None) -> dict[str, QueryStructure]:
-  """{query: `analyse(query)`} of every distinct query.
+  """{query: `analyse(query)`} of every distinct query; sparql.SparqlParseError.
 
-  `processes` defaults to one per core (at most 4) from `PARALLEL_MIN` distinct queries on (a
-  full release), else this process alone (with `analyse`'s cache).
-
-  Raises:
-    sparql.SparqlParseError: a query does not parse.
+  `processes` default: one per core (at most 4) from `PARALLEL_MIN` distinct queries on.
   """
   distinct = list(dict.fromkeys(queries))
   if processes is None:
@@ -238,24 +213,15 @@ def compounds(query: str, max_size: int = MAX_COMPOUND_SIZE) -> frozenset[str]:
 
 @dataclasses.dataclass
 class Distributions:
-  """Unnormalised atom and compound frequencies of a set of queries (`distributions`).
-
-  Attributes:
-    atoms: atom -> occurrences summed over the set.
-    compounds: compound -> number of queries that contain it.
-    n: the number of queries.
-  """
+  """Unnormalised frequencies of a query set: `atoms` summed, `compounds` per containing query,
+  `n`."""
   atoms: collections.Counter
   compounds: collections.Counter
   n: int
 
 
 def distributions(queries: Iterable[str], max_size: int = MAX_COMPOUND_SIZE) -> Distributions:
-  """Atom and compound frequencies of a set of queries (duplicates count as often as they occur).
-
-  Raises:
-    sparql.SparqlParseError: a query does not parse.
-  """
+  """`Distributions` of `queries` (duplicates count each time); sparql.SparqlParseError."""
   atom_counts, compound_counts = collections.Counter(), collections.Counter()
   per_text = collections.Counter(queries)
   analysed = analyse_many(per_text) if max_size == MAX_COMPOUND_SIZE else {}
@@ -270,19 +236,10 @@ def distributions(queries: Iterable[str], max_size: int = MAX_COMPOUND_SIZE) -> 
 
 def chernoff_coefficient(p: Union[Mapping[str, float], np.ndarray],
                          q: Union[Mapping[str, float], np.ndarray], alpha: float) -> float:
-  """Chernoff coefficient C_α(P‖Q) = Σ_k p_k^α q_k^(1−α) (Keysers et al. 2020, §2.1).
+  """Chernoff coefficient C_α(P‖Q) = Σ_k p_k^α q_k^(1−α) in [0, 1] (Keysers et al. 2020, §2.1).
 
-  Args:
-    p, q: frequencies (non-negative; normalised here): both mappings key -> count, or both arrays
-      of one shape over the same keys.
-    alpha: in [0, 1].
-
-  Returns:
-    A float in [0, 1]: 1 iff the normalised distributions are equal, 0 iff the supports are
-    disjoint (for 0 < alpha < 1).
-
-  Raises:
-    ValueError: alpha outside [0, 1], a negative count, or an empty (all-zero) distribution.
+  `p`, `q`: counts (normalised here), both mappings or both arrays over the same keys. 1 iff equal,
+  0 iff disjoint (0 < α < 1). ValueError: α outside [0, 1], a negative count, an all-zero side.
   """
   if not 0.0 <= alpha <= 1.0:
     raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
@@ -316,15 +273,8 @@ class Divergences:
 
 def compare(first: Union[Iterable[str], Distributions],
             second: Union[Iterable[str], Distributions]) -> Divergences:
-  """DBCA atom and compound divergence between two sets of queries (`first` is P, the training
-  side: compound divergence is asymmetric).
-
-  Args:
-    first, second: SPARQL queries, or their `Distributions`.
-
-  Raises:
-    ValueError: a set is empty. sparql.SparqlParseError: a query does not parse.
-  """
+  """DBCA atom and compound divergence of two query sets (or `Distributions`); `first` is P, the
+  training side (compound divergence is asymmetric). ValueError (empty), SparqlParseError."""
   first = first if isinstance(first, Distributions) else distributions(first)
   second = second if isinstance(second, Distributions) else distributions(second)
   return Divergences(
@@ -340,14 +290,10 @@ def split_queries(split: str,
                   part: str,
                   data_dir: Optional[readers.PathLike] = None,
                   language: Optional[str] = None) -> list[str]:
-  """The SPARQL queries of one split/part, whichever layout holds it (`readers.split_files`).
+  """The SPARQL queries of one split/part, whichever layout holds it (`language` only picks the
+  file).
 
-  The queries are the same in every language; `language` (default: "en" if the split has it, else
-  its first language) only picks the file. The official and release layouts are read without the
-  RIR conversion.
-
-  Raises:
-    ValueError: unknown split or part. DataNotFoundError: the part is missing.
+  Raises ValueError (unknown split or part), DataNotFoundError.
   """
   language = language or default_language(split, data_dir)
   layout, files = readers.split_files(split, part, language, data_dir)
@@ -361,11 +307,9 @@ def split_queries(split: str,
 
 
 def read_query_file(path: readers.PathLike) -> list[str]:
-  """The SPARQL queries of a file: `official/` lines (`IN: question  OUT: query`), or one query per
-  line in SPARQL or in RIR (`translations/*.sparql`, converted with `mcwq_t5x.data.rir`).
+  """The SPARQL queries of `official/` lines, or of one SPARQL or RIR query per line.
 
-  Raises:
-    DataNotFoundError: no such file. DataFormatError: a line that is none of those forms.
+  Raises DataNotFoundError, DataFormatError (a line of none of those forms).
   """
   from mcwq_t5x.data import rir  # pylint: disable=g-import-not-at-top
   out = []
@@ -400,15 +344,8 @@ def default_language(split: str, data_dir: Optional[readers.PathLike] = None) ->
 def split_figures(split: str,
                   data_dir: Optional[readers.PathLike] = None,
                   language: Optional[str] = None) -> list[tuple[str, str, int, int, Divergences]]:
-  """[(part_a, part_b, size_a, size_b, Divergences)] for every two parts the split has
-  (train/dev, train/test, dev/test; part_a is the training side P); [] for fewer than two.
-
-  `language` picks the files read (the queries are the same in every language; default "en").
-
-  Raises:
-    ValueError: unknown split; malformed data (`readers.DataFormatError`, a query that does not
-      parse).
-  """
+  """[(part_a, part_b, size_a, size_b, Divergences)] for every two parts of the split (part_a is P);
+  [] for fewer than two. ValueError: unknown split, malformed data."""
   language = language or default_language(split, data_dir)
   parts = readers.available_parts(split, language, data_dir)
   queries = {p: split_queries(split, p, data_dir, language) for p in parts}

@@ -1,28 +1,13 @@
 """Packing of encoder-decoder examples into fixed-length rows, on numpy arrays.
 
-SeqIO packs (`seqio.utils.trim_and_pack_dataset`, used by `EncDecFeatureConverter(pack=True)`)
-greedily in stream order: an example joins the current row if it fits, otherwise the row is
-closed. On MCWQ (inputs of 15 tokens and targets of 47 on average, English random-split dev set,
-our 2,000-piece vocabulary) rows of 64/128 tokens then hold 2.1 examples, where the targets alone
-leave room for 2.7: a third of each training step is padding.
-
-`pack()` takes the UNPACKED feature-converter arrays (`EncDecFeatureConverter(pack=False)`:
-`encoder_input_tokens`, `decoder_target_tokens`, `decoder_input_tokens`, `decoder_loss_weights`,
-each [N, length], padding 0) and returns packed rows with exactly the features and conventions of
-SeqIO's packed converter output (`encoder_segment_ids`/`decoder_segment_ids` 1, 2, ... per example
-and 0 on padding; `*_positions` restarting at 0 for every example; `decoder_input_tokens` shifted
-right within each example, 0 at each example's start; `decoder_loss_weights` 1 on every target
-token). Two placements:
-
-* `"greedy"`: SeqIO's own rule (stream order, close the row when the next example does not fit;
-  every window of max(input_length, target_length) examples is packed on its own). It gives
-  SeqIO's rows exactly (tested against `EncDecFeatureConverter(pack=True)`).
-* `"first_fit"` (default): first-fit decreasing bin packing in two dimensions (Johnson, 1973):
-  examples sorted by target length, then input length, longest first (ties in source order); each
-  goes into the first open row where both its input and its target fit. Deterministic.
-
-Rows are training rows: their order carries no meaning (the trainer shuffles them every epoch).
-No TensorFlow here.
+`pack()` takes the UNPACKED `EncDecFeatureConverter(pack=False)` arrays and returns rows with
+exactly the features and conventions of SeqIO's packed converter (segment ids 1, 2, ... and 0 on
+padding, positions restarting per example, `decoder_input_tokens` shifted within each example).
+"greedy" is SeqIO's stream-order rule and gives its rows exactly; "first_fit" (default) is
+first-fit decreasing bin packing in two dimensions (Johnson, 1973), deterministic. On MCWQ
+(English random-split dev, 2,000-piece vocabulary) greedy 64/128-token rows hold 2.1 examples
+where the targets leave room for 2.7: a third of each step padding. Rows are training rows, their
+order meaningless (the trainer shuffles them). No TensorFlow.
 """
 from __future__ import annotations
 
@@ -36,14 +21,7 @@ UNPACKED_FEATURES = ("encoder_input_tokens", "decoder_target_tokens", "decoder_i
 
 
 def sequence_lengths(tokens: np.ndarray) -> np.ndarray:
-  """Lengths of right-padded rows: index of the last non-zero token + 1 (0 for an empty row).
-
-  Args:
-    tokens: int [N, L] token ids, padding 0.
-
-  Returns:
-    int64 [N].
-  """
+  """int64 [N]: last non-zero token's index + 1 of right-padded int `tokens` [N, L] (0 if empty)."""
   nonzero = tokens != 0
   last = tokens.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
   return np.where(nonzero.any(axis=1), last, 0).astype(np.int64)
@@ -54,20 +32,10 @@ def assign_rows(input_lengths: np.ndarray,
                 input_capacity: int,
                 target_capacity: int,
                 method: str = "first_fit") -> list[list[int]]:
-  """Places examples into rows of `input_capacity`/`target_capacity` tokens.
+  """Lists of example indices (source order within a row) placing int [N] `input_lengths` /
+  `target_lengths` (EOS included) into rows of `input_capacity` / `target_capacity` tokens.
 
-  Args:
-    input_lengths / target_lengths: int [N], tokens of each example (EOS included), each at most
-      its capacity.
-    input_capacity / target_capacity: tokens per packed row.
-    method: "first_fit" (first-fit decreasing) or "greedy" (SeqIO's stream-order rule, in windows
-      of max(input_capacity, target_capacity) examples).
-
-  Returns:
-    rows: lists of example indices; within a row, examples keep their source order.
-
-  Raises:
-    ValueError: unknown method, or an example longer than the row.
+  `method`: "first_fit" or "greedy". ValueError: unknown method, an example longer than the row.
   """
   if method not in METHODS:
     raise ValueError(f"unknown packing method {method!r}; expected one of {METHODS}")
@@ -92,6 +60,7 @@ def assign_rows(input_lengths: np.ndarray,
       used_t += int(lt[k])
     return rows
   order = np.lexsort((np.arange(len(li)), -li, -lt))  # longest target first, then input, then index
+  # First fit: each example into the first open row where both its input and target fit.
   free_i = np.empty(len(li), np.int64)  # room left in each row opened so far
   free_t = np.empty(len(li), np.int64)
   n_rows = 0
@@ -114,23 +83,12 @@ def pack(arrays: Mapping[str, np.ndarray],
          input_length: int,
          target_length: int,
          method: str = "first_fit") -> dict[str, np.ndarray]:
-  """Packs unpacked encoder-decoder feature arrays into rows (see the module docstring).
+  """SeqIO's packed `EncDecFeatureConverter` features, int32 [rows, input_length] or [rows,
+  target_length], of unpacked `arrays` [N, Li] / [N, Lt] (`UNPACKED_FEATURES`; others dropped).
 
-  Args:
-    arrays: `EncDecFeatureConverter(pack=False)` features, int [N, Li] / [N, Lt] with Li <=
-      input_length and Lt <= target_length (`UNPACKED_FEATURES`; others are dropped).
-    input_length / target_length: tokens per packed row (the task feature lengths).
-    method: "first_fit" or "greedy" (`assign_rows`).
-
-  Returns:
-    SeqIO's packed `EncDecFeatureConverter` features, int32 [rows, input_length] or
-    [rows, target_length]: encoder_input_tokens, encoder_segment_ids, encoder_positions,
-    decoder_target_tokens, decoder_input_tokens, decoder_loss_weights, decoder_segment_ids,
-    decoder_positions.
-
-  Raises:
-    KeyError: a feature of `UNPACKED_FEATURES` is missing.
-    ValueError: unknown method; an example longer than a row.
+  Features: encoder_input_tokens, encoder_segment_ids, encoder_positions, decoder_target_tokens,
+  decoder_input_tokens, decoder_loss_weights, decoder_segment_ids, decoder_positions. Raises
+  KeyError (a feature missing), ValueError (unknown method; an example longer than a row).
   """
   missing = [k for k in UNPACKED_FEATURES if k not in arrays]
   if missing:

@@ -25,14 +25,8 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def fetch_command(out_dir: Optional[PathLike] = None) -> str:
-  """The shell command that downloads the public MCWQ files into `out_dir`.
-
-  Args:
-    out_dir: target directory; defaults to `$MCWQ_DATA_DIR` or the default data directory.
-
-  Returns:
-    e.g. `python scripts/download_mcwq.py --out /data/mcwq` (run from the repository root).
-  """
+  """`python scripts/download_mcwq.py --out DIR` (from the repository root) filling `out_dir`
+  (default `$MCWQ_DATA_DIR` or the default data directory)."""
   if out_dir is None:
     out_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
   return f"python scripts/download_mcwq.py --out {out_dir}"
@@ -41,16 +35,8 @@ def fetch_command(out_dir: Optional[PathLike] = None) -> str:
 def not_found(path: PathLike,
               what: str = "MCWQ data",
               out_dir: Optional[PathLike] = None) -> DataNotFoundError:
-  """Builds the DataNotFoundError for a missing `path` (expected path + fetch command).
-
-  Args:
-    path: the file or directory that was expected.
-    what: a short description of what is missing.
-    out_dir: the data directory the fetch command should fill.
-
-  Returns:
-    A DataNotFoundError (the caller raises it).
-  """
+  """The DataNotFoundError (to raise) naming the missing `path`, `what` it is and the fetch
+  command."""
   if out_dir is not None and pathlib.Path(out_dir).is_dir():
     # A copy exists but lacks this part (the shared copy has dev and test files only): do not
     # suggest writing into it.
@@ -66,11 +52,9 @@ def not_found(path: PathLike,
 
 
 def data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathlib.Path:
-  """The MCWQ data directory, absolute with `~` expanded: `path`, `$MCWQ_DATA_DIR` or the default.
+  """The absolute MCWQ data directory: `path`, `$MCWQ_DATA_DIR` or the default.
 
-  Raises:
-    DataNotFoundError: `must_exist` and the directory does not exist; the message names the
-      path and the command that fetches the data.
+  DataNotFoundError (naming the path and the fetch command) when `must_exist` and it does not.
   """
   if path is None or str(path) == "":
     path = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
@@ -81,14 +65,7 @@ def data_dir(path: Optional[PathLike] = None, must_exist: bool = True) -> pathli
 
 
 def cache_dir(create: bool = True) -> pathlib.Path:
-  """Returns the cache directory: `$MCWQ_CACHE_DIR`, else `~/.cache/mcwq_t5x`.
-
-  Args:
-    create: create the directory (and parents) if it does not exist.
-
-  Returns:
-    The absolute cache directory.
-  """
+  """The absolute cache directory `$MCWQ_CACHE_DIR`, else `~/.cache/mcwq_t5x` (made if `create`)."""
   path = pathlib.Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR).expanduser().absolute()
   if create:
     path.mkdir(parents=True, exist_ok=True)

@@ -26,21 +26,10 @@ from mcwq_t5x.data import packing
 class DatasetConfig:
   """Which data to read and how to batch it (T5X `utils.DatasetConfig` names).
 
-  Attributes:
-    mixture_or_task_name: a registered SeqIO task or mixture, e.g. "mcwq_mcd1_en".
-    task_feature_lengths: {"inputs": int, "targets": int} (tokens, EOS included); None (decoding
-      evaluation) = each split's longest example.
-    split: "train", "validation" or "test".
-    batch_size: GLOBAL batch size (all processes together).
-    shuffle: shuffle each epoch (training) or keep source order (evaluation).
-    seed: data seed (None = 0).
-    use_cached: read a SeqIO cache instead of preprocessing (T5X's USE_CACHED_TASKS).
-    pack: pack several examples per row (training only; `mcwq_t5x.data.packing`).
-    packing_method: how rows are filled when packing: "first_fit" (first-fit decreasing, more
-      examples per row than SeqIO's rule on MCWQ) or "greedy" (SeqIO's stream-order rule, the
-      rows `seqio.EncDecFeatureConverter(pack=True)` gives).
-    module: module imported to register the tasks (T5X's MIXTURE_OR_TASK_MODULE, e.g.
-      "tasks.mcwq"); None when a gin file imports it.
+  `task_feature_lengths` {"inputs", "targets"} (tokens, EOS included; None: each split's longest);
+  `batch_size` is GLOBAL; `seed` None = 0; `use_cached`: T5X's USE_CACHED_TASKS; `pack` (training
+  only, `data.packing`) with `packing_method` "first_fit" (more examples per row on MCWQ) or
+  "greedy" (SeqIO's rows); `module`: T5X's MIXTURE_OR_TASK_MODULE ("tasks.mcwq") or None.
   """
   mixture_or_task_name: str
   task_feature_lengths: Optional[Mapping[str, int]]
@@ -55,11 +44,8 @@ class DatasetConfig:
 
 
 def import_task_module(module: Optional[str]) -> None:
-  """Imports the module that registers the SeqIO tasks (T5X `utils.import_module`); None = none.
-
-  Raises:
-    ModuleNotFoundError: naming the module and the setting (MIXTURE_OR_TASK_MODULE).
-  """
+  """Imports the task-registering module (T5X `utils.import_module`); ModuleNotFoundError names
+  it."""
   if not module:
     return
   try:
@@ -70,11 +56,8 @@ def import_task_module(module: Optional[str]) -> None:
 
 
 def get_mixture_or_task(name: str, module: Optional[str] = None):
-  """Returns the registered SeqIO task or mixture `name`, importing `module` first.
-
-  Raises:
-    ValueError: naming the unknown task and the closest registered names.
-  """
+  """The registered SeqIO task or mixture `name` (`module` imported first); ValueError names the
+  closest registered names."""
   import seqio  # pylint: disable=g-import-not-at-top
   import_task_module(module)
   try:
@@ -94,14 +77,8 @@ def output_vocabulary(name: str, module: Optional[str] = None):
 
 
 def check_vocab_size(vocabulary: Any, model_vocab_size: int, where: str = "") -> None:
-  """Checks the model's embedding size fits the SentencePiece vocabulary.
-
-  Accepted: equal sizes, or the model size being the vocabulary size rounded up to a multiple of
-  128 (mT5: 250100 pieces, `vocab_size=250112` in the model, as in T5X).
-
-  Raises:
-    ValueError: naming both sizes and where they come from.
-  """
+  """ValueError (naming both sizes and their sources) unless the model's embedding size equals the
+  vocabulary's, or is it rounded up to a multiple of 128 (mT5: 250100 -> 250112, as T5X)."""
   n = int(vocabulary.vocab_size)
   padded = -(-n // 128) * 128
   if model_vocab_size not in (n, padded):
@@ -116,11 +93,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def without_autograph(fn: _F) -> _F:
-  """Decorator: `fn` traces its tf.data functions with AutoGraph off (`do_not_convert`).
-
-  The datasets are the same (MCWQ's preprocessors have no Python control flow on tensors); a
-  preprocessor that needs AutoGraph makes `fn` run again with it, as SeqIO runs it.
-  """
+  """Decorator: `fn` traces its tf.data functions with AutoGraph off (`do_not_convert`)."""
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -128,6 +101,8 @@ def without_autograph(fn: _F) -> _F:
     try:
       # why: AutoGraph's AST rewrite of every mapped function costs seconds of CPU per process.
       return tf.autograph.experimental.do_not_convert(fn)(*args, **kwargs)
+    # The same datasets (MCWQ's preprocessors have no Python control flow on tensors); one that
+    # needs AutoGraph runs again with it, as SeqIO runs it.
     except tf.errors.OperatorNotAllowedInGraphError as e:  # a Python if/for over a tensor
       logging.info("%s: a preprocessor needs AutoGraph (%s); building its datasets with AutoGraph",
                    fn.__qualname__,
@@ -142,22 +117,11 @@ def load_feature_arrays(cfg: DatasetConfig,
                         shard_index: int = 0,
                         num_shards: int = 1,
                         num_examples: Optional[int] = None) -> dict[str, np.ndarray]:
-  """Reads one process's shard of `cfg`'s split, feature-converted, as numpy arrays.
+  """feature -> int32 [N, length] (`seqio.EncDecFeatureConverter`'s, plus segment/position features
+  when packed) of one process's shard of `cfg`'s split.
 
-  Args:
-    cfg: the dataset config (`pack` selects packing, by `packing.pack` with `packing_method`, after
-      the unpacked feature conversion; `shuffle` is applied later by the iterator).
-    shard_index / num_shards: this process's data shard (`jax.process_index()/process_count()`).
-    num_examples: keep only the first N examples (source order, before packing; None = all).
-
-  Returns:
-    feature -> int32 array [N, length] with the `seqio.EncDecFeatureConverter` features
-    (encoder_input_tokens, decoder_input_tokens, decoder_target_tokens, decoder_loss_weights, and the
-    segment/position features when packed).
-
-  Raises:
-    ValueError: unknown task, or a split without any example.
-    mcwq_t5x.data.paths.DataNotFoundError: when the data folder is missing.
+  `num_examples`: the first N (source order, before packing); `shuffle` is the iterator's.
+  Raises ValueError (unknown task, an empty split), paths.DataNotFoundError.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
@@ -193,17 +157,9 @@ def count_truncated(cfg: DatasetConfig,
                     shard_index: int = 0,
                     num_shards: int = 1,
                     num_examples: Optional[int] = None) -> dict[str, dict[str, int]]:
-  """How many examples of `cfg`'s split `cfg.task_feature_lengths` cuts short.
-
-  Reads the split once more without a length limit (the task's preprocessing, EOS included).
-
-  Returns:
-    feature ("inputs", "targets") -> {"truncated", "examples", "longest", "length"}; {} when
-    `task_feature_lengths` is None (nothing is truncated).
-
-  Raises:
-    ValueError: unknown task.
-  """
+  """feature -> {"truncated", "examples", "longest", "length"} of the examples
+  `cfg.task_feature_lengths` cuts short ({} when None), reading the split once more unbounded;
+  ValueError for an unknown task."""
   if not cfg.task_feature_lengths:
     return {}
   import seqio  # pylint: disable=g-import-not-at-top
@@ -263,12 +219,7 @@ def warn_truncated(cfg: DatasetConfig, counts: Mapping[str, Mapping[str, int]]) 
 
 
 def dataset_to_arrays(batches: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-  """Concatenates batches of feature dicts (e.g. `tf.data` `as_numpy_iterator()` of a batched
-  dataset) into one int32 array per feature: feature -> [N, ...]; {} when there is no batch.
-
-  Entries that are (index, features) tuples, as seqio's evaluator yields, are not accepted here;
-  see `mcwq_t5x.evaluation.prediction`.
-  """
+  """feature -> int32 [N, ...] concatenated from batches of feature dicts ({} without a batch)."""
   chunks: dict[str, list[np.ndarray]] = {}
   for batch in batches:
     for k, v in batch.items():
@@ -277,24 +228,11 @@ def dataset_to_arrays(batches: Iterable[Mapping[str, Any]]) -> dict[str, np.ndar
 
 
 class DeterministicBatches:
-  """Endless shuffled batches where batch `s` depends only on (seed, s).
+  """Endless batches where batch `s` depends only on (seed, s): a resume needs only `s`.
 
-  The example stream is epoch 0's permutation, then epoch 1's, ...; permutation `e` is drawn from
-  `np.random.default_rng([seed, e])`.  Batch `s` is stream items `[s*B, (s+1)*B)`.  Resuming at step
-  `s` therefore needs nothing but `s` (stored in the checkpoint).
-
-  Multi-process runs: every process holds the same `arrays` (the whole split) and the same
-  global `batch_size`, and gathers only its rows of each batch (`batch(step, rows)` with
-  `Partitioner.local_batch_rows`), so the global batch is the one a single process would read.
-
-  Args:
-    arrays: feature -> [N, ...] numpy arrays.
-    batch_size: rows per (global) batch.
-    seed: data seed.
-    shuffle: False = source order (epochs repeat in the same order).
-
-  Raises:
-    ValueError: no rows, or `batch_size` < 1.
+  Batch `s` is items [s*B, (s+1)*B) of epoch 0's permutation, then epoch 1's, ...
+  (`np.random.default_rng([seed, e])`; `shuffle` False: source order). `arrays`: feature -> [N,
+  ...]. ValueError: no rows, or `batch_size` < 1.
   """
 
   def __init__(self,
@@ -332,6 +270,8 @@ class DeterministicBatches:
     """Batch `step`: feature -> [batch_size, ...], or only its `rows` (e.g. `slice(8, 16)`, this
     process's share: feature -> [len(rows), ...]; only those rows are gathered)."""
     idx = self.indices(step)
+    # Multi-process: every process holds the whole split and gathers its rows, so the global batch
+    # is a single process's.
     if rows is not None:
       idx = idx[rows]
     return {k: v[idx] for k, v in self.arrays.items()}

@@ -47,10 +47,8 @@ NORMALIZATION_FORM = "NFC"
 
 
 def normalize_question(text: str) -> str:
-  """The one normalisation of questions: leading BOM (U+FEFF) dropped, Unicode NFC, stripped.
-
-  Returns "" for empty or whitespace-only text.
-  """
+  """The one normalisation of questions: leading BOM dropped, Unicode NFC, stripped ("" if
+  blank)."""
   text = text.lstrip(BOM)
   # why NFC: canonically equivalent spellings (a Kannada question typed in NFD) become the same
   # tokens; not NFKC, which would rewrite every Chinese question's full-width punctuation (the
@@ -72,20 +70,12 @@ class DataFormatError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-  """One MCWQ example.
+  """One MCWQ example (field names as dataset.json's).
 
-  Attributes:
-    question: the question with entity placeholders M0..M9, normalised by `normalize_question`
-      (NFC, no BOM, whitespace-stripped) when the Example is created.
-    sparql: the SPARQL query with placeholders (MCWQ formatting), or None when the source
-      only has the RIR form.
-    rir: the query in the reversible intermediate representation (see `mcwq_t5x.data.rir`), or
-      None when not computed.
-    language: "en", "he", "kn", "zh", or a release's own language code (e.g. "fr").
-    recursionDepth: CFQ complexity measure, when the source has it (dataset.json).
-    expectedResponse: the answer recorded in dataset.json, when present.
-    source: the file the example was read from.
-    line: 1-based line number in `source` (for dataset.json: 1-based record number).
+  `question` with placeholders M0..M9, normalised on creation; `sparql` (MCWQ formatting) or None
+  when the source has only RIR; `rir` or None; `language` ("en", "he", "kn", "zh" or a release's
+  own); `recursionDepth` and `expectedResponse` where dataset.json has them; `source` and 1-based
+  `line` (dataset.json: record number).
   """
   question: str
   sparql: Optional[str]
@@ -108,12 +98,8 @@ class Example:
 def decode_lines(data: bytes, source: PathLike, strict: bool = True) -> list[str]:
   """The lines of a UTF-8 line file's bytes, without terminators; "\\n" alone ends a line.
 
-  A final line without newline counts, a trailing newline adds none, "\\r" before "\\n" and a
-  leading BOM are dropped. `source` (a path or "<stdin>") names the input in errors; with
-  `strict=False` (predictions) undecodable bytes become U+FFFD, to be scored as wrong.
-
-  Raises:
-    DataFormatError: (strict) not valid UTF-8 (`SOURCE:LINE` of the first bad byte).
+  A final line without newline counts; "\\r" before "\\n" and a leading BOM go. `strict=False`
+  (predictions): undecodable bytes become U+FFFD. DataFormatError (`SOURCE:LINE`) when strict.
   """
   try:
     text = data.decode("utf-8", errors="strict" if strict else "replace")
@@ -132,12 +118,8 @@ def decode_lines(data: bytes, source: PathLike, strict: bool = True) -> list[str
 
 
 def read_lines(path: PathLike, strict: bool = True) -> list[str]:
-  """The lines of a UTF-8 text file (`decode_lines`; `strict` as there).
-
-  Raises:
-    DataNotFoundError: the file does not exist (message names it and the fetch command).
-    DataFormatError: (strict) the file is not valid UTF-8 (`FILE:LINE` of the first bad byte).
-  """
+  """The lines of a UTF-8 text file (`decode_lines`); DataNotFoundError (naming the fetch command),
+  DataFormatError (`FILE:LINE`, when strict)."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise paths.not_found(path, "MCWQ file")
@@ -145,11 +127,10 @@ def read_lines(path: PathLike, strict: bool = True) -> list[str]:
 
 
 def split_official_line(line: str) -> Optional[tuple[str, str]]:
-  """`IN: <question>  OUT: <SPARQL>` -> (question stripped, SPARQL whitespace-collapsed).
-
-  Either side may be empty; None when the line has no leading `IN:` or no `OUT:`. The question
-  ends at the first whitespace-preceded `OUT:` (a few he/kn questions end in a space).
-  """
+  """`IN: <question>  OUT: <SPARQL>` -> (question stripped, SPARQL whitespace-collapsed), or
+  None."""
+  # The question ends at the first whitespace-preceded `OUT:` (a few he/kn questions end in a
+  # space); either side may be empty.
   m = _OFFICIAL_RE.match(line)
   if m is None:
     return None
@@ -157,15 +138,12 @@ def split_official_line(line: str) -> Optional[tuple[str, str]]:
 
 
 def _language_from_name(path: PathLike) -> str:
-  """`.../dev.he.txt` -> "he", `.../dev.fr.txt` -> "fr"; "" when the name has no language code.
-
-  A published code anywhere before the extension wins; else the component before the extension
-  if it looks like a code (`LANGUAGE_CODE_RE`).
-  """
+  """`.../dev.he.txt` -> "he", `.../dev.fr.txt` -> "fr"; "" when the name has no language code."""
   parts = pathlib.Path(path).name.split(".")
   for p in reversed(parts[:-1]):
     if p in LANGUAGES:
       return p
+  # A published code anywhere before the extension wins; else the component before it, if code-like.
   if len(parts) >= 3 and LANGUAGE_CODE_RE.match(parts[-2]):
     return parts[-2]
   return ""
@@ -218,12 +196,9 @@ def _rir_to_sparql(rir_text: str, path: PathLike, line: int) -> str:
 
 
 def format_official_line(question: str, sparql: str) -> str:
-  """The `official/` line `IN: <question>  OUT: <SPARQL>` (without newline) of one example.
-
-  The inverse of `split_official_line`. Whitespace runs on each side, newlines included (the
-  queries of CFQ-style `dataset.json` records span several lines), become single spaces, so the
-  example stays on one line. (An empty side is written as is; `read_official` rejects it.)
-  """
+  """The `official/` line `IN: <question>  OUT: <SPARQL>` of one example (no newline), whitespace
+  runs (newlines of CFQ-style records too) as single spaces; the inverse of
+  `split_official_line`."""
   return f"IN: {' '.join(question.split())}  OUT: {' '.join(sparql.split())}"
 
 
@@ -262,14 +237,10 @@ def _read_official(path: PathLike, language: str, with_rir: bool) -> tuple[Examp
 def read_official(path: PathLike,
                   language: Optional[str] = None,
                   with_rir: bool = False) -> list[Example]:
-  """One Example per line of an `official/{split}/{part}.{lang}.txt` file.
+  """One Example per line of `official/{split}/{part}.{lang}.txt` (`language` from the name).
 
-  `language` defaults to the file name's (`dev.he.txt` -> "he"); `with_rir` fills `rir`.
-
-  Raises:
-    DataNotFoundError: the file does not exist.
-    DataFormatError: a line lacks `IN:` or `OUT:`, has an empty side, or (with_rir) a query
-      that cannot be converted to RIR.
+  Raises DataNotFoundError, DataFormatError (no `IN:`/`OUT:`, an empty side, or with `with_rir` a
+  query that does not convert to RIR).
   """
   language = language if language is not None else _language_from_name(path)
   return list(_read_official(str(path), language, with_rir))
@@ -301,12 +272,7 @@ def _read_rir_pair(question_path: PathLike, sparql_path: PathLike, language: str
 def _rir_example(question: str, rir: str, language: str, with_sparql: bool,
                  question_where: tuple[PathLike, int, str], rir_where: tuple[PathLike, int, str],
                  source: PathLike, line: int) -> Example:
-  """One Example from a question and its RIR query (whitespace normalised).
-
-  Raises:
-    DataFormatError: an empty question or query (at `question_where` / `rir_where`: file, line,
-      message), or (with_sparql) a malformed RIR query.
-  """
+  """One Example of a question and its RIR; DataFormatError (file, line) if empty or malformed."""
   q, r = question.strip(), " ".join(rir.split())
   if not q:
     raise DataFormatError(*question_where)
@@ -325,14 +291,10 @@ def read_rir_pair(question_path: PathLike,
                   sparql_path: PathLike,
                   language: Optional[str] = None,
                   with_sparql: bool = False) -> list[Example]:
-  """One Example per line of parallel question (`*.txt`) and RIR query (`*.sparql`) files.
+  """One Example per line of parallel question (`*.txt`) and RIR (`*.sparql`) files.
 
-  `language` defaults to the question file name's; `with_sparql` fills `sparql` from the RIR.
-
-  Raises:
-    DataNotFoundError: a file does not exist.
-    DataFormatError: the files have different line counts (names the shorter file and the
-      first line it lacks), a line is empty, or (with_sparql) a malformed RIR query.
+  Raises DataNotFoundError, DataFormatError (different line counts: names the shorter file and
+  its first missing line; an empty line; with `with_sparql` malformed RIR).
   """
   language = language if language is not None else _language_from_name(question_path)
   return list(_read_rir_pair(str(question_path), str(sparql_path), language, with_sparql))
@@ -371,12 +333,7 @@ def read_translation_jsonl(path: PathLike,
                            with_sparql: bool = False) -> list[Example]:
   """One Example per `{"translation": {"src": question, "tgt": RIR}}` line (blanks skipped).
 
-  `language` defaults to the file name's (`test.he.json` -> "he"); `with_sparql` as above.
-
-  Raises:
-    DataNotFoundError: the file does not exist.
-    DataFormatError: a line is not JSON, lacks `translation.src` / `translation.tgt`, or has an
-      empty one.
+  Raises DataNotFoundError, DataFormatError (not JSON; `translation.src`/`tgt` missing or empty).
   """
   language = language if language is not None else _language_from_name(path)
   return list(_read_translation_jsonl(str(path), language, with_sparql))
@@ -403,10 +360,7 @@ def _load_json_file(path: pathlib.Path) -> Any:
 
 
 def _array_element_line(path: PathLike, key: Optional[str], index: int) -> int:
-  """1-based line of element `index` of the JSON array (under `key`, or the top-level array).
-
-  Used only to point error messages at the right line; returns 1 when it cannot tell.
-  """
+  """1-based line of element `index` of the JSON array (under `key`), for messages; 1 if unknown."""
   text = pathlib.Path(path).read_text(encoding="utf-8")
   pos = 0
   if key is not None:
@@ -437,16 +391,12 @@ def read_release(data_dir: PathLike,
                  part: str,
                  language: str,
                  with_rir: bool = True) -> list[Example]:
-  """The records of `dataset.json` that `splits/{split}.json`'s CFQ-style `trainIdxs` /
-  `devIdxs` / `testIdxs` list, in that order; `line` is the 1-based record number.
+  """The `dataset.json` records `splits/{split}.json`'s `trainIdxs`/`devIdxs`/`testIdxs` list, in
+  order.
 
-  Question: `questionPatternModEntities[_{lang}]`; query: `sparqlPatternModEntities` with
-  whitespace collapsed (the `official/` formatting); `recursionDepth`, `expectedResponse` kept.
-
-  Raises:
-    DataNotFoundError: `dataset.json` or the split file is missing.
-    DataFormatError: bad JSON, a bad index list or index (`SPLIT_FILE:LINE`), a record without
-      the question or query field (`dataset.json:LINE`).
+  Question `questionPatternModEntities[_{lang}]`, query `sparqlPatternModEntities` (whitespace
+  collapsed). Raises DataNotFoundError, DataFormatError (`SPLIT_FILE:LINE` for bad JSON or
+  indices, `dataset.json:LINE` for a record without the fields).
   """
   if part not in PARTS:
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
@@ -507,19 +457,11 @@ def _read_release(dataset_path: str, split_path: str, part: str, language: str,
 
 @dataclasses.dataclass(frozen=True)
 class Contents:
-  """The splits and languages of an MCWQ data directory (`discover`).
+  """The splits and languages of an MCWQ data directory (`discover`), published ones first.
 
-  Attributes:
-    splits: the published `SPLITS`, then every other split the directory has, sorted.
-    languages: the published `LANGUAGES`, then every other language of its files, sorted.
-    gold_languages: the published `GOLD_LANGUAGES`, then any other `translations/gold/` language.
-    split_languages: {split: languages with a file of that split (published order, then sorted)}
-      for the splits that have `official/` or `translations/` files; a split known only from
-      `splits/{split}.json` (the full release) is absent (its languages are in dataset.json,
-      which is not read).
-    ignored: (path, reason) of the names that look like data but are not usable as split or
-      language names (e.g. `dev.zh-CN.txt`: task names take letters only).
-    data_dir: the directory listed, or None when it does not exist.
+  `split_languages`: {split: languages with a file of it} for splits with `official/` or
+  `translations/` files (not those known only from `splits/{split}.json`); `ignored`: (path,
+  reason) of data-like names unusable as task names (`dev.zh-CN.txt`); `data_dir` or None.
   """
   splits: tuple[str, ...]
   languages: tuple[str, ...]
@@ -548,21 +490,12 @@ def _data_file_language(name: str, parts: Sequence[str]) -> Optional[str]:
 
 
 def discover(data_dir: Optional[PathLike] = None) -> Contents:
-  """Lists the splits and languages an MCWQ data directory holds (no file is read).
+  """The `Contents` of an MCWQ directory (default `paths.data_dir()`) from its listings, no file
+  read.
 
-  Looked at: `official/{split}/{part}.{lang}.txt`, `translations/{split}/{part}.{lang}.{txt,
-  sparql,json}`, `translations/gold/test.{lang}.*` (gold languages) and `splits/{split}.json`
-  (a full release or a `preprocessing.migrate` output; `dataset.json`'s language fields are not
-  read: `preprocessing.translate` writes `official/` files for every part it completes). The
-  published splits and languages are always included, so the published layout, a partial copy
-  or a missing directory all give at least those.
-
-  Args:
-    data_dir: the MCWQ directory; default `paths.data_dir()` (`$MCWQ_DATA_DIR`, else
-      `../shared/mcwq`).
-
-  Returns:
-    A `Contents` (published names first, in their order, then the others sorted).
+  Looks at `official/{split}/{part}.{lang}.txt`, `translations/{split}/{part}.{lang}.*`,
+  `translations/gold/test.{lang}.*` and `splits/{split}.json`. The published splits and languages
+  are always included, so a partial copy or a missing directory gives at least those.
   """
   root = paths.data_dir(data_dir, must_exist=False)
   found_splits: set[str] = set()
@@ -657,20 +590,11 @@ def split_files(split: str,
                 part: str,
                 language: str,
                 data_dir: Optional[PathLike] = None) -> tuple[str, tuple[pathlib.Path, ...]]:
-  """Finds the files that hold one split/part/language, whichever layout exists.
+  """(layout, files) of one split/part/language, preferring `official` (`official/...txt`), then
+  `translations` (`.txt` + `.sparql`), `jsonl` (`.json`), `release` (`dataset.json` + `splits/`).
 
-  Layouts, in order of preference:
-
-  1. `official`: `official/{split}/{part}.{lang}.txt`;
-  2. `translations`: `translations/{split}/{part}.{lang}.txt` + `.sparql` (RIR);
-  3. `jsonl`: `translations/{split}/{part}.{lang}.json` (JSON lines, RIR targets);
-  4. `release`: `dataset.json` + `splits/{split}.json`.
-
-  Returns (layout name, files); "gold" (test, he/kn/zh) is "translations" or "jsonl".
-
-  Raises:
-    ValueError: unknown split/part/language.
-    DataNotFoundError: no layout has the data (names the official path and the fetch command).
+  Raises ValueError (unknown split/part/language), DataNotFoundError (names the official path
+  and the fetch command).
   """
   _check_args(split, part, language, data_dir)
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
@@ -706,16 +630,10 @@ def read_split(split: str,
                part: str,
                language: str,
                data_dir: Optional[PathLike] = None) -> list[Example]:
-  """One split/part/language of MCWQ from whichever layout exists, `question`, `sparql` and
-  `rir` all filled, in file order (a fresh list of cached Examples).
+  """One split/part/language from whichever layout exists, `question`, `sparql`, `rir` filled, file
+  order (a fresh list of cached Examples); `split` "gold" is the human-translated test set.
 
-  `split` may be "gold" (the human-translated test set: part "test", he/kn/zh) or any split the
-  data directory has; `data_dir` defaults to `paths.data_dir()`.
-
-  Raises:
-    ValueError: unknown split, part or language.
-    DataNotFoundError: the data is missing (message names the path and the fetch command).
-    DataFormatError: malformed input (message `FILE:LINE: problem`).
+  Raises ValueError (unknown names), DataNotFoundError, DataFormatError (`FILE:LINE: problem`).
   """
   layout, files = split_files(split, part, language, data_dir)
   if layout == "official":
@@ -743,12 +661,7 @@ def available_parts(split: str,
 
 def iter_all(data_dir: Optional[PathLike] = None,
              parts: Sequence[str] = PARTS) -> Iterator[tuple[str, str, str, list[Example]]]:
-  """Yields (split, part, language, examples) for every available split/part/language.
-
-  Splits are those of `discover(data_dir)` (the published ones first, in their order, then the
-  data directory's others, sorted), each with the languages it has files in
-  (`Contents.languages_of`).
-  """
+  """Yields (split, part, language, examples) for every split of `discover` and its languages."""
   contents = discover(data_dir)
   for split in contents.splits:
     for part in parts:

@@ -1,31 +1,14 @@
-"""The reversible intermediate representation (RIR) of MCWQ queries.
+"""The reversible intermediate representation (RIR) of MCWQ queries (`python -m mcwq_t5x.rir`).
 
 Herzig et al. (2021), "Unlocking Compositional Generalization in Pre-trained Models Using
-Intermediate Representations", make SPARQL easier for seq2seq models by (1) replacing the braces with
-the words `lb` and `rb` and (2) merging triples: all triples of one subject whose predicates share
-the same object list become one group `( S ( r1 , r2 ) ( o1 , o2 ) )`, which stands for every triple
-`S ri oj`. Filters stay as `( FILTER ( a != b ) )`. MCWQ (Cui et al., TACL 2022, §5) trains and scores
-its models on this form; the published targets are `translations/mcd1/*.sparql` of the MCWQ release.
+Intermediate Representations": braces become the words `lb` and `rb`, and all triples of one
+subject whose predicates share an object list become one group `( S ( r1 , r2 ) ( o1 , o2 ) )`,
+standing for every triple `S ri oj`; filters stay `( FILTER ( a != b ) )`. MCWQ (Cui et al., TACL
+2022, §5) trains and scores on this form. The grouping reproduces the published
+`translations/{split}/{part}.{lang}.sparql` byte for byte (all 188,672 dev/test lines):
 
-Grouping, as reproduced byte for byte on the published files (all 188,672 dev/test lines of the
-four splits, `translations/{split}/{part}.{lang}.sparql` of the MCWQ release):
-  * units (subject groups and filters) appear in the order of their first clause in the query;
-  * a repeated filter is written once, but a repeated triple is not: inside a subject, each
-    predicate collects its objects in order of appearance, repetitions included, so
-    `M2 wdt:P108 M1 . M2 wdt:P108 M1` gives `( M2 ( wdt:P108 ) ( M1 , M1 ) )` (random_split/test,
-    line 388: `( M2 ( wdt:P108 ) ( M1 , M1 ) ) . ( M3 ( wdt:P108 ) ( M1 ) )`);
-  * predicates with the same object list, compared as multisets (order ignored, repetitions
-    counted), are merged, in order of first appearance, and the group lists the objects in the
-    order of its first predicate. Expanding a group therefore gives back exactly the triples of its
-    predicates, repetitions included. (The release never merges two predicates of which one has a
-    repeated object, so counting repetitions there is our choice: the one that keeps
-    `rir_to_clauses` the exact inverse on triples.)
-
-Example:
   ASK WHERE { M0 wdt:P57 ?x0 . M0 wdt:P58 ?x0 . ?x0 wdt:P27 wd:Q30 . FILTER ( ?x0 != M1 ) }
   ASK WHERE lb ( M0 ( wdt:P57 , wdt:P58 ) ( ?x0 ) ) . ( ?x0 ( wdt:P27 ) ( wd:Q30 ) ) . ( FILTER ( ?x0 != M1 ) ) rb
-
-The command line is `python -m mcwq_t5x.rir`.
 """
 
 from __future__ import annotations
@@ -51,12 +34,13 @@ class RIRError(ValueError):
 
 def _subject_groups(subject: str,
                     triples: Sequence[tuple[int, sparql_lib.Triple]]) -> list[tuple[int, str]]:
-  """RIR groups of one subject's (position, triple) pairs, as (position of the group's first
-  triple, `( S ( r1 , r2 ) ( o1 , o2 ) )`); a repeated triple repeats its object (see the module
-  docstring)."""
+  """RIR groups of one subject's (position, triple) pairs: (position of the group's first triple,
+  `( S ( r1 , r2 ) ( o1 , o2 ) )`)."""
   objects_of: dict[str, list[str]] = {}
   first_of: dict[str, int] = {}
   for position, t in triples:
+    # why repetitions kept: the release writes `M2 wdt:P108 M1 . M2 wdt:P108 M1` as `( M2 ( wdt:P108
+    # ) ( M1 , M1 ) )` (random_split/test line 388).
     objects_of.setdefault(t.predicate, []).append(t.object)
     first_of.setdefault(t.predicate, position)
   # (first position, predicates, objects, objects as a multiset)
@@ -64,6 +48,9 @@ def _subject_groups(subject: str,
   for predicate, objs in objects_of.items():
     counts = collections.Counter(objs)
     for i, (first, preds, group_objs, group_counts) in enumerate(groups):
+      # Object lists compared as multisets, merged in order of first appearance; the release never
+      # merges a predicate with a repeated object, so counting repetitions is our choice: the one
+      # that keeps `rir_to_clauses` the exact inverse.
       if group_counts == counts:
         preds.append(predicate)
         groups[i] = (min(first, first_of[predicate]), preds, group_objs, group_counts)
@@ -75,11 +62,7 @@ def _subject_groups(subject: str,
 
 
 def query_to_rir(prefix: str, clauses: Sequence[sparql_lib.Clause]) -> str:
-  """RIR of a query given as its prefix and ordered clauses (see `sparql.parse_clauses`).
-
-  Grouping rules in the module docstring: a repeated filter is written once, a repeated triple
-  repeats its object inside its group.
-  """
+  """RIR of a query given as its prefix and ordered clauses (`sparql.parse_clauses`)."""
   units: list[tuple[int, str]] = []  # (position of the unit's first clause, RIR text)
   triples_of: dict[str, list[tuple[int, sparql_lib.Triple]]] = {}
   seen_filters: set[sparql_lib.Filter] = set()
@@ -92,19 +75,15 @@ def query_to_rir(prefix: str, clauses: Sequence[sparql_lib.Clause]) -> str:
       triples_of.setdefault(clause.subject, []).append((position, clause))
   for subject, triples in triples_of.items():
     units.extend(_subject_groups(subject, triples))
+  # Units appear in the order of their first clause in the query.
   units.sort(key=lambda unit: unit[0])
   return f"{prefix} {LB} " + " . ".join(text for _, text in units) + f" {RB}"
 
 
 def sparql_to_rir(sparql: str) -> str:
-  """Converts a CFQ/MCWQ SPARQL query to RIR.
+  """RIR of a one-line CFQ/MCWQ SPARQL query; sparql.SparqlParseError for anything else.
 
-  Args:
-    sparql: one query on one line, e.g. "ASK WHERE { M0 wdt:P57 ?x0 }".
-  Returns:
-    The RIR string, e.g. "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb".
-  Raises:
-    sparql.SparqlParseError: the input is not a query of that syntax.
+  "ASK WHERE { M0 wdt:P57 ?x0 }" -> "ASK WHERE lb ( M0 ( wdt:P57 ) ( ?x0 ) ) rb".
   """
   prefix, clauses = sparql_lib.parse_clauses(sparql)
   return query_to_rir(prefix, clauses)
@@ -178,12 +157,10 @@ def _parse_unit(tokens: list[str]) -> list[sparql_lib.Clause]:
 
 
 def rir_to_clauses(rir: str) -> tuple[str, list[sparql_lib.Clause]]:
-  """Parses an RIR string into (prefix, clauses) with every group expanded into its triples.
+  """(prefix, clauses) of an RIR string, every group expanded into its triples.
 
-  Raises:
-    RIRError: the string is not well-formed RIR (unknown prefix, missing `lb`/`rb`, unbalanced
-      parentheses, a malformed group or term, a group of more than `MAX_GROUP_TRIPLES` triples,
-      no group at all). Never another exception type.
+  RIRError, never another exception, for malformed RIR (unknown prefix, no `lb`/`rb`, unbalanced
+  parentheses, a bad group or term, over `MAX_GROUP_TRIPLES` triples, no group).
   """
   if not isinstance(rir, str):
     raise RIRError(f"expected a string, got {type(rir).__name__}")
@@ -214,14 +191,11 @@ def rir_to_query(rir: str) -> sparql_lib.Query:
 
 
 def rir_to_sparql(rir: str) -> str:
-  """Converts RIR back to SPARQL (the inverse of `sparql_to_rir` up to clause order and repeated
-  filters: the triples come back with their repetitions, a repeated filter once).
+  """SPARQL of an RIR string, the inverse of `sparql_to_rir` up to clause order and repeated
+  filters.
 
-  Groups expand in order: for each predicate, for each object (a repeated object gives a repeated
-  triple). Filters keep their position.
-
-  Raises:
-    RIRError: malformed RIR (see `rir_to_clauses`).
+  Groups expand per predicate, per object (a repeated object repeats the triple); filters keep
+  their place. RIRError for malformed RIR.
   """
   prefix, clauses = rir_to_clauses(rir)
   return f"{prefix} {{ " + " . ".join(c.to_sparql() for c in clauses) + " }"

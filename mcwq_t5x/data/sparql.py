@@ -1,19 +1,15 @@
 """A small model of the SPARQL queries of CFQ and MCWQ.
 
-MCWQ queries (Cui et al., TACL 2022, §3) are conjunctive queries over Wikidata, written on one line:
+MCWQ queries (Cui et al., TACL 2022, §3) are conjunctive queries over Wikidata on one line:
 
   ASK WHERE { M0 wdt:P57 ?x0 . ?x0 wdt:P27 wd:Q30 . FILTER ( ?x0 != M1 ) }
   SELECT DISTINCT ?x0 WHERE { ?x0 wdt:P106 wd:Q2526255 . ?x0 wdt:P750|wdt:P272 M0 }
 
-Terms are separated by single spaces; the body is a list of clauses separated by ` . `. A clause is a
-triple `subject predicate object` or a filter `FILTER ( a != b )`. Subjects and objects are variables
-(`?x0`), entity placeholders (`M0`..`M9`), Wikidata entities (`wd:Q30`) or other prefixed names / IRIs;
-predicates are prefixed names (`wdt:P57`), property-path alternatives (`wdt:P750|wdt:P272`) or `a`.
-CFQ (Keysers et al., ICLR 2020) uses the same syntax with Freebase names (`ns:film.film.directed_by`,
-`ns:m.0abc`) and also has `SELECT count(*) WHERE`, which MCWQ rewrites to `ASK WHERE`.
-
-The `Query` structure has a canonical form, so that two queries can be compared up to the order and
-duplication of their clauses (the notion of query equivalence used by the metrics and the migration).
+Terms are separated by single spaces, clauses by ` . `; a clause is `subject predicate object` or
+`FILTER ( a != b )`. Terms: variables (`?x0`), placeholders (`M0`..`M9`), entities (`wd:Q30`),
+prefixed names or IRIs; predicates: `wdt:P57`, alternatives `wdt:P750|wdt:P272`, or `a`. CFQ
+(Keysers et al., ICLR 2020) has Freebase names and `SELECT count(*) WHERE` (MCWQ: `ASK WHERE`).
+`Query.canonical` compares queries up to clause order and duplicates (query equivalence).
 """
 
 from __future__ import annotations
@@ -91,10 +87,7 @@ class Triple:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Filter:
-  """A filter `FILTER ( left op right )` over two terms.
-
-  CFQ/MCWQ only use the inequality `!=`; other comparison operators parse alike.
-  """
+  """A filter `FILTER ( left op right )` (CFQ/MCWQ use only `!=`; other comparisons parse alike)."""
   left: str
   op: str
   right: str
@@ -110,23 +103,16 @@ Clause = Union[Triple, Filter]
 
 @dataclasses.dataclass(frozen=True)
 class Query:
-  """A parsed query: its prefix (one of `PREFIXES`), triples and filters, in source order.
-
-  Attributes:
-    prefix: the query form, e.g. "ASK WHERE" or "SELECT DISTINCT ?x0 WHERE".
-    triples: triple patterns in the order written (duplicates kept).
-    filters: filters in the order written.
-  """
+  """A parsed query: `prefix` (of `PREFIXES`), `triples` (duplicates kept) and `filters`, in
+  order."""
   prefix: str
   triples: tuple[Triple, ...]
   filters: tuple[Filter, ...] = ()
 
   def canonical(self) -> tuple:
-    """A hashable key equal for two queries iff they have the same prefix and the same *sets* of
-    triples and of filters, i.e. equality up to clause order and duplicates. `a != b` and `b != a`
-    are the same filter. A repeated triple and a repeated filter are both ignored (a conjunctive
-    query has the same answers with or without them), although the published RIR writes a repeated
-    triple twice and a repeated filter once (`mcwq_t5x.data.rir`); `triples`/`filters` keep them."""
+    """A hashable key equal iff same prefix and same SETS of triples and of filters (`a != b` is
+    `b != a`); repeats do not change a conjunctive query's answers, though the published RIR
+    writes a repeated triple twice."""
     filters = frozenset(
         (f.op,) + tuple(sorted((f.left, f.right))) if f.op == "!=" else (f.op, f.left, f.right)
         for f in self.filters)
@@ -146,9 +132,9 @@ class Query:
     return [t.predicate for t in self.triples]
 
   def entities(self, include_filters: bool = False) -> list[str]:
-    """Placeholders (`M0`) and constant entities (`wd:Q30`) in the subject/object positions of the
-    triples, in order of occurrence (duplicates kept); with `include_filters`, followed by those
-    of the filters (the entity set of the paper's error analysis, §6.2)."""
+    """Placeholders and constants (`wd:Q30`) as triple subject/object, in order (duplicates
+    kept); with `include_filters` then the filters' (the entity set of the paper's error
+    analysis, §6.2)."""
     terms = [term for t in self.triples for term in (t.subject, t.object)]
     if include_filters:
       terms += [term for f in self.filters for term in (f.left, f.right)]
@@ -176,12 +162,9 @@ class Query:
 
 
 def split_prefix(tokens: Sequence[str], open_token: str) -> tuple[str, int]:
-  """Finds the query prefix in `tokens` up to the body's opening token (`{` in SPARQL, `lb` in RIR).
+  """(prefix, index of the body's opening token: `{` in SPARQL, `lb` in RIR) of `tokens`.
 
-  Returns:
-    (prefix, index of the opening token).
-  Raises:
-    SparqlParseError: no opening token, or an unknown query form.
+  SparqlParseError: no opening token, or an unknown query form.
   """
   try:
     open_at = list(tokens).index(open_token)
@@ -196,11 +179,7 @@ def split_prefix(tokens: Sequence[str], open_token: str) -> tuple[str, int]:
 
 
 def parse_clause(tokens: Sequence[str]) -> Clause:
-  """Parses one clause given as tokens: `s p o` or `FILTER ( a != b )`.
-
-  Raises:
-    SparqlParseError: anything else.
-  """
+  """A `Triple` or `Filter` of one clause's tokens; SparqlParseError for anything else."""
   tokens = list(tokens)
   if tokens and tokens[0] == "FILTER":
     if (len(tokens) != 6 or tokens[1] != "(" or tokens[5] != ")" or tokens[3] != "!=" or
@@ -220,15 +199,9 @@ def parse_clause(tokens: Sequence[str]) -> Clause:
 
 
 def parse_clauses(text: str) -> tuple[str, list[Clause]]:
-  """Parses a one-line query into its prefix and ordered clauses (triples and filters interleaved).
+  """(prefix, clauses in order) of a one-line query (`count(*)` may be `count ( * )`).
 
-  Args:
-    text: e.g. "ASK WHERE { M0 wdt:P57 ?x0 . FILTER ( ?x0 != M1 ) }". `count(*)` may also be
-      written `count ( * )`.
-  Returns:
-    (prefix, clauses).
-  Raises:
-    SparqlParseError: with a message saying what is wrong.
+  SparqlParseError with a message saying what is wrong.
   """
   if not isinstance(text, str):
     raise SparqlParseError(f"expected a string, got {type(text).__name__}")
@@ -255,10 +228,6 @@ def parse_clauses(text: str) -> tuple[str, list[Clause]]:
 
 
 def parse_sparql(text: str) -> Query:
-  """Parses a CFQ/MCWQ SPARQL query (syntax in the module docstring) into a `Query`.
-
-  Raises:
-    SparqlParseError: the text is not such a query.
-  """
+  """The `Query` of a CFQ/MCWQ SPARQL string; SparqlParseError for anything else."""
   prefix, clauses = parse_clauses(text)
   return Query.from_clauses(prefix, clauses)

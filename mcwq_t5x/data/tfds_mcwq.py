@@ -46,12 +46,8 @@ from CFQ. Targets are also given in the reversible intermediate representation (
 
 
 def upstream_files(split: str, language: str) -> dict[str, tuple[str, ...]]:
-  """Relative upstream paths (under `mcwq/`) per MCWQ part for one config.
-
-  Returns:
-    {part: paths}: one `official/...txt` path for dev/test, a (`.txt`, `.sparql`) pair of
-    `translations/...` for train and for the gold set.
-  """
+  """{part: upstream paths under `mcwq/`} of one config: `official/...txt` for dev/test, a
+  (`.txt`, `.sparql`) pair of `translations/...` for train and the gold set."""
   if split == readers.GOLD_SPLIT:
     return {
         "test":
@@ -67,12 +63,7 @@ def upstream_files(split: str, language: str) -> dict[str, tuple[str, ...]]:
 
 @dataclasses.dataclass
 class McwqConfig(tfds.core.BuilderConfig):
-  """BuilderConfig for one MCWQ split and language.
-
-  Attributes:
-    split: "mcd1", "mcd2", "mcd3", "random_split" or "gold".
-    language: "en", "he", "kn" or "zh" (gold: he/kn/zh).
-  """
+  """BuilderConfig for one MCWQ `split` ("mcd1".."mcd3", "random_split", "gold") and `language`."""
   split: str = "mcd1"
   language: str = "en"
 
@@ -103,17 +94,9 @@ def _has_data(root: Optional[pathlib.Path]) -> bool:
 
 
 def source_fingerprint(split: str, language: str, root: paths.PathLike) -> dict[str, object]:
-  """The fingerprint of the local files one config is built from.
-
-  Args:
-    split, language: the config's split and language.
-    root: the MCWQ folder (manual dir or data dir).
-
-  Returns:
-    {"source_dir": absolute folder, "files": [paths relative to it, sorted], "sha256": hex
-    SHA-256 over each file's relative path and the SHA-256 of its bytes}. Equal content in another
-    folder gives the same "sha256".
-  """
+  """{"source_dir", "files" (relative, sorted), "sha256"} of the local files one config is built
+  from; "sha256" hashes each relative path and its bytes' SHA-256, so it is the same in any
+  folder."""
   root = pathlib.Path(root).expanduser().absolute()
   files = set()
   for part in readers.available_parts(split, language, root):

@@ -50,14 +50,8 @@ RIR_SYMBOLS = tuple("\u2581" + s for s in _BARE_SYMBOLS) + _BARE_SYMBOLS
 class SmallVocabConfig:
   """Parameters of the small offline SentencePiece model (all enter the cache key).
 
-  Attributes:
-    vocab_size: number of pieces, including pad/eos/unk and 256 byte-fallback pieces.
-    model_type: SentencePiece model type ("unigram" or "bpe").
-    seed: SentencePiece random generator seed.
-    character_coverage: fraction of characters covered by character pieces.
-    parts: which MCWQ parts supply training text (never "test").
-    user_defined_symbols: strings always kept as single pieces.
-    split_by_whitespace: SentencePiece's option of that name; False lets pieces span spaces.
+  `vocab_size` counts pad/eos/unk and 256 byte-fallback pieces; `parts` supply the training text
+  (never "test"); `split_by_whitespace` False lets pieces span spaces.
   """
   vocab_size: int = DEFAULT_VOCAB_SIZE
   model_type: str = "bpe"
@@ -77,11 +71,8 @@ class SmallVocabConfig:
 def corpus_files(
     data_dir: Optional[PathLike] = None,
     parts: Sequence[str] = ("train", "dev")) -> list[pathlib.Path]:
-  """The data files the small model is trained on (for the cache key), sorted, deduplicated.
-
-  Raises:
-    DataNotFoundError: the data directory is missing or holds none of `parts`.
-  """
+  """The data files the small model is trained on (the cache key), sorted; DataNotFoundError if
+  none."""
   files = set()
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
   contents = readers.discover(root)
@@ -100,13 +91,9 @@ def corpus_files(
 
 def training_corpus(data_dir: Optional[PathLike] = None,
                     parts: Sequence[str] = ("train", "dev")) -> list[str]:
-  """Training sentences: questions of all languages, then RIR queries, deduplicated in order.
+  """Questions of all languages, then RIR queries, deduplicated, in `readers.iter_all` order.
 
-  Order: split, part, language (`readers.iter_all`: the published ones first), file order.
-
-  Raises:
-    DataNotFoundError: no training text is available.
-    DataFormatError: malformed input.
+  Raises DataNotFoundError (no training text), DataFormatError.
   """
   questions, queries = {}, {}
   root = paths.data_dir(data_dir) if data_dir is not None else paths.data_dir()
@@ -122,17 +109,9 @@ def training_corpus(data_dir: Optional[PathLike] = None,
 def train_sentencepiece(
     sentences: Sequence[str], model_path: PathLike,
     config: SmallVocabConfig = SmallVocabConfig()) -> pathlib.Path:
-  """Trains a SentencePiece model on `sentences` and writes it to `model_path` atomically.
+  """`model_path` (a Path; `.vocab` beside it), trained on `sentences` and written atomically.
 
-  Same sentences + same config -> byte-identical model file (one thread, fixed seed).
-
-  Args:
-    sentences: training text, one sentence per item (newlines inside are replaced by spaces).
-    model_path: the `.model` file to write (a `.vocab` file is written next to it).
-    config: training parameters.
-
-  Returns:
-    `model_path` as a Path.
+  Same sentences and config give a byte-identical file (one thread, fixed seed).
   """
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
@@ -196,13 +175,8 @@ def _train_or_explain(spm: Any, vocab_size_name: str, **kwargs: Any) -> None:
 def small_vocab_path(data_dir: Optional[PathLike] = None,
                      config: SmallVocabConfig = SmallVocabConfig(),
                      train_if_missing: bool = True) -> pathlib.Path:
-  """Path of the cached small model for `config` and the data under `data_dir`.
-
-  `<cache_dir>/spm/mcwq_spm_<vocab_size>_<key>.model`, trained first if `train_if_missing`.
-
-  Raises:
-    DataNotFoundError: no training data.
-  """
+  """`<cache_dir>/spm/mcwq_spm_<vocab_size>_<key>.model`, trained first if `train_if_missing`;
+  DataNotFoundError without training data."""
   # why the key hashes config, format and every training file: another data copy or config
   # never reuses a model.
   h = hashlib.sha256()
@@ -216,30 +190,20 @@ def small_vocab_path(data_dir: Optional[PathLike] = None,
   return path
 
 
+# Defined on first use: SeqIO (and TensorFlow, slow to import) only where a vocabulary is made.
 def _vocabulary_classes() -> tuple[type, type]:
-  """(`NFCSentencePieceVocabulary`, `_CachedSentencePieceVocabulary`), defined on first use: SeqIO
-  (and with it TensorFlow, slow to import) is imported only by the processes
-  that make a vocabulary, not by those that only train or locate the small model file
-  (`scripts/train_vocab.py`)."""
+  """(`NFCSentencePieceVocabulary`, `_CachedSentencePieceVocabulary`), defined on first use."""
   if all(name in globals() for name in _LAZY_CLASSES):
     return tuple(globals()[name] for name in _LAZY_CLASSES)
   import seqio  # pylint: disable=g-import-not-at-top
 
   class NFCSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-    """A `seqio.SentencePieceVocabulary` that encodes the Unicode NFC form of its text.
+    """A `seqio.SentencePieceVocabulary` whose `encode` / `encode_tf` take the Unicode NFC form
+    first.
 
-    `encode(text)` and `encode_tf(text)` put the text in normalisation form C first
-    (`readers.NORMALIZATION_FORM`, what `readers.normalize_question` applies to every question):
-    canonically equivalent spellings (a Kannada question typed in decomposed NFD form, say) get
-    the same ids, whether the text comes through a task, `mcwq_t5x.infer` or a library user's
-    own `encode` call. NFC text (every published file) encodes as before; `decode` is unchanged.
-    The small vocabulary normalises nothing itself (`normalization_rule_name="identity"`); the mT5
-    model's own NFKC (`nmt_nfkc`) includes NFC, so there nothing changes.
-
-    It adds no state to its parent, so it compares equal (seqio compares `__getstate__`, i.e. the
-    model file path and options) to a plain `seqio.SentencePieceVocabulary` of the same file:
-    T5X's "Model and Task vocabularies do not match" check passes whichever of the two a gin file
-    binds.
+    Canonically equivalent spellings (NFD Kannada, say) get the same ids through a task,
+    `mcwq_t5x.infer` or a user's `encode`; NFC text encodes as before. It adds no state, so it
+    compares equal to a plain `seqio.SentencePieceVocabulary` of the file (T5X's vocabulary check).
     """
 
     def _encode(self, s):
@@ -252,14 +216,9 @@ def _vocabulary_classes() -> tuple[type, type]:
       return super()._encode_tf(tf_text.normalize_utf8(s, readers.NORMALIZATION_FORM))
 
   class _CachedSentencePieceVocabulary(NFCSentencePieceVocabulary):
-    """A `NFCSentencePieceVocabulary` whose model file may not exist until it is first used.
-
-    It adds no state to its parent (equal to a plain `seqio.SentencePieceVocabulary` of the same
-    file, as its parent). The only difference is the error when the file cannot be read: a
-    one-line `VocabularyNotFoundError` (`unreadable_vocabulary`) naming the file and what named it
-    (`$MCWQ_VOCAB`, or the small model's cache and the command that trains it), instead of
-    TensorFlow's `NotFoundError` or a `gs://` transport error.
-    """
+    """A `NFCSentencePieceVocabulary` whose file may not exist until first use; an unreadable
+    file is a one-line `VocabularyNotFoundError` naming it and what named it, not TensorFlow's
+    error."""
 
     def _model_context(self):
       if self._model:
@@ -297,17 +256,8 @@ class VocabularyNotFoundError(paths.DataNotFoundError):
 
 
 def unreadable_vocabulary(model_file: str, reason: str = "") -> VocabularyNotFoundError:
-  """The error for a vocabulary file that is missing (`reason` empty) or cannot be read.
-
-  Args:
-    model_file: the SentencePiece model path (local or `gs://`).
-    reason: why reading failed, e.g. TensorFlow's "Error executing an HTTP request: ... Could not
-      resolve host: www.googleapis.com" (its first line is kept); empty for a missing local file.
-
-  Returns:
-    A `VocabularyNotFoundError` (the caller raises it) whose one-line message names `model_file`,
-    the variable `$MCWQ_VOCAB` when it holds that path, and what to do.
-  """
+  """A `VocabularyNotFoundError` (to raise) whose one-line message names `model_file`, `$MCWQ_VOCAB`
+  when it holds that path, the first line of `reason` (empty: a missing local file), what to do."""
   reason = reason.strip().splitlines()[0] if reason.strip() else ""
   problem = f"cannot be read ({reason})" if reason else "does not exist"
   if os.environ.get(VOCAB_ENV) == model_file:
@@ -328,12 +278,8 @@ def unreadable_vocabulary(model_file: str, reason: str = "") -> VocabularyNotFou
 
 
 def check_vocabulary_variable() -> None:
-  """Fails at once when `$MCWQ_VOCAB` names a local file that does not exist (the mains call it
-  before loading anything; a `gs://` path fails where it is read).
-
-  Raises:
-    VocabularyNotFoundError: the one-line message of `unreadable_vocabulary`.
-  """
+  """VocabularyNotFoundError at once when `$MCWQ_VOCAB` names a missing local file (gs:// fails
+  later)."""
   path = os.environ.get(VOCAB_ENV)
   if path and "://" not in path and not os.path.isfile(path):
     raise unreadable_vocabulary(path)
@@ -358,12 +304,11 @@ def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
 
 def get_vocabulary(path: Optional[PathLike] = None,
                    extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
-  """The vocabulary for inputs and targets (one instance per path, shared by all tasks).
+  """The `NFCSentencePieceVocabulary` for inputs and targets, one per path (`VOCABULARY =
+  @vocab.get_vocabulary()`).
 
-  Gin binds it as `VOCABULARY = @vocab.get_vocabulary()`. `path`: a SentencePiece `.model`
-  (local or gs://), default `$MCWQ_VOCAB`, else the small model (trained on first use);
-  `extra_ids`: sentinels appended (0 for mT5's, which has its 100). Returns a
-  `NFCSentencePieceVocabulary` (encodes the NFC form; equal to seqio's of the same file).
+  `path` default `$MCWQ_VOCAB`, else the small model (trained on first use); `extra_ids`:
+  sentinels appended (0 for mT5's, which has its 100).
   """
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None
@@ -378,15 +323,11 @@ def clear_vocabulary_cache() -> None:
 
 
 def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
-  """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2) of the paper's
-  experiments, read from `$MCWQ_VOCAB` -- the same variable the SeqIO tasks read, so that model
-  and tasks agree.
+  """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2) from
+  `$MCWQ_VOCAB`, the variable the SeqIO tasks read (`VOCABULARY = @vocab.mt5_vocabulary()` in the
+  paper files).
 
-  Bound by the paper experiment files of both engines (`VOCABULARY = @vocab.mt5_vocabulary()`).
-
-  Raises:
-    ValueError: `$MCWQ_VOCAB` is unset: the tasks would use the small offline vocabulary while
-      the model expects mT5's; the message says what to set (`MT5_VOCAB_PATH` or a local copy).
+  ValueError when unset (the tasks would use the small vocabulary); the message says what to set.
   """
   path = os.environ.get(VOCAB_ENV)
   if not path:
@@ -400,13 +341,8 @@ def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
 
 
 def t5_vocabulary() -> seqio.SentencePieceVocabulary:
-  """The English T5.1.1 vocabulary (`gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model`,
-  32,100 pieces incl. 100 sentinels; embedding rows 32,128) of the paper's T5-base runs
-  (`t5-v1_1-base`), read from `$MCWQ_VOCAB` like `mt5_vocabulary`, so that model and tasks agree.
-
-  Raises:
-    ValueError: `$MCWQ_VOCAB` is unset (the message names the file to set it to).
-  """
+  """The English T5.1.1 vocabulary (`cc_all.32000.100extra`, 32,100 pieces; 32,128 embedding rows)
+  of the paper's T5-base runs, from `$MCWQ_VOCAB`; ValueError when unset."""
   path = os.environ.get(VOCAB_ENV)
   if not path:
     raise ValueError(f"the T5-base experiments use the T5.1.1 SentencePiece model, and the MCWQ "

@@ -1,17 +1,10 @@
 """CPU settings of the mains: XLA host devices, XLA CPU compiler flags, glibc `malloc` options.
 
-Process-wide settings, each to be made before JAX initialises its backends (the XLA flags) or once
-at the start of a process (the `malloc` options); accelerators ignore them:
-
-* `set_host_device_count`: splits the CPU into XLA host devices (every main; gin:
-  `partitioning.set_host_device_count.count`, the name the gin files use);
-* `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`: the XLA CPU compiler flags for training;
-* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training).
-
-The decoding mains (eval, infer) run with XLA's defaults: the training flags make greedy decoding
-slower (CHANGELOG.md has the figures).
-
-Imports nothing of JAX or of this project: it only edits `XLA_FLAGS` and calls the C library.
+Process-wide, each made before JAX initialises its backends (the XLA flags) or once at the start
+(`malloc`); accelerators ignore them. `set_host_device_count` (every main; gin:
+`partitioning.set_host_device_count.count`), `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`
+(training only: they make greedy decoding slower), `set_host_malloc_options` (CPU training).
+Imports nothing of JAX or of this project: it edits `XLA_FLAGS` and calls the C library.
 """
 from __future__ import annotations
 
@@ -20,15 +13,11 @@ from typing import Optional, Sequence
 
 
 def set_host_device_count(count: Optional[int] = None) -> bool:
-  """Splits the CPU into `count` XLA host devices (`--xla_force_host_platform_device_count`).
+  """True if it added `--xla_force_host_platform_device_count=count` to XLA_FLAGS (not if set
+  there).
 
-  On a CPU-only machine several host devices run the data-parallel shards of a step in parallel,
-  which uses the cores better than one device for small models. Must run before JAX initialises
-  its backends (the mains call it right after parsing gin, through `gin_utils.call_configured`);
-  it does nothing if XLA_FLAGS already sets the flag, and it does not affect accelerators.
-
-  Returns:
-    True if XLA_FLAGS was changed.
+  Several host devices run a step's data-parallel shards in parallel: better core use than one
+  device for small models. Must run before JAX initialises its backends.
   """
   if not count:
     return False
@@ -39,8 +28,8 @@ def set_host_device_count(count: Optional[int] = None) -> bool:
   return True
 
 
-# XLA CPU settings for training, the fastest on the benchmark model of `scripts/benchmark_vs_hf.py`
-# (CHANGELOG.md has the figures). The matmuls and reductions run as YNNPACK fusions; the
+# XLA CPU settings for training, the fastest on the benchmark model of `scripts/benchmark_vs_hf.py`.
+# The matmuls and reductions run as YNNPACK fusions; the
 # elementwise ops stay with XLA's own loop fusions (YNN's elementwise fusions materialise
 # broadcast constants as full tensors and split the gated-GELU chain into several passes). Logits
 # stay within the transformers-parity tolerances.
@@ -51,17 +40,8 @@ XLA_CPU_TRAINING_FLAGS = (
 
 
 def set_xla_cpu_flags(flags: Sequence[str] = XLA_CPU_TRAINING_FLAGS) -> list[str]:
-  """Adds XLA CPU compiler flags to XLA_FLAGS, each unless XLA_FLAGS already names it.
-
-  Must run before JAX initialises its backends (as `set_host_device_count`); accelerators ignore
-  these flags. The training main calls it; set a flag in XLA_FLAGS yourself to override it.
-
-  Args:
-    flags: "--name=value" strings (default `XLA_CPU_TRAINING_FLAGS`).
-
-  Returns:
-    The flags added.
-  """
+  """The "--name=value" `flags` added to XLA_FLAGS, each unless XLA_FLAGS names it (set it there to
+  override); before JAX initialises its backends."""
   current = os.environ.get("XLA_FLAGS", "")
   added = [f for f in flags if f.split("=")[0] not in current]
   if added:
@@ -76,12 +56,8 @@ _M_ARENA_MAX = -8
 
 
 def set_host_malloc_options() -> bool:
-  """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
-
-  One arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`), the heap trimmed only
-  above 2 GiB free (`M_TRIM_THRESHOLD`); affects later allocations only, peak RSS unchanged.
-  Returns False (nothing changed) where the C library is not glibc or refuses an option.
-  """
+  """Keeps freed host memory for reuse (glibc `mallopt`): one arena, no `mmap` for large blocks,
+  trimmed above 2 GiB free; peak RSS unchanged. False where not glibc or an option is refused."""
   # why: XLA's CPU runtime mallocs and frees a step's buffers; glibc returns large blocks to the
   # kernel, so every step faults in fresh pages (a good part of a CPU step's time).
   try:

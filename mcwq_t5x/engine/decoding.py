@@ -32,18 +32,12 @@ NEG_INF = np.array(-1.0e7, dtype=np.float32)
 
 @flax.struct.dataclass
 class DecodingState:
-  """What `tokens_to_logits` sees at one decoding step (the same fields as T5X's DecodingState).
+  """What `tokens_to_logits` sees at one decoding step (T5X's DecodingState fields).
 
-  Attributes:
-    cur_index: int32 `[flat_batch]`: decoder position of `cur_token` (0 = the initial BOS); the
-      same for every row.
-    sequences: `[flat_batch, max_decode_len]` (dtype of `inputs`): the decoder input tokens so far,
-      `sequences[:, 0]` is the BOS 0 and `sequences[b, cur_index[b]] == cur_token[b]`; positions
-      after `cur_index` hold the prompt (or 0).
-    cur_token: `[flat_batch]`: the token to feed to the decoder at this step.
-    cache: the model's cache pytree (e.g. the flax "cache" collection) with leading dim
-      `flat_batch` (0-d leaves are shared). `flat_batch` is `batch * num_decodes` (beams or samples,
-      flattened with `flatten_beam_dim`).
+  `flat_batch` = batch * num_decodes (`flatten_beam_dim`). `cur_index` int32 [flat_batch]: position
+  of `cur_token` [flat_batch] (0 = BOS), the same for every row; `sequences` [flat_batch,
+  max_decode_len]: decoder inputs so far (BOS 0 first), the prompt (or 0) after `cur_index`;
+  `cache`: the model's pytree, leading dim flat_batch (0-d leaves shared).
   """
   cur_index: Array
   sequences: Array
@@ -56,19 +50,10 @@ TokensToLogits = Callable[[DecodingState], Tuple[Array, PyTree]]
 
 @flax.struct.dataclass
 class SamplingLoopState:
-  """The `lax.while_loop` state of `temperature_sample` (T5X's `SamplingLoopState`).
+  """The `lax.while_loop` state of `temperature_sample` (T5X's; one scalar position, no prefill).
 
-  Unlike T5X's, the position is one scalar for all rows (no prefilled caches here).
-
-  Attributes:
-    cur_index: int32 scalar: decoder position of the token fed at the next step (0 = BOS).
-    sequences: `[flat_batch, max_decode_len + 1]` decoder inputs: BOS 0 at position 0, decoded or
-      prompt tokens at 1..cur_index, the prompt (or 0) after; position `j + 1` is returned
-      position `j`.
-    cache: the model's cache, `flat_batch` rows.
-    ended: bool `[flat_batch]`: the row has decoded EOS.
-    log_prob: float32 `[flat_batch]`: summed model log-probs of the decoded tokens.
-    rng: PRNG key of the remaining steps.
+  `cur_index` int32 scalar; `sequences` [flat_batch, max_decode_len + 1] (returned position j is
+  j + 1); `cache`; `ended` bool [flat_batch]; `log_prob` float32 [flat_batch]; `rng`.
   """
   cur_index: Array
   sequences: Array
@@ -82,15 +67,9 @@ class SamplingLoopState:
 class BeamState:
   """The `lax.while_loop` state of `beam_search` (T5X's `BeamState`, without `initial_index`).
 
-  Attributes:
-    cur_index: int32 scalar: decoder position of the token fed at the next step (0 = BOS).
-    live_logprobs: float32 `[batch, beam]`: summed log-probs of the live (unfinished) beams.
-    finished_scores: float32 `[batch, beam]`: length-penalised scores of the finished beams
-      (NEG_INF in empty slots).
-    live_seqs: `[batch, beam, max_decode_len + 1]` decoder inputs of the live beams (BOS first).
-    finished_seqs: `[batch, beam, max_decode_len + 1]` the finished sequences.
-    finished_flags: bool `[batch, beam]`: which finished slots hold a real sequence.
-    cache: the model's cache with leaves `[batch, beam, ...]` (0-d leaves shared).
+  `cur_index` int32 scalar; `live_logprobs`, `finished_scores` (NEG_INF when empty) float32
+  [batch, beam]; `live_seqs`, `finished_seqs` [batch, beam, max_decode_len + 1] (BOS first);
+  `finished_flags` bool [batch, beam]; `cache` leaves [batch, beam, ...] (0-d shared).
   """
   cur_index: Array
   live_logprobs: Array
@@ -107,10 +86,10 @@ class BeamState:
 
 
 def brevity_penalty(alpha: Union[float, Array], length: Union[int, float, Array]) -> Array:
-  """The GNMT length penalty `((5 + length) / 6) ** alpha` used by T5X's beam search.
+  """The GNMT length penalty `((5 + length) / 6) ** alpha`, float32 of `length`'s shape (alpha 0:
+  1).
 
-  float32 of `length`'s shape (tokens, `sequence_lengths`); `alpha` 0 gives 1. Source: Wu et al.
-  2016 (GNMT, eq. 14) and T5X's `decoding.brevity_penalty`.
+  Source: Wu et al. 2016 (GNMT, eq. 14), T5X `decoding.brevity_penalty`.
   """
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, jnp.asarray(alpha, jnp.float32))
 
@@ -119,12 +98,8 @@ def sequence_lengths(sequences: Array,
                      eos_id: int,
                      max_len: Optional[int] = None,
                      inputs: Optional[Array] = None) -> Array:
-  """Length used by the beam-search length penalty: tokens up to and including the first EOS.
-
-  int32 `[...]` of int `sequences` `[..., length]`: first EOS position + 1 (T5X's
-  `cur_index + 1`), prompt tokens counted, `max_len` (default the length) without EOS. An EOS at
-  a position the prompt `inputs` (decoder-input layout) forces does not count.
-  """
+  """int32 [...]: tokens of `sequences` [..., length] up to and including the first EOS (prompt
+  included; `max_len` without EOS; an EOS the prompt `inputs` forces does not count)."""
   sequences = jnp.asarray(sequences)
   if max_len is None:
     max_len = sequences.shape[-1]
@@ -142,12 +117,8 @@ def length_penalized_score(log_probs: Array,
                            alpha: float,
                            max_len: Optional[int] = None,
                            inputs: Optional[Array] = None) -> Array:
-  """The beam-search score of a sequence: `log_probs / brevity_penalty(alpha, length)`.
-
-  float32 `[...]` from summed log-probs `[...]` and int `sequences` `[..., length]`; `length` is
-  `sequence_lengths(sequences, eos_id, max_len, inputs)`. `beam_search` returns exactly this (up
-  to float32 rounding), so `score_batch` scores can be checked against beam scores.
-  """
+  """float32 [...] `log_probs / brevity_penalty(alpha, sequence_lengths(...))`, as `beam_search`
+  scores (so `score_batch` scores can be checked against beam scores)."""
   lengths = sequence_lengths(sequences, eos_id, max_len=max_len, inputs=inputs)
   return jnp.asarray(log_probs, jnp.float32) / brevity_penalty(alpha, lengths)
 
@@ -173,11 +144,7 @@ def flatten_beam_dim(x: Array) -> Array:
 
 
 def unflatten_beam_dim(x: Array, batch_size: int, beam_size: int) -> Array:
-  """Splits the flat batch axis: `[batch * beam, ...] -> [batch, beam, ...]` (0-d unchanged).
-
-  Raises:
-    ValueError: if the first axis is not `batch_size * beam_size` long.
-  """
+  """`[batch * beam, ...] -> [batch, beam, ...]` (0-d unchanged); ValueError on another length."""
   if x.ndim == 0:
     return x
   if x.shape[0] != batch_size * beam_size:
@@ -187,21 +154,15 @@ def unflatten_beam_dim(x: Array, batch_size: int, beam_size: int) -> Array:
 
 
 def flat_batch_beam_expand(x: Array, beam_size: int) -> Array:
-  """Repeats each batch element in place: `[b0, b1] -> [b0, b0, b1, b1]` for beam_size 2.
-
-  `[batch, ...] -> [batch * beam_size, ...]`; 0-d arrays are returned unchanged.
-  """
+  """`[batch, ...] -> [batch * beam_size, ...]`, each element repeated in place (0-d unchanged)."""
   return flatten_beam_dim(add_beam_dim(x, beam_size))
 
 
 def gather_beams(nested: PyTree, beam_indices: Array, batch_size: int,
                  new_beam_size: int) -> PyTree:
-  """Selects beams of every leaf: `out[b, k] = x[b, beam_indices[b, k]]`.
+  """`out[b, k] = x[b, beam_indices[b, k]]` per leaf [batch, old_beam, ...] (0-d leaves pass).
 
-  Leaves `[batch, old_beam, ...]` become `[batch, new_beam_size, ...]` (0-d leaves pass through).
-
-  Raises:
-    ValueError: if `beam_indices` is not `[batch_size, new_beam_size]`.
+  ValueError if `beam_indices` is not [batch_size, new_beam_size].
   """
   if beam_indices.shape != (batch_size, new_beam_size):
     raise ValueError(f"gather_beams: beam_indices has shape {beam_indices.shape}, expected "
@@ -213,17 +174,8 @@ def gather_beams(nested: PyTree, beam_indices: Array, batch_size: int,
 
 def gather_topk_beams(nested: PyTree, score_or_log_prob: Array, batch_size: int,
                       new_beam_size: int) -> PyTree:
-  """Keeps the `new_beam_size` best beams by score, best first.
-
-  Args:
-    nested: pytree of arrays `[batch, old_beam, ...]`.
-    score_or_log_prob: float `[batch, old_beam]`.
-    batch_size: batch size.
-    new_beam_size: number of beams kept.
-
-  Returns:
-    The pytree gathered with `gather_beams`, sorted by descending score.
-  """
+  """The `new_beam_size` best beams of `nested` ([batch, old_beam, ...]) by `score_or_log_prob`
+  [batch, old_beam], best first."""
   _, topk_indices = lax.top_k(score_or_log_prob, k=new_beam_size)
   return gather_beams(nested, topk_indices, batch_size, new_beam_size)
 
@@ -272,10 +224,7 @@ def _zero_after_eos(sequences: Array, prompt: Array, eos_id: int) -> Array:
 
 
 def argmax_last(x: Array) -> Array:
-  """`jnp.argmax(x, axis=-1)`: the first index of the largest value (of the first NaN, if any).
-
-  int32 `[...]` of float `[..., n]`.
-  """
+  """int32 [...] `jnp.argmax(x, axis=-1)` of float [..., n]: the first largest (or first NaN)."""
   # why a max and a min, not one reduction over (value, index) pairs: XLA's CPU backend does not
   # vectorise the latter (in greedy decoding it cost about as much as the output matmul).
   largest = jnp.max(x, axis=-1, keepdims=True)
@@ -292,36 +241,16 @@ def temperature_sample(inputs: Array,
                        num_decodes: int = 1,
                        temperature: float = 1.0,
                        topk: int = 0) -> Tuple[Array, Array]:
-  """Samples (or greedily decodes) `num_decodes` continuations per example, as T5X.
+  """Samples, or greedily decodes, `num_decodes` continuations per example (T5X
+  `decoding.temperature_sample`).
 
-  Greedy argmax decoding (deterministic; `decode_rng` is not needed) when `temperature == 0` or
-  `topk == 1`. Otherwise each token is drawn from `softmax(logits / temperature)` restricted to
-  the `topk` most likely tokens (`topk == 0`: all tokens). Decoding stops (early exit of the while
-  loop) once every row has decoded EOS or filled `max_decode_len` positions.
-
-  Source: T5X `decoding.temperature_sample`, with `rescale_log_probs=False` and without its top-p,
-  per-example temperatures, `initial_index` (prefilled caches), `max_decode_steps`, callbacks and
-  `cache_offset`. Its default `topk` is 1 (greedy); here it is 0 (plain sampling).
-
-  Args:
-    inputs: int `[batch, max_decode_len]` decoder prompt in decoder-input layout (0 = no prompt
-      token; `inputs[:, 0]` is the BOS slot), see the module docstring.
-    cache: model cache pytree with leading dim `batch` (0-d leaves shared); it is expanded to
-      `batch * num_decodes` rows with `flat_batch_beam_expand` when `num_decodes > 1`.
-    tokens_to_logits: `DecodingState -> (logits float [batch * num_decodes, vocab], new_cache)`.
-    eos_id: end-of-sequence id.
-    decode_rng: PRNG key, required unless decoding is greedy.
-    num_decodes: samples per example (rows `b * num_decodes + n` in the flat batch).
-    temperature: a Python number >= 0 (0: greedy).
-    topk: keep only the `topk` most likely tokens (0: no filtering; 1: greedy).
-
-  Returns:
-    `(sequences, log_probs)`: sequences `[batch, num_decodes, max_decode_len]` (dtype of inputs,
-    no BOS, 0 after EOS) and float32 `[batch, num_decodes]` sums of the model's token log-probs
-    (decoded tokens incl. EOS, prompt excluded), both sorted by ascending log-prob (best last).
-
-  Raises:
-    ValueError: on malformed shapes or arguments, or a missing `decode_rng` when sampling.
+  Greedy when `temperature == 0` or `topk == 1`; else from `softmax(logits / temperature)` over the
+  `topk` most likely tokens (0: all; T5X's default is 1). Not here: T5X's top-p, per-example
+  temperatures, `initial_index`, `max_decode_steps`, callbacks. `inputs`: int [batch,
+  max_decode_len] decoder prompt (module docstring); `cache` leading dim batch; `decode_rng`
+  required unless greedy. Returns sequences [batch, num_decodes, max_decode_len] (no BOS, 0 after
+  EOS) and float32 [batch, num_decodes] log-prob sums (EOS in, prompt out), ascending (best last).
+  ValueError: malformed shapes or arguments, no `decode_rng` when sampling.
   """
   inputs = _check_inputs(inputs, num_decodes)
   temperature, topk = float(temperature), int(topk)
@@ -414,44 +343,14 @@ def beam_search(inputs: Array,
                 eos_id: int,
                 num_decodes: int = 4,
                 alpha: float = 0.6) -> Tuple[Array, Array]:
-  """Beam search with the GNMT length penalty, as T5X's `decoding.beam_search`.
+  """Beam search with the GNMT length penalty (T5X `decoding.beam_search`, without `initial_index`,
+  `cache_offset`, `min_log_prob` and callbacks).
 
-  Each step extends the `num_decodes` live beams by every token, keeps the `2 * num_decodes` best
-  extensions by log-prob; those ending in EOS (or reaching `max_decode_len`) compete for the
-  `num_decodes` finished slots by `log_prob / brevity_penalty(alpha, length)` (a beam at the
-  length limit without EOS does not finish; an example with no finished beam returns its live
-  beams, scored by their log-probs, as T5X does), the others
-  (best `num_decodes`) stay live and their caches are gathered from their parent beams.
-  The loop exits early once no live beam can beat the worst finished one (the bound uses the
-  largest penalty over the remaining lengths, so the result equals the one without early exit).
-
-  Length convention of the penalty (`sequence_lengths`): number of tokens of the returned
-  sequence up to and including the first EOS (prompt tokens included); `max_decode_len` for a
-  sequence that reached the length limit without EOS. Scores = `length_penalized_score(
-  sum of model token log-probs (EOS included, prompt excluded), sequences, eos_id, alpha,
-  max_len=max_decode_len)`.
-
-  Source: T5X `decoding.beam_search` (without `initial_index`, `cache_offset`, `min_log_prob`
-  and callbacks).
-
-  Args:
-    inputs: int `[batch, max_decode_len]` decoder prompt in decoder-input layout (0 = no prompt
-      token; `inputs[:, 0]` is the BOS slot), see the module docstring.
-    cache: model cache pytree with leading dim `batch` (0-d leaves shared); expanded to
-      `batch * num_decodes` rows (`flat_batch_beam_expand`).
-    tokens_to_logits: `DecodingState -> (logits float [batch * num_decodes, vocab], new_cache)`.
-    eos_id: end-of-sequence id.
-    num_decodes: beam size (and number of returned sequences).
-    alpha: length-penalty exponent (0: no penalty).
-
-  Returns:
-    `(sequences, scores)`: `[batch, num_decodes, max_decode_len]` (dtype of inputs, no BOS, 0 after
-    EOS) and float32 `[batch, num_decodes]` length-penalised scores, ascending (best last). If
-    fewer than `num_decodes` distinct finished sequences exist, the extra slots have scores
-    <= NEG_INF / 2.
-
-  Raises:
-    ValueError: on malformed shapes or arguments.
+  `inputs`: int [batch, max_decode_len] decoder prompt (module docstring); `cache` leading dim
+  batch; `num_decodes`: beam size; `alpha` 0: no penalty. Returns sequences [batch, num_decodes,
+  max_decode_len] (no BOS, 0 after EOS) and float32 [batch, num_decodes]
+  `length_penalized_score`s, ascending (best last); slots without a distinct finished sequence
+  score <= NEG_INF / 2. ValueError: malformed shapes or arguments.
   """
   inputs = _check_inputs(inputs, num_decodes)
   batch_size, length = inputs.shape
@@ -483,6 +382,8 @@ def beam_search(inputs: Array,
     worst_finished = jnp.where(
         jnp.all(state.finished_flags, axis=1), jnp.min(state.finished_scores, axis=1), NEG_INF)
     search_done = jnp.all(worst_finished > best_live)
+    # Early exit only when no live beam can beat the worst finished one: the result equals the one
+    # without it.
     return (index < length) & ~search_done
 
   def body_fn(state: BeamState) -> BeamState:

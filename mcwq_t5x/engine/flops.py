@@ -18,12 +18,9 @@ import numpy as np
 def train_step_flops(config: Any, batch: int, input_length: int, target_length: int) -> float:
   """Matmul FLOPs of one training step (forward and backward) of `config`'s network.
 
-  Forward matmuls over the padded shapes (a multiply-add is 2 FLOPs) times 3, exactly the
-  `dot_general`s of the step's jaxpr; elementwise work and gathers are not counted. `config` is a
-  `T5Config` or any object with its size fields (no JAX needed).
-
-  Raises:
-    AttributeError: `config` lacks one of the fields.
+  3 x the forward matmuls over the padded shapes (a multiply-add is 2 FLOPs): exactly the step
+  jaxpr's `dot_general`s. `config`: a `T5Config` or any object with its size fields (no JAX);
+  AttributeError if one is missing.
   """
   # B = batch, Li/Lt = input/target length, d = emb_dim, a = heads * head_dim, f = mlp_dim,
   # m = len(mlp_activations); without the L^2 and Lt Li attention terms this is 6 * params * tokens.
@@ -42,17 +39,8 @@ def train_step_flops(config: Any, batch: int, input_length: int, target_length: 
 
 
 def batch_train_step_flops(config: Any, shapes: Mapping[str, Sequence[int]]) -> Optional[float]:
-  """`train_step_flops` of a batch given by its feature shapes.
-
-  Args:
-    config: as `train_step_flops`.
-    shapes: feature name -> shape of the global batch; reads "encoder_input_tokens" [B, Li] and
-      "decoder_target_tokens" [B, Lt].
-
-  Returns:
-    FLOPs, or None when `config` is None or a feature is missing (a model this count does not
-    describe).
-  """
+  """`train_step_flops` for "encoder_input_tokens" [B, Li] and "decoder_target_tokens" [B, Lt] of
+  `shapes`; None without `config` or a feature."""
   if config is None or "encoder_input_tokens" not in shapes or "decoder_target_tokens" not in shapes:
     return None
   b, li = shapes["encoder_input_tokens"][:2]
@@ -62,14 +50,8 @@ def batch_train_step_flops(config: Any, shapes: Mapping[str, Sequence[int]]) -> 
 
 @dataclasses.dataclass(frozen=True)
 class MatmulPeak:
-  """A measured float32 matmul peak.
-
-  Attributes:
-    gflops: GFLOP/s of the fastest kernel timed (10^9 FLOPs per second, 2 n^3 FLOPs a product).
-    kernel: its name ("numpy", "XLA", or a name given to `matmul_peak`).
-    measured: GFLOP/s of every kernel timed, by name.
-    n: the matrices' size.
-  """
+  """A measured float32 matmul peak: `gflops` (10^9 FLOP/s, 2 n^3 FLOPs a product) of the fastest
+  `kernel` ("numpy", "XLA", or a given name), `measured` {kernel: GFLOP/s}, size `n`."""
   gflops: float
   kernel: str
   measured: Mapping[str, float]
@@ -82,11 +64,8 @@ class MatmulPeak:
 
 
 def time_matmul(matmul: Callable[[], Any], n: int, repeats: int = 3) -> float:
-  """Best GFLOP/s of `repeats` calls of `matmul`, a [n, n] x [n, n] product that returns when done.
-
-  Raises:
-    ValueError: `repeats` < 1.
-  """
+  """Best GFLOP/s of `repeats` calls of `matmul` ([n, n] x [n, n], returns when done); ValueError
+  < 1."""
   if repeats < 1:
     raise ValueError(f"time_matmul: repeats must be >= 1, got {repeats}")
   best = float("inf")
@@ -112,16 +91,8 @@ def matmul_peak(n: int = 2048,
                 kernels: Sequence[str] = ("numpy", "XLA"),
                 extra: Optional[Mapping[str, Callable[[np.ndarray, np.ndarray], Any]]] = None,
                 platform: Optional[str] = None) -> MatmulPeak:
-  """The best float32 matmul GFLOP/s of the kernels at hand, timed in this process.
-
-  `MatmulPeak` of the fastest kernel, each the fastest of `repeats` [n, n] float32 products (2 n^3
-  FLOPs): "numpy" (`np.matmul`; skipped when `platform` is not "cpu"), "XLA" (`jnp.dot` on the
-  first local device, compiled first) and `extra` name -> function(x, y) (e.g. `torch.matmul`).
-  A loaded machine lowers the figure: compare figures of one process.
-
-  Raises:
-    ValueError: no kernel to time, or an unknown kernel name.
-  """
+  """`MatmulPeak` of the fastest float32 [n, n] kernel timed in this process: "numpy" (CPU only),
+  "XLA" (`jnp.dot`, compiled first), and `extra` {name: fn(x, y)}. ValueError: none, or unknown."""
   unknown = [k for k in kernels if k not in ("numpy", "XLA")]
   if unknown:
     raise ValueError(f"matmul_peak: unknown kernel(s) {unknown}; choose from ['numpy', 'XLA']")

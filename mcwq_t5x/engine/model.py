@@ -50,15 +50,11 @@ def check_decode_options(
     num_decodes: int = 1,
     method: Optional[str] = None,
     decoder_params: Optional[Mapping[str, Any]] = None) -> tuple[str, dict[str, Any]]:
-  """Checks `predict_batch` decoding options before anything is decoded (or loaded).
+  """(method, decoder_params) checked before anything is decoded or loaded.
 
-  Returns:
-    (the decoding method, `"greedy"` if `num_decodes == 1` else `"beam_search"` when None;
-    `decoder_params` as a dict with `topk` an int and `alpha`/`temperature` floats).
-
-  Raises:
-    ValueError: `num_decodes` < 1, an unknown method, greedy with `num_decodes > 1`, or
-      `decoder_params` keys the method does not take.
+  The method defaults to "greedy" if `num_decodes == 1`, else "beam_search"; `decoder_params` come
+  back as a dict (`topk` int, `alpha`/`temperature` float). ValueError: `num_decodes` < 1, an
+  unknown method, greedy with `num_decodes > 1`, or keys the method does not take.
   """
   if int(num_decodes) < 1:
     raise ValueError(f"num_decodes must be >= 1, got {num_decodes}")
@@ -86,17 +82,8 @@ def check_decode_options(
 
 
 def cross_entropy_with_logits(logits: Array, targets: Array, z_loss: float) -> tuple[Array, Array]:
-  """Per-token soft-target cross-entropy plus z-loss (T5X `losses.py`).
-
-  Args:
-    logits: float [..., vocab].
-    targets: float [..., vocab] target distribution.
-    z_loss: coefficient of log(Z)^2, Z = sum(exp(logits)).
-
-  Returns:
-    (loss, z_loss_term), both float32 [...]; `loss` already includes
-    `z_loss_term`.
-  """
+  """(loss, z_loss_term), float32 [...]: soft-target cross-entropy of logits [..., vocab] against
+  `targets` [..., vocab] plus `z_loss * log(Z)^2` (included in loss). Source: T5X `losses.py`."""
   logits = logits.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
   log_softmax = logits - log_z
@@ -110,19 +97,10 @@ def compute_weighted_cross_entropy(logits: Array,
                                    weights: Optional[Array],
                                    label_smoothing: float = 0.0,
                                    z_loss: float = 0.0) -> tuple[Array, Array, Array]:
-  """Token-level losses with label smoothing, T5X conventions, NOT summed.
+  """(total_loss, z_loss_term, cross_entropy), float32 [batch, len], times `weights`, NOT summed.
 
-  Args:
-    logits: float [batch, len, vocab].
-    targets: int [batch, len].
-    weights: float [batch, len] or None (all ones).
-    label_smoothing: mass spread uniformly over the other vocab - 1 tokens.
-    z_loss: z-loss coefficient.
-
-  Returns:
-    (total_loss, z_loss_term, cross_entropy) float32 [batch, len], each
-    multiplied by `weights`; total = cross_entropy + z_loss_term, where
-    cross_entropy has the entropy of the smoothed target subtracted.
+  `logits` float [batch, len, vocab], `targets` int [batch, len]; label smoothing spreads its mass
+  over the other vocab - 1 tokens and the smoothed target's entropy is subtracted (T5X).
   """
   vocab_size = logits.shape[-1]
   confidence = 1.0 - label_smoothing
@@ -141,11 +119,8 @@ def compute_weighted_cross_entropy(logits: Array,
 
 
 def _sum_per_sequence(weights: Array, segment_ids: Optional[Array]) -> Array:
-  """Each token's total weight over its sequence, float32 [batch, len].
-
-  A sequence is a row, or a segment of a packed row (T5X
-  `losses._sum_weights_per_segment`).
-  """
+  """float32 [batch, len]: each token's sequence weight total (a row, or a packed segment; T5X
+  `losses._sum_weights_per_segment`)."""
   if segment_ids is None:
     return jnp.broadcast_to(jnp.sum(weights, axis=-1, keepdims=True), weights.shape)
   same = segment_ids[:, :, None] == segment_ids[:, None, :]
@@ -153,22 +128,14 @@ def _sum_per_sequence(weights: Array, segment_ids: Optional[Array]) -> Array:
 
 
 class EncoderDecoderModel:
-  """T5X-style wrapper of a `network.Transformer` (see module docstring).
+  """T5X-style wrapper of a `network.Transformer` (module docstring).
 
-  Attributes:
-    module: the flax module.
-    input_vocabulary, output_vocabulary: optional seqio-like vocabularies
-      (only `output_vocabulary.eos_id` is used; default EOS id 1).
-    label_smoothing: label smoothing mass (T5X default 0).
-    z_loss: z-loss coefficient (T5X default 1e-4).
-    loss_normalizing_factor: None (default) or 'NUM_REAL_TARGET_TOKENS' =
-      the number of target tokens of the batch; 'NUM_TOTAL_TARGET_TOKENS' =
-      batch x target length; 'AVERAGE_PER_SEQUENCE' = each sequence's loss
-      averaged over its tokens, then averaged over the sequences; a positive
-      number = that constant (T5X's pre-training batch x target length, e.g.
-      2048 * 114 = 233472). Names as T5X's `SpecialLossNormalizingFactor`
-      (case-insensitive; stored upper-case), numbers stored as float. Unlike
-      T5X, None does not mean "no normalisation" (pass 1.0 for that).
+  `output_vocabulary.eos_id` is the only vocabulary use (default EOS 1). `label_smoothing` and
+  `z_loss` default to T5X's (0, 1e-4). `loss_normalizing_factor`: None or
+  'NUM_REAL_TARGET_TOKENS' (target tokens), 'NUM_TOTAL_TARGET_TOKENS' (batch x length),
+  'AVERAGE_PER_SEQUENCE', or a positive constant (T5X pre-training: 2048 * 114 = 233472); names of
+  T5X's `SpecialLossNormalizingFactor`, case-insensitive. Unlike T5X, None is not "no
+  normalisation" (pass 1.0).
   """
 
   def __init__(self,
@@ -178,13 +145,7 @@ class EncoderDecoderModel:
                label_smoothing: float = 0.0,
                z_loss: float = 1e-4,
                loss_normalizing_factor: Union[None, float, str] = None):
-    """Checks and stores the arguments (see the class docstring).
-
-    Raises:
-      ValueError: `label_smoothing` outside [0, 1), or a
-        `loss_normalizing_factor` that is neither None, a positive number nor
-        one of `SPECIAL_LOSS_NORMALIZING_FACTORS`.
-    """
+    """ValueError: `label_smoothing` outside [0, 1), or an unknown `loss_normalizing_factor`."""
     if not 0.0 <= label_smoothing < 1.0:
       raise ValueError(f"label_smoothing must be in [0, 1), got "
                        f"{label_smoothing}")
@@ -219,18 +180,9 @@ class EncoderDecoderModel:
                             rng: Array,
                             input_shapes: Mapping[str, tuple],
                             input_types: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """Initial variables {"params": LogicallyPartitioned-boxed tree}.
-
-    Args:
-      rng: PRNG key.
-      input_shapes: at least "encoder_input_tokens" and "decoder_input_tokens"
-        ([batch, len]); segment id shapes optional (position shapes are
-        accepted and not used).
-      input_types: optional dtypes per key (default int32).
-
-    Raises:
-      KeyError: a required shape is missing.
-    """
+    """{"params": LogicallyPartitioned-boxed tree} for `input_shapes` ("encoder_input_tokens",
+    "decoder_input_tokens" [batch, len]; segment ids optional). KeyError: a required shape
+    missing."""
     input_types = dict(input_types or {})
     for key in ("encoder_input_tokens", "decoder_input_tokens"):
       if key not in input_shapes:
@@ -289,17 +241,8 @@ class EncoderDecoderModel:
     return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
 
   def loss_normalizer(self, batch: Batch) -> Array:
-    """The loss denominator of `batch` (see the module's loss contract).
-
-    Args:
-      batch: feature-converter batch (only targets, weights and segment ids
-        are read; no forward pass).
-
-    Returns:
-      float32 scalar: the constant `loss_normalizing_factor`; batch x length
-      for 'NUM_TOTAL_TARGET_TOKENS'; otherwise the sum of the loss weights
-      (target tokens, or sequences for 'AVERAGE_PER_SEQUENCE'), at least 1.
-    """
+    """float32 scalar denominator of `batch` (module docstring): the constant; batch x length for
+    'NUM_TOTAL_TARGET_TOKENS'; else the loss weights' sum (tokens, or sequences), at least 1."""
     factor = self.loss_normalizing_factor
     if isinstance(factor, float):
       return jnp.float32(factor)
@@ -312,13 +255,11 @@ class EncoderDecoderModel:
               batch: Batch,
               dropout_rng: Optional[Array],
               normalizer: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
-    """Teacher-forced loss (dropout on iff `dropout_rng` is given).
+    """(float32 loss = Σ weighted token losses / `normalizer`, float32 metric SUMS) teacher-forced.
 
-    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default `loss_normalizer(batch)`;
-    microbatches get the whole batch's) is ours, for exact microbatching. Returns (float32 loss =
-    Σ weighted token losses (cross-entropy + z-loss) / normalizer, float32 metric SUMS with the
-    plain weights: "loss", "cross_ent_loss", "z_loss", "accuracy_numerator", "num_tokens",
-    "num_examples" (non-empty rows, or segments when packed)).
+    Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default `loss_normalizer(batch)`) is
+    ours, for exact microbatching. Dropout iff `dropout_rng`. Metrics: "loss", "cross_ent_loss",
+    "z_loss", "accuracy_numerator", "num_tokens", "num_examples" (rows, or segments when packed).
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
@@ -351,10 +292,8 @@ class EncoderDecoderModel:
   # Scoring.
   # ------------------------------------------------------------------------
   def token_scores(self, params: PyTree, batch: Batch) -> Array:
-    """Log-probability of every target token times its weight, [batch, len].
-
-    No dropout, no label smoothing, no z-loss.
-    """
+    """float32 [batch, len]: each target token's log-prob times its weight (no dropout,
+    smoothing, z)."""
     logits = self._compute_logits(params, batch).astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     targets = batch["decoder_target_tokens"]
@@ -436,41 +375,15 @@ class EncoderDecoderModel:
       prompt_with_targets: bool = False,
       method: Optional[str] = None,
       max_decode_length: Optional[int] = None) -> tuple[Array, dict[str, Array]]:
-    """Decodes a batch with the KV cache; returns tokens and scores.
+    """(tokens int32 [B, L] or [B, num_decodes, L], {"scores": float32 [B] or [B, num_decodes]}).
 
-    Source: T5X `EncoderDecoderModel.predict_batch_with_aux` (same argument names); `method`
-    picks the decoding function per call (T5X: `decode_fn`, fixed at build).
-
-    Args:
-      params: unboxed params.
-      batch: "encoder_input_tokens" [B, in_len]; "decoder_input_tokens" [B, L] gives L (unless
-        `max_decode_length`) and, with `prompt_with_targets`, the prompt.
-      rng: PRNG key, required when `temperature_sample` samples; otherwise ignored.
-      decoder_params: the decoding function's keywords, T5X names: beam_search {"alpha": 0.6};
-        temperature_sample {"temperature": 1.0 (0 = greedy), "topk": 0 = all (T5X: 1)}.
-      return_all_decodes: all `num_decodes` sequences [B, num_decodes, L], best last.
-      num_decodes: beam size, or number of samples.
-      prompt_with_targets: force `decoder_input_tokens` less EOS as prompt (T5X); its
-        log-probs are not in the scores.
-      method: "greedy", "beam_search" or "temperature_sample"; default greedy if
-        `num_decodes == 1`, else beam search.
-      max_decode_length: L without (or overriding) "decoder_input_tokens"; with
-        `prompt_with_targets`, None or the prompt's length.
-
-    Returns:
-      (tokens int32 [B, L] or [B, num_decodes, L], {"scores": float32 [B] or
-      [B, num_decodes]}): tokens after EOS are 0 and the BOS is not
-      included. Greedy and sampling scores are the summed model log-probs of
-      the decoded tokens (untempered: T5X's `rescale_log_probs=False`); beam
-      scores are summed log-probs / brevity penalty
-      (`decoding.length_penalized_score`).
-
-    Raises:
-      ValueError: packed batches (segment ids), an unknown method, greedy
-        with `num_decodes > 1`, `decoder_params` keys the method does not
-        take, sampling without `rng`, no decode length, or
-        `prompt_with_targets` without "decoder_input_tokens" or with another
-        `max_decode_length`.
+    Source: T5X `EncoderDecoderModel.predict_batch_with_aux`, same names; `method` ("greedy",
+    "beam_search", "temperature_sample") is chosen per call (T5X: `decode_fn`). L is
+    `decoder_input_tokens`' length unless `max_decode_length`; `prompt_with_targets` forces it less
+    EOS. `decoder_params`: beam_search {"alpha"}, temperature_sample {"temperature", "topk"}. No
+    BOS, 0 after EOS; scores are untempered log-prob sums (T5X `rescale_log_probs=False`), for beams
+    / brevity penalty. ValueError: packed batches, a bad method or keys, sampling without `rng`, no
+    decode length, `prompt_with_targets` without targets or with another length.
     """
     if "encoder_segment_ids" in batch:
       raise ValueError("predict_batch: packed batches are not supported")
@@ -515,11 +428,7 @@ class EncoderDecoderModel:
                     batch: Batch,
                     rng: Optional[Array] = None,
                     **kwargs: Any) -> Array:
-    """Tokens of `predict_batch_with_aux(params, batch, rng, **kwargs)`.
-
-    Returns:
-      int32 [B, L], or [B, num_decodes, L] with `return_all_decodes=True`.
-    """
+    """int32 [B, L] (or [B, num_decodes, L]) tokens of `predict_batch_with_aux`."""
     return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
 
 

@@ -34,30 +34,14 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 class T5Config:
   """Hyper-parameters of the network; field names are those of T5X's config.
 
-  Attributes:
-    vocab_size: rows of the token embedding (and columns of the logits).
-    dtype: dtype of activations (`jnp.float32`, `jnp.bfloat16` or `jnp.float16`; the strings
-      "float32"/"bfloat16"/"float16" are accepted and converted). Params are float32. Masked
-      attention logits get `mask_value(dtype)`, finite in every one of them.
-    emb_dim: model width d_model.
-    num_heads: attention heads.
-    num_encoder_layers: encoder blocks.
-    num_decoder_layers: decoder blocks.
-    head_dim: d_kv, width of one head.
-    mlp_dim: d_ff, width of the MLP hidden layer.
-    mlp_activations: one activation per `wi` kernel, multiplied together;
-      ("gelu", "linear") = gated GELU with `wi_0, wi_1` (T5.1.1/mT5);
-      ("relu",) = T5 1.0 with a single `wi`.
-    dropout_rate: dropout on embeddings, attention weights, MLP hidden layer,
-      block outputs and the final layer norm output (T5X placement).
-    logits_via_embedding: True = tied output layer (T5 1.0): logits =
-      decoder output @ embedding.T / sqrt(emb_dim); False = `logits_dense`.
-    float32_attention_logits: compute q.k and softmax in float32.
-    relative_attention_num_buckets: relative position buckets per direction
-      pair (T5: 32).
-    relative_attention_max_distance: distance beyond which all relative
-      positions share the last bucket (T5: 128).
-    layer_norm_epsilon: RMS norm epsilon (T5/HF: 1e-6).
+  `dtype`: activations (float32/bfloat16/float16, strings accepted); params are float32; masked
+  logits get `mask_value(dtype)`. `emb_dim` d_model, `head_dim` d_kv, `mlp_dim` d_ff.
+  `mlp_activations`: one per `wi` kernel, multiplied: ("gelu", "linear") gated GELU (T5.1.1/mT5),
+  ("relu",) T5 1.0. `dropout_rate`: T5X's placement (embeddings, attention weights, MLP hidden,
+  block outputs, final norm). `logits_via_embedding`: tied output (T5 1.0, decoder output @
+  embedding.T / sqrt(emb_dim)) else `logits_dense`. `float32_attention_logits`: q.k and softmax in
+  float32. `relative_attention_num_buckets` (T5: 32), `relative_attention_max_distance` (T5: 128),
+  `layer_norm_epsilon` (T5/HF: 1e-6).
   """
   vocab_size: int = 250112
   dtype: Any = jnp.float32
@@ -101,7 +85,7 @@ _ACTIVATIONS = {
 }
 
 # Presets. `tiny` learns MCWQ on a CPU in minutes (width 64: on 2 CPU cores, half the step time of
-# width 128 for about the same learning per step; CHANGELOG.md); the others are the
+# width 128 for about the same learning per step); the others are the
 # published sizes (mT5: Xue et al., 2021, Table 1 / T5X gin files; T5 1.0 base: Raffel et al.,
 # 2020).
 _T5_1_1_BASE = T5Config(
@@ -159,12 +143,8 @@ CONFIGS: dict[str, T5Config] = {
 
 
 def get_config(name: str, **overrides: Any) -> T5Config:
-  """Returns preset `name` of `CONFIGS` with fields replaced by `overrides`.
-
-  Raises:
-    KeyError: unknown preset name (message lists the known ones).
-    TypeError: unknown field in `overrides`.
-  """
+  """Preset `name` of `CONFIGS` with `overrides`; KeyError lists known presets, TypeError a bad
+  field."""
   if name not in CONFIGS:
     raise KeyError(f"unknown model config {name!r}; known: {sorted(CONFIGS)}")
   return dataclasses.replace(CONFIGS[name], **overrides)
@@ -181,15 +161,8 @@ def make_attention_mask(query_input: Array,
                         key_input: Array,
                         pairwise_fn: Callable[..., Any] = jnp.multiply,
                         dtype: DType = jnp.float32) -> Array:
-  """Mask [batch, 1, q_len, kv_len] = pairwise_fn(query[:, :, None], key[:, None, :]).
-
-  Args:
-    query_input: [batch, q_len] (booleans or segment ids).
-    key_input: [batch, kv_len].
-    pairwise_fn: elementwise combination (multiply for padding, equal for
-      segment ids).
-    dtype: dtype of the returned mask (1 = attend, 0 = masked).
-  """
+  """Mask [batch, 1, q_len, kv_len] (`dtype`, 1 = attend) = pairwise_fn(query[:, :, None],
+  key[:, None, :]) of [batch, q_len] and [batch, kv_len] (multiply: padding; equal: segments)."""
   mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
   return mask[..., None, :, :].astype(dtype)
 
@@ -214,16 +187,8 @@ def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32):
 def make_decoder_mask(decoder_target_tokens: Array,
                       dtype: DType,
                       decoder_segment_ids: Optional[Array] = None) -> Array:
-  """Decoder self-attention mask: causal AND non-padding AND same segment.
-
-  Args:
-    decoder_target_tokens: [batch, len] int, 0 = padding.
-    dtype: mask dtype.
-    decoder_segment_ids: [batch, len] or None (packed examples).
-
-  Returns:
-    [batch, 1, len, len] mask.
-  """
+  """[batch, 1, len, len] mask: causal AND non-padding (`decoder_target_tokens` int [batch, len],
+  0 = pad) AND same segment (`decoder_segment_ids` [batch, len] or None)."""
   causal = make_causal_mask(decoder_target_tokens, dtype)
   padding = make_attention_mask(decoder_target_tokens > 0, decoder_target_tokens > 0, dtype=dtype)
   segment = None
@@ -251,17 +216,10 @@ def mask_logits(logits: Array, mask: Array) -> Array:
 # Layers.
 # ---------------------------------------------------------------------------
 class DenseGeneral(nn.Module):
-  """Bias-free linear map over `axis` with a 2-D stored kernel (T5X layout).
+  """Bias-free linear map over `axis` to `features`, T5X's kernel layout.
 
-  The kernel is stored as [prod(in dims), prod(features)] float32 with logical
-  names `kernel_axes`, then reshaped to [*in dims, *features] for the product.
-
-  Attributes:
-    features: output feature dims.
-    axis: input axes that are contracted.
-    dtype: computation dtype.
-    kernel_init: initialiser of the stored 2-D kernel.
-    kernel_axes: two logical axis names of the stored kernel.
+  The kernel is stored float32 [prod(in dims), prod(features)] with the two logical names
+  `kernel_axes`, reshaped to [*in dims, *features] for the product in `dtype`.
   """
   features: int | Sequence[int]
   axis: int | Sequence[int] = -1
@@ -329,17 +287,11 @@ class Embed(nn.Module):
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> Array:
-  """T5 relative position bucket (Raffel et al. 2020, Sec. 2.1; T5X/mesh TF).
+  """int32 buckets in [0, num_buckets) of `relative_position` (memory - query), T5's (Raffel et al.
+  2020, Sec. 2.1; T5X/mesh TF).
 
-  Args:
-    relative_position: int array, memory_position - query_position.
-    bidirectional: if False, positive relative positions (future) share
-      bucket 0 (decoder self-attention).
-    num_buckets: total buckets (half per direction when bidirectional).
-    max_distance: distances >= max_distance share the last bucket.
-
-  Returns:
-    int32 array of the same shape with values in [0, num_buckets).
+  Bidirectional: half the buckets per direction, else future positions share bucket 0;
+  distances >= `max_distance` share the last bucket.
   """
   ret = jnp.zeros_like(relative_position, dtype=jnp.int32)
   n = -relative_position.astype(jnp.int32)
@@ -359,12 +311,8 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool, num_
 
 
 class RelativePositionBiases(nn.Module):
-  """Per-head relative position bias; param `rel_embedding` [heads, buckets].
-
-  Attributes:
-    num_buckets, max_distance, num_heads: see `T5Config`.
-    dtype: dtype of the returned bias.
-  """
+  """Per-head relative position bias; param `rel_embedding` [heads, buckets] (fields of
+  `T5Config`)."""
   num_buckets: int
   max_distance: int
   num_heads: int
@@ -372,13 +320,10 @@ class RelativePositionBiases(nn.Module):
 
   @nn.compact
   def __call__(self, qlen: int, klen: int, bidirectional: bool = True) -> Array:
-    """Bias [1, heads, qlen, klen] (dtype `self.dtype`) for `qlen` queries and `klen` keys.
-
-    The relative position of a (query, key) pair is key index - query index (T5X). Packed rows
-    need no positions: for contiguous segments this equals key position - query position on
-    every pair of the same segment, and the segment mask removes every other pair (see
-    `Transformer.__call__`); one [1, ...] bias serves the whole batch.
-    """
+    """Bias [1, heads, qlen, klen] (`self.dtype`): relative position = key index - query index
+    (T5X)."""
+    # Packed rows need no positions: within a contiguous segment this is the position difference,
+    # and the segment mask removes the other pairs.
     relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
                 jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
     buckets = relative_position_bucket(relative, bidirectional, self.num_buckets, self.max_distance)
@@ -419,30 +364,13 @@ class MultiHeadDotProductAttention(nn.Module):
                decode: bool = False,
                deterministic: bool = False,
                precomputed_kv: Optional[tuple[Array, Array]] = None) -> Array:
-    """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed].
+    """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed] -> [b, q, embed] in `dtype`.
 
-    Args:
-      inputs_q: queries' inputs.
-      inputs_kv: keys'/values' inputs.
-      mask: [b or 1, 1 or heads, q, k] (1 = attend) or None; masked logits are set to
-        `mask_value` of the logits' dtype (see `mask_logits`).
-      bias: [b or 1, heads, q, k] additive bias (relative positions) or None.
-      decode: use and update the cache (one query position per call once the
-        cache exists; the first call with decode=True only creates it).
-      deterministic: disables dropout.
-      precomputed_kv: (key, value) [b, heads, head_dim, k] in `dtype` (the layout of the
-        decode cache), the projections of `inputs_kv` by this module's `key` and `value`
-        kernels (`cross_attention_kv`), or None (computed here). Cached decoding passes the
-        encoder-decoder attention's: XLA hoists their projection out of the decoding loop
-        either way, but in the [b, k, heads, head_dim] layout it then copied them transposed at
-        every step for the batched products, which read this layout as it is.
-
-    Returns:
-      [b, q, embed] in `dtype`.
-
-    Raises:
-      ValueError: in cached decoding, if the query is not a single position of
-        the cached batch size; `precomputed_kv` with `decode`.
+    `mask` [b or 1, 1 or heads, q, k] (1 = attend; masked logits get `mask_value`), `bias` [b or 1,
+    heads, q, k]. `decode`: use and update the cache (one query position per call; the first call
+    only creates it). `precomputed_kv`: (key, value) [b, heads, head_dim, k] (`cross_attention_kv`).
+    ValueError: a cached query that is not one position of the cached batch; `precomputed_kv` with
+    `decode`.
     """
     projection = functools.partial(
         DenseGeneral,
@@ -466,6 +394,8 @@ class MultiHeadDotProductAttention(nn.Module):
     elif decode:
       raise ValueError("precomputed_kv is for attention without a cache (decode=False)")
     else:
+      # why this layout: XLA hoists the projection out of the loop either way, but in [b, k, heads,
+      # head_dim] it copied it transposed at every step.
       key, value = precomputed_kv
       kv_layout = "bhdk"  # einsum letters of key and value's axes
 
@@ -651,16 +581,8 @@ class DecoderLayer(nn.Module):
 
 def _embed(cfg: T5Config, shared_embedding: nn.Module, tokens: Array,
            deterministic: bool) -> tuple[nn.Module, Array]:
-  """The stack's relative position biases (`relpos_bias`) and its embedded, dropped-out input.
-
-  Called inside the encoder's or decoder's compact `__call__`.
-
-  Args:
-    tokens: int [batch, length] token ids.
-
-  Returns:
-    (RelativePositionBiases module, activations [batch, length, emb_dim] in `cfg.dtype`).
-  """
+  """(RelativePositionBiases module, activations [batch, length, emb_dim] in `cfg.dtype`) of int
+  `tokens` [batch, length], embedded and dropped out; inside a compact `__call__`."""
   rel_emb = RelativePositionBiases(
       cfg.relative_attention_num_buckets,
       cfg.relative_attention_max_distance,
@@ -730,13 +652,8 @@ class Decoder(nn.Module):
 
 
 def cross_attention_kv(config: T5Config, params: Any, encoded: Array) -> list[tuple[Array, Array]]:
-  """Each decoder layer's cross-attention (key, value) of `encoded` [batch, in_len, emb_dim], for
-  `Transformer.decode(..., cross_kv=...)`: each [batch, num_heads, head_dim, in_len] in
-  `config.dtype` (the self-attention cache's layout). `params` are the unboxed Transformer params.
-
-  Raises:
-    KeyError: `params` lacks a decoder layer's attention kernels.
-  """
+  """Per decoder layer, the cross-attention (key, value) of `encoded` [batch, in_len, emb_dim], each
+  [batch, num_heads, head_dim, in_len] in `config.dtype`; KeyError if `params` lack a kernel."""
   # why once per batch: they are the same at every decoding step (as Hugging Face keeps them);
   # T5X projects them per step and XLA then copies them transposed at every step.
   projection = DenseGeneral(
@@ -775,11 +692,8 @@ class Transformer(nn.Module):
              encoder_segment_ids: Optional[Array] = None,
              *,
              enable_dropout: bool = True) -> Array:
-    """Encodes [batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed] (`config.dtype`).
-
-    Packed inputs: tokens attend only within their segment (`encoder_segment_ids`, [batch,
-    in_len]). T5X's signature (no positions: see `__call__`).
-    """
+    """[batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed] (`config.dtype`); T5X's
+    signature, packed segments attend within themselves."""
     cfg = self.config
     mask = make_attention_mask(encoder_input_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
@@ -801,20 +715,12 @@ class Transformer(nn.Module):
              decode: bool = False,
              max_decode_length: Optional[int] = None,
              cross_kv: Optional[Sequence[tuple[Array, Array]]] = None) -> Array:
-    """Decoder logits [batch, tgt_len, vocab] float32.
+    """Decoder logits float32 [batch, tgt_len, vocab].
 
-    T5X's network also takes `decoder_positions` here, which no caller of T5X's or ours passes
-    and relative attention does not read (see `__call__`); this one does not.
-
-    With `decode=True` (cached autoregressive decoding) no self-attention mask
-    is built (the cache applies causality) and packing is not allowed.
-
-    `cross_kv`: per decoder layer, the encoder-decoder attention's (key, value) projections of
-    `encoded` ([batch, heads, head_dim, in_len] each, `cross_attention_kv`), or None (projected
-    here). The same logits either way; cached decoding computes them once per batch.
-
-    Raises:
-      ValueError: `decode=True` with segment ids.
+    `decode=True`: cached decoding, no self-attention mask (the cache is causal), no packing
+    (ValueError with segment ids). `cross_kv`: `cross_attention_kv`'s projections, or None
+    (projected here); the same logits. No `decoder_positions` (T5X's, read by no relative
+    attention).
     """
     cfg = self.config
     if decode:
@@ -858,17 +764,11 @@ class Transformer(nn.Module):
                enable_dropout: bool = True,
                decode: bool = False,
                max_decode_length: Optional[int] = None) -> Array:
-    """Teacher-forced logits [batch, tgt_len, vocab] float32.
+    """Teacher-forced logits float32 [batch, tgt_len, vocab].
 
-    Args:
-      encoder_input_tokens: [batch, in_len] int32, 0 = padding.
-      decoder_input_tokens: [batch, tgt_len] int32 (targets shifted right, BOS = 0).
-      decoder_target_tokens: [batch, tgt_len] int32, 0 = padding (masks only).
-      encoder_segment_ids, decoder_segment_ids: [batch, len] packing ids.
-      encoder_positions, decoder_positions: [batch, len] positions in packed
-        examples; accepted (T5X's `EncoderDecoderModel` passes them) and not read.
-      enable_dropout: apply dropout (needs a 'dropout' rng).
-      decode, max_decode_length: cached decoding (the first call creates the cache) and its length.
+    Tokens int32 [batch, len], 0 = padding; `decoder_input_tokens` are the targets shifted right
+    (BOS 0); `decoder_target_tokens` feed the masks only; `*_segment_ids` pack; `*_positions` are
+    accepted (T5X's model passes them) and not read. `decode`, `max_decode_length`: cached decoding.
     """
     # why unread: relative positions are key index - query index in the row (one [1, heads, len,
     # len] bias, as T5X), which equals position difference within a packed segment (contiguous,

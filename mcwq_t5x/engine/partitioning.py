@@ -41,23 +41,12 @@ def standard_logical_axis_rules(
     activation_partitioning_dims: int = 1,
     parameter_partitioning_dims: int = 1,
     additional_rules: Optional[LogicalAxisRules] = None) -> tuple[tuple[str, Any], ...]:
-  """T5X's default logical-axis -> mesh-axis rules.
+  """T5X's default logical-axis -> mesh-axis rules (`t5x.partitioning.standard_logical_axis_rules`),
+  as `(logical_name, mesh_axis_or_None)` pairs for `flax.linen.logical_axis_rules`.
 
-  Same table as `t5x.partitioning.standard_logical_axis_rules`: with 1-D parameter partitioning the
-  large dimensions (`vocab`, `mlp`, `heads`, `joined_kv`) are split over the `model` axis and the
-  batch over `data`; with 2-D parameter partitioning `embed` is additionally split over `data`
-  (ZeRO-3-like); with 2-D activation partitioning activations' `embed` goes to `model`.
-
-  Args:
-    activation_partitioning_dims: 1 or 2.
-    parameter_partitioning_dims: 1 or 2.
-    additional_rules: rules placed BEFORE the standard ones (the first matching rule wins).
-
-  Returns:
-    A tuple of `(logical_name, mesh_axis_or_None)` pairs for `flax.linen.logical_axis_rules`.
-
-  Raises:
-    ValueError: for partitioning dims other than 1 or 2, or the unsupported (2, 2) combination.
+  1-D parameter partitioning splits `vocab`, `mlp`, `heads`, `joined_kv` over `model` and the batch
+  over `data`; 2-D also `embed` over `data` (ZeRO-3-like); 2-D activations put `embed` on `model`.
+  `additional_rules` go first (the first match wins). ValueError: dims not 1 or 2, or (2, 2).
   """
   if activation_partitioning_dims not in (1, 2) or parameter_partitioning_dims not in (1, 2):
     raise ValueError("activation_partitioning_dims and parameter_partitioning_dims must be 1 or 2, "
@@ -100,17 +89,14 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                            process_id: Optional[int] = None,
                            initialization_timeout: Optional[int] = None,
                            heartbeat_timeout: Optional[int] = HEARTBEAT_TIMEOUT_S) -> bool:
-  """Calls `jax.distributed.initialize` for multi-process runs (no-op when nothing is configured).
+  """True if it called `jax.distributed.initialize` (a no-op when nothing is configured); run before
+  anything touches a device.
 
-  Returns True if it was called. Run before anything touches a device. `coordinator_address`:
-  process 0's "host:port", "auto" (JAX detects Cloud TPU, SLURM, Open MPI, ...) or None (one
-  process); `num_processes`, `process_id` None: detected; `initialization_timeout` in seconds
-  (None: JAX's 300 s); `heartbeat_timeout` (s) without a heartbeat before the coordination
-  service ends the run (`HEARTBEAT_TIMEOUT_S`; None: JAX's 100 s).
-  On CPU the collectives are set to gloo when JAX has none selected.
-
-  Raises:
-    ValueError: `num_processes` < 1 or `process_id` outside [0, num_processes).
+  `coordinator_address`: "host:port" of process 0, "auto" (Cloud TPU, SLURM, Open MPI, ...) or
+  None; `num_processes`, `process_id` None: detected; `initialization_timeout` (None: JAX's 300 s)
+  and `heartbeat_timeout` (default `HEARTBEAT_TIMEOUT_S`; None: JAX's 100 s) in seconds. On CPU
+  the collectives become gloo when JAX has none selected. ValueError: `num_processes` < 1 or
+  `process_id` outside [0, num_processes).
   """
   if coordinator_address is None:
     return False
@@ -141,14 +127,9 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
 
 
 def add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
-  """Adds T5X's multi-process flags (`t5x/train.py`) to a main's argument parser.
-
-  `--multiprocess_gpu` (initialise `jax.distributed`), `--coordinator_address=HOST:PORT` (process
-  0's address, the same for every process), `--process_count=N`, `--process_index=I` and
-  `--initialization_timeout=SECONDS`. Despite T5X's name the flags work on any platform: GPU
-  hosts, CPU processes (gloo collectives), and a TPU slice (there `--multiprocess_gpu` alone:
-  JAX detects the rest).
-  """
+  """Adds T5X's multi-process flags (`t5x/train.py`) to a parser: `--multiprocess_gpu`,
+  `--coordinator_address=HOST:PORT`, `--process_count=N`, `--process_index=I`,
+  `--initialization_timeout=SECONDS`; on GPU, CPU (gloo) and TPU (`--multiprocess_gpu` alone)."""
   group = parser.add_argument_group("multi-process (T5X's flags)")
   group.add_argument(
       "--multiprocess_gpu",
@@ -182,15 +163,8 @@ def add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
-  """Calls `initialize_distributed` as the flags of `add_multiprocess_flags` say.
-
-  Returns:
-    None when `--multiprocess_gpu` is not given (the caller may then use a gin-configured
-    `initialize_distributed`), else what `initialize_distributed` returns (True).
-
-  Raises:
-    ValueError: a multi-process flag without `--multiprocess_gpu`, a bad process count or index.
-  """
+  """None without `--multiprocess_gpu` (a gin-configured `initialize_distributed` may run), else
+  `initialize_distributed`'s result. ValueError: a flag without it, a bad count or index."""
   given = [
       f"--{name}" for name in ("coordinator_address", "process_count", "process_index",
                                "initialization_timeout", "heartbeat_timeout",
@@ -211,17 +185,8 @@ def initialize_from_flags(args: argparse.Namespace) -> Optional[bool]:
 
 
 def fit_spec_to_mesh(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-  """`spec` without the mesh axes that do not divide the dimension they shard (e.g. an odd
-  vocabulary size over 2 `model` devices): that dimension is replicated instead.
-
-  Args:
-    spec: a mesh-axis `PartitionSpec` (may be shorter than `shape`).
-    shape: the array's shape.
-    mesh: the mesh whose axis sizes count.
-
-  Returns:
-    A `PartitionSpec` with one entry per dimension of `shape`.
-  """
+  """A `PartitionSpec`, one entry per dimension of `shape`, without the mesh axes that do not divide
+  the dimension they shard (an odd vocabulary over 2 `model` devices: replicated)."""
   entries = list(spec) + [None] * (len(shape) - len(spec))
   fitted = []
   for dim, entry in zip(shape, entries):
@@ -242,13 +207,8 @@ class DataShardInfo:
 
 
 def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """A `("data", "model")` mesh of shape `(len(devices) // num_partitions, num_partitions)`.
-
-  `devices` defaults to `jax.devices()` (all processes'); `num_partitions` is T5X's.
-
-  Raises:
-    ValueError: if `num_partitions` is not a positive divisor of the number of devices.
-  """
+  """A `("data", "model")` mesh `(len(devices) // num_partitions, num_partitions)` (T5X's
+  `num_partitions`); ValueError unless it divides the number of devices."""
   devices = list(jax.devices() if devices is None else devices)
   n = len(devices)
   if num_partitions < 1 or n % num_partitions:
@@ -263,24 +223,14 @@ def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[jax.Device]]
 
 
 class Partitioner:
-  """Mesh + logical axis rules + `jax.jit` with explicit shardings (T5X `PjitPartitioner`).
-
-  Attributes:
-    mesh: the `("data", "model")` device mesh.
-    logical_axis_rules: the rules used for parameters and activations.
-  """
+  """Mesh + logical axis rules + `jax.jit` with explicit shardings (T5X `PjitPartitioner`)."""
 
   def __init__(self,
                num_partitions: int = 1,
                logical_axis_rules: Optional[LogicalAxisRules] = None,
                devices: Optional[Sequence[jax.Device]] = None):
-    """Creates the mesh.
-
-    Args:
-      num_partitions: number of model-parallel partitions (size of the `model` mesh axis).
-      logical_axis_rules: None = `standard_logical_axis_rules()`.
-      devices: None = all devices.
-    """
+    """Creates the mesh: `num_partitions` is the `model` axis size; None rules: the standard
+    ones."""
     self.num_partitions = num_partitions
     self.mesh = create_mesh(num_partitions, devices)
     self.logical_axis_rules = tuple(
@@ -293,18 +243,13 @@ class Partitioner:
     return self.mesh.shape[DATA_AXIS]
 
   def get_data_shard_info(self) -> DataShardInfo:
-    """One data shard per process, as in T5X's default (`index=process_index`,
-    `num_shards=process_count`); which rows of a global batch the shard holds:
-    `local_batch_rows`."""
+    """One data shard per process, as T5X's default (`index=process_index`,
+    `num_shards=process_count`)."""
     return DataShardInfo(index=jax.process_index(), num_shards=jax.process_count())
 
   def check_batch_size(self, global_batch_size: int) -> int:
-    """Checks the batch divides over data replicas and processes; returns the per-process size.
-
-    Raises:
-      ValueError: if `global_batch_size` is not a multiple of the data-parallel size or of the
-        number of processes.
-    """
+    """The per-process batch size; ValueError unless a multiple of the data-parallel size and
+    processes."""
     if global_batch_size % self.data_parallel_size:
       raise ValueError(f"batch size {global_batch_size} must be a multiple of the data-parallel "
                        f"size {self.data_parallel_size} (mesh {dict(self.mesh.shape)})")
@@ -315,15 +260,9 @@ class Partitioner:
 
   # --- data ---------------------------------------------------------------------------------
   def local_batch_rows(self, global_batch_size: int) -> slice:
-    """The rows of a global batch that this process's devices hold (`data_sharding`).
-
-    A `slice` into the global batch's leading dimension: all rows with one process, else a
-    contiguous block of `global_batch_size // P` rows, process 0 first (`create_mesh`'s order).
-
-    Raises:
-      ValueError: bad batch size (`check_batch_size`), or the process's rows are not one
-        contiguous block.
-    """
+    """The `slice` of a global batch this process's devices hold: all rows with one process, else a
+    contiguous block of `global_batch_size // P`, process 0 first. ValueError: bad size or
+    layout."""
     self.check_batch_size(global_batch_size)
     index_map = self.data_sharding.addressable_devices_indices_map((global_batch_size,))
     rows = sorted({(ix[0].start or 0, global_batch_size if ix[0].stop is None else ix[0].stop)
@@ -340,20 +279,9 @@ class Partitioner:
   def make_global_batch(self,
                         local_batch: Mapping[str, np.ndarray],
                         global_batch_size: Optional[int] = None) -> dict[str, jax.Array]:
-    """Assembles global `jax.Array`s from this process's rows of the batch.
-
-    Args:
-      local_batch: feature -> numpy array `[rows, ...]`: this process's rows
-        (`local_batch_rows(global_batch_size)` of the global batch; with one process the whole
-        batch).
-      global_batch_size: rows of the global batch; None = `rows * process_count`.
-
-    Returns:
-      feature -> `jax.Array` of shape `[global_batch_size, ...]`, sharded over `data`.
-
-    Raises:
-      ValueError: the local rows do not match this process's share of `global_batch_size`.
-    """
+    """feature -> `jax.Array` [global_batch_size, ...] sharded over `data`, from this process's
+    `local_batch_rows` ([rows, ...] numpy; None size: rows * process_count). ValueError on
+    mismatch."""
     if global_batch_size is None:
       return {
           k: jax.make_array_from_process_local_data(self.data_sharding, np.asarray(v))
@@ -394,18 +322,8 @@ class Partitioner:
         to_sharding, logical_specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
 
   def param_mesh_specs(self, boxed_params: PyTree, params: PyTree) -> PyTree:
-    """Mesh `PartitionSpec`s of a parameter tree.
-
-    Args:
-      boxed_params: the tree as a Flax init returns it, leaves boxed with their logical axis names
-        (`nn.LogicallyPartitioned`; arrays or `jax.ShapeDtypeStruct`s); an unboxed leaf is
-        replicated.
-      params: the same tree unboxed (arrays or `jax.ShapeDtypeStruct`s), for the shapes.
-
-    Returns:
-      A tree like `params` of `PartitionSpec`s: `logical_axis_rules` applied, then
-      `fit_spec_to_mesh`.
-    """
+    """A tree like `params` of `PartitionSpec`s: the `logical_axis_rules` of `boxed_params`'s
+    `nn.LogicallyPartitioned` names (unboxed leaves replicated), then `fit_spec_to_mesh`."""
     is_spec = lambda x: x is None or isinstance(x, PartitionSpec)
     logical = nn.get_partition_spec(boxed_params)
     mesh_specs = jax.tree_util.tree_map(
@@ -422,11 +340,8 @@ class Partitioner:
   def abstract_params(self,
                       init_params: Callable[[jax.Array], PyTree],
                       rng: Optional[jax.Array] = None) -> PyTree:
-    """Shapes, dtypes and shardings of the parameters `init_params` creates, allocating nothing.
-
-    `init_params`: rng -> the tree boxed with logical axis names, traced by `jax.eval_shape`,
-    never run. Returns the unboxed tree of `jax.ShapeDtypeStruct`s with their `NamedSharding`s.
-    """
+    """The unboxed tree of `jax.ShapeDtypeStruct`s with `NamedSharding`s that `init_params` (rng ->
+    boxed tree) would create, traced by `jax.eval_shape`, never run."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
     with self.context():
       boxed = jax.eval_shape(init_params, rng)
@@ -461,16 +376,8 @@ class Partitioner:
       static_argnums: Sequence[int] = (),
       donate_argnums: Sequence[int] = ()
   ) -> "PartitionedFunction":
-    """`jax.jit` with explicit shardings; tracing happens inside the mesh/rules context.
-
-    Args:
-      fn: the function to compile.
-      in_shardings / out_shardings: pytrees of `jax.sharding.Sharding` (as for `jax.jit`).
-      static_argnums, donate_argnums: as for `jax.jit`.
-
-    Returns:
-      A callable running the compiled function under the mesh context.
-    """
+    """`jax.jit(fn)` with explicit shardings (as `jax.jit`'s arguments), traced and run inside the
+    mesh and rules context."""
     jitted = jax.jit(
         fn,
         in_shardings=in_shardings,

@@ -1,21 +1,11 @@
 """Preemption: a SIGTERM asks the training loop to save a checkpoint at a step boundary and stop.
 
 Schedulers (TPU and GPU job schedulers, SLURM, Kubernetes) send SIGTERM some time before they
-stop a job. T5X saves a checkpoint at a preemption sync point then; `PreemptionWatch` gives the
-training loop the same: `reached(step)` is True at the first step boundary after a SIGTERM, and
-in a multi-process run at the same step in every process.
-
-* One process: a Python SIGTERM handler records the signal; `reached(step)` is True from the next
-  call on. The handler is installed while the watch is entered (in the main thread only) and the
-  previous one restored after; a second SIGTERM while the first is being handled ends the process
-  at once (the default action), as a scheduler that does not wait expects.
-* Several processes (`jax.distributed`): JAX's preemption service catches SIGTERM in any process
-  and agrees with the others on a step (the largest step any process has reached, plus one);
-  `reached(step)` is `jax.experimental.multihost_utils.reached_preemption_sync_point(step)`, True at
-  that step in every process, which must call it at every step. Without the service
-  (`jax_enable_preemption_service` off) SIGTERM keeps its default action and a warning says so.
-
-Nothing here imports TensorFlow or SeqIO.
+stop a job; T5X saves at a preemption sync point, and `PreemptionWatch.reached(step)` gives the
+loop the same: True at the first step boundary after a SIGTERM, in a multi-process run at the
+same step in every process (JAX's preemption service, `jax.distributed`). One process: a Python
+handler, installed while the watch is entered (main thread only). Without the service SIGTERM
+keeps its default action and a warning says so. No TensorFlow or SeqIO import.
 """
 from __future__ import annotations
 
@@ -34,15 +24,10 @@ ONE_PROCESS, JAX_SERVICE, NONE = "signal handler", "JAX preemption service", "no
 
 
 class PreemptionWatch:
-  """Watches for SIGTERM during a training loop (see the module docstring); a context manager.
+  """Watches for SIGTERM during a training loop, from `start_step`; a context manager.
 
-  Args:
-    start_step: the step the loop starts from (the first `reached` call is for the next one).
-
-  Attributes:
-    mode: `ONE_PROCESS`, `JAX_SERVICE` or `NONE` (SIGTERM keeps its default action: a thread
-      other than the main one, or several processes without JAX's preemption service).
-    signalled: in one process, whether SIGTERM has arrived.
+  `mode`: `ONE_PROCESS`, `JAX_SERVICE` or `NONE` (default action: not the main thread, or several
+  processes without the service); `signalled`: one process, SIGTERM arrived.
   """
 
   def __init__(self, start_step: int = 0):
@@ -88,13 +73,11 @@ class PreemptionWatch:
     self.stop()
 
   def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step` (call it at every step, in every process).
-
-    Args:
-      step: the number of steps done (the step a checkpoint saved now has).
-    """
+    """Whether to save and stop after `step` (steps done); call it at every step, in every
+    process."""
     if self.mode == JAX_SERVICE:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      # The service agrees on the largest step any process has reached, plus one.
       if multihost_utils.reached_preemption_sync_point(int(step)):
         self.signalled = True
       return self.signalled
@@ -102,12 +85,8 @@ class PreemptionWatch:
 
 
 class Preempted(Exception):
-  """The run saved a checkpoint after a SIGTERM and stopped (not an error: rerun to resume).
-
-  Attributes:
-    step: the step of the saved checkpoint.
-    checkpoint: its folder.
-  """
+  """The run saved `checkpoint` at `step` after a SIGTERM and stopped (not an error: rerun to
+  resume)."""
 
   def __init__(self, step: int, total_steps: int, checkpoint: Any):
     self.step, self.checkpoint = int(step), checkpoint

@@ -33,16 +33,9 @@ Batch = Mapping[str, jax.Array]
 class NonFiniteLossError(FloatingPointError):
   """A train step produced a NaN/Inf loss or gradient; the train state was not updated.
 
-  Raised by `Trainer.train_step`. The message names the step and says nothing about checkpoints:
-  the caller, which saves them, knows whether one exists.
-
-  Attributes:
-    step: int, the step of the failed update: the number of updates applied so far, i.e.
-      `int(state.step)`.
-    state: the unchanged (last good) `TrainState`.
-    loss: float, the step's summed token loss (`metrics["loss"]`; may be finite when only the
-      gradient is not).
-    grad_norm: float, the global gradient norm.
+  `step` = `int(state.step)` of the failed update; `state` the last good `TrainState`; `loss` the
+  summed token loss (may be finite when only the gradient is not); `grad_norm`. The message says
+  nothing of checkpoints: the caller saves them.
   """
 
   def __init__(self, step: int, state: "TrainState", loss: float, grad_norm: float):
@@ -56,14 +49,8 @@ class NonFiniteLossError(FloatingPointError):
 
 @flax.struct.dataclass
 class FiniteGuard:
-  """Device-side record of the first non-finite train step (`Trainer.train_step_async`).
-
-  Attributes:
-    bad_step: int32 scalar, the step (`state.step` before the update) of the first update whose
-      loss or gradient norm was NaN/Inf; -1 while every step was finite.
-    loss: float32 scalar, that step's summed token loss (0 while none).
-    grad_norm: float32 scalar, that step's global gradient norm (0 while none).
-  """
+  """Device-side record of the first non-finite step: `bad_step` int32 (-1 while all finite), its
+  `loss` and `grad_norm` float32 (0 while none)."""
   bad_step: jax.Array
   loss: jax.Array
   grad_norm: jax.Array
@@ -71,13 +58,8 @@ class FiniteGuard:
 
 @flax.struct.dataclass
 class TrainState:
-  """Training state (a pytree).
-
-  Attributes:
-    step: int32 scalar, number of optimizer updates applied so far.
-    params: unboxed parameter tree (float32 arrays, T5X names).
-    opt_state: optax optimizer state.
-  """
+  """Training state (a pytree): `step` int32 updates so far, `params` float32 T5X-named,
+  `opt_state`."""
   step: jax.Array
   params: PyTree
   opt_state: PyTree
@@ -93,22 +75,12 @@ def create_learning_rate_schedule(
     decay_steps: Optional[int] = None,
     end_learning_rate_factor: float = 0.0,
 ) -> Callable[[jax.Array], jax.Array]:
-  """Learning rate as a function of the step (an optax schedule).
+  """`fn(step) -> float32` optax schedule; ValueError for an unknown schedule or missing
+  `decay_steps`.
 
-  Args:
-    base_learning_rate: peak learning rate (paper, Sec. 5: 5e-4 for mT5 fine-tuning, 3e-5 elsewhere).
-    schedule: "constant"; "linear" (linear decay from the peak at `warmup_steps` to
-      `end_learning_rate_factor * peak` at `decay_steps`); "rsqrt" (T5's inverse square root:
-      `peak * sqrt(max(warmup_steps, 1) / max(step, warmup_steps))`); "cosine" (cosine decay to
-      `end_learning_rate_factor * peak` at `decay_steps`).
-    warmup_steps: number of steps of linear warm-up from 0 to the peak (0 = none).
-    decay_steps: total steps for "linear"/"cosine" (typically TRAIN_STEPS).
-
-  Returns:
-    `fn(step) -> float32 scalar`.
-
-  Raises:
-    ValueError: for an unknown schedule or a missing `decay_steps`.
+  `base_learning_rate`: the peak (paper Sec. 5: 5e-4 for mT5). `schedule`: "constant"; "linear"
+  (peak at `warmup_steps` to `end_learning_rate_factor * peak` at `decay_steps`); "rsqrt" (T5's
+  `peak * sqrt(max(warmup_steps, 1) / max(step, warmup_steps))`); "cosine". Linear warm-up from 0.
   """
   peak = float(base_learning_rate)
   if schedule == "constant":
@@ -145,14 +117,10 @@ def make_optimizer(learning_rate_fn: Callable[[jax.Array], jax.Array],
                    adam_b1: float = 0.9,
                    adam_b2: float = 0.999,
                    adam_eps: float = 1e-8) -> optax.GradientTransformation:
-  """The optimizer (an optax gradient transformation).
+  """The optax optimizer: "adafactor" (T5X fine-tuning's defaults) or "adamw" (HF Trainer's).
 
-  `name`: "adafactor" (T5X fine-tuning's defaults) or "adamw" (the Hugging Face Trainer's and
-  `optax.adamw`'s defaults); `weight_decay` is decoupled (AdamW) or Adafactor's
-  `weight_decay_rate`; `grad_clip_norm` clips the global norm first (the paper's recipe: 1.0).
-
-  Raises:
-    ValueError: for an unknown optimizer name.
+  `weight_decay` is decoupled (AdamW) or Adafactor's `weight_decay_rate`; `grad_clip_norm` clips
+  the global norm first (the paper's recipe: 1.0). ValueError: unknown name.
   """
   if name == "adafactor":
     tx = optax.adafactor(
@@ -189,14 +157,7 @@ def _path_keys(path) -> tuple[str, ...]:
 
 def optimizer_state_specs(opt_state_shapes: PyTree, params_shapes: PyTree,
                           params_specs: PyTree) -> PyTree:
-  """Mesh PartitionSpecs for an optax state, derived from the parameters' specs.
-
-  A state leaf whose key path ends with a parameter's path gets that parameter's spec when the shapes
-  are equal (Adam moments, Adafactor's unfactored `v`), or the spec with one dimension removed when
-  its shape is the parameter's shape minus that dimension (Adafactor's factored `v_row`/`v_col`);
-  everything else (counts, placeholders) is replicated.  T5X derives the same from its
-  `logical_factor_rules`.
-  """
+  """Mesh PartitionSpecs of an optax state from the parameters' (T5X: `logical_factor_rules`)."""
   param_index: dict[tuple[str, ...], tuple[tuple[int, ...], PartitionSpec]] = {}
   for (path, leaf), spec in zip(
       jax.tree_util.tree_flatten_with_path(params_shapes)[0],
@@ -213,8 +174,10 @@ def optimizer_state_specs(opt_state_shapes: PyTree, params_shapes: PyTree,
         continue
       p_shape, p_spec = hit
       entries = list(p_spec) + [None] * (len(p_shape) - len(p_spec))
+      # Adam moments, Adafactor's unfactored `v`: the parameter's spec.
       if shape == p_shape:
         return PartitionSpec(*entries)
+      # Adafactor's factored `v_row`/`v_col`: the spec less that dimension; counts are replicated.
       if len(shape) == len(p_shape) - 1:
         for i in reversed(range(len(p_shape))):
           if p_shape[:i] + p_shape[i + 1:] == shape:
@@ -241,15 +204,8 @@ def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
 
 
 def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
-  """Turns summed metrics into the logged figures.
-
-  Args:
-    sums: the step's metric SUMS (host scalars) from `loss_fn`, plus "learning_rate".
-
-  Returns:
-    {"loss": mean loss per target token, "cross_ent_loss", "z_loss" (same normalisation),
-     "accuracy": token accuracy in [0, 1], "learning_rate", "num_tokens", "num_examples"}.
-  """
+  """{"loss", "cross_ent_loss", "z_loss" per target token, "accuracy" in [0, 1], "learning_rate",
+  "num_tokens", "num_examples"} from the step's metric SUMS."""
   n = max(float(sums.get("num_tokens", 1.0)), 1.0)
   out = {"loss": float(sums["loss"]) / n}
   for k in ("cross_ent_loss", "z_loss"):
@@ -266,20 +222,11 @@ def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
 class Trainer:
   """Creates the sharded train state and runs compiled train/eval steps (T5X `Trainer`).
 
-  Args:
-    model: object with `get_initial_variables(rng, input_shapes, input_types)` returning
-      {"params": nn.LogicallyPartitioned-boxed tree}, `loss_normalizer(batch) -> float32 scalar`,
-      `loss_fn(params, batch, dropout_rng, normalizer=None) -> (loss, metric_sums)` and
-      `eval_fn(params, batch)` (the `mcwq_t5x.engine.model.EncoderDecoderModel` loss contract: the
-      differentiated loss of a batch split into microbatches m is
-      `sum_m loss_fn(params, m, rng_m, normalizer=loss_normalizer(batch))[0]`).
-    partitioner: `partitioning.Partitioner`.
-    optimizer: optax transformation (default: `make_optimizer(learning_rate_fn)`).
-    learning_rate_fn: schedule (logged as "learning_rate").
-    num_microbatches: gradient-accumulation steps per update (1 = none).
-    seed: seed for parameter init and dropout.
-    use_hardware_rng: draw dropout masks with the `unsafe_rbg` PRNG (XLA `RngBitGenerator`; T5X
-      `USE_HARDWARE_RNG`) instead of threefry; parameter initialisation is the same either way.
+  `model`: `get_initial_variables`, `loss_normalizer`, `loss_fn(params, batch, rng,
+  normalizer=None)`, `eval_fn` (the `engine.model` loss contract). `optimizer` default
+  `make_optimizer(learning_rate_fn)`; `num_microbatches` accumulation steps; `seed` for init and
+  dropout; `use_hardware_rng`: dropout masks from `unsafe_rbg` (XLA `RngBitGenerator`, T5X
+  `USE_HARDWARE_RNG`), same init either way.
   """
 
   def __init__(self,
@@ -353,20 +300,10 @@ class Trainer:
                    input_shapes: Mapping[str, tuple[int, ...]],
                    input_types: Optional[Mapping[str, Any]] = None,
                    init_params: Optional[PyTree] = None) -> TrainState:
-    """Initialises the train state directly in its sharded layout.
+    """A `TrainState` initialised directly sharded over the mesh.
 
-    Args:
-      input_shapes: feature -> shape of a (global) batch, e.g. {"encoder_input_tokens": (B, Li), ...}.
-      input_types: feature -> dtype (default int32).
-      init_params: optional parameter tree (e.g. an imported pretrained checkpoint) replacing the
-        random init; it is placed with the parameters' shardings and the optimizer state is
-        initialised from it.
-
-    Returns:
-      A `TrainState` whose arrays are sharded over the mesh.
-
-    Raises:
-      ValueError: if `init_params` does not have the model's parameter structure/shapes.
+    `input_shapes`: feature -> global batch shape; `init_params` (e.g. a pretrained checkpoint)
+    replaces the random init. ValueError if its structure or shapes differ from the model's.
     """
     shardings = self.state_shardings(input_shapes, input_types)
     p = self.partitioner
@@ -399,11 +336,9 @@ class Trainer:
 
   # --- steps --------------------------------------------------------------------------------
   def _loss_grads_and_metrics(self, params, batch, rng):
-    """The batch's loss, its gradient and the metric sums, accumulated over microbatches.
-
-    Every microbatch is normalised by the model's `loss_normalizer` of the whole batch, so the sums
-    over microbatches are the whole batch's loss and gradient (the model's loss contract).
-    """
+    """The batch's loss, gradient and metric sums, accumulated over microbatches."""
+    # why: each microbatch divided by the whole batch's D, so the sums are the batch's loss and
+    # gradient.
     normalizer = self.model.loss_normalizer(batch)
 
     def loss_fn(p, mb, r):
@@ -452,11 +387,8 @@ class Trainer:
     return new_state, metrics, new_guard
 
   def compile_train_step(self, state_shardings: TrainState, batch: Batch):
-    """Compiles the train step for `batch`'s features (donates the old state).
-
-    The compiled function maps `(state, batch, dropout_rng, guard)` to
-    `(new_state, metrics, new_guard)` (see `train_step_async`).
-    """
+    """Compiles `(state, batch, dropout_rng, guard) -> (new_state, metrics, new_guard)`, state
+    donated."""
     p = self.partitioner
     return p.partition(
         self._train_step,
@@ -466,12 +398,10 @@ class Trainer:
 
   def train_step_async(self, state: TrainState, batch: Batch,
                        guard: FiniteGuard) -> tuple[TrainState, dict[str, jax.Array], FiniteGuard]:
-    """One optimizer update, dispatched without waiting for the device (no host sync).
+    """(new_state, metric sums as device scalars, new guard): one update, no host sync.
 
-    `state` is donated; `guard` comes from `initial_guard()` or the previous call. Returns
-    (new_state, metric sums as device scalars with "learning_rate", "grad_norm", "is_finite";
-    the new guard). From the first NaN/Inf step on the state stays the last good one until
-    `check_finite` raises `NonFiniteLossError` for that step: check before saving or logging.
+    From the first NaN/Inf step on the state stays the last good one until `check_finite` raises:
+    check before saving or logging.
     """
     if self._train_step_fn is None:
       shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
@@ -488,25 +418,14 @@ class Trainer:
 
   @staticmethod
   def check_finite(guard: "FiniteGuard", state: TrainState) -> None:
-    """Waits for `guard` (a host sync) and raises if a step since the start was not finite.
-
-    Raises:
-      NonFiniteLossError: with the first non-finite step, its loss sum and gradient norm, and
-        `state` (the last good state: the updates stopped at that step).
-    """
+    """Waits for `guard`; NonFiniteLossError (first bad step, its loss and norm, last good
+    `state`)."""
     host = jax.device_get(guard)
     if int(host.bad_step) >= 0:
       raise NonFiniteLossError(int(host.bad_step), state, float(host.loss), float(host.grad_norm))
 
   def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update on a global batch, checked at once (waits for the device).
-
-    `train_step_async` followed by `check_finite`; returns (new_state, metric sums).
-
-    Raises:
-      NonFiniteLossError: if the loss or the gradient norm is NaN/Inf; the state is NOT updated
-        (the exception's `state`), `step` is `int(state.step)`.
-    """
+    """(new_state, metric sums): `train_step_async` then `check_finite`; NonFiniteLossError."""
     new_state, metrics, guard = self.train_step_async(state, batch, self.initial_guard())
     self.check_finite(guard, new_state)
     return new_state, metrics

@@ -1,28 +1,13 @@
 """The error browser: one self-contained HTML page of every scored example of a report
 (`python -m mcwq_t5x.report RESULTS_DIR --html DIR` writes `DIR/index.html`).
 
-The page needs no server and no network: it opens from a file (`file://`), its data, script and
-style are inside it, and its Content-Security-Policy forbids every request. One row per test
-example and system: the question, the gold and the predicted query (RIR) with the differing
-tokens highlighted (longest common subsequence of whitespace tokens), the error category
-(`metrics.ErrorAnalysis`), the complexity (recursionDepth, where the release has it), the unseen
-compounds (`compounds`, where the release has a training part), and the other systems'
-predictions on the same example (the other runs on the same test set and language). Filters:
-language, split (the training split), test set (`test`, `dev`, or `gold`), model, mode,
-category, complexity, number of unseen compounds, one unseen compound, and a text search. The
-report's tables are at the top; each linked cell sets the filters of its examples.
-
-The filters live in the address's fragment (`#language=he&split=mcd1&category=correct`; several
-values of one field separated by commas, each value percent-encoded: `fragment`), so a link from
-report.md or from a table cell opens the page on its examples. Rows are shown a page at a time
-(`PAGE_SIZES`), so tens of thousands of examples (a full release, all systems) stay usable: the
-data is embedded once as JSON (strings interned: a prediction equal to its gold query is stored
-once), and filtering runs over arrays, not the document.
-
-Elements a test (or a user's script) can rely on: `#count` (its `data-count`: the number of
-examples the filters select), `#rows tbody tr` (the rows shown), the filter selects `#f-language`,
-`#f-split`, `#f-test`, `#f-model`, `#f-mode`, `#f-category`, `#f-depth`, `#f-unseen`, the text box
-`#f-search`, `#page-size`, and the buttons `#prev`, `#next`.
+No server, no network (a Content-Security-Policy forbids every request). One row per test
+example and system: question, gold and predicted RIR with differing tokens highlighted, the
+§6.2 category, recursionDepth, unseen compounds and the other systems' predictions. Filters live
+in the address fragment (`#language=he&split=mcd1&category=correct`, `fragment`), so report.md's
+links open the page on their examples. Stable elements: `#count` (`data-count`), `#rows tbody
+tr`, `#f-language`, `#f-split`, `#f-test`, `#f-model`, `#f-mode`, `#f-category`, `#f-depth`,
+`#f-unseen`, `#f-search`, `#page-size`, `#prev`, `#next`.
 """
 from __future__ import annotations
 
@@ -38,6 +23,7 @@ from mcwq_t5x.evaluation import metrics
 #: The page's file name in the browser's folder.
 PAGE = "index.html"
 #: Rows per page the reader can choose, and the default.
+# A page at a time keeps tens of thousands of rows usable.
 PAGE_SIZES = (25, 100, 500, 1000)
 DEFAULT_PAGE_SIZE = 100
 #: Filter fields, in the order of the page's controls and of `fragment`.
@@ -46,17 +32,9 @@ FIELDS = ("language", "split", "test", "model", "mode", "category", "depth", "un
 
 
 def fragment(filters: Mapping[str, Any]) -> str:
-  """The address fragment that opens the page with `filters` applied.
+  """"#field=value&..." that opens the page filtered ("" for none); a list joins by commas.
 
-  Args:
-    filters: field (of `FIELDS`) -> a value or a list of values (any of them matches).
-
-  Returns:
-    "#field=value&..." with each value percent-encoded and a list joined by commas; "" for no
-    filters.
-
-  Raises:
-    ValueError: an unknown field.
+  Values are percent-encoded; ValueError for a field not in `FIELDS`.
   """
   parts = []
   for field in FIELDS:
@@ -87,23 +65,16 @@ class _Strings:
 
 
 def page_data(report: Mapping[str, Any], sections: Sequence[Mapping[str, Any]] = ()) -> dict:
-  """The page's data: runs, test sets and tables, as the page's script reads them.
+  """The page's JSON-serialisable data (runs, test sets, tables) from `report.build`'s output.
 
-  Args:
-    report: `report.build`'s output (its `_examples` hold the per-example data).
-    sections: the report's tables for reading ({"name", "heading", "header", "rows" (strings),
-      "links" (per row {column: fragment})}).
-
-  Returns:
-    A JSON-serialisable dict.
-
-  Raises:
-    ValueError: the report holds no per-example data (it was read back from results.json).
+  `sections`: tables {"name", "heading", "header", "rows", "links" (per row {column: fragment})}.
+  ValueError: the report has no `_examples` (read back from results.json).
   """
   examples = report.get("_examples")
   if not examples:
     raise ValueError("the report holds no examples (build it with report.build; results.json "
                      "has only the scores)")
+  # Interned: a prediction equal to its gold query is stored once (a full release, all systems).
   strings = _Strings()
   sets, set_index = [], {}
   for key, s in examples["sets"].items():
@@ -153,19 +124,9 @@ def write_page(
     report: Mapping[str, Any],
     out_dir: str | pathlib.Path,
     sections: Sequence[Mapping[str, Any]] = ()) -> pathlib.Path:
-  """Writes the error browser `out_dir/index.html` (module docstring).
+  """Writes `out_dir/index.html` and returns its path.
 
-  Args:
-    report: `report.build`'s output.
-    out_dir: the folder (made if missing).
-    sections: the report's tables (`page_data`).
-
-  Returns:
-    The page's path.
-
-  Raises:
-    ValueError: the report holds no per-example data.
-    writers.ResultWriteError: the page cannot be written.
+  Raises ValueError (no per-example data) or writers.ResultWriteError.
   """
   data = script_json(page_data(report, sections))
   path = pathlib.Path(out_dir) / PAGE
@@ -174,9 +135,8 @@ def write_page(
 
 
 def script_json(value: Any) -> str:
-  """`value` as JSON safe inside `<script>`: every `<`, `>` and `&` as a `\\u00XX` escape, so no
-  string can close the element (`</script>`) or open a comment (`<!--`, which makes the HTML parser
-  look for `-->` and swallow the page's code)."""
+  """`value` as JSON safe inside `<script>` (`<`, `>`, `&` as `\\u00XX` escapes)."""
+  # why: no string may close the element (`</script>`) or open a comment.
   text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
   # JSON strings are the only place these characters can occur; the escapes decode back to them.
   return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -1,32 +1,12 @@
 """Unseen compounds: which compounds of each test query never occur in the training part, and what
 they cost in exact match.
 
-An MCD split (Keysers et al., ICLR 2020; MCWQ's are CFQ's) keeps the atoms of train and test alike
-and their compounds apart: a test query is hard when it combines known atoms in ways training never
-showed. This module connects that construction to a model's errors, example by example:
-
-  * the compounds of a query are those of `mcwq_t5x.data.divergence` (connected sub-graphs of one
-    to three triples/filters of the SPARQL query, placeholders and variables anonymised; its
-    docstring has the definitions and examples such as `M1 wdt:P57 ?v1 . M2 wdt:P57 ?v1`);
-  * a test example's **unseen compounds** are its compounds that no query of the split's `train`
-    part contains (`unseen_compounds`);
-  * **exact match by number of unseen compounds** (`by_unseen`): the examples grouped into the
-    buckets of `BUCKETS` (0, 1, 2, 3-4, 5-9, 10-19, 20-39, 40 or more unseen compounds);
-  * the **costliest unseen compounds** (`costliest`): for each unseen compound c found in at least
-    `MIN_EXAMPLES` test examples, the exact match of the examples with c and of those without it,
-    the cost (without - with, percentage points) and the exact matches lost,
-    `n_with * cost / 100`: how many more exact matches the test set would have if the examples
-    with c were as often right as the others. They are ranked by exact matches lost, which weighs
-    how much c hurts by how often it occurs. Unseen compounds come in groups (a larger unseen
-    compound contains smaller ones, and an MCD split holds out related ones together), so the
-    cost is that of the examples containing c, not an effect of c alone.
-
-It needs the split's training part (`readers.available_parts`): a full MCWQ release, a
-`preprocessing.make_splits` or `preprocessing.migrate` release; the shared copy of the published
-splits mirrors only dev and test, and `training_compounds` returns None for it.
-
-Queries are read as the evaluation reads them: the gold targets (RIR, converted with
-`mcwq_t5x.data.rir.rir_to_sparql`), the training part with `divergence.split_queries`.
+An MCD split (Keysers et al., ICLR 2020) keeps train and test atoms alike and their compounds
+apart. Compounds are `mcwq_t5x.data.divergence`'s (connected sub-graphs of one to three
+triples/filters, placeholders and variables anonymised); a test example's unseen compounds are
+those no training query contains. Exact match is grouped by their number (`BUCKETS`) and each
+unseen compound ranked by the exact matches its examples lose (`costliest`). Needs the split's
+`train` part (a full release, `make_splits` or `migrate`); the shared published copy has none.
 """
 from __future__ import annotations
 
@@ -67,24 +47,14 @@ BUCKETS = tuple(bucket_name(k) for k in BUCKET_EDGES)
 def training_compounds(split: str,
                        data_dir: Optional[readers.PathLike] = None,
                        language: Optional[str] = None) -> Optional[frozenset[str]]:
-  """The compounds of the queries of `split`'s training part, or None if it has none.
+  """The `divergence.compounds` strings of every query of `split`'s `train` part; None if it has
+  none.
 
-  Args:
-    split: a split of `data_dir` (`readers.discover`).
-    data_dir: the MCWQ folder; default `paths.data_dir()`.
-    language: whose files to read (the queries are the same in every language); default "en" if
-      the split has it, else its first language.
-
-  Returns:
-    The set of compound strings (`divergence.compounds`) of every training query; None when the
-    split has no `train` part under `data_dir` (the shared copy of the published splits), or an
-    empty one.
-
-  Raises:
-    ValueError: unknown split; malformed data (`readers.DataFormatError`, a query that does not
-      parse).
+  `language` default: "en" if present, else the split's first (the queries are the same). Raises
+  ValueError: unknown split, malformed data (`readers.DataFormatError`, an unparseable query).
   """
   language = language or divergence.default_language(split, data_dir)
+  # The shared copy of the published splits mirrors only dev and test.
   if "train" not in readers.available_parts(split, language, data_dir):
     return None
   queries = divergence.split_queries(split, "train", data_dir, language)
@@ -96,22 +66,14 @@ def training_compounds(split: str,
 def unseen_compounds(targets: Sequence[str],
                      train: frozenset[str],
                      source: str = "targets") -> list[tuple[str, ...]]:
-  """Each target query's compounds that are not in `train`, sorted.
+  """Per RIR target (length N), the sorted tuple of its compounds not in `train`.
 
-  Args:
-    targets: gold queries in RIR (`translations/*.sparql`, the report's gold sets), length N.
-    train: the training part's compounds (`training_compounds`).
-    source: the file the targets come from, for errors.
-
-  Returns:
-    N sorted tuples of compound strings (empty: every compound was seen in training).
-
-  Raises:
-    ValueError: a target that is not RIR of a parseable query (message: `source`, line, problem).
+  ValueError names `source`:line for a target that is not RIR of a parseable query.
   """
   out = []
   for i, target in enumerate(targets, start=1):
     try:
+      # Compounds are defined on the SPARQL query.
       query = rir.rir_to_sparql(target.strip())
       found = divergence.compounds(query)
     except ValueError as e:
@@ -128,17 +90,9 @@ def _check(correct: Sequence[bool], unseen: Sequence[Sequence[str]]) -> np.ndarr
 
 def by_unseen(correct: Sequence[bool],
               unseen: Sequence[Sequence[str]]) -> dict[str, dict[str, Any]]:
-  """Exact match by number of unseen compounds, per bucket of `BUCKETS` (empty buckets left out).
+  """{bucket: {"n", "correct", "exact_match": percent}} per bucket of `BUCKETS` with examples.
 
-  Args:
-    correct: per-example outcomes (exact match), length N.
-    unseen: per-example unseen compounds (`unseen_compounds`), length N.
-
-  Returns:
-    {bucket: {"n": examples, "correct": exact matches, "exact_match": percent}} in bucket order.
-
-  Raises:
-    ValueError: the two differ in length.
+  `correct` and `unseen` are per example, length N; ValueError if their lengths differ.
   """
   outcomes = _check(correct, unseen)
   n, right = collections.Counter(), collections.Counter()
@@ -159,21 +113,11 @@ def costliest(correct: Sequence[bool],
               unseen: Sequence[Sequence[str]],
               min_examples: int = MIN_EXAMPLES,
               top: Optional[int] = TOP) -> list[dict[str, Any]]:
-  """The unseen compounds ranked by the exact matches their examples lose (module docstring).
+  """Unseen compounds in >= `min_examples` examples, ranked by exact matches lost (the first `top`).
 
-  Args:
-    correct: per-example outcomes (exact match), length N.
-    unseen: per-example unseen compounds, length N.
-    min_examples: compounds found in fewer test examples are not ranked.
-    top: the number of compounds returned (None: all).
-
-  Returns:
-    [{"compound", "n_with", "correct_with", "exact_match_with", "n_without",
-      "exact_match_without" (None when every example has it), "cost" (points), "lost"
-      (exact matches)}], by "lost" descending, then "n_with" descending, then compound.
-
-  Raises:
-    ValueError: the two differ in length.
+  Rows {"compound", "n_with", "correct_with", "exact_match_with", "n_without",
+  "exact_match_without" (None if every example has it), "cost" (points), "lost"}, by "lost", then
+  "n_with" descending, then compound. ValueError if the lengths differ.
   """
   outcomes = _check(correct, unseen)
   total, total_right = len(outcomes), int(outcomes.sum())
@@ -198,6 +142,9 @@ def costliest(correct: Sequence[bool],
         "n_without": n_without,
         "exact_match_without": without,
         "cost": cost,
+        # The exact matches the set would gain were the examples with c as often right as the
+        # others; compounds come in groups, so this is the cost of the examples containing c, not of
+        # c alone.
         "lost": n_with * cost / 100.0 if cost is not None else None
     })
   # Rounded: equal losses computed in a different order compare equal (then more examples first).
@@ -207,16 +154,9 @@ def costliest(correct: Sequence[bool],
 
 
 def plot_by_unseen(runs: Sequence[dict[str, Any]], title: str, path: Any) -> None:
-  """Exact match (with its 95% bootstrap interval as error bars, when given) against the number
-  of unseen compounds, one line per run.
-
-  Args:
-    runs: [{"label": legend text, "by_unseen": `by_unseen` output, optionally with "ci": [low,
-      high] per bucket}].
-    title: the figure's title.
-    path: the PNG written (matplotlib, Agg), whole or not at all (raises
-      `writers.ResultWriteError`).
-  """
+  """Writes a PNG (`path`, matplotlib Agg; whole or not at all, else `writers.ResultWriteError`) of
+  exact match per bucket, one line per run, with the 95% bootstrap interval as error bars where
+  each bucket has "ci"."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top

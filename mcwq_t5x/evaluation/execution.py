@@ -1,42 +1,12 @@
-"""Execution accuracy: a predicted query is right when it has the gold query's answers.
+"""Execution accuracy: a predicted query is right when it has the gold query's answers on a SPARQL
+store (not a metric of the MCWQ paper, which reports exact match, §5.2).
 
-Exact match and query equivalence (`mcwq_t5x.evaluation.metrics`) compare query strings; two different
-queries can still have the same answers (a redundant type triple, renamed variables, a
-different but equivalent path). Execution accuracy runs both on a SPARQL store. It is not a
-metric of the MCWQ paper (Cui et al., TACL 2022, which reports exact match, §5.2); it needs what
-only a release with entity substitution has (§3.2): for each example the assignment
-`{"M0": "Q42", ...}` of its placeholders, written by `preprocessing.migrate` into `dataset.json`
-(fields `sparqlPatternModEntities`, `entities`, `sparql`, `expectedResponse`).
-
-For one example:
-  1. The gold query is `sparqlPatternModEntities` with the record's entities substituted.
-  2. The prediction (RIR, or SPARQL) is parsed with the project's parser (`metrics.parse_query`);
-     one that does not parse is wrong ("syntax_error").
-  3. The SPARQL text sent to the store is built term by term from the parsed query, never by
-     pasting prediction text: variables must match `?name`, placeholders `M<k>` are replaced by
-     the example's validated Q-id (a placeholder the example has no entity for makes the
-     prediction wrong), constants must be `wd:Q<n>` and predicates `wdt:P<n>` or alternatives
-     `wdt:P<n>|wdt:P<m>` (the id patterns of `mcwq_t5x.stores.endpoint`); anything else makes
-     the prediction wrong ("invalid_term").
-  4. Both are executed (W3C SPARQL 1.1 Query §16.3 ASK, §16.1 SELECT DISTINCT): an ASK answer is
-     a boolean, a SELECT answer the set of values of the selected variable (an unbound value
-     counts as a value of its own). The prediction is correct when the query forms agree and the
-     answers are equal ("correct"); else "wrong_answer". A failed request for the prediction
-     counts as wrong ("endpoint_error").
-
-Examples whose record has no entity assignment (`entities` null: no satisfying assignment was
-found, §3.2) cannot be executed and are left out of the denominator ("not_executable"), as are
-those whose gold query fails on the store ("gold_error"). When no example is left, execution
-accuracy is undefined (None, never 0: a dead store must not read as a model that is always wrong).
-Predictions equivalent to the gold query (`sparql.Query.canonical`) are correct without a request.
-
-Execution plan: the triple patterns are split into connected components (variables shared by
-triples or filters connect them); each component without the selected variable is asked as ASK
-(if one is false, there are no answers), and the triples of a component are ordered by predicate
-frequency when the store knows it (`mcwq_t5x.stores.endpoint.order_triples`; pyoxigraph joins in
-the written order). The answers are those of the unsplit query; the split keeps a prediction made
-of two unconnected patterns from enumerating their cross product. A SELECT answer with more than
-`max_answers` values is truncated and never equal to another answer.
+Needs a release with entity substitution (§3.2): the `{"M0": "Q42", ...}` assignment of each
+example in `dataset.json` (`preprocessing.migrate`). Queries are sent as ASK or SELECT DISTINCT
+(W3C SPARQL 1.1 Query §16.3, §16.1), rebuilt term by term from the parsed prediction (`?var`,
+`wd:Q<n>`, `wdt:P<n>` paths only; anything else is "invalid_term"). Outcomes per example are
+`OUTCOMES`; examples without an assignment ("not_executable") or whose gold query fails
+("gold_error") leave the denominator, and with none left the accuracy is None, never 0.
 """
 
 from __future__ import annotations
@@ -92,16 +62,9 @@ class UnsafeQueryError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseQuery:
-  """The gold query of one example of a release, with its entity assignment.
-
-  Attributes:
-    pattern: `sparqlPatternModEntities`, the query with placeholders (one line).
-    entities: placeholder -> Q-id (`{"M0": "Q42"}`), validated; None when the record has no
-      assignment (the example cannot be executed).
-    source: the dataset.json file.
-    index: 0-based position of the record in dataset.json.
-    line: 1-based line of the record in dataset.json (for messages).
-  """
+  """The gold query of one release example: `pattern` (`sparqlPatternModEntities`, one line),
+  validated `entities` {placeholder: Q-id} (None: no assignment), `source` dataset.json, 0-based
+  `index` and 1-based `line` of the record."""
   pattern: str
   entities: Optional[dict[str, str]]
   source: str = ""
@@ -111,14 +74,9 @@ class ReleaseQuery:
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-  """The answer of one query.
-
-  Attributes:
-    form: "ask" or "select".
-    value: a bool (ASK) or a frozenset of values of the selected variable (SELECT; `wd:Q42` for
-      items, the lexical form for literals, None for an unbound value).
-    truncated: SELECT only: the store had more than `max_answers` values (`value` holds some).
-  """
+  """One query's answer: `form` "ask" | "select"; `value` a bool, or a frozenset of the selected
+  variable's values (`wd:Q42`, a literal's lexical form, None if unbound); `truncated` when the
+  store had more than `max_answers` values."""
   form: str
   value: Union[bool, frozenset]
   truncated: bool = False
@@ -158,14 +116,9 @@ def _load_json(path: pathlib.Path) -> Any:
 
 
 def check_entities(entities: Any) -> dict[str, str]:
-  """Validates an entity assignment `{"M0": "Q42", ...}` (values may also be `wd:Q42`).
+  """{placeholder: Q-id} of an assignment `{"M0": "Q42" or "wd:Q42", ...}`.
 
-  Returns:
-    {placeholder: Q-id}, values without the `wd:` prefix.
-
-  Raises:
-    ValueError: not a mapping, a key that is not a placeholder `M<k>`, or a value that is not a
-      Wikidata item id.
+  ValueError: not a mapping, a key not `M<k>`, or a value not a Wikidata item id.
   """
   if not isinstance(entities, dict):
     raise ValueError(f"entities must be an object {{\"M0\": \"Q42\"}}, got {entities!r}")
@@ -180,14 +133,8 @@ def check_entities(entities: Any) -> dict[str, str]:
 
 
 def entities_from_sparql(pattern: str, query: str) -> Optional[dict[str, str]]:
-  """The placeholder assignment that turns `pattern` (`sparqlPatternModEntities`) into `query`
-  (the record's `sparql`, entities substituted), read off token by token: how a release that
-  stores no `entities` field (the published MCWQ `dataset.json`) binds its placeholders.
-
-  Returns:
-    {placeholder: Q-id}, or None when the two do not align (different token counts, another
-    difference than placeholder -> `wd:Q<n>`, or one placeholder given two entities).
-  """
+  """{placeholder: Q-id} read token by token off `pattern` (`sparqlPatternModEntities`) and `query`
+  (the record's `sparql`); None when they do not align."""
   a, b = pattern.split(), query.split()
   if len(a) != len(b):
     return None
@@ -207,29 +154,12 @@ def entities_from_sparql(pattern: str, query: str) -> Optional[dict[str, str]]:
 
 
 def load_release_queries(release_dir: PathLike, split: str, part: str) -> list[ReleaseQuery]:
-  """Reads the gold queries and entity assignments of one split/part of a release.
+  """One `ReleaseQuery` per index of `splits/{split}.json`'s `{part}Idxs`, in order (the order of
+  `official/{split}/{part}.*.txt`), from `release_dir/dataset.json`.
 
-  The release is the folder `preprocessing.migrate` writes (or the full MCWQ release layout):
-  `dataset.json` (records with `sparqlPatternModEntities` and, when substituted, `entities`) and
-  `splits/{split}.json` (`{"trainIdxs": [...], "devIdxs": [...], "testIdxs": [...]}`). A record
-  without an `entities` field but with its `sparql` (the published MCWQ release) gets the
-  assignment `entities_from_sparql` reads off it.
-
-  Args:
-    release_dir: the release folder.
-    split: a split name with a file `splits/{split}.json`.
-    part: "train", "dev" or "test".
-
-  Returns:
-    One `ReleaseQuery` per index of `{part}Idxs`, in that order (the order of the
-    `official/{split}/{part}.*.txt` lines).
-
-  Raises:
-    FileNotFoundError: dataset.json or the split file is missing.
-    readers.DataFormatError: bad JSON, a missing index list or a bad index (names the split file),
-      a record without a string `sparqlPatternModEntities`, with a pattern the parser rejects, or
-      with malformed `entities` (names dataset.json and the record's line).
-    ValueError: unknown part.
+  Raises FileNotFoundError (a file missing), ValueError (unknown part), readers.DataFormatError
+  naming the file and line (bad JSON or index, a record without a parseable
+  `sparqlPatternModEntities`, malformed `entities`).
   """
   if part not in readers.PARTS:
     raise ValueError(f"unknown part {part!r}; expected one of {readers.PARTS}")
@@ -314,8 +244,7 @@ class _Plan:
 def _plan(query: sparql_lib.Query, entities: Mapping[str, str]) -> _Plan:
   """Validates `query`, binds its placeholders and splits it into connected components.
 
-  Raises:
-    UnsafeQueryError: an invalid term, a placeholder without entity, or an unsupported form.
+  Raises UnsafeQueryError: an invalid term, a placeholder without entity, an unsupported form.
   """
   if query.prefix == sparql_lib.ASK:
     form, variable = "ask", None
@@ -359,12 +288,15 @@ def _plan(query: sparql_lib.Query, entities: Mapping[str, str]) -> _Plan:
       continue
     groups.setdefault(find(vs[0]) if vs else ("ground filter", n),
                       ([], []))[1].append(f"FILTER ( {a} != {b} )")
+  # why: a prediction of two unconnected patterns must not enumerate their cross product; the
+  # answers are those of the unsplit query.
   components = tuple((tuple(ts), tuple(fs)) for ts, fs in groups.values())
   return _Plan(form, variable, components, unsatisfiable)
 
 
 def _body(triples: Sequence[tuple[str, str, str]], filters: Sequence[str],
           counts: Optional[dict[str, int]]) -> str:
+  # Rarest predicate first where the store knows the counts: pyoxigraph joins in the written order.
   ordered = ep.order_triples(list(triples), counts)
   return " . ".join([" ".join(t) for t in ordered] + list(filters))
 
@@ -397,28 +329,17 @@ def execute(query: sparql_lib.Query,
             entities: Mapping[str, str],
             endpoint: ep.Endpoint,
             max_answers: int = DEFAULT_MAX_ANSWERS) -> Answer:
-  """Runs a parsed query with its placeholders bound to `entities` (module docstring).
+  """The `Answer` of `query` with its placeholders bound to `entities`, run on `endpoint`.
 
-  Args:
-    query: a parsed CFQ/MCWQ query (`sparql.parse_sparql`, `rir.rir_to_query`).
-    entities: placeholder -> Q-id (`{"M0": "Q42"}`, see `check_entities`).
-    endpoint: where to run it (a `mcwq_t5x.stores.endpoint.Endpoint`: the embedded pyoxigraph
-      store or a remote one, possibly wrapped in a `mcwq_t5x.stores.cache.CachedEndpoint`).
-    max_answers: SELECT answers with more values are truncated.
-
-  Returns:
-    The `Answer`.
-
-  Raises:
-    UnsafeQueryError: a term that is not a variable, a placeholder with an entity, `wd:Q<n>` or a
-      `wdt:P<n>` path, or a query form other than ASK / SELECT DISTINCT ?var.
-    mcwq_t5x.stores.endpoint.EndpointError: the store failed.
+  Raises UnsafeQueryError (a term not `?var`, a bound placeholder, `wd:Q<n>` or a `wdt:P<n>` path;
+  a form other than ASK / SELECT DISTINCT ?var), stores.endpoint.EndpointError (the store failed).
   """
   req = _requests(query, entities, endpoint.predicate_counts(), max_answers)
   empty = Answer(req.form, False if req.form == "ask" else frozenset())
   if req.unsatisfiable:
     return empty
   for ask in req.asks:
+    # A component without the selected variable that is false: no answers.
     if not endpoint.ask(ask):
       return empty
   if req.form == "ask":
@@ -427,6 +348,7 @@ def execute(query: sparql_lib.Query,
     return Answer("select", frozenset({None}))
   rows = endpoint.select(req.select)
   name = req.variable[1:]
+  # A truncated answer is never equal to another (`Answer.same_as`).
   values = frozenset(r.get(name) for r in rows[:max_answers])
   return Answer("select", values, truncated=len(rows) > max_answers)
 
@@ -437,25 +359,19 @@ def execute(query: sparql_lib.Query,
 
 @dataclasses.dataclass
 class ExecutionScores:
-  """Per-example execution outcomes of one prediction set.
-
-  Attributes:
-    outcomes: one of `OUTCOMES` per example, in input order.
-    endpoint_errors: (1-based example number, message) of the failed requests.
-  """
+  """One of `OUTCOMES` per example, in input order, and the failed requests' (number, message)."""
   outcomes: list[str]
   endpoint_errors: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
   def summary(self) -> dict[str, Any]:
-    """{"execution_accuracy": percent, "execution": {"n", "correct", "outcomes", ...}}.
+    """{"execution_accuracy": 100 * correct / n, "execution": {"n", "correct", "outcomes", ...}}.
 
-    `execution_accuracy` is 100 * correct / n, where n counts the examples with a gold answer
-    (outcomes in `SCORED_OUTCOMES`); None when n == 0 (undefined, not 0: no example could be
-    scored, e.g. every gold query failed on the store; see `undefined_reason`).
+    n counts `SCORED_OUTCOMES`; the accuracy is None when n == 0 (see `undefined_reason`).
     """
     counts = collections.Counter(self.outcomes)
     n = sum(counts[o] for o in SCORED_OUTCOMES)
     return {
+        # why None: a dead store must not read as a model that is always wrong.
         "execution_accuracy": 100.0 * counts[CORRECT] / n if n else None,
         "execution": {
             "n": n,
@@ -487,23 +403,10 @@ def score_execution(examples: Sequence[ReleaseQuery],
                     endpoint: ep.Endpoint,
                     fmt: str = metrics.RIR,
                     max_answers: int = DEFAULT_MAX_ANSWERS) -> ExecutionScores:
-  """Executes each prediction and its gold query and compares the answers (module docstring).
+  """`ExecutionScores` of line-parallel predictions (format `fmt`, anything) against `examples`.
 
-  Args:
-    examples: the gold queries with their entities (`load_release_queries`), length N.
-    predictions: line-parallel predicted queries in format `fmt` (anything; malformed ones are
-      wrong, never an exception).
-    endpoint: the SPARQL store. Wrap it in `mcwq_t5x.stores.cache.CachedEndpoint` to run each
-      distinct query once.
-    fmt: "rir" (model output) or "sparql".
-    max_answers: SELECT answers with more values are truncated (and then never equal).
-
-  Returns:
-    `ExecutionScores` (outcomes in input order; `.summary()` for the figures).
-
-  Raises:
-    ValueError: lengths differ, unknown `fmt`, or a gold query with a term that cannot be sent
-      (names dataset.json and the record's line).
+  Malformed predictions are wrong, never an exception. Raises ValueError: lengths differ, unknown
+  `fmt`, or a gold query with a term that cannot be sent (names dataset.json and the line).
   """
   if len(examples) != len(predictions):
     raise ValueError(f"{len(predictions)} predictions but {len(examples)} gold queries: "
@@ -514,6 +417,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
   gold_answers: dict[tuple, Any] = {}
   for number, (example, prediction) in enumerate(zip(examples, predictions), start=1):
     if example.entities is None:
+      # No satisfying assignment was found (§3.2): out of the denominator.
       scores.outcomes.append(NOT_EXECUTABLE)
       continue
     gold = sparql_lib.parse_sparql(example.pattern)
@@ -535,7 +439,7 @@ def score_execution(examples: Sequence[ReleaseQuery],
     if parsed is None:
       scores.outcomes.append(SYNTAX_ERROR)
       continue
-    if gold.equivalent(parsed):
+    if gold.equivalent(parsed):  # why: correct without a request
       scores.outcomes.append(CORRECT)
       continue
     try:

@@ -1,29 +1,11 @@
-"""Evaluation metrics of the MCWQ paper (Cui et al., TACL 2022, §5-§6).
+"""Evaluation metrics of the MCWQ paper (Cui et al., TACL 2022, §5-§6): Python, NumPy, sacrebleu.
 
-Pure Python/NumPy plus sacrebleu: no TensorFlow or seqio import, so the module runs on
-the GPU image and inside seqio evaluation alike.
-
-The seqio-style metric functions take `(targets, predictions)` (two equally long
-sequences of strings, or of UTF-8 `bytes` as seqio may hand over un-postprocessed
-features) and return a dict `{name: float}`:
-
-  * `exact_match_metric` -> {"exact_match": percent}: whitespace-stripped string
-    equality, as the paper's evaluation script (§5.2).
-  * `bleu_metric` -> {"bleu": score in [0, 100]}: sacrebleu corpus BLEU with default
-    settings (13a tokenisation, exponential smoothing), one reference per example.
-  * `equivalence_metric` -> {"equivalence": percent}: query equivalence up to triple order and
-    duplicates (RIR -> `sparql.Query.canonical`); malformed predictions count as wrong.
-  * `error_category_metric` -> {"errors/<category>": percent}: the §6.2 error categories.
-
-Further analyses: `analyze_error` / `classify_error` / `error_category_counts` (§6.2, Figures
-5-6; definitions in `ErrorAnalysis`), `accuracy_by_complexity` (Figure 4),
-`match_test_intersection` (test-intersection-gold vs -MT, Table 6) and `score_predictions` (every
-score the `mcwq_t5x.score` command line prints but execution accuracy, which needs a SPARQL
-store: `mcwq_t5x.evaluation.execution`).
-
-No metric ever raises on a malformed PREDICTION (empty line, truncated query, unbalanced
-parentheses, binary junk): it is simply wrong (category "syntax_error"). Malformed TARGETS are
-data errors and raise ValueError.
+seqio-style metric functions take line-parallel `(targets, predictions)` (str, or UTF-8 `bytes`)
+and return `{name: float}`: exact match (§5.2), BLEU (Table 4), query equivalence, and the §6.2
+error categories (Figures 5-6, defined in `ErrorAnalysis`); also accuracy by `recursionDepth`
+(Figure 4) and the test-intersection matching (Table 6). No TensorFlow import (runs on the GPU
+image). A malformed PREDICTION never raises (it is category "syntax_error"); a malformed TARGET
+raises ValueError.
 """
 from __future__ import annotations
 
@@ -44,7 +26,7 @@ Text = Union[str, bytes]
 
 
 def _to_str(value: Text) -> str:
-  """Returns `value` as `str`; `bytes` are decoded as UTF-8 (undecodable bytes replaced)."""
+  """`value` as `str` (`bytes` decoded as UTF-8, errors replaced); TypeError for anything else."""
   if isinstance(value, bytes):
     return value.decode("utf-8", errors="replace")
   if isinstance(value, str):
@@ -60,79 +42,44 @@ def _check_lengths(targets: Sequence[Text], predictions: Sequence[Text]) -> None
 
 def _stripped_pairs(targets: Sequence[Text],
                     predictions: Sequence[Text]) -> tuple[list[str], list[str]]:
-  """(targets, predictions) decoded to str and whitespace-stripped, after the length check.
-
-  Raises:
-    ValueError: the sequences differ in length.  TypeError: an element is not str/bytes.
-  """
+  """(targets, predictions) stripped; ValueError on unequal lengths, TypeError on non-text."""
   _check_lengths(targets, predictions)
   return [_to_str(t).strip() for t in targets], [_to_str(p).strip() for p in predictions]
 
 
 def exact_matches(targets: Sequence[Text], predictions: Sequence[Text]) -> np.ndarray:
-  """Per-example exact match (§5.2): bool array [N], True where the prediction equals the target
-  after `str.strip()`; the one definition the metric, the report and its intervals use.
+  """Per-example exact match (§5.2): bool [N], prediction == target after `str.strip()`.
 
-  Raises:
-    ValueError: the sequences differ in length.  TypeError: an element is not str/bytes.
+  Raises ValueError (lengths differ) or TypeError (element not str/bytes).
   """
   refs, hyps = _stripped_pairs(targets, predictions)
   return np.array([r == h for r, h in zip(refs, hyps)], dtype=bool)
 
 
 def exact_match_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
-  """Exact-match accuracy of the MCWQ paper (§5.2, Table 4).
+  """Exact-match accuracy (§5.2, Table 4): {"exact_match": percent in [0, 100]}, 0.0 when N == 0.
 
-  An example counts as correct when the prediction equals the target after stripping
-  leading and trailing whitespace (`str.strip()`); nothing else is normalised, so token
-  order and spacing inside the query matter, as in the paper's evaluation script.
-
-  Args:
-    targets: gold strings (RIR or SPARQL), length N; `bytes` are decoded as UTF-8.
-    predictions: predicted strings, length N, line-parallel with `targets`.
-
-  Returns:
-    {"exact_match": float}: percentage of exact matches in [0, 100]; 0.0 when N == 0.
-
-  Raises:
-    ValueError: if the two sequences differ in length.
-    TypeError: if an element is neither str nor bytes.
+  Only surrounding whitespace is stripped, as in the paper's script. Raises as `exact_matches`.
   """
   correct = exact_matches(targets, predictions)
   return {"exact_match": 100.0 * int(correct.sum()) / len(correct) if len(correct) else 0.0}
 
 
 def bleu_metric(targets: Sequence[Text], predictions: Sequence[Text]) -> dict[str, float]:
-  """Corpus BLEU of predicted vs gold query lines (MCWQ paper Table 4, "BLEU").
+  """Corpus BLEU (Table 4): {"bleu": [0, 100]}, sacrebleu defaults (13a, exp smoothing).
 
-  The score of `sacrebleu.corpus_bleu(predictions, [targets])`, sacrebleu's default
-  settings (13a tokenisation, exponential smoothing, case-sensitive), one reference
-  per example; the references' statistics are kept for the next call with the same
-  references (`_bleu_of_references`). Lines are whitespace-stripped first (as for exact
-  match). Any string, including empty or junk predictions, is accepted.
-
-  Args:
-    targets: gold strings, length N.
-    predictions: predicted strings, length N.
-
-  Returns:
-    {"bleu": float}: corpus BLEU in [0, 100]; 0.0 when N == 0.
-
-  Raises:
-    ValueError: if the two sequences differ in length.
-    TypeError: if an element is neither str nor bytes.
+  Lines are stripped first; 0.0 when N == 0. Raises as `exact_matches`.
   """
   refs, hyps = _stripped_pairs(targets, predictions)
   if not refs:
     return {"bleu": 0.0}
+  # A report scores every model of a split against the same references.
   return {"bleu": float(_bleu_of_references(tuple(refs)).corpus_score(hyps, None).score)}
 
 
 @functools.lru_cache(maxsize=2)
 def _bleu_of_references(refs: tuple[str, ...]) -> sacrebleu.BLEU:
-  """`sacrebleu.BLEU()` (the settings of `sacrebleu.corpus_bleu`) holding the n-gram statistics of
-  one reference set: a report scores every language and model of a split against the same
-  queries, so the references' statistics are computed once."""
+  """`sacrebleu.BLEU` holding one reference set's n-gram statistics (computed once)."""
   return sacrebleu.BLEU(references=[list(refs)])
 
 
@@ -172,20 +119,9 @@ def _check_format(fmt: str) -> None:
 
 
 def parse_query(text: Text, fmt: str = RIR) -> Optional[sparql_lib.Query]:
-  """Parses a query string, returning None when it is malformed.
+  """The `sparql.Query` of one RIR or SPARQL string (`fmt` "rir" | "sparql"), None when malformed.
 
-  Args:
-    text: one query (RIR as in `translations/*/*.sparql`, or SPARQL as in `official/`), str or
-      UTF-8 bytes; surrounding whitespace is ignored.
-    fmt: "rir" (parsed with `rir.rir_to_query`) or "sparql" (parsed with `sparql.parse_sparql`).
-
-  Returns:
-    The parsed `sparql.Query`, or None if `text` is not a well-formed query of that format
-    (empty line, truncated query, unbalanced parentheses, binary junk, ...). Never raises for bad
-    text.
-
-  Raises:
-    ValueError: unknown `fmt`.
+  Raises ValueError only for an unknown `fmt`, never for bad text.
   """
   _check_format(fmt)
   try:
@@ -196,8 +132,9 @@ def parse_query(text: Text, fmt: str = RIR) -> Optional[sparql_lib.Query]:
 
 
 @functools.lru_cache(maxsize=1 << 16)
+# Cached: gold queries repeat a lot and `Query` is immutable.
 def _parse_cached(text: str, fmt: str) -> Optional[sparql_lib.Query]:
-  """`parse_query` on a str, cached (gold queries repeat a lot; `Query` is immutable)."""
+  """`parse_query` on a str, cached."""
   try:
     if fmt == RIR:
       return rir_lib.rir_to_query(text)
@@ -220,24 +157,10 @@ def _parse_gold(text: Text, fmt: str, index: Optional[int] = None) -> sparql_lib
 def equivalence_metric(targets: Sequence[Text],
                        predictions: Sequence[Text],
                        fmt: str = RIR) -> dict[str, float]:
-  """Query-equivalence accuracy: a more lenient measure than exact match (not in the paper).
+  """Query-equivalence accuracy (not in the paper): {"equivalence": percent}, 0.0 when N == 0.
 
-  A prediction is correct when it parses and its canonical form (`sparql.Query.canonical`: the
-  query form and the SETS of triples and of filters, after expanding RIR groups into triples)
-  equals the target's, i.e. the two queries are equal up to the order and duplication of triples
-  and filters. Malformed predictions count as wrong. Exact matches are always equivalent.
-
-  Args:
-    targets: gold queries, length N, in format `fmt`.
-    predictions: predicted queries, length N, in format `fmt`.
-    fmt: "rir" or "sparql".
-
-  Returns:
-    {"equivalence": float}: percentage in [0, 100]; 0.0 when N == 0.
-
-  Raises:
-    ValueError: lengths differ, unknown `fmt`, or a TARGET is malformed (the message gives its
-      1-based position).
+  Equal `sparql.Query.canonical()` forms: equal up to order and duplication of triples and
+  filters; malformed predictions are wrong. Raises ValueError (lengths, `fmt`, malformed target).
   """
   _check_lengths(targets, predictions)
   _check_format(fmt)
@@ -270,36 +193,13 @@ def _set_error_kinds(gold: set[str], pred: set[str], missing: str, extra: str,
 class ErrorAnalysis:
   """The error category of one prediction (MCWQ paper §6.2, Figures 5-6), with its evidence.
 
-  Properties are the predicates of the triples (`wdt:P57`; an alternative path `wdt:P1|wdt:P2` is
-  one property). Entities are the placeholders `M0`..`M9` and the constants (`wd:Q30`) in subject
-  or object position of a triple or in a filter; variables (`?x0`) are not entities. Properties
-  and entities are compared as SETS (not multisets): how often a property is used is a matter of
-  query structure, and RIR groups already merge repeated subjects and predicates.
-
-  With G the gold set and P the predicted set (of properties, likewise of entities):
-    * missing  = |G \\ P| - min(|G \\ P|, |P \\ G|)  (gold items left out),
-    * extra    = |P \\ G| - min(|G \\ P|, |P \\ G|)  (items added),
-    * wrong    = min(|G \\ P|, |P \\ G|)           (items substituted by others).
-  So "wrong property" with nothing else means: same number of properties, different sets; a
-  prediction that both substitutes and leaves out properties has two kinds.
-
-  `category` is then, in this order of precedence:
-    * "correct": exact match (whitespace-stripped strings equal);
-    * "syntax_error": the prediction does not parse (empty, truncated, unbalanced parentheses,
-      junk) -- the paper's malformed predictions;
-    * "equivalent": not an exact match, but the same query up to the order and duplication of
-      triples/filters (`sparql.Query.canonical`);
-    * one of "missing_property", "extra_property", "wrong_property", "missing_entity",
-      "extra_entity", "wrong_entity" when exactly one kind of difference occurs;
-    * "multiple_errors": more than one of those six kinds occurs;
-    * "wrong_structure": same property set and same entity set, but different triples, filters,
-      variables or query form (e.g. ASK instead of SELECT, swapped subject and object).
-
-  Attributes:
-    category: one of `ERROR_CATEGORIES`.
-    kinds: the property/entity difference kinds found (empty unless the prediction parses).
-    missing_properties, extra_properties, missing_entities, extra_entities: sorted tuples of the
-      set differences gold minus prediction and prediction minus gold.
+  Properties are triple predicates (`wdt:P57`; a path `wdt:P1|wdt:P2` is one); entities are
+  `M0`..`M9` and constants (`wd:Q30`) as subject, object or in a filter, not variables; both are
+  compared as SETS. With G gold and P predicted: wrong = min(|G\\P|, |P\\G|), missing = |G\\P| -
+  wrong, extra = |P\\G| - wrong. `category`, by precedence: "correct" (exact match),
+  "syntax_error" (does not parse), "equivalent" (same canonical query), one of
+  missing/extra/wrong _property/_entity when exactly one kind occurs, "multiple_errors", else
+  "wrong_structure" (same sets; other triples, filters, variables or query form).
   """
   category: str
   kinds: tuple[str, ...] = ()
@@ -310,19 +210,7 @@ class ErrorAnalysis:
 
 
 def analyze_error(target: Text, prediction: Text, fmt: str = RIR) -> ErrorAnalysis:
-  """Classifies one prediction against its gold query (definitions in `ErrorAnalysis`).
-
-  Args:
-    target: the gold query (format `fmt`).
-    prediction: the predicted query (format `fmt`); may be anything, including junk.
-    fmt: "rir" or "sparql".
-
-  Returns:
-    An `ErrorAnalysis`.
-
-  Raises:
-    ValueError: the TARGET is malformed, or unknown `fmt`. A malformed prediction never raises.
-  """
+  """The `ErrorAnalysis` of one prediction; ValueError for a malformed target or unknown `fmt`."""
   _check_format(fmt)
   target_s, prediction_s = _to_str(target).strip(), _to_str(prediction).strip()
   if target_s == prediction_s:
@@ -335,6 +223,7 @@ def analyze_error(target: Text, prediction: Text, fmt: str = RIR) -> ErrorAnalys
     return ErrorAnalysis(SYNTAX_ERROR)
   if gold.equivalent(pred):
     return ErrorAnalysis(EQUIVALENT)
+  # Sets, not multisets: repetition is structure, and RIR groups merge repeats.
   gold_props, pred_props = set(gold.properties()), set(pred.properties())
   gold_ents = set(gold.entities(include_filters=True))
   pred_ents = set(pred.entities(include_filters=True))
@@ -364,12 +253,7 @@ def classify_error(target: Text, prediction: Text, fmt: str = RIR) -> str:
 def error_categories(targets: Sequence[Text],
                      predictions: Sequence[Text],
                      fmt: str = RIR) -> list[str]:
-  """Per-example error categories (`classify_error`) of line-parallel targets and predictions.
-
-  Raises:
-    ValueError: lengths differ, unknown `fmt`, or a target is malformed (message gives its
-      1-based position).
-  """
+  """Per-example `classify_error` categories; ValueError names the 1-based example on bad input."""
   _check_lengths(targets, predictions)
   out = []
   for i, (t, p) in enumerate(zip(targets, predictions)):
@@ -383,11 +267,7 @@ def error_categories(targets: Sequence[Text],
 def error_category_counts(targets: Sequence[Text],
                           predictions: Sequence[Text],
                           fmt: str = RIR) -> dict[str, int]:
-  """How many predictions fall into each category of `ERROR_CATEGORIES` (zeros included).
-
-  The counts sum to N; "correct" equals the number of exact matches. See `ErrorAnalysis` for the
-  definitions. Raises as `error_categories`.
-  """
+  """Count per category of `ERROR_CATEGORIES` (zeros too; sum N); raises as `error_categories`."""
   counts = collections.Counter(error_categories(targets, predictions, fmt))
   return {c: int(counts.get(c, 0)) for c in ERROR_CATEGORIES}
 
@@ -401,21 +281,9 @@ def error_category_metric(targets: Sequence[Text], predictions: Sequence[Text]) 
 
 def accuracy_by_complexity(targets: Sequence[Text], predictions: Sequence[Text],
                            depths: Sequence[Optional[int]]) -> dict[int, dict[str, float]]:
-  """Exact-match accuracy per query complexity (MCWQ paper Figure 4).
+  """Exact match per `recursionDepth` (Figure 4): {depth: {"n", "correct", "exact_match": %}}.
 
-  Complexity is CFQ/MCWQ's `recursionDepth` (an integer, about 9-50 in MCWQ), given per example
-  (e.g. from `readers.Example.recursionDepth` of the full release's dataset.json). Examples with
-  depth None are skipped.
-
-  Args:
-    targets, predictions: line-parallel strings, length N.
-    depths: length N, int or None.
-
-  Returns:
-    {depth: {"n": count, "correct": exact matches, "exact_match": percent}}, sorted by depth.
-
-  Raises:
-    ValueError: the three sequences differ in length, or a depth is not an integer.
+  `depths`: length N, int or None (skipped). ValueError: unequal lengths, non-int depth.
   """
   _check_lengths(targets, predictions)
   if len(depths) != len(targets):
@@ -444,25 +312,10 @@ def score_predictions(targets: Sequence[Text],
                       predictions: Sequence[Text],
                       fmt: str = RIR,
                       per_example: bool = False) -> dict[str, Any]:
-  """Scores one prediction set with every string-level metric, as the evaluation CLI prints them.
+  """Every string-level score (§5.2, Table 4; §6.2): {"n", "exact_match", "bleu", "equivalence",
+  "error_categories": {category: count}}, plus "categories" [N] with `per_example`.
 
-  Exact match and BLEU (MCWQ paper §5.2, Table 4), query equivalence, and the error categories of
-  §6.2 (Figures 5-6). Execution accuracy needs a SPARQL store and is `mcwq_t5x.evaluation.execution`'s.
-
-  Args:
-    targets: gold queries, length N, in format `fmt`.
-    predictions: predicted queries, length N (anything; malformed ones are scored as wrong).
-    fmt: "rir" or "sparql".
-    per_example: also return each prediction's category (key "categories").
-
-  Returns:
-    {"n": N, "exact_match": percent, "bleu": BLEU, "equivalence": percent,
-     "error_categories": {category: count}} (see the individual functions), and with
-    `per_example` "categories": N categories of `ERROR_CATEGORIES` in input order ("correct" =
-    exact match).
-
-  Raises:
-    ValueError: lengths differ, unknown `fmt`, or a malformed target.
+  Raises ValueError (lengths, `fmt`, malformed target).
   """
   result: dict[str, Any] = {"n": len(targets)}
   result.update(exact_match_metric(targets, predictions))
@@ -489,6 +342,7 @@ def _as_columns(questions: Optional[QuestionColumns]) -> Optional[dict[str, Sequ
     return None
   if isinstance(questions, Mapping):
     return dict(questions)
+  # One language given as a bare list.
   return {"": questions}
 
 
@@ -496,42 +350,14 @@ def match_test_intersection(gold_targets: Sequence[str],
                             mcd_targets: Sequence[str],
                             gold_questions: Optional[QuestionColumns] = None,
                             mcd_questions: Optional[QuestionColumns] = None) -> list[Optional[int]]:
-  """Finds the examples of the gold test set (test-intersection-gold) in an MCD test set.
+  """Indices (0-based, or None) of the test-intersection-gold examples in an MCD test set (§4.3,
+  Table 6), length G.
 
-  The gold set holds 155 test questions common to the MCD test sets, translated by humans; the
-  same examples in the MCD test set (with machine-translated questions) form
-  test-intersection-MT (MCWQ paper §4.3, Table 6). The published files carry no example ids, so
-  examples are matched:
-
-    1. Candidates: MCD test lines whose target equals the gold target (whitespace-stripped). The
-       target is the same query, so this is necessary; it is not sufficient, since different
-       questions share a query.
-    2. Each gold example takes, among its still unused candidates, the one whose questions are
-       most similar to the gold questions: the mean, over the languages given on both sides, of
-       `difflib.SequenceMatcher` ratios (an identical question scores 1); ties go to the lowest
-       line. Give English questions on both sides when the gold set has them (an identical
-       English question then pins the example); otherwise the gold human translations and the
-       MCD machine translations of the same languages (both are often identical: translators
-       kept a good machine translation). Without questions, the first unused candidate is taken.
-    3. Candidates are used at most once (one-to-one); gold examples with no unused candidate map
-       to None.
-
-  On the shared data (translations/gold/test.{he,kn,zh} vs translations/mcd1/test.*), all 155
-  gold targets occur in the MCD1 test set, 89 of them exactly once.
-
-  Args:
-    gold_targets: gold-set targets, length G.
-    mcd_targets: MCD test targets, length M.
-    gold_questions, mcd_questions: optional questions (both or neither): a list (one language),
-      or a mapping {language: list} (several languages; only languages on both sides count).
-      Gold lists have length G, MCD lists length M.
-
-  Returns:
-    Length-G list of 0-based MCD line indices (or None when not found).
-
-  Raises:
-    ValueError: questions given for one side only, with no common language, or with the wrong
-      length.
+  The files carry no ids: a gold example takes, among the unused MCD lines with its target, the
+  one whose questions are most similar (mean `difflib` ratio over the shared languages; ties to the
+  lowest line). `*_questions`: a list, or {language: list}, both sides or neither. On the shared
+  data all 155 gold targets occur in mcd1/test, 89 once. Raises ValueError on one-sided questions,
+  no common language, or wrong lengths.
   """
   gold_cols, mcd_cols = _as_columns(gold_questions), _as_columns(mcd_questions)
   if (gold_cols is None) != (mcd_cols is None):
@@ -549,9 +375,11 @@ def match_test_intersection(gold_targets: Sequence[str],
       if len(mcd_cols[l]) != len(mcd_targets):
         raise ValueError(f"{len(mcd_cols[l])} MCD questions ({l or 'one language'}) but "
                          f"{len(mcd_targets)} MCD targets")
+  # A shared target is necessary, not sufficient: questions share queries.
   lines_of: dict[str, list[int]] = collections.defaultdict(list)
   for j, t in enumerate(mcd_targets):
     lines_of[t.strip()].append(j)
+  # One-to-one: each MCD line is taken at most once.
   used: set[int] = set()
   matches: list[Optional[int]] = []
   for i, t in enumerate(gold_targets):
@@ -568,8 +396,10 @@ def match_test_intersection(gold_targets: Sequence[str],
           total += 1.0 if a == b else difflib.SequenceMatcher(None, a, b).ratio()
         return total / len(languages)
 
+      # An identical English question pins it; translators often kept the MT.
       best = max(candidates, key=lambda j: (score(j), -j))
     else:
+      # No questions: the first unused candidate.
       best = candidates[0]
     used.add(best)
     matches.append(best)

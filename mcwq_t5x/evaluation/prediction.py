@@ -1,27 +1,11 @@
 """The prediction stage (files -> task -> model -> **predictions** -> metrics), shared by the mains.
 
-Counterpart of T5X's `pipeline.get_infer_fn` and the decoding half of `t5x/train.py` / `t5x/eval.py`.
-Functions take the parameters and return the outputs; nothing is held between calls except the
-compiled decoding step of each batch shape.
-
-* `get_infer_fn(model, partitioner, batch_size, predict_kwargs)` -> `infer_fn(params, arrays)`:
-  decodes feature arrays [N, ...] into tokens [N, L] in batches of `batch_size` (similar lengths
-  together; the last batch is padded, and a batch size that does not divide the data-parallel
-  devices is rounded up to the next multiple, as T5X pads inference batches).
-* `seqio_predict_fn(infer_fn, params)`: the same as a `seqio.Evaluator` `predict_fn`.
-* `evaluate_split(cfg, infer_fn, params)`: decodes one task split and returns the task's metrics
-  (its `metric_fns`, the values `seqio.Evaluator` gives) and the predictions as strings, source
-  order; `make_evaluator` builds (and tokenises) the split once for repeated evaluations: an
-  `EvalSplit` (the split as NumPy arrays and examples, read in batches) where the metrics allow,
-  else a `seqio.Evaluator`.
-* `decode_predictions(vocabulary, tokens)`: token rows to strings.
-* `write_predictions(out_dir, cfg, predictions, metrics)`: the files both mains write;
-  `check_writable(out_dir)` checks, before anything is loaded or decoded, that they can be written.
-* `check_predict_kwargs(model, predict_kwargs)`: PREDICT_KWARGS checked before anything is loaded.
-* `load_params(model, partitioner, path)`: parameters of a checkpoint of any format, sharded
-  (`checkpoint_loaders.load_params`, with `param_shapes`: the model's init by `jax.eval_shape`).
-
-SeqIO/TensorFlow are imported lazily (only `evaluate_split` needs them).
+Counterpart of T5X's `pipeline.get_infer_fn` and the decoding half of `t5x/train.py` /
+`t5x/eval.py`: `get_infer_fn` decodes feature arrays in batches, `evaluate_split` scores one task
+split with the values `seqio.Evaluator` gives, `write_predictions` writes the files both mains
+write, and `check_writable` / `check_predict_kwargs` fail before anything is loaded. Functions
+take the parameters and return the outputs; only the compiled decoding step of each batch shape
+is kept. SeqIO/TensorFlow are imported lazily.
 """
 from __future__ import annotations
 
@@ -51,14 +35,11 @@ InferFn = Callable[..., np.ndarray]
 
 
 def decoding_batch_size(batch_size: int, partitioner: partitioning.Partitioner) -> int:
-  """`batch_size` rounded up to a multiple of the mesh's data-parallel size (logged if changed).
-
-  Raises:
-    ValueError: `batch_size` < 1.
-  """
+  """`batch_size` rounded up to a multiple of the mesh's data-parallel size; ValueError if < 1."""
   if int(batch_size) < 1:
     raise ValueError(f"decoding batch size must be positive, got {batch_size}")
   dp = partitioner.data_parallel_size
+  # As T5X pads inference batches: the extra rows are padding.
   rounded = -(-int(batch_size) // dp) * dp
   if rounded != batch_size:
     logging.info(
@@ -72,21 +53,12 @@ class UnwritableOutputError(OSError):
 
 
 def check_writable(out_dir: str | pathlib.Path, what: str = "output folder") -> pathlib.Path:
-  """Creates `out_dir` (and its parents) and writes and removes a probe file in it (process 0,
-  the one that writes), so that an unwritable folder fails before a split is decoded, not after.
+  """`out_dir` as a path, made (with parents) and probed with a file by process 0.
 
-  Args:
-    out_dir: the folder.
-    what: its name in the error (e.g. "EVAL_OUTPUT_DIR").
-
-  Returns:
-    `out_dir` as a path.
-
-  Raises:
-    UnwritableOutputError: (an OSError) the folder cannot be created or written; the message
-      names it and the cause.
+  Raises UnwritableOutputError (an OSError naming the folder `what` and the cause).
   """
   out_dir = pathlib.Path(out_dir)
+  # why: an unwritable folder must fail before a split is decoded, not after.
   if jax.process_index() != 0:
     return out_dir
   probe = out_dir / f".write-probe-{os.getpid()}"
@@ -105,25 +77,12 @@ def check_writable(out_dir: str | pathlib.Path, what: str = "output folder") -> 
 def check_predict_kwargs(model: Any,
                          predict_kwargs: Optional[Mapping[str, Any]],
                          allow_all_decodes: bool = False) -> dict[str, Any]:
-  """Checks PREDICT_KWARGS against the model's decoding function, before anything is loaded.
+  """PREDICT_KWARGS as a dict, checked against `model.predict_batch_with_aux`'s keyword arguments.
 
-  The names must be keyword arguments of `model.predict_batch_with_aux` (or `predict_batch`):
-  for `EncoderDecoderModel` `num_decodes`, `method`, `decoder_params` (the method's options, e.g.
-  {"alpha": 0.6} for beam search), `return_all_decodes`, `prompt_with_targets`,
-  `max_decode_length`; their values are checked by `model.check_decode_options`.
-
-  Args:
-    model: the model.
-    predict_kwargs: the options (None = {}).
-    allow_all_decodes: whether `return_all_decodes=True` is accepted (`mcwq_t5x.infer` prints all
-      decodes; evaluation scores one prediction per example, so it refuses them).
-
-  Returns:
-    `predict_kwargs` as a dict.
-
-  Raises:
-    ValueError: not a mapping, an unknown option (named, with the accepted ones), an invalid
-      value, or `return_all_decodes` where it is not allowed.
+  For `EncoderDecoderModel`: `num_decodes`, `method`, `decoder_params` (e.g. {"alpha": 0.6}),
+  `return_all_decodes` (only with `allow_all_decodes`), `prompt_with_targets`,
+  `max_decode_length`; values by `model.check_decode_options`. ValueError names the bad option and
+  the accepted ones.
   """
   if predict_kwargs is not None and not isinstance(predict_kwargs, Mapping):
     raise ValueError(f"PREDICT_KWARGS must be a dict, got {predict_kwargs!r}")
@@ -165,27 +124,13 @@ def get_infer_fn(model: Any,
                  partitioner: partitioning.Partitioner,
                  batch_size: int,
                  predict_kwargs: Optional[Mapping[str, Any]] = None) -> InferFn:
-  """Returns `infer_fn(params, arrays, rng=None) -> tokens`, compiled per batch shape.
+  """`infer_fn(params, arrays, rng=None) -> tokens`, compiled per batch shape.
 
-  Args:
-    model: `mcwq_t5x.engine.model.EncoderDecoderModel` (its `predict_batch(params, batch, **kwargs)`).
-    partitioner: the mesh; params are used with their own shardings, batches are sharded over
-      the data axis.
-    batch_size: global decoding batch size (rounded up to a multiple of the data-parallel size).
-    predict_kwargs: `model.predict_batch` options, e.g. {"num_decodes": 1} (greedy) or
-      {"num_decodes": 4, "decoder_params": {"alpha": 0.6}} (beam search); see
-      `check_predict_kwargs`.
-
-  Returns:
-    `infer_fn(params, arrays, rng=None)`: `arrays` maps feature names to int32 arrays [N, ...]
-    (at least `encoder_input_tokens` [N, input_length] and `decoder_input_tokens`
-    [N, max_decode_length]); returns int32 tokens [N, max_decode_length] (with
-    `return_all_decodes`: [N, num_decodes, max_decode_length], ascending score, best last) in the
-    rows' order (same on every process). Rows are decoded longest-input first, so that the
-    decoding loop, which stops when a whole batch has ended, wastes little.
-
-  Raises:
-    ValueError: invalid `predict_kwargs` (`check_predict_kwargs`) or batch size.
+  `arrays`: int32 features [N, ...] (at least `encoder_input_tokens` [N, input_length] and
+  `decoder_input_tokens` [N, max_decode_length]); returns int32 [N, max_decode_length], or
+  [N, num_decodes, max_decode_length] with `return_all_decodes` (ascending score, best last), in
+  row order on every process. Batches are sharded over the data axis. ValueError: bad
+  `predict_kwargs` or batch size.
   """
   kwargs = check_predict_kwargs(model, predict_kwargs, allow_all_decodes=True)
   batch_size = decoding_batch_size(batch_size, partitioner)
@@ -213,6 +158,8 @@ def get_infer_fn(model: Any,
       decodes = (int(kwargs.get("num_decodes", 1)),) if kwargs.get("return_all_decodes") else ()
       return np.zeros((0,) + decodes + (arrays["decoder_input_tokens"].shape[1],), np.int32)
     rng = jax.random.PRNGKey(0) if rng is None else rng
+    # why: longest inputs first, so the loop, which stops when a whole batch has ended, wastes
+    # little.
     order = np.argsort(-(arrays["encoder_input_tokens"] > 0).sum(axis=1), kind="stable")
     # Every batch is dispatched before any result is fetched (one host sync at the end, not one
     # per batch): the host pads and transfers the next batch while the device decodes.
@@ -231,12 +178,7 @@ def get_infer_fn(model: Any,
 
 
 def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
-  """A `seqio.Evaluator` predict_fn: (unbatched dataset of (index, features)) -> [(index, tokens)].
-
-  Args:
-    infer_fn: from `get_infer_fn`.
-    params: the (sharded) parameters.
-  """
+  """A `seqio.Evaluator` predict_fn: unbatched (index, features) dataset -> [(index, tokens)]."""
 
   def predict_fn(dataset: Any, model_feature_shapes: Any = None) -> list[tuple[int, list[int]]]:
     del model_feature_shapes
@@ -255,32 +197,20 @@ def seqio_predict_fn(infer_fn: InferFn, params: Any) -> Callable[..., list]:
 
 
 def decode_predictions(vocabulary: Any, tokens: Any) -> list[str]:
-  """Token rows (int array [N, L], or N lists of ints) -> N strings, each `vocabulary.decode(row)` (up to the first EOS).
-
-  One `tolist()` for the whole array, then the vocabulary's decode per row: the same strings as
-  decoding each row's Python ints, without a Python conversion per token.
-  """
+  """Token rows (int [N, L], or N lists) -> N strings, `vocabulary.decode(row)` (to the first
+  EOS)."""
+  # One `tolist()` for the array: no Python conversion per token.
   rows = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
   return [vocabulary.decode(row) for row in rows]
 
 
 @dataclasses.dataclass
 class EvalSplit:
-  """A split decoded and scored repeatedly, read once: `seqio.Evaluator`'s preparation, in batches.
+  """A split read once and decoded and scored repeatedly (`seqio.Evaluator`'s cache, as NumPy).
 
-  Built by `make_evaluator` when every evaluated task's metrics are `prediction_metric_fns`; it
-  holds what `seqio.Evaluator` caches, as NumPy: each task's examples (for the metrics' targets
-  and the postprocessing) and its model features (for the decoder), read from the task's cached
-  dataset in batches rather than one example at a time.
-
-  Attributes:
-    tasks: the evaluated tasks: the subtasks of the task or mixture that have the split and
-      metrics (`seqio.evaluation.get_valid_eval_tasks`), in the mixture's order.
-    examples: task name -> the task split's examples (`task_examples`), source order.
-    arrays: task name -> int32 model features [N, ...] of those examples
-      (`seqio.EncDecFeatureConverter(pack=False)` at `sequence_length`).
-    sequence_length: the lengths the features have: the config's, else each feature's longest
-      example over all the tasks (as `seqio.Evaluator` with `sequence_length=None`).
+  `tasks`: the evaluated subtasks (`seqio.evaluation.get_valid_eval_tasks`), mixture order;
+  `examples` and `arrays` (int32 [N, ...], `EncDecFeatureConverter(pack=False)`) per task, source
+  order; `sequence_length`: the config's, else each feature's longest example over all tasks.
   """
   tasks: list[Any]
   examples: dict[str, list[dict[str, Any]]]
@@ -369,20 +299,11 @@ def check_inferred_lengths(cfg: pipeline.DatasetConfig,
 
 @pipeline.without_autograph
 def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = None) -> Any:
-  """`cfg`'s split tokenised and cached once, for many evaluations (`evaluate_split`).
+  """`cfg`'s split tokenised once: an `EvalSplit` when every metric is `prediction_metric_fns`
+  (MCWQ's tasks), else a `seqio.Evaluator`.
 
-  Args:
-    cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
-    num_examples: first N examples of each task only (None = all).
-
-  Returns:
-    An `EvalSplit` when all the evaluated tasks' metrics are `prediction_metric_fns` (MCWQ's
-    tasks), else a `seqio.Evaluator`.
-
-  Raises:
-    ValueError: unknown task (see `pipeline.get_mixture_or_task`).
-    ExampleTooLongError: an example exceeds `MAX_INFERRED_LENGTH` tokens in a feature that
-      `cfg.task_feature_lengths` does not bound.
+  None lengths in `cfg` mean the split's maximum. Raises ValueError (unknown task),
+  ExampleTooLongError (an unbounded feature over `MAX_INFERRED_LENGTH` tokens).
   """
   import seqio  # pylint: disable=g-import-not-at-top
   task_or_mixture = pipeline.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
@@ -431,12 +352,7 @@ def make_evaluator(cfg: pipeline.DatasetConfig, num_examples: Optional[int] = No
 
 
 def prediction_metric_fns(task: Any) -> Optional[list[Callable[..., Mapping[str, Any]]]]:
-  """The task's metrics when all of them are SeqIO `metric_fns` of (targets, predictions), else None.
-
-  Such metrics need only the decoded predictions and the targets, which `evaluate_split` computes
-  from one batched read of the split; any other kind (score, aux values, `metric_objs`) goes
-  through `seqio.Evaluator`'s own metric computation.
-  """
+  """The task's metrics when all are SeqIO `metric_fns` of (targets, predictions), else None."""
   fns = list(task.metric_fns)
   if fns and len(task.metric_objs) == len(fns) and len(task.predict_metric_fns) == len(fns):
     return fns
@@ -444,13 +360,9 @@ def prediction_metric_fns(task: Any) -> Optional[list[Callable[..., Mapping[str,
 
 
 def task_examples(dataset: Any, batch_size: int = 1024) -> list[dict[str, Any]]:
-  """The examples of a finite, unbatched task dataset, as `tfds.as_numpy` gives them one by one.
-
-  Each example is a dict of NumPy values: `bytes` for strings, NumPy scalars, and int32 arrays
-  for variable-length token ids. The dataset is read `batch_size` examples at a time
-  (`tf.data.Dataset.ragged_batch`), much faster than one at a time.
-  """
+  """The examples of a finite, unbatched task dataset as `tfds.as_numpy` gives them, in order."""
   examples: list[dict[str, Any]] = []
+  # In batches: much faster than one example at a time.
   for batch in dataset.ragged_batch(batch_size):
     columns = {k: list(v.numpy()) for k, v in batch.items()}
     n = len(next(iter(columns.values()))) if columns else 0
@@ -460,23 +372,12 @@ def task_examples(dataset: Any, batch_size: int = 1024) -> list[dict[str, Any]]:
 
 def metrics_of_predictions(task: Any, examples: Sequence[Mapping[str, Any]],
                            tokens: Any) -> tuple[dict[str, Any], list[str]]:
-  """The task's (targets, predictions) metrics of decoded tokens, as `seqio.Evaluator` computes them.
+  """({metric: value}, postprocessed predictions) of decoded `tokens`, as `seqio.Evaluator`
+  computes.
 
-  As SeqIO's legacy metrics (`seqio.metrics.LegacyMetric`): a target is the example's
-  `targets_pretokenized` (else its `targets` ids decoded), a prediction is the output vocabulary's
-  decoding of its row; both go through the task's `postprocess_fn(text, example=..., is_target=...)`
-  and every `metric_fn(targets=..., predictions=...)` gets the whole split at once.
-
-  Args:
-    task: a `seqio.Task` whose metrics are `prediction_metric_fns`.
-    examples: the task split's examples (`task_examples`), source order.
-    tokens: one row of token ids per example, same order (int array [N, L] or N lists).
-
-  Returns:
-    ({metric name: value} of all the task's metric functions, the postprocessed predictions).
-
-  Raises:
-    ValueError: not one row per example, or two metric functions returning the same name.
+  As `seqio.metrics.LegacyMetric`: targets are `targets_pretokenized` (else decoded `targets`),
+  both sides go through the task's `postprocess_fn`, each `metric_fn` sees the whole split.
+  ValueError: not one row per example, or two metric functions giving the same name.
   """
   vocabulary = task.output_features["targets"].vocabulary
   if len(tokens) != len(examples):
@@ -514,30 +415,11 @@ def evaluate_split(cfg: pipeline.DatasetConfig,
                    *,
                    evaluator: Any = None,
                    return_predictions: bool = True) -> tuple[dict[str, float], list[str]]:
-  """Decoding-based evaluation of one task split, with the values of `seqio.Evaluator`.
+  """(metrics, predictions) of one task split: the values of `seqio.Evaluator`, predictions
+  postprocessed as T5X writes them, source order ([] without `return_predictions`).
 
-  With an `EvalSplit` (tasks whose metrics are all `metric_fns` of (targets, predictions), such as
-  MCWQ's exact match and BLEU), `infer_fn` decodes its feature arrays and
-  `metrics_of_predictions` scores them: SeqIO's values, without its reading the split one example
-  at a time for each metric. With a `seqio.Evaluator` (any other metric), its `evaluate`.
-
-  Args:
-    cfg: task, split and feature lengths (None lengths = the split's maximum, nothing truncated).
-    infer_fn: from `get_infer_fn`.
-    params: the (sharded) parameters.
-    num_examples: first N examples only (None = all).
-    evaluator: `make_evaluator(cfg, num_examples)` made once by a caller that evaluates the same
-      split repeatedly (periodic evaluation; the split is tokenised once); None: a new one.
-    return_predictions: False: the returned list is empty (the caller needs only the metrics).
-
-  Returns:
-    (metrics {name: float} from the task's metric_fns, e.g. exact_match and bleu, prefixed by
-    `<task>/` for a mixture; the predictions decoded to strings and postprocessed by the task,
-    as the metrics saw them and as T5X writes them, in source order, or [] without
-    `return_predictions`).
-
-  Raises:
-    ValueError: unknown task (see `pipeline.get_mixture_or_task`).
+  Metrics are `{name: float}` (prefixed `<task>/` for a mixture). `evaluator`: from
+  `make_evaluator`, for repeated evaluation of one split. ValueError: unknown task.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   if evaluator is None:
@@ -574,24 +456,18 @@ def write_predictions(
     predictions: Sequence[str],
     metrics: Mapping[str, Any],
     extra: Optional[Mapping[str, Any]] = None) -> tuple[pathlib.Path, pathlib.Path]:
-  """Writes `predictions/<task>_<split>.txt` and `metrics/<task>_<split>.json` under `out_dir`.
+  """(predictions path, metrics path): `predictions/<task>_<split>.txt`,
+  `metrics/<task>_<split>.json`.
 
-  The text file has exactly one line per prediction, in source order (line breaks of any kind
-  inside a prediction become spaces); the JSON holds task, split, num_examples, the metrics and
-  `extra`. Only process 0 writes; each file whole or not at all (`writers.write_atomic`), the
-  metrics after the predictions.
-
-  Returns:
-    (predictions path, metrics path).
-
-  Raises:
-    writers.ResultWriteError: a file cannot be written (a full disk); that file and those after it
-      keep their previous contents (callers check `check_writable` before decoding).
+  One line per prediction, source order; the JSON holds task, split, num_examples, the metrics and
+  `extra`. Process 0 writes, each file whole or not at all, metrics last. Raises
+  writers.ResultWriteError (that file and the later ones keep their contents).
   """
   out_dir = pathlib.Path(out_dir)
   pred_path = run_folder.predictions_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   met_path = run_folder.metrics_file(out_dir, cfg.mixture_or_task_name, cfg.split)
   if jax.process_index() == 0:
+    # Exactly one line per prediction: inner line breaks become spaces.
     writers.write_atomic(pred_path, (" ".join(p.splitlines()) + "\n" for p in predictions))
     record = {
         "task": cfg.mixture_or_task_name,
@@ -607,17 +483,9 @@ def write_predictions(
 
 
 def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
-  """The model's parameters as `jax.ShapeDtypeStruct`s with their shardings on the mesh.
+  """The model's parameters as `jax.ShapeDtypeStruct`s with `NamedSharding`s (T5X names).
 
-  `jax.eval_shape` of the model's init (`Partitioner.abstract_params`): nothing is allocated and no
-  optimizer is built; the same shapes, dtypes and shardings as `Trainer.state_shapes(...).params`.
-
-  Args:
-    model: the `EncoderDecoderModel` (anything with `get_initial_variables(rng, input_shapes)`).
-    partitioner: the mesh.
-
-  Returns:
-    Nested dict (T5X names) of `jax.ShapeDtypeStruct` with `NamedSharding`s.
+  The same as `Trainer.state_shapes(...).params`; nothing is allocated, no optimizer built.
   """
   shapes = {
       "encoder_input_tokens": (partitioner.data_parallel_size, 8),
@@ -635,28 +503,11 @@ def load_params(model: Any,
                 partitioner: partitioning.Partitioner,
                 checkpoint_path: str,
                 abstract_params: Any = None) -> tuple[Any, Optional[int], pathlib.Path]:
-  """Loads parameters (no optimizer state) from any checkpoint, sharded over the mesh.
+  """(params, step or None, MODEL_DIR-like folder) from any checkpoint `checkpoint_loaders` reads,
+  sharded over the mesh with the model's dtypes.
 
-  Args:
-    model: the `EncoderDecoderModel` (its network config gives the parameter shapes).
-    partitioner: the mesh.
-    checkpoint_path: any path `checkpoint_loaders.load_params` reads: a MODEL_DIR or
-      `checkpoint_<step>` folder written by `mcwq_t5x.train` or by `t5x.train`, a pretrained
-      Hugging Face folder or T5X-native checkpoint.
-    abstract_params: the parameters' `jax.ShapeDtypeStruct`s with shardings (default:
-      `param_shapes(model, partitioner)`).
-
-  Returns:
-    (params with the model's shardings and dtypes, step or None, the MODEL_DIR-like folder the
-    checkpoint came from).
-
-  Raises:
-    FileNotFoundError: nothing at `checkpoint_path` (the message names it); ValueError: no
-      checkpoint there.
-    mcwq_t5x.checkpointing.checkpoint_paths.CheckpointMismatchError: shapes or names differ from the model.
-    mcwq_t5x.checkpointing.checkpoints.UnreadableCheckpointError: the named `checkpoint_<step>` folder is
-      unreadable (a MODEL_DIR falls back to its newest readable checkpoint, with a warning naming
-      the unreadable one); NoUsableCheckpointError: no checkpoint of the MODEL_DIR is readable.
+  Raises FileNotFoundError / ValueError (nothing, or no checkpoint, at the path),
+  CheckpointMismatchError, UnreadableCheckpointError, NoUsableCheckpointError.
   """
   if abstract_params is None:
     abstract_params = param_shapes(model, partitioner)

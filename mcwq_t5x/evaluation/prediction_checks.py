@@ -1,36 +1,11 @@
 """Checks that a prediction file is scored against the gold lines it belongs to, and reads as text.
 
-`mcwq_t5x.score` and `mcwq_t5x.report` score line i of a prediction file against line i of a gold
-file. A file whose lines are in another order (shuffled, sorted, another run's order) or that
-belongs to other questions would still get a number, near zero, with nothing to say why; a file
-with bytes that are not UTF-8 would be scored with those bytes replaced. Both are reported as
-warnings (stderr, and the result JSON), never as errors: the scores are still computed.
-
-Misalignment (`check_alignment`). Every MCWQ question names its entities by placeholders
-(`M0`...`M9`) and its query uses the same ones, so a model copies them from its question long
-before it gets the rest of the query right. Two agreements are measured per line, each against
-what a random pairing of the same lines would give (Cohen's kappa: `(observed - chance) /
-(1 - chance)`, chance computed exactly from the two columns' frequencies):
-
-* with the gold query: the prediction's set of placeholders equals the gold query's;
-* with the question (when the questions are given): every placeholder of the prediction occurs in
-  the question.
-
-A kappa under `MIN_KAPPA` says that the predictions agree with their own lines no better than with
-any other line: the files are misaligned. Measured on every published prediction file of the
-paper (`../shared/mcwq/results`: monolingual, zero-shot and gold test sets, 10 files) the kappas
-are at least 0.79 (gold queries) and 0.75 (questions; both the zero-shot Kannada model); on the
-same files shuffled they are at most 0.00 and 0.01; a tiny model after 150 training steps (2%
-exact match, 82% of its predictions well formed) has 0.69 and 0.90. The check is made only where
-it can tell: at least `MIN_LINES` lines, at least half of the predictions well-formed queries (an
-untrained model's output is junk that agrees with nothing, aligned or not), and a chance
-agreement of at most `MAX_CHANCE` (a split whose queries nearly all have the same placeholders
-tells nothing by them); otherwise the result says why it was not made.
-
-Runaway lines (`long_lines_warning`): prediction lines far longer than any gold line.
-
-Invalid UTF-8 (`invalid_utf8_lines`): the 1-based numbers of the lines (split at b"\\n", as
-`readers.read_lines` splits) whose bytes do not decode.
+Line i of a prediction file is scored against line i of a gold file: a reordered file, or one of
+other questions, would still get a number, near zero. `check_alignment` measures how often the
+predictions' placeholders (`M0`...`M9`, copied from the question long before the query is right)
+agree with their own gold query and question, as Cohen's kappa against a random pairing of the
+same lines. Misalignment, runaway lines and invalid UTF-8 are warnings (stderr, result JSON),
+never errors: the scores are still computed.
 """
 from __future__ import annotations
 
@@ -44,6 +19,8 @@ from mcwq_t5x.data import sparql as sparql_lib
 from mcwq_t5x.evaluation import metrics
 
 #: Kappa under which the predictions count as misaligned with their gold lines or questions.
+# why 0.2: the paper's 10 published prediction files have kappa >= 0.79 (gold) and >= 0.75
+# (questions), shuffled <= 0.01; a tiny model at 150 steps 0.69 and 0.90.
 MIN_KAPPA = 0.2
 #: Fewer lines than this are not checked (kappa is too noisy).
 MIN_LINES = 20
@@ -75,14 +52,9 @@ def question_placeholders(question: str) -> frozenset[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Agreement:
-  """How often the predictions' placeholders agree with their own lines, and by chance.
-
-  Attributes:
-    observed: the fraction of lines that agree.
-    chance: the expected fraction under a random pairing of the same lines.
-    kappa: `(observed - chance) / (1 - chance)`: 1 = every line agrees, 0 = no better than chance;
-      None when `chance` exceeds `MAX_CHANCE`.
-  """
+  """Placeholder agreement with the own lines: `observed` and `chance` fractions (chance exact from
+  the two columns' frequencies) and `kappa` = (observed - chance) / (1 - chance), None when
+  `chance` exceeds `MAX_CHANCE`."""
   observed: float
   chance: float
   kappa: Optional[float]
@@ -111,21 +83,11 @@ def _agreement(preds: Sequence[frozenset[str]], others: Sequence[frozenset[str]]
 def check_alignment(predictions: Sequence[str],
                     targets: Sequence[str],
                     questions: Optional[Sequence[str]] = None) -> dict[str, Any]:
-  """Whether line-parallel predictions belong to their gold lines (see the module docstring).
+  """{"checked", "misaligned", "reason", "well_formed", "targets", ["questions"]} for line-parallel
+  predictions, RIR targets and optional questions.
 
-  Args:
-    predictions: the predicted queries (any text).
-    targets: the gold queries (RIR), as many as `predictions`.
-    questions: the questions of the lines, as many, or None.
-
-  Returns:
-    {"checked": bool, "misaligned": bool, "reason": why not checked or why misaligned (absent
-     when checked and aligned), "well_formed": fraction of well-formed predictions,
-     "targets": `Agreement.to_json()` with the gold queries, ["questions": the same with the
-     questions]}.
-
-  Raises:
-    ValueError: the sequences differ in length.
+  "reason" says why not checked or why misaligned; "targets"/"questions" are `Agreement.to_json()`.
+  ValueError if the lengths differ.
   """
   n = len(predictions)
   if len(targets) != n or (questions is not None and len(questions) != n):
@@ -138,6 +100,7 @@ def check_alignment(predictions: Sequence[str],
     return result
   well_formed = sum(metrics.parse_query(p) is not None for p in predictions) / n
   result["well_formed"] = round(well_formed, 4)
+  # An untrained model's junk agrees with nothing, aligned or not.
   if well_formed < MIN_WELL_FORMED:
     result["reason"] = (f"{100 * well_formed:.1f}% of the predictions are well-formed queries "
                         f"(fewer than {100 * MIN_WELL_FORMED:.0f}%): their placeholders tell "
@@ -153,6 +116,7 @@ def check_alignment(predictions: Sequence[str],
                                        lambda p, q: p <= q)
   result.update({name: a.to_json() for name, a in measures.items()})
   kappas = {name: a.kappa for name, a in measures.items() if a.kappa is not None}
+  # Queries that nearly all have the same placeholders tell nothing by them.
   if not kappas:
     result["reason"] = (f"the placeholders agree by chance on more than {100 * MAX_CHANCE:.0f}% "
                         "of random line pairs: they tell nothing")
@@ -187,11 +151,8 @@ def misalignment_warning(alignment: dict[str, Any],
 
 
 def invalid_utf8_lines(path: str | pathlib.Path) -> list[int]:
-  """The 1-based numbers of the lines of `path` (split at b"\\n") that are not valid UTF-8.
-
-  Raises:
-    OSError: the file cannot be read.
-  """
+  """The 1-based numbers of the lines of `path` (split at b"\\n") that are not valid UTF-8;
+  OSError."""
   data = pathlib.Path(path).read_bytes()
   try:
     data.decode("utf-8")
@@ -208,12 +169,7 @@ def invalid_utf8_lines(path: str | pathlib.Path) -> list[int]:
 
 
 def invalid_utf8_warning(path: str | pathlib.Path) -> Optional[str]:
-  """A warning naming `path` and its lines that are not valid UTF-8 (their undecodable bytes
-  are read as U+FFFD), or None when every line is.
-
-  Raises:
-    OSError: the file cannot be read.
-  """
+  """A warning naming `path` and its lines that are not UTF-8 (read as U+FFFD), or None; OSError."""
   bad = invalid_utf8_lines(path)
   if not bad:
     return None
@@ -225,10 +181,9 @@ def invalid_utf8_warning(path: str | pathlib.Path) -> Optional[str]:
 
 def long_lines_warning(predictions_path: Any, predictions: Sequence[str], targets_path: Any,
                        targets: Sequence[str]) -> Optional[str]:
-  """A warning naming the prediction lines more than `LONG_LINE_FACTOR` times as long (in
-  characters) as the longest gold line, or None. One such line (a model that never stops) counts
-  in corpus BLEU's n-gram totals for the whole file: one 560,000-character line takes the
-  published English predictions' BLEU from 97.4 to 54.4."""
+  """A warning naming the prediction lines over `LONG_LINE_FACTOR` times the longest gold line
+  (characters), or None."""
+  # why: one 560,000-character line takes the published English BLEU from 97.4 to 54.4.
   limit = LONG_LINE_FACTOR * max((len(t) for t in targets), default=0)
   long = [i for i, p in enumerate(predictions, start=1) if len(p) > limit]
   if not long or not targets:
@@ -248,18 +203,10 @@ def check_prediction_file(predictions_path: Any,
                           targets: Sequence[str],
                           questions_path: Any = None,
                           questions: Optional[Sequence[str]] = None) -> dict[str, Any]:
-  """Both checks of one prediction file scored against its gold lines (and questions).
+  """{"alignment": `check_alignment`'s result, "warnings": [...]} for one prediction file.
 
-  Args:
-    predictions_path, targets_path, questions_path: the files, for the warnings.
-    predictions, targets, questions: their lines (line-parallel; questions may be None).
-
-  Returns:
-    {"alignment": `check_alignment`'s result, "warnings": [the warnings, each naming the files]}
-    (invalid UTF-8, `long_lines_warning`, misalignment).
-
-  Raises:
-    OSError: the prediction file cannot be read again (for its bytes).
+  The warnings name the files (invalid UTF-8, long lines, misalignment). OSError if the prediction
+  file cannot be read again for its bytes.
   """
   alignment = check_alignment(predictions, targets, questions)
   warnings = [

@@ -1,18 +1,11 @@
-"""Published MCWQ results, shown in the report's Tables 4 and 5 as reference rows (marked
-"published"), so that a new result is seen beside the literature's.
+"""Published MCWQ results, the reference rows ("published") of the report's Tables 4 and 5.
 
-Each number is copied from the paper cited with it; nothing is derived. Exact match (percent) on
-the test sets of the published splits:
-
-  * Cui et al. (TACL 2022), "Compositional Generalization in Multilingual Semantic Parsing over
-    Wikidata", mT5-small with RIR targets: Table 4, MCD1, monolingual: en 77.6, he 57.8, kn 55.0,
-    zh 52.8; zero-shot from English (Table 5), MCD1: he 0.4, kn 0.8, zh 0.1. (The report recomputes
-    the same numbers from the published prediction files.)
-  * Wang & Hershcovich (ACL 2023), "On Evaluating Multilingual Compositional Generalization with
-    Translated Datasets", mBART50-based model: MCD mean, monolingual: en 55.2, zh 43.6; zero-shot
-    from English, MCD mean: zh 35.0.
-
-A language or split a paper's row does not give is left empty.
+Each number is copied from its paper, nothing derived; exact match (percent) on the published
+splits' test sets. Cui et al. (TACL 2022), "Compositional Generalization in Multilingual Semantic
+Parsing over Wikidata", mT5-small+RIR, MCD1: Table 4 monolingual en 77.6, he 57.8, kn 55.0,
+zh 52.8; Table 5 zero-shot he 0.4, kn 0.8, zh 0.1. Wang & Hershcovich (ACL 2023), "On Evaluating
+Multilingual Compositional Generalization with Translated Datasets", mBART50, MCD mean:
+monolingual en 55.2, zh 43.6; zero-shot zh 35.0. What a paper does not give stays empty.
 """
 from __future__ import annotations
 
@@ -25,16 +18,9 @@ MCD_MEAN = "MCD mean"
 
 @dataclasses.dataclass(frozen=True)
 class PublishedRow:
-  """One published row of a table.
-
-  Attributes:
-    system: the model as the paper names it.
-    citation: authors, venue and year.
-    title: the paper's title.
-    mode: "monolingual" (Table 4) or "zeroshot" (Table 5: trained on English).
-    split: a published split ("mcd1", ...) or `MCD_MEAN`.
-    exact_match: language -> exact match (percent) as printed in the paper.
-  """
+  """One published row: `system` and `title` as the paper names them, `citation` (authors, venue,
+  year), `mode` "monolingual" (Table 4) or "zeroshot" (Table 5), `split` ("mcd1", ... or
+  `MCD_MEAN`), `exact_match` {language: percent as printed}."""
   system: str
   citation: str
   title: str

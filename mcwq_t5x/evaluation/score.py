@@ -1,49 +1,12 @@
-"""Scores a file of predictions against a file of gold queries (`python -m mcwq_t5x.score`).
+"""Scores a file of predictions against a file of gold queries (the library of `mcwq_t5x.score`).
 
-Both files hold one query per line and are line-parallel; a final line may lack its newline.
-Predictions are RIR strings (what the models of the MCWQ paper output, e.g.
-`results/mt5_small/monolingual/mcd1/generated_predictions_en.txt`). Targets are RIR as well
-(`translations/{split}/test.{lang}.sparql`), or SPARQL with `--target_format sparql`: one query
-a line, or the `official/` lines `IN: question  OUT: query`; SPARQL targets are converted with
-`rir.sparql_to_rir` before scoring, so exact match compares RIR strings as the paper does.
-
-With `--release DIR --split NAME --part PART` the gold queries come from a release folder
-(`dataset.json` + `splits/NAME.json`, as `preprocessing.migrate` writes it): the predictions are
-line-parallel with the part's index list, i.e. with `official/NAME/PART.*.txt`. `--targets` may
-then be left out; when given, each target must be the release's query of that line (the check
-names the file and line). `--execute` adds execution accuracy (`mcwq_t5x.evaluation.execution`; not a
-metric of the paper): each prediction gets the example's entities substituted for its
-placeholders and is run next to the gold query on a SPARQL store. It runs where the store covers
-the query: the placeholders must be bound, which a release does (its `entities`, or the published
-release's `sparql` field); without `--release` (e.g. MCWQ's `official/` files, where every query
-has placeholders) only targets without placeholders run. The result says "x of n executable (n of
-N)" (`execution.executable_of`); `--answers FILE` writes each line's gold and predicted answers.
-The store is by default the embedded pyoxigraph store loaded from `--codex`
-(`../shared/wikidata/codex-m`), or `--endpoint remote` (`--url`, default the Wikidata Query
-Service, one request per `--rate` seconds, retries); `--cache FILE` keeps the answers across runs.
-
-The result is printed as JSON (and written to `--json OUT`):
-  {"n": N, "exact_match": percent, "bleu": corpus BLEU, "equivalence": percent,
-   "error_categories": {category: count}, ["by_complexity": {depth: {...}}],
-   ["execution_accuracy": percent, "execution": {"n", "correct", "outcomes", "executable_of",
-    ...}],
-   "alignment": {...}, "warnings": [...], "predictions": P, "targets": T}
-See `mcwq_t5x.evaluation.metrics` and `mcwq_t5x.evaluation.execution` for the definitions (paper: Cui et al., TACL
-2022, §5.2 and §6.2; execution accuracy is not in the paper).
-"alignment" and "warnings" are `prediction_checks.check_prediction_file`'s: predictions that do not
-seem to belong to their gold lines (reordered, another split's: their placeholders agree with
-their own lines no better than with random ones) and prediction lines that are not valid UTF-8
-are scored all the same, with a warning naming the files (and lines); the command line prints
-the warnings on stderr.
-
-Exit status: 0 on success, 2 on bad input (missing file, files of different lengths, a malformed
-target or release record: the message names the file and line), 3 when `--execute` could score no
-example (execution accuracy undefined: every gold query failed on the store, e.g. an endpoint that
-answers errors, or no line has entities; the JSON is still printed, with `"execution_accuracy":
-null` and the reason in `execution.undefined`), 1 when the remote endpoint asks to wait longer
-than the client accepts (`Retry-After`). Malformed predictions and failed store requests for
-predictions are scored as wrong, never an error; examples whose gold query fails are left out
-(`gold_error`, with a warning).
+Both files hold one query per line, line-parallel. Predictions are RIR; targets are RIR
+(`translations/{split}/test.{lang}.sparql`), SPARQL or `official/` lines (converted with
+`rir.sparql_to_rir`, so exact match compares RIR strings as the paper does, Cui et al., TACL
+2022, §5.2), or come from a release (`dataset.json` + `splits/NAME.json`). Execution accuracy
+(`execution`, not in the paper) runs where placeholders are bound. Bad input raises `InputError`
+naming the file and line; malformed predictions and failed store requests for them are scored
+as wrong, never an error.
 """
 from __future__ import annotations
 
@@ -76,20 +39,10 @@ def _official_query(line: str) -> str:
 
 
 def load_targets(path: str | pathlib.Path, target_format: str = metrics.RIR) -> list[str]:
-  """Reads gold queries and returns them as RIR strings, checking that each one parses.
+  """Gold queries of `path` as RIR strings, one per line, each checked to parse.
 
-  Args:
-    path: one query per line: RIR (`target_format="rir"`), or SPARQL / `official/` lines
-      (`target_format="sparql"`, converted with `rir.sparql_to_rir`).
-    target_format: "rir" or "sparql".
-
-  Returns:
-    RIR strings, one per line of the file.
-
-  Raises:
-    InputError: a line that is not a well-formed query of that format (message
-      `FILE:LINE: problem`).
-    DataNotFoundError, DataFormatError: a missing or non-UTF-8 file (`readers.read_lines`).
+  `target_format` "rir", or "sparql" (SPARQL or `official/` lines). Raises InputError
+  (`FILE:LINE: problem`), DataNotFoundError or DataFormatError (missing or non-UTF-8 file).
   """
   if target_format not in metrics.FORMATS:
     raise InputError(f"unknown target format {target_format!r}; expected one of {metrics.FORMATS}")
@@ -113,11 +66,9 @@ def load_targets(path: str | pathlib.Path, target_format: str = metrics.RIR) -> 
 
 
 def load_depths(path: str | pathlib.Path) -> list[Optional[int]]:
-  """Reads one recursionDepth per line (an integer, or an empty line for unknown).
+  """One recursionDepth per line (int, or None for an empty line).
 
-  Raises:
-    InputError: a line that is not an integer (message `FILE:LINE: ...`).
-    DataNotFoundError, DataFormatError: a missing or non-UTF-8 file (`readers.read_lines`).
+  Raises InputError (`FILE:LINE`: not an integer), DataNotFoundError, DataFormatError.
   """
   out: list[Optional[int]] = []
   for number, line in enumerate(readers.read_lines(path), start=1):
@@ -135,16 +86,8 @@ def load_depths(path: str | pathlib.Path) -> list[Optional[int]]:
 
 def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any], name_b: str, path_b: Any,
                       lines_b: Sequence[Any]) -> None:
-  """Checks that two line lists read from files are line-parallel.
-
-  Args:
-    name_a, name_b: what the lines are ("predictions", "targets", ...), for the message.
-    path_a, path_b: the files they were read from.
-    lines_a, lines_b: the lines.
-
-  Raises:
-    InputError: the lengths differ (the message names both counts and both files).
-  """
+  """InputError naming both counts and both files unless `lines_a` and `lines_b` are
+  line-parallel."""
   if len(lines_a) != len(lines_b):
     raise InputError(f"length mismatch: {len(lines_a)} {name_a} in {path_a} but "
                      f"{len(lines_b)} {name_b} in {path_b}; the files must be line-parallel")
@@ -152,11 +95,8 @@ def check_same_length(name_a: str, path_a: Any, lines_a: Sequence[Any], name_b: 
 
 def load_release_targets(release: str | pathlib.Path, split: str,
                          part: str) -> list[execution.ReleaseQuery]:
-  """Reads the gold queries (with entities) of a release part (`execution.load_release_queries`).
-
-  Raises:
-    InputError: missing files, bad JSON, bad indices or records (message `FILE:LINE: ...`).
-  """
+  """The `ReleaseQuery`s of a release part; InputError (`FILE:LINE`) on missing files or bad
+  records."""
   try:
     return execution.load_release_queries(release, split, part)
   except (OSError, ValueError) as e:
@@ -165,11 +105,8 @@ def load_release_targets(release: str | pathlib.Path, split: str,
 
 def check_targets_match_release(targets: str | pathlib.Path, gold: Sequence[str],
                                 examples: Sequence[execution.ReleaseQuery]) -> None:
-  """Checks that each target line is the release's query of that line (up to clause order).
-
-  Raises:
-    InputError: a different query (`FILE:LINE: ...`, naming the release record).
-  """
+  """InputError (`FILE:LINE`, naming the record) unless each target is the release's query, up to
+  clause order."""
   for number, (target, example) in enumerate(zip(gold, examples), start=1):
     parsed = metrics.parse_query(target, metrics.RIR)
     if not sparql_lib.parse_sparql(example.pattern).equivalent(parsed):
@@ -179,10 +116,12 @@ def check_targets_match_release(targets: str | pathlib.Path, gold: Sequence[str]
 
 
 def targets_as_examples(gold: Sequence[str], source: str) -> list[execution.ReleaseQuery]:
-  """Gold RIR queries without a release (e.g. MCWQ's `official/{split}/{part}.{lang}.txt`) as
-  execution examples: a query without placeholders runs as it is (no entities needed); one with
-  placeholders `M0`... is not executable (nothing binds them: only a release's `entities`, or its
-  `sparql` field, does), and is left out of execution accuracy's denominator."""
+  """Gold RIR queries without a release as execution examples
+  (`official/{split}/{part}.{lang}.txt`).
+
+  A query with placeholders `M0`... is not executable (only a release binds them) and leaves the
+  denominator; one without runs as it is.
+  """
   out = []
   for i, g in enumerate(gold):
     pattern = rir_lib.rir_to_sparql(g)
@@ -205,9 +144,12 @@ def execution_line(result: dict[str, Any]) -> str:
 def answer_records(examples: Sequence[execution.ReleaseQuery], preds: Sequence[str],
                    outcomes: Sequence[str], endpoint: Any,
                    max_answers: int) -> list[dict[str, Any]]:
-  """Per line: outcome and the gold and predicted answers (JSON: a bool or a sorted list; None
-  when not executed). Re-runs the queries (a `CachedEndpoint` answers from its cache); a store
-  failure on a re-run leaves the answers None and is recorded under "error" (never an answer)."""
+  """Per line: the outcome and the gold and predicted answers (a bool or sorted list; None if not
+  run).
+
+  The queries are run again (a `CachedEndpoint` answers from its cache); a store failure then
+  leaves the answers None, recorded under "error".
+  """
   records = []
   for i, (example, pred, outcome) in enumerate(zip(examples, preds, outcomes), start=1):
     record: dict[str, Any] = {"line": i, "outcome": outcome, "gold": None, "predicted": None}
@@ -221,11 +163,8 @@ def answer_records(examples: Sequence[execution.ReleaseQuery], preds: Sequence[s
 
 def _add_answers(record: dict[str, Any], example: execution.ReleaseQuery, pred: str, outcome: str,
                  endpoint: Any, max_answers: int) -> None:
-  """Fills `record`'s gold and predicted answers of an executed line (see `answer_records`).
-
-  Raises:
-    mcwq_t5x.stores.endpoint.EndpointError: the store failed.
-  """
+  """Fills `record`'s gold and predicted answers of an executed line; EndpointError if the store
+  fails."""
   if outcome not in (execution.CORRECT, execution.WRONG_ANSWER):
     return
   gold = sparql_lib.parse_sparql(example.pattern)
@@ -251,43 +190,15 @@ def evaluate_files(predictions: str | pathlib.Path,
                    endpoint: Optional[Any] = None,
                    max_answers: int = execution.DEFAULT_MAX_ANSWERS,
                    answers_out: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
-  """Scores a prediction file against a target file (what the command line does).
+  """Scores a prediction file against gold queries: the command line's result dict.
 
-  Args:
-    predictions: RIR predictions, one per line (any bytes; junk is scored as wrong).
-    targets: gold queries, one per line (see `load_targets`); may be None when `release` is given.
-    target_format: "rir" or "sparql".
-    questions: optional question file, line-parallel; only used in `errors_out`.
-    depths: optional recursionDepth file (see `load_depths`) for accuracy by complexity.
-    errors_out: optional path of a JSON-lines file with one record per example:
-      {"line", "category", "target", "prediction", ["question"], plus the set differences,
-      ["execution": outcome]}.
-    release, split, part: a release folder and one of its split parts; the gold queries and
-      entities of the lines (`execution.load_release_queries`). All three or none.
-    endpoint: a `mcwq_t5x.stores.endpoint.Endpoint`, or a function without arguments returning
-      one (called once the other inputs are read and checked; see `_make_endpoint`): adds
-      execution accuracy (`execution.score_execution`); without a release only the targets
-      without placeholders are executable (`targets_as_examples`).
-    max_answers: SELECT answers with more values count as truncated (never equal).
-    answers_out: with `endpoint`, a JSON-lines file with each line's outcome and its gold and
-      predicted answers (`answer_records`).
-
-  Returns:
-    `metrics.score_predictions`'s dict, plus "alignment" and "warnings"
-    (`prediction_checks.check_prediction_file`), "by_complexity" when depths are given,
-    "execution_accuracy" and "execution" when executed, and the file names. When no example
-    could be scored on the store, "execution_accuracy" is None and "execution" has "undefined",
-    the reason (`execution.ExecutionScores.undefined_reason`).
-
-  Raises:
-    InputError: missing files, length mismatch (names both counts and both files), malformed
-      target, bad depth, a bad release, a target that is not the release's query, a store that
-      cannot be loaded.
-    readers.DataFormatError: a target, depth or question file that is not UTF-8 (`FILE:LINE`).
-    ValueError: no targets and no release, or only some of release/split/part.
-    mcwq_t5x.stores.transport.RetryAfterTooLong: the remote endpoint asks to wait longer than it
-      is configured to.
-    writers.ResultWriteError: `errors_out` or `answers_out` cannot be written (left as it was).
+  `metrics.score_predictions`'s dict plus "alignment", "warnings", "by_complexity" (with `depths`),
+  "execution_accuracy" and "execution" (with `endpoint`: an Endpoint, or a function making one
+  once the inputs are checked) and the file names. `release`, `split`, `part`: all or none.
+  `errors_out` / `answers_out`: JSON-lines per example. Raises InputError (a bad file, length,
+  target, depth, release or store, naming the file), readers.DataFormatError (not UTF-8),
+  ValueError (no targets and no release, or some of release/split/part),
+  stores.transport.RetryAfterTooLong, writers.ResultWriteError (the output is left as it was).
   """
   if (release is None) != (split is None) or (release is None) != (part is None):
     raise ValueError("give --release, --split and --part together")
@@ -328,6 +239,7 @@ def evaluate_files(predictions: str | pathlib.Path,
       examples = targets_as_examples(gold, str(targets))
     if not isinstance(endpoint, endpoint_lib.Endpoint):
       try:
+        # Made only once the other inputs are read and checked.
         endpoint = endpoint()
       except (OSError, ValueError) as e:
         raise InputError(str(e)) from None

@@ -1,23 +1,14 @@
 """Chat completions from any OpenAI-compatible server (vLLM, llama.cpp, Ollama, TGI, hosted APIs),
 with the project's retry policy and a crash-safe cache of every answer.
 
-Who retries: this module, one way for every remote client of the project (the
-`mcwq_t5x.stores.transport.RetryPolicy` the transport holds): the `openai` client is built with
-`max_retries=0`, so no request is ever retried twice over, and the waits are the policy's
-(backoff doubling to `max_backoff_s`, at least what `Retry-After` asks, a server asking more than
-`max_retry_after_s` an error at once; the `openai` client caps Retry-After at 60 s and retries on
-its own schedule).
-
-* 429 and 5xx, connection errors: retried at most `max_retries` times, then `RequestFailed`.
-* a time-out (`timeout_s` per attempt): `RequestFailed` at once, not retried (as
-  `transport.DeadlineExceeded`: the request would take as long again).
-* a 400 saying the prompt exceeds the context length: an answer with text None and an "error"
-  (cached: the same prompt fails the same way; the example counts as a syntax error).
-* any other 4xx: `RequestFailed` at once.
-
-The cache (`stores.jsonl_cache.JsonlCache`, fsync'ed before use) is keyed by the model, the
-sampling parameters and the prompt; a rerun after a kill sends no request twice. The API key is
-passed in, never stored or logged.
+This module alone retries, with the transport's `mcwq_t5x.stores.transport.RetryPolicy` (the
+`openai` client is built with `max_retries=0`; backoff doubling to `max_backoff_s`, at least
+`Retry-After`, more than `max_retry_after_s` an error): 429, 5xx and connection errors at most
+`max_retries` times, then `RequestFailed`; a time-out or another 4xx is `RequestFailed` at once; a
+prompt over the context length is an answer with text None and an "error" (cached; a syntax error
+for the example). The cache (`stores.jsonl_cache.JsonlCache`, fsync'ed) is keyed by model,
+sampling parameters and prompt: a rerun after a kill sends no request twice. The API key is passed
+in, never stored or logged.
 """
 from __future__ import annotations
 
@@ -82,6 +73,8 @@ class ChatClient:
     self.model = model
     self.params = dict(params)
     self.cache = jsonl_cache.JsonlCache(cache_path)
+    # max_retries=0: `openai` would retry on its own schedule (Retry-After capped at 60 s), twice
+    # over with ours.
     self._client = openai.OpenAI(
         base_url=base_url, api_key=api_key, max_retries=0,
         timeout=timeout_s)  # why: this module owns the retries
@@ -127,6 +120,7 @@ class ChatClient:
                 "content": prompt
             }], **self.params)
       except openai.APITimeoutError as e:
+        # Not retried: the request would take as long again (as `transport.DeadlineExceeded`).
         raise RequestFailed(f"{self.model}: no complete answer within the time-out ({e})") from e
       except openai.BadRequestError as e:
         if _is_context_error(e):

@@ -1,20 +1,12 @@
 """Demonstration selection for in-context semantic parsing.
 
-Methods (`METHODS`), each returning indices into the demonstration pool, most relevant first:
-
-* `random`: `shots` pool examples drawn without replacement, seeded per test example.
-* `similar`: the top `shots` by BM25 (Okapi, `rank_bm25.BM25Okapi`) between the test question and
-  the pool's questions (same language).
-* `cover`: Levy et al. (ACL 2023, "Diverse Demonstrations Improve In-context Compositional
-  Generalization"), utterance variant: greedily the candidate covering most not-yet-covered words
-  and bigrams of the test question (ties: BM25 rank), among the BM25 top `CANDIDATES`; once
-  nothing new is covered, the rest by BM25.
-* `oracle_compounds`: ORACLE (reads the gold query): greedy cover of the gold query's compounds
-  (`mcwq_t5x.data.divergence.compounds`) by the pool queries' compounds, the rest by BM25. An upper
-  bound of what retrieval can show, never a result.
-
-Tokens: whitespace words, lower-cased; Chinese (no spaces) by character. Placeholders M0..M9 are
-left out of the cover sets (every question has them).
+`METHODS`, each giving pool indices, most relevant first: `random` (seeded per test example);
+`similar` (BM25 Okapi, `rank_bm25.BM25Okapi`, over the pool's questions of the same language);
+`cover` (Levy et al., ACL 2023, "Diverse Demonstrations Improve In-context Compositional
+Generalization", utterance variant: greedy cover of the test question's words and bigrams among
+the BM25 top `CANDIDATES`, then BM25); `oracle_compounds` (ORACLE, reads the gold query: greedy
+cover of its `divergence.compounds`, then BM25; an upper bound, never a result). Tokens are
+lower-cased words, characters for Chinese; placeholders M0..M9 are left out of cover sets.
 """
 from __future__ import annotations
 
@@ -37,7 +29,7 @@ _PUNCT = re.compile(r"[\s?.,!;:\"'()，。？！、：；]+")
 
 
 def tokens(question: str, language: str) -> list[str]:
-  """The tokens of a question: lower-cased words, or characters for zh (see module docstring)."""
+  """The tokens of a question: lower-cased words, or characters for zh."""
   text = question.lower()
   if language == "zh":  # why: Chinese has no spaces; Latin runs (M0, wdt) stay whole
     return [t for t in _ZH_TOKEN.findall(text) if not _PUNCT.fullmatch(t)]
@@ -47,6 +39,7 @@ def tokens(question: str, language: str) -> list[str]:
 def cover_units(question: str, language: str) -> frozenset[str]:
   """Words and bigrams of a question, placeholders left out (what `cover` covers)."""
   toks = tokens(question, language)
+  # Placeholders are left out: every question has them.
   units = {t for t in toks if not _PLACEHOLDER.match(t)}
   units.update(f"{a} {b}" for a, b in zip(toks, toks[1:])
                if not (_PLACEHOLDER.match(a) and _PLACEHOLDER.match(b)))

@@ -18,20 +18,10 @@ TIMED_OUT = "timed_out_after_s"  # cache value {TIMED_OUT: seconds} of a query t
 
 
 class CachedEndpoint(Endpoint):
-  """Caches another endpoint's answers on disk (append-only JSONL, flushed per answer).
+  """Caches `inner`'s answers on disk (`path`, append-only JSONL flushed per answer; None: memory).
 
-  A query that raised `QueryTimeout` is recorded as `{"timed_out_after_s": T}`; asked again (in
-  this run or a later one on the same file), it raises `QueryTimeout` without running, unless
-  `retry_timeouts` is set, when it runs again (and its new answer or timeout replaces the record).
-
-  Args:
-    inner: the endpoint asked on a cache miss.
-    path: the cache file; None keeps the cache in memory.
-    retry_timeouts: re-run queries recorded as timed out.
-
-  Attributes:
-    hits, misses: counts for the report (a recorded timeout that is not re-run is a hit).
-    timeouts: queries that raised `QueryTimeout` (fresh or recorded).
+  A `QueryTimeout` is recorded as `{"timed_out_after_s": T}` and raises again without running,
+  unless `retry_timeouts`. `hits` (a recorded timeout not re-run included), `misses`, `timeouts`.
   """
 
   def __init__(self,

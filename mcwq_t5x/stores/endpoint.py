@@ -31,11 +31,7 @@ class EndpointError(RuntimeError):
 
 
 class QueryTimeout(EndpointError):
-  """A query did not finish within the endpoint's `timeout_s` (not retried).
-
-  Attributes:
-    timeout_s: the time limit it ran into, in seconds.
-  """
+  """A query did not finish within the endpoint's `timeout_s` (seconds; not retried)."""
 
   def __init__(self, message: str, timeout_s: float):
     super().__init__(message)
@@ -62,9 +58,9 @@ def order_triples(triples: list[tuple[str, str, str]],
                   counts: dict[str, int] | None) -> list[tuple[str, str, str]]:
   """Greedy join order: next the triple with the smallest estimated cardinality.
 
-  Estimate = triples of the predicate (sum over `|` alternatives; 10^6 when unknown), times 0.01
-  when one end is a constant or already bound, times 10^-4 when both are. The answer set does
-  not depend on the order (a conjunctive query); only the embedded store's speed does.
+  Estimate: the predicate's triples (summed over `|`; 10^6 unknown), x 0.01 with one end constant
+  or bound, x 10^-4 with both. The answers do not depend on the order, only the embedded store's
+  speed does.
   """
   if counts is None:
     return triples
@@ -90,42 +86,28 @@ class Endpoint(abc.ABC):
 
   @abc.abstractmethod
   def select(self, query: str) -> list[dict[str, str]]:
-    """Runs a SELECT query (without PREFIX lines; `wd:`, `wdt:`, `rdfs:` are declared).
-
-    Returns:
-      Rows {variable name (no '?'): term}; unbound variables are absent from a row.
-
-    Raises:
-      EndpointError: the query failed.
-    """
+    """Rows {variable (no '?'): term} of a SELECT without PREFIX lines (`wd:`, `wdt:`, `rdfs:`
+    declared); unbound variables absent. EndpointError if the query failed."""
 
   @abc.abstractmethod
   def ask(self, query: str) -> bool:
     """Runs an ASK query (prefixes as for `select`). Raises EndpointError on failure."""
 
   def predicates(self) -> set[str] | None:
-    """The `wdt:P…` properties that have triples, when cheaply known (None = unknown).
-
-    A query using a property without triples has no solutions; the embedded store knows its
-    properties, which saves running such queries (CoDEx lacks many MCWQ properties).
-    """
+    """The `wdt:P…` properties with triples, when cheaply known (None = unknown)."""
+    # A property without triples has no solutions: CoDEx lacks many MCWQ properties, and such
+    # queries need not run.
     counts = self.predicate_counts()
     return None if counts is None else set(counts)
 
   def predicate_counts(self) -> dict[str, int] | None:
-    """Number of triples of each `wdt:P…` property, when cheaply known (None = unknown).
-
-    Used to order the triple patterns of generated queries (most selective first): pyoxigraph
-    joins in the written order, and a bad order turns a 1 ms query into minutes.
-    """
+    """Triples per `wdt:P…` property, when cheaply known (None = unknown), for `order_triples`:
+    pyoxigraph joins in the written order, and a bad order turns a 1 ms query into minutes."""
     return None
 
   def labels(self, qids: Sequence[str], language: str = "en") -> dict[str, str]:
-    """Labels of Wikidata items in `language` ({} entries for items without one).
-
-    Raises:
-      ValueError: an id is not `Q…` or the language code is malformed (nothing is sent).
-    """
+    """{Q-id: label in `language`} (items without one absent); ValueError before sending for a
+    bad id or language code."""
     out: dict[str, str] = {}
     qids = sorted({check_qid(q) for q in qids})
     if not LANG_RE.match(language):

@@ -20,14 +20,8 @@ from mcwq_t5x.stores.endpoint import Endpoint
 def add_endpoint_arguments(parser: Any,
                            embedded_timeout: bool = False,
                            max_retry_after: bool = False) -> None:
-  """Adds `--url`, `--user-agent`, `--timeout`, `--retries`, `--rate` (and, if asked,
-  `--max-retry-after`) to `parser` (a parser or an argument group).
-
-  `embedded_timeout`: `--timeout`'s help says it bounds the embedded store too.
-
-  Raises:
-    argparse.ArgumentError: `parser` already has one of these flags.
-  """
+  """Adds `--url`, `--user-agent`, `--timeout`, `--retries`, `--rate` (and if asked
+  `--max-retry-after`) to `parser`; argparse.ArgumentError if one is already there."""
   parser.add_argument("--url", default=remote.WDQS_URL, help="remote SPARQL endpoint URL")
   parser.add_argument(
       "--user-agent",
@@ -63,11 +57,8 @@ def add_endpoint_arguments(parser: Any,
 
 
 def remote_endpoint_from_arguments(args: argparse.Namespace) -> remote.RemoteEndpoint:
-  """The `RemoteEndpoint` of the flags of `add_endpoint_arguments` (no request sent yet).
-
-  Raises:
-    ValueError: `--timeout` is not positive.
-  """
+  """The `RemoteEndpoint` of `add_endpoint_arguments`' flags (nothing sent); ValueError:
+  `--timeout`."""
   return remote.RemoteEndpoint(
       url=args.url,
       user_agent=args.user_agent,
@@ -80,11 +71,8 @@ def remote_endpoint_from_arguments(args: argparse.Namespace) -> remote.RemoteEnd
 def endpoint_from_arguments(args: argparse.Namespace,
                             embedded_timeout: bool = False,
                             allow_empty: bool = False) -> Endpoint:
-  """The store a command line names (`args.endpoint`: "remote" or "oxigraph"); not cached.
-
-  `embedded_timeout`: `--timeout` also bounds the embedded store's queries; `allow_empty`: as in
-  `oxigraph.embedded_store`, whose ValueError and FileNotFoundError pass through.
-  """
+  """The store `args.endpoint` names ("remote" or "oxigraph"), not cached;
+  `oxigraph.embedded_store`'s errors pass through."""
   if args.endpoint == "remote":
     return remote_endpoint_from_arguments(args)
   return oxigraph.embedded_store(

@@ -26,15 +26,8 @@ def make_key(*parts: str) -> str:
 
 
 class JsonlCache:
-  """A dict-like cache persisted as append-only JSON lines.
-
-  Args:
-    path: the JSONL file (created with its parent folder when missing); None = memory only.
-    fsync: also `os.fsync` after each append (durable across power loss; default True).
-
-  Attributes:
-    torn_lines: number of unreadable lines skipped when loading (a torn last line after a kill).
-  """
+  """A dict-like cache persisted as append-only JSON lines in `path` (made with its folder; None:
+  memory); `fsync` after each append by default. `torn_lines`: unreadable lines skipped."""
 
   def __init__(self, path: str | os.PathLike | None, fsync: bool = True):
     self.path = pathlib.Path(path) if path is not None else None
@@ -73,10 +66,8 @@ class JsonlCache:
     return iter(list(self._data.items()))
 
   def put(self, key: str, value: Any, **extra: Any) -> None:
-    """Stores `value` under `key` and appends it to the file (flushed) before returning.
-
-    `extra` fields (e.g. the query text) are written for human inspection only.
-    """
+    """Stores `value` under `key`, appended and flushed before returning (`extra` for humans
+    only)."""
     with self._lock:
       self._data[key] = value
       if self.path is None:

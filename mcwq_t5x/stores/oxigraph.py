@@ -67,21 +67,11 @@ def _serve(store: Any, conn: Any, parent_end: Any) -> None:
 
 
 class OxigraphEndpoint(Endpoint):
-  """Embedded pyoxigraph store (in memory).
+  """Embedded pyoxigraph store (in memory); `store` default a new empty one.
 
-  A pyoxigraph query cannot be interrupted, so with `timeout_s` every query runs in a worker
-  process forked from this one (it sees the store copy-on-write, without copying it); a query
-  that runs longer than `timeout_s` gets its worker killed (CPU and memory freed), is logged and
-  counted in `num_timeouts`, and raises `QueryTimeout`; the next query forks a fresh worker. Loading
-  data stops the worker, so the next one sees it. Needs the `fork` start method (Linux, macOS).
-
-  Args:
-    store: a `pyoxigraph.Store`; default a new empty in-memory store.
-    timeout_s: bound of one query's evaluation (including reading all its solutions), in seconds;
-      None runs queries in this process without a bound.
-
-  Raises:
-    ValueError: `timeout_s` is not positive, or the platform cannot fork.
+  With `timeout_s` (seconds, including reading all solutions) each query runs in a worker forked
+  from this process; one over time gets its worker killed, is counted in `num_timeouts` and raises
+  `QueryTimeout`. None: in this process, unbounded. ValueError: `timeout_s` <= 0, or no `fork`.
   """
 
   def __init__(self, store: Any = None, timeout_s: float | None = None):
@@ -102,6 +92,7 @@ class OxigraphEndpoint(Endpoint):
 
   def load_ntriples(self, path: str | pathlib.Path) -> None:
     """Adds an N-Triples file (Wikidata IRIs expected) to the store."""
+    # The worker is stopped after loading (`close`), so the next one sees the data.
     self.store.bulk_load(path=str(path), format=self._ox.RdfFormat.N_TRIPLES)
     self._predicates = None
     self.close()
@@ -192,6 +183,8 @@ class OxigraphEndpoint(Endpoint):
   def _in_worker(self, text: str, query: str) -> list[dict[str, str]] | bool:
     if self._worker is None or not self._worker.is_alive():
       self._kill_worker()
+      # why fork: a pyoxigraph query cannot be interrupted; the worker sees the store copy-on-write,
+      # and killing it frees CPU and memory.
       ctx = multiprocessing.get_context("fork")
       conn, child_end = ctx.Pipe()
       worker = ctx.Process(
@@ -247,19 +240,11 @@ def embedded_store(codex: str | pathlib.Path | None = None,
                    ntriples: Iterable[str | pathlib.Path] = (),
                    timeout_s: float | None = None,
                    allow_empty: bool = False) -> OxigraphEndpoint:
-  """Builds the embedded pyoxigraph store from a CoDEx folder and/or N-Triples files.
+  """The embedded store of a CoDEx folder (`{train,valid,test}.txt`, `entity2types.json`, e.g.
+  `../shared/wikidata/codex-m`) and/or Wikidata N-Triples files.
 
-  Args:
-    codex: a CoDEx folder (`{train,valid,test}.txt`, `entity2types.json`), e.g.
-      `../shared/wikidata/codex-m`; None or "" for none.
-    ntriples: N-Triples files with Wikidata IRIs.
-    timeout_s: bound of one query in seconds; None = unbounded.
-    allow_empty: accept a store with neither (`migrate --codex ''`: nothing is found).
-
-  Raises:
-    ValueError: neither `codex` nor `ntriples` (unless `allow_empty`), a malformed CoDEx line
-      (`FILE:LINE: ...`), or a bad `timeout_s`.
-    FileNotFoundError: a missing CoDEx `train.txt` or N-Triples file.
+  `allow_empty`: accept neither (`migrate --codex ''`). Raises ValueError (neither, a malformed
+  CoDEx line `FILE:LINE`, bad `timeout_s`), FileNotFoundError.
   """
   ntriples = list(ntriples or ())
   if not codex and not ntriples and not allow_empty:

@@ -27,21 +27,11 @@ DEFAULT_MIN_INTERVAL_S = 1.0
 
 
 def parse_results(url: str, body: bytes, form: str) -> dict[str, Any]:
-  """Decodes an answer body that must be SPARQL 1.1 Query Results JSON (W3C, 2013).
+  """The decoded SPARQL 1.1 Query Results JSON (W3C, 2013) of `body`: `form` "select" (`head`,
+  `results.bindings`) or "ask" (`boolean`).
 
-  Args:
-    url: where it came from (for the message).
-    body: the raw body.
-    form: "select" (needs `head` and `results.bindings`, a list of {variable: {"type", "value"}})
-      or "ask" (needs a boolean `boolean`).
-
-  Returns:
-    The decoded object.
-
-  Raises:
-    EndpointError: the body is not UTF-8 JSON (an HTML page, say), is an error object
-      (`{"error": ...}`), or lacks what `form` needs; the message names `url` and the head of
-      the body.
+  EndpointError naming `url` and the body's head: not UTF-8 JSON (an HTML page), an error object,
+  or what `form` needs missing.
   """
   problem = ""
   try:
@@ -76,46 +66,17 @@ def parse_results(url: str, body: bytes, form: str) -> dict[str, Any]:
 
 
 class RemoteEndpoint(Endpoint):
-  """A SPARQL 1.1 HTTP endpoint (default: the Wikidata Query Service).
+  """A SPARQL 1.1 HTTP endpoint (default: the Wikidata Query Service), through
+  `transport.Transport`.
 
-  The answer must be SPARQL JSON results (`parse_results`): anything else, such as a status 200
-  with an error object or an HTML page, raises `EndpointError` and is never returned as an answer
-  (so `mcwq_t5x.stores.cache.CachedEndpoint` never keeps it).
-
-  Args:
-    url: endpoint URL.
-    user_agent: sent as User-Agent (WDQS requires a descriptive one).
-    timeout_s: bound of one request attempt as a whole (connecting, sending, waiting, reading the
-      whole answer), in seconds. An attempt whose answer is not complete by then raises
-      `QueryTimeout` and is not retried; connecting alone taking that long is a retryable network
-      error.
-    max_retries: retries after a retryable failure (HTTP 429, 500, 502, 503, 504, connection and
-      read errors).
-    backoff_s: first backoff, in seconds; doubles after each retry, up to `max_backoff_s`.
-    max_backoff_s: cap of the backoff, in seconds (not of a wait the server asks for).
-    min_interval_s: minimum time between two requests (rate limit; 1.0 = one request a second).
-    sleep: injectable for tests.
-    max_retry_after_s: the longest wait the server may ask for (`Retry-After`, both the
-      delay-seconds and the HTTP-date form), in seconds; a longer one raises
-      `transport.RetryAfterTooLong` at once instead of retrying.
-    clock: the wall clock (POSIX seconds) an HTTP-date `Retry-After` is compared to; injectable.
-
-  Waits are at least what the server asks: after giving up on a query that got a `Retry-After`,
-  the next request still waits for the rest of that time.
-
-  `select` and `ask` raise `QueryTimeout` (see `timeout_s`); `EndpointError` for an answer that is
-  not SPARQL JSON results, an HTTP error other than the retried ones, a redirect without
-  `Location` or more than `transport.MAX_REDIRECTS` of them, or a network failure or retried
-  answer after the last retry; and `transport.RetryAfterTooLong` (not an `EndpointError`, so that
-  a run stops) as described at `max_retry_after_s`.
-
-  Attributes:
-    url: the endpoint URL.
-    transport: the `transport.Transport` (its settings are the arguments above).
-    num_requests: HTTP request attempts sent (retries and redirect hops included).
-
-  Raises:
-    ValueError: `timeout_s` is not positive.
+  Arguments are the transport's (seconds throughout): `timeout_s` bounds one attempt as a whole
+  (`QueryTimeout`, not retried); `max_retries` after HTTP 429/500/502/503/504 and connection or
+  read errors, with backoff `backoff_s` doubling to `max_backoff_s`; `min_interval_s` between
+  requests; a `Retry-After` over `max_retry_after_s` raises `transport.RetryAfterTooLong` (not an
+  `EndpointError`, so a run stops). `user_agent`: WDQS requires a descriptive one. Anything but
+  SPARQL JSON results (a 200 with an error object, an HTML page), an unretried HTTP error,
+  redirect trouble or failure after the last retry raises `EndpointError`, never an answer (so
+  `CachedEndpoint` never keeps it). `num_requests` counts attempts. ValueError: `timeout_s` <= 0.
   """
 
   def __init__(self,

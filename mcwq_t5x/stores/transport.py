@@ -92,16 +92,8 @@ class RetryAfterTooLong(RuntimeError):
 
 
 def pace(last: float, min_interval_s: float, sleep: Callable[[float], None] = time.sleep) -> float:
-  """Sleeps until `min_interval_s` seconds have passed since the previous request started.
-
-  Args:
-    last: `time.monotonic()` at the start of the previous request (0.0 before the first).
-    min_interval_s: the minimum interval between request starts, in seconds.
-    sleep: the sleep function (injectable for tests).
-
-  Returns:
-    `time.monotonic()` now, i.e. the start of this request (pass it as `last` next time).
-  """
+  """`time.monotonic()` at this request's start (the next `last`), after sleeping until
+  `min_interval_s` have passed since `last` (0.0 before the first)."""
   wait = last + min_interval_s - time.monotonic()
   if wait > 0:
     sleep(wait)
@@ -109,17 +101,11 @@ def pace(last: float, min_interval_s: float, sleep: Callable[[float], None] = ti
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-  """Seconds to wait that a `Retry-After` header value asks for (RFC 9110 §10.2.3).
+  """Seconds a `Retry-After` value asks for (RFC 9110 §10.2.3), 0.0 for a past date, None when
+  absent or malformed ("1.5", "-3", "soon").
 
-  Args:
-    value: the header value: delay-seconds ("120", a non-negative integer) or an HTTP-date in any
-      of the three forms RFC 9110 §5.6.7 makes recipients accept (IMF-fixdate
-      "Wed, 21 Oct 2015 07:28:00 GMT", RFC 850, asctime; parsed by `email.utils`), or None.
-    now: the current time as POSIX seconds, for the HTTP-date form (default `time.time()`).
-
-  Returns:
-    The delay in seconds (0.0 for a date in the past), or None when `value` is absent or is
-    neither form (e.g. "1.5", "-3", "soon").
+  Delay-seconds ("120") or an HTTP-date in any RFC 9110 §5.6.7 form (IMF-fixdate, RFC 850,
+  asctime; `email.utils`), against `now` (POSIX seconds, default `time.time()`).
   """
   if value is None:
     return None
@@ -203,14 +189,8 @@ def body_head(body: bytes, n: int = 200) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Response:
-  """A complete answer.
-
-  Attributes:
-    url: where it came from (the last redirect hop).
-    status: the HTTP status code.
-    headers: its headers (case-insensitive mapping).
-    body: the whole body, as received (not decoded).
-  """
+  """A complete answer: `url` (the last redirect hop), `status`, `headers` (case-insensitive),
+  `body` (bytes as received)."""
   url: str
   status: int
   headers: Mapping[str, str]
@@ -367,30 +347,15 @@ def _describe(error: BaseException) -> str:
 # body (Google's 403 `rateLimitExceeded`), keep an interval or remember a `Retry-After` after giving
 # up, and would retry an attempt the deadline cut as a read error.
 class Transport:
-  """POSTs forms with the policy of the module docstring.
+  """POSTs forms with the policy of the module docstring (times in seconds).
 
-  Args:
-    timeout_s: the deadline of one attempt as a whole (connecting, sending, waiting, reading the
-      whole answer), in seconds; also `requests`' connect and per-read timeout. Connecting alone
-      taking that long is a network error (retried).
-    max_retries: retries after a retryable failure.
-    backoff_s: the backoff before the first retry, in seconds; doubles after each failure.
-    max_backoff_s: cap of the backoff, in seconds (not of a wait the server asks for).
-    min_interval_s: minimum time between the starts of two attempts, in seconds.
-    max_retry_after_s: the longest `Retry-After` accepted, in seconds (see `RetryAfterTooLong`).
-    user_agent: the User-Agent header; None for `requests`' own.
-    retryable: extra answers to retry besides `RETRY_STATUSES`: returns what to log and report
-      (e.g. "HTTP 403 (rateLimitExceeded)") or None.
-    sleep: injectable for tests (every wait goes through it).
-    clock: the wall clock (POSIX seconds) an HTTP-date `Retry-After` is compared to; injectable.
-
-  Attributes:
-    policy: the `RetryPolicy` of `max_retries`, `backoff_s`, `max_backoff_s`,
-      `max_retry_after_s` and `min_interval_s`.
-    num_requests: attempts sent (retries and redirect hops included).
-
-  Raises:
-    ValueError: `timeout_s` is not positive or `max_retries` is negative.
+  `timeout_s`: one attempt as a whole, also `requests`' connect and read timeout (connecting alone
+  that long is a retried network error); `backoff_s` doubles after each failure up to
+  `max_backoff_s` (not a wait the server asks); `min_interval_s` between attempt starts; these,
+  `max_retries` and `max_retry_after_s` form `policy` (a `RetryPolicy`); `retryable(response)`:
+  extra answers to retry besides `RETRY_STATUSES`, returning what to report ("HTTP 403
+  (rateLimitExceeded)") or None; `sleep`, `clock` injectable. `num_requests` counts attempts,
+  retries and redirect hops included. ValueError: `timeout_s` <= 0, `max_retries` < 0.
   """
 
   def __init__(self,

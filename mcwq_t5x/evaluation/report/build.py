@@ -32,43 +32,14 @@ def build(results_dir: str | pathlib.Path,
           data_dir: Optional[str | pathlib.Path] = None,
           eval_split: str = "test",
           progress: Progress = None) -> Report:
-  """Scores every prediction file under `results_dir` and assembles the paper's analyses, the
-  95% bootstrap intervals of every exact match (`uncertainty`) and the unseen-compound diagnosis
-  (`compounds`).
+  """The `Report` of every prediction file under `results_dir`: scores, 95% bootstrap intervals of
+  every exact match, Table 6, error categories, complexity, unseen compounds, divergences.
 
-  Args:
-    results_dir: predictions (layouts in the module docstring).
-    targets_dir: the `translations/` directory with `{split}/test.{lang}.sparql` and `gold/`.
-    data_dir: MCWQ directory for `readers` fallbacks, recursionDepth and the training parts of
-      the unseen-compound diagnosis; default `targets_dir`'s parent.
-    eval_split: "test", or "validation" (`mcwq_t5x.train`/`eval` predictions of the validation
-      split, scored against the `dev` part).
-    progress: called with a line of text before each step that may take seconds (files scored,
-      training parts read, divergences); None: silent.
-
-  Returns:
-    {"runs": [one dict per prediction file: model, mode, split, language, gold, path, n, scores,
-      exact_match_ci ([low, high], percent), error_categories, by_complexity (or None),
-      by_unseen and costliest (or None: `compounds.by_unseen`, `compounds.costliest`, with
-      "ci" per bucket), alignment (`prediction_checks.check_alignment`)],
-     "intersection": [one dict per gold prediction file: model, mode, split, language,
-      matched, n_gold, mt and gold: scores and exact_match_ci on the matched examples (None if
-      none), gold_all: scores and exact_match_ci on all n_gold],
-     "divergences": [`split_divergences`],
-     "messages": [skipped analyses and files, with reasons], "warnings": [prediction files that
-      do not seem to belong to their gold lines, or have lines that are not valid UTF-8: each
-      names the files (`prediction_checks.check_prediction_file`); they are scored all the same],
-     "eval_split": eval_split,
-     "_examples": the per-example data of the error browser (not written to results.json):
-      {"sets": {key: {"split", "part", "language", "targets", "questions", "depths", "unseen"}},
-       "runs": [{"set": key, "predictions", "categories", "correct"} parallel to "runs"]}}
-
-  Raises:
-    FileNotFoundError: `results_dir` does not exist.
-    score.InputError: a prediction file's length differs from its gold file, or a gold file
-      is malformed.
-    readers.DataFormatError: a gold or question file is not UTF-8.
-    ValueError: an unknown `eval_split`.
+  `targets_dir`: `translations/` ({split}/test.{lang}.sparql, gold/); `data_dir` (default its
+  parent) for `readers` fallbacks, recursionDepth and training parts. `eval_split` "validation"
+  scores against the `dev` part. `progress` gets a line before each slow step. The shape is
+  `common.Run` / `common.Report`. Raises FileNotFoundError (no `results_dir`), score.InputError (a
+  length mismatch or malformed gold file), readers.DataFormatError (not UTF-8), ValueError.
   """
   if eval_split not in EVAL_SPLITS:
     raise ValueError(f"eval_split {eval_split!r}: expected one of {EVAL_SPLITS}")
@@ -198,10 +169,8 @@ def _intersection(runs: Sequence[Run], predictions_of: dict[tuple, list[str]],
 def unseen_compounds(runs: Sequence[dict[str, Any]], examples: dict[str, Any],
                      data_dir: pathlib.Path, messages: list[str], say: Callable[[str],
                                                                                 None]) -> None:
-  """The unseen-compound diagnosis (`mcwq_t5x.evaluation.compounds`) of every run that is not on
-  the gold test set: fills each run's "by_unseen" (with a 95% bootstrap interval per bucket) and
-  "costliest", and each test set's "unseen" in `examples`. Splits without a training part under
-  `data_dir` get one line in `messages`."""
+  """Fills each non-gold run's "by_unseen" (with a 95% interval per bucket) and "costliest", and
+  each test set's "unseen"; a split without a training part gets a line in `messages`."""
   splits = sorted({r["split"] for r in runs if not r["gold"]})
   without_train, train_of = [], {}
   for split in splits:
@@ -240,13 +209,8 @@ def unseen_compounds(runs: Sequence[dict[str, Any]], examples: dict[str, Any],
 
 def split_divergences(splits: Sequence[str], data_dir: pathlib.Path,
                       messages: list[str]) -> list[dict[str, Any]]:
-  """DBCA atom and compound divergences between the parts of each split (`mcwq_t5x.data.divergence`;
-  Keysers et al. 2020 §2) that `data_dir` holds at least two parts of.
-
-  Returns:
-    [{"split", "parts": "dev/test", "sizes": [n_a, n_b], "atom", "compound"}]; a split without
-    two parts, or whose data cannot be read, gets a line in `messages` instead.
-  """
+  """[{"split", "parts": "dev/test", "sizes", "atom", "compound"}]: DBCA divergences (Keysers et al.
+  2020 §2) between each two parts `data_dir` holds; a split without them gets a `messages` line."""
   out = []
   for split in splits:
     try:

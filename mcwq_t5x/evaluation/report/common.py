@@ -100,10 +100,8 @@ def ci_header(columns_with_ci: Sequence[str]) -> list[str]:
 
 
 class Run(TypedDict, total=False):
-  """One scored prediction file of `build.build` (a dict, so results.json and the browser read it
-  as before): model, mode, split, language, gold, path, n, the `SCORES`, exact_match_ci ([low,
-  high] percent or None), error_categories, by_complexity, by_unseen, costliest (None when
-  unknown) and alignment (`prediction_checks.check_alignment`)."""
+  """One scored prediction file (a dict: results.json and the browser read it); exact_match_ci is
+  [low, high] percent, by_* and costliest None where unknown."""
   model: str
   mode: str
   split: str
@@ -123,9 +121,10 @@ class Run(TypedDict, total=False):
 
 
 class Report(TypedDict, total=False):
-  """`build.build`'s output: runs, intersection (Table 6 entries), divergences, messages,
-  warnings, eval_split and `_examples`, the per-example data of the error browser (not written to
-  results.json)."""
+  """`build.build`'s output. `intersection`: per gold file {model, mode, split, language, matched,
+  n_gold, mt, gold, gold_all}; `_examples` (the browser's, not in results.json): {"sets": {key:
+  {split, part, language, targets, questions, depths, unseen}}, "runs": [{set, predictions,
+  categories, correct}] parallel to `runs`}."""
   runs: list[Run]
   intersection: list[dict[str, Any]]
   divergences: list[dict[str, Any]]

@@ -19,25 +19,13 @@ def compare(file_a: str | pathlib.Path,
             targets_dir: str | pathlib.Path,
             data_dir: Optional[str | pathlib.Path] = None,
             gold_file: Optional[str | pathlib.Path] = None) -> dict[str, Any]:
-  """Paired comparison of two systems' predictions on the same examples
-  (`uncertainty.paired_comparison`: paired bootstrap interval of the difference in exact match and
-  the paired permutation test).
+  """Paired comparison (`uncertainty.paired_comparison`) of two prediction files on the same
+  examples.
 
-  Args:
-    file_a, file_b: prediction files (one RIR query per line); each is placed by its name and
-      folders as `discover` places it (layouts in the module docstring), unless `gold_file` is
-      given.
-    targets_dir, data_dir: as `build`'s.
-    gold_file: the gold queries (RIR, one per line) both files are scored against; default: the
-      test set each file's layout names, which must be the same for both.
-
-  Returns:
-    {"a", "b", "gold" (paths), "n", "exact_match_a", "exact_match_b", "difference", "interval",
-     "only_a", "only_b", "both", "neither", "p_value", "n_resamples", "seed", "confidence"}.
-
-  Raises:
-    score.InputError: a file is missing, the two (or a file and the gold queries) differ in
-      length, or they belong to different test sets (split, language, gold set).
+  Each file is placed as `discover` places it unless `gold_file` (RIR, one per line) is given.
+  Returns {"a", "b", "gold", "n", "exact_match_a", "exact_match_b", "difference", "interval",
+  "only_a", "only_b", "both", "neither", "p_value", "n_resamples", "seed", "confidence"}. Raises
+  score.InputError: a missing file, lengths that differ, or different test sets.
   """
   paths = [pathlib.Path(file_a), pathlib.Path(file_b)]
   for p in paths:

@@ -1,5 +1,17 @@
-"""Finding prediction files under RESULTS_DIR in the three layouts of the report (the package
-docstring lists them) and naming each one's model, mode, split, language and test set."""
+"""Finding prediction files under RESULTS_DIR and naming each one's model, mode, split, language
+and test set. One predicted RIR query per line, line-parallel with the gold file; layouts:
+
+  1. upstream `mcwq/results/`: `{model}/{monolingual,zeroshot}/{split}/
+     generated_predictions_{lang}.txt` and `..._{lang}-gold.txt` (the gold test set).
+  2. simple: `predictions_{split}_{lang}[-gold].txt` anywhere; the model is the first folder
+     below RESULTS_DIR, the mode "zeroshot" if a folder on the way is named so.
+  3. `mcwq_t5x.train` / `.eval` output: `MODEL_DIR[/eval_<step>]/predictions/{task}_test.txt`,
+     task names of `tasks/mcwq.py` (`mcwq_gold_{lang}` takes the split of the other test files
+     there, if unique); the model is the run (MODEL_DIR, never `eval_<step>`; outside any
+     MODEL_DIR, the run whose checkpoint the metrics JSON records: `checkpoint_run_name`).
+
+A second file of one run and test set is skipped; `_validation.txt` only with `--split validation`.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -25,16 +37,8 @@ _OWN_RE = re.compile(r"^predictions_%s_%s(?P<gold>-gold)?\.txt$" % (_SPLIT, _LAN
 
 @dataclasses.dataclass(frozen=True)
 class PredictionFile:
-  """One discovered prediction file.
-
-  Attributes:
-    model: model name (e.g. "mt5_small").
-    mode: "monolingual" or "zeroshot".
-    split: the split the model was trained on (mcd1, mcd2, mcd3, random_split).
-    language: language of the questions ("en", "he", "kn", "zh").
-    gold: True for predictions on the human-translated gold test set.
-    path: the file.
-  """
+  """One discovered prediction file: `model` ("mt5_small"), `mode` ("monolingual" | "zeroshot"),
+  training `split`, question `language`, `gold` (the human-translated gold test set), `path`."""
   model: str
   mode: str
   split: str
@@ -44,19 +48,11 @@ class PredictionFile:
 
 
 def discover(results_dir: str | pathlib.Path, eval_split: str = "test") -> list[PredictionFile]:
-  """Finds the prediction files under `results_dir` (layouts in the module docstring).
+  """The prediction files under `results_dir` (recursive), sorted by (model, mode, split, language,
+  gold); files matching no layout are ignored.
 
-  Args:
-    results_dir: the folder searched (recursively).
-    eval_split: "test" (every layout) or "validation" (`mcwq_t5x.train` output only, the
-      `{task}_validation.txt` files).
-
-  Returns:
-    Files sorted by (model, mode, split, language, gold). Files matching no layout are
-    ignored.
-
-  Raises:
-    FileNotFoundError: `results_dir` is not a directory.
+  `eval_split` "validation" reads the `{task}_validation.txt` files only. FileNotFoundError if
+  `results_dir` is not a folder.
   """
   root = pathlib.Path(results_dir)
   if not root.is_dir():
@@ -136,17 +132,8 @@ def _train_layout_file(path: pathlib.Path, m: re.Match) -> Optional[PredictionFi
 
 
 def checkpoint_run_name(path: pathlib.Path) -> Optional[str]:
-  """The model name of a prediction file of `mcwq_t5x.eval`, from the checkpoint its metrics JSON
-  records (`EVAL_OUTPUT_DIR/metrics/<task>_<split>.json`, key "checkpoint": the CHECKPOINT_PATH
-  given, a MODEL_DIR or one of its `checkpoint_<step>` folders): the MODEL_DIR's name. So an eval
-  written outside the run folder (EVAL_OUTPUT_DIR=runs/zs_he) is reported with the run it decoded;
-  predictions inside a MODEL_DIR keep that folder's name (`_train_layout_file`), also when the
-  folder was copied or renamed.
-
-  Returns:
-    The name, or None when there is no such JSON or it records no checkpoint (then the folder
-    names the model: `run_name`).
-  """
+  """The MODEL_DIR name of the checkpoint the `metrics/<task>_<split>.json` beside a `mcwq_t5x.eval`
+  prediction file records (key "checkpoint"), or None without one (then the folder names it)."""
   directory = path.parent
   if directory.name != run_folder.PREDICTIONS:
     return None
@@ -155,6 +142,8 @@ def checkpoint_run_name(path: pathlib.Path) -> Optional[str]:
     record = json.loads(record_path.read_text(encoding="utf-8"))
   except (OSError, ValueError):
     return None
+  # why: an eval written outside the run folder (EVAL_OUTPUT_DIR=runs/zs_he) is reported with the
+  # run it decoded.
   checkpoint = record.get("checkpoint") if isinstance(record, dict) else None
   if not isinstance(checkpoint, str) or not checkpoint.strip():
     return None

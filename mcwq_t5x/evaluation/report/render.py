@@ -22,12 +22,8 @@ def fmt(value: Any, digits: int) -> str:
 def merge_intervals(header: Sequence[str],
                     rows: Sequence[Sequence[Any]],
                     digits: int = 1) -> tuple[list[str], list[list[Any]], list[int]]:
-  """A table for reading: each column with `<column> 95% CI low/high` columns becomes one text
-  column "77.6 (76.5–78.7)"; the interval columns go.
-
-  Returns:
-    (header, rows, kept): `kept[j]` is the original index of the new column j.
-  """
+  """(header, rows, kept) for reading: value and `<column> 95% CI low/high` become "77.6
+  (76.5–78.7)"; `kept[j]` is the original index of new column j."""
   index = {name: i for i, name in enumerate(header)}
   dropped = {index[f"{c} {b}"] for c in header for b in (CI_LOW, CI_HIGH) if f"{c} {b}" in index}
   kept = [i for i in range(len(header)) if i not in dropped]

@@ -131,14 +131,9 @@ def published_rows(mode: str, languages: Sequence[str], splits: set[str]) -> lis
 
 
 def seed_groups(runs: Sequence[dict]) -> list[dict[str, Any]]:
-  """Runs of one configuration with different seeds (model names `SEED_RE`), two or more per
-  (configuration, mode, split, language, test set): mean exact match ± the 95% Student-t
-  half-width (`uncertainty.runs_interval`), min and max.
-
-  Returns:
-    [{"model": configuration, "mode", "split", "language", "gold", "models": [names],
-      "runs": r, "mean", "half_width", "min", "max"}], sorted.
-  """
+  """Seed groups (model names `SEED_RE`, two or more runs per configuration, mode, split, language
+  and test set): [{"model", "mode", "split", "language", "gold", "models", "runs", "mean",
+  "half_width" (95% Student-t), "min", "max"}], sorted."""
   groups: dict[tuple, list[dict]] = {}
   for r in runs:
     m = SEED_RE.match(r["model"])

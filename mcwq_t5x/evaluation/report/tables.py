@@ -252,15 +252,11 @@ def heading(name: str) -> str:
 def tables(report: Report,
            links: Optional[Links] = None,
            with_published: bool = True) -> dict[str, tuple[list[str], list[list[Any]]]]:
-  """The report's tables as {name: (header, rows)}, in `TABLES` order, those with rows only.
+  """{name: (header, rows)} of the tables with rows, in `TABLES` order.
 
-  Exact-match columns are followed (at the end of the row) by `<column> 95% CI low/high`
-  (`uncertainty.exact_match_interval`; empty for published rows and without the examples).
-
-  Args:
-    report: `build.build`'s output.
-    links: if given, filled per table with each row's {column index: browser filters}.
-    with_published: add the published reference rows (`published`) to Tables 4 and 5.
+  Exact-match columns get `<column> 95% CI low/high` at the row's end. `links`, if given, is
+  filled per table with each row's {column index: browser filters}; `with_published` adds the
+  published rows to Tables 4 and 5.
   """
   ctx = Context(report, part_of(report), rows_lib.correct_of_runs(report),
                 *rows_lib.columns(report["runs"]), with_published)

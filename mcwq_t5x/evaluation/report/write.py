@@ -1,5 +1,9 @@
-"""Writing the report: report.md, one CSV per table, the figures, results.json and the error
-browser (`browser.write_page`); `ProgressLines` prints the progress lines on stderr."""
+"""Writing the report under --out: report.md (every table, warnings, files read, skipped
+analyses), one CSV per table (`table4_monolingual_*.csv`, `table5_zeroshot_*.csv`,
+`table6_gold_test.csv`, `error_categories.csv`, `unseen_compounds_*.csv`, `seeds_exact_match.csv`,
+`split_divergences.csv`; exact matches with `<column> 95% CI low/high` columns), the figures,
+results.json and the error browser (`browser.write_page`); `ProgressLines` prints the progress
+lines on stderr."""
 from __future__ import annotations
 
 import json
@@ -90,21 +94,10 @@ def write_report(report: Report,
                  with_published: bool = True,
                  comparisons: Sequence[dict[str, Any]] = (),
                  progress: Progress = None) -> dict[str, Any]:
-  """Writes tables (Markdown + CSV), figures (PNG) and results.json under `out_dir`, and with
-  `html_dir` the error browser (`browser.write_page`), whose examples each cell of report.md
-  links to.
+  """{"tables", "figures", "markdown", "html"}: the report written under `out_dir`, and with
+  `html_dir` the error browser each cell of report.md links to.
 
-  Args:
-    report: `build`'s output.
-    out_dir: the report's folder.
-    html_dir: the error browser's folder (None: no browser).
-    with_published: add the published reference rows to Tables 4 and 5.
-    comparisons: paired comparisons (`compare`) to add.
-    progress: as `build`'s.
-
-  Returns:
-    {"tables": {name: (header, rows)}, "figures": [paths], "markdown": path of report.md,
-     "html": path of the browser's page or None}.
+  `comparisons`: `compare` results to add; `progress` as `build`'s.
   """
   from mcwq_t5x.evaluation import browser  # pylint: disable=g-import-not-at-top
   say = progress or (lambda _: None)
