@@ -52,7 +52,7 @@ import platform as platform_lib
 import resource
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -71,7 +71,8 @@ from mcwq_t5x.engine import trainer as trainer_lib  # noqa: E402
 PEAK_BF16_TFLOPS = (
     ("H200 NVL", 835.5, "NVIDIA H200 datasheet (2024), H200 NVL: 1,671 TFLOPS BF16 with sparsity"),
     ("H200", 989.5, "NVIDIA H200 datasheet (2024), H200 SXM: 1,979 TFLOPS BF16 with sparsity"),
-    ("H100 PCIe", 756.5, "NVIDIA H100 datasheet (2023), H100 PCIe: 1,513 TFLOPS BF16 with sparsity"),
+    ("H100 PCIe", 756.5,
+     "NVIDIA H100 datasheet (2023), H100 PCIe: 1,513 TFLOPS BF16 with sparsity"),
     ("H100", 989.5, "NVIDIA H100 datasheet (2023), H100 SXM: 1,979 TFLOPS BF16 with sparsity"),
     ("A100", 312.0, "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16 dense"),
     ("TPU v4", 275.0, "Google Cloud TPU docs, TPU v4: 275 TFLOPS bf16 per chip"),
@@ -91,12 +92,14 @@ class Shape:
   target_length: int
 
 
+_TINY = (("vocab_size", 128), ("num_encoder_layers", 1), ("num_decoder_layers", 1))
 PRESETS = {
     # The recipe card (docs/recipe.md): batch 24 mT5-small, 12 mT5-base; 256/512 tokens.
-    "paper": (Shape("mt5_small", "mt5_small", (), 24, 256, 512),
-              Shape("mt5_base", "mt5_base", (), 12, 256, 512)),
-    "tiny": (Shape("tiny", "tiny", (("vocab_size", 128), ("num_encoder_layers", 1),
-                                    ("num_decoder_layers", 1)), 4, 16, 16),),
+    "paper": (
+        Shape("mt5_small", "mt5_small", (), 24, 256, 512),
+        Shape("mt5_base", "mt5_base", (), 12, 256, 512),
+    ),
+    "tiny": (Shape("tiny", "tiny", _TINY, 4, 16, 16),),
 }
 DEFAULTS = {  # per preset: timed steps, warm-up steps, timed decode batches, matmul n, budget s
     "paper": dict(steps=10, warmup_steps=2, decode_batches=2, matmul_n=8192, time_budget_s=360),
@@ -161,8 +164,9 @@ def _memory_gib(compiled: Any) -> Optional[float]:
   """Arguments + outputs + temporaries - aliased (donated) bytes of a compiled program, in GiB."""
   try:
     m = compiled.memory_analysis()
-    total = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes -
-             m.alias_size_in_bytes)
+    total = (
+        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes -
+        m.alias_size_in_bytes)
     return total / 2**30
   except Exception:  # why: memory analysis is optional per backend
     return None
@@ -179,10 +183,7 @@ def train_row(shape: Shape, cfg: network.T5Config, partitioner: partitioning.Par
   model = model_lib.EncoderDecoderModel(network.Transformer(cfg))
   lr = trainer_lib.create_learning_rate_schedule(5e-4, "linear", decay_steps=50000)
   trainer = trainer_lib.Trainer(
-      model,
-      partitioner,
-      lr,
-      optimizer=trainer_lib.make_optimizer(lr, "adamw", grad_clip_norm=1.0))
+      model, partitioner, lr, optimizer=trainer_lib.make_optimizer(lr, "adamw", grad_clip_norm=1.0))
   b, li, lt = shape.batch, shape.input_length, shape.target_length
   state = trainer.create_state({"encoder_input_tokens": (b, li), "decoder_input_tokens": (b, lt)})
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
@@ -205,12 +206,12 @@ def train_row(shape: Shape, cfg: network.T5Config, partitioner: partitioning.Par
   trainer.check_finite(guard, state)
   model_flops = flops_lib.train_step_flops(cfg, b, li, lt)
   achieved = model_flops / step_s / 1e12
-  mesh = dict(partitioner.mesh.shape)
+  mesh = {k: int(v) for k, v in partitioner.mesh.shape.items()}
   row = {
       "model": shape.name,
       "params": n_params,
       "devices": int(partitioner.mesh.size),
-      "mesh": {k: int(v) for k, v in mesh.items()},
+      "mesh": dict(mesh),
       "batch": b,
       "input_length": li,
       "target_length": lt,
@@ -329,8 +330,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 def write_results(results: dict[str, Any], out: str) -> None:
   """Writes `out`/benchmark.json and `out`/benchmark.md whole (a temporary file, then a rename)."""
-  for name, text in (("benchmark.json", json.dumps(results, indent=1) + "\n"),
-                     ("benchmark.md", markdown(results))):
+  texts = {
+      "benchmark.json": json.dumps(results, indent=1) + "\n",
+      "benchmark.md": markdown(results)
+  }
+  for name, text in texts.items():
     path = os.path.join(out, name)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
       f.write(text)
@@ -345,7 +349,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   parser.add_argument("--models", default="", help="comma-separated subset of the preset's models")
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
   parser.add_argument("--steps", type=int, default=None, help="timed training steps")
-  parser.add_argument("--warmup_steps", type=int, default=None, help="untimed steps after compiling")
+  parser.add_argument(
+      "--warmup_steps", type=int, default=None, help="untimed steps after compiling")
   parser.add_argument("--decode_batches", type=int, default=None, help="timed decoding batches")
   parser.add_argument("--beam", type=int, default=4)
   parser.add_argument("--alpha", type=float, default=0.6, help="beam search length penalty")
@@ -435,8 +440,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     results["train"].append(row)
     trained[shape.name] = (model, params, cfg)
     write_results(results, args.out)
-  methods = [] if args.skip_decode else [("greedy", 1)] + ([("beam_search", args.beam)]
-                                                           if args.beam > 1 else [])
+  methods = [] if args.skip_decode else [("greedy", 1)] + ([("beam_search",
+                                                             args.beam)] if args.beam > 1 else [])
   for shape in shapes:
     if shape.name not in trained:
       continue

@@ -27,20 +27,23 @@ def _matmul(m, k, n):
 
 
 # Forward matmuls of one example, counted one by one (a multiply-add is 2 FLOPs).
-_ENCODER = (4 * _matmul(LI, D, A)  # q, k, v, o
-            + _matmul(LI, A, LI) + _matmul(LI, LI, A)  # scores, weighted sum
-            + 2 * _matmul(LI, D, F) + _matmul(LI, F, D))  # wi_0, wi_1, wo
-_DECODER = (4 * _matmul(LT, D, A) + _matmul(LT, A, LT) + _matmul(LT, LT, A)  # self-attention
-            + 2 * _matmul(LT, D, A) + 2 * _matmul(LI, D, A)  # cross-attention q, o; k, v
-            + _matmul(LT, A, LI) + _matmul(LT, LI, A)  # cross-attention scores, weighted sum
-            + 2 * _matmul(LT, D, F) + _matmul(LT, F, D)  # MLP
-            + _matmul(LT, D, V))  # output layer
+_ENCODER = (
+    4 * _matmul(LI, D, A)  # q, k, v, o
+    + _matmul(LI, A, LI) + _matmul(LI, LI, A)  # scores, weighted sum
+    + 2 * _matmul(LI, D, F) + _matmul(LI, F, D))  # wi_0, wi_1, wo
+_DECODER = (
+    4 * _matmul(LT, D, A) + _matmul(LT, A, LT) + _matmul(LT, LT, A)  # self-attention
+    + 2 * _matmul(LT, D, A) + 2 * _matmul(LI, D, A)  # cross-attention q, o; k, v
+    + _matmul(LT, A, LI) + _matmul(LT, LI, A)  # cross-attention scores, weighted sum
+    + 2 * _matmul(LT, D, F) + _matmul(LT, F, D)  # MLP
+    + _matmul(LT, D, V))  # output layer
 TRAIN_FLOPS = 3 * B * (_ENCODER + _DECODER)  # backward = 2 x forward
 # Embedding and output layer; per layer q, k, v, o, wi_0, wi_1, wo, an RMS norm scale per block
 # (2 encoder, 3 decoder); a relative position bias table (32 buckets x 4 heads) and a final norm
 # per stack.
-PARAMS = (V * D + D * V + (4 * D * A + 2 * D * F + F * D + 2 * D) +
-          (8 * D * A + 2 * D * F + F * D + 3 * D) + 2 * (32 * 4 + D))
+PARAMS = (
+    V * D + D * V + (4 * D * A + 2 * D * F + F * D + 2 * D) +
+    (8 * D * A + 2 * D * F + F * D + 3 * D) + 2 * (32 * 4 + D))
 
 
 def test_tiny_preset_without_tensorflow_seqio_or_torch(tmp_path):
@@ -54,8 +57,16 @@ def test_tiny_preset_without_tensorflow_seqio_or_torch(tmp_path):
   peak = results["peak"]
   assert peak["table_tflops"] is None and peak["used_tflops"] == peak["measured_tflops"] > 0
   # One device, then the 2-device meshes: data parallel and model parallel.
-  assert [(r["devices"], r["mesh"]) for r in results["train"]] == [
-      (1, {"data": 1, "model": 1}), (2, {"data": 2, "model": 1}), (2, {"data": 1, "model": 2})]
+  assert [(r["devices"], r["mesh"]) for r in results["train"]] == [(1, {
+      "data": 1,
+      "model": 1
+  }), (2, {
+      "data": 2,
+      "model": 1
+  }), (2, {
+      "data": 1,
+      "model": 2
+  })]
   for r in results["train"]:
     assert (r["model"], r["batch"], r["input_length"], r["target_length"]) == ("tiny", B, LI, LT)
     assert r["params"] == PARAMS and r["model_flops_per_step"] == TRAIN_FLOPS == 62_128_128
@@ -76,8 +87,7 @@ def test_tiny_preset_without_tensorflow_seqio_or_torch(tmp_path):
   table = (out / "benchmark.md").read_text()
   assert table == run.stdout[run.stdout.index("# scripts/benchmark.py"):].split("\n[")[0]
   rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
-  assert [row.split(" | ")[1] for row in rows] == [
-      "1 (1 x 1)", "2 (2 x 1)", "2 (1 x 2)", "greedy", "beam4"
-  ]
+  assert [row.split(" | ")[1] for row in rows
+         ] == ["1 (1 x 1)", "2 (2 x 1)", "2 (1 x 2)", "greedy", "beam4"]
   assert f"| {100 * first['mfu']:.1f}% |" in rows[0]
   assert f"| {results['decode'][1]['questions_per_s']:.4g} |" in rows[4]
