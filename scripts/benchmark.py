@@ -102,7 +102,7 @@ PRESETS = {
     "tiny": (Shape("tiny", "tiny", _TINY, 4, 16, 16),),
 }
 DEFAULTS = {  # per preset: timed steps, warm-up steps, timed decode batches, matmul n, budget s
-    "paper": dict(steps=10, warmup_steps=2, decode_batches=2, matmul_n=8192, time_budget_s=360),
+    "paper": dict(steps=20, warmup_steps=2, decode_batches=2, matmul_n=8192, time_budget_s=360),
     "tiny": dict(steps=2, warmup_steps=1, decode_batches=1, matmul_n=256, time_budget_s=900),
 }
 _START = time.perf_counter()
