@@ -324,6 +324,11 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(f"| {r['model']} | {r['method']} | {r['batch']}, {r['input_length']}/"
                  f"{r['decode_length']} | {r['batch_s']:.4g} | {r['questions_per_s']:.4g} "
                  f"| {r['tokens_per_s']:.4g} | {r['first_call_s']:.1f} |")
+  if results["peak_memory_gib"] is not None:
+    lines += [
+        "", f"Peak memory: {results['peak_memory_gib']:.3g} GiB "
+        f"({results['peak_memory_source']})."
+    ]
   lines += [""] + [f"Skipped: {s}" for s in results["skipped"]]
   return "\n".join(lines).rstrip() + "\n"
 
