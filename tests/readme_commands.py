@@ -152,10 +152,7 @@ OVERRIDES = [
      "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_mcd_en'\"", OUR_SIZE + OUR_TRAIN + GAP_DECODE, []),
     ("python -m mcwq_t5x.train --gin_file=gin/mcwq_t5x/tiny_random_split_en.gin "
      "--gin.MIXTURE_OR_TASK_NAME=\"'mcwq_random_en'\"", OUR_SIZE + OUR_TRAIN + GAP_DECODE, []),
-    ("python scripts/benchmark.py", [], [
-        "--model", "tiny", "--dtype", "float32", "--batch_size", "2", "--input_length", "16",
-        "--target_length", "16", "--steps", "1", "--beam", "2"
-    ]),
+    ("python scripts/benchmark.py", [], ["--preset", "tiny"]),
 ]
 
 # The README's port for the processes launched together on 127.0.0.1 (a free one is used here).
