@@ -451,6 +451,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
       write_results(results, args.out)
   results["peak_memory_gib"], results["peak_memory_source"] = device_peak_memory_gib(device)
   results["wall_s"] = time.perf_counter() - _START
+  # why: the GPU image has none of them; the run must not have needed one.
+  results["imported"] = sorted(m for m in ("tensorflow", "seqio", "torch") if m in sys.modules)
   results["complete"] = True
   write_results(results, args.out)
   print(markdown(results), flush=True)

@@ -218,6 +218,8 @@ def env_of(index: int, small_vocab_path: str) -> dict:
         if name == "MCWQ_VOCAB" and value.startswith("gs://"):
           value = small_vocab_path
         env[name] = value
+  if index == BENCHMARK:  # why: 2 XLA CPU devices, so that the tiny preset runs its sharded step
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
   return env
 
 
@@ -356,3 +358,4 @@ MULTIPROCESS_RUN = [i for i, (_, c) in enumerate(COMMANDS) if "--process_index=1
 NEWLANG_REPORT = index_of("python -m mcwq_t5x.report runs/newlang")
 REPORT = index_of("python -m mcwq_t5x.report ../shared")
 DOWNLOAD = index_of("python scripts/download_mcwq.py")
+BENCHMARK = index_of("python scripts/benchmark.py")

@@ -1,21 +1,15 @@
-"""scripts/benchmark.py, the accelerator benchmark, run with `--preset tiny` on 2 XLA CPU devices in
-a fresh process with TensorFlow, SeqIO and PyTorch made unimportable (the GPU image has none of
-them): its JSON's figures against hand counts and its Markdown table's rows."""
+"""scripts/benchmark.py, the accelerator benchmark: the README run of docs/benchmarks.md's command
+(with `--preset tiny`, on 2 XLA CPU devices; `readme_commands.BENCHMARK`), its JSON's figures
+against hand counts, its Markdown table's rows, and no TensorFlow, SeqIO or PyTorch imported (the
+GPU image has none of them)."""
 import json
-import sys
 
-from tests import mains
+import pytest
 
-_BLOCKED_RUN = """
-import runpy, sys
-class Blocker:
-  def find_spec(self, name, path=None, target=None):
-    if name.split(".")[0] in ("tensorflow", "seqio", "torch"):
-      raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, Blocker())
-sys.argv = ["scripts/benchmark.py"] + sys.argv[1:]
-runpy.run_path("scripts/benchmark.py", run_name="__main__")
-"""
+import readme_commands as rc
+import scenarios
+
+pytestmark = pytest.mark.xdist_group(f"readme-{rc.chain(rc.BENCHMARK)}")  # reads its README run
 
 # The tiny preset: batch 4, 16 input and 16 target tokens, 1 + 1 layers, d_model 64, 4 heads of 16,
 # d_ff 256 (gated GELU: 2 `wi`), vocabulary 128, untied output layer.
@@ -46,13 +40,13 @@ PARAMS = (
     (8 * D * A + 2 * D * F + F * D + 3 * D) + 2 * (32 * 4 + D))
 
 
-def test_tiny_preset_without_tensorflow_seqio_or_torch(tmp_path):
-  out = tmp_path / "bench"
-  run = mains.run([sys.executable, "-c", _BLOCKED_RUN, "--preset", "tiny", "--out",
-                   str(out)],
-                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+def test_tiny_preset_without_tensorflow_seqio_or_torch(readme):
+  run = scenarios.check(readme.result(rc.BENCHMARK))
+  assert "--out runs/benchmark" in run["command"] and run["command"].endswith("--preset tiny")
+  out = readme.repo / "runs/benchmark"
   results = json.loads((out / "benchmark.json").read_text())
   assert results["complete"] and results["skipped"] == [], results["skipped"]
+  assert results["imported"] == [], results["imported"]
   assert results["device"] == {"platform": "cpu", "device_kind": "cpu", "count": 2}
   peak = results["peak"]
   assert peak["table_tflops"] is None and peak["used_tflops"] == peak["measured_tflops"] > 0
@@ -77,7 +71,7 @@ def test_tiny_preset_without_tensorflow_seqio_or_torch(tmp_path):
     assert B <= r["decoded_tokens"] <= B * LT
     assert abs(r["tokens_per_s"] * r["batch_s"] - r["decoded_tokens"]) < 1e-6
   table = (out / "benchmark.md").read_text()
-  assert table == run.stdout[run.stdout.index("# scripts/benchmark.py"):].split("\n[")[0]
+  assert table == run["stdout"][run["stdout"].index("# scripts/benchmark.py"):].split("\n[")[0]
   rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
   second = [row.split(" | ")[1] for row in rows]
   assert second == ["1 (1 x 1)", "2 (2 x 1)", "2 (1 x 2)", "greedy", "beam4"], table
