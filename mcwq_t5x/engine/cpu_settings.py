@@ -6,7 +6,9 @@ at the start of a process (the `malloc` options); accelerators ignore them:
 * `set_host_device_count`: splits the CPU into XLA host devices (every main; gin:
   `partitioning.set_host_device_count.count`, the name the gin files use);
 * `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`: the XLA CPU compiler flags for training;
-* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training).
+* `set_host_malloc_options`: keeps freed host memory for reuse (CPU training);
+* `release_free_host_memory`: returns what a one-off phase freed (the train state's
+  initialisation) to the kernel, so that it does not add to the steps' peak.
 
 The decoding mains (eval, infer) run with XLA's defaults: the training flags make greedy decoding
 slower (CHANGELOG.md has the figures).
@@ -79,7 +81,8 @@ def set_host_malloc_options() -> bool:
   """Keeps freed host memory in the process for reuse (glibc `mallopt`), for CPU training.
 
   One arena (`M_ARENA_MAX=1`), no `mmap` for large blocks (`M_MMAP_MAX=0`), the heap trimmed only
-  above 2 GiB free (`M_TRIM_THRESHOLD`); affects later allocations only, peak RSS unchanged.
+  above 2 GiB free (`M_TRIM_THRESHOLD`); affects later allocations only. What a one-off phase
+  frees stays in the process until `release_free_host_memory` gives it back.
   Returns False (nothing changed) where the C library is not glibc or refuses an option.
   """
   # why: XLA's CPU runtime mallocs and frees a step's buffers; glibc returns large blocks to the
@@ -94,3 +97,23 @@ def set_host_malloc_options() -> bool:
   for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
     ok = bool(mallopt(param, value)) and ok
   return ok
+
+
+def release_free_host_memory() -> bool:
+  """Collects Python's garbage and returns the heap's free pages to the kernel (`malloc_trim(0)`).
+
+  Under `set_host_malloc_options` the heap keeps freed blocks, and the train state's jitted
+  initialisation frees about twice the parameters' size (its executable, collected with Python's
+  garbage, and its temporaries) in pieces too scattered for a step's one temporary buffer, which
+  then adds to the peak RSS (CHANGELOG.md, issue 56, has the figures). Returns False where the C
+  library is not glibc.
+  """
+  import gc
+  gc.collect()  # why: the initialisation's executable is freed with a reference cycle
+  try:
+    import ctypes
+    trim = ctypes.CDLL("libc.so.6").malloc_trim
+  except (OSError, AttributeError):
+    return False
+  trim(0)
+  return True
