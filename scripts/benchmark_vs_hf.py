@@ -8,14 +8,18 @@ interleaved for `--repeats`. Modes (`--modes`): `epoch` (ours: `mcwq_t5x.train.t
 rows; theirs: `MT5ForConditionalGeneration` with length-grouped dynamic padding), `fixed` (both
 on batches of exactly `--input_length`/`--target_length`), `decode` (greedy and beam search with
 one checkpoint and its `export_hf` export) and `eval` (whole eval processes). Prints examples/s,
-target tokens/s, wall time, peak RSS, model FLOP/s against the matmul peak and last the ratios
-ours/hf. docs/benchmarks.md says what each mode times and how. Needs PyTorch and transformers.
+target tokens/s, wall time, peak RSS (each worker's own process), model FLOP/s against the matmul
+peak (decoding too: `flops.decode_flops`), the peak RSS ratios and last the speed ratios ours/hf. docs/benchmarks.md says what each mode times and how. Needs PyTorch and transformers.
 
 Examples:
   python scripts/benchmark_vs_hf.py
   python scripts/benchmark_vs_hf.py --repeats 2 --host_devices 2
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
   python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
+  # mT5-small's shape at the paper's lengths (256/512): a training step, and greedy and beam-4
+  # decoding of 32 questions with the network's initial weights (one export both systems load)
+  python scripts/benchmark_vs_hf.py --shape mt5_small --modes fixed,decode --batch_size 2 \
+    --decode_model bench --decode_train_steps 0 --max_examples 32 --decode_batch_size 16
   python scripts/benchmark_vs_hf.py --modes eval --checkpoint runs/tiny_random_split_en \
     --split test --repeats 2
 """
@@ -1062,7 +1066,7 @@ def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir
   print(peak["line"])
   for (system, mode), runs in [*results.items(), *decoded.items()]:
     achieved = sum(r["flops"] / r["seconds"] for r in runs) / len(runs) / 1e9
-    name = mode.replace("-", " ")
+    name = f"{mode[len('decode-'):]} decode" if mode.startswith("decode-") else mode
     print(f"{system} {name}: {achieved:.1f} GFLOP/s of {peak['gflops']:.1f} GFLOP/s matmul peak "
           f"({100 * achieved / peak['gflops']:.1f}%)")
     memory.setdefault(name, {})[system] = max(r["peak_rss_gib"] for r in runs)
