@@ -9,7 +9,8 @@ rows; theirs: `MT5ForConditionalGeneration` with length-grouped dynamic padding)
 on batches of exactly `--input_length`/`--target_length`), `decode` (greedy and beam search with
 one checkpoint and its `export_hf` export) and `eval` (whole eval processes). Prints examples/s,
 target tokens/s, wall time, peak RSS (each worker's own process), model FLOP/s against the matmul
-peak (decoding too: `flops.decode_flops`), the peak RSS ratios and last the speed ratios ours/hf. docs/benchmarks.md says what each mode times and how. Needs PyTorch and transformers.
+peak (decoding too: `flops.decode_flops`), the peak RSS ratios and last the speed ratios ours/hf.
+docs/benchmarks.md says what each mode times and how. Needs PyTorch and transformers.
 
 Examples:
   python scripts/benchmark_vs_hf.py

@@ -151,7 +151,8 @@ def test_decode_flops_is_the_teacher_forced_forward_pass_with_causal_self_attent
   forward = flops.train_step_flops(SMALL, 1, li, n) / 3
   assert flops.decode_flops(SMALL, [li], [n]) == forward - causal_saving
   encoder_only = types.SimpleNamespace(**{
-      **dataclasses.asdict(SMALL), "num_decoder_layers": 0, "vocab_size": 0
+      **dataclasses.asdict(SMALL), "num_decoder_layers": 0,
+      "vocab_size": 0
   })
   encoder = flops.train_step_flops(encoder_only, 1, li, n) / 3
   one = flops.decode_flops(SMALL, [li], [n])
