@@ -951,7 +951,8 @@ SHAPES = {
 }
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+  """The command line; `--shape` supplies the defaults of the flags it names (given flags win)."""
   parser = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--task", default="mcwq_random_split_en")
@@ -1013,6 +1014,11 @@ def main(argv=None) -> None:
   if args.shape:
     parser.set_defaults(**SHAPES[args.shape])
     args = parser.parse_args(argv)
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
 
   if args.worker:
     import logging
