@@ -4,6 +4,10 @@ r"""Training speed of our engine against Hugging Face transformers (PyTorch) on 
   python scripts/benchmark_vs_hf.py [--repeats 2] [--host_devices 2]
   python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
   python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
+  # mT5-small's shape at the paper's lengths (256/512): a training step, and greedy and beam-4
+  # decoding of 32 questions with the network's initial weights (one export both systems load)
+  python scripts/benchmark_vs_hf.py --shape mt5_small --modes fixed,decode --batch_size 2 \
+    --decode_model bench --decode_train_steps 0 --max_examples 32 --decode_batch_size 16
   python scripts/benchmark_vs_hf.py --modes eval --checkpoint runs/tiny_random_split_en \
     --split test --repeats 2
 
@@ -247,11 +251,11 @@ def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
   global_batch = partitioner.make_global_batch(batch)
   peak = _peak_dict(flops.matmul_peak())
   times = []
-  for i in range(args.fixed_steps + 2):
+  for i in range(args.fixed_steps + args.fixed_warmup_steps):
     t = time.time()
     state, metrics = trainer.train_step(state, global_batch)
     jax.block_until_ready(metrics)
-    if i >= 2:
+    if i >= args.fixed_warmup_steps:
       times.append(time.time() - t)
   return _fixed_result("ours", args, batch["decoder_loss_weights"].sum(), times, peak)
 
@@ -379,15 +383,18 @@ def hf_fixed(args: argparse.Namespace) -> dict[str, Any]:
   batch = _hf_batch(pairs, pad_to=(args.input_length, args.target_length))
   peak = _hf_peak()
   times = []
-  for i in range(args.fixed_steps + 2):
+  for i in range(args.fixed_steps + args.fixed_warmup_steps):
     t = time.time()
     _hf_step(model, optimizer, batch)
-    if i >= 2:
+    if i >= args.fixed_warmup_steps:
       times.append(time.time() - t)
   return _fixed_result("hf", args, (batch["labels"] != -100).sum(), times, peak)
 
 
 # --- decode -----------------------------------------------------------------------------------
+# `--decode_model` for the benchmark network itself (the `--vocab_size` ... flags, float32).
+BENCH_NETWORK = "bench"
+
 DECODE_METHODS = {
     "greedy": {
         "num_decodes": 1
@@ -413,6 +420,8 @@ def _decode_config(args: argparse.Namespace):
   from mcwq_t5x.checkpointing import run_info
   from mcwq_t5x.engine import network
   run_path = run_info.find(args.checkpoint) if args.checkpoint else None
+  if run_path is None and args.decode_model == BENCH_NETWORK:
+    return dataclasses.replace(_network_config(args), dropout_rate=0.0)
   if run_path is None:
     return network.get_config(args.decode_model, dropout_rate=0.0)
   config = run_info.network_config(run_info.read(run_path), run_path)
@@ -438,6 +447,8 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
   config = _decode_config(args)
   model = model_lib.EncoderDecoderModel(network.Transformer(config))
   checkpoint = args.checkpoint
+  if not checkpoint and args.decode_train_steps == 0:
+    return _export_initialised(args, model, config)
   if not checkpoint:
     checkpoint = os.path.join(args.work_dir, "model")
     cfg = pipeline.DatasetConfig(
@@ -451,10 +462,12 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
         shuffle=True,
         seed=0,
         module="tasks.mcwq")
-    steps = max(args.decode_train_steps, 1)
+    steps = args.decode_train_steps
+    train_config = (
+        _network_config(args)
+        if args.decode_model == BENCH_NETWORK else network.get_config(args.decode_model))
     train_lib.train(
-        model=model_lib.EncoderDecoderModel(
-            network.Transformer(network.get_config(args.decode_model))),
+        model=model_lib.EncoderDecoderModel(network.Transformer(train_config)),
         train_dataset_cfg=cfg,
         model_dir=checkpoint,
         total_steps=steps,
@@ -469,6 +482,22 @@ def prep_decode(args: argparse.Namespace) -> dict[str, Any]:
   _export(params, config, _hf_dir(args), vocab, args.target_length)
   _examples(args)  # the token ids and texts, for the HF workers
   return {"checkpoint": checkpoint}
+
+
+def _export_initialised(args: argparse.Namespace, model, config) -> dict[str, Any]:
+  """`--decode_train_steps 0`: the network's initial weights (seed 0), exported for HF; both
+  systems then load that export (ours through `checkpoint_loaders`' Hugging Face reader)."""
+  import jax
+  import numpy as np
+
+  from mcwq_t5x.data import pipeline
+  from mcwq_t5x.engine import model as model_lib
+  _, length = _decode_questions(args)
+  shapes = {"encoder_input_tokens": (1, 8), "decoder_input_tokens": (1, 8)}
+  params = model_lib.unbox(model.get_initial_variables(jax.random.PRNGKey(0), shapes))["params"]
+  vocab = pipeline.output_vocabulary(args.task, "tasks.mcwq")
+  _export(jax.tree_util.tree_map(np.asarray, params), config, _hf_dir(args), vocab, length)
+  return {"checkpoint": _hf_dir(args)}
 
 
 def _hf_dir(args: argparse.Namespace) -> str:
@@ -515,12 +544,21 @@ def until_eos(row: Any) -> list[int]:
 
 
 def _decode_result(system: str, method: str, args: argparse.Namespace, tokens: Any,
-                   texts: list[str], seconds: float) -> dict[str, Any]:
+                   texts: list[str], seconds: float, peak: dict[str, Any]) -> dict[str, Any]:
   """Writes the predictions' token ids (`until_eos`) to `--work_dir`/{system}_{method}.json (the
-  driver compares the systems' token ids) and returns the figures."""
+  driver compares the systems' token ids) and returns the figures, with the model FLOPs
+  (`flops.decode_flops` of the questions' lengths and of the system's own predictions' lengths)."""
+  from mcwq_t5x.engine import flops
+  predictions = [until_eos(row) for row in tokens]
   with open(os.path.join(args.work_dir, f"{system}_{method}.json"), "w") as f:
-    json.dump([until_eos(row) for row in tokens], f)
+    json.dump(predictions, f)
+  questions, _ = _decode_questions(args)
+  work = flops.decode_flops(
+      _decode_config(args), [len(q) for q in questions], [len(p) for p in predictions],
+      DECODE_METHODS[method]["num_decodes"])
   return {
+      "flops": work,
+      "peak": peak,
       "system": system,
       "mode": "decode",
       "method": method,
@@ -535,6 +573,7 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   """`mcwq_t5x.evaluation.prediction` on the questions (the eval main's path); see the module docstring."""
   import numpy as np
 
+  from mcwq_t5x.engine import flops
   from mcwq_t5x.engine import model as model_lib
   from mcwq_t5x.engine import network
   from mcwq_t5x.engine import partitioning
@@ -551,12 +590,13 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   partitioner = partitioning.Partitioner()
   params = prediction.load_params(model, partitioner, args.checkpoint)[0]
   vocab = _checked_vocabulary(args, args.checkpoint)
+  peak = _peak_dict(flops.matmul_peak())  # XLA's defaults, as the decoding itself
   t = time.time()
   infer_fn = prediction.get_infer_fn(model, partitioner, args.decode_batch_size,
                                      DECODE_METHODS[method])
   tokens = np.asarray(infer_fn(params, arrays))
   texts = prediction.decode_predictions(vocab, tokens)
-  result = _decode_result("ours", method, args, tokens, texts, time.time() - t)
+  result = _decode_result("ours", method, args, tokens, texts, time.time() - t, peak)
   _export(params, config, _hf_dir(args), vocab, args.target_length)  # after the peak RSS is read
   return result
 
@@ -574,6 +614,7 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   order = sorted(range(len(questions)), key=lambda i: -len(questions[i]))
   texts: list[str] = [""] * len(questions)
   tokens: list[Any] = [None] * len(questions)
+  peak = _hf_peak()
   t = time.time()
   with torch.inference_mode():
     for k in range(0, len(order), args.decode_batch_size):
@@ -598,7 +639,7 @@ def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
       batch_texts = tokenizer.batch_decode(batch_tokens, skip_special_tokens=True)
       for r, i in enumerate(rows):
         tokens[i], texts[i] = batch_tokens[r], batch_texts[r]
-  return _decode_result("hf", method, args, tokens, texts, time.time() - t)
+  return _decode_result("hf", method, args, tokens, texts, time.time() - t, peak)
 
 
 def hf_eval(args: argparse.Namespace) -> dict[str, Any]:
@@ -729,20 +770,30 @@ def matmul_peak_of_run(results: dict[tuple[str, str], list[dict[str, Any]]]) -> 
   }
 
 
+def _rate(x: float) -> str:
+  """A rate with one decimal, three below 10 (mT5-small's step on a CPU: 0.041 ex/s)."""
+  return f"{x:8.1f}" if x >= 10 else f"{x:8.3f}"
+
+
 def _line(r: dict[str, Any]) -> str:
-  return (f"{r['system']:>4} {r['mode']:<5} {r['examples_per_s']:8.1f} ex/s "
+  return (f"{r['system']:>4} {r['mode']:<5} {_rate(r['examples_per_s'])} ex/s "
           f"{r['target_tokens_per_s']:9.0f} tgt tok/s {r['seconds']:8.1f} s "
           f"{r['peak_rss_gib']:5.2f} GiB peak RSS  ({r['steps']} steps)")
 
 
 def _decode_line(r: dict[str, Any]) -> str:
-  return (f"{r['system']:>4} decode {r['method']:<6} {r['questions_per_s']:8.1f} questions/s "
+  return (f"{r['system']:>4} decode {r['method']:<6} {_rate(r['questions_per_s'])} questions/s "
           f"{r['seconds']:8.1f} s {r['peak_rss_gib']:5.2f} GiB peak RSS  "
           f"{r['identical']}/{r['questions']} identical")
 
 
-def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> None:
-  """`--modes decode`: prepare the checkpoint and its export, then ours/hf per method."""
+def _decode_driver(args: argparse.Namespace, argv: list[str],
+                   work_dir: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+  """`--modes decode`: prepare the checkpoint and its export, then ours/hf per method.
+
+  Returns:
+    (system, "decode-" + method) -> that pair's runs (the figures of `_decode_result`).
+  """
   print(
       f"decode: {'checkpoint ' + args.checkpoint if args.checkpoint else 'training the '}"
       f"{'' if args.checkpoint else args.decode_model + ' preset for '}"
@@ -772,8 +823,9 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
     for system in ("ours", "hf"):
       rs = runs[(system, method)]
       means[(system, method)] = sum(r["questions_per_s"] for r in rs) / len(rs)
-      print(f"mean {system} decode {method}: {means[(system, method)]:.1f} questions/s over "
-            f"{len(rs)} run(s)")
+      print(
+          f"mean {system} decode {method}: {_rate(means[(system, method)]).strip()} questions/s over "
+          f"{len(rs)} run(s)")
   for method in methods:
     if method != "greedy":
       print(f"decode {method} ratio ours/hf: "
@@ -782,6 +834,7 @@ def _decode_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> 
     print(
         f"decode ratio ours/hf: {means[('ours', 'greedy')] / means[('hf', 'greedy')]:.2f}",
         flush=True)
+  return {(system, f"decode-{method}"): rs for (system, method), rs in runs.items()}
 
 
 def _timed_process(command: list[str]) -> tuple[float, float, str]:
@@ -874,7 +927,25 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
       help="our dropout masks from the unsafe_rbg PRNG (USE_HARDWARE_RNG, as the main job)")
 
 
-def main(argv=None) -> None:
+# `--shape`: a published network's sizes and the paper's lengths, as defaults of the flags.
+SHAPES = {
+    # mT5-small (T5X `t5x/examples/t5/mt5/small.gin`; gin/mcwq_t5x/models/mt5_small.gin) at the
+    # paper's TASK_FEATURE_LENGTHS (docs/recipe.md: inputs 256, targets 512).
+    "mt5_small": {
+        "vocab_size": 250112,
+        "emb_dim": 512,
+        "num_heads": 6,
+        "head_dim": 64,
+        "mlp_dim": 1024,
+        "num_layers": 8,
+        "input_length": 256,
+        "target_length": 512,
+    },
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The command line; `--shape` supplies the defaults of the flags it names (given flags win)."""
   parser = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--task", default="mcwq_random_split_en")
@@ -896,6 +967,14 @@ def main(argv=None) -> None:
   add_network_flags(parser)
   parser.add_argument("--fixed_steps", type=int, default=5)
   parser.add_argument(
+      "--fixed_warmup_steps", type=int, default=2, help="untimed steps before --fixed_steps")
+  parser.add_argument(
+      "--shape",
+      choices=sorted(SHAPES),
+      default=None,
+      help="a published network's sizes and the paper's lengths as the defaults of --vocab_size "
+      "... --num_layers, --input_length, --target_length (flags given still win)")
+  parser.add_argument(
       "--host_devices", type=int, default=1, help="XLA CPU devices, our epoch (fixed: 1)")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--modes", default="epoch,fixed", help="any of epoch,fixed,decode,eval")
@@ -904,12 +983,17 @@ def main(argv=None) -> None:
       default="",
       help="decode: a MODEL_DIR or checkpoint of our engine (its run.json gives the network; "
       "without one, the --decode_model preset); default: train the preset")
-  parser.add_argument("--decode_model", default="tiny", help="decode: network.CONFIGS preset")
+  parser.add_argument(
+      "--decode_model",
+      default="tiny",
+      help=f"decode: a network.CONFIGS preset, or {BENCH_NETWORK!r}: the network of the flags "
+      "(--vocab_size ...)")
   parser.add_argument(
       "--decode_train_steps",
       type=int,
       default=300,
-      help="decode: steps to train --decode_model when no --checkpoint is given")
+      help="decode: steps to train --decode_model when no --checkpoint is given (0: its "
+      "initial weights, seed 0)")
   parser.add_argument(
       "--decode_length", type=int, default=0, help="decode: 0 = the split's longest target")
   parser.add_argument("--decode_batch_size", type=int, default=64)
@@ -920,6 +1004,14 @@ def main(argv=None) -> None:
   parser.add_argument("--work_dir", default="", help=argparse.SUPPRESS)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  if args.shape:
+    parser.set_defaults(**SHAPES[args.shape])
+    args = parser.parse_args(argv)
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
 
   if args.worker:
     import logging
@@ -948,13 +1040,14 @@ def main(argv=None) -> None:
 def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir: str) -> None:
   """Runs the workers of `modes` (see `main`) and prints their lines and the ratios."""
   results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  decoded: dict[tuple[str, str], list[dict[str, Any]]] = {}
   if "decode" in modes:
     modes.remove("decode")
-    _decode_driver(args, argv, work_dir)
+    decoded = _decode_driver(args, argv, work_dir)
   if "eval" in modes:
     modes.remove("eval")
     _eval_driver(args, argv, work_dir)
-  if not modes:
+  if not modes and not decoded:
     return
   for _ in range(args.repeats):
     for mode in modes:
@@ -967,22 +1060,25 @@ def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir
     if len(seen) > 1:
       print(f"WARNING: the systems' epochs hold different target tokens {sorted(seen)}: "
             "the packed rows truncate examples; raise --pack_input_length/--pack_target_length")
-  ratios = {}
+  ratios, memory = {}, {}
   for mode in modes:
     means = {}
     for system in ("ours", "hf"):
       runs = results[(system, mode)]
       means[system] = sum(r["examples_per_s"] for r in runs) / len(runs)
-      print(f"mean {system} {mode}: {means[system]:.1f} ex/s over {len(runs)} run(s)")
+      print(f"mean {system} {mode}: {_rate(means[system]).strip()} ex/s over {len(runs)} run(s)")
     ratios[mode] = means["ours"] / means["hf"]
-  peak = matmul_peak_of_run(results)
+  peak = matmul_peak_of_run({**results, **decoded})
   print(peak["line"])
-  for mode in modes:
-    for system in ("ours", "hf"):
-      runs = results[(system, mode)]
-      achieved = sum(r["flops"] / r["seconds"] for r in runs) / len(runs) / 1e9
-      print(f"{system} {mode}: {achieved:.1f} GFLOP/s of {peak['gflops']:.1f} GFLOP/s matmul peak "
-            f"({100 * achieved / peak['gflops']:.1f}%)")
+  for (system, mode), runs in [*results.items(), *decoded.items()]:
+    achieved = sum(r["flops"] / r["seconds"] for r in runs) / len(runs) / 1e9
+    name = f"{mode[len('decode-'):]} decode" if mode.startswith("decode-") else mode
+    print(f"{system} {name}: {achieved:.1f} GFLOP/s of {peak['gflops']:.1f} GFLOP/s matmul peak "
+          f"({100 * achieved / peak['gflops']:.1f}%)")
+    memory.setdefault(name, {})[system] = max(r["peak_rss_gib"] for r in runs)
+  for name, rss in memory.items():
+    print(f"{name} peak RSS ours/hf: {rss['ours'] / rss['hf']:.2f} "
+          f"({rss['ours']:.2f} / {rss['hf']:.2f} GiB, each its own process)")
   if "epoch" in ratios:
     print(f"epoch ratio ours/hf: {ratios['epoch']:.2f}")
   if "fixed" in ratios:

@@ -3,7 +3,8 @@
 Process-wide, each made before JAX initialises its backends (the XLA flags) or once at the start
 (`malloc`); accelerators ignore them. `set_host_device_count` (every main; gin:
 `partitioning.set_host_device_count.count`), `set_xla_cpu_flags` with `XLA_CPU_TRAINING_FLAGS`
-(training only: they make greedy decoding slower), `set_host_malloc_options` (CPU training).
+(training only: they make greedy decoding slower), `set_host_malloc_options` (CPU training),
+`release_free_host_memory` (returns what a one-off phase, the train state's initialisation, freed).
 Imports nothing of JAX or of this project: it edits `XLA_FLAGS` and calls the C library.
 """
 from __future__ import annotations
@@ -57,7 +58,8 @@ _M_ARENA_MAX = -8
 
 def set_host_malloc_options() -> bool:
   """Keeps freed host memory for reuse (glibc `mallopt`): one arena, no `mmap` for large blocks,
-  trimmed above 2 GiB free; peak RSS unchanged. False where not glibc or an option is refused."""
+  trimmed above 2 GiB free; a one-off phase's frees stay until `release_free_host_memory`. False
+  where not glibc or an option is refused."""
   # why: XLA's CPU runtime mallocs and frees a step's buffers; glibc returns large blocks to the
   # kernel, so every step faults in fresh pages (a good part of a CPU step's time).
   try:
@@ -70,3 +72,23 @@ def set_host_malloc_options() -> bool:
   for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)):
     ok = bool(mallopt(param, value)) and ok
   return ok
+
+
+def release_free_host_memory() -> bool:
+  """Collects Python's garbage and returns the heap's free pages to the kernel (`malloc_trim(0)`).
+
+  Under `set_host_malloc_options` the heap keeps freed blocks, and the train state's jitted
+  initialisation frees about twice the parameters' size (its executable, collected with Python's
+  garbage, and its temporaries) in pieces too scattered for a step's one temporary buffer, which
+  then adds to the peak RSS (CHANGELOG.md, issue 56, has the figures). Returns False where the C
+  library is not glibc.
+  """
+  import gc
+  gc.collect()  # why: the initialisation's executable is freed with a reference cycle
+  try:
+    import ctypes
+    trim = ctypes.CDLL("libc.so.6").malloc_trim
+  except (OSError, AttributeError):
+    return False
+  trim(0)
+  return True

@@ -1,4 +1,4 @@
-"""Model FLOPs of a training step, and the machine's float32 matmul peak measured in-process.
+"""Model FLOPs of a training step and of decoding, and the machine's float32 matmul peak measured in-process.
 
 Utilisation = model FLOPs per second / matmul peak. `train_step_flops` counts the matmul FLOPs of
 one forward + backward pass of a T5 network on padded batch shapes from a config's sizes alone (so
@@ -46,6 +46,37 @@ def batch_train_step_flops(config: Any, shapes: Mapping[str, Sequence[int]]) -> 
   b, li = shapes["encoder_input_tokens"][:2]
   lt = shapes["decoder_target_tokens"][1]
   return train_step_flops(config, int(b), int(li), int(lt))
+
+
+def decode_flops(config: Any,
+                 input_lengths: Sequence[int],
+                 generated_lengths: Sequence[int],
+                 beams: int = 1) -> float:
+  """Matmul FLOPs of decoding questions with a KV cache (greedy: `beams` 1; beam search).
+
+  Per question: the encoder once over its `input_lengths[i]` tokens; per beam, the cross-attention
+  keys and values once, then for each of its `generated_lengths[i]` tokens one decoder step (the
+  projections and MLP of one position, attention over the t cached positions and the input) and
+  the output layer of one position. Padding, finished beams and the beams' candidate ranking are
+  not counted, so both systems are credited the same work. `config`: as `train_step_flops`.
+
+  Raises:
+    ValueError: the two length lists differ in size.
+  """
+  if len(input_lengths) != len(generated_lengths):
+    raise ValueError(f"{len(input_lengths)} input lengths, {len(generated_lengths)} generated")
+  d, a, f = config.emb_dim, config.num_heads * config.head_dim, config.mlp_dim
+  m = len(config.mlp_activations)
+  total = 0.0
+  for li, n in zip(input_lengths, generated_lengths):
+    encoder = 2 * (li * d * a * 4 + li * li * a * 2 + li * d * f * (m + 1))
+    cross_kv = 2 * li * d * a * 2
+    # n steps: projections (self q k v o, cross q o), MLP, attention over t = 1..n keys + li
+    steps = 2 * (n * (d * a * 6 + d * f * (m + 1) + li * a * 2) + n * (n + 1) // 2 * a * 2)
+    output = 2 * n * d * config.vocab_size
+    total += config.num_encoder_layers * encoder + beams * (
+        config.num_decoder_layers * (cross_kv + steps) + output)
+  return float(total)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec
 import numpy as np
 import optax
 
+from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning as partitioning_lib
 
 PyTree = Any
@@ -312,7 +313,7 @@ class Trainer:
           self._init_fn(input_shapes, input_types),
           in_shardings=p.replicated,
           out_shardings=shardings)
-      return init(jax.random.PRNGKey(self.seed))
+      return self._released(init(jax.random.PRNGKey(self.seed)))
     expected = self._state_shapes.params
     exp_struct = jax.tree_util.tree_structure(expected)
     got_struct = jax.tree_util.tree_structure(init_params)
@@ -332,7 +333,15 @@ class Trainer:
           step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
 
     fn = p.partition(init_opt, in_shardings=(shardings.params,), out_shardings=shardings)
-    return fn(params)
+    return self._released(fn(params))
+
+  @staticmethod
+  def _released(state: TrainState) -> TrainState:
+    """`state` once computed, with the host memory its initialisation freed given back
+    (`cpu_settings.release_free_host_memory`: no part of the steps' peak)."""
+    jax.block_until_ready(state)
+    cpu_settings.release_free_host_memory()
+    return state
 
   # --- steps --------------------------------------------------------------------------------
   def _loss_grads_and_metrics(self, params, batch, rng):

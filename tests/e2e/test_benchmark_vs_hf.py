@@ -14,6 +14,7 @@ same queries (beam search takes the same path with another method, covered by th
 The eval mode's two whole processes (the README's eval command and a transformers user's script)
 are not run here: the command it builds for ours is checked in-process.
 """
+import pathlib
 import re
 import sys
 
@@ -129,3 +130,16 @@ def test_eval_mode_runs_the_readme_eval_command_on_the_runs_network(our_run, tmp
       built, dropout_rate=0.0) == dataclasses.replace(
           recorded, dropout_rate=0.0)
   assert "--gin.NUM_EXAMPLES=64" in command and "--gin.BATCH_SIZE=16" in command
+
+
+def test_the_mt5_small_shape_gives_the_flags_defaults_and_given_flags_win():
+  """`--shape mt5_small`: mT5-small's sizes and the paper's lengths (the gin file's
+  TASK_FEATURE_LENGTHS), an explicitly given flag kept."""
+  bench = mains.load_script("benchmark_vs_hf")
+  args = bench.parse_args(["--shape", "mt5_small", "--num_layers", "2"])
+  assert (args.vocab_size, args.emb_dim, args.num_heads, args.head_dim, args.mlp_dim,
+          args.num_layers) == (250112, 512, 6, 64, 1024, 2)
+  gin = (pathlib.Path(__file__).parents[2] / "gin/mcwq_t5x/mt5_small_mcd1_en.gin").read_text()
+  assert f"TASK_FEATURE_LENGTHS = {{'inputs': {args.input_length}, 'targets': " \
+      f"{args.target_length}}}" in gin
+  assert bench.parse_args([]).vocab_size == 2048

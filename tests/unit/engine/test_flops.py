@@ -2,6 +2,7 @@
 `dot_general`s of the real step's jaxpr, XLA's `cost_analysis()` of the compiled step), the matmul
 peak's bookkeeping (never its speed), and the training main's utilisation figures."""
 import dataclasses
+import types
 
 import jax
 from jax.extend import core as jex_core
@@ -138,6 +139,27 @@ def test_batch_train_step_flops():
   assert flops.batch_train_step_flops(SMALL, shapes) == flops.train_step_flops(SMALL, 6, 10, 20)
   assert flops.batch_train_step_flops(None, shapes) is None
   assert flops.batch_train_step_flops(SMALL, {"encoder_input_tokens": (6, 10)}) is None
+
+
+def test_decode_flops_is_the_teacher_forced_forward_pass_with_causal_self_attention():
+  """Greedy decoding of n tokens with a KV cache does the forward pass's matmuls over those n
+  tokens, except that step t attends t cached keys (n (n + 1) / 2 key rows, not n^2); beams repeat
+  the decoder's work, not the encoder's."""
+  li, n = 7, 5
+  a = SMALL.num_heads * SMALL.head_dim
+  causal_saving = SMALL.num_decoder_layers * 2 * (n * n - n * (n + 1) // 2) * a * 2
+  forward = flops.train_step_flops(SMALL, 1, li, n) / 3
+  assert flops.decode_flops(SMALL, [li], [n]) == forward - causal_saving
+  encoder_only = types.SimpleNamespace(**{
+      **dataclasses.asdict(SMALL), "num_decoder_layers": 0,
+      "vocab_size": 0
+  })
+  encoder = flops.train_step_flops(encoder_only, 1, li, n) / 3
+  one = flops.decode_flops(SMALL, [li], [n])
+  assert flops.decode_flops(SMALL, [li], [n], beams=4) == encoder + 4 * (one - encoder)
+  assert flops.decode_flops(SMALL, [li, 3], [n, 2]) == one + flops.decode_flops(SMALL, [3], [2])
+  with pytest.raises(ValueError, match="2 input lengths, 1 generated"):
+    flops.decode_flops(SMALL, [1, 2], [3])
 
 
 def test_time_matmul_is_two_n_cubed_over_the_best_call(monkeypatch):
