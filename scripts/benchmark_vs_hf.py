@@ -1,11 +1,9 @@
 #!/usr/bin/env python3
 r"""Training speed of our engine against Hugging Face transformers (PyTorch) on the same work.
 
-  python scripts/benchmark_vs_hf.py [--repeats 2] [--host_devices 2]
-  python scripts/benchmark_vs_hf.py --max_examples 256 --emb_dim 64 --num_layers 1  # quick
+  python scripts/benchmark_vs_hf.py [--repeats 2] [--host_devices 2] [--max_examples 256]
   python scripts/benchmark_vs_hf.py --modes decode --checkpoint runs/tiny_random_split_en
-  # mT5-small's shape at the paper's lengths (256/512): a training step, and greedy and beam-4
-  # decoding of 32 questions with the network's initial weights (one export both systems load)
+  # mT5-small at the paper's lengths: a step, greedy and beam-4 from one export of initial weights
   python scripts/benchmark_vs_hf.py --shape mt5_small --modes fixed,decode --batch_size 2 \
     --decode_model bench --decode_train_steps 0 --max_examples 32 --decode_batch_size 16
   python scripts/benchmark_vs_hf.py --modes eval --checkpoint runs/tiny_random_split_en \

@@ -1,20 +1,14 @@
 #!/usr/bin/env python3
 r"""Where a training step's time goes: a `jax.profiler` trace of our training steps, by kind of work.
 
-Trains the network of `scripts/benchmark_vs_hf.py` (same flags and defaults) as the benchmark's
-epoch does (`--host_devices` XLA CPU devices, the training main's XLA flags and `malloc` options,
-at most 2 steps in flight), prints the compile time, runs `--warmup_steps` steps, then traces
-`--steps` steps (`jax.profiler.ProfileData`) and shares the process's CPU time among kinds of work
-(matmuls, gradient all-reduce, attention elementwise, layer norms, MLP elementwise, embedding and
-loss, residual adds and dropout, optimizer, copies, other; docs/benchmarks.md defines them), with
-model FLOPs per second against the matmul peak (`flops`) and the `--top` longest instructions of
-each kind. `--no-trace` only times the steps. `--host_devices 1,2` prints one report per count
-from one process (the data, the peaks and the start-up paid once): the CPU is split into the
-largest count and a smaller count's mesh is the first devices of it.
+Trains the network of `scripts/benchmark_vs_hf.py` (same flags) as its epoch does (`--host_devices`
+XLA CPU devices, the training main's XLA flags and `malloc` options), prints the compile time,
+runs `--warmup_steps`, traces `--steps` (`jax.profiler.ProfileData`) and shares the process's CPU
+time among kinds of work (docs/benchmarks.md defines them), with model FLOP/s against the matmul
+peak and the `--top` longest instructions of each kind; `--no-trace` only times the steps.
+`--host_devices 1,2`: one report per count from one process (the largest count's devices; a
+smaller count's mesh is the first of them).
 
-Example:
-  python scripts/profile_train_step.py --steps 5
-  python scripts/profile_train_step.py --steps 5 --host_devices 2
   python scripts/profile_train_step.py --steps 5 --host_devices 1,2
   python scripts/profile_train_step.py --steps 20 --no-trace
 """
