@@ -769,19 +769,20 @@ def matmul_peak_of_run(results: dict[tuple[str, str], list[dict[str, Any]]]) -> 
 
 
 def _rate(x: float) -> str:
-  """A rate with one decimal, three below 10 (mT5-small's step on a CPU: 0.041 ex/s)."""
+  """A rate or a time with one decimal, three below 10 (mT5-small's step on a CPU: 0.041 ex/s; a
+  16-question decode: 0.046 s)."""
   return f"{x:8.1f}" if x >= 10 else f"{x:8.3f}"
 
 
 def _line(r: dict[str, Any]) -> str:
   return (f"{r['system']:>4} {r['mode']:<5} {_rate(r['examples_per_s'])} ex/s "
-          f"{r['target_tokens_per_s']:9.0f} tgt tok/s {r['seconds']:8.1f} s "
+          f"{r['target_tokens_per_s']:9.0f} tgt tok/s {_rate(r['seconds'])} s "
           f"{r['peak_rss_gib']:5.2f} GiB peak RSS  ({r['steps']} steps)")
 
 
 def _decode_line(r: dict[str, Any]) -> str:
   return (f"{r['system']:>4} decode {r['method']:<6} {_rate(r['questions_per_s'])} questions/s "
-          f"{r['seconds']:8.1f} s {r['peak_rss_gib']:5.2f} GiB peak RSS  "
+          f"{_rate(r['seconds'])} s {r['peak_rss_gib']:5.2f} GiB peak RSS  "
           f"{r['identical']}/{r['questions']} identical")
 
 
