@@ -33,6 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mcwq_t5x.data import writers  # noqa: E402
 from mcwq_t5x.engine import flops as flops_lib  # noqa: E402
 from mcwq_t5x.engine import model as model_lib  # noqa: E402
 from mcwq_t5x.engine import network  # noqa: E402
@@ -307,16 +308,14 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def write_results(results: dict[str, Any], out: str) -> None:
-  """Writes `out`/benchmark.json and `out`/benchmark.md whole (a temporary file, then a rename)."""
+  """Writes `out`/benchmark.json and `out`/benchmark.md whole (`writers.open_atomic`)."""
   texts = {
       "benchmark.json": json.dumps(results, indent=1) + "\n",
       "benchmark.md": markdown(results)
   }
   for name, text in texts.items():
-    path = os.path.join(out, name)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with writers.open_atomic(os.path.join(out, name)) as f:
       f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
