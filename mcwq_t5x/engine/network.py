@@ -276,8 +276,9 @@ class Embed(nn.Module):
     """[...] int ids -> [..., embed] in `dtype` (ids out of range give NaN)."""
     if not jnp.issubdtype(inputs.dtype, jnp.integer):
       raise ValueError(f"Embed: token ids must be integers, got {inputs.dtype}")
-    out = jnp.take(jnp.asarray(self.embedding, self.dtype), inputs, axis=0)
-    return out
+    # why gather, then cast: the gradient is then a float32 scatter-add; in bfloat16 XLA:GPU runs
+    # it as a compare-and-swap loop, slow where rows repeat (padding), and it rounds the sums.
+    return jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
 
   def attend(self, query: Array) -> Array:
     """[..., embed] -> [..., vocab] = query @ embedding.T (float32)."""
@@ -332,10 +333,14 @@ class RelativePositionBiases(nn.Module):
         nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
             ("heads", "relpos_buckets")), (self.num_heads, self.num_buckets), jnp.float32)
-    table = jnp.asarray(table, self.dtype)
-    # [b, q, k, heads] -> [b, heads, q, k]
-    values = jnp.take(table.T, buckets, axis=0)
-    return jnp.transpose(values, (0, 3, 1, 2))
+    # why a one-hot contraction, as T5X, not a gather: the gather's gradient is a scatter-add of
+    # q * k positions into num_buckets rows, which XLA:GPU runs as a compare-and-swap loop under
+    # that contention (mT5-small's step: 6.9 s on an H200; docs/benchmarks.md). Forward values are
+    # the same: one term of each sum is non-zero.
+    one_hot = (buckets[0][None] == lax.broadcasted_iota(jnp.int32, (self.num_buckets, 1, 1),
+                                                       0)).astype(self.dtype)
+    values = lax.dot_general(jnp.asarray(table, self.dtype), one_hot, (((1,), (0,)), ((), ())))
+    return values[None]  # [1, heads, q, k]
 
 
 class MultiHeadDotProductAttention(nn.Module):
