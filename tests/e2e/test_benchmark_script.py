@@ -61,7 +61,7 @@ def test_tiny_preset_without_tensorflow_seqio_or_torch(readme):
     assert abs(r["model_tflops_per_s"] / tflops - 1) < 1e-9
     assert 0 < r["mfu"] <= 1 and r["mfu"] == r["mfu_of_measured_peak"]
     assert abs(r["mfu"] * r["devices"] * peak["used_tflops"] / tflops - 1) < 1e-9
-    assert r["compile_s"] > 0 and 0 < r["step_memory_gib"] < 1
+    assert r["compile_s"] > 0 and r["init_s"] > 0 and 0 < r["step_memory_gib"] < 1
   # XLA's count of the one-device step holds every model FLOP (and elementwise work besides).
   first = results["train"][0]
   assert TRAIN_FLOPS <= first["xla_flops_per_step"] < 2 * TRAIN_FLOPS, first
