@@ -2,19 +2,18 @@
 127.0.0.1, CPU collectives, `jax.distributed`, each with 2 XLA host devices, launched as a user
 launches them on 2 GPU hosts: `python -m mcwq_t5x.train ... --multiprocess_gpu
 --coordinator_address=HOST:PORT --process_count=2 --process_index=I`), run once by the `readme`
-fixture; then ONE process with 4 devices resumes the pair's step-3 checkpoint (as if the pair had
-been killed after writing it) and must reach the pair's losses and parameters: the pair wrote one
-checkpoint together, a run resumes with another process count at the same data position, and the
-examples of a step do not depend on the number of processes.
+fixture: its checkpoints hold both processes' shards and restore in one process.
 
 Real MCWQ text (the 155 Hebrew gold test questions), a very small network, 6 steps of 8 packed
 rows, dropout on, no periodic evaluation, a final evaluation of 8 questions
 (`readme_commands.MULTIPROCESS`).
 
 The same pair with one process signalled at a known step: a SIGTERM (a scheduler's preemption
-notice) makes both save one checkpoint at the same step and stop, and one process resuming it
-reaches the uninterrupted pair's losses; a SIGKILL (a process dies) makes the other say which
-process is gone and how to resume, instead of ending in XLA's abort.
+notice) makes both save one checkpoint at the same step and stop; ONE process with 4 devices
+resumes it and must reach the uninterrupted pair's losses and parameters (a run resumes with another
+process count at the same data position: the examples of a step do not depend on the number of
+processes). A SIGKILL (a process dies) makes the other say which process is gone and how to
+resume, instead of ending in XLA's abort.
 """
 import argparse
 import json
@@ -60,63 +59,40 @@ def read_params(model_dir, step) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(readme, tmp_path_factory):
-  """The README's pair (2 processes x 2 devices, uninterrupted), and a copy of its MODEL_DIR as it
-  was after step STOP, resumed and finished by 1 process x 4 devices."""
+def runs(readme):
+  """The README's pair (2 processes x 2 devices, uninterrupted); `preempted_pair` resumes a pair's
+  checkpoint with one process."""
   pair = scenarios.check(readme.result(rc.MULTIPROCESS_RUN))
-  two = readme.repo / "runs/tiny_2proc"
-  one = tmp_path_factory.mktemp("multiprocess") / "resumed_by_one_process"
-  shutil.copytree(two, one)
-  for step in checkpoint_paths.finished_steps(one):
-    if step > STOP:
-      shutil.rmtree(checkpoint_paths.checkpoint_dir(one, step))
-  for name in ("predictions", "metrics"):
-    shutil.rmtree(one / name)
-  rows = (one / "train_metrics.jsonl").read_text().splitlines(keepends=True)
-  (one / "train_metrics.jsonl").write_text("".join(
-      r for r in rows if json.loads(r)["step"] <= STOP))
-  args = [
-      sys.executable, "-m", "mcwq_t5x.train", f"--gin_file={TINY}",
-      *mains.gin_flags(RUN + [f"MODEL_DIR = '{one}'", "HOST_DEVICE_COUNT = 4"] + NO_FINAL_EVAL)
-  ]
-  one_log = mains.run(args, cwd=readme.repo).stderr
-  return {"two": two, "pair_log": pair["stdout"] + pair["stderr"], "one": one, "one_log": one_log}
+  return {"two": readme.repo / "runs/tiny_2proc", "pair_log": pair["stdout"] + pair["stderr"]}
 
 
-def test_multiprocess_pair_feeds_half_of_each_global_batch(runs):
+def test_multiprocess_pair_feeds_half_of_each_global_batch(runs, preempted_pair):
   assert sorted(mains.train_losses(runs["two"])) == list(range(1, STEPS + 1))
   assert all(np.isfinite(list(mains.train_losses(runs["two"]).values())))
   for i in range(2):
     assert f"process {i} of 2 feeds rows {4 * i}:{4 * i + 4} of each batch of 8" in runs["pair_log"]
-  assert "process 0 of 1 feeds rows 0:8 of each batch of 8" in runs["one_log"]
-
-
-def test_multiprocess_checkpoint_resumed_by_one_process_reaches_the_pairs_losses(runs):
-  """Steps STOP+1.. of one process x 4 devices, from the pair's checkpoint, repeat the pair's."""
-  assert f"resumed from {checkpoint_paths.checkpoint_dir(runs['one'], STOP)}" in runs["one_log"]
-  one, two = mains.train_losses(runs["one"]), mains.train_losses(runs["two"])
-  assert sorted(one) == list(range(1, STEPS + 1))
-  np.testing.assert_allclose([one[s] for s in range(STOP + 1, STEPS + 1)],
-                             [two[s] for s in range(STOP + 1, STEPS + 1)],
-                             rtol=1e-5)
+  assert "process 0 of 1 feeds rows 0:8 of each batch of 8" in preempted_pair["log"]
   # The pair's final evaluation ran once both had finished (written by process 0 only).
   metrics = json.loads((runs["two"] / "metrics/mcwq_gold_he_test.json").read_text())
   assert metrics["step"] == STEPS and metrics["num_examples"] == 8
   assert len((runs["two"] / "predictions/mcwq_gold_he_test.txt").read_text().splitlines()) == 8
 
 
-def test_multiprocess_checkpoint_written_together_restores_in_one_process(runs):
+def test_multiprocess_checkpoint_written_together_restores_in_one_process(runs, preempted_pair):
   """Both processes wrote their shards into one checkpoint folder per step (Orbax OCDBT: a
   `ocdbt.process_<i>` store each); it restores in this single process and holds the parameters
-  the single-process resumed run reached."""
+  that one process reached from the preempted pair's checkpoint."""
   two = runs["two"]
-  assert checkpoint_paths.finished_steps(two)[-1] == STEPS
+  assert checkpoint_paths.finished_steps(two) == [STOP, STEPS]
   assert not [p.name for p in two.iterdir() if "tmp" in p.name]
-  folder = checkpoint_paths.checkpoint_dir(two, STEPS)
-  assert checkpoint_paths.checkpoint_format(folder) == checkpoint_paths.ITEM_FORMAT_MCWQ
-  for item in (checkpoint_paths.STATE_ITEM, checkpoint_paths.OPTIMIZER_ITEM):
-    assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in (folder / item).iterdir()}
-  params_two, params_one = read_params(two, STEPS), read_params(runs["one"], STEPS)
+  for model_dir in (two, preempted_pair["dir"]):
+    folder = checkpoint_paths.checkpoint_dir(model_dir,
+                                             checkpoint_paths.finished_steps(model_dir)[-1])
+    assert checkpoint_paths.checkpoint_format(folder) == checkpoint_paths.ITEM_FORMAT_MCWQ
+    for item in (checkpoint_paths.STATE_ITEM, checkpoint_paths.OPTIMIZER_ITEM):
+      assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in (folder / item).iterdir()}
+  params_two = read_params(two, STEPS)
+  params_one = read_params(preempted_pair["resumed"], STEPS)
   assert params_two.keys() == params_one.keys()
   for key in params_one:  # AdamW amplifies float32 rounding a little: close, not bitwise equal
     np.testing.assert_allclose(
