@@ -4,7 +4,7 @@ Both return float32 numpy arrays with T5X's names, checked against `expected_par
 (`CheckpointMismatchError` names every missing, unexpected or mis-shaped parameter).
 `load_hf_checkpoint`: a Hugging Face `(M)T5ForConditionalGeneration` folder (safetensors, or
 `pytorch_model.bin` with torch), through `hf_name_map`, no rescaling (neither scales attention
-logits). `load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as
+logits); safetensors are read a tensor at a time, optionally placed as each is read. `load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as
 under gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local files
 inside the checkpoint's folder (`_local_spec`). Imports only the leaf `checkpoint_paths`.
 """
@@ -16,13 +16,14 @@ import json
 import logging
 import os
 import pathlib
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from flax import serialization
 from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_paths
@@ -243,34 +244,62 @@ def _hf_file(directory: pathlib.Path, entry: str, source: pathlib.Path) -> pathl
   return directory / entry
 
 
-def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
-  """Reads model.safetensors (or shards, or pytorch_model.bin) as numpy; every file must lie in
-  `directory` (CheckpointOutsideFolderError), malformed ones raise UnreadableCheckpointFileError."""
-  single = directory / "model.safetensors"
-  index = directory / "model.safetensors.index.json"
-  files: list[pathlib.Path] = []
-  if single.is_file():
-    files = [_hf_file(directory, single.name, single)]
-  elif index.is_file():
-    try:
-      weight_map = json.loads(index.read_text())["weight_map"]
-      shards = set(weight_map.values())
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-      raise checkpoint_paths.UnreadableCheckpointFileError(
-          f"{index}: cannot read safetensors index: {type(e).__name__}: {e}") from e
-    files = sorted({_hf_file(directory, f, index) for f in shards})
-  if files:
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    state = {}
-    for f in files:
+# safetensors dtypes read as float32 (the format stores little-endian values).
+_SAFETENSORS_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": ml_dtypes.bfloat16,
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "?",
+}
+_BLOCK_BYTES = 16 << 20  # rows read per step: the only transient copy of a tensor
+
+
+class _HFWeights:
+  """The tensors of a Hugging Face folder, by state-dict key, read one row block at a time.
+
+  `shapes` {key: stored shape} comes from the files' headers (nothing else is read up front);
+  `source` names the first weight file. Safetensors data is read with plain file reads into the
+  destination array: no mmap (whose pages would count towards RSS until closed) and no copy of the
+  whole file. `pytorch_model.bin` (needs torch) is loaded whole as float32 numpy.
+  """
+
+  def __init__(self, directory: pathlib.Path):
+    """Raises CheckpointOutsideFolderError (a file outside `directory`),
+    UnreadableCheckpointFileError (malformed file or index), ValueError (no weight file)."""
+    self.shapes: dict[str, tuple[int, ...]] = {}
+    self._entries: dict[str, tuple[pathlib.Path, str, int]] = {}  # key: (file, dtype, offset)
+    self._state: Optional[dict[str, np.ndarray]] = None
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    files: list[pathlib.Path] = []
+    if single.is_file():
+      files = [_hf_file(directory, single.name, single)]
+    elif index.is_file():
       try:
-        state.update(load_file(str(f)))
-      except Exception as e:  # safetensors raises its own error types.
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = set(weight_map.values())
+      except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise checkpoint_paths.UnreadableCheckpointFileError(
-            f"{f}: cannot read safetensors file: {e}") from e
-    return state, str(files[0])
-  binary = directory / "pytorch_model.bin"
-  if binary.is_file():
+            f"{index}: cannot read safetensors index: {type(e).__name__}: {e}") from e
+      files = sorted({_hf_file(directory, f, index) for f in shards})
+    if files:
+      for f in files:  # why: a key in several shards takes the last one's, as dict.update did
+        self._read_header(f)
+      self.source = str(files[0])
+      return
+    binary = directory / "pytorch_model.bin"
+    if not binary.is_file():
+      raise ValueError(f"{directory}: no model.safetensors, "
+                       "model.safetensors.index.json or pytorch_model.bin")
     _hf_file(directory, binary.name, binary)
     try:
       import torch  # pylint: disable=g-import-not-at-top
@@ -279,13 +308,101 @@ def _read_hf_state_dict(directory: pathlib.Path) -> tuple[dict[str, np.ndarray],
                        "convert it to safetensors or install torch") from e
     try:
       sd = torch.load(str(binary), map_location="cpu", weights_only=True)
-      return {k: v.float().numpy() for k, v in sd.items()}, str(binary)
+      self._state = {k: v.float().numpy() for k, v in sd.items()}
     except Exception as e:  # why: malformed or refused pickles raise many types (UnpicklingError...)
       raise checkpoint_paths.UnreadableCheckpointFileError(
           f"{binary}: cannot read pytorch_model.bin: {type(e).__name__}: "
           f"{str(e).splitlines()[0] if str(e) else ''}") from e
-  raise ValueError(f"{directory}: no model.safetensors, "
-                   "model.safetensors.index.json or pytorch_model.bin")
+    self.shapes = {k: tuple(v.shape) for k, v in self._state.items()}
+    self.source = str(binary)
+
+  def _read_header(self, f: pathlib.Path) -> None:
+    """Adds the tensors of the safetensors file `f` (header validated by `safetensors`)."""
+    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+    try:
+      with safe_open(str(f), framework="numpy"):  # why: the library's checks of the header
+        pass
+      with open(f, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+      header.pop("__metadata__", None)
+      for key, entry in header.items():
+        self.shapes[key] = tuple(int(d) for d in entry["shape"])
+        self._entries[key] = (f, entry["dtype"], 8 + size + int(entry["data_offsets"][0]))
+    except Exception as e:  # safetensors raises its own error types.
+      raise checkpoint_paths.UnreadableCheckpointFileError(
+          f"{f}: cannot read safetensors file: {e}") from e
+
+  def blocks(self, key: str) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(first row, end row, rows [end - first, ...] in the stored dtype) covering tensor `key`;
+    each block is overwritten by the next. UnreadableCheckpointFileError: a short read."""
+    shape = self.shapes[key]
+    if self._state is not None:
+      yield 0, shape[0] if shape else 1, self._state[key]
+      return
+    f, name, offset = self._entries[key]
+    if name not in _SAFETENSORS_DTYPES:
+      raise checkpoint_paths.UnreadableCheckpointFileError(
+          f"{f}: cannot read safetensors file: tensor {key} has dtype {name}, not readable as "
+          "float32")
+    dtype = np.dtype(_SAFETENSORS_DTYPES[name])
+    rows = shape[0] if shape else 1
+    row_shape = shape[1:]
+    row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+    step = max(1, _BLOCK_BYTES // max(row_bytes, 1))
+    buf = np.empty((min(step, rows), *row_shape), dtype)
+    with open(f, "rb", buffering=0) as fh:
+      for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        block = buf[:r1 - r0]
+        fh.seek(offset + r0 * row_bytes)
+        _read_into(fh, block, f)
+        yield r0, r1, block.reshape(shape) if not shape else block
+
+  def read(self, key: str, transpose: bool) -> np.ndarray:
+    """Tensor `key` as a new C-contiguous float32 array, transposed when `transpose`."""
+    shape = self.shapes[key]
+    out = _aligned_empty(shape[::-1] if transpose else shape)
+    for r0, r1, block in self.blocks(key):
+      if transpose:
+        out.T[r0:r1] = block
+      elif shape:
+        out[r0:r1] = block
+      else:
+        out[...] = block
+    return out
+
+  def equal(self, a: str, b: str) -> bool:
+    """np.array_equal of tensors `a` and `b` in their stored dtypes, a row block at a time."""
+    if self.shapes[a] != self.shapes[b]:
+      return False
+    for (_, _, x), (_, _, y) in zip(self.blocks(a), self.blocks(b)):
+      if not np.array_equal(x, y):
+        return False
+    return True
+
+
+def _aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
+  """An uninitialised float32 array of `shape` whose data starts at a multiple of `alignment`
+  bytes: `jax.device_put(..., may_alias=True)` on the CPU then adopts it without a copy (it copies
+  less aligned arrays, which large `np.empty` ones are: 16 bytes past a page)."""
+  nbytes = 4 * int(np.prod(shape, dtype=np.int64))
+  raw = np.empty(nbytes + alignment, np.uint8)
+  start = -raw.ctypes.data % alignment
+  return raw[start:start + nbytes].view(np.float32).reshape(shape)
+
+
+def _read_into(fh: Any, block: np.ndarray, f: pathlib.Path) -> None:
+  """Fills C-contiguous `block` with the next bytes of the raw file `fh`; a short read (truncated
+  file) is UnreadableCheckpointFileError naming `f`."""
+  view = memoryview(block.reshape(-1).view(np.uint8))
+  done = 0
+  while done < len(view):
+    n = fh.readinto(view[done:])
+    if not n:
+      raise checkpoint_paths.UnreadableCheckpointFileError(
+          f"{f}: cannot read safetensors file: it ends before its tensors' data")
+    done += n
 
 
 def _hf_config_ties_embeddings(directory: pathlib.Path) -> bool:
@@ -297,51 +414,56 @@ def _hf_config_ties_embeddings(directory: pathlib.Path) -> bool:
     return False
 
 
-def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None) -> Params:
-  """Nested float32 numpy params in T5X layout from a Hugging Face T5/mT5 `save_pretrained` folder.
+def load_hf_checkpoint(path: PathLike,
+                       config: Optional[network.T5Config] = None,
+                       place: Optional[Callable[[str, np.ndarray], Any]] = None) -> Params:
+  """Nested float32 numpy params in T5X layout from a Hugging Face T5/mT5 `save_pretrained` folder
+  (or what `place(T5X flat name, float32 array)` makes of each, e.g. a device array).
 
-  `config` default `config_from_hf(path/config.json)`. CheckpointMismatchError names the HF key and
-  T5X parameter of each tensor missing (`shared.weight` stands for `lm_head.weight` only with
-  `tie_word_embeddings: true`, as transformers), mis-shaped, unexpected, or a stored embedding copy
-  differing from `shared.weight`. ValueError: unreadable files, another architecture.
+  `config` default `config_from_hf(path/config.json)`. Names and shapes are checked from the files'
+  headers before any parameter is read; then one parameter at a time is read (safetensors: in
+  16 MiB row blocks, transposed as they land) and placed, so that the host peak of a safetensors
+  folder is the finished tree plus one block. CheckpointMismatchError names the HF key and T5X parameter of each tensor missing
+  (`shared.weight` stands for `lm_head.weight` only with `tie_word_embeddings: true`, as
+  transformers), mis-shaped, unexpected, or a stored embedding copy differing from `shared.weight`.
+  ValueError: unreadable files, another architecture.
   """
   directory = pathlib.Path(path)
   if config is None:
     config = config_from_hf(directory / "config.json")
-  state, source = _read_hf_state_dict(directory)
+  weights = _HFWeights(directory)
+  source = weights.source
   expected = expected_param_shapes(config)
   name_map = hf_name_map(config)
-  flat, missing, wrong = {}, [], []
+  keys, missing, wrong = {}, [], []
   for name, (key, transpose) in name_map.items():
-    if (key == "lm_head.weight" and key not in state and "shared.weight" in state and
-        _hf_config_ties_embeddings(directory)):
+    if (key == "lm_head.weight" and key not in weights.shapes and
+        "shared.weight" in weights.shapes and _hf_config_ties_embeddings(directory)):
       # transformers ties `lm_head` to `shared` (unscaled, for mT5 / T5.1.1) when the config
       # says `tie_word_embeddings: true` and the file has no lm_head.weight.
       logging.info(
           "%s: no lm_head.weight and tie_word_embeddings is true: the output layer "
           "is shared.weight, as transformers loads it", source)
       key = "shared.weight"
-    if key not in state:
+    if key not in weights.shapes:
       missing.append(f"{key} (parameter {name}, shape {expected[name]})")
       continue
-    value = np.asarray(state[key], dtype=np.float32)
-    if transpose:
-      value = value.T
-    if tuple(value.shape) != expected[name]:
-      wrong.append(f"{key} -> {name} has shape {value.shape}, the model "
+    shape = weights.shapes[key][::-1] if transpose else weights.shapes[key]
+    if shape != expected[name]:
+      wrong.append(f"{key} -> {name} has shape {shape}, the model "
                    f"expects {expected[name]}")
       continue
-    flat[name] = np.ascontiguousarray(value)
+    keys[name] = (key, transpose)
   copies = dict(HF_REDUNDANT_TENSORS)
   if config.logits_via_embedding:
     copies["lm_head.weight"] = "shared.weight"  # ignored by HF when tied
   used = {key for key, _ in name_map.values()}
   unexpected, differing = [], []
-  for key in sorted(set(state) - used):
+  for key in sorted(set(weights.shapes) - used):
     if key not in copies:
-      unexpected.append(f"{key} (shape {tuple(np.shape(state[key]))})")
-    elif (copies[key] is not None and copies[key] in state and
-          not np.array_equal(state[key], state[copies[key]])):
+      unexpected.append(f"{key} (shape {weights.shapes[key]})")
+    elif (copies[key] is not None and copies[key] in weights.shapes and
+          not weights.equal(key, copies[key])):
       differing.append(key)
   problems = []
   if missing:
@@ -358,6 +480,11 @@ def load_hf_checkpoint(path: PathLike, config: Optional[network.T5Config] = None
                     f"(the model would not use them): {_name_all(differing)}")
   if problems:
     raise checkpoint_paths.CheckpointMismatchError(f"{source}: " + "; ".join(problems))
+  flat = {}
+  for name, (key, transpose) in keys.items():
+    value = weights.read(key, transpose)
+    flat[name] = place(name, value) if place is not None else value
+    del value  # why: with a copying `place`, the host array goes before the next is read
   params = traverse_util.unflatten_dict(flat, sep="/")
   check_params(params, config, source)
   return params

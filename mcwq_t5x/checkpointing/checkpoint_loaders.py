@@ -86,9 +86,14 @@ def load_t5x(path: pathlib.Path, config: network.T5Config,
 def load_hf(path: pathlib.Path, config: network.T5Config,
             abstract_params: Optional[PyTree]) -> LoadedParams:
   """A Hugging Face T5/mT5 folder (`checkpoint_import.load_hf_checkpoint`), checked strictly
-  against `config`."""
-  params = checkpoint_import.load_hf_checkpoint(path, config)
-  return LoadedParams(_place_tree(params, abstract_params), None, path)
+  against `config`; each parameter is placed as it is read (one host copy at a time)."""
+  flat = traverse_util.flatten_dict(abstract_params, sep="/") if abstract_params is not None else {}
+
+  def place(name: str, value: np.ndarray) -> jax.Array:
+    return checkpoints.place(value, flat[name], may_alias=True)  # why: the loader's own array
+
+  params = checkpoint_import.load_hf_checkpoint(path, config, place if flat else None)
+  return LoadedParams(params, None, path)
 
 
 LOADERS: dict[str, Loader] = {

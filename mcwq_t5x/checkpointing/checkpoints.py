@@ -73,9 +73,15 @@ def _name(key: tuple[str, ...]) -> str:
   return "/".join(key)
 
 
-def place(value: Any, abstract: Any) -> Any:
-  """`value` as an array of `abstract`'s dtype, on `abstract.sharding` when it has one."""
+def place(value: Any, abstract: Any, may_alias: bool = False) -> Any:
+  """`value` as an array of `abstract`'s dtype, on `abstract.sharding` when it has one.
+
+  `may_alias`: a numpy `value` of that dtype may become the array's memory (no copy on the CPU
+  when its data is 64-byte aligned); only for arrays nobody writes to afterwards.
+  """
   sharding = getattr(abstract, "sharding", None)
+  if may_alias and not isinstance(value, jax.Array):
+    return jax.device_put(np.asarray(value, dtype=abstract.dtype), sharding, may_alias=True)
   arr = np.asarray(value, dtype=abstract.dtype) if not isinstance(value, jax.Array) else value
   if sharding is None:
     return jnp.asarray(arr, abstract.dtype)

@@ -339,6 +339,38 @@ def test_unexpected_or_inconsistent_hf_tensors_are_named(hf_model, tmp_path):
                                 params["token_embedder"]["embedding"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hf_tensors_read_in_row_blocks_equal_the_whole_file(hf_model, tmp_path, monkeypatch, dtype):
+  """With 100-byte row blocks (every tensor in several blocks, most ending in a short one), each
+  parameter (placed as a float32 jax array) equals `safetensors`' own whole-file read, transposed
+  and made float32; an embedding copy differing only in its last row is still named."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  _, _, path, config, params = hf_model
+  edited = _copy_hf(
+      path, tmp_path, lambda state: {
+          k: v.astype(getattr(ml_dtypes, dtype, dtype)) for k, v in state.items()
+      })
+  monkeypatch.setattr(ci, "_BLOCK_BYTES", 100)
+  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  loaded = traverse_util.flatten_dict(
+      checkpoint_loaders.load_params(edited, config, abstract).params, sep="/")
+  state = load_file(str(edited / "model.safetensors"))
+  for name, (key, transpose) in ci.hf_name_map(config).items():
+    want = np.asarray(state[key], np.float32)
+    np.testing.assert_array_equal(np.asarray(loaded[name]), want.T if transpose else want, name)
+    assert loaded[name].dtype == np.float32
+
+  def near_copy(state):
+    state["encoder.embed_tokens.weight"] = state["shared.weight"].copy()
+    state["encoder.embed_tokens.weight"][-1, -1] += 1
+    return state
+
+  (tmp_path / "near").mkdir()
+  with pytest.raises(checkpoint_paths.CheckpointMismatchError, match="encoder.embed_tokens.weight"):
+    checkpoint_loaders.load_params(_copy_hf(edited, tmp_path / "near", near_copy), config)
+
+
 def test_hf_config_of_another_architecture_is_rejected(tmp_path):
   (tmp_path / "config.json").write_text(
       json.dumps({
