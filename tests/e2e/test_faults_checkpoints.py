@@ -30,6 +30,10 @@ RUN = mains.SMALL_MODEL + [
     "HOST_DEVICE_COUNT = 2", "TRAIN_STEPS = 4", "KEEP_CHECKPOINTS = 2",
     "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'", "EVAL_SPLIT = 'test'",
     "FINAL_EVAL_SPLIT = 'test'"
+] + [
+    # why: no start-up timing of 2048x2048 matmuls (seconds of CPU in each training process); no
+    # test here reads the peak (test_mains reads the session run's)
+    "train_script.train.measure_matmul_peak = False"
 ]
 # `python -m mcwq_t5x.train` whose disk is full when checkpoint_4 is written: Orbax's writer of
 # the `data/` item fails in the background, as a write on a full disk does.
@@ -213,8 +217,9 @@ def losses_of(model_dir):
 @pytest.fixture(scope="module")
 def preempted_run(tmp_path_factory, mcwq_dir):
   """A 1000-step run (a checkpoint every 1000 steps, none asked for before) that a second
-  training of its MODEL_DIR tries to join once it has logged step 2, then SIGTERM'd as a scheduler
-  does: (model_dir, first process's pid, its exit status and log, the second's outcome).
+  training of its MODEL_DIR tries to join once it has logged step 2 (the first paused meanwhile),
+  then SIGTERM'd as a scheduler does: (model_dir, first process's pid, its exit status and log,
+  the second's outcome).
   Read-only for the tests: copy it to change it."""
   del mcwq_dir  # the real data must be there
   folder = tmp_path_factory.mktemp("preempted_run")
@@ -222,8 +227,14 @@ def preempted_run(tmp_path_factory, mcwq_dir):
   first = mains.start([sys.executable, "-m", "mcwq_t5x.train", *long_args(model_dir)], log)
   try:
     mains.wait_for_line(log, r"INFO step 2/1000", first)
-    second = mains.python_m("mcwq_t5x.train", *long_args(model_dir), check=False)
-    first.send_signal(signal.SIGTERM)
+    # why: paused (alive, its lock held) while the second starts, instead of training on for the
+    # second's whole start-up; the SIGTERM waits until it continues.
+    first.send_signal(signal.SIGSTOP)
+    try:
+      second = mains.python_m("mcwq_t5x.train", *long_args(model_dir), check=False)
+      first.send_signal(signal.SIGTERM)
+    finally:
+      first.send_signal(signal.SIGCONT)
     first.wait(timeout=600)
   finally:
     if first.poll() is None:

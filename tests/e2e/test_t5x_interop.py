@@ -193,23 +193,35 @@ SHAPES = tiny_engine.SHAPES
 TYPES = {k: jnp.int32 for k in SHAPES}
 
 
-def t5x_trained_state(partitioner, optimizer_def=True):
-  """A real T5X `FlaxOptimTrainState` (Adafactor) of the tiny config after one update."""
+@functools.cache
+def t5x_initializer(optimizer_def):
+  """(model, partitioner, `TrainStateInitializer`) of the tiny config, as `t5x.train`
+  (`optimizer_def`) or `t5x.eval` (None) builds them: one of each per module, as one T5X process
+  uses one for every checkpoint it restores (its jitted initialisation compiled once)."""
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
   model = t5x_model(VOCAB)
   init = t5x_utils.TrainStateInitializer(model.optimizer_def if optimizer_def else None,
                                          model.get_initial_variables, SHAPES, partitioner, TYPES)
+  return model, partitioner, init
+
+
+def t5x_trained_state():
+  """A real T5X `FlaxOptimTrainState` (Adafactor) of the tiny config after one update."""
+  model, _, init = t5x_initializer(True)
   state = init.from_scratch(jax.random.PRNGKey(3))
   batch = {k: jnp.asarray(v) for k, v in tiny_engine.synthetic_batch(5).items()}
   # Jitted: op by op, the gradient and the update would compile every primitive apart (slow).
   grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(state.params)
-  state = jax.jit(lambda s, g: s.apply_gradient(g, learning_rate=0.05))(state, grads)
-  return model, init, state
+  return jax.jit(lambda s, g: s.apply_gradient(g, learning_rate=0.05))(state, grads)
 
 
-def our_trainer(num_partitions=2, optimizer=None):
-  p = partitioning.Partitioner(num_partitions=num_partitions)
+@functools.cache
+def our_trainer():
+  """Our engine's Trainer of the tiny config (2 model partitions), one per module: its train step
+  compiles once for the tests that restore into it and the fixture that trains with it."""
+  p = partitioning.Partitioner(num_partitions=2)
   lr = trainer_lib.create_learning_rate_schedule(0.01, "constant")
-  return trainer_lib.Trainer(our_model(VOCAB), p, lr, optimizer=optimizer, seed=0)
+  return trainer_lib.Trainer(our_model(VOCAB), p, lr, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -217,8 +229,8 @@ def t5x_written(tmp_path_factory):
   """MODEL_DIRs written by T5X: its Orbax manager (as `t5x.train` by default) and its legacy
   msgpack+zarr `Checkpointer`."""
   root = tmp_path_factory.mktemp("t5x_written")
-  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
-  _, init, state = t5x_trained_state(partitioner)
+  _, partitioner, init = t5x_initializer(True)
+  state = t5x_trained_state()
   assert int(state.step) == 1
   orbax_dir, legacy_dir = root / "orbax", root / "legacy"
   orbax_dir.mkdir()
@@ -286,10 +298,7 @@ def ours_written(tmp_path_factory):
 
 def t5x_restore(path, mode, optimizer_def, **cfg):
   """T5X's restore as `t5x.eval.evaluate` (optimizer_def=None) / `t5x.train.train` run it."""
-  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
-  model = t5x_model(VOCAB)
-  init = t5x_utils.TrainStateInitializer(model.optimizer_def if optimizer_def else None,
-                                         model.get_initial_variables, SHAPES, partitioner, TYPES)
+  _, partitioner, init = t5x_initializer(bool(optimizer_def))
   restore_cfg = t5x_utils.RestoreCheckpointConfig(path=str(path), mode=mode, **cfg)
   restore_cfg.strict = False  # t5x.eval: "we are dropping the optimizer state"
   restore_cfg, paths = t5x_utils.get_first_valid_restore_config_and_paths([restore_cfg])
