@@ -169,12 +169,11 @@ def test_encoder_bias_is_bidirectional_and_the_decoders_causal(params, batch):
     return next_fun(*args, **kwargs)
 
   enc, dec, tgt = batch
+  # why: traced, not run op by op: the calls are recorded as the network is traced
   with nn.intercept_methods(record):
-    network.Transformer(CFG).apply({"params": nn.unbox(params["params"])},
-                                   enc,
-                                   dec,
-                                   tgt,
-                                   enable_dropout=False)
+    jax.eval_shape(
+        lambda p: network.Transformer(CFG).apply({"params": p}, enc, dec, tgt, enable_dropout=False
+                                                ), nn.unbox(params["params"]))
   assert sorted(set(calls)) == [("decoder", False), ("encoder", True)], calls
 
 
@@ -397,8 +396,10 @@ def test_bfloat16_gradient_scatters_only_into_the_embedding_in_float32(params, b
   assert _scatter_adds(jaxpr) == [("float32", (VOCAB, CFG.emb_dim))] * 2
   # The contraction gives the table's entries themselves: bucket b of head h is table[h, b].
   table = nn.unbox(params["params"])["decoder"]["relpos_bias"]["rel_embedding"]
-  bias = network.RelativePositionBiases(32, 128, CFG.num_heads, jnp.bfloat16).apply(
-      {"params": {"rel_embedding": table}}, 5, 7, False)
+  bias = network.RelativePositionBiases(32, 128, CFG.num_heads,
+                                        jnp.bfloat16).apply({"params": {
+                                            "rel_embedding": table
+                                        }}, 5, 7, False)
   rel = (jnp.arange(7)[None, :] - jnp.arange(5)[:, None])
   buckets = np.asarray(network.relative_position_bucket(rel, False, 32, 128))
   expected = np.asarray(jnp.asarray(table, jnp.bfloat16))[:, buckets]
