@@ -251,20 +251,23 @@ def test_precomputed_cross_attention_kv(params, batch):
   enc, dec, tgt = batch
   p = nn.unbox(params["params"])
   module = network.Transformer(CFG)
-  encoded = module.apply({"params": p}, enc, enable_dropout=False, method=module.encode)
-  cross_kv = network.cross_attention_kv(CFG, p, encoded)
+  # why: each step jitted (a few programs), not run op by op
+  encoded = jax.jit(
+      lambda q: module.apply({"params": q}, enc, enable_dropout=False, method=module.encode))(
+          p)
+  cross_kv = jax.jit(lambda q, x: network.cross_attention_kv(CFG, q, x))(p, encoded)
   assert len(cross_kv) == CFG.num_decoder_layers
   assert cross_kv[0][0].shape == (enc.shape[0], CFG.num_heads, CFG.head_dim, enc.shape[1])
-  decode = lambda **kw: module.apply(
-      {"params": p}, encoded, enc, dec, tgt, enable_dropout=False, method=module.decode, **kw)
-  np.testing.assert_allclose(decode(cross_kv=cross_kv), decode(), atol=1e-5)
-  with pytest.raises(ValueError, match="precomputed_kv"):
-    network.MultiHeadDotProductAttention(CFG.num_heads, CFG.head_dim).init(
+  decode = jax.jit(lambda q, kw: module.apply(
+      {"params": q}, encoded, enc, dec, tgt, enable_dropout=False, method=module.decode, **kw))
+  np.testing.assert_allclose(decode(p, {"cross_kv": cross_kv}), decode(p, {}), atol=1e-5)
+  with pytest.raises(ValueError, match="precomputed_kv"):  # why: traced: the check is Python's
+    jax.eval_shape(lambda: network.MultiHeadDotProductAttention(CFG.num_heads, CFG.head_dim).init(
         jax.random.PRNGKey(0),
         jnp.ones((2, 1, 8)),
         jnp.ones((2, 3, 8)),
         decode=True,
-        precomputed_kv=cross_kv[0])
+        precomputed_kv=cross_kv[0]))
 
 
 def test_dropout_and_bfloat16(params, batch):
