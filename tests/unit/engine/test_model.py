@@ -6,6 +6,7 @@ The inputs are built here: four synthetic (input, target) token sequences of dif
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -238,18 +239,21 @@ def trained(params, batch):
   model = MODEL
   opt = optax.adam(optax.cosine_decay_schedule(1e-2, 200, alpha=0.05))
 
-  @jax.jit
-  def step(p, state, rng):
+  def step(carry, rng):
+    p, state = carry
     (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch, rng)
     updates, state = opt.update(grads, state, p)
-    return optax.apply_updates(p, updates), state, loss
+    return (optax.apply_updates(p, updates), state), loss
 
-  p, state = params, opt.init(params)
-  losses = []
-  for i in range(200):
-    p, state, loss = step(p, state, jax.random.PRNGKey(i))
-    losses.append(float(loss))
-  return model, p, losses
+  @jax.jit
+  def fit(p):
+    # why: the 200 steps in one program (a scan), not 200 calls from Python
+    (p, _), losses = jax.lax.scan(step, (p, opt.init(p)),
+                                  jax.vmap(jax.random.PRNGKey)(jnp.arange(200)))
+    return p, losses
+
+  p, losses = fit(params)
+  return model, p, [float(loss) for loss in losses]
 
 
 def _batch_from_tokens(batch, tokens):
