@@ -69,7 +69,8 @@ def test_hand_count():
 
 
 def _step_and_inputs(config, batch, input_length, target_length, packed):
-  """The real training step (`Trainer._train_step`, 1 device) and its arguments."""
+  """The real training step (`Trainer._train_step`, 1 device) and its arguments, the train state as
+  `Trainer.state_shapes` (shapes, dtypes and shardings)."""
   model = model_lib.EncoderDecoderModel(network.Transformer(config), z_loss=0.0)
   lr = trainer_lib.create_learning_rate_schedule(1e-3, "constant")
   trainer = trainer_lib.Trainer(
@@ -86,7 +87,9 @@ def _step_and_inputs(config, batch, input_length, target_length, packed):
   if packed:
     features.update(encoder_segment_ids=input_length, decoder_segment_ids=target_length)
   data = {k: np.ones((batch, n), np.int32) for k, n in features.items()}
-  state = trainer.create_state({k: v.shape for k, v in data.items()}, {k: jnp.int32 for k in data})
+  # why: the state's shapes and shardings, not an initialised state: tracing and lowering the step
+  # read no values, and the random initialisation would be compiled for nothing
+  state = trainer.state_shapes({k: v.shape for k, v in data.items()}, {k: jnp.int32 for k in data})
   return trainer, (state, data, trainer.dropout_rng, trainer.initial_guard())
 
 

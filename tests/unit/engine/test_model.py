@@ -6,6 +6,7 @@ The inputs are built here: four synthetic (input, target) token sequences of dif
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -19,6 +20,14 @@ VOCAB = 160
 EOS = 1
 CFG = tiny_engine.config(VOCAB, layers=2, emb_dim=48, num_heads=4, head_dim=12, mlp_dim=96)
 FACTORS = (None, "NUM_REAL_TARGET_TOKENS", "num_total_target_tokens", "AVERAGE_PER_SEQUENCE", 7.0)
+# The default model and its jitted functions, shared by the tests: one compilation per input shape,
+# and one `predict_batch` program per decoding method for the random and the trained parameters.
+MODEL = model_lib.EncoderDecoderModel(network.Transformer(CFG))
+SCORE_BATCH = jax.jit(MODEL.score_batch)
+TOKEN_SCORES = jax.jit(MODEL.token_scores)
+EVAL_FN = jax.jit(MODEL.eval_fn)
+# The network's logits, straight from `Transformer.apply` (the references' input).
+_APPLY = jax.jit(network.Transformer(CFG).apply, static_argnames="enable_dropout")
 
 
 def _pad(rows, length):
@@ -76,14 +85,11 @@ def _numpy_losses(logits, targets, label_smoothing, z_loss):
 
 def _logits(params, batch):
   return np.asarray(
-      jax.jit(network.Transformer(CFG).apply,
-              static_argnames="enable_dropout")({
-                  "params": params
-              },
-                                                batch["encoder_input_tokens"],
-                                                batch["decoder_input_tokens"],
-                                                batch["decoder_target_tokens"],
-                                                enable_dropout=False))
+      _APPLY({"params": params},
+             batch["encoder_input_tokens"],
+             batch["decoder_input_tokens"],
+             batch["decoder_target_tokens"],
+             enable_dropout=False))
 
 
 @pytest.mark.parametrize("label_smoothing,factor", [(0.0, None), (0.1, 233472.0)])
@@ -200,9 +206,8 @@ def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch, examp
   in_len = max(len(inputs[a]) + len(inputs[b]) for a, b in pairs) + 2
   tgt_len = max(len(targets[a]) + len(targets[b]) for a, b in pairs) + 2
   packed = _pack(examples, pairs, in_len, tgt_len)
-  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
-  unpacked_scores = np.asarray(jax.jit(model.score_batch)(params, batch))
-  token_scores = np.asarray(jax.jit(model.token_scores)(params, packed))
+  unpacked_scores = np.asarray(SCORE_BATCH(params, batch))
+  token_scores = np.asarray(TOKEN_SCORES(params, packed))
   for row, pair in enumerate(pairs):
     for seg, i in enumerate(pair, start=1):
       in_segment = packed["decoder_segment_ids"][row] == seg
@@ -224,28 +229,31 @@ def test_packed_and_unpacked_give_the_same_per_example_loss(params, batch, examp
     assert m_packed[key] == m_unpacked[key], key
   # Without segment ids the packed rows would attend across examples.
   unsegmented = {k: v for k, v in packed.items() if "segment" not in k and "positions" not in k}
-  wrong = np.asarray(jax.jit(model.token_scores)(params, unsegmented))
+  wrong = np.asarray(TOKEN_SCORES(params, unsegmented))
   assert np.abs(wrong - token_scores).max() > 1e-3
 
 
 @pytest.fixture(scope="module")
 def trained(params, batch):
   """The tiny model fitted to the 4 examples (Adam, 200 steps)."""
-  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
+  model = MODEL
   opt = optax.adam(optax.cosine_decay_schedule(1e-2, 200, alpha=0.05))
 
-  @jax.jit
-  def step(p, state, rng):
+  def step(carry, rng):
+    p, state = carry
     (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch, rng)
     updates, state = opt.update(grads, state, p)
-    return optax.apply_updates(p, updates), state, loss
+    return (optax.apply_updates(p, updates), state), loss
 
-  p, state = params, opt.init(params)
-  losses = []
-  for i in range(200):
-    p, state, loss = step(p, state, jax.random.PRNGKey(i))
-    losses.append(float(loss))
-  return model, p, losses
+  @jax.jit
+  def fit(p):
+    # why: the 200 steps in one program (a scan), not 200 calls from Python
+    (p, _), losses = jax.lax.scan(step, (p, opt.init(p)),
+                                  jax.vmap(jax.random.PRNGKey)(jnp.arange(200)))
+    return p, losses
+
+  p, losses = fit(params)
+  return model, p, [float(loss) for loss in losses]
 
 
 def _batch_from_tokens(batch, tokens):
@@ -265,8 +273,7 @@ def test_training_reduces_loss_and_greedy_reproduces_targets(trained, batch):
   np.testing.assert_array_equal(tokens, batch["decoder_target_tokens"])
   # Greedy scores are the summed log-probs of the decoded tokens.
   scored = _batch_from_tokens(batch, np.asarray(tokens))
-  np.testing.assert_allclose(
-      aux["scores"], jax.jit(model.score_batch)(p, scored), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(aux["scores"], SCORE_BATCH(p, scored), rtol=1e-4, atol=1e-4)
 
 
 def test_beam_search(trained, batch):
@@ -287,7 +294,7 @@ def test_beam_search(trained, batch):
   assert (scores > decoding.NEG_INF / 2).all()
   flat = beams.reshape(16, length)
   rep = {k: np.repeat(v, 4, axis=0) for k, v in batch.items()}
-  log_probs = jax.jit(model.score_batch)(p, _batch_from_tokens(rep, flat))
+  log_probs = SCORE_BATCH(p, _batch_from_tokens(rep, flat))
   expected = decoding.length_penalized_score(log_probs, flat, EOS, alpha, max_len=length)
   np.testing.assert_allclose(scores.ravel(), expected, rtol=1e-4, atol=1e-4)
   # The 4 beams of an example are distinct sequences.
@@ -296,7 +303,7 @@ def test_beam_search(trained, batch):
   # The best beam is at least as good as greedy under the beam score.
   g = np.asarray(greedy)
   greedy_scores = decoding.length_penalized_score(
-      jax.jit(model.score_batch)(p, _batch_from_tokens(batch, g)), g, EOS, alpha, max_len=length)
+      SCORE_BATCH(p, _batch_from_tokens(batch, g)), g, EOS, alpha, max_len=length)
   assert (scores[:, -1] >= np.asarray(greedy_scores) - 1e-4).all()
   best = model.predict_batch(p, batch, num_decodes=4, decoder_params={"alpha": alpha})
   np.testing.assert_array_equal(best, beams[:, -1])
@@ -305,7 +312,7 @@ def test_beam_search(trained, batch):
 def test_temperature_sample(params, batch):
   """Sampling through predict_batch: T5X's temperature/topk/num_decodes, scores =
   the model's log-probs, top-k respected, reproducible per rng."""
-  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
+  model = MODEL
   length = batch["decoder_target_tokens"].shape[1]
   n, topk = 6, 3
   kwargs = dict(
@@ -325,8 +332,7 @@ def test_temperature_sample(params, batch):
   flat = samples.reshape(4 * n, length)
   rep = {k: np.repeat(v, n, axis=0) for k, v in batch.items()}
   scored = _batch_from_tokens(rep, flat)
-  np.testing.assert_allclose(
-      scores.ravel(), jax.jit(model.score_batch)(params, scored), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(scores.ravel(), SCORE_BATCH(params, scored), rtol=1e-4, atol=1e-4)
   # Every sampled token (EOS included) is among the topk most likely given its
   # prefix: rank < topk under the teacher-forced logits of the sample itself.
   logits = np.asarray(jax.jit(model._compute_logits)(params, scored))
@@ -358,7 +364,7 @@ def test_prompt_with_targets(trained, batch):
   tokens = np.asarray(tokens)
   np.testing.assert_array_equal(tokens[:, :2], prefix[:, :2])
   assert (tokens[:, 2:] > 0).any()
-  token_scores = np.asarray(jax.jit(model.token_scores)(p, _batch_from_tokens(batch, tokens)))
+  token_scores = np.asarray(TOKEN_SCORES(p, _batch_from_tokens(batch, tokens)))
   np.testing.assert_allclose(aux["scores"], token_scores[:, 2:].sum(1), rtol=1e-4, atol=1e-4)
   # EOS in decoder_input_tokens is dropped from the prompt (T5X): the full
   # targets as a prompt leave the EOS position to be decoded.
@@ -401,8 +407,7 @@ def test_loss_reads_decoder_loss_weights(params, batch):
   weights[0, 0] = 0.0
   weights[1, 2] = 3.0
   reweighted = dict(batch, decoder_loss_weights=weights)
-  model = model_lib.EncoderDecoderModel(network.Transformer(CFG))
-  loss, metrics = jax.jit(model.eval_fn)(params, reweighted)
+  loss, metrics = EVAL_FN(params, reweighted)
   total = sum(_numpy_losses(_logits(params, batch), batch["decoder_target_tokens"], 0.0, 1e-4))
   np.testing.assert_allclose(metrics["num_tokens"], weights.sum(), rtol=1e-6)
   np.testing.assert_allclose(metrics["loss"], (total * weights).sum(), rtol=1e-5)
@@ -411,7 +416,7 @@ def test_loss_reads_decoder_loss_weights(params, batch):
 
 # why: one alpha (each compiles both searches); any alpha > 0 tells ((5+len)/6)**alpha from len**alpha
 @pytest.mark.parametrize("alpha", [0.6])
-def test_beam_search_equals_t5x(trained, params, batch, monkeypatch, alpha):
+def test_beam_search_equals_t5x(trained, params, batch, monkeypatch, request, alpha):
   """Our beam search gives the real T5X `decoding.beam_search`'s beams and scores (ascending, best
   last) through the same model, weights, prompt and alpha: the trained tiny model and the random
   one (whose beams end at varied lengths, so the brevity penalty decides)."""
@@ -438,6 +443,8 @@ def test_beam_search_equals_t5x(trained, params, batch, monkeypatch, alpha):
 
   monkeypatch.setattr(decoding, "beam_search", t5x_beam_search)
   jax.clear_caches()  # why: the model's jitted decoding traced ours above
+  # why: and T5X's below, for MODEL's later callers
+  request.addfinalizer(jax.clear_caches)
   lengths = set()
   for name, p in (("trained", fitted), ("random", params)):
     beams, aux = model.predict_batch_with_aux(

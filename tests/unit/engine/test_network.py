@@ -105,14 +105,18 @@ def test_param_tree_names_shapes_and_logical_axes(params):
 def test_t5_1_0_variant_has_single_wi_and_tied_logits(batch):
   enc, dec, tgt = batch
   cfg = dataclasses.replace(CFG, mlp_activations=("relu",), logits_via_embedding=True)
-  variables = jax.jit(
-      network.Transformer(cfg).init, static_argnames=("enable_dropout",))(
-          jax.random.PRNGKey(0), enc, dec, tgt, enable_dropout=False)
+  # why: the initialisation traced, not compiled: its tree is what is checked; the logits below
+  # hold for any values
+  variables = jax.eval_shape(
+      lambda r: network.Transformer(cfg).init(r, enc, dec, tgt, enable_dropout=False),
+      jax.random.PRNGKey(0))
   flat = traverse_util.flatten_dict(nn.unbox(variables["params"]), sep="/")
   assert "encoder/layers_0/mlp/wi/kernel" in flat
   assert not any("wi_0" in k or "logits_dense" in k for k in flat)
   # Tied logits = final decoder state @ embedding.T / sqrt(emb_dim).
-  p = nn.unbox(variables["params"])
+  rng = np.random.default_rng(0)
+  p = jax.tree_util.tree_map(lambda s: (0.5 * rng.standard_normal(s.shape)).astype(s.dtype),
+                             nn.unbox(variables["params"]))
   logits, state = _apply_fn(cfg)({
       "params": p
   },
@@ -169,12 +173,11 @@ def test_encoder_bias_is_bidirectional_and_the_decoders_causal(params, batch):
     return next_fun(*args, **kwargs)
 
   enc, dec, tgt = batch
+  # why: traced, not run op by op: the calls are recorded as the network is traced
   with nn.intercept_methods(record):
-    network.Transformer(CFG).apply({"params": nn.unbox(params["params"])},
-                                   enc,
-                                   dec,
-                                   tgt,
-                                   enable_dropout=False)
+    jax.eval_shape(
+        lambda p: network.Transformer(CFG).apply({"params": p}, enc, dec, tgt, enable_dropout=False
+                                                ), nn.unbox(params["params"]))
   assert sorted(set(calls)) == [("decoder", False), ("encoder", True)], calls
 
 
@@ -248,20 +251,23 @@ def test_precomputed_cross_attention_kv(params, batch):
   enc, dec, tgt = batch
   p = nn.unbox(params["params"])
   module = network.Transformer(CFG)
-  encoded = module.apply({"params": p}, enc, enable_dropout=False, method=module.encode)
-  cross_kv = network.cross_attention_kv(CFG, p, encoded)
+  # why: each step jitted (a few programs), not run op by op
+  encoded = jax.jit(
+      lambda q: module.apply({"params": q}, enc, enable_dropout=False, method=module.encode))(
+          p)
+  cross_kv = jax.jit(lambda q, x: network.cross_attention_kv(CFG, q, x))(p, encoded)
   assert len(cross_kv) == CFG.num_decoder_layers
   assert cross_kv[0][0].shape == (enc.shape[0], CFG.num_heads, CFG.head_dim, enc.shape[1])
-  decode = lambda **kw: module.apply(
-      {"params": p}, encoded, enc, dec, tgt, enable_dropout=False, method=module.decode, **kw)
-  np.testing.assert_allclose(decode(cross_kv=cross_kv), decode(), atol=1e-5)
-  with pytest.raises(ValueError, match="precomputed_kv"):
-    network.MultiHeadDotProductAttention(CFG.num_heads, CFG.head_dim).init(
+  decode = jax.jit(lambda q, kw: module.apply(
+      {"params": q}, encoded, enc, dec, tgt, enable_dropout=False, method=module.decode, **kw))
+  np.testing.assert_allclose(decode(p, {"cross_kv": cross_kv}), decode(p, {}), atol=1e-5)
+  with pytest.raises(ValueError, match="precomputed_kv"):  # why: traced: the check is Python's
+    jax.eval_shape(lambda: network.MultiHeadDotProductAttention(CFG.num_heads, CFG.head_dim).init(
         jax.random.PRNGKey(0),
         jnp.ones((2, 1, 8)),
         jnp.ones((2, 3, 8)),
         decode=True,
-        precomputed_kv=cross_kv[0])
+        precomputed_kv=cross_kv[0]))
 
 
 def test_dropout_and_bfloat16(params, batch):
@@ -397,8 +403,10 @@ def test_bfloat16_gradient_scatters_only_into_the_embedding_in_float32(params, b
   assert _scatter_adds(jaxpr) == [("float32", (VOCAB, CFG.emb_dim))] * 2
   # The contraction gives the table's entries themselves: bucket b of head h is table[h, b].
   table = nn.unbox(params["params"])["decoder"]["relpos_bias"]["rel_embedding"]
-  bias = network.RelativePositionBiases(32, 128, CFG.num_heads, jnp.bfloat16).apply(
-      {"params": {"rel_embedding": table}}, 5, 7, False)
+  bias = network.RelativePositionBiases(32, 128, CFG.num_heads,
+                                        jnp.bfloat16).apply({"params": {
+                                            "rel_embedding": table
+                                        }}, 5, 7, False)
   rel = (jnp.arange(7)[None, :] - jnp.arange(5)[:, None])
   buckets = np.asarray(network.relative_position_bucket(rel, False, 32, 128))
   expected = np.asarray(jnp.asarray(table, jnp.bfloat16))[:, buckets]

@@ -42,6 +42,14 @@ class PoisonedModel:
     return self.loss_fn(params, batch, None)
 
 
+def _numpy_params(tr, seed=0):
+  """Parameters of `tr`'s shapes drawn by NumPy (N(0, 0.1)): a state without compiling the random
+  initialisation, for tests that do not read it."""
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map(lambda s: (0.1 * rng.standard_normal(s.shape)).astype(s.dtype),
+                                tr.state_shapes(SHAPES).params)
+
+
 def test_schedules():
   const = trainer_lib.create_learning_rate_schedule(5e-4, "constant")
   assert float(const(0)) == pytest.approx(5e-4) and float(const(10**6)) == pytest.approx(5e-4)
@@ -79,7 +87,9 @@ def test_make_optimizer():
     trainer_lib.make_optimizer(lr, name="sgd")
 
 
-def _one_step(num_microbatches, optimizer="adamw"):
+def _one_step(num_microbatches, optimizer="adamw", init_params=None):
+  """(initial params, params after one step, metrics) of the tiny model on a 4x2 mesh; the random
+  initialisation unless `init_params`."""
   p = partitioning.Partitioner(num_partitions=2)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
   tr = trainer_lib.Trainer(
@@ -89,9 +99,10 @@ def _one_step(num_microbatches, optimizer="adamw"):
       optimizer=trainer_lib.make_optimizer(lr, optimizer),
       num_microbatches=num_microbatches,
       seed=0)
-  state = tr.create_state(SHAPES)
+  state = tr.create_state(SHAPES, init_params=init_params)
+  init = jax.device_get(state.params)
   state, metrics = tr.train_step(state, p.make_global_batch(synthetic_batch(7)))
-  return jax.device_get(state.params), jax.device_get(metrics)
+  return init, jax.device_get(state.params), jax.device_get(metrics)
 
 
 def test_microbatching_equals_one_large_batch():
@@ -99,8 +110,9 @@ def test_microbatching_equals_one_large_batch():
 
   The trainer does not depend on the loss normalizing factor (test_model checks the model's
   contract for every factor)."""
-  p1, m1 = _one_step(1, "adafactor")
-  p4, m4 = _one_step(4, "adafactor")
+  init, p1, m1 = _one_step(1, "adafactor")
+  # why: the same parameters as the random initialisation above, without compiling it again
+  _, p4, m4 = _one_step(4, "adafactor", init_params=init)
   for k in ("loss", "num_tokens", "accuracy_numerator", "num_examples"):
     np.testing.assert_allclose(m4[k], m1[k], rtol=1e-5, err_msg=k)
   np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-5)
@@ -109,8 +121,9 @@ def test_microbatching_equals_one_large_batch():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def _dropout_step(use_hardware_rng, seed=0):
-  """One AdamW step of the tiny model with dropout 0.5; returns (initial params, metrics)."""
+def _dropout_step(use_hardware_rng, seed=0, init_params=None):
+  """One AdamW step of the tiny model with dropout 0.5 from the random initialisation (or
+  `init_params`); returns (initial params, metrics)."""
   p = partitioning.Partitioner(num_partitions=1)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
   tr = trainer_lib.Trainer(
@@ -120,7 +133,7 @@ def _dropout_step(use_hardware_rng, seed=0):
       optimizer=trainer_lib.make_optimizer(lr, "adamw"),
       seed=seed,
       use_hardware_rng=use_hardware_rng)
-  state = tr.create_state(SHAPES)
+  state = tr.create_state(SHAPES, init_params=init_params)
   init = jax.device_get(state.params)
   _, metrics = tr.train_step(state, p.make_global_batch(synthetic_batch(7)))
   return init, jax.device_get(metrics)
@@ -128,11 +141,13 @@ def _dropout_step(use_hardware_rng, seed=0):
 
 def test_hardware_rng_changes_dropout_masks_only():
   """USE_HARDWARE_RNG: the same initial parameters, other dropout masks (another loss under
-  dropout 0.5), and the same masks again for the same seed."""
+  dropout 0.5), the same masks again for the same seed and others for another seed (from the same
+  parameters: only the masks differ)."""
   init_default, m_default = _dropout_step(False)
   init_rbg, m_rbg = _dropout_step(True)
-  _, m_rbg_again = _dropout_step(True)
-  _, m_rbg_other_seed = _dropout_step(True, seed=1)
+  # why: given the parameters of the random initialisation compared above, not initialised again
+  _, m_rbg_again = _dropout_step(True, init_params=init_rbg)
+  _, m_rbg_other_seed = _dropout_step(True, seed=1, init_params=init_rbg)
   for a, b in zip(jax.tree_util.tree_leaves(init_default), jax.tree_util.tree_leaves(init_rbg)):
     np.testing.assert_array_equal(a, b)
   assert np.isfinite(m_rbg["loss"]) and m_rbg["grad_norm"] > 0
@@ -146,7 +161,7 @@ def test_microbatches_must_divide_batch():
   p = partitioning.Partitioner(num_partitions=1)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
   tr = trainer_lib.Trainer(tiny_model(), p, lr, num_microbatches=3)
-  state = tr.create_state(SHAPES)
+  state = tr.create_state(SHAPES, init_params=_numpy_params(tr))
   with pytest.raises(ValueError, match="not divisible by num_microbatches=3"):
     tr.train_step(state, p.make_global_batch(synthetic_batch(0)))
 
@@ -155,7 +170,7 @@ def test_nan_loss_raises_and_keeps_state():
   p = partitioning.Partitioner(num_partitions=1)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
   tr = trainer_lib.Trainer(PoisonedModel(tiny_model()), p, lr)
-  state = tr.create_state(SHAPES)
+  state = tr.create_state(SHAPES, init_params=_numpy_params(tr))
   state, _ = tr.train_step(state, p.make_global_batch(synthetic_batch(0)))
   good = jax.device_get(state.params)
   bad = synthetic_batch(1)
@@ -177,8 +192,8 @@ def test_initial_params_are_used_and_checked():
   p = partitioning.Partitioner(num_partitions=2)
   lr = trainer_lib.create_learning_rate_schedule(1e-2)
   tr = trainer_lib.Trainer(tiny_model(), p, lr, seed=5)
-  ref = jax.device_get(tr.create_state(SHAPES).params)
-  init = jax.tree_util.tree_map(lambda x: np.full_like(x, 0.5), ref)
+  init = jax.tree_util.tree_map(lambda x: np.full(x.shape, 0.5, x.dtype),
+                                tr.state_shapes(SHAPES).params)
   state = tr.create_state(SHAPES, init_params=init)
   emb = state.params["token_embedder"]["embedding"]
   assert emb.sharding.spec == jax.sharding.PartitionSpec("model", None)
