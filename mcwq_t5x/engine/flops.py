@@ -19,8 +19,9 @@ def train_step_flops(config: Any, batch: int, input_length: int, target_length: 
   """Matmul FLOPs of one training step (forward and backward) of `config`'s network.
 
   3 x the forward matmuls over the padded shapes (a multiply-add is 2 FLOPs): exactly the step
-  jaxpr's `dot_general`s. `config`: a `T5Config` or any object with its size fields (no JAX);
-  AttributeError if one is missing.
+  jaxpr's `dot_general`s, but the relative position bias's one-hot contraction (a table lookup
+  written as a matmul, as T5X's; no model FLOPs). `config`: a `T5Config` or any object with its
+  size fields (no JAX); AttributeError if one is missing.
   """
   # B = batch, Li/Lt = input/target length, d = emb_dim, a = heads * head_dim, f = mlp_dim,
   # m = len(mlp_activations); without the L^2 and Lt Li attention terms this is 6 * params * tokens.
