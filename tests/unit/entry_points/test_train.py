@@ -32,7 +32,9 @@ RUN = mains.SMALL_MODEL + scenarios.OUR_RUN + ["train_script.train.measure_matmu
 
 
 def test_loss_over_split_scores_every_row_once():
-  partitioner = partitioning.Partitioner(devices=jax.devices()[:2])
+  # why 4 devices: the state's initialisation is then test_prediction.py's program, which the
+  # session's compilation cache holds once
+  partitioner = partitioning.Partitioner(devices=jax.devices()[:4])
   model = tiny_engine.tiny_model(0.0)
   tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
   state = tr.create_state(tiny_engine.SHAPES)
