@@ -1,6 +1,9 @@
 """Tests of mcwq_t5x.checkpointing.checkpoints (+ the deterministic data order): save/restore, keep-last-K,
 corrupt-latest fallback, and kill-and-resume reproducing the uninterrupted loss trajectory."""
 
+import functools
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -39,6 +42,25 @@ def shapes(batch_size=8):
   return {k: (batch_size,) + v.shape[1:] for k, v in synthetic_arrays(1).items()}
 
 
+@functools.cache
+def shared_trainer():
+  """One `make_trainer` over a 4x2 mesh for the module: its train step compiles once, not once per
+  test (a test of a fresh trainer, as after a restart, makes its own)."""
+  return make_trainer(partitioning.Partitioner(num_partitions=2))
+
+
+@functools.cache
+def _initial_host_state():
+  return jax.device_get(shared_trainer().create_state(shapes()))
+
+
+def initial_state():
+  """`shared_trainer().create_state(shapes())`, initialised once and placed again with the state's
+  shardings (the train step donates the state it is given)."""
+  tr = shared_trainer()
+  return jax.device_put(_initial_host_state(), tr.state_shardings(shapes()))
+
+
 def train_losses(tr, state, batches, start, stop, ckpt=None):
   losses = []
   for step in range(start, stop):
@@ -67,9 +89,8 @@ def test_deterministic_batches():
 
 
 def test_save_restore_roundtrip_keeps_sharding(tmp_path):
-  p = partitioning.Partitioner(num_partitions=2)
-  tr = make_trainer(p)
-  state = tr.create_state(shapes())
+  tr = shared_trainer()
+  state = initial_state()
   mgr = checkpoints.CheckpointManager(tmp_path / "model", save_interval_steps=1, async_save=False)
   assert mgr.restore_latest(tr.state_shapes(shapes())) is None
   assert mgr.save(0, state, {"data_seed": 5})
@@ -97,22 +118,19 @@ def test_keep_last_k_and_interval(tmp_path):
   assert checkpoint_paths.resolve_checkpoint(tmp_path) == (tmp_path, 7)
 
 
-def test_corrupt_latest_falls_back_to_previous(tmp_path):
-  p = partitioning.Partitioner(num_partitions=1)
-  tr = make_trainer(p)
-  batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=0)
-  mgr = checkpoints.CheckpointManager(tmp_path, save_interval_steps=1, async_save=False)
-  state = tr.create_state(shapes())
-  state, _ = train_losses(tr, state, batches, 0, 2, ckpt=mgr)
+def test_corrupt_latest_falls_back_to_previous(trained_copy):
+  model_dir, _ = trained_copy  # 2 training steps, a checkpoint after each
+  tr = shared_trainer()
+  mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
   assert mgr.all_steps() == [1, 2]
   state1 = jax.device_get(mgr.restore(1, tr.state_shapes(shapes()))[0])
-  tiny_engine.corrupt_checkpoint(tmp_path / "checkpoint_2")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_2")
   step, restored, data = mgr.restore_latest(tr.state_shapes(shapes()))
   assert step == 1 and data["step"] == 1 and int(restored.step) == 1
   for a, b in zip(
       jax.tree_util.tree_leaves(state1), jax.tree_util.tree_leaves(jax.device_get(restored))):
     np.testing.assert_array_equal(a, b)
-  tiny_engine.corrupt_checkpoint(tmp_path / "checkpoint_1")
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_1")
   with pytest.raises(
       checkpoints.NoUsableCheckpointError, match="no checkpoint .* could be restored"):
     mgr.restore_latest(tr.state_shapes(shapes()))
@@ -120,16 +138,15 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path):
 
 def test_kill_and_resume_reproduces_losses(tmp_path):
   """6 steps straight == 3 steps, 'kill' (new trainer + manager), restore, 3 more (dropout on)."""
-  p = partitioning.Partitioner(num_partitions=2)
   batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=11)
-  tr = make_trainer(p)
-  _, straight = train_losses(tr, tr.create_state(shapes()), batches, 0, 6)
+  tr = shared_trainer()
+  p = tr.partitioner
+  _, straight = train_losses(tr, initial_state(), batches, 0, 6)
 
-  tr1 = make_trainer(p)
   mgr1 = checkpoints.CheckpointManager(tmp_path, save_interval_steps=3, async_save=True)
-  _, first = train_losses(tr1, tr1.create_state(shapes()), batches, 0, 3, ckpt=mgr1)
+  _, first = train_losses(tr, initial_state(), batches, 0, 3, ckpt=mgr1)
   mgr1.close()
-  del tr1, mgr1
+  del mgr1
 
   tr2 = make_trainer(p)
   mgr2 = checkpoints.CheckpointManager(tmp_path, save_interval_steps=3)
@@ -140,16 +157,14 @@ def test_kill_and_resume_reproduces_losses(tmp_path):
   np.testing.assert_allclose(first + second, straight, rtol=1e-6)
 
 
-def test_initial_checkpoint_import_into_sharded_state(tmp_path):
+def test_initial_checkpoint_import_into_sharded_state(trained_run, tmp_path):
   """INITIAL_CHECKPOINT_PATH path of train(): T5X-native checkpoint -> load_params -> state."""
   from mcwq_t5x.checkpointing import checkpoint_loaders  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.checkpointing import t5x_checkpoint_writer  # pylint: disable=g-import-not-at-top
-  p = partitioning.Partitioner(num_partitions=2)
-  source = make_trainer(p)
-  source.seed = 123
-  params = jax.device_get(source.create_state(shapes()).params)
+  # why: trained params, not the trainer's own initialisation (a state that ignored them differs)
+  _, params = trained_run
   t5x_checkpoint_writer.save_t5x_checkpoint(params, tmp_path / "checkpoint_1000000", step=1000000)
-  tr = make_trainer(p)
+  tr = shared_trainer()
   loaded = checkpoint_loaders.load_params(tmp_path / "checkpoint_1000000",
                                           tr.model.module.config).params
   state = tr.create_state(shapes(), init_params=loaded)
@@ -162,14 +177,25 @@ def test_initial_checkpoint_import_into_sharded_state(tmp_path):
 
 
 # --- Params-only restores, optimizer changes, paths ----------------------------------------------
-def _train_and_save(tmp_path, steps=2):
-  """Adafactor run of `steps` updates, a checkpoint after each; returns (model_dir, params)."""
-  tr = make_trainer(partitioning.Partitioner(num_partitions=2))
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  """(MODEL_DIR, final params) of an Adafactor run of 2 updates with a checkpoint after each,
+  trained once for the module; read-only (`trained_copy` gives a test its own copy)."""
+  tr = shared_trainer()
   batches = pipeline.DeterministicBatches(synthetic_arrays(), 8, seed=2)
-  mgr = checkpoints.CheckpointManager(tmp_path / "model", save_interval_steps=1, async_save=False)
-  state, _ = train_losses(tr, tr.create_state(shapes()), batches, 0, steps, ckpt=mgr)
+  model_dir = tmp_path_factory.mktemp("trained_run") / "model"
+  mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
+  state, _ = train_losses(tr, initial_state(), batches, 0, 2, ckpt=mgr)
   mgr.close()
-  return tmp_path / "model", jax.device_get(state.params)
+  return model_dir, jax.device_get(state.params)
+
+
+@pytest.fixture
+def trained_copy(trained_run, tmp_path):
+  """`trained_run` copied to the test's `tmp_path / "model"` (the test may change it)."""
+  model_dir, params = trained_run
+  shutil.copytree(model_dir, tmp_path / "model")
+  return tmp_path / "model", params
 
 
 def _assert_same(a, b):
@@ -177,9 +203,9 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(x, y)
 
 
-def test_optimizer_change_clear_error_then_params_only_restore(tmp_path):
-  model_dir, params = _train_and_save(tmp_path)
-  p = partitioning.Partitioner(num_partitions=2)
+def test_optimizer_change_clear_error_then_params_only_restore(trained_copy):
+  model_dir, params = trained_copy
+  p = shared_trainer().partitioner
   lr = trainer_lib.create_learning_rate_schedule(0.05, "constant")
   adamw = trainer_lib.Trainer(
       tiny_model(), p, lr, seed=1, optimizer=trainer_lib.make_optimizer(lr, name="adamw"))
@@ -209,14 +235,14 @@ def test_optimizer_change_clear_error_then_params_only_restore(tmp_path):
   assert np.isfinite(float(m["loss"])) and int(new_state.step) == 3
   assert int(new_state.opt_state[0].count) == 1
   # The unchanged optimizer still restores everything, optimizer state included.
-  ada = make_trainer(p)
+  ada = shared_trainer()
   step, full, _ = mgr.restore_latest(ada.state_shapes(shapes()))
   assert step == 2 and int(full.opt_state[0].count) == 2
 
 
-def test_restore_params_from_any_path_with_fallback_and_mismatch(tmp_path):
-  model_dir, params = _train_and_save(tmp_path)
-  tr = make_trainer(partitioning.Partitioner(num_partitions=2))
+def test_restore_params_from_any_path_with_fallback_and_mismatch(trained_copy):
+  model_dir, params = trained_copy
+  tr = shared_trainer()
   abstract = tr.state_shapes(shapes()).params
   for path in (model_dir, model_dir / "checkpoint_2", model_dir / "checkpoint_2" / "state",
                str(model_dir / "checkpoint_1")):
@@ -275,13 +301,13 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
 
 
 # --- Faults: corrupt checkpoints, failed saves --------------------------------------------------
-def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog):
+def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(trained_copy, caplog):
   """eval/infer on a MODEL_DIR whose newest checkpoint is corrupt: the newest readable one, with a
   warning naming the corrupt one; a corrupt checkpoint named by its folder: a clear error."""
   from mcwq_t5x.evaluation import prediction  # pylint: disable=g-import-not-at-top
-  model_dir, _ = _train_and_save(tmp_path)
-  p = partitioning.Partitioner(num_partitions=2)
-  tr = make_trainer(p)
+  model_dir, _ = trained_copy
+  tr = shared_trainer()
+  p = tr.partitioner
   abstract = tr.state_shapes(shapes()).params
   step1 = jax.device_get(checkpoints.restore_params(model_dir / "checkpoint_1", abstract))
   tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_2")
@@ -301,12 +327,12 @@ def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(tmp_path, caplog
     checkpoints.restore_params(model_dir, abstract)
 
 
-def test_resume_past_a_corrupt_checkpoint_moves_it_aside(tmp_path):
+def test_resume_past_a_corrupt_checkpoint_moves_it_aside(trained_copy):
   """Resuming from checkpoint_1 past a corrupt checkpoint_2 renames checkpoint_2 aside, so the run
   writes step 2 again and retention (keep 2) keeps the readable checkpoints, not the corrupt one."""
-  model_dir, _ = _train_and_save(tmp_path)
+  model_dir, _ = trained_copy
   tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_2")
-  tr = make_trainer(partitioning.Partitioner(num_partitions=2))
+  tr = shared_trainer()
   mgr = checkpoints.CheckpointManager(
       model_dir, save_interval_steps=1, max_to_keep=2, async_save=False)
   step, state, _ = mgr.restore_latest(tr.state_shapes(shapes()))

@@ -136,58 +136,12 @@ def t5x_installed():
 # short selectors without imports (`network.Transformer.config = ...` in t5x/examples/t5/mt5/
 # small.gin), which are ambiguous once our `mcwq_t5x.engine.network.Transformer` is registered; so in one
 # process T5X's files are parsed first, then ours (test_both_engines_parse_in_one_process).
-PARSE_SCRIPT = r"""
-import json, sys
-import gin
-import t5x.eval, t5x.infer, t5x.train
-from mcwq_t5x import gin_utils
-from mcwq_t5x import train as train_lib
-def maybe(name):
-  try:
-    return gin.query_parameter(name)
-  except ValueError:
-    return None
-main_of = {"zeroshot": t5x.eval, "gold": t5x.eval, "test": t5x.eval, "infer": t5x.infer}
-out = {}
-files, ours = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-for path in files:
-  main = main_of.get(path.split("/")[1], t5x.train)
-  extra = []
-  if path.startswith("gin/recipes/"):  # an alternative added after an experiment file
-    path, extra = "gin/mt5_small_mcd1_en.gin", [path]
-  bindings = {t5x.train: ["MODEL_DIR = '/tmp/x'"], t5x.eval: [],
-              t5x.infer: ["MIXTURE_OR_TASK_NAME = 'mcwq_mcd1_en'", "CHECKPOINT_PATH = '/tmp/x'",
-                          "INFER_OUTPUT_DIR = '/tmp/y'"]}[main]
-  sys.modules["__main__"] = main
-  gin_utils.parse_gin([path] + extra, bindings)
-  values = {m: gin.query_parameter("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "MIXTURE_OR_TASK_MODULE")}
-  if main is t5x.train:
-    values.update(steps=gin.query_parameter("%TRAIN_STEPS"), batch=gin.query_parameter("%BATCH_SIZE"),
-                  lengths=gin.query_parameter("%TASK_FEATURE_LENGTHS"),
-                  dropout=gin.query_parameter("%DROPOUT_RATE"),
-                  init=gin.query_parameter("%INITIAL_CHECKPOINT_PATH"),
-                  cached=gin.query_parameter("%USE_CACHED_TASKS"),
-                  lr=maybe("%LEARNING_RATE"),
-                  optimizer=repr(maybe("%OPTIMIZER")),
-                  width=gin.query_parameter("t5x.examples.t5.network.T5Config.emb_dim"))
-  out[extra[0] if extra else path] = values
-  gin.clear_config()
-for path in ours:  # then our files, in the same process
-  gin_utils.parse_gin([path], ["MODEL_DIR = '/tmp/x'"])
-  out[path] = {"MIXTURE_OR_TASK_MODULE": gin.query_parameter("%MIXTURE_OR_TASK_MODULE")}
-  gin.clear_config()
-print("RESULT " + json.dumps(out))
-"""
-
-
 @pytest.fixture(scope="module")
-def t5x_parsed(t5x_installed):
-  """{file: values} for every T5X file, then our training files, parsed in one fresh process."""
-  import json  # pylint: disable=g-import-not-at-top
-  ours = [f for f in OUR_EXPERIMENTS if "mcd1" in f] + ["gin/mcwq_t5x/tiny_random_split_en.gin"]
-  out = mains.run([sys.executable, "-c", PARSE_SCRIPT, json.dumps(T5X_FILES), json.dumps(ours)])
-  line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
-  return json.loads(line[len("RESULT "):])
+def t5x_parsed(t5x_installed, tmp_path_factory):
+  """{file: values} for every T5X file, then our training files, parsed in one fresh process
+  (t5x_gin_values.PARSE_SCRIPT, shared with test_recipe.py)."""
+  import t5x_gin_values  # pylint: disable=g-import-not-at-top
+  return t5x_gin_values.t5x_values(tmp_path_factory)["parse"]
 
 
 def test_every_t5x_file_parses(t5x_parsed):

@@ -17,7 +17,6 @@ ours once those are registered), ours in this one.
 """
 import json
 import pathlib
-import sys
 
 import gin
 import jax.numpy as jnp
@@ -30,13 +29,10 @@ from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import network
-from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import gin_utils
-import mains
 import readme_commands as rc
 import scenarios
-import tiny_engine
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
@@ -99,107 +95,20 @@ def test_the_experiment_tables_are_complete():
 
 
 # --- the real T5X's files -------------------------------------------------------------------
-T5X_PROBE = r"""
-import json, sys
-import gin
-import jax.numpy as jnp
-import numpy as np
-import optax
-import t5x.eval, t5x.train
-from t5x import models, optimizers, utils
-from mcwq_t5x import gin_utils
-
-def reference_updates(tx, n=3):
-  params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
-  state = tx.init(params)
-  out = []
-  for i in range(n):
-    grads = {"w": jnp.full((4, 3), 3.0 * (i + 1)), "b": jnp.full((3,), -2.0)}
-    updates, state = tx.update(grads, state, params)
-    params = optax.apply_updates(params, updates)
-  return [float(x) for x in np.concatenate([np.ravel(params["w"]), np.ravel(params["b"])])]
-
-def train_values(path, extra):
-  sys.modules["__main__"] = t5x.train
-  gin_utils.parse_gin([path, *extra], ["MODEL_DIR = '/tmp/x'"])
-  q = gin.query_parameter
-  v = {m: q("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "TRAIN_STEPS",
-                                "BATCH_SIZE", "RANDOM_SEED", "EVAL_PERIOD", "EVAL_STEPS",
-                                "LEARNING_RATE", "DROPOUT_RATE")}
-  v["optimizer"] = repr(q("%OPTIMIZER"))
-  v["lr_fn"] = repr(q("trainer.Trainer.learning_rate_fn"))
-  with gin.unlock_config():
-    opt = gin.get_configurable(optimizers.chain)() if "chain" in v["optimizer"] else None
-    if opt is not None:
-      v["updates"] = reference_updates(opt.optax_optimizer)
-      sched = gin.get_configurable(optax.linear_schedule)()
-      with gin.config_scope("logged_lr"):
-        logged = gin.get_configurable(optax.linear_schedule)()
-      v["optax_lr"] = [float(sched(s)) for s in (0, 25_000, 50_000, 60_000)]
-      v["logged_lr"] = [float(logged(s)) for s in (1_000_000, 1_025_000, 1_050_000)]
-      with gin.config_scope("from_pretrained"):
-        restore = gin.get_configurable(utils.RestoreCheckpointConfig)()
-      v["restore"] = [restore.path, restore.mode, [list(m) for m in restore.assignment_map],
-                      restore.fallback_to_scratch]
-    else:
-      lr = gin.get_configurable(utils.create_learning_rate_scheduler)()
-      v["t5x_lr"] = [float(lr(s)) for s in (0, 1_025_000, 1_050_000)]
-    save = gin.get_configurable(utils.SaveCheckpointConfig)()
-    cls = save.checkpointer_cls
-    v["save"] = [save.period, save.keep, getattr(getattr(cls, "func", cls), "__name__", ""),
-                 dict(getattr(cls, "keywords", {}))]
-    v["num_decodes"] = gin.get_configurable(models.DecoderParams)().num_decodes
-    v["decode_fn"] = repr(q("models.EncoderDecoderModel.decode_fn"))
-    for scope in ("train", "train_eval"):
-      with gin.config_scope(scope):
-        ds = gin.get_configurable(utils.DatasetConfig)()
-      v[scope] = [ds.mixture_or_task_name, ds.split, ds.pack, ds.seed, ds.batch_size]
-  gin.clear_config()
-  return v
-
-def eval_values(path):
-  sys.modules["__main__"] = t5x.eval
-  gin_utils.parse_gin([path], [])
-  q = gin.query_parameter
-  v = {m: q("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "CHECKPOINT_PATH",
-                                "METRIC_NAME_TO_MONITOR", "METRIC_MODE")}
-  v["restore_path"] = repr(q("utils.RestoreCheckpointConfig.path"))
-  v["restore_mode"] = q("utils.RestoreCheckpointConfig.mode")
-  v["best_path"] = repr(q("best_checkpoint.checkpoint_path.path"))
-  with gin.unlock_config():
-    v["num_decodes"] = gin.get_configurable(models.DecoderParams)().num_decodes
-    ds = gin.get_configurable(utils.DatasetConfig)()
-  v["dataset"] = [ds.mixture_or_task_name, ds.split, ds.task_feature_lengths]
-  gin.clear_config()
-  return v
-
-train_files, eval_files, alt = (json.loads(a) for a in sys.argv[1:4])
-out = {}
-for path in train_files:
-  out[path] = train_values(path, [])
-for path in eval_files:
-  out[path] = eval_values(path)
-for path in alt:
-  out["alt:" + path] = train_values(path, ["gin/recipes/t5x_adafactor.gin"])
-print("RESULT " + json.dumps(out))
-"""
 
 
 @pytest.fixture(scope="module")
-def t5x_values():
+def t5x_values(tmp_path_factory):
+  """{file: values} of the recipe's T5X files, from one fresh process (t5x_gin_values.RECIPE_SCRIPT,
+  shared with test_gin.py)."""
   pytest.importorskip(
       "t5x.train", reason="the real T5X is not installed (bash scripts/install_t5x.sh)")
-  train_files = [f"gin/{stem}.gin" for stem, *_ in EXPERIMENTS]
-  eval_files = [f"gin/{path}" for path, *_ in EVALS]
-  alt = ["gin/mt5_small_mcd1_en.gin", "gin/t5_base_mcd2_en.gin"]
-  out = mains.run([
-      sys.executable, "-c", T5X_PROBE,
-      json.dumps(train_files),
-      json.dumps(eval_files),
-      json.dumps(alt)
-  ])
-  line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
-  return json.loads(line[len("RESULT "):])
+  import t5x_gin_values  # pylint: disable=g-import-not-at-top
+  values = t5x_gin_values.t5x_values(tmp_path_factory)["recipe"]
+  # why: a file missing from the shared list is named here rather than by a KeyError
+  expected = {f"gin/{stem}.gin" for stem, *_ in EXPERIMENTS} | {f"gin/{p}" for p, *_ in EVALS}
+  assert expected <= set(values), sorted(expected - set(values))
+  return values
 
 
 def _reference_updates(tx, n=3):
@@ -364,12 +273,8 @@ def test_our_adafactor_alternative():
 # --- best-checkpoint keeping, unit level ----------------------------------------------------
 def test_checkpoint_manager_keeps_the_best_and_the_newest(tmp_path):
   """Dev losses 3, 1, 2, 4 at steps 1..4: checkpoint 2 (lowest) and 4 (newest) are kept."""
-  partitioner = partitioning.Partitioner()
-  tr = trainer_lib.Trainer(
-      tiny_engine.tiny_model(0.0), partitioner,
-      trainer_lib.create_learning_rate_schedule(1e-3, "linear", decay_steps=4))
-  shapes = {k: v.shape for k, v in tiny_engine.synthetic_batch(0).items()}
-  state = tr.create_state(shapes)
+  # why: which checkpoints are kept depends on the steps and metrics only, not on the state's size
+  state = trainer_lib.TrainState(step=np.int32(0), params={"w": np.arange(6.0)}, opt_state={})
   mgr = checkpoints.CheckpointManager(
       tmp_path,
       save_interval_steps=1,

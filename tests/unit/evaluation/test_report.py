@@ -33,6 +33,25 @@ def _check_png(path):
   assert image.std() > 0.01  # not a blank canvas
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _split_figures_once():
+  """The DBCA divergences of a split (`divergence.split_figures`, seconds of CPU each), computed
+  once per split and data folder for the reports this module builds in this process: the same
+  files give the same figures. The commands the tests start compute their own."""
+  from mcwq_t5x.data import divergence  # pylint: disable=g-import-not-at-top
+  real, figures = divergence.split_figures, {}
+
+  def once(split, data_dir=None, language=None):
+    key = (split, None if data_dir is None else str(data_dir), language)
+    if key not in figures:
+      figures[key] = real(split, data_dir, language)
+    return figures[key]
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(divergence, "split_figures", once)
+    yield
+
+
 @pytest.fixture(scope="module")
 def shared_report(readme):
   """The report of the published predictions that the README's command writes (`python -m

@@ -38,9 +38,21 @@ def _args(mcwq_dir, mode, lang):
   ]
 
 
+_PUBLISHED = {}  # (mcwq_dir, mode, lang) -> `_run` of the published predictions
+
+
+def _run_published(capsys, mcwq_dir, mode, lang):
+  """`_run` of a published prediction file against its gold queries, scored once per module
+  (seconds each; the same read-only files give the same output)."""
+  key = (str(mcwq_dir), mode, lang)
+  if key not in _PUBLISHED:
+    _PUBLISHED[key] = _run(capsys, _args(mcwq_dir, mode, lang))
+  return _PUBLISHED[key]
+
+
 @pytest.mark.parametrize("lang", ["he", "kn", "zh"])
 def test_paper_monolingual_exact_match(mcwq_dir, capsys, lang):
-  status, out, _ = _run(capsys, _args(mcwq_dir, "monolingual", lang))
+  status, out, _ = _run_published(capsys, mcwq_dir, "monolingual", lang)
   assert status == 0
   result = json.loads(out)
   assert result["n"] == 5310
@@ -312,7 +324,7 @@ def test_invalid_utf8_prediction_lines_are_named(mcwq_dir, tmp_path, capsys):
   assert json.loads(out)["warnings"] == [warning]
   assert err.splitlines() == [f"warning: {warning}"]
   assert not json.loads(out)["alignment"]["misaligned"]
-  status, out, err = _run(capsys, _args(mcwq_dir, "monolingual", "he"))
+  status, out, err = _run_published(capsys, mcwq_dir, "monolingual", "he")
   assert status == 0 and json.loads(out)["warnings"] == [] and err == ""
 
 
