@@ -338,7 +338,7 @@ class RelativePositionBiases(nn.Module):
     # that contention (mT5-small's step: 6.9 s on an H200; docs/benchmarks.md). Forward values are
     # the same: one term of each sum is non-zero.
     one_hot = (buckets[0][None] == lax.broadcasted_iota(jnp.int32, (self.num_buckets, 1, 1),
-                                                       0)).astype(self.dtype)
+                                                        0)).astype(self.dtype)
     values = lax.dot_general(jnp.asarray(table, self.dtype), one_hot, (((1,), (0,)), ((), ())))
     return values[None]  # [1, heads, q, k]
 
