@@ -38,6 +38,7 @@ from mcwq_t5x.checkpointing import run_lock
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import vocab
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import compilation_cache
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import flops as flops_lib
@@ -206,7 +207,10 @@ def train(*,
   if initial_checkpoint_path and not checkpoint_paths.finished_steps(model_dir_p):
     checkpoint_paths.locate(initial_checkpoint_path)  # why: a wrong path fails before the compile
   if jax.process_index() == 0:
-    (model_dir_p / run_folder.CONFIG_GIN).write_text(CONFIG_GIN_HEADER + gin.config_str())
+    # why whole or not at all: the other processes of a run check this file meanwhile
+    # (`check_own_config_gin`), and an empty one, seen while it was being written, was refused.
+    with writers.open_atomic(model_dir_p / run_folder.CONFIG_GIN) as f:
+      f.write(CONFIG_GIN_HEADER + gin.config_str())
   partitioner = partitioner or partitioning.Partitioner()
   logging.info("mesh %s over %d devices (%s), %d process(es)", dict(partitioner.mesh.shape),
                jax.device_count(),

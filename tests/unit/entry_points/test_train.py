@@ -18,6 +18,7 @@ from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
 from mcwq_t5x import train as train_lib
@@ -141,3 +142,14 @@ def test_a_model_dir_of_user_files_keeps_its_config_gin(tmp_path):
   assert user.read_text() == "MY_SETTING = 1\n"
   user.write_text(train_lib.CONFIG_GIN_HEADER + "MY_SETTING = 1\n")
   train_lib.check_own_config_gin(tmp_path)  # a training's own file: no error
+
+
+def test_config_gin_is_written_whole_or_not_at_all(tmp_path, full_disk):
+  """The other processes of a multi-process run check config.gin while process 0 writes it: an
+  empty file, seen mid-write, failed them (`config.gin was not written by a training`, then
+  XLA's abort). A disk full at its first character leaves no config.gin, and the rerun starts."""
+  full_disk(0)
+  with pytest.raises(writers.ResultWriteError, match=r"config\.gin"):
+    configured_train(tmp_path, "TRAIN_STEPS = 0")()
+  assert not (tmp_path / "config.gin").exists()
+  train_lib.check_own_config_gin(tmp_path)  # the rerun is not refused
