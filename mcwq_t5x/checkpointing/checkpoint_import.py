@@ -4,8 +4,9 @@ Both return float32 numpy arrays with T5X's names, checked against `expected_par
 (`CheckpointMismatchError` names every missing, unexpected or mis-shaped parameter).
 `load_hf_checkpoint`: a Hugging Face `(M)T5ForConditionalGeneration` folder (safetensors, or
 `pytorch_model.bin` with torch), through `hf_name_map`, no rescaling (neither scales attention
-logits); safetensors are read a tensor at a time, optionally placed as each is read. `load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as
-under gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local files
+logits); safetensors are read a tensor at a time, optionally placed as each is read.
+`load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as under
+gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local files
 inside the checkpoint's folder (`_local_spec`). Imports only the leaf `checkpoint_paths`.
 """
 
@@ -423,10 +424,10 @@ def load_hf_checkpoint(path: PathLike,
   `config` default `config_from_hf(path/config.json)`. Names and shapes are checked from the files'
   headers before any parameter is read; then one parameter at a time is read (safetensors: in
   16 MiB row blocks, transposed as they land) and placed, so that the host peak of a safetensors
-  folder is the finished tree plus one block. CheckpointMismatchError names the HF key and T5X parameter of each tensor missing
-  (`shared.weight` stands for `lm_head.weight` only with `tie_word_embeddings: true`, as
-  transformers), mis-shaped, unexpected, or a stored embedding copy differing from `shared.weight`.
-  ValueError: unreadable files, another architecture.
+  folder is the finished tree plus one block. CheckpointMismatchError names the HF key and T5X
+  parameter of each tensor missing (`shared.weight` stands for `lm_head.weight` only with
+  `tie_word_embeddings: true`, as transformers), mis-shaped, unexpected, or a stored embedding copy
+  differing from `shared.weight`. ValueError: unreadable files, another architecture.
   """
   directory = pathlib.Path(path)
   if config is None:
