@@ -337,6 +337,77 @@ def temperature_sample(inputs: Array,
 # ----------------------------------------------------------------------------------------------
 
 
+# Width of the vocabulary blocks `best_extensions` ranks first; 128 divides mT5's and T5's
+# embedding sizes (250,112 and 32,128).
+EXTENSION_BLOCK_WIDTH = 128
+
+
+def _extension_log_probs(logits: Array, tokens: Array, shift: Array, log_sum: Array,
+                         live_logprobs: Array, prompt_token: Array) -> Array:
+  """A beam step's candidate scores, elementwise: `log_softmax(logits)[token] + live_logprob`
+  (`jax.nn.log_softmax`'s `(x - max) - log(sum(exp(x - max)))`), 0 + live_logprob for the forced
+  prompt token and NEG_INF + live_logprob for the others where `prompt_token != 0` (T5X).
+
+  All arguments broadcast to `tokens`' shape [batch, ...]; `prompt_token` is int [batch].
+  """
+  per_example = (prompt_token.shape[0],) + (1,) * (tokens.ndim - 1)
+  log_probs = (logits - shift) - log_sum
+  forced = jnp.where(tokens == prompt_token.reshape(per_example), 0.0, NEG_INF)
+  return jnp.where((prompt_token != 0).reshape(per_example), forced, log_probs) + live_logprobs
+
+
+def best_extensions(logits: Array,
+                    live_logprobs: Array,
+                    prompt_token: Array,
+                    k: int,
+                    block_width: Optional[int] = None) -> Tuple[Array, Array]:
+  """T5X's beam step choice: `lax.top_k` over [batch, beam * vocab] of `log_softmax(logits)` (the
+  prompt token forced) + `live_logprobs`, without materialising those scores.
+
+  `logits` float32 [batch, beam, vocab]; `live_logprobs` float32 [batch, beam]; `prompt_token`
+  int [batch] (0: none). Returns (scores float32 [batch, k], flat indices int32 [batch, k], index
+  = beam * vocab + token), best first, ties to the lower index: the same values and indices as
+  the flat `lax.top_k`. With blocks of `block_width` (default `EXTENSION_BLOCK_WIDTH`) tokens that
+  divide the vocabulary into at least `k` per example, it ranks the blocks by their best score
+  (the score is non-decreasing in the logit, so a block's best is its largest logit's), keeps the
+  k best blocks (they hold the k best extensions) and ranks their tokens; else it scores every
+  token.
+  """
+  batch, beams, vocab = logits.shape
+  width = EXTENSION_BLOCK_WIDTH if block_width is None else block_width
+  lps = live_logprobs[:, :, None]
+  blocked = vocab % width == 0 and beams * (vocab // width) >= k
+  if blocked:
+    block_max = jnp.max(logits.reshape(batch, beams, vocab // width, width), axis=-1)
+    shift = jnp.max(block_max, axis=-1, keepdims=True)  # why: the same value as the logits' max
+  else:
+    shift = jnp.max(logits, axis=-1, keepdims=True)
+  log_sum = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1, keepdims=True))
+  if not blocked:
+    tokens = lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    scores = _extension_log_probs(logits, tokens, shift, log_sum, lps, prompt_token)
+    return lax.top_k(scores.reshape(batch, beams * vocab), k)
+  # A block's best score; a forced example's blocks score 0 (the block holding the prompt token)
+  # or NEG_INF, plus the beam's log-prob, as their best token does.
+  first_tokens = lax.broadcasted_iota(jnp.int32, block_max.shape, 2) * width
+  holds_prompt = (first_tokens <= prompt_token[:, None, None]) & (
+      prompt_token[:, None, None] < first_tokens + width)
+  block_scores = jnp.where((prompt_token != 0)[:, None, None],
+                           jnp.where(holds_prompt, 0.0, NEG_INF), (block_max - shift) - log_sum)
+  block_scores = block_scores + lps
+  _, blocks = lax.top_k(block_scores.reshape(batch, beams * (vocab // width)), k)
+  # why sorted: the kept tokens then lie in ascending flat index, so the top_k below breaks ties
+  # as the flat one does.
+  blocks = jnp.sort(blocks, axis=-1)
+  flat = (blocks[:, :, None] * width + jnp.arange(width, dtype=blocks.dtype)).reshape(batch, -1)
+  beam, token = flat // vocab, flat % vocab
+  rows = jnp.arange(batch)[:, None]
+  scores = _extension_log_probs(logits[rows, beam, token], token, shift[rows, beam, 0],
+                                log_sum[rows, beam, 0], live_logprobs[rows, beam], prompt_token)
+  values, chosen = lax.top_k(scores, k)
+  return values, jnp.take_along_axis(flat, chosen, axis=1)
+
+
 def beam_search(inputs: Array,
                 cache: PyTree,
                 tokens_to_logits: TokensToLogits,
@@ -397,17 +468,12 @@ def beam_search(inputs: Array,
             cur_token=lax.dynamic_index_in_dim(flat_seqs, index, axis=1, keepdims=False),
             cache=cache_map(flatten_beam_dim, state.cache)))
     vocab_size = flat_logits.shape[-1]
-    log_probs = jax.nn.log_softmax(
-        unflatten_beam_dim(flat_logits.astype(jnp.float32), batch_size, beam_size), axis=-1)
     # Prompt positions are forced (their log-prob does not count).
     prompt_token = lax.dynamic_index_in_dim(prompt, index + 1, axis=1, keepdims=False)
     in_prompt = prompt_token != 0
-    forced = jnp.where(jnp.arange(vocab_size)[None, :] == prompt_token[:, None], 0.0, NEG_INF)
-    log_probs = jnp.where(in_prompt[:, None, None], forced[:, None, :], log_probs)
-    # [batch, beam, vocab] -> best 2 * beam extensions.
-    candidate_log_probs = (log_probs + state.live_logprobs[:, :, None]).reshape(
-        batch_size, beam_size * vocab_size)
-    topk_log_probs, topk_indices = lax.top_k(candidate_log_probs, k=2 * beam_size)
+    topk_log_probs, topk_indices = best_extensions(
+        unflatten_beam_dim(flat_logits.astype(jnp.float32), batch_size, beam_size),
+        state.live_logprobs, prompt_token, 2 * beam_size)
     topk_parents = topk_indices // vocab_size
     topk_tokens = (topk_indices % vocab_size).astype(live_seqs.dtype)
     topk_seqs = gather_beams(live_seqs, topk_parents, batch_size, 2 * beam_size)

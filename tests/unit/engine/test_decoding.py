@@ -421,6 +421,57 @@ def test_wide_beam_equals_brute_force(alpha):
       atol=1e-5)
 
 
+# The flat top_k of T5X's beam step and its block-ranked form, each compiled once.
+_FLAT_EXTENSIONS = jax.jit(
+    functools.partial(decoding.best_extensions, block_width=10**9), static_argnums=3)
+_BLOCKED_EXTENSIONS = jax.jit(functools.partial(decoding.best_extensions, block_width=8),
+                              static_argnums=3)
+
+
+CASES = ["random", "ties", "tie_across_blocks", "prompt", "one_live_beam"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_best_extensions_ranked_by_blocks_equals_the_flat_top_k(case):
+  """Ranking 8-token blocks first keeps T5X's flat `top_k` choice: the same indices (ties to the
+  lower beam * vocab index, as `lax.top_k` breaks them) and scores, where k best blocks hold
+  ties across blocks and beams, forced prompt tokens, and beams at NEG_INF."""
+  batch, beams, vocab, k = 3, 4, 64, 8
+  rng = np.random.RandomState(CASES.index(case))
+  logits = rng.normal(size=(batch, beams, vocab)).astype(np.float32)
+  live = -rng.uniform(0, 2, size=(batch, beams)).astype(np.float32)
+  prompt_token = np.zeros((batch,), np.int32)
+  if case == "ties":  # why: integer logits and equal beams: many candidates share the k-th score
+    logits = np.round(logits).astype(np.float32)
+    live[:] = -1.0
+  if case == "tie_across_blocks":
+    # Beam 0 alone: token 60 best; then 1.0 at tokens 0..15 and 61. The best block (56..63)
+    # holds a tied token of a higher index than the 7 that must win.
+    logits[:] = 0.0
+    logits[:, 0, :16] = logits[:, 0, 61] = 1.0
+    logits[:, 0, 60] = 3.0
+    live[:, 1:] = decoding.NEG_INF
+  if case == "prompt":
+    prompt_token[[0, 2]] = [5, 63]
+  if case == "one_live_beam":  # the first step: beams 1.. are NEG_INF
+    live[:, 1:] = decoding.NEG_INF
+  flat_scores, flat_index = _FLAT_EXTENSIONS(logits, live, prompt_token, k)
+  scores, index = _BLOCKED_EXTENSIONS(logits, live, prompt_token, k)
+  np.testing.assert_array_equal(index, flat_index)
+  np.testing.assert_allclose(scores, flat_scores, rtol=1e-6)
+  # The reference: log_softmax + live log-prob in float64, forced rows 0 / NEG_INF, ranked.
+  for b in range(batch):
+    ref = np.stack([_log_softmax(row) for row in logits[b]]) + live[b][:, None]
+    if prompt_token[b]:
+      ref = np.where(np.arange(vocab) == prompt_token[b], 0.0, decoding.NEG_INF) + live[b][:, None]
+    order = sorted(range(beams * vocab), key=lambda i: (-ref.ravel()[i], i))[:k]
+    np.testing.assert_allclose(scores[b], ref.ravel()[order], rtol=1e-5, atol=1e-5)
+    if case != "ties":  # why: float32 and float64 may order exact ties' neighbours differently
+      np.testing.assert_array_equal(index[b], order)
+  if case == "tie_across_blocks":
+    np.testing.assert_array_equal(index[:, :3], [[60, 0, 1]] * batch)
+
+
 @pytest.mark.parametrize("beam,alpha", [(2, 0.0), (4, 1.5)])
 def test_beam_search_matches_reference(beam, alpha):
   batch, length = 3, 5
