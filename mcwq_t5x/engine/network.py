@@ -17,6 +17,7 @@ import functools
 import operator
 from typing import Any, Callable, Optional, Sequence
 
+import flax
 import flax.linen as nn
 import jax
 from jax import lax
@@ -215,6 +216,24 @@ def mask_logits(logits: Array, mask: Array) -> Array:
 # ---------------------------------------------------------------------------
 # Layers.
 # ---------------------------------------------------------------------------
+def _param(module: nn.Module, name: str, init: Initializer, axes: tuple[str, ...],
+           shape: tuple[int, ...]) -> Array:
+  """`module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)`: the
+  unboxed float32 parameter, created by `init` under `nn.Module.init`.
+
+  Raises flax's `ScopeParamShapeError` when an existing value's shape is not `shape`: the check
+  Flax makes by tracing `init` again (`jax.eval_shape`), here by comparing shapes; why: that trace
+  of every parameter in every `apply` was most of tracing the decoding loop.
+  """
+  if module.has_variable("params", name):
+    value = nn.meta.unbox(module.get_variable("params", name))
+    if np.shape(value) != tuple(shape):
+      raise flax.errors.ScopeParamShapeError(name, module.scope.path_text, np.shape(value),
+                                             tuple(shape))
+    return value
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
 class DenseGeneral(nn.Module):
   """Bias-free linear map over `axis` to `features`, T5X's kernel layout.
 
@@ -234,8 +253,8 @@ class DenseGeneral(nn.Module):
     inputs = jnp.asarray(inputs, self.dtype)
     axis = tuple(a % inputs.ndim for a in axis)
     in_dims = tuple(inputs.shape[a] for a in axis)
-    kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
-                        (int(np.prod(in_dims)), int(np.prod(features))), jnp.float32)
+    kernel = _param(self, "kernel", self.kernel_init, self.kernel_axes,
+                    (int(np.prod(in_dims)), int(np.prod(features))))
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
     contract = tuple(range(len(axis)))
     return lax.dot_general(inputs, kernel, ((axis, contract), ((), ())))
@@ -255,8 +274,7 @@ class LayerNorm(nn.Module):
     features = x.shape[-1]
     mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
     y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                       (features,), jnp.float32)
+    scale = _param(self, "scale", nn.initializers.ones, ("embed",), (features,))
     return y * jnp.asarray(scale, self.dtype)
 
 
@@ -267,10 +285,8 @@ class Embed(nn.Module):
   dtype: DType = jnp.float32
 
   def setup(self):
-    self.embedding = self.param(
-        "embedding",
-        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
-        (self.num_embeddings, self.features), jnp.float32)
+    self.embedding = _param(self, "embedding", nn.initializers.normal(stddev=1.0),
+                            ("vocab", "embed"), (self.num_embeddings, self.features))
 
   def __call__(self, inputs: Array) -> Array:
     """[...] int ids -> [..., embed] in `dtype` (ids out of range give NaN)."""
@@ -328,11 +344,8 @@ class RelativePositionBiases(nn.Module):
     relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
                 jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
     buckets = relative_position_bucket(relative, bidirectional, self.num_buckets, self.max_distance)
-    table = self.param(
-        "rel_embedding",
-        nn.with_logical_partitioning(
-            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-            ("heads", "relpos_buckets")), (self.num_heads, self.num_buckets), jnp.float32)
+    table = _param(self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                   ("heads", "relpos_buckets"), (self.num_heads, self.num_buckets))
     # why a one-hot contraction, as T5X, not a gather: the gather's gradient is a scatter-add of
     # q * k positions into num_buckets rows, which XLA:GPU runs as a compare-and-swap loop under
     # that contention (mT5-small's step: 6.9 s on an H200; docs/benchmarks.md). Forward values are

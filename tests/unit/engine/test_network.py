@@ -6,6 +6,7 @@ ids (byte + 3, as ByT5; 0 = PAD, 1 = EOS).
 import dataclasses
 import functools
 
+import flax
 import flax.linen as nn
 from flax import traverse_util
 import jax
@@ -100,6 +101,17 @@ def test_param_tree_names_shapes_and_logical_axes(params):
     assert flat[name].shape == shape, name
     assert flat[name].dtype == jnp.float32, name
     assert tuple(specs[name]) == axes, name
+
+
+def test_params_of_another_shape_are_refused_with_their_name(params, batch):
+  """A parameter whose shape is not the network's is refused at trace time, naming it (Flax's
+  `ScopeParamShapeError`, from the shape check that replaces Flax's trace of the initializer)."""
+  enc, dec, tgt = batch
+  bad = jax.tree_util.tree_map(lambda x: x, nn.unbox(params["params"]))
+  bad["decoder"]["logits_dense"]["kernel"] = jnp.zeros((CFG.emb_dim, VOCAB + 1))
+  with pytest.raises(flax.errors.ScopeParamShapeError, match=r"kernel.*/decoder/logits_dense"):
+    jax.eval_shape(functools.partial(network.Transformer(CFG).apply, enable_dropout=False),
+                   {"params": bad}, enc, dec, tgt)
 
 
 def test_t5_1_0_variant_has_single_wi_and_tied_logits(batch):
