@@ -89,6 +89,8 @@ def test_decode_prints_both_systems_and_the_ratio(lines):
     assert float(rate) > 0 and float(seconds) > 0 and 0.1 < float(rss) < 24, line
     # Float32 on both sides: a near-tie between two tokens may go either way, nothing more.
     assert int(n) == DECODE_QUESTIONS and int(same) >= DECODE_QUESTIONS - 2, line
+    # Ours, the only run, compiled (its compilation cache, a folder of the run, was empty).
+    assert line.endswith("(compiles)") == line.lstrip().startswith("ours"), line
   assert sum(bool(re.fullmatch(r"decode ratio ours/hf: \d+\.\d\d", l)) for l in lines) == 1
   assert not any("beam4" in l for l in lines)
 
