@@ -336,7 +336,6 @@ def temperature_sample(inputs: Array,
 # Beam search.
 # ----------------------------------------------------------------------------------------------
 
-
 # Width of the vocabulary blocks `best_extensions` ranks first; 128 divides mT5's and T5's
 # embedding sizes (250,112 and 32,128).
 EXTENSION_BLOCK_WIDTH = 128

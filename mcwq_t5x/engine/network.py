@@ -344,7 +344,8 @@ class RelativePositionBiases(nn.Module):
     relative = (jnp.arange(klen, dtype=jnp.int32)[None, :] -
                 jnp.arange(qlen, dtype=jnp.int32)[:, None])[None]
     buckets = relative_position_bucket(relative, bidirectional, self.num_buckets, self.max_distance)
-    table = _param(self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+    table = _param(self, "rel_embedding",
+                   nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                    ("heads", "relpos_buckets"), (self.num_heads, self.num_buckets))
     # why a one-hot contraction, as T5X, not a gather: the gather's gradient is a scatter-add of
     # q * k positions into num_buckets rows, which XLA:GPU runs as a compare-and-swap loop under

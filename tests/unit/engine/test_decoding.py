@@ -424,9 +424,8 @@ def test_wide_beam_equals_brute_force(alpha):
 # The flat top_k of T5X's beam step and its block-ranked form, each compiled once.
 _FLAT_EXTENSIONS = jax.jit(
     functools.partial(decoding.best_extensions, block_width=10**9), static_argnums=3)
-_BLOCKED_EXTENSIONS = jax.jit(functools.partial(decoding.best_extensions, block_width=8),
-                              static_argnums=3)
-
+_BLOCKED_EXTENSIONS = jax.jit(
+    functools.partial(decoding.best_extensions, block_width=8), static_argnums=3)
 
 CASES = ["random", "ties", "tie_across_blocks", "prompt", "one_live_beam"]
 

@@ -110,8 +110,9 @@ def test_params_of_another_shape_are_refused_with_their_name(params, batch):
   bad = jax.tree_util.tree_map(lambda x: x, nn.unbox(params["params"]))
   bad["decoder"]["logits_dense"]["kernel"] = jnp.zeros((CFG.emb_dim, VOCAB + 1))
   with pytest.raises(flax.errors.ScopeParamShapeError, match=r"kernel.*/decoder/logits_dense"):
-    jax.eval_shape(functools.partial(network.Transformer(CFG).apply, enable_dropout=False),
-                   {"params": bad}, enc, dec, tgt)
+    jax.eval_shape(
+        functools.partial(network.Transformer(CFG).apply, enable_dropout=False), {"params": bad},
+        enc, dec, tgt)
 
 
 def test_t5_1_0_variant_has_single_wi_and_tied_logits(batch):
