@@ -610,8 +610,14 @@ def _use_compilation_cache(args: argparse.Namespace, method: str) -> bool:
   from mcwq_t5x.engine import compilation_cache
   folder = os.path.join(args.work_dir, "jax_cache", method)
   jax.config.update("jax_compilation_cache_dir", folder)  # why: not the user's, maybe warm, cache
-  cached = os.path.isdir(folder) and any(not n.startswith(".") for n in os.listdir(folder))
+  cached = _holds_programs(folder)
   return compilation_cache.use_persistent_cache() is not None and cached
+
+
+def _holds_programs(folder: str) -> bool:
+  """Whether a compilation cache folder holds programs (JAX writes those that took over 1 s to
+  compile; its `.lockfile` is not one)."""
+  return os.path.isdir(folder) and any(not n.startswith(".") for n in os.listdir(folder))
 
 
 def hf_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
@@ -862,15 +868,19 @@ def _decode_driver(args: argparse.Namespace, argv: list[str],
   return {(system, f"decode-{method}"): rs for (system, method), rs in runs.items()}
 
 
-def _timed_process(command: list[str]) -> tuple[float, float, str]:
-  """Runs `command` (cwd: the repository, without XLA_FLAGS) and returns (wall seconds from start
-  to exit, its peak RSS in GiB, its stdout).
+def _timed_process(command: list[str], compilation_cache: str = "") -> tuple[float, float, str]:
+  """Runs `command` (cwd: the repository, without XLA_FLAGS; with `compilation_cache`, the mains'
+  persistent compilation cache in that folder instead of the user's) and returns (wall seconds from
+  start to exit, its peak RSS in GiB, its stdout).
 
   Raises:
     RuntimeError: it failed (the end of its stderr is in the message).
   """
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
+  if compilation_cache:
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # why: it would win over ours
+    env["MCWQ_T5X_COMPILATION_CACHE"] = compilation_cache
   env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
   t = time.time()
   with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -898,7 +908,11 @@ def _eval_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> No
   seconds: dict[str, list[float]] = {"ours": [], "hf": []}
   for r in range(args.repeats):
     out_dir = os.path.join(work_dir, f"ours_eval_{r}")
-    ours_s, ours_rss, _ = _timed_process(_our_eval_command(args, checkpoint, out_dir))
+    # why a cache of the run: the first process compiles, the later ones load its programs (a
+    # user's own cache could make even the first one warm).
+    cache = os.path.join(work_dir, "jax_cache", "eval")
+    warm = _holds_programs(cache)
+    ours_s, ours_rss, _ = _timed_process(_our_eval_command(args, checkpoint, out_dir), cache)
     hf_s, hf_rss, hf_out = _timed_process(
         [sys.executable, os.path.abspath(__file__), "--worker", "hf:eval", *argv])
     with open(os.path.join(out_dir, "metrics", f"{name}.json")) as f:
@@ -912,9 +926,10 @@ def _eval_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> No
     rows = {"ours": (ours_s, ours_rss, ours_em), "hf": (hf_s, hf_rss, hf["exact_match"])}
     for system, (s, rss, em) in rows.items():
       seconds[system].append(s)
+      compiled = {"ours": "  (compilation cache)" if warm else "  (compiles)", "hf": ""}
       print(
           f"{system:>4} eval process {s:8.1f} s {rss:5.2f} GiB peak RSS  exact match "
-          f"{em:.2f}  {same}/{hf['questions']} identical",
+          f"{em:.2f}  {same}/{hf['questions']} identical{compiled[system]}",
           flush=True)
   means = {k: sum(v) / len(v) for k, v in seconds.items()}
   print(f"eval process time ours/hf: {means['ours'] / means['hf']:.2f}", flush=True)
