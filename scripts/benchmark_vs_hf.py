@@ -608,6 +608,8 @@ def _use_compilation_cache(args: argparse.Namespace, method: str) -> bool:
   import jax
 
   from mcwq_t5x.engine import compilation_cache
+  if os.environ.get(compilation_cache.ENV_VAR, "").strip().lower() in compilation_cache.OFF_VALUES:
+    return False  # why: the user turned the mains' cache off, so the eval main would compile
   folder = os.path.join(args.work_dir, "jax_cache", method)
   jax.config.update("jax_compilation_cache_dir", folder)  # why: not the user's, maybe warm, cache
   cached = _holds_programs(folder)
