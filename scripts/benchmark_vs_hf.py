@@ -608,7 +608,7 @@ def _use_compilation_cache(args: argparse.Namespace, method: str) -> bool:
   import jax
 
   from mcwq_t5x.engine import compilation_cache
-  if os.environ.get(compilation_cache.ENV_VAR, "").strip().lower() in compilation_cache.OFF_VALUES:
+  if compilation_cache.turned_off():
     return False  # why: the user turned the mains' cache off, so the eval main would compile
   folder = os.path.join(args.work_dir, "jax_cache", method)
   jax.config.update("jax_compilation_cache_dir", folder)  # why: not the user's, maybe warm, cache
@@ -906,14 +906,16 @@ def _eval_driver(args: argparse.Namespace, argv: list[str], work_dir: str) -> No
       os.path.join(work_dir, TEXTS_FILE)):
     checkpoint = _run_worker("prep", "decode", argv, 1)["checkpoint"]
   checkpoint = checkpoint or os.path.join(work_dir, "model")
+  from mcwq_t5x.engine import compilation_cache
   name = f"{args.task}_{args.split}"
   seconds: dict[str, list[float]] = {"ours": [], "hf": []}
   for r in range(args.repeats):
     out_dir = os.path.join(work_dir, f"ours_eval_{r}")
     # why a cache of the run: the first process compiles, the later ones load its programs (a
     # user's own cache could make even the first one warm).
-    cache = os.path.join(work_dir, "jax_cache", "eval")
-    warm = _holds_programs(cache)
+    # A user's opt-out (MCWQ_T5X_COMPILATION_CACHE=off) stays: then every process compiles.
+    cache = "" if compilation_cache.turned_off() else os.path.join(work_dir, "jax_cache", "eval")
+    warm = bool(cache) and _holds_programs(cache)
     ours_s, ours_rss, _ = _timed_process(_our_eval_command(args, checkpoint, out_dir), cache)
     hf_s, hf_rss, hf_out = _timed_process(
         [sys.executable, os.path.abspath(__file__), "--worker", "hf:eval", *argv])

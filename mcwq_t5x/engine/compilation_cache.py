@@ -28,11 +28,16 @@ def default_cache_dir() -> pathlib.Path:
   return pathlib.Path(base) / "mcwq_t5x" / "jax"
 
 
+def turned_off() -> bool:
+  """Whether the user opted out: `MCWQ_T5X_COMPILATION_CACHE` is one of `OFF_VALUES`."""
+  return os.environ.get(ENV_VAR, "").strip().lower() in OFF_VALUES
+
+
 def use_persistent_cache() -> Optional[str]:
   """The cache folder in use, or None when off; must run before the first compilation (JAX reads the
   setting once). A folder that cannot be created turns the cache off with JAX's warning."""
   choice = os.environ.get(ENV_VAR, "").strip()
-  if choice.lower() in OFF_VALUES or not jax.config.jax_enable_compilation_cache:
+  if turned_off() or not jax.config.jax_enable_compilation_cache:
     return None
   path = jax.config.jax_compilation_cache_dir  # why: JAX_COMPILATION_CACHE_DIR set by the user wins
   if not path:
