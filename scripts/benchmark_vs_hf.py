@@ -511,6 +511,18 @@ def _checked_vocabulary(args: argparse.Namespace, checkpoint: str):
   return vocab
 
 
+def _infer_vocabulary(checkpoint: str):
+  """The vocabulary as the infer main reads it (gin/mcwq_t5x/runs/infer.gin): the run's recorded
+  one unless $MCWQ_VOCAB names another, with SentencePiece alone (no TensorFlow or SeqIO, as
+  transformers' worker reads its tokenizer), checked against the run."""
+  from mcwq_t5x.checkpointing import run_info
+  from mcwq_t5x.data import vocab
+  run_info.adopt_recorded_vocabulary(checkpoint)
+  vocabulary = vocab.get_vocabulary(sentencepiece_only=True)
+  run_info.check_vocabulary(vocabulary, checkpoint, "decode")
+  return vocabulary
+
+
 def _export(params, config, hf_dir: str, vocab, target_length: int) -> None:
   """`mcwq_t5x.checkpointing.export_hf` of `params` to `hf_dir`, unless a worker of this run already did."""
   from mcwq_t5x.checkpointing import export_hf
@@ -568,7 +580,8 @@ def _decode_result(system: str, method: str, args: argparse.Namespace, tokens: A
 
 
 def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
-  """`mcwq_t5x.evaluation.prediction` on the questions (the eval main's path); see the module docstring."""
+  """`mcwq_t5x.evaluation.prediction` on the questions (the mains' decoding) with the infer main's
+  vocabulary (`_infer_vocabulary`); see the module docstring."""
   import numpy as np
 
   from mcwq_t5x.engine import flops
@@ -588,7 +601,7 @@ def ours_decode(args: argparse.Namespace, method: str) -> dict[str, Any]:
   model = model_lib.EncoderDecoderModel(network.Transformer(config))
   partitioner = partitioning.Partitioner()
   params = prediction.load_params(model, partitioner, args.checkpoint)[0]
-  vocab = _checked_vocabulary(args, args.checkpoint)
+  vocab = _infer_vocabulary(args.checkpoint)
   peak = _peak_dict(flops.matmul_peak())  # XLA's defaults, as the decoding itself
   t = time.time()
   infer_fn = prediction.get_infer_fn(model, partitioner, args.decode_batch_size,

@@ -59,6 +59,17 @@ def child_env(env: Optional[dict] = None) -> dict:
   return full_env
 
 
+def without_packages(folder: pathlib.Path, *names: str) -> dict:
+  """`env` for a command that must run where the packages `names` are not installed (the GPU
+  image has no TensorFlow or SeqIO): a stand-in package of each name under `folder`, first on
+  PYTHONPATH, whose import raises ImportError."""
+  for name in names:
+    (folder / name).mkdir(parents=True, exist_ok=True)
+    (folder / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed')\n")
+  path = child_env().get("PYTHONPATH", "")
+  return {"PYTHONPATH": os.pathsep.join([str(folder)] + ([path] if path else []))}
+
+
 def run(args: Sequence[str],
         *,
         env: Optional[dict] = None,

@@ -6,7 +6,8 @@ sentencepiece.model`, 250,100 pieces; T5X pads the embedding to 250,112) through
 `train` and `dev` questions and RIR queries (never `test` or gold), with T5's ids pad=0, eos=1,
 unk=2, byte fallback, reproducible and cached in `paths.cache_dir()/spm/` (docs/data.md says why
 BPE and why pieces span spaces). `get_vocabulary(path=None)` returns a
-`seqio.SentencePieceVocabulary` that encodes the NFC form of its text; a missing data directory
+`seqio.SentencePieceVocabulary` that encodes the NFC form of its text (with `sentencepiece_only`
+a `SentencePieceOnlyVocabulary`, the same ids without SeqIO or TensorFlow); a missing data directory
 raises `DataNotFoundError`, an unreadable vocabulary file `VocabularyNotFoundError`. No gin here
 (gin files reach these functions by dynamic registration).
 """
@@ -20,7 +21,7 @@ import os
 import pathlib
 import tempfile
 import unicodedata
-from typing import Any, Optional, Sequence, TYPE_CHECKING, Union
+from typing import Any, Iterable, Optional, Sequence, TYPE_CHECKING, Union
 
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
@@ -242,6 +243,89 @@ def _vocabulary_classes() -> tuple[type, type]:
 _LAZY_CLASSES = ("NFCSentencePieceVocabulary", "_CachedSentencePieceVocabulary")
 
 
+class SentencePieceOnlyVocabulary:
+  """The Python half of `NFCSentencePieceVocabulary` (`encode`, `decode`, the special ids and
+  `vocab_size`) on the `sentencepiece` package alone, for decoding without SeqIO or TensorFlow
+  (`mcwq_t5x.infer`; importing them costs 0.65 GiB and 4 s, and the GPU image has neither).
+
+  The same ids and strings as the SeqIO class of the same local file and `extra_ids` (appended
+  as SeqIO appends them: `▁<extra_id_N>`, the highest N first; tests compare both on MCWQ's
+  questions and queries); no `encode_tf`/`decode_tf`, so no SeqIO task can use it. The model file
+  is read on first use: a missing or unreadable one raises `VocabularyNotFoundError` naming it.
+  """
+
+  def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
+    self._sentencepiece_model_file = sentencepiece_model_file
+    self._extra_ids = extra_ids
+    self._tokenizer = None
+
+  def __getstate__(self):  # why: gin deep-copies its arguments; the processor is reloaded
+    return {**self.__dict__, "_tokenizer": None}
+
+  def __eq__(self, other):
+    return (isinstance(other, SentencePieceOnlyVocabulary) and
+            self.__getstate__() == other.__getstate__())
+
+  def __hash__(self):
+    return hash((self._sentencepiece_model_file, self._extra_ids))
+
+  def _model_context(self) -> Any:
+    """The loaded `sentencepiece.SentencePieceProcessor`."""
+    if self._tokenizer is None:
+      import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+      model_file = self._sentencepiece_model_file
+      if not os.path.isfile(model_file):
+        raise unreadable_vocabulary(model_file)
+      tokenizer = spm.SentencePieceProcessor()
+      try:
+        tokenizer.LoadFromSerializedProto(_with_extra_ids(model_file, self._extra_ids))
+      except (OSError, RuntimeError) as e:  # why: a corrupt file is RuntimeError("... parse")
+        raise unreadable_vocabulary(model_file, str(e)) from None
+      self._tokenizer = tokenizer
+    return self._tokenizer
+
+  tokenizer = property(_model_context)
+  sentencepiece_model_file = property(lambda self: self._sentencepiece_model_file)
+  extra_ids = property(lambda self: self._extra_ids)
+  pad_id = property(lambda self: PAD_ID)  # why: seqio's fixed pad id, whatever the model says
+  eos_id = property(lambda self: self.tokenizer.eos_id())
+  unk_id = property(lambda self: self.tokenizer.unk_id())
+  vocab_size = property(lambda self: self.tokenizer.GetPieceSize())
+
+  def encode(self, s: str) -> list[int]:
+    """The ids of the NFC form of `s`, without EOS."""
+    if not unicodedata.is_normalized(readers.NORMALIZATION_FORM, s):
+      s = unicodedata.normalize(readers.NORMALIZATION_FORM, s)
+    return self.tokenizer.EncodeAsIds(s)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """The text of `ids` up to the first EOS; ids past the vocabulary read as UNK (seqio's rule)."""
+    size, unk, eos = self.vocab_size, self.unk_id, self.eos_id
+    ids = [unk if int(i) >= size else int(i) for i in ids]
+    if eos in ids:
+      ids = ids[:ids.index(eos) + 1]
+    return self.tokenizer.DecodeIds(ids)
+
+
+def _with_extra_ids(model_file: str, extra_ids: int) -> bytes:
+  """The serialised SentencePiece model of `model_file` with `extra_ids` user-defined pieces
+  `▁<extra_id_N>` appended, N descending (seqio's `reverse_extra_ids`: the first sentinel gets
+  the highest id). RuntimeError for bytes that are not a model."""
+  data = pathlib.Path(model_file).read_bytes()
+  if not extra_ids:
+    return data
+  from google.protobuf import message  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  try:
+    proto = sentencepiece_model_pb2.ModelProto.FromString(data)
+  except message.DecodeError as e:
+    raise RuntimeError(f"not a SentencePiece model ({e})") from None
+  piece = sentencepiece_model_pb2.ModelProto.SentencePiece
+  for i in reversed(range(extra_ids)):
+    proto.pieces.add(piece=f"\u2581<extra_id_{i}>", score=0.0, type=piece.USER_DEFINED)
+  return proto.SerializeToString()
+
+
 def __getattr__(name: str) -> Any:
   """The vocabulary classes on first access (PEP 562; see `_vocabulary_classes`)."""
   if name in _LAZY_CLASSES:
@@ -286,35 +370,39 @@ def check_vocabulary_variable() -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str,
-                data_dir: str) -> seqio.SentencePieceVocabulary:
+def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str, data_dir: str,
+                sentencepiece_only: bool) -> seqio.SentencePieceVocabulary:
   del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
-  nfc_class, cached_class = _vocabulary_classes()
-  del nfc_class  # every vocabulary of ours is the cached class: the same ids, a clear error
-  if path is not None:
-    return cached_class(path, extra_ids=extra_ids)
-  try:
-    model_file = small_vocab_path()
-  except paths.DataNotFoundError:
-    # No data to train (or to key) the small model: tasks still register; using the vocabulary
-    # raises DataNotFoundError.
-    model_file = paths.cache_dir(create=False) / "spm" / "mcwq_spm_untrained.model"
-  return cached_class(str(model_file))
+  if path is None:
+    extra_ids = 0  # why: the small model's pieces are fixed (its cache key ignores extra_ids)
+    try:
+      path = str(small_vocab_path())
+    except paths.DataNotFoundError:
+      # No data to train (or to key) the small model: tasks still register; using the
+      # vocabulary raises DataNotFoundError.
+      path = str(paths.cache_dir(create=False) / "spm" / "mcwq_spm_untrained.model")
+  if sentencepiece_only and "://" not in path:
+    return SentencePieceOnlyVocabulary(path, extra_ids)
+  _, cached_class = _vocabulary_classes()  # why: a clear error for a missing file, same ids
+  return cached_class(path, extra_ids=extra_ids)
 
 
 def get_vocabulary(path: Optional[PathLike] = None,
-                   extra_ids: int = 0) -> seqio.SentencePieceVocabulary:
+                   extra_ids: int = 0,
+                   sentencepiece_only: bool = False) -> seqio.SentencePieceVocabulary:
   """The `NFCSentencePieceVocabulary` for inputs and targets, one per path (`VOCABULARY =
   @vocab.get_vocabulary()`).
 
   `path` default `$MCWQ_VOCAB`, else the small model (trained on first use); `extra_ids`:
-  sentinels appended (0 for mT5's, which has its 100).
+  sentinels appended (0 for mT5's, which has its 100). `sentencepiece_only` (gin/mcwq_t5x/runs/
+  infer.gin): a `SentencePieceOnlyVocabulary` instead, without SeqIO and TensorFlow, where it
+  can be one (a local file; `gs://` needs TensorFlow's file system).
   """
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None
   return _vocabulary(None if path is None else str(path), extra_ids,
                      os.environ.get(paths.CACHE_DIR_ENV, ""),
-                     os.environ.get(paths.DATA_DIR_ENV, ""))
+                     os.environ.get(paths.DATA_DIR_ENV, ""), sentencepiece_only)
 
 
 def clear_vocabulary_cache() -> None:
@@ -322,10 +410,10 @@ def clear_vocabulary_cache() -> None:
   _vocabulary.cache_clear()
 
 
-def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
+def mt5_vocabulary(sentencepiece_only: bool = False) -> seqio.SentencePieceVocabulary:
   """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2) from
   `$MCWQ_VOCAB`, the variable the SeqIO tasks read (`VOCABULARY = @vocab.mt5_vocabulary()` in the
-  paper files).
+  paper files); `sentencepiece_only` as `get_vocabulary`'s.
 
   ValueError when unset (the tasks would use the small vocabulary); the message says what to set.
   """
@@ -337,15 +425,16 @@ def mt5_vocabulary() -> seqio.SentencePieceVocabulary:
         f"vocabulary). Set {VOCAB_ENV}={MT5_VOCAB_PATH} (or a local copy of that file) before "
         f"running; for the small offline vocabulary bind VOCABULARY = @vocab.get_vocabulary() "
         f"and network.T5Config.vocab_size = {DEFAULT_VOCAB_SIZE}")
-  return get_vocabulary(path)
+  return get_vocabulary(path, sentencepiece_only=sentencepiece_only)
 
 
-def t5_vocabulary() -> seqio.SentencePieceVocabulary:
+def t5_vocabulary(sentencepiece_only: bool = False) -> seqio.SentencePieceVocabulary:
   """The English T5.1.1 vocabulary (`cc_all.32000.100extra`, 32,100 pieces; 32,128 embedding rows)
-  of the paper's T5-base runs, from `$MCWQ_VOCAB`; ValueError when unset."""
+  of the paper's T5-base runs, from `$MCWQ_VOCAB` (`sentencepiece_only` as `get_vocabulary`'s);
+  ValueError when unset."""
   path = os.environ.get(VOCAB_ENV)
   if not path:
     raise ValueError(f"the T5-base experiments use the T5.1.1 SentencePiece model, and the MCWQ "
                      f"SeqIO tasks read their vocabulary from ${VOCAB_ENV}, which is unset. Set "
                      f"{VOCAB_ENV}={T5_VOCAB_PATH} (or a local copy of that file) before running")
-  return get_vocabulary(path)
+  return get_vocabulary(path, sentencepiece_only=sentencepiece_only)

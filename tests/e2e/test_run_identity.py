@@ -103,8 +103,9 @@ def test_check_vocabulary_in_process(tiny_run, other_vocab, caplog, tmp_path):
   assert "no run.json" in caplog.text
 
 
-def test_infer_with_another_vocabulary_is_an_error(tiny_run, other_vocab):
-  out = _infer(tiny_run, "Did M0 direct M1\n", {"MCWQ_VOCAB": str(other_vocab)})
+def test_infer_with_another_vocabulary_is_an_error(tiny_run, other_vocab, tmp_path):
+  blocked = mains.without_packages(tmp_path / "site", "tensorflow", "seqio")
+  out = _infer(tiny_run, "Did M0 direct M1\n", {"MCWQ_VOCAB": str(other_vocab), **blocked})
   assert out.returncode != 0
   assert "VocabularyMismatchError" in out.stderr
   for text in (str(other_vocab), _sha(other_vocab), str(tiny_run / "vocab/spm.model"),
@@ -126,6 +127,8 @@ def test_infer_uses_the_recorded_vocabulary_and_normalises(tiny_run, tmp_path, m
   assert nfd != kn
   text = f"\ufeffDid M0 direct M1\n\n   \nDid M0 direct M1\n{kn}\n{nfd}\n"
   env = {"MCWQ_DATA_DIR": str(tmp_path / "mcwq"), "MCWQ_CACHE_DIR": str(tmp_path / "cache")}
+  # Inference reads the vocabulary with SentencePiece alone: it runs without TensorFlow and SeqIO.
+  env.update(mains.without_packages(tmp_path / "site", "tensorflow", "seqio"))
   out = _infer(tiny_run, text, dict(env, MCWQ_VOCAB=""))
   assert out.returncode == 0, out.stderr[-3000:]
   assert "recorded in" in out.stderr

@@ -1,6 +1,8 @@
 """Tests of mcwq_t5x.data.vocab (small offline SentencePiece model, vocabulary selection)."""
 import hashlib
 import pickle
+import random
+import re
 import unicodedata
 
 import pytest
@@ -204,3 +206,49 @@ def test_unreadable_remote_vocabulary_is_one_line(monkeypatch):
   assert message.startswith(f"MCWQ_VOCAB={path}: this SentencePiece model cannot be read (")
   assert "\n" not in message and message.endswith(
       f"copy it to this machine (e.g. `gsutil cp {path} runs/`) and point MCWQ_VOCAB at the copy")
+
+
+def test_sentencepiece_only_vocabulary_gives_seqio_ids_and_strings(small_model, mcwq_dir, tmp_path):
+  """`sentencepiece_only` (the infer main's, without SeqIO or TensorFlow) encodes and decodes as
+  the SeqIO class of the same file: the mcd1 dev questions of the 4 languages, in NFC and NFD, and
+  their RIR; rows of random ids with EOS inside and ids past the vocabulary (UNK); and with
+  T5-base's 100 appended sentinels, whose first is the highest id."""
+  texts = [
+      t for lang in readers.LANGUAGES
+      for e in readers.read_split("mcd1", "dev", lang, mcwq_dir)[:500]
+      for t in (e.question, unicodedata.normalize("NFD", e.question), e.rir)
+  ]
+  for extra_ids in (0, 100):
+    seqio_vocab = vocab.get_vocabulary(small_model, extra_ids)
+    ours = vocab.get_vocabulary(small_model, extra_ids, sentencepiece_only=True)
+    assert type(ours) is vocab.SentencePieceOnlyVocabulary  # pylint: disable=unidiomatic-typecheck
+    assert (ours.vocab_size, ours.pad_id, ours.eos_id, ours.unk_id,
+            ours.extra_ids) == (2000 + extra_ids, 0, 1, 2, extra_ids)
+    assert ours.sentencepiece_model_file == seqio_vocab.sentencepiece_model_file
+    ids = [seqio_vocab.encode(t) for t in texts]
+    assert [ours.encode(t) for t in texts] == ids
+    rng = random.Random(extra_ids)
+    rows = [[rng.randrange(2000 + extra_ids + 50)
+             for _ in range(rng.randrange(40))]
+            for _ in range(1000)]
+    for row in rows[::3]:  # EOS inside: decoding stops there
+      row.insert(rng.randrange(len(row) + 1), 1)
+    rows += ids[:300]
+    assert sum(1 in r[:-1] for r in rows) > 200 and sum(
+        max(r, default=0) >= 2000 for r in rows) > 200
+    assert [ours.decode(r) for r in rows] == [seqio_vocab.decode(r) for r in rows]
+  assert ours.decode([2099]) == "<extra_id_0>" and ours.decode([2000]) == "<extra_id_99>"
+  copy = pickle.loads(pickle.dumps(ours))  # gin deep-copies its arguments
+  assert copy == ours and copy.encode(texts[1]) == ours.encode(texts[0])
+  # A gs:// path needs TensorFlow's file system: the SeqIO class.
+  remote = vocab.get_vocabulary("gs://mcwq-t5x-no-such-bucket/spm.model", sentencepiece_only=True)
+  assert isinstance(remote, seqio.SentencePieceVocabulary)
+  for bad, problem in ((tmp_path / "absent.model", "does not exist"), (tmp_path / "bad.model",
+                                                                       "cannot be read (")):
+    if bad.name == "bad.model":
+      bad.write_bytes(b"not a model")
+    for extra_ids in (0, 5):
+      with pytest.raises(
+          vocab.VocabularyNotFoundError,
+          match=f"^the SentencePiece model {bad} {re.escape(problem)}"):
+        vocab.get_vocabulary(bad, extra_ids, sentencepiece_only=True).encode("ASK")
