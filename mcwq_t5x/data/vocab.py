@@ -241,6 +241,7 @@ def _vocabulary_classes() -> tuple[type, type]:
 
 
 _LAZY_CLASSES = ("NFCSentencePieceVocabulary", "_CachedSentencePieceVocabulary")
+Vocabulary = Union["seqio.SentencePieceVocabulary", "SentencePieceOnlyVocabulary"]
 
 
 class SentencePieceOnlyVocabulary:
@@ -248,15 +249,16 @@ class SentencePieceOnlyVocabulary:
   `vocab_size`) on the `sentencepiece` package alone, for decoding without SeqIO or TensorFlow
   (`mcwq_t5x.infer`; importing them costs 0.65 GiB and 4 s, and the GPU image has neither).
 
-  The same ids and strings as the SeqIO class of the same local file and `extra_ids` (appended
-  as SeqIO appends them: `▁<extra_id_N>`, the highest N first; tests compare both on MCWQ's
-  questions and queries); no `encode_tf`/`decode_tf`, so no SeqIO task can use it. The model file
-  is read on first use: a missing or unreadable one raises `VocabularyNotFoundError` naming it.
+  The same ids and strings as the SeqIO class of the same local file and `extra_ids` for text
+  and int ids (sentinels appended as SeqIO appends them: `▁<extra_id_N>`, the highest N first,
+  which needs `protobuf`; tests compare both on MCWQ's questions and queries). It has no
+  `encode_tf`/`decode_tf`: a SeqIO task cannot use it. The model file is read on first use: a
+  missing or unreadable one raises `VocabularyNotFoundError` naming it.
   """
 
   def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
     self._sentencepiece_model_file = sentencepiece_model_file
-    self._extra_ids = extra_ids
+    self._extra_ids = extra_ids or 0  # why: seqio's None means 0
     self._tokenizer = None
 
   def __getstate__(self):  # why: gin deep-copies its arguments; the processor is reloaded
@@ -294,28 +296,32 @@ class SentencePieceOnlyVocabulary:
 
   def encode(self, s: str) -> list[int]:
     """The ids of the NFC form of `s`, without EOS."""
-    if not unicodedata.is_normalized(readers.NORMALIZATION_FORM, s):
+    if isinstance(s, str) and not unicodedata.is_normalized(readers.NORMALIZATION_FORM, s):
       s = unicodedata.normalize(readers.NORMALIZATION_FORM, s)
     return self.tokenizer.EncodeAsIds(s)
 
   def decode(self, ids: Iterable[int]) -> str:
     """The text of `ids` up to the first EOS; ids past the vocabulary read as UNK (seqio's rule)."""
     size, unk, eos = self.vocab_size, self.unk_id, self.eos_id
-    ids = [unk if int(i) >= size else int(i) for i in ids]
+    ids = [unk if i >= size else i for i in ids]
     if eos in ids:
       ids = ids[:ids.index(eos) + 1]
-    return self.tokenizer.DecodeIds(ids)
+    return self.tokenizer.DecodeIds([int(i) for i in ids])
 
 
 def _with_extra_ids(model_file: str, extra_ids: int) -> bytes:
   """The serialised SentencePiece model of `model_file` with `extra_ids` user-defined pieces
   `▁<extra_id_N>` appended, N descending (seqio's `reverse_extra_ids`: the first sentinel gets
-  the highest id). RuntimeError for bytes that are not a model."""
+  the highest id). With extra ids, RuntimeError for bytes that are not a model or no usable
+  `protobuf`."""
   data = pathlib.Path(model_file).read_bytes()
   if not extra_ids:
     return data
-  from google.protobuf import message  # pylint: disable=g-import-not-at-top
-  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  try:
+    from google.protobuf import message  # pylint: disable=g-import-not-at-top
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  except Exception as e:  # why: ImportError, or protobuf's VersionError (a runtime too old)
+    raise RuntimeError(f"appending {extra_ids} extra ids needs the protobuf package: {e}") from None
   try:
     proto = sentencepiece_model_pb2.ModelProto.FromString(data)
   except message.DecodeError as e:
@@ -371,7 +377,7 @@ def check_vocabulary_variable() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str, data_dir: str,
-                sentencepiece_only: bool) -> seqio.SentencePieceVocabulary:
+                sentencepiece_only: bool) -> Vocabulary:
   del cache_dir, data_dir  # cache keys only: another cache/data folder is another model file
   if path is None:
     extra_ids = 0  # why: the small model's pieces are fixed (its cache key ignores extra_ids)
@@ -389,8 +395,8 @@ def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str, data_dir: s
 
 def get_vocabulary(path: Optional[PathLike] = None,
                    extra_ids: int = 0,
-                   sentencepiece_only: bool = False) -> seqio.SentencePieceVocabulary:
-  """The `NFCSentencePieceVocabulary` for inputs and targets, one per path (`VOCABULARY =
+                   sentencepiece_only: bool = False) -> Vocabulary:
+  """The `NFCSentencePieceVocabulary` for inputs and targets, one per path and kind (`VOCABULARY =
   @vocab.get_vocabulary()`).
 
   `path` default `$MCWQ_VOCAB`, else the small model (trained on first use); `extra_ids`:
@@ -410,7 +416,7 @@ def clear_vocabulary_cache() -> None:
   _vocabulary.cache_clear()
 
 
-def mt5_vocabulary(sentencepiece_only: bool = False) -> seqio.SentencePieceVocabulary:
+def mt5_vocabulary(sentencepiece_only: bool = False) -> Vocabulary:
   """The mT5 vocabulary (250,100 pieces incl. 100 sentinels; pad 0, eos 1, unk 2) from
   `$MCWQ_VOCAB`, the variable the SeqIO tasks read (`VOCABULARY = @vocab.mt5_vocabulary()` in the
   paper files); `sentencepiece_only` as `get_vocabulary`'s.
@@ -428,7 +434,7 @@ def mt5_vocabulary(sentencepiece_only: bool = False) -> seqio.SentencePieceVocab
   return get_vocabulary(path, sentencepiece_only=sentencepiece_only)
 
 
-def t5_vocabulary(sentencepiece_only: bool = False) -> seqio.SentencePieceVocabulary:
+def t5_vocabulary(sentencepiece_only: bool = False) -> Vocabulary:
   """The English T5.1.1 vocabulary (`cc_all.32000.100extra`, 32,100 pieces; 32,128 embedding rows)
   of the paper's T5-base runs, from `$MCWQ_VOCAB` (`sentencepiece_only` as `get_vocabulary`'s);
   ValueError when unset."""

@@ -5,6 +5,7 @@ import random
 import re
 import unicodedata
 
+import numpy as np
 import pytest
 import seqio
 import sentencepiece as spm
@@ -210,10 +211,10 @@ def test_unreadable_remote_vocabulary_is_one_line(monkeypatch):
 
 def test_sentencepiece_only_vocabulary_gives_seqio_ids_and_strings(small_model, mcwq_dir, tmp_path):
   """`sentencepiece_only` (the infer main's, without SeqIO or TensorFlow) encodes and decodes as
-  the SeqIO class of the same file: the mcd1 dev questions of the 4 languages, in NFC and NFD, and
-  their RIR; rows of random ids with EOS inside and ids past the vocabulary (UNK); and with
+  the SeqIO class of the same file: the first 500 mcd1 dev questions of each of the 4 languages,
+  in NFC and NFD, and their RIR; rows of random ids with EOS inside and ids past the vocabulary (UNK); and with
   T5-base's 100 appended sentinels, whose first is the highest id."""
-  texts = [
+  sentences = [
       t for lang in readers.LANGUAGES
       for e in readers.read_split("mcd1", "dev", lang, mcwq_dir)[:500]
       for t in (e.question, unicodedata.normalize("NFD", e.question), e.rir)
@@ -225,8 +226,8 @@ def test_sentencepiece_only_vocabulary_gives_seqio_ids_and_strings(small_model, 
     assert (ours.vocab_size, ours.pad_id, ours.eos_id, ours.unk_id,
             ours.extra_ids) == (2000 + extra_ids, 0, 1, 2, extra_ids)
     assert ours.sentencepiece_model_file == seqio_vocab.sentencepiece_model_file
-    ids = [seqio_vocab.encode(t) for t in texts]
-    assert [ours.encode(t) for t in texts] == ids
+    ids = [seqio_vocab.encode(t) for t in sentences]
+    assert [ours.encode(t) for t in sentences] == ids
     rng = random.Random(extra_ids)
     rows = [[rng.randrange(2000 + extra_ids + 50)
              for _ in range(rng.randrange(40))]
@@ -236,10 +237,12 @@ def test_sentencepiece_only_vocabulary_gives_seqio_ids_and_strings(small_model, 
     rows += ids[:300]
     assert sum(1 in r[:-1] for r in rows) > 200 and sum(
         max(r, default=0) >= 2000 for r in rows) > 200
-    assert [ours.decode(r) for r in rows] == [seqio_vocab.decode(r) for r in rows]
+    texts = [seqio_vocab.decode(r) for r in rows]
+    assert [ours.decode(r) for r in rows] == texts
+    assert [ours.decode(np.asarray(r, np.int32)) for r in rows] == texts  # rows of a decode batch
   assert ours.decode([2099]) == "<extra_id_0>" and ours.decode([2000]) == "<extra_id_99>"
   copy = pickle.loads(pickle.dumps(ours))  # gin deep-copies its arguments
-  assert copy == ours and copy.encode(texts[1]) == ours.encode(texts[0])
+  assert copy == ours and copy.encode(sentences[1]) == ours.encode(sentences[0])
   # A gs:// path needs TensorFlow's file system: the SeqIO class.
   remote = vocab.get_vocabulary("gs://mcwq-t5x-no-such-bucket/spm.model", sentencepiece_only=True)
   assert isinstance(remote, seqio.SentencePieceVocabulary)
