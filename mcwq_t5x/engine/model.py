@@ -2,8 +2,9 @@
 
 A lean counterpart of T5X's `t5x/models.py::EncoderDecoderModel`: `loss_fn` (T5X's
 `compute_weighted_cross_entropy`: label smoothing less the smoothed distribution's entropy, z-loss
-`z_loss * log(Z)^2`, Chowdhery et al. 2022), `predict_batch[_with_aux]` (greedy, temperature
-sampling or beam search through `engine.decoding`, T5X's option names) and `score_batch`.
+`z_loss * log(Z)^2`, Chowdhery et al. 2022; computed by `losses.fused_loss` with the output layer,
+without [batch, length, vocab] logits), `predict_batch[_with_aux]` (greedy, temperature sampling
+or beam search through `engine.decoding`, T5X's option names) and `score_batch`.
 
 Loss contract: the model alone normalises. `loss_normalizer(batch)` is the float32 denominator D
 (`loss_normalizing_factor` as in T5X); `loss_fn(..., normalizer=D)` returns (Σ_t w_t loss_t / D,
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcwq_t5x.engine import decoding
+from mcwq_t5x.engine import losses
 from mcwq_t5x.engine import network
 
 Array = jax.Array
@@ -131,7 +133,8 @@ class EncoderDecoderModel:
   """T5X-style wrapper of a `network.Transformer` (module docstring).
 
   `output_vocabulary.eos_id` is the only vocabulary use (default EOS 1). `label_smoothing` and
-  `z_loss` default to T5X's (0, 1e-4). `loss_normalizing_factor`: None or
+  `z_loss` default to T5X's (0, 1e-4). `loss_chunk_tokens`: tokens whose logits the loss and
+  scoring hold at once (`losses.OutputLayer.chunk_tokens`). `loss_normalizing_factor`: None or
   'NUM_REAL_TARGET_TOKENS' (target tokens), 'NUM_TOTAL_TARGET_TOKENS' (batch x length),
   'AVERAGE_PER_SEQUENCE', or a positive constant (T5X pre-training: 2048 * 114 = 233472); names of
   T5X's `SpecialLossNormalizingFactor`, case-insensitive. Unlike T5X, None is not "no
@@ -144,8 +147,10 @@ class EncoderDecoderModel:
                output_vocabulary: Any = None,
                label_smoothing: float = 0.0,
                z_loss: float = 1e-4,
-               loss_normalizing_factor: Union[None, float, str] = None):
-    """ValueError: `label_smoothing` outside [0, 1), or an unknown `loss_normalizing_factor`."""
+               loss_normalizing_factor: Union[None, float, str] = None,
+               loss_chunk_tokens: int = losses.DEFAULT_CHUNK_TOKENS):
+    """ValueError: `label_smoothing` outside [0, 1), `loss_chunk_tokens` < 1, or an unknown
+    `loss_normalizing_factor`."""
     if not 0.0 <= label_smoothing < 1.0:
       raise ValueError(f"label_smoothing must be in [0, 1), got "
                        f"{label_smoothing}")
@@ -164,6 +169,13 @@ class EncoderDecoderModel:
     self.label_smoothing = float(label_smoothing)
     self.z_loss = float(z_loss)
     self.loss_normalizing_factor = factor
+    tied = bool(module.config.logits_via_embedding)
+    self.output_layer = losses.OutputLayer(
+        transposed=tied,
+        divisor=float(network.logits_divisor(module.config)) if tied else None,
+        label_smoothing=self.label_smoothing,
+        z_loss=self.z_loss,
+        chunk_tokens=int(loss_chunk_tokens))
     self._predict_jit = jax.jit(
         self._predict_impl, static_argnames=("num_decodes", "method", "decoder_params"))
 
@@ -213,7 +225,10 @@ class EncoderDecoderModel:
   def _compute_logits(self,
                       params: PyTree,
                       batch: Batch,
-                      dropout_rng: Optional[Array] = None) -> Array:
+                      dropout_rng: Optional[Array] = None,
+                      output_logits: bool = True) -> Array:
+    """Teacher-forced logits float32 [batch, len, vocab], or (`output_logits=False`) the output
+    layer's input [batch, len, emb_dim]."""
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     extra = {k: batch[k] for k in _SEGMENT_KEYS if k in batch}
     return self.module.apply({"params": params},
@@ -222,6 +237,7 @@ class EncoderDecoderModel:
                              batch["decoder_target_tokens"],
                              enable_dropout=dropout_rng is not None,
                              rngs=rngs,
+                             output_logits=output_logits,
                              **extra)
 
   @staticmethod
@@ -260,16 +276,19 @@ class EncoderDecoderModel:
     Source: T5X `BaseTransformerModel.loss_fn`; `normalizer` (default `loss_normalizer(batch)`) is
     ours, for exact microbatching. Dropout iff `dropout_rng`. Metrics: "loss", "cross_ent_loss",
     "z_loss", "accuracy_numerator", "num_tokens", "num_examples" (rows, or segments when packed).
+    The values of `compute_weighted_cross_entropy` on the logits, without them (`losses`).
     """
-    logits = self._compute_logits(params, batch, dropout_rng)
+    hidden = self._compute_logits(params, batch, dropout_rng, output_logits=False)
     targets = batch["decoder_target_tokens"]
-    total, z_term, ce = compute_weighted_cross_entropy(logits, targets, None, self.label_smoothing,
-                                                       self.z_loss)
+    kernel = network.output_kernel(self.module.config, params)
+    loss_sum, stats = losses.fused_loss(hidden, kernel, targets, self._loss_weights(batch),
+                                        self.output_layer)
+    total, ce, z_term, correct = losses.token_losses(stats, targets, self.output_layer,
+                                                     self.module.config.vocab_size)
     if normalizer is None:
       normalizer = self.loss_normalizer(batch)
-    loss = jnp.sum(total * self._loss_weights(batch)) / normalizer
+    loss = loss_sum / normalizer
     weights = self._weights(batch)
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     if "decoder_segment_ids" in batch:
       num_examples = jnp.sum(jnp.max(batch["decoder_segment_ids"], axis=-1))
     else:
@@ -294,11 +313,11 @@ class EncoderDecoderModel:
   def token_scores(self, params: PyTree, batch: Batch) -> Array:
     """float32 [batch, len]: each target token's log-prob times its weight (no dropout,
     smoothing, z)."""
-    logits = self._compute_logits(params, batch).astype(jnp.float32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    hidden = self._compute_logits(params, batch, output_logits=False)
     targets = batch["decoder_target_tokens"]
-    token_lp = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return token_lp * self._weights(batch)
+    stats = losses.token_statistics(hidden, network.output_kernel(self.module.config, params),
+                                    targets, self.output_layer)
+    return (stats.target_logit - stats.log_z) * self._weights(batch)
 
   def score_batch(self, params: PyTree, batch: Batch) -> Array:
     """Sum of target token log-probs per row, float32 [batch] (T5X)."""

@@ -24,6 +24,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from mcwq_t5x.engine import attention_masks
+
 Array = jax.Array
 DType = Any
 Initializer = Callable[..., Array]
@@ -36,13 +38,13 @@ class T5Config:
   """Hyper-parameters of the network; field names are those of T5X's config.
 
   `dtype`: activations (float32/bfloat16/float16, strings accepted); params are float32; masked
-  logits get `mask_value(dtype)`. `emb_dim` d_model, `head_dim` d_kv, `mlp_dim` d_ff.
-  `mlp_activations`: one per `wi` kernel, multiplied: ("gelu", "linear") gated GELU (T5.1.1/mT5),
-  ("relu",) T5 1.0. `dropout_rate`: T5X's placement (embeddings, attention weights, MLP hidden,
-  block outputs, final norm). `logits_via_embedding`: tied output (T5 1.0, decoder output @
-  embedding.T / sqrt(emb_dim)) else `logits_dense`. `float32_attention_logits`: q.k and softmax in
-  float32. `relative_attention_num_buckets` (T5: 32), `relative_attention_max_distance` (T5: 128),
-  `layer_norm_epsilon` (T5/HF: 1e-6).
+  logits get `attention_masks.mask_value(dtype)`. `emb_dim` d_model, `head_dim` d_kv, `mlp_dim`
+  d_ff. `mlp_activations`: one per `wi` kernel, multiplied: ("gelu", "linear") gated GELU
+  (T5.1.1/mT5), ("relu",) T5 1.0. `dropout_rate`: T5X's placement (embeddings, attention weights,
+  MLP hidden, block outputs, final norm). `logits_via_embedding`: tied output (T5 1.0, decoder
+  output @ embedding.T / sqrt(emb_dim)) else `logits_dense`. `float32_attention_logits`: q.k and
+  softmax in float32. `relative_attention_num_buckets` (T5: 32), `relative_attention_max_distance`
+  (T5: 128), `layer_norm_epsilon` (T5/HF: 1e-6).
   """
   vocab_size: int = 250112
   dtype: Any = jnp.float32
@@ -153,64 +155,6 @@ def get_config(name: str, **overrides: Any) -> T5Config:
 
 def _constrain(x: Array, names: tuple[str, ...]) -> Array:
   return nn.with_logical_constraint(x, names)
-
-
-# ---------------------------------------------------------------------------
-# Masks (T5X layers.make_attention_mask / make_decoder_mask semantics).
-# ---------------------------------------------------------------------------
-def make_attention_mask(query_input: Array,
-                        key_input: Array,
-                        pairwise_fn: Callable[..., Any] = jnp.multiply,
-                        dtype: DType = jnp.float32) -> Array:
-  """Mask [batch, 1, q_len, kv_len] (`dtype`, 1 = attend) = pairwise_fn(query[:, :, None],
-  key[:, None, :]) of [batch, q_len] and [batch, kv_len] (multiply: padding; equal: segments)."""
-  mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
-  return mask[..., None, :, :].astype(dtype)
-
-
-def make_causal_mask(x: Array, dtype: DType = jnp.float32) -> Array:
-  """Causal mask [batch, 1, len, len] for [batch, len] inputs (key <= query)."""
-  idxs = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
-  return make_attention_mask(idxs, idxs, jnp.greater_equal, dtype)
-
-
-def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32):
-  """Logical AND of the non-None masks (None if all are None)."""
-  masks = [m for m in masks if m is not None]
-  if not masks:
-    return None
-  mask = masks[0]
-  for other in masks[1:]:
-    mask = jnp.logical_and(mask, other)
-  return mask.astype(dtype)
-
-
-def make_decoder_mask(decoder_target_tokens: Array,
-                      dtype: DType,
-                      decoder_segment_ids: Optional[Array] = None) -> Array:
-  """[batch, 1, len, len] mask: causal AND non-padding (`decoder_target_tokens` int [batch, len],
-  0 = pad) AND same segment (`decoder_segment_ids` [batch, len] or None)."""
-  causal = make_causal_mask(decoder_target_tokens, dtype)
-  padding = make_attention_mask(decoder_target_tokens > 0, decoder_target_tokens > 0, dtype=dtype)
-  segment = None
-  if decoder_segment_ids is not None:
-    segment = make_attention_mask(decoder_segment_ids, decoder_segment_ids, jnp.equal, dtype)
-  return combine_masks(causal, padding, segment, dtype=dtype)
-
-
-def mask_value(dtype: DType) -> Array:
-  """The logit of masked attention positions: a scalar `jnp.finfo(dtype).min` of float `dtype`."""
-  # why not T5X's -1e10: it overflows to -inf in float16 (max 65504), and a fully masked row (a
-  # padding query) becomes NaN after the softmax; Flax's `dot_product_attention_weights` agrees.
-  return jnp.asarray(jnp.finfo(dtype).min, dtype)
-
-
-def mask_logits(logits: Array, mask: Array) -> Array:
-  """`logits` [batch, heads, q_len, kv_len] (any float dtype) with `mask_value` where `mask`
-  (broadcastable, e.g. [batch or 1, 1, q_len, kv_len]; > 0 = attend) is not; same shape, dtype."""
-  # why in place, not added as a bias: min + a negative relative bias overflows to -inf in
-  # float16; in place, masked keys get weight exactly 0 and a fully masked row stays finite.
-  return jnp.where(mask > 0, logits, mask_value(logits.dtype))
 
 
 # ---------------------------------------------------------------------------
@@ -385,11 +329,11 @@ class MultiHeadDotProductAttention(nn.Module):
                precomputed_kv: Optional[tuple[Array, Array]] = None) -> Array:
     """Attention of inputs_q [b, q, embed] over inputs_kv [b, k, embed] -> [b, q, embed] in `dtype`.
 
-    `mask` [b or 1, 1 or heads, q, k] (1 = attend; masked logits get `mask_value`), `bias` [b or 1,
-    heads, q, k]. `decode`: use and update the cache (one query position per call; the first call
-    only creates it). `precomputed_kv`: (key, value) [b, heads, head_dim, k] (`cross_attention_kv`).
-    ValueError: a cached query that is not one position of the cached batch; `precomputed_kv` with
-    `decode`.
+    `mask` [b or 1, 1 or heads, q, k] (1 = attend; masked logits get `attention_masks.mask_value`),
+    `bias` [b or 1, heads, q, k]. `decode`: use and update the cache (one query position per call;
+    the first call only creates it). `precomputed_kv`: (key, value) [b, heads, head_dim, k]
+    (`cross_attention_kv`). ValueError: a cached query that is not one position of the cached batch;
+    `precomputed_kv` with `decode`.
     """
     projection = functools.partial(
         DenseGeneral,
@@ -441,7 +385,7 @@ class MultiHeadDotProductAttention(nn.Module):
         cached_value.value = value
         cache_index.value = cur_index + 1
         kv_layout = "bhdk"
-        mask = combine_masks(
+        mask = attention_masks.combine_masks(
             mask, jnp.broadcast_to(jnp.arange(length) <= cur_index, (batch, 1, 1, length)))
         if bias is not None:
           bias = lax.dynamic_slice_in_dim(bias, cur_index, 1, axis=-2)
@@ -454,7 +398,7 @@ class MultiHeadDotProductAttention(nn.Module):
     if bias is not None:
       logits = logits + bias.astype(logits.dtype)
     if mask is not None:
-      logits = mask_logits(logits, mask)
+      logits = attention_masks.mask_logits(logits, mask)
     weights = jax.nn.softmax(logits).astype(self.dtype)
     if not deterministic and self.dropout_rate > 0.0:
       keep_prob = 1.0 - self.dropout_rate
@@ -548,18 +492,17 @@ def _residual(cfg: T5Config, inputs: Array, norm_name: str, deterministic: bool,
 
 
 class EncoderLayer(nn.Module):
-  """Pre-norm self-attention + MLP block of the encoder."""
+  """Pre-norm self-attention + MLP block of the encoder; `bias` [1, heads, len, len] is the
+  stack's relative position bias."""
   config: T5Config
-  relative_embedding: nn.Module
 
   @nn.compact
   def __call__(self,
                inputs: Array,
                encoder_mask: Optional[Array] = None,
+               bias: Optional[Array] = None,
                deterministic: bool = False) -> Array:
     cfg = self.config
-    length = inputs.shape[-2]
-    bias = self.relative_embedding(length, length, True)
     x = _residual(
         cfg, inputs, "pre_attention_layer_norm", deterministic,
         lambda h: _attention(cfg, "attention")
@@ -569,9 +512,9 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """Pre-norm self-attention + cross-attention + MLP block of the decoder."""
+  """Pre-norm self-attention + cross-attention + MLP block of the decoder; `bias` [1, heads, len,
+  len] is the stack's relative position bias (len: the decode length when decoding)."""
   config: T5Config
-  relative_embedding: nn.Module
 
   @nn.compact
   def __call__(self,
@@ -579,13 +522,11 @@ class DecoderLayer(nn.Module):
                encoded: Array,
                decoder_mask: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None,
+               bias: Optional[Array] = None,
                deterministic: bool = False,
                decode: bool = False,
-               max_decode_length: Optional[int] = None,
                cross_kv: Optional[tuple[Array, Array]] = None) -> Array:
     cfg = self.config
-    length = (max_decode_length if decode and max_decode_length else inputs.shape[-2])
-    bias = self.relative_embedding(length, length, False)
     x = _residual(
         cfg, inputs, "pre_self_attention_layer_norm", deterministic,
         lambda h: _attention(cfg, "self_attention")
@@ -625,14 +566,17 @@ class Encoder(nn.Module):
                deterministic: bool = False) -> Array:
     cfg = self.config
     rel_emb, x = _embed(cfg, self.shared_embedding, encoder_input_tokens, deterministic)
+    length = x.shape[-2]
+    bias = rel_emb(length, length, True)  # why once: every layer shares the table (T5)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, rel_emb, name=f"layers_{i}")(x, encoder_mask, deterministic)
+      x = EncoderLayer(cfg, name=f"layers_{i}")(x, encoder_mask, bias, deterministic)
     x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, deterministic)
 
 
 class Decoder(nn.Module):
-  """Embedding -> layers -> `decoder_norm` -> logits (dense or tied)."""
+  """Embedding -> layers -> `decoder_norm` -> logits (dense or tied); `output_logits=False`: the
+  output layer's input [batch, length, emb_dim] in `dtype` (for `losses.fused_loss`)."""
   config: T5Config
   shared_embedding: nn.Module
 
@@ -645,29 +589,51 @@ class Decoder(nn.Module):
                deterministic: bool = False,
                decode: bool = False,
                max_decode_length: Optional[int] = None,
-               cross_kv: Optional[Sequence[tuple[Array, Array]]] = None) -> Array:
+               cross_kv: Optional[Sequence[tuple[Array, Array]]] = None,
+               output_logits: bool = True) -> Array:
     cfg = self.config
     rel_emb, y = _embed(cfg, self.shared_embedding, decoder_input_tokens, deterministic)
+    length = max_decode_length if decode and max_decode_length else y.shape[-2]
+    bias = rel_emb(length, length, False)  # why once: every layer shares the table (T5)
     for i in range(cfg.num_decoder_layers):
       y = DecoderLayer(
-          cfg, rel_emb, name=f"layers_{i}")(
+          cfg, name=f"layers_{i}")(
               y,
               encoded,
               decoder_mask=decoder_mask,
               encoder_decoder_mask=encoder_decoder_mask,
+              bias=bias,
               deterministic=deterministic,
               decode=decode,
-              max_decode_length=max_decode_length,
               cross_kv=None if cross_kv is None else cross_kv[i])
     y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg, y, deterministic)
     if cfg.logits_via_embedding:
-      logits = self.shared_embedding.attend(y) / jnp.sqrt(jnp.float32(y.shape[-1]))
-    else:
-      logits = DenseGeneral(
-          cfg.vocab_size, dtype=jnp.float32, kernel_axes=("embed", "vocab"), name="logits_dense")(
-              y)
-    return _constrain(logits, ("batch", "length", "vocab"))
+      if not output_logits:
+        return y
+      return _constrain(
+          self.shared_embedding.attend(y) / logits_divisor(cfg), ("batch", "length", "vocab"))
+    dense = DenseGeneral(
+        cfg.vocab_size, dtype=jnp.float32, kernel_axes=("embed", "vocab"), name="logits_dense")
+    if not output_logits:
+      if self.is_initializing():  # why: creates the kernel; the logits are dead code under jit
+        dense(y)
+      return y
+    return _constrain(dense(y), ("batch", "length", "vocab"))
+
+
+def logits_divisor(config: T5Config) -> np.float32:
+  """The tied output layer's divisor sqrt(emb_dim), float32 (T5 1.0; Mesh TF)."""
+  return np.sqrt(np.float32(config.emb_dim))
+
+
+def output_kernel(config: T5Config, params: Any) -> Array:
+  """The output layer's kernel in unboxed `params`: `logits_dense` [embed, vocab], or (tied,
+  `logits_via_embedding`) the embedding [vocab, embed], whose logits are divided by
+  `logits_divisor`."""
+  if config.logits_via_embedding:
+    return params["token_embedder"]["embedding"]
+  return params["decoder"]["logits_dense"]["kernel"]
 
 
 def cross_attention_kv(config: T5Config, params: Any, encoded: Array) -> list[tuple[Array, Array]]:
@@ -714,11 +680,13 @@ class Transformer(nn.Module):
     """[batch, in_len] int tokens (0 = pad) -> [batch, in_len, embed] (`config.dtype`); T5X's
     signature, packed segments attend within themselves."""
     cfg = self.config
-    mask = make_attention_mask(encoder_input_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
+    mask = attention_masks.make_attention_mask(
+        encoder_input_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
-      mask = combine_masks(
+      mask = attention_masks.combine_masks(
           mask,
-          make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
+          attention_masks.make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal,
+                                              cfg.dtype),
           dtype=cfg.dtype)
     return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
 
@@ -733,8 +701,10 @@ class Transformer(nn.Module):
              enable_dropout: bool = True,
              decode: bool = False,
              max_decode_length: Optional[int] = None,
-             cross_kv: Optional[Sequence[tuple[Array, Array]]] = None) -> Array:
-    """Decoder logits float32 [batch, tgt_len, vocab].
+             cross_kv: Optional[Sequence[tuple[Array, Array]]] = None,
+             output_logits: bool = True) -> Array:
+    """Decoder logits float32 [batch, tgt_len, vocab] (`output_logits=False`: the output layer's
+    input [batch, tgt_len, emb_dim] in `config.dtype`, whose kernel is `output_kernel`).
 
     `decode=True`: cached decoding, no self-attention mask (the cache is causal), no packing
     (ValueError with segment ids). `cross_kv`: `cross_attention_kv`'s projections, or None
@@ -747,19 +717,21 @@ class Transformer(nn.Module):
         raise ValueError("packed (segment id) inputs are not supported with "
                          "decode=True")
       decoder_mask = None
-      enc_dec_mask = make_attention_mask(
+      enc_dec_mask = attention_masks.make_attention_mask(
           jnp.ones_like(decoder_target_tokens), encoder_input_tokens > 0, dtype=cfg.dtype)
     else:
-      decoder_mask = make_decoder_mask(decoder_target_tokens, cfg.dtype, decoder_segment_ids)
-      enc_dec_mask = make_attention_mask(
+      decoder_mask = attention_masks.make_decoder_mask(decoder_target_tokens, cfg.dtype,
+                                                       decoder_segment_ids)
+      enc_dec_mask = attention_masks.make_attention_mask(
           decoder_target_tokens > 0, encoder_input_tokens > 0, dtype=cfg.dtype)
       if encoder_segment_ids is not None:
         if decoder_segment_ids is None:
           raise ValueError("encoder_segment_ids given without "
                            "decoder_segment_ids")
-        enc_dec_mask = combine_masks(
+        enc_dec_mask = attention_masks.combine_masks(
             enc_dec_mask,
-            make_attention_mask(decoder_segment_ids, encoder_segment_ids, jnp.equal, cfg.dtype),
+            attention_masks.make_attention_mask(decoder_segment_ids, encoder_segment_ids, jnp.equal,
+                                                cfg.dtype),
             dtype=cfg.dtype)
     return self.decoder(
         encoded,
@@ -769,7 +741,8 @@ class Transformer(nn.Module):
         deterministic=not enable_dropout,
         decode=decode,
         max_decode_length=max_decode_length,
-        cross_kv=cross_kv)
+        cross_kv=cross_kv,
+        output_logits=output_logits)
 
   def __call__(self,
                encoder_input_tokens: Array,
@@ -782,8 +755,10 @@ class Transformer(nn.Module):
                *,
                enable_dropout: bool = True,
                decode: bool = False,
-               max_decode_length: Optional[int] = None) -> Array:
-    """Teacher-forced logits float32 [batch, tgt_len, vocab].
+               max_decode_length: Optional[int] = None,
+               output_logits: bool = True) -> Array:
+    """Teacher-forced logits float32 [batch, tgt_len, vocab] (or, `output_logits=False`, the
+    output layer's input: `decode`).
 
     Tokens int32 [batch, len], 0 = padding; `decoder_input_tokens` are the targets shifted right
     (BOS 0); `decoder_target_tokens` feed the masks only; `*_segment_ids` pack; `*_positions` are
@@ -804,4 +779,5 @@ class Transformer(nn.Module):
         decoder_segment_ids,
         enable_dropout=enable_dropout,
         decode=decode,
-        max_decode_length=max_decode_length)
+        max_decode_length=max_decode_length,
+        output_logits=output_logits)

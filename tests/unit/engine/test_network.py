@@ -191,7 +191,8 @@ def test_encoder_bias_is_bidirectional_and_the_decoders_causal(params, batch):
     jax.eval_shape(
         lambda p: network.Transformer(CFG).apply({"params": p}, enc, dec, tgt, enable_dropout=False
                                                 ), nn.unbox(params["params"]))
-  assert sorted(set(calls)) == [("decoder", False), ("encoder", True)], calls
+  # why a list, not a set: once per stack, shared by its layers (T5), not once per layer
+  assert sorted(calls) == [("decoder", False), ("encoder", True)], calls
 
 
 def test_decoder_is_causal_and_padding_is_ignored(params, batch):
@@ -326,24 +327,6 @@ def test_sharded_apply_matches_single_device(params, batch):
     out = jax.jit(lambda p_, a, b, c: module.apply({"params": p_}, a, b, c, enable_dropout=False))(
         p, enc, dec, tgt)
   np.testing.assert_allclose(np.asarray(out), base, atol=1e-5)
-
-
-def test_mask_value_fits_every_dtype():
-  assert float(network.mask_value(jnp.float16)) == -65504.0
-  assert float(network.mask_value(jnp.float32)) == float(np.finfo(np.float32).min)
-  assert network.mask_value(jnp.bfloat16).dtype == jnp.bfloat16
-  # A row with every key masked (a padding query) stays finite: uniform weights, no NaN, and
-  # masked keys get weight exactly 0 in the other rows, as with T5X's -1e10 in float32.
-  for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
-    logits = jnp.asarray([[[[3.0, -2.0, 7.0], [-60000.0, 1.0, 2.0], [1.0, 2.0, 3.0]]]], dtype)
-    mask = jnp.asarray([[[[1, 1, 0], [0, 1, 1], [0, 0, 0]]]], dtype)
-    masked = network.mask_logits(logits, mask)
-    assert masked.dtype == dtype
-    weights = np.asarray(jax.nn.softmax(masked).astype(jnp.float32))[0, 0]
-    assert np.isfinite(weights).all(), dtype
-    np.testing.assert_allclose(weights[2], [1 / 3] * 3, rtol=1e-2)
-    assert weights[0, 2] == 0 and weights[1, 0] == 0
-    np.testing.assert_allclose(weights[0, :2], jax.nn.softmax(jnp.asarray([3.0, -2.0])), rtol=1e-2)
 
 
 @pytest.mark.parametrize("dtype,float32_logits", [("float16", True), ("float16", False),
