@@ -232,6 +232,53 @@ def _fixed_batch(args: argparse.Namespace, examples) -> dict[str, Any]:
   return batch
 
 
+def _step_memory(trainer: Any, state: Any, batch: dict[str, Any]) -> dict[str, float]:
+  """XLA's memory analysis of the compiled train step in GiB: `temp` (the step's own buffers),
+  `arguments`, `outputs`, `alias` (donated state) and `total` (arguments + outputs + temp - alias).
+  `state` may be `Trainer.state_shapes`; compiles the step, runs nothing."""
+  import jax
+  shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
+  compiled = trainer.compile_train_step(shardings, batch).lower(state, batch, trainer.dropout_rng,
+                                                                trainer.initial_guard()).compile()
+  m = compiled.memory_analysis()
+  figures = {
+      "temp": m.temp_size_in_bytes,
+      "arguments": m.argument_size_in_bytes,
+      "outputs": m.output_size_in_bytes,
+      "alias": m.alias_size_in_bytes
+  }
+  figures["total"] = figures["arguments"] + figures["outputs"] + figures["temp"] - figures["alias"]
+  return {k: v / 2**30 for k, v in figures.items()}
+
+
+def ours_memory(args: argparse.Namespace) -> dict[str, Any]:
+  """XLA's memory analysis of our train step at each of `--memory_batch_sizes` (compiled, never
+  run: no batch of that size needs to fit), 1 device."""
+  import jax
+  import jax.numpy as jnp
+
+  from mcwq_t5x.engine import partitioning
+  partitioner = partitioning.Partitioner(devices=jax.devices()[:1])
+  trainer = _our_trainer_cls(args)(model=_our_model(args), partitioner=partitioner, seed=0)
+  out = {}
+  for rows in [int(b) for b in args.memory_batch_sizes.split(",")]:
+    shapes = {
+        "encoder_input_tokens": (rows, args.input_length),
+        **{
+            k: (rows, args.target_length)
+            for k in ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights")
+        }
+    }
+    batch = {
+        k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=partitioner.data_sharding)
+        for k, v in shapes.items()
+    }
+    trainer._state_shardings = None  # pylint: disable=protected-access
+    state = trainer.state_shapes(shapes, {k: jnp.int32 for k in shapes})
+    out[str(rows)] = _step_memory(trainer, state, batch)
+  return {"system": "ours", "mode": "memory", "memory": out, "peak_rss_gib": _peak_rss_gib()}
+
+
 def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
   """`Trainer.train_step` on fixed-shape batches, 1 device; see the module docstring."""
   import jax
@@ -255,7 +302,9 @@ def ours_fixed(args: argparse.Namespace) -> dict[str, Any]:
     jax.block_until_ready(metrics)
     if i >= args.fixed_warmup_steps:
       times.append(time.time() - t)
-  return _fixed_result("ours", args, batch["decoder_loss_weights"].sum(), times, peak)
+  result = _fixed_result("ours", args, batch["decoder_loss_weights"].sum(), times, peak)
+  result["xla_memory_gib"] = _step_memory(trainer, state, dict(global_batch))
+  return result
 
 
 def _fixed_result(system: str, args: argparse.Namespace, target_tokens, times,
@@ -743,6 +792,7 @@ def _our_eval_command(args: argparse.Namespace, checkpoint: str, out_dir: str) -
 WORKERS = {
     ("ours", "epoch"): ours_epoch,
     ("ours", "fixed"): ours_fixed,
+    ("ours", "memory"): ours_memory,
     ("hf", "epoch"): hf_epoch,
     ("hf", "fixed"): hf_fixed,
     ("prep", "decode"): prep_decode,
@@ -813,7 +863,9 @@ def _rate(x: float) -> str:
 def _line(r: dict[str, Any]) -> str:
   return (f"{r['system']:>4} {r['mode']:<5} {_rate(r['examples_per_s'])} ex/s "
           f"{r['target_tokens_per_s']:9.0f} tgt tok/s {_rate(r['seconds'])} s "
-          f"{r['peak_rss_gib']:5.2f} GiB peak RSS  ({r['steps']} steps)")
+          f"{r['peak_rss_gib']:5.2f} GiB peak RSS  ({r['steps']} steps)" +
+          ("  XLA step memory: temp {temp:.2f} GiB, total {total:.2f} GiB".format(
+              **r["xla_memory_gib"]) if "xla_memory_gib" in r else ""))
 
 
 def _decode_line(r: dict[str, Any]) -> str:
@@ -1024,6 +1076,15 @@ def parse_args(argv=None) -> argparse.Namespace:
   add_network_flags(parser)
   parser.add_argument("--fixed_steps", type=int, default=5)
   parser.add_argument(
+      "--memory_limit_gib",
+      type=float,
+      default=20.0,
+      help="memory mode: XLA buffers a step may hold (24 GiB machine: 20, leaving the runtime's)")
+  parser.add_argument(
+      "--memory_batch_sizes",
+      default="2,8",
+      help="memory mode: batch sizes whose train step XLA compiles for its memory analysis")
+  parser.add_argument(
       "--fixed_warmup_steps", type=int, default=2, help="untimed steps before --fixed_steps")
   parser.add_argument(
       "--shape",
@@ -1034,7 +1095,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument(
       "--host_devices", type=int, default=1, help="XLA CPU devices, our epoch (fixed: 1)")
   parser.add_argument("--repeats", type=int, default=1)
-  parser.add_argument("--modes", default="epoch,fixed", help="any of epoch,fixed,decode,eval")
+  parser.add_argument(
+      "--modes", default="epoch,fixed", help="any of epoch,fixed,decode,eval,memory")
   parser.add_argument(
       "--checkpoint",
       default="",
@@ -1094,6 +1156,21 @@ def main(argv=None) -> None:
     _drive(args, argv, modes, work_dir)
 
 
+def _memory_driver(args: argparse.Namespace, argv: list[str]) -> None:
+  """`--modes memory`: XLA's memory of our step at each batch size, and the largest batch whose
+  step fits `--memory_limit_gib`, by the line through the two largest sizes measured."""
+  figures = {int(b): m for b, m in _run_worker("ours", "memory", argv, 1)["memory"].items()}
+  for rows, m in sorted(figures.items()):
+    print(f"ours memory batch {rows}: temp {m['temp']:.2f} GiB, arguments {m['arguments']:.2f}, "
+          f"outputs {m['outputs']:.2f}, aliased {m['alias']:.2f}, total {m['total']:.2f} GiB")
+  if len(figures) >= 2:
+    (b1, m1), (b2, m2) = sorted(figures.items())[-2:]
+    per_row = (m2["total"] - m1["total"]) / (b2 - b1)
+    rows = b2 + int((args.memory_limit_gib - m2["total"]) // per_row)
+    print(f"ours memory: {per_row:.3f} GiB a row; the largest batch within "
+          f"{args.memory_limit_gib:g} GiB of XLA buffers: {rows} (extrapolated)")
+
+
 def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir: str) -> None:
   """Runs the workers of `modes` (see `main`) and prints their lines and the ratios."""
   results: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -1104,6 +1181,9 @@ def _drive(args: argparse.Namespace, argv: list[str], modes: list[str], work_dir
   if "eval" in modes:
     modes.remove("eval")
     _eval_driver(args, argv, work_dir)
+  if "memory" in modes:
+    modes.remove("memory")
+    _memory_driver(args, argv)
   if not modes and not decoded:
     return
   for _ in range(args.repeats):

@@ -1,5 +1,6 @@
 """The engine: the T5.1.1/mT5 network with T5X's parameter names and logical axes, the
-encoder-decoder model (loss, decoding), the trainer and the partitioner (device mesh, shardings),
+encoder-decoder model (decoding; its loss fused with the output layer in `losses`), the
+attention masks, the trainer and the partitioner (device mesh, shardings),
 the CPU settings of the mains, a SIGTERM's checkpoint (`preemption`), the watch of the other
 processes of a multi-process run (`process_watch`) and the model FLOPs of a training step against
 the machine's measured matmul peak (`flops`).
