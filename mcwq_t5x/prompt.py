@@ -1,4 +1,4 @@
-"""In-context semantic parsing of MCWQ with a large language model (issue 54).
+"""In-context semantic parsing of MCWQ with a large language model.
 
   python -m mcwq_t5x.prompt --task mcwq_mcd1_he --split test --base_url http://localhost:8000/v1
       --model NAME --shots 8 --selection {random,similar,cover,oracle_compounds} --out DIR

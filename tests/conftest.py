@@ -12,9 +12,8 @@ import tempfile
 # XLA's LLVM back end without its optimisation passes: the tests' networks are tiny, so compiling
 # dominates their time (the tiny train step compiles in about half the time; its loss changes in
 # the 7th digit). XLA:CPU's older LLVM IR fusion emitters instead of its MLIR ones
-# (`--xla_cpu_use_fusion_emitters=false`, jaxlib 0.10.2) halve it again (the tiny AdamW step with
-# dropout: 3.3 -> 1.6 s of CPU time). Commands started by the tests do not inherit XLA_FLAGS
-# (tests/mains.py: `CHILD_ENV`).
+# (`--xla_cpu_use_fusion_emitters=false`, jaxlib 0.10.2) halve it again. Commands started by the
+# tests do not inherit XLA_FLAGS (tests/mains.py: `CHILD_ENV`).
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
     "--xla_cpu_use_fusion_emitters=false")

@@ -79,7 +79,7 @@ def release_free_host_memory() -> bool:
 
   Under `set_host_malloc_options` the heap keeps what the train state's initialisation frees
   (about twice the parameters), in pieces too scattered for a step's buffers: without this it adds
-  to the peak RSS (mT5-small's shape: 8.18 -> 5.96 GiB). False where the C library is not glibc.
+  to the peak RSS (about 2 GiB at mT5-small's shape). False where the C library is not glibc.
   """
   import gc
   gc.collect()  # why: the initialisation's executable is freed with a reference cycle

@@ -1,4 +1,4 @@
-"""In-context learning on MCWQ with large language models (issue 54).
+"""In-context learning on MCWQ with large language models.
 
 `selection` picks demonstrations (random, similar = BM25, cover = Levy et al. ACL 2023's greedy
 word/bigram cover, oracle_compounds = an ORACLE covering the gold query's compounds);

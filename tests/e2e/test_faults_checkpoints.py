@@ -139,7 +139,7 @@ def test_eval_checks_its_output_folder_before_loading(tmp_path):
 def test_a_checkpoint_folder_without_checkpoint_files_is_one_line(main, tmp_path):
   """A `checkpoint_<step>` folder that is empty (infer; train's INITIAL_CHECKPOINT_PATH, checked
   before the data and the compile) or holds no checkpoint files (eval): exit 1 and one last line
-  naming the folder and what is missing (before the fix: a traceback of `checkpoint_paths.locate`'s
+  naming the folder and what is missing (no traceback of `checkpoint_paths.locate`'s
   ValueError)."""
   folder = tmp_path / "run/checkpoint_5"
   folder.mkdir(parents=True)

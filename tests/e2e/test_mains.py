@@ -155,7 +155,7 @@ def test_infer_main_names_the_bad_input_line(trained, tmp_path):
 
 def test_infer_main_malformed_weights_are_one_line(tmp_path):
   """A malformed model.safetensors, or an index naming a shard outside the folder: exit 1 and one
-  last line naming the file and the problem (before the fix: a traceback)."""
+  last line naming the file and the problem (no traceback)."""
   hf = tmp_path / "hf"
   hf.mkdir()
   (hf / "config.json").write_text(

@@ -488,7 +488,7 @@ def test_arrays_with_a_fill_value_may_omit_chunks(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Checkpoints that name data outside their folder (issue 52).
+# Checkpoints that name data outside their folder.
 # ---------------------------------------------------------------------------
 def _tiny_params(seed=0):
   config = tiny_engine.config(vocab_size=32)

@@ -569,7 +569,7 @@ def test_export_generate_without_arguments_decodes_like_infer(tiny_run, mcwq_dir
 
 def test_overwrite_replaces_only_a_previous_export(tiny_run, spm_path, tmp_path):
   """`--overwrite --out <another run's MODEL_DIR>` (or a previous export with a file added) is
-  refused naming what is there, exit 1, nothing changed; before the fix it deleted the run."""
+  refused naming what is there, exit 1, nothing changed (the run is not deleted)."""
   _, _, model_dir = tiny_run
   other_run = tmp_path / "other_run"
   shutil.copytree(model_dir, other_run)

@@ -239,7 +239,8 @@ def test_our_experiment_file_follows_the_recipe(exp):
   assert q("%EVAL_PERIOD") == EVAL_PERIOD and q("%CHECKPOINT_PERIOD") == EVAL_PERIOD
   assert (dev_ds.mixture_or_task_name, dev_ds.split) == (task, "validation")
   assert q("%EVAL_STEPS") is None  # every dev row
-  assert q("train_script.train.metric_name_to_monitor") is not None
+  assert repr(q("train_state_init.SaveCheckpointConfig.metric_name_to_monitor")) == (
+      "%METRIC_NAME_TO_MONITOR")
   assert q("%METRIC_NAME_TO_MONITOR") == "training_eval/loss" and q("%METRIC_MODE") == "min"
   assert q("%KEEP_CHECKPOINTS") == 1
   # greedy decoding of the test set, up to 512 target tokens

@@ -1,30 +1,31 @@
-"""The training main in this process (`mcwq_t5x.train`): the periodic training-eval loss covers every
-row of the split; a resumed run drops the metric rows after its step; checkpoint selection is never
-on the reported split; TensorBoard gets plain scalars; configuration errors are clear (through gin,
+"""The training main in this process (`mcwq_t5x.train`): the gin files' macros reach the grouped
+checkpoint and decoding configs, a Python caller's shorthand, the run folder's preparation and the
+resume command; the tiny job selects no checkpoint; configuration errors are clear (through gin,
 with the session run's settings on the 155 Hebrew gold questions: `scenarios.OUR_RUN`); an early
-stop closes the metric writers; a non-finite loss names the last good checkpoint.
+stop closes the metric writers; a non-finite loss names the last good checkpoint; a MODEL_DIR of
+the user's files keeps its config.gin, which a training writes whole or not at all.
 
-The mains as users run them, in fresh processes: tests/e2e/ (test_mains, test_faults_checkpoints,
+The parts alone: tests/unit/data/test_training_data.py, tests/unit/checkpointing/
+(test_train_state_init, test_train_loop), tests/unit/evaluation/test_training_eval.py. The mains as
+users run them, in fresh processes: tests/e2e/ (test_mains, test_faults_checkpoints,
 test_multiprocess, test_readme)."""
 import logging
 
 import gin
-import jax
 import numpy as np
-import optax
 import pytest
 
 from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import run_folder
+from mcwq_t5x.checkpointing import train_state_init
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import writers
-from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x.evaluation import training_eval
 from mcwq_t5x import train as train_lib
 import mains
 import scenarios
-import tiny_engine
 
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 # why: the float32 matmul peak (six 2048x2048 matmuls, for the step log's share of it) is no part
@@ -32,35 +33,65 @@ TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
 RUN = mains.SMALL_MODEL + scenarios.OUR_RUN + ["train_script.train.measure_matmul_peak = False"]
 
 
-def test_loss_over_split_scores_every_row_once():
-  # why 4 devices: the state's initialisation is then test_prediction.py's program, which the
-  # session's compilation cache holds once
-  partitioner = partitioning.Partitioner(devices=jax.devices()[:4])
-  model = tiny_engine.tiny_model(0.0)
-  tr = trainer_lib.Trainer(model, partitioner, lambda step: 0.0, optimizer=optax.set_to_zero())
-  state = tr.create_state(tiny_engine.SHAPES)
-  rows = tiny_engine.synthetic_batch(0, batch=11)  # 11 rows: batches of 4, 4 and 3 (+1 padding)
-  chunked = train_lib.loss_over_split(tr, state, rows, 4, partitioner)
-  # Other groupings and paddings of the same rows (10 rows + 6 padding, 1 row + 3), in the two
-  # batch shapes that are compiled anyway (4 and 16).
-  whole = train_lib.loss_over_split(tr, state, {k: v[:10] for k, v in rows.items()}, 16, partitioner)
-  last = train_lib.loss_over_split(tr, state, {k: v[10:] for k, v in rows.items()}, 4, partitioner)
-  n_whole = float(rows["decoder_loss_weights"][:10].sum())
-  n_last = float(rows["decoder_loss_weights"][10:].sum())
-  expected = (whole["loss"] * n_whole + last["loss"] * n_last) / (n_whole + n_last)
-  np.testing.assert_allclose(chunked["loss"], expected, rtol=1e-5)
-  # A batch larger than the split still gives a loss (it is one padded batch).
-  single = train_lib.loss_over_split(tr, state, rows, 16, partitioner)
-  np.testing.assert_allclose(single["loss"], chunked["loss"], rtol=1e-5)
+def test_the_macros_reach_the_grouped_configs():
+  """Every checkpoint and decoding macro of the run files sets its field of the configs that
+  `train` receives (T5X's grouping), and the overrides of a command line win."""
+  fn = mains.configured(train_lib, "train", [TINY], [
+      "CHECKPOINT_PERIOD = 7", "KEEP_CHECKPOINTS = None", "METRIC_NAME_TO_MONITOR = 'x/loss'",
+      "METRIC_MODE = 'max'", "INITIAL_CHECKPOINT_PATH = '/ckpt'", "RESUME_PARAMS_ONLY = True",
+      "INFER_EVAL_NUM_EXAMPLES = 9", "INFER_BATCH_SIZE = 12", "NUM_DECODES = 4",
+      "FINAL_EVAL_NUM_EXAMPLES = 33", "EVAL_PERIOD = 11", "EVAL_STEPS = 3"
+  ])
+  del fn
+  try:
+    with gin.unlock_config():
+      ckpt = gin.get_configurable(train_state_init.CheckpointConfig)()
+      evaluation = gin.get_configurable(training_eval.EvaluationConfig)()
+    assert ckpt == train_state_init.CheckpointConfig(
+        train_state_init.SaveCheckpointConfig(7, None, "x/loss", "max"),
+        train_state_init.RestoreCheckpointConfig("/ckpt", True))
+    assert evaluation == training_eval.EvaluationConfig(9, 12, {"num_decodes": 4}, 33)
+    assert [
+        repr(gin.query_parameter(f"train_script.train.{name}"))
+        for name in ("eval_period", "eval_steps")
+    ] == ["%EVAL_PERIOD", "%EVAL_STEPS"]
+  finally:
+    gin.clear_config()
 
 
-def test_selection_is_never_on_the_reported_split(caplog):
-  test = pipeline.DatasetConfig("mcwq_random_split_en", None, "test", 8)
-  dev = pipeline.DatasetConfig("mcwq_random_split_en", None, "validation", 8)
-  assert train_lib.selection_metric("training_eval/loss", dev, [test]) == "training_eval/loss"
-  with caplog.at_level(logging.WARNING):
-    assert train_lib.selection_metric("training_eval/loss", test, [test]) is None
-  assert "last checkpoint" in caplog.text and "monitoring only" in caplog.text
+def test_a_python_callers_checkpoint_shorthand():
+  cfg = train_state_init.CheckpointConfig(
+      train_state_init.SaveCheckpointConfig(period=5, keep=2, metric_name_to_monitor="m"))
+  assert train_lib._checkpoint_config(cfg, None, None) is cfg  # pylint: disable=protected-access
+  changed = train_lib._checkpoint_config(cfg, 10**9, 1)  # pylint: disable=protected-access
+  assert (changed.save.period, changed.save.keep, changed.save.metric_name_to_monitor) == (10**9, 1,
+                                                                                           "m")
+  assert train_lib._checkpoint_config(None, None, 4).save.keep == 4  # pylint: disable=protected-access
+
+
+def test_prepare_model_dir_writes_the_operative_config(tmp_path, caplog):
+  mains.configured(train_lib, "train", [TINY], ["TRAIN_STEPS = 3"])
+  try:
+    cfg = pipeline.DatasetConfig("mcwq_gold_he", None, "test", 8)
+    with caplog.at_level(logging.WARNING):
+      out = train_lib.prepare_model_dir(
+          str(tmp_path / "run"), cfg, train_state_init.RestoreCheckpointConfig(), "a note")
+    assert out == (tmp_path / "run").absolute()
+    assert (out / "config.gin").read_text() == train_lib.CONFIG_GIN_HEADER + gin.config_str()
+    assert "NOTE: a note" in caplog.text and "training on split 'test' of mcwq_gold_he" in caplog.text
+    with pytest.raises(checkpoint_paths.INPUT_ERRORS, match="no_such_checkpoint"):
+      train_lib.prepare_model_dir(
+          str(tmp_path / "other"), cfg,
+          train_state_init.RestoreCheckpointConfig(path=str(tmp_path / "no_such_checkpoint")))
+    assert not (tmp_path / "other" / "config.gin").exists()  # refused before it wrote anything
+  finally:
+    gin.clear_config()
+
+
+def test_the_resume_command():
+  assert train_lib.command_line([
+      "--gin_file=a b.gin", "--gin.MODEL_DIR='x'"
+  ]) == ("python -m mcwq_t5x.train '--gin_file=a b.gin' '--gin.MODEL_DIR='\"'\"'x'\"'\"''")
 
 
 def test_tiny_job_selects_no_checkpoint():
@@ -133,8 +164,8 @@ def test_nan_loss_stops_and_says_which_checkpoint_is_good(tmp_path, caplog):
 
 
 def test_a_model_dir_of_user_files_keeps_its_config_gin(tmp_path):
-  """A MODEL_DIR whose config.gin no training wrote is refused, the file unchanged (before the fix
-  the training overwrote it); a training's own config.gin carries the header that allows a rerun."""
+  """A MODEL_DIR whose config.gin no training wrote is refused, the file unchanged (never
+  overwritten); a training's own config.gin carries the header that allows a rerun."""
   user = tmp_path / "config.gin"
   user.write_text("MY_SETTING = 1\n")
   with pytest.raises(ValueError, match=r"config\.gin was not written by a training"):

@@ -314,8 +314,8 @@ def test_evaluate_split_falls_back_to_seqio_for_other_kinds_of_metric():
 def test_an_over_long_example_is_refused_before_compiling(source, tmp_path):
   """With TASK_FEATURE_LENGTHS None (the eval default: each split's longest example), a question
   of 10,000+ tokens is refused naming the example (its file and line where the task reads a file,
-  else its position), its length and the setting (before the fix it became the padded length: a
-  5 MiB question died in XLA with RESOURCE_EXHAUSTED); an explicit inputs length truncates it as
+  else its position), its length and the setting (not made the padded length: a 5 MiB question
+  would die in XLA with RESOURCE_EXHAUSTED); an explicit inputs length truncates it as
   T5X does. The MCWQ tasks' file and line: tests/unit/tasks/test_tasks.py."""
   from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
@@ -372,8 +372,8 @@ def test_an_over_long_mcwq_example_is_named_by_its_file(tmp_path):
 
 
 def test_a_rewrite_on_a_full_disk_keeps_the_previous_predictions_and_metrics(tmp_path, full_disk):
-  """Re-running eval on a full disk used to destroy the earlier good predictions and leave a
-  partial file beside the old metrics: now both keep their previous contents."""
+  """Re-running eval on a full disk keeps the earlier good predictions and metrics, both with their
+  previous contents (no partial file beside the old metrics)."""
   import types  # pylint: disable=g-import-not-at-top
   from mcwq_t5x.data import writers  # pylint: disable=g-import-not-at-top
   cfg = types.SimpleNamespace(mixture_or_task_name="mcwq_gold_he", split="test")

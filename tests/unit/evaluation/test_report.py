@@ -534,8 +534,8 @@ def test_report_on_a_full_disk_keeps_the_previous_report(tmp_path, capsys, full_
 
 def test_a_full_disk_while_writing_a_figure_keeps_the_previous_png(tmp_path, capsys, full_disk):
   """The figures are the report's first files: a full disk there ends in one line naming the PNG
-  and leaves every previous file as it was (before the fix matplotlib wrote the PNGs directly,
-  past the full disk, over the previous ones)."""
+  and leaves every previous file as it was (a PNG is written whole or not at all, never by
+  matplotlib straight over the previous one)."""
   data, results = _fake_release(tmp_path)
   out = tmp_path / "out"
   args = [str(results), "--targets_dir", str(data / "translations"), "--out", str(out)]

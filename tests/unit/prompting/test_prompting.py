@@ -1,6 +1,6 @@
-"""The prompting path of issue 54 on the shared data: selection, prompt, the OpenAI-protocol
-server of the tests (answering through the nearest-neighbour baseline), parsing, cache, scoring,
-the error cases, and the API key kept out of every file."""
+"""The prompting path on the shared data: selection, prompt, the OpenAI-protocol server of the
+tests (answering through the nearest-neighbour baseline), parsing, cache, scoring, the error cases,
+and the API key kept out of every file."""
 import json
 import sys
 
