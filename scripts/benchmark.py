@@ -328,6 +328,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   parser.add_argument("--out", required=True, help="folder for benchmark.json and benchmark.md")
   parser.add_argument("--models", default="", help="comma-separated subset of the preset's models")
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  parser.add_argument(
+      "--remat_policy",
+      default="none",
+      choices=("none", "minimal", "full"),
+      help="T5Config.remat_policy of the trained networks")
   parser.add_argument("--steps", type=int, default=None, help="timed training steps")
   parser.add_argument(
       "--warmup_steps", type=int, default=None, help="untimed steps after compiling")
@@ -413,7 +418,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   # why each model whole (training, then its decoders) before the next: a lease cut short still
   # gives one model's complete figures.
   for shape in shapes:
-    cfg = network.get_config(shape.preset, dtype=args.dtype, **dict(shape.overrides))
+    cfg = network.get_config(
+        shape.preset, dtype=args.dtype, remat_policy=args.remat_policy, **dict(shape.overrides))
     if not within_budget(f"{shape.name} training step"):
       continue
     _phase(f"{shape.name}: creating the state, compiling and timing the training step "
@@ -439,7 +445,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     _phase("skipped the 2-device sharded step (1 device)")
   else:
     shape = shapes[0]
-    cfg = network.get_config(shape.preset, dtype=args.dtype, **dict(shape.overrides))
+    cfg = network.get_config(
+        shape.preset, dtype=args.dtype, remat_policy=args.remat_policy, **dict(shape.overrides))
     for num_partitions, kind in ((1, "data parallel"), (2, "model parallel")):
       if not within_budget(f"{shape.name} 2-device {kind} step"):
         continue

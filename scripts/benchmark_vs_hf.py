@@ -44,6 +44,7 @@ def _network_config(args: argparse.Namespace):
   return network.T5Config(
       **vars(_flop_config(args)),
       dropout_rate=args.dropout_rate,
+      remat_policy=args.remat_policy,
       logits_via_embedding=False,
       dtype="float32")
 
@@ -1028,6 +1029,11 @@ def add_network_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--mlp_dim", type=int, default=1024)
   parser.add_argument("--num_layers", type=int, default=4, help="encoder and decoder layers each")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
+  parser.add_argument(
+      "--remat_policy",
+      default="none",
+      choices=("none", "minimal", "full"),
+      help="our network's T5Config.remat_policy (memory mode: compare the policies)")
   parser.add_argument("--learning_rate", type=float, default=1e-3)
   parser.add_argument(
       "--use_hardware_rng",

@@ -31,6 +31,11 @@ DType = Any
 Initializer = Callable[..., Array]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_REMAT_POLICIES = {
+    "none": None,
+    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +49,10 @@ class T5Config:
   MLP hidden, block outputs, final norm). `logits_via_embedding`: tied output (T5 1.0, decoder
   output @ embedding.T / sqrt(emb_dim)) else `logits_dense`. `float32_attention_logits`: q.k and
   softmax in float32. `relative_attention_num_buckets` (T5: 32), `relative_attention_max_distance`
-  (T5: 128), `layer_norm_epsilon` (T5/HF: 1e-6).
+  (T5: 128), `layer_norm_epsilon` (T5/HF: 1e-6). `remat_policy` (T5X's scalable_t5): "none" keeps
+  every layer's activations for the backward pass, "minimal" keeps only their matmuls without a
+  batch dimension (`jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims`), "full" keeps
+  only each layer's input and recomputes the rest; the numbers are the same, up to float order.
   """
   vocab_size: int = 250112
   dtype: Any = jnp.float32
@@ -61,8 +69,12 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
+  remat_policy: str = "none"
 
   def __post_init__(self):
+    if self.remat_policy not in _REMAT_POLICIES:
+      raise ValueError(f"T5Config.remat_policy: unknown policy {self.remat_policy!r}; "
+                       f"expected one of {sorted(_REMAT_POLICIES)}")
     if isinstance(self.dtype, str):
       if self.dtype not in _DTYPES:
         raise ValueError(f"T5Config.dtype: unknown dtype {self.dtype!r}; "
@@ -554,6 +566,14 @@ def _embed(cfg: T5Config, shared_embedding: nn.Module, tokens: Array,
   return rel_emb, _constrain(x, ("batch", "length", "embed"))
 
 
+def _rematerialised(cfg: T5Config, layer: type[nn.Module], *static_argnums: int) -> type[nn.Module]:
+  """`layer`, whose activations the backward pass recomputes as `cfg.remat_policy` says (the same
+  parameter names); `static_argnums` count `self` as 0 (`flax.linen.remat`)."""
+  if cfg.remat_policy == "none":
+    return layer
+  return nn.remat(layer, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=static_argnums)
+
+
 class Encoder(nn.Module):
   """Embedding -> dropout -> layers -> `encoder_norm` -> dropout."""
   config: T5Config
@@ -568,8 +588,9 @@ class Encoder(nn.Module):
     rel_emb, x = _embed(cfg, self.shared_embedding, encoder_input_tokens, deterministic)
     length = x.shape[-2]
     bias = rel_emb(length, length, True)  # why once: every layer shares the table (T5)
+    layer = _rematerialised(cfg, EncoderLayer, 4)  # why 4: `deterministic` is a Python bool
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f"layers_{i}")(x, encoder_mask, bias, deterministic)
+      x = layer(cfg, name=f"layers_{i}")(x, encoder_mask, bias, deterministic)
     x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, deterministic)
 
@@ -595,17 +616,13 @@ class Decoder(nn.Module):
     rel_emb, y = _embed(cfg, self.shared_embedding, decoder_input_tokens, deterministic)
     length = max_decode_length if decode and max_decode_length else y.shape[-2]
     bias = rel_emb(length, length, False)  # why once: every layer shares the table (T5)
+    # why not when decoding: no backward pass, and the cache is written in the layers
+    layer = DecoderLayer if decode else _rematerialised(cfg, DecoderLayer, 6, 7)
     for i in range(cfg.num_decoder_layers):
-      y = DecoderLayer(
-          cfg, name=f"layers_{i}")(
-              y,
-              encoded,
-              decoder_mask=decoder_mask,
-              encoder_decoder_mask=encoder_decoder_mask,
-              bias=bias,
-              deterministic=deterministic,
-              decode=decode,
-              cross_kv=None if cross_kv is None else cross_kv[i])
+      y = layer(
+          cfg, name=f"layers_{i}")(  # why positional: remat's static_argnums
+              y, encoded, decoder_mask, encoder_decoder_mask, bias, deterministic, decode,
+              None if cross_kv is None else cross_kv[i])
     y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg, y, deterministic)
     if cfg.logits_via_embedding:
