@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcwq_t5x.engine import attention_masks
+from mcwq_t5x.engine import remat
 
 Array = jax.Array
 DType = Any
@@ -52,7 +53,8 @@ class T5Config:
   (T5: 128), `layer_norm_epsilon` (T5/HF: 1e-6). `remat_policy` (T5X's scalable_t5): "none" keeps
   every layer's activations for the backward pass, "minimal" keeps only their matmuls without a
   batch dimension (`jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims`), "full" keeps
-  only each layer's input and recomputes the rest; the numbers are the same, up to float order.
+  only each layer's input and recomputes the rest; the numbers are the same, up to float order (`engine.remat`:
+  on XLA:CPU the recomputation runs in a conditional on the layer's cotangent).
   """
   vocab_size: int = 250112
   dtype: Any = jnp.float32
@@ -571,7 +573,7 @@ def _rematerialised(cfg: T5Config, layer: type[nn.Module], *static_argnums: int)
   parameter names); `static_argnums` count `self` as 0 (`flax.linen.remat`)."""
   if cfg.remat_policy == "none":
     return layer
-  return nn.remat(layer, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=static_argnums)
+  return remat.rematerialised(layer, _REMAT_POLICIES[cfg.remat_policy], static_argnums)
 
 
 class Encoder(nn.Module):
