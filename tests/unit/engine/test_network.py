@@ -426,10 +426,14 @@ def _remat_loss(cfg):
   return jax.jit(jax.value_and_grad(loss))
 
 
-@pytest.mark.parametrize("policy", ["minimal", "full"])
-def test_rematerialised_layers_give_the_same_loss_and_gradients(params, batch, policy):
+@pytest.mark.parametrize("policy,conditional", [("minimal", True), ("full", True),
+                                                ("full", False)])
+def test_rematerialised_layers_give_the_same_loss_and_gradients(params, batch, policy, conditional,
+                                                               monkeypatch):
   """`remat_policy`: the same parameter tree, and the same loss and gradients (dropout on, one
-  rng) as keeping every activation, each layer recomputed in its own conditional."""
+  rng) as keeping every activation, each layer recomputed in its own conditional (XLA:CPU) or
+  behind `jax.checkpoint`'s optimisation barrier (`conditional=False`, as on GPU and TPU)."""
+  monkeypatch.setattr(remat, "recompute_in_conditional", lambda: conditional)
   enc, dec, tgt = batch
   cfg = dataclasses.replace(CFG, remat_policy=policy)
   init = jax.jit(network.Transformer(cfg).init, static_argnames=("enable_dropout",))
@@ -445,12 +449,16 @@ def test_rematerialised_layers_give_the_same_loss_and_gradients(params, batch, p
     r = np.asarray(r, np.float64)
     error = np.linalg.norm(np.asarray(g, np.float64) - r) / np.linalg.norm(r)
     assert error <= 1e-5, (jax.tree_util.keystr(path), error)
+  layers = CFG.num_encoder_layers + CFG.num_decoder_layers
+  lowered = _remat_loss(cfg).lower(p, enc, dec, tgt, rng)
+  reference = _remat_loss(CFG).lower(p, enc, dec, tgt, rng)
+  if not conditional:
+    assert lowered.as_text().count("stablehlo.optimization_barrier") == layers
+    assert "optimization_barrier" not in reference.as_text()
+    return
   # On XLA:CPU each layer's backward pass is one conditional, kept by the compiler (a barrier is
   # not), and the step's buffers shrink.
-  layers = CFG.num_encoder_layers + CFG.num_decoder_layers
-  compiled = _remat_loss(cfg).lower(p, enc, dec, tgt, rng).compile()
-  reference = _remat_loss(CFG).lower(p, enc, dec, tgt, rng).compile()
-  assert remat.recompute_in_conditional()
+  compiled, reference = lowered.compile(), reference.compile()
   assert compiled.as_text().count(" conditional(") == layers
   assert " conditional(" not in reference.as_text()
   assert (compiled.memory_analysis().temp_size_in_bytes <
