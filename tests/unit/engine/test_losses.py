@@ -152,9 +152,11 @@ def test_the_compiled_step_holds_no_batch_length_vocab_buffer():
   assert reference.memory_analysis().temp_size_in_bytes > 4 * logits_elements
 
 
-def test_fused_loss_on_a_2x2_mesh_keeps_the_vocabulary_sharded():
+@pytest.mark.parametrize("remat_policy", ["none", "full"])
+def test_fused_loss_on_a_2x2_mesh_keeps_the_vocabulary_sharded(remat_policy):
   """Batch over `data`, vocabulary over `model` (2 x 2 devices): the single-device values, and no
-  all-gather of the output layer's vocabulary axis."""
+  all-gather of the output layer's vocabulary axis; with the layers rematerialised
+  (`engine.remat`'s conditionals under the mesh) against the single device's without."""
   vocab = 96  # why: no other dimension of the network is 96, so the HLO check below reads it
   cfg = config(vocab)
   model = _model(cfg, label_smoothing=0.1, z_loss=1e-4, chunk=16)
@@ -162,6 +164,8 @@ def test_fused_loss_on_a_2x2_mesh_keeps_the_vocabulary_sharded():
   params = _params(model, batch)
   (loss, metrics), grads = _value_and_grad(model.loss_fn)(params, batch)
 
+  model = _model(dataclasses.replace(cfg, remat_policy=remat_policy), label_smoothing=0.1,
+                 z_loss=1e-4, chunk=16)
   part = partitioning.Partitioner(num_partitions=2, devices=jax.devices()[:4])
   with part.context():
     boxed = jax.eval_shape(
