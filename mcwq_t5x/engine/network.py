@@ -53,8 +53,8 @@ class T5Config:
   (T5: 128), `layer_norm_epsilon` (T5/HF: 1e-6). `remat_policy` (T5X's scalable_t5): "none" keeps
   every layer's activations for the backward pass, "minimal" keeps only their matmuls without a
   batch dimension (`jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims`), "full" keeps
-  only each layer's input and recomputes the rest; the numbers are the same, up to float order (`engine.remat`:
-  on XLA:CPU the recomputation runs in a conditional on the layer's cotangent).
+  only each layer's input and recomputes the rest; the numbers are the same, up to float order
+  (`engine.remat`: on XLA:CPU the recomputation runs in a conditional on the layer's cotangent).
   """
   vocab_size: int = 250112
   dtype: Any = jnp.float32

@@ -426,10 +426,9 @@ def _remat_loss(cfg):
   return jax.jit(jax.value_and_grad(loss))
 
 
-@pytest.mark.parametrize("policy,conditional", [("minimal", True), ("full", True),
-                                                ("full", False)])
+@pytest.mark.parametrize("policy,conditional", [("minimal", True), ("full", True), ("full", False)])
 def test_rematerialised_layers_give_the_same_loss_and_gradients(params, batch, policy, conditional,
-                                                               monkeypatch):
+                                                                monkeypatch):
   """`remat_policy`: the same parameter tree, and the same loss and gradients (dropout on, one
   rng) as keeping every activation, each layer recomputed in its own conditional (XLA:CPU) or
   behind `jax.checkpoint`'s optimisation barrier (`conditional=False`, as on GPU and TPU)."""
@@ -461,8 +460,8 @@ def test_rematerialised_layers_give_the_same_loss_and_gradients(params, batch, p
   compiled, reference = lowered.compile(), reference.compile()
   assert compiled.as_text().count(" conditional(") == layers
   assert " conditional(" not in reference.as_text()
-  assert (compiled.memory_analysis().temp_size_in_bytes <
-          reference.memory_analysis().temp_size_in_bytes)
+  assert (compiled.memory_analysis().temp_size_in_bytes
+          < reference.memory_analysis().temp_size_in_bytes)
 
 
 def test_unknown_remat_policy_is_refused():

@@ -1,6 +1,7 @@
 """Tests of mcwq_t5x.engine.remat: the same values and gradients as `jax.checkpoint`, and on XLA:CPU
 the activations really recomputed (XLA's memory analysis of the compiled gradient)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,10 +19,12 @@ def _layer(w, x, ids, scale):
 
 
 def _grad(layer):
+
   def loss(ws, x, ids):
     for w in ws:
       x = layer(w, x, ids, 0.5)
-    return jnp.sum(x ** 2)
+    return jnp.sum(x**2)
+
   return jax.jit(jax.value_and_grad(loss))
 
 
@@ -35,7 +38,8 @@ def inputs():
   return ws, x, ids
 
 
-@pytest.mark.parametrize("policy", [None, jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims])
+@pytest.mark.parametrize("policy",
+                         [None, jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims])
 def test_same_value_and_gradients_as_jax_checkpoint(inputs, policy):
   gated = remat.checkpoint_after_cotangent(_layer, policy, static_argnums=(3,))
   plain = jax.checkpoint(_layer, policy=policy, static_argnums=(3,))
@@ -51,7 +55,8 @@ def test_on_cpu_the_activations_are_recomputed_where_jax_checkpoint_keeps_them(i
   its buffers equal keeping everything; the conditional form's hold about one layer's."""
   assert remat.recompute_in_conditional()
   temp = {}
-  for name, layer in [("none", _layer), ("jax.checkpoint", jax.checkpoint(_layer, static_argnums=(3,))),
+  for name, layer in [("none", _layer),
+                      ("jax.checkpoint", jax.checkpoint(_layer, static_argnums=(3,))),
                       ("conditional", remat.checkpoint_after_cotangent(_layer, None, (3,)))]:
     compiled = _grad(layer).lower(*inputs).compile()
     temp[name] = compiled.memory_analysis().temp_size_in_bytes
@@ -65,5 +70,33 @@ def test_on_cpu_the_activations_are_recomputed_where_jax_checkpoint_keeps_them(i
 
 def test_the_predicate_is_true_for_every_cotangent():
   for value in [0.0, -0.0, 1.0, float("nan"), float("inf"), -float("inf"), 1e-45]:
-    assert bool(remat._always_true(jnp.full((2, 3), value, jnp.bfloat16 if value == 1.0 else jnp.float32)))
+    for dtype in (jnp.float32, jnp.bfloat16):
+      assert bool(jax.jit(remat._always_true)(jnp.full((2, 3), value, dtype)))
   assert bool(remat._always_true({"ids": jnp.zeros(3, jnp.int32)}))
+
+
+def test_a_constant_first_cotangent_does_not_fold_the_conditional(inputs):
+  """An unused first output has a constant zero cotangent: the predicate reads every leaf, so the
+  compiled gradient keeps its conditional."""
+  ws, x, ids = inputs
+  layer = remat.checkpoint_after_cotangent(lambda w, x: (jnp.zeros(()), _layer(w, x, ids, 0.5)))
+  grad = jax.jit(jax.grad(lambda w, x: jnp.sum(layer(w, x)[1]**2)))
+  assert grad.lower(ws[0], x).compile().as_text().count(" conditional(") == 1
+
+
+def test_bad_static_argnums_and_keywords_are_refused():
+  with pytest.raises(ValueError, match=r"static_argnums \[4\] out of range for 4"):
+    remat.checkpoint_after_cotangent(_layer, None, (4,))(None, None, None, 0.5)
+
+  class Scale(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, scale=1.0):
+      return x * self.param("w", nn.initializers.ones, (x.shape[-1],)) * scale
+
+  layer = remat.rematerialised(Scale, None)()
+  x = jnp.ones((2, 3))
+  variables = layer.init(jax.random.PRNGKey(0), x)
+  np.testing.assert_array_equal(layer.apply(variables, x, 0.0), 0.0)  # positional: honoured
+  with pytest.raises(TypeError, match=r"positional arguments only, got \['scale'\]"):
+    layer.apply(variables, x, scale=0.0)
