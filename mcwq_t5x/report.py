@@ -2,12 +2,14 @@
 95% bootstrap intervals, the unseen-compound diagnosis, an error browser and paired comparisons
 (`mcwq_t5x.evaluation.report`).
 
-  python -m mcwq_t5x.report RESULTS_DIR [--targets_dir ../shared/mcwq/translations]
+  python -m mcwq_t5x.report RESULTS_DIR [RESULTS_DIR ...] [--targets_dir ../shared/mcwq/translations]
       [--data_dir DIR] [--out DIR] [--split {test,validation}] [--html DIR] [--no_published]
       [--compare A B [--compare_gold FILE]]
   python -m mcwq_t5x.report --compare A B [--compare_gold FILE] [--targets_dir ...]
 
---html DIR writes the error browser (DIR/index.html, one self-contained page; report.md's cells
+Several RESULTS_DIRs are read as one (links to folders are followed). Two results of one run and
+test set (`MODEL_DIR/predictions/` and `eval_<step>/`) are both shown: the run's name is its final
+evaluation, the other `<run> step <k>`, with a warning on stderr. --html DIR writes the error browser (DIR/index.html, one self-contained page; report.md's cells
 link to it). --compare A B: a paired test of two prediction files on the same examples (paired
 bootstrap interval of the difference in exact match, exact permutation test); without
 RESULTS_DIR it prints only that, as JSON. Progress lines go to stderr.
@@ -30,7 +32,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Runs the command line; returns the exit status (0 ok, 2 bad input)."""
   parser = argparse.ArgumentParser(
       prog="python -m mcwq_t5x.report", description=__doc__.split("\n")[0])
-  parser.add_argument("results_dir", nargs="?", default=None, help="directory of prediction files")
+  parser.add_argument(
+      "results_dir",
+      nargs="*",
+      default=[],
+      metavar="RESULTS_DIR",
+      help="directories of prediction files (several are read as one)")
   parser.add_argument(
       "--targets_dir",
       default=None,
@@ -69,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       metavar="FILE",
       help="gold queries (RIR) of the --compare files (default: the test set their layout names)")
   args = parser.parse_args(argv)
-  if args.results_dir is None and args.compare is None:
+  if not args.results_dir and args.compare is None:
     parser.error("give RESULTS_DIR, --compare A B, or both")
   targets_dir = args.targets_dir
   if targets_dir is None:
@@ -83,7 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       comparisons.append(
           report_lib.compare(args.compare[0], args.compare[1], targets_dir, args.data_dir,
                              args.compare_gold))
-      if args.results_dir is None:
+      if not args.results_dir:
         print(json.dumps(comparisons[0], indent=2))
         print(report_lib.comparison_markdown(comparisons[0]), file=sys.stderr)
         return 0
@@ -92,7 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     console.print_error(e)
     return 2
   if not report["runs"]:
-    console.print_error(FileNotFoundError(f"no prediction files found under {args.results_dir}"))
+    console.print_error(
+        FileNotFoundError(f"no prediction files found under {', '.join(args.results_dir)}"))
     return 2
   for warning in report["warnings"]:
     print(f"warning: {warning}", file=sys.stderr)
@@ -108,11 +116,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     console.print_error(e)  # one line, no traceback
     return 2 if isinstance(e, report_lib.ForeignFileError) else 1
   print(written["markdown"].read_text(encoding="utf-8"))
-  print(f"wrote {written['markdown']}, {len(written['tables'])} CSV tables and "
-        f"{len(written['figures'])} figures to {args.out}" +
+  print(f"wrote {written['markdown']}, {_count(len(written['tables']), 'CSV table')} and "
+        f"{_count(len(written['figures']), 'figure')} to {args.out}" +
         (f"; the error browser {written['html']}" if written["html"] else ""))
   progress("done")
   return 0
+
+
+def _count(n: int, noun: str) -> str:
+  """"1 figure", "3 figures"."""
+  return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 if __name__ == "__main__":

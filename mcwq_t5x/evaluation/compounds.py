@@ -5,8 +5,9 @@ An MCD split (Keysers et al., ICLR 2020) keeps train and test atoms alike and th
 apart. Compounds are `mcwq_t5x.data.divergence`'s (connected sub-graphs of one to three
 triples/filters, placeholders and variables anonymised); a test example's unseen compounds are
 those no training query contains. Exact match is grouped by their number (`BUCKETS`) and each
-unseen compound ranked by the exact matches its examples lose (`costliest`). Needs the split's
-`train` part (a full release, `make_splits` or `migrate`); the shared published copy has none.
+unseen compound ranked by the exact matches its examples lose (`costliest`). Needs the part the
+model trained on: `train` (a full release, `make_splits` or `migrate`; the shared published copy
+has none), or `dev` for a run that trained on it (run.json's "split": "validation").
 """
 from __future__ import annotations
 
@@ -46,18 +47,19 @@ BUCKETS = tuple(bucket_name(k) for k in BUCKET_EDGES)
 
 def training_compounds(split: str,
                        data_dir: Optional[readers.PathLike] = None,
-                       language: Optional[str] = None) -> Optional[frozenset[str]]:
-  """The `divergence.compounds` strings of every query of `split`'s `train` part; None if it has
-  none.
+                       language: Optional[str] = None,
+                       part: str = "train") -> Optional[frozenset[str]]:
+  """The `divergence.compounds` strings of every query of `split`'s training part (`part`: "train",
+  or "dev" for a run trained on it); None if `data_dir` lacks that part.
 
   `language` default: "en" if present, else the split's first (the queries are the same). Raises
   ValueError: unknown split, malformed data (`readers.DataFormatError`, an unparseable query).
   """
   language = language or divergence.default_language(split, data_dir)
   # The shared copy of the published splits mirrors only dev and test.
-  if "train" not in readers.available_parts(split, language, data_dir):
+  if part not in readers.available_parts(split, language, data_dir):
     return None
-  queries = divergence.split_queries(split, "train", data_dir, language)
+  queries = divergence.split_queries(split, part, data_dir, language)
   if not queries:
     return None
   return frozenset(divergence.distributions(queries).compounds)

@@ -20,13 +20,16 @@ MCD_MEAN = "MCD mean"
 class PublishedRow:
   """One published row: `system` and `title` as the paper names them, `citation` (authors, venue,
   year), `mode` "monolingual" (Table 4) or "zeroshot" (Table 5), `split` ("mcd1", ... or
-  `MCD_MEAN`), `exact_match` {language: percent as printed}."""
+  `MCD_MEAN`), `exact_match` {language: percent as printed}, `size` (the pretrained model) and
+  `train_part` (the MCWQ part it was fine-tuned on: both papers train on `train`)."""
   system: str
   citation: str
   title: str
   mode: str
   split: str
   exact_match: Mapping[str, float]
+  size: str = "mT5-small"
+  train_part: str = "train"
 
   @property
   def label(self) -> str:
@@ -40,6 +43,9 @@ WANG_HERSHCOVICH_2023 = ("Wang & Hershcovich, ACL 2023",
                          "On Evaluating Multilingual Compositional Generalization with "
                          "Translated Datasets")
 
+#: mBART50 (Tang et al., 2020) has one size, that of mBART-large (12+12 layers, 610M parameters).
+MBART50_SIZE = "mBART-large-50"
+
 ROWS = (
     PublishedRow("mT5-small+RIR", *CUI_2022, "monolingual", "mcd1", {
         "en": 77.6,
@@ -52,11 +58,17 @@ ROWS = (
         "kn": 0.8,
         "zh": 0.1
     }),
-    PublishedRow("mBART50", *WANG_HERSHCOVICH_2023, "monolingual", MCD_MEAN, {
-        "en": 55.2,
-        "zh": 43.6
-    }),
-    PublishedRow("mBART50", *WANG_HERSHCOVICH_2023, "zeroshot", MCD_MEAN, {"zh": 35.0}),
+    PublishedRow(
+        "mBART50",
+        *WANG_HERSHCOVICH_2023,
+        "monolingual",
+        MCD_MEAN, {
+            "en": 55.2,
+            "zh": 43.6
+        },
+        size=MBART50_SIZE),
+    PublishedRow(
+        "mBART50", *WANG_HERSHCOVICH_2023, "zeroshot", MCD_MEAN, {"zh": 35.0}, size=MBART50_SIZE),
 )
 
 

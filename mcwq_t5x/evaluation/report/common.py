@@ -81,6 +81,14 @@ def part_of(report: dict[str, Any]) -> str:
   return readers.DATASET_SPLIT_TO_PART[report.get("eval_split", "test")]
 
 
+def training_label(run: dict[str, Any]) -> Optional[str]:
+  """The "training part" cell of a run: "train", "dev", "train (multilingual)"; None if unknown."""
+  part = run.get("train_part")
+  if part is None:
+    return None
+  return part + (f" ({run['train_languages']})" if run.get("train_languages") else "")
+
+
 def run_filters(run: dict[str, Any], part: str, **more: Any) -> Filters:
   """The browser filters of a run's examples (`browser`), with `more` added."""
   filters = {
@@ -101,13 +109,24 @@ def ci_header(columns_with_ci: Sequence[str]) -> list[str]:
 
 class Run(TypedDict, total=False):
   """One scored prediction file (a dict: results.json and the browser read it); exact_match_ci is
-  [low, high] percent, by_* and costliest None where unknown."""
+  [low, high] percent, by_* and costliest None where unknown. `lines`: [first, last] (1-based) of a
+  mixture file's part; `step`, `final`, `train_part`, `train_languages`, `size`: as
+  `discovery.PredictionFile`; `run`: the run's name (`model` may name one of its results apart:
+  "tiny step 400"); `unseen_part`: the part by_unseen compared with."""
   model: str
   mode: str
   split: str
   language: str
   gold: bool
   path: str
+  lines: Optional[list[int]]
+  step: Optional[int]
+  final: bool
+  train_part: Optional[str]
+  train_languages: Optional[str]
+  size: Optional[str]
+  run_json: Optional[str]
+  run: str
   n: int
   exact_match: float
   bleu: float
@@ -116,6 +135,7 @@ class Run(TypedDict, total=False):
   error_categories: dict[str, int]
   by_complexity: Optional[dict[int, dict[str, Any]]]
   by_unseen: Optional[dict[str, dict[str, Any]]]
+  unseen_part: Optional[str]
   costliest: Optional[list[dict[str, Any]]]
   alignment: dict[str, Any]
 

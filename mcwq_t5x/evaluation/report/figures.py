@@ -3,6 +3,7 @@ accuracy by complexity (Figure 4) and exact match by unseen compounds."""
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Sequence
 
 import numpy as np
@@ -81,7 +82,8 @@ def figures(report: Report, out_dir: pathlib.Path) -> list[pathlib.Path]:
   for r in report["runs"]:
     groups.setdefault((r["model"], r["mode"], r["split"], r["gold"]), []).append(r)
   for (model, mode, split, gold), runs in sorted(groups.items()):
-    name = f"{model}_{mode}_{split}" + ("-gold" if gold else "")
+    # why: a model named apart ("tiny step 400", "tiny (runs/x/eval)") must not make a folder
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{model}_{mode}_{split}") + ("-gold" if gold else "")
     test_set = "gold test" if gold else f"{title(split)} {report.get('eval_split', 'test')}"
     path = out_dir / f"errors_{name}.png"
     trained = ("English-trained, zero-shot" if mode == "zeroshot" else "monolingual")

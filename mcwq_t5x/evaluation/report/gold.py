@@ -46,6 +46,11 @@ class GoldLoader:
       self._cache[key] = self._load(split, language)
     return self._cache[key]
 
+  def languages(self, split: str) -> tuple[str, ...]:
+    """The languages `split`'s tasks have in `data_dir` (`readers.discover`, as `tasks.mcwq`
+    registers them: the languages of a multilingual mixture)."""
+    return tuple(readers.discover(self.data_dir).languages_of(split))
+
   def _load(self, split: str, language: str) -> Optional[GoldSet]:
     part = "test" if split == GOLD else self.part
     rir_file = self.targets_dir / split / f"{part}.{language}.sparql"

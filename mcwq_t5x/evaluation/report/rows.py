@@ -2,7 +2,7 @@
 (`split_rows`), the published reference rows and the seed groups; cell links keyed by column name."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from mcwq_t5x.evaluation.report.common import run_key
 from mcwq_t5x.evaluation.report.common import SEED_RE
 from mcwq_t5x.evaluation.report.common import SPLITS
 from mcwq_t5x.evaluation.report.common import title
+from mcwq_t5x.evaluation.report.common import training_label
 
 
 def columns(runs: Sequence[dict]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -46,8 +47,9 @@ def split_rows(runs: Sequence[dict],
                correct_of: Optional[dict[tuple, np.ndarray]] = None,
                part: str = "test") -> tuple[list[list[Any]], list[dict[str, Filters]]]:
   """Rows [model, split, value per language] (for exact match also each language's 95% CI low
-  and high, after the values), with "MCD mean" (the mean over the MCD splits present, when there
-  are two or more; its interval resamples each split's test set), and each row's cell links."""
+  and high, after the values), then the training part and model size of the row's runs (`about`),
+  with "MCD mean" (the mean over the MCD splits present, when there are two or more; its interval
+  resamples each split's test set), and each row's cell links."""
 
   def find(split, lang, pool):
     for r in pool:
@@ -78,7 +80,7 @@ def split_rows(runs: Sequence[dict],
       for l in languages:
         r = table[split][l]
         row += list(r["exact_match_ci"]) if r and r.get("exact_match_ci") else [None, None]
-    return row, links
+    return row + list(about(table[split].values())), links
 
   def mean_row():
     row = [model, MCD_MEAN]
@@ -98,7 +100,8 @@ def split_rows(runs: Sequence[dict],
     if with_ci:
       for ci in intervals:
         row += ci if ci else [None, None]
-    assert len(row) == 2 + n * (3 if with_ci else 1)
+    row += list(about(table[s][l] for s in mcd_present for l in languages))
+    assert len(row) == 4 + n * (3 if with_ci else 1)
     return row, links
 
   rows, links = [], []
@@ -118,6 +121,21 @@ def split_rows(runs: Sequence[dict],
   return rows, links
 
 
+def about(runs: Iterable[Optional[dict]]) -> tuple[Optional[str], Optional[str]]:
+  """(training part, model size) cells of a row of `runs` (None: no run): each the one value of
+  its runs, their distinct values joined by " / " ("?" for a run that records none), None if no
+  run records one."""
+  present = [r for r in runs if r is not None]
+
+  def cell(values):
+    distinct = sorted(set(values), key=lambda v: (v is None, v or ""))
+    if all(v is None for v in distinct):
+      return None
+    return " / ".join("?" if v is None else v for v in distinct)
+
+  return cell(training_label(r) for r in present), cell(r.get("size") for r in present)
+
+
 def published_rows(mode: str, languages: Sequence[str], splits: set[str]) -> list[list[Any]]:
   """The published reference rows (`published`) of Table 4 or 5 for the published splits the
   report has in that mode (none for a release with only its own splits)."""
@@ -126,7 +144,7 @@ def published_rows(mode: str, languages: Sequence[str], splits: set[str]) -> lis
   rows = []
   for p in published.rows_for(mode):
     rows.append([p.label, title(p.split)] + [p.exact_match.get(l) for l in languages] +
-                [None, None] * len(languages))
+                [None, None] * len(languages) + [p.train_part, p.size])
   return rows
 
 

@@ -25,6 +25,8 @@ from mcwq_t5x.evaluation.report.common import SCORE_TITLES
 from mcwq_t5x.evaluation.report.common import SCORES
 from mcwq_t5x.evaluation.report.common import title
 
+#: The columns of Tables 4 and 5 that say what each row's model is (`rows.about`).
+TRAINING_PART, MODEL_SIZE = "training part", "model size"
 Header = list[str]
 Rows = list[list[Any]]
 NamedLinks = list[dict[str, Filters]]
@@ -82,7 +84,7 @@ def _split_table(mode: str, score: str) -> Callable[[Context], Any]:
                                         {r["split"] for r in runs if r["mode"] == mode})
         rows += extra
         links += [{} for _ in extra]
-    return header, rows, links
+    return header + [TRAINING_PART, MODEL_SIZE], rows, links
 
   return make
 
@@ -138,13 +140,23 @@ def unseen_exact_match(ctx: Context) -> Optional[tuple[Header, Rows, NamedLinks]
       rows.append([
           r["model"], r["mode"],
           title(r["split"]), r["language"], bucket, b["n"], b["correct"], b["exact_match"]
-      ] + list(b.get("ci") or [None, None]))
+      ] + list(b.get("ci") or [None, None]) + [_seen_in(r)])
       links.append({"n": run_filters(r, ctx.part, unseen=bucket)})
   if not rows:
     return None
   return ([
       "model", "mode", "split", "language", "unseen compounds", "n", "exact matches", "exact match"
-  ] + ci_header(["exact match"]), rows, links)
+  ] + ci_header(["exact match"]) + [SEEN_IN], rows, links)
+
+
+#: The column of the unseen-compound table naming the part the compounds were looked up in.
+SEEN_IN = "training part compared"
+
+
+def _seen_in(run: dict[str, Any]) -> str:
+  """"train", or "dev (run.json)" for the part that the run's run.json records."""
+  part = run.get("unseen_part") or "train"
+  return f"{part} (run.json)" if run.get("run_json") and run.get("train_part") else part
 
 
 def unseen_costliest(ctx: Context) -> Optional[tuple[Header, Rows, NamedLinks]]:

@@ -32,6 +32,26 @@ INTERVAL_NOTE = (
     f"{uncertainty.N_RESAMPLES:,} resamples of the test examples, fixed seed {uncertainty.SEED}; "
     "an MCD mean resamples each split's test set; mcwq_t5x.evaluation.uncertainty).")
 
+TRAINING_NOTE = (
+    "`training part`: the MCWQ part each model was trained on, as its run's run.json records it "
+    "(`dev` on an MCD split shares the test part's held-out compounds, so such a row is not "
+    "comparable with one trained on `train`; `multilingual`: one model of every language); "
+    "`model size`: the size run.json records; the upstream results/ folder and the published rows "
+    "are the papers' models, trained on `train`; `-`: not recorded.")
+
+
+def results_note(report: Report) -> Optional[str]:
+  """The rule naming several results of one run apart, when the report has such rows."""
+  renamed = sorted({
+      (r["model"], r["run"]) for r in report["runs"] if r.get("run", r["model"]) != r["model"]
+  })
+  if not renamed:
+    return None
+  return ("Several results of one run on one test set: the row named after the run alone is its "
+          "final evaluation (`MODEL_DIR/predictions/`, written by mcwq_t5x.train), else its latest "
+          "checkpoint; the others are named by the checkpoint step they decoded (" +
+          ", ".join(f"`{m}`" for m, _ in renamed) + "); each file is under Files read.")
+
 
 def published_note() -> str:
   """The sources of the published rows of Tables 4 and 5."""
@@ -142,9 +162,13 @@ def write_report(report: Report,
         j: f"{page_url}{f}" for j, f in row.items()
     } for row in cell_links] if page_url else None
     md += [f"## {heading(name)}", "", to_markdown(shown_header, shown_rows, digits, md_links), ""]
-    if with_published and name in ("table4_monolingual_exact_match", "table5_zeroshot_exact_match"):
-      if any(str(r[0]).startswith("published:") for r in rows):
+    if name in ("table4_monolingual_exact_match", "table5_zeroshot_exact_match"):
+      md += [TRAINING_NOTE, ""]
+      if with_published and any(str(r[0]).startswith("published:") for r in rows):
         md += [published_note(), ""]
+      steps = results_note(report)
+      if steps:
+        md += [steps, ""]
     sections.append(
         dict(
             name=name,
@@ -157,8 +181,10 @@ def write_report(report: Report,
                                           ] + [""]
   md += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
   md += ["## Files read", ""] + [
-      f"- `{r['path']}`: {r['model']} {r['mode']} {r['split']} {r['language']}"
-      f"{' gold' if r['gold'] else ''}, n={r['n']}" for r in report["runs"]
+      f"- `{r['path']}`" + (f" lines {r['lines'][0]}-{r['lines'][1]}" if r.get("lines") else "") +
+      f": {r['model']} {r['mode']} {r['split']} {r['language']}"
+      f"{' gold' if r['gold'] else ''}, n={r['n']}" +
+      (f", checkpoint {r['step']}" if r.get("step") is not None else "") for r in report["runs"]
   ] + [""]
   if report["messages"]:
     md += ["## Notes", ""] + [f"- {m}" for m in report["messages"]] + [""]

@@ -75,9 +75,10 @@ def test_table4_monolingual(shared_report):
   rows = _read_csv(shared_report / "table4_monolingual_exact_match.csv")
   assert rows[0] == ["model", "split", "en", "he", "kn", "zh"] + [
       f"{l} 95% CI {b}" for l in ("en", "he", "kn", "zh") for b in ("low", "high")
-  ]
+  ] + ["training part", "model size"]
   mcd1 = rows[1]
-  assert mcd1[:2] == ["mt5_small", "MCD1"]
+  # The upstream results/ folder: the paper's mT5-small, trained on the train part.
+  assert mcd1[:2] + mcd1[-2:] == ["mt5_small", "MCD1", "train", "mT5-small"]
   # Paper Table 4, mT5-small+RIR, MCD1.
   assert [round(float(v), 1) for v in mcd1[2:6]] == [77.6, 57.8, 55.0, 52.8]
   # Each with its 95% bootstrap interval: about ±1.1 points (en) to ±1.35 (zh) at n = 5,310.
@@ -93,7 +94,7 @@ def test_table4_monolingual(shared_report):
   bleu = _read_csv(shared_report / "table4_monolingual_bleu.csv")[1]
   assert round(float(bleu[2]), 1) == 97.4
   equivalence = _read_csv(shared_report / "table4_monolingual_equivalence.csv")[1]
-  assert all(float(e) > float(m) for e, m in zip(equivalence[2:], mcd1[2:]))
+  assert all(float(e) > float(m) for e, m in zip(equivalence[2:6], mcd1[2:6]))
 
 
 def test_table5_zeroshot(shared_report):
@@ -473,6 +474,7 @@ def test_misaligned_prediction_file_is_named_on_stderr_and_in_the_report(mcwq_di
           f"the lines of {gold}.sparql and {gold}.txt: ")
   [warning] = [l for l in out.stderr.splitlines() if l.startswith("warning: ")]
   assert warning.startswith(f"warning: {head}"), out.stderr[-3000:]
+  assert f"5 CSV tables and 1 figure to {tmp_path / 'out'}" in out.stdout  # one model, no depths
   results = json.loads((tmp_path / "out/results.json").read_text())
   assert [w[:len(head)] for w in results["warnings"]] == [head]
   runs = {r["language"]: r["alignment"] for r in results["runs"]}
@@ -551,3 +553,157 @@ def test_a_full_disk_while_writing_a_figure_keeps_the_previous_png(tmp_path, cap
       f"ResultWriteError: cannot write {first}: No space left on device (ENOSPC); nothing was written (the "
       f"previous {first.name}, if any, is unchanged)")
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file either
+
+
+def _run_json(folder, task, split, preset):
+  """A run.json as `mcwq_t5x.train` writes it (`run_info.write`): the task, the seqio split
+  trained on and the network config of `preset`."""
+  from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.engine import network  # pylint: disable=g-import-not-at-top
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / "run.json").write_text(
+      json.dumps({
+          "format": run_info.FORMAT_VERSION,
+          "task": task,
+          "split": split,
+          "network": run_info.network_fields(network.CONFIGS[preset])
+      }))
+
+
+def _predictions(out_dir, task, lines, step, checkpoint):
+  """`out_dir/predictions/<task>_test.txt` and its metrics JSON, as `prediction.write_predictions`
+  lays them out."""
+  (out_dir / "predictions").mkdir(parents=True)
+  (out_dir / "metrics").mkdir()
+  (out_dir / "predictions" / f"{task}_test.txt").write_text("\n".join(lines) + "\n")
+  (out_dir / "metrics" / f"{task}_test.json").write_text(
+      json.dumps({
+          "task": task,
+          "split": "test",
+          "step": step,
+          "checkpoint": str(checkpoint)
+      }))
+
+
+def test_two_results_of_one_run_are_both_shown_by_their_step(mcwq_dir, tmp_path, capsys):
+  """`report runs` on a run folder holding its final evaluation (step 1000,
+  MODEL_DIR/predictions/: the paper's Hebrew predictions, 57.8) and an eval of checkpoint_400
+  (eval_400/: the zero-shot ones, 0.4): both are rows of Table 4, the final one under the run's
+  name, the other as `<run> step 400`, with a warning on stderr naming both files. Every row says
+  its training part and model size (run.json: dev, tiny; the published rows: train, mT5-small),
+  and the unseen compounds compare with the dev part that run.json records."""
+  published = mcwq_dir / "results/mt5_small"
+  run = tmp_path / "runs/tiny_mcd1_he"
+  task = "mcwq_mcd1_he_prefixed"
+  _run_json(run, task, "validation", "tiny")
+  for out_dir, mode, step in ((run, "monolingual", 1000), (run / "eval_400", "zeroshot", 400)):
+    lines = (published / mode / "mcd1/generated_predictions_he.txt").read_text().splitlines()
+    _predictions(out_dir, task, lines, step, run / f"checkpoint_{step}")
+  assert report_cli.main([
+      str(tmp_path / "runs"), "--targets_dir",
+      str(mcwq_dir / "translations"), "--out",
+      str(tmp_path / "out")
+  ]) == 0
+  rows = _read_csv(tmp_path / "out/table4_monolingual_exact_match.csv")
+  assert rows[0][:6] == ["model", "split", "en", "he", "kn", "zh"]
+  assert rows[0][-2:] == ["training part", "model size"]
+  assert [[r[0], r[1], r[3][:5], r[-2], r[-1]] for r in rows[1:]] == [
+      ["tiny_mcd1_he", "MCD1", "57.83", "dev", "tiny"],
+      ["tiny_mcd1_he step 400", "MCD1", "0.357", "dev", "tiny"],
+      ["published: mT5-small+RIR (Cui et al., TACL 2022)", "MCD1", "57.80", "train", "mT5-small"],
+      [
+          "published: mBART50 (Wang & Hershcovich, ACL 2023)", "MCD mean", "", "train",
+          "mBART-large-50"
+      ],
+  ]
+  [warning] = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning: ")]
+  assert warning.startswith("warning: 2 results of tiny_mcd1_he (monolingual) on the mcd1 he test "
+                            "set, all shown: ")
+  assert (f"{run}/predictions/{task}_test.txt (checkpoint 1000, final evaluation) as "
+          "`tiny_mcd1_he`" in warning)
+  assert f"{run}/eval_400/predictions/{task}_test.txt (checkpoint 400) as `tiny_mcd1_he step 400`" in (
+      warning)
+  md = (tmp_path / "out/report.md").read_text()
+  assert "the row named after the run alone is its final evaluation" in md
+  # Unseen compounds against the dev part (5,408 queries) the run trained on, said in the table.
+  unseen = _read_csv(tmp_path / "out/unseen_compounds_exact_match.csv")
+  assert unseen[0][-1] == "training part compared"
+  final = [r for r in unseen[1:] if r[0] == "tiny_mcd1_he"]
+  assert {r[-1] for r in unseen[1:]} == {"dev (run.json)"}
+  assert sum(int(r[5]) for r in final) == 5310 and final[0][4:6] == ["0", "3566"]
+  assert "unseen compounds of mcd1: compared with its dev part" in md
+
+
+def test_multilingual_run(mcwq_dir, tmp_path, capsys):
+  """A mixture's prediction file (`mcwq_mcd1_multilingual_prefixed_test.txt`: its four tasks'
+  test sets one after another, in task-name order) is cut into its languages: here the paper's
+  four monolingual prediction files, so Table 4 gives the paper's numbers, in one row of a model
+  trained on all languages. A file one line short is refused, naming the counts."""
+  published = mcwq_dir / "results/mt5_small/monolingual/mcd1"
+  run = tmp_path / "runs/mt5_mcd1_multilingual"
+  task = "mcwq_mcd1_multilingual_prefixed"
+  _run_json(run, task, "train", "mt5_small")
+  lines = [
+      l for lang in ("en", "he", "kn", "zh")
+      for l in (published / f"generated_predictions_{lang}.txt").read_text().splitlines()
+  ]
+  (run / "predictions").mkdir()
+  (run / "predictions" / f"{task}_test.txt").write_text("\n".join(lines) + "\n")
+  args = [
+      str(tmp_path / "runs"), "--targets_dir",
+      str(mcwq_dir / "translations"), "--out",
+      str(tmp_path / "out"), "--no_published"
+  ]
+  assert report_cli.main(args) == 0
+  rows = _read_csv(tmp_path / "out/table4_monolingual_exact_match.csv")
+  assert [(r[0], r[1], r[-2], r[-1]) for r in rows[1:]] == [("mt5_mcd1_multilingual", "MCD1",
+                                                             "train (multilingual)", "mT5-small")]
+  assert [round(float(v), 1) for v in rows[1][2:6]] == [77.6, 57.8, 55.0, 52.8]
+  assert f"- `{run}/predictions/{task}_test.txt` lines 5311-10620: mt5_mcd1_multilingual " in ((
+      tmp_path / "out/report.md").read_text())
+  (run / "predictions" / f"{task}_test.txt").write_text("\n".join(lines[1:]) + "\n")
+  capsys.readouterr()
+  assert report_cli.main(args) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      f"InputError: {run}/predictions/{task}_test.txt: 21239 predictions, but the mixture's test "
+      "sets hold 21240 examples (en 5310, he 5310, kn 5310, zh 5310, in that order): a mixture's "
+      "file must hold every example of each of its tasks")
+
+
+def test_linked_and_several_results_folders(mcwq_dir, tmp_path, capsys):
+  """`report A B`: two results folders read as one, A holding its predictions through a symbolic
+  link to a folder (`A/paper -> store`); a file reached twice (B/../A/paper again) is read once,
+  with a warning."""
+  store = tmp_path / "store/mcd1"
+  store.mkdir(parents=True)
+  shutil.copy(mcwq_dir / "results/mt5_small/monolingual/mcd1/generated_predictions_en.txt", store)
+  a, b = tmp_path / "a", tmp_path / "b"
+  a.mkdir()
+  (a / "paper").symlink_to(tmp_path / "store", target_is_directory=True)
+  he = (mcwq_dir / "translations/mcd1/test.he.sparql").read_text().splitlines()
+  (b / "tiny").mkdir(parents=True)
+  (b / "tiny" / "predictions_mcd1_he.txt").write_text("\n".join(he) + "\n")
+  assert report_cli.main([
+      str(a),
+      str(b),
+      str(a / "paper"), "--targets_dir",
+      str(mcwq_dir / "translations"), "--out",
+      str(tmp_path / "out"), "--no_published"
+  ]) == 0
+  rows = _read_csv(tmp_path / "out/table4_monolingual_exact_match.csv")
+  assert [(r[0], r[1], r[2][:5], r[3], r[-2], r[-1]) for r in rows[1:]] == [
+      ("paper", "MCD1", "77.60", "", "train", ""),
+      ("tiny", "MCD1", "", "100.0000", "", ""),
+  ]
+  err = capsys.readouterr().err
+  assert (f"warning: {a}/paper/mcd1/generated_predictions_en.txt is found twice (through a link "
+          "or two RESULTS_DIRs): read once") in err
+
+
+def test_nothing_to_report(tmp_path, capsys):
+  """An empty results folder: one error line, and no progress line about divergences."""
+  assert report_cli.main([str(tmp_path), "--targets_dir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err
+  assert err.strip().splitlines(
+  )[-1] == f"FileNotFoundError: no prediction files found under {tmp_path}"
+  assert "divergences" not in err
