@@ -277,7 +277,7 @@ def _run_json_of(path: pathlib.Path, record: Mapping[str, Any]) -> Optional[path
 
 
 def _run_json_above(directory: pathlib.Path) -> Optional[pathlib.Path]:
-  """A training run's run.json in `directory` or its run folder (not a prompting run's)."""
+  """The run.json in `directory` or its run folder (a training or a prompting run's)."""
   for d in (directory, run_dir(directory)):
     if (d / run_folder.RUN_JSON).is_file():
       return d / run_folder.RUN_JSON
@@ -288,7 +288,8 @@ def run_facts(run_json: Optional[pathlib.Path]) -> dict[str, Optional[str]]:
   """{"train_part", "size", "train_languages", "run_json"} that a run.json of `mcwq_t5x.train`
   records: the MCWQ part of its "split" ("validation" -> "dev"), the `network.CONFIGS` preset its
   "network" equals (`SIZE_TITLES`; else "d_model D, E+D layers"), "multilingual" for a mixture
-  task, and the file; each None where it records none (or is not a training run's run.json)."""
+  task, and the file; each None where it records none. A prompting run's (`mcwq_t5x.prompt`): the
+  part its demonstrations come from, "<k>-shot prompt" and the model's name."""
   facts: dict[str, Optional[str]] = dict(
       train_part=None, size=None, train_languages=None, run_json=None)
   if run_json is None:
@@ -297,9 +298,15 @@ def run_facts(run_json: Optional[pathlib.Path]) -> dict[str, Optional[str]]:
     run = json.loads(run_json.read_text(encoding="utf-8"))
   except (OSError, UnicodeDecodeError, json.JSONDecodeError):
     return facts
-  if not isinstance(run, dict) or run.get("kind") == "prompting":
+  if not isinstance(run, dict):
     return facts
   facts["run_json"] = str(run_json)
+  if run.get("kind") == "prompting":  # `mcwq_t5x.prompt`: demonstrations of a part, no training
+    part = run.get("demonstration_part")
+    facts["train_part"] = part if isinstance(part, str) else None
+    facts["train_languages"] = f"{run.get('shots')}-shot prompt"
+    facts["size"] = run.get("model") if isinstance(run.get("model"), str) else None
+    return facts
   facts["train_part"] = readers.DATASET_SPLIT_TO_PART.get(run.get("split"))
   if isinstance(run.get("network"), dict):
     facts["size"] = model_size(run["network"])

@@ -35,7 +35,8 @@ INTERVAL_NOTE = (
 TRAINING_NOTE = (
     "`training part`: the MCWQ part each model was trained on, as its run's run.json records it "
     "(`dev` on an MCD split shares the test part's held-out compounds, so such a row is not "
-    "comparable with one trained on `train`; `multilingual`: one model of every language); "
+    "comparable with one trained on `train`; `multilingual`: one model of every language; `<k>-shot "
+    "prompt`: a language model shown k demonstrations of that part, its size the model's name); "
     "`model size`: the size run.json records; the upstream results/ folder and the published rows "
     "are the papers' models, trained on `train`; `-`: not recorded.")
 

@@ -228,7 +228,10 @@ def test_report_discovers_a_prompting_run_as_its_own_system(tmp_path):
   (run_dir / "run.json").write_text(
       json.dumps({
           "kind": "prompting",
-          "system": "ORACLE_m_8shot_oracle_compounds"
+          "system": "ORACLE_m_8shot_oracle_compounds",
+          "model": "m",
+          "shots": 8,
+          "demonstration_part": "dev"
       }))
   other = tmp_path / "mt5_small"
   other.mkdir()
@@ -236,3 +239,7 @@ def test_report_discovers_a_prompting_run_as_its_own_system(tmp_path):
   found = discovery.discover(tmp_path)
   assert sorted(f.model for f in found) == ["ORACLE_m_8shot_oracle_compounds", "mt5_small"]
   assert {f.split for f in found} == {"mcd1"} and {f.language for f in found} == {"he"}
+  # Table 4's training part and model size: the demonstrations' part and the served model.
+  assert {(f.model, f.train_part, f.train_languages, f.size) for f in found
+         } == {("ORACLE_m_8shot_oracle_compounds", "dev", "8-shot prompt", "m"),
+               ("mt5_small", None, None, None)}
