@@ -126,9 +126,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     compilation_cache.use_persistent_cache()
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
+  # Missing data or vocabulary, a busy or unwritable EVAL_OUTPUT_DIR, a training's results in it:
+  # one line, exit status 1.
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
-          run_folder.TrainingResultsError, *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary, a busy or unwritable
-    raise console.one_line_exit(e) from e  # EVAL_OUTPUT_DIR: one line, exit status 1
+          run_folder.TrainingResultsError, *prediction.INPUT_ERRORS) as e:
+    raise console.one_line_exit(e) from e
   print(result["metrics"])
   return result
 

@@ -199,8 +199,8 @@ def train(*,
   periodic_evaluator = training_eval.tokenise_unbounded(
       [infer_eval_dataset_cfg] if eval_period else [], eval_cfg.infer_eval_num_examples).get(0)
   finishes = stop_after_steps is None or stop_after_steps >= total_steps
-  final_evaluators = training_eval.tokenise_unbounded(
-      final_eval_dataset_cfgs if finishes else [], eval_cfg.final_eval_num_examples)
+  final_evaluators = training_eval.tokenise_unbounded(final_eval_dataset_cfgs if finishes else [],
+                                                      eval_cfg.final_eval_num_examples)
   trainer = trainer_cls(model=model, partitioner=partitioner, seed=random_seed)
   ckpt = checkpoint_cfg.save.manager(
       model_dir_p,
