@@ -2,8 +2,9 @@
 it, in a fresh process, with a very small model and a few steps on real MCWQ text: a disk that
 fills up while a checkpoint is written, a corrupt newest checkpoint (eval falls back, a resumed
 run moves it aside), a checkpoint folder without checkpoint files, the metric rows of a resumed
-run, an unwritable EVAL_OUTPUT_DIR, a second training of a MODEL_DIR in use, a SIGTERM (a
-scheduler's preemption notice)."""
+run, a MODEL_DIR trained again for another task, a non-finite update, an unwritable
+EVAL_OUTPUT_DIR or one holding a training's results, a second training of a MODEL_DIR in use, a
+SIGTERM (a scheduler's preemption notice)."""
 import json
 import os
 import pathlib

@@ -3,7 +3,9 @@ checkpoint and decoding configs, a Python caller's shorthand, the run folder's p
 resume command; the tiny job selects no checkpoint; configuration errors are clear (through gin,
 with the session run's settings on the 155 Hebrew gold questions: `scenarios.OUR_RUN`); an early
 stop closes the metric writers; a non-finite loss names the last good checkpoint; a MODEL_DIR of
-the user's files keeps its config.gin, which a training writes whole or not at all.
+the user's files keeps its config.gin, which a training writes whole or not at all; refused before
+anything is trained: KEEP_CHECKPOINTS = 0, a MODEL_DIR of another task, an example too long to
+decode, a batch size the devices cannot share; the errors the main prints as one line.
 
 The parts alone: tests/unit/data/test_training_data.py, tests/unit/checkpointing/
 (test_train_state_init, test_train_loop), tests/unit/evaluation/test_training_eval.py. The mains as
