@@ -132,7 +132,8 @@ def set_up_data(model: Any, model_dir: pathlib.Path, partitioner: partitioning.P
                 train_eval_dataset_cfg: Optional[pipeline.DatasetConfig], total_steps: int,
                 random_seed: int, eval_steps: Optional[int]) -> training_data.TrainingData:
   """The run's data (`training_data.load`), after the vocabulary checks and run.json
-  (`train_state_init.check_vocabularies`, `record_run`)."""
+  (`train_state_init.check_vocabularies`, `record_run`) and the batch size's check."""
+  partitioner.check_batch_size(train_dataset_cfg.batch_size)  # why: before run.json records it
   train_state_init.check_vocabularies(model, model_dir, [train_dataset_cfg, train_eval_dataset_cfg])
   train_state_init.record_run(model_dir, model, train_dataset_cfg, total_steps)
   eval_batch_size = None

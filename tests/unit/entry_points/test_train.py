@@ -247,3 +247,4 @@ def test_a_batch_size_the_devices_cannot_share_is_refused(tmp_path):
       partitioning.BatchSizeError,
       match=r"^batch size 7 must be a multiple of the data-parallel size"):
     configured_train(tmp_path, "BATCH_SIZE = 7")()
+  assert not (tmp_path / "run.json").exists()  # refused before run.json records it
