@@ -9,7 +9,8 @@ The run file binds `eval_script.evaluate` by dynamic registration. CHECKPOINT_PA
 of `mcwq_t5x.train` or `t5x.train` (its newest readable checkpoint), one `checkpoint_<step>`, or a
 Hugging Face / T5X-native checkpoint. Writes predictions/<task>_<split>.txt and
 metrics/<task>_<split>.json under EVAL_OUTPUT_DIR (default <MODEL_DIR>/eval_<step>), each whole
-or not at all, holding its eval.lock. The vocabulary and dtype are the run.json's unless set.
+or not at all, holding its eval.lock; a training's own results (an EVAL_OUTPUT_DIR that is its
+MODEL_DIR) are never replaced. The vocabulary and dtype are the run.json's unless set.
 """
 from __future__ import annotations
 
@@ -56,12 +57,15 @@ def evaluate(*,
   `predict_kwargs`, task or vocabulary size), run_info.VocabularyMismatchError,
   prediction.UnwritableOutputError, FileNotFoundError, checkpoints.UnreadableCheckpointError /
   NoUsableCheckpointError, run_lock.EvalOutputDirInUseError (names the holder),
+  run_folder.TrainingResultsError (EVAL_OUTPUT_DIR holds a training's own results of the split),
   writers.ResultWriteError.
   """
   prediction.check_predict_kwargs(model, predict_kwargs)
   with contextlib.ExitStack() as stack:  # holds EVAL_OUTPUT_DIR's lock until the files are written
     if output_dir is not None:
       prediction.check_writable(output_dir, "EVAL_OUTPUT_DIR")
+      run_folder.check_keeps_training_results(output_dir, dataset_cfg.mixture_or_task_name,
+                                              dataset_cfg.split)
       # A second eval into this folder stops here, before anything is loaded.
       stack.enter_context(run_lock.hold(output_dir, run_lock.EVAL_LOCK_FILE))
     partitioner = partitioner or partitioning.Partitioner()
@@ -122,9 +126,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     compilation_cache.use_persistent_cache()
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
+  # Missing data or vocabulary, a busy or unwritable EVAL_OUTPUT_DIR, a training's results in it:
+  # one line, exit status 1.
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
-          *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary, a busy or unwritable
-    raise console.one_line_exit(e) from e  # EVAL_OUTPUT_DIR: one line, exit status 1
+          run_folder.TrainingResultsError, *prediction.INPUT_ERRORS) as e:
+    raise console.one_line_exit(e) from e
   print(result["metrics"])
   return result
 

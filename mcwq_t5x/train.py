@@ -82,8 +82,9 @@ def prepare_model_dir(model_dir: str,
                       restore: train_state_init.RestoreCheckpointConfig,
                       run_note: Optional[str] = None) -> pathlib.Path:
   """MODEL_DIR (absolute, made) with the operative gin config in its config.gin (process 0), after
-  the checks that need nothing loaded: MODEL_DIR is not a folder of the user's files, and an
-  INITIAL_CHECKPOINT_PATH that will be read is a checkpoint. Logs `run_note` and a training split
+  the checks that need nothing loaded: MODEL_DIR is not a folder of the user's files, an
+  INITIAL_CHECKPOINT_PATH that will be read is a checkpoint, and a MODEL_DIR with checkpoints was
+  trained on this task and split. Logs `run_note` and a training split
   other than "train"."""
   model_dir_p = pathlib.Path(model_dir).absolute()
   model_dir_p.mkdir(parents=True, exist_ok=True)
@@ -94,6 +95,7 @@ def prepare_model_dir(model_dir: str,
                     train_dataset_cfg.mixture_or_task_name)
   check_own_config_gin(model_dir_p)
   restore.check(model_dir_p)
+  train_state_init.check_resumable(model_dir_p, train_dataset_cfg)  # before config.gin is rewritten
   if jax.process_index() == 0:
     # why whole or not at all: the other processes of a run check this file meanwhile
     # (`check_own_config_gin`), and an empty one, seen while it was being written, was refused.
@@ -130,7 +132,8 @@ def set_up_data(model: Any, model_dir: pathlib.Path, partitioner: partitioning.P
                 train_eval_dataset_cfg: Optional[pipeline.DatasetConfig], total_steps: int,
                 random_seed: int, eval_steps: Optional[int]) -> training_data.TrainingData:
   """The run's data (`training_data.load`), after the vocabulary checks and run.json
-  (`train_state_init.check_vocabularies`, `record_run`)."""
+  (`train_state_init.check_vocabularies`, `record_run`) and the batch size's check."""
+  partitioner.check_batch_size(train_dataset_cfg.batch_size)  # why: before run.json records it
   train_state_init.check_vocabularies(model, model_dir, [train_dataset_cfg, train_eval_dataset_cfg])
   train_state_init.record_run(model_dir, model, train_dataset_cfg, total_steps)
   eval_batch_size = None
@@ -186,11 +189,19 @@ def train(*,
   eval_cfg = eval_cfg or training_eval.EvaluationConfig()
   checkpoint_cfg = _checkpoint_config(checkpoint_cfg, checkpoint_period, keep_checkpoints)
   eval_cfg.check(model)
+  checkpoint_cfg.save.check()
   t_start = time.time()
   model_dir_p = prepare_model_dir(model_dir, train_dataset_cfg, checkpoint_cfg.restore, run_note)
   partitioner, peak = start_devices(partitioner, measure_matmul_peak)
   data = set_up_data(model, model_dir_p, partitioner, train_dataset_cfg, train_eval_dataset_cfg,
                      total_steps, random_seed, eval_steps)
+  # The decoded splits whose lengths come from the data, tokenised now: an example too long to
+  # decode stops the run before its state is built, not after its last step.
+  periodic_evaluator = training_eval.tokenise_unbounded(
+      [infer_eval_dataset_cfg] if eval_period else [], eval_cfg.infer_eval_num_examples).get(0)
+  finishes = stop_after_steps is None or stop_after_steps >= total_steps
+  final_evaluators = training_eval.tokenise_unbounded(final_eval_dataset_cfgs if finishes else [],
+                                                      eval_cfg.final_eval_num_examples)
   trainer = trainer_cls(model=model, partitioner=partitioner, seed=random_seed)
   ckpt = checkpoint_cfg.save.manager(
       model_dir_p,
@@ -200,13 +211,14 @@ def train(*,
   init = train_state_init.restore_or_initialize(trainer, ckpt, checkpoint_cfg.restore, model,
                                                 data.global_shapes(), total_steps)
   if init.data_state is not None:
-    data.check_resumed(init.data_state)
+    data.check_resumed(init.data_state, model_dir_p)
   infer_fn = eval_cfg.infer_fn(model, partitioner)
   note = training_eval.monitoring_note([train_eval_dataset_cfg, infer_eval_dataset_cfg],
                                        final_eval_dataset_cfgs)
   evaluator = training_eval.PeriodicEvaluator(trainer, model_dir_p, data.eval_arrays,
                                               data.eval_batch_size, infer_eval_dataset_cfg,
-                                              infer_fn, eval_cfg.infer_eval_num_examples, note)
+                                              infer_fn, eval_cfg.infer_eval_num_examples, note,
+                                              periodic_evaluator)
   out = train_loop.TrainLoop(trainer, data, ckpt, total_steps, log_every_steps,
                              checkpoint_cfg.save.period, eval_period, evaluator, peak,
                              t_start).run(init.state, stop_after_steps)
@@ -218,7 +230,8 @@ def train(*,
     result["decoded_step"] = choice.step
     result["final_eval"] = training_eval.final_evaluation(final_eval_dataset_cfgs, infer_fn, choice,
                                                           model_dir_p,
-                                                          eval_cfg.final_eval_num_examples)
+                                                          eval_cfg.final_eval_num_examples,
+                                                          final_evaluators)
   ckpt.close()
   result["wall_s"] = time.time() - t_start
   if finished:
@@ -237,14 +250,24 @@ GIN_HELP = gin_utils.gin_help([
     'METRIC_NAME_TO_MONITOR', 'HOST_DEVICE_COUNT', 'NUM_PARTITIONS'
 ])
 
+#: The errors `main` prints as one last line `<ErrorType>: <message>` (exit status 1): each message
+#: names the file, folder or setting and what to do.
+ONE_LINE_ERRORS = (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseError,
+                   paths.DataNotFoundError, *checkpoint_paths.INPUT_ERRORS,
+                   trainer_lib.NonFiniteLossError, checkpoints_lib.OptimizerStateMismatchError,
+                   checkpoints_lib.KeepCheckpointsError, training_data.OtherTrainingDataError,
+                   writers.ResultWriteError, prediction.ExampleTooLongError,
+                   partitioning.BatchSizeError)
+
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
   Raises gin_utils.GinConfigError (bad gin flags), ValueError (bad multi-process flags), SystemExit
-  with one last line (`CheckpointSaveError`, `run_lock.ModelDirInUseError`, `DataNotFoundError`
-  such as `vocab.VocabularyNotFoundError`; "Preempted: ..." with status 143; "LostProcessError: ..."
-  naming a lost process and the resume command, status 1), and whatever `train` raises.
+  with one last line (`ONE_LINE_ERRORS`, e.g. `CheckpointSaveError`, `run_lock.ModelDirInUseError`,
+  `DataNotFoundError` such as `vocab.VocabularyNotFoundError`, `NonFiniteLossError`; "Preempted:
+  ..." with status 143; "LostProcessError: ..." naming a lost process and the resume command,
+  status 1), and whatever else `train` raises.
   """
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
@@ -282,16 +305,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
       if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: its vocabulary
         run_info.adopt_recorded_vocabulary(model_dir)
       return gin_utils.call_configured(train)
-  except (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseError, paths.DataNotFoundError,
-          *checkpoint_paths.INPUT_ERRORS) as e:
+  except ONE_LINE_ERRORS as e:
     # One clear last line (Orbax has logged a failed save's details above), exit status 1. Every
-    # process of a multi-process run stops so (the same save, the same lock).
+    # process of a multi-process run stops so (the same save, the same lock, the same step).
     raise console.one_line_exit(e) from e
   except preemption.Preempted as e:
     console.print_error(e)
     sys.exit(preemption.EXIT_STATUS)
-  except trainer_lib.NonFiniteLossError:  # every process at the same step
-    raise
   except Exception as e:  # pylint: disable=broad-except  (this process's error, or another's end)
     error = console.original_error(e)
     stop.on_error(error, watch, lost_timeout)  # a collective lost its other end: names which

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import pathlib
 import time
@@ -54,6 +55,26 @@ class OptimizerStateMismatchError(ValueError):
 
 class MissingOptimizerError(ValueError):
   """A fresh optimizer state is needed but no optax optimizer was given to create it."""
+
+
+class KeepCheckpointsError(ValueError):
+  """`max_to_keep` (KEEP_CHECKPOINTS) below 1: a run keeps at least its newest checkpoint."""
+
+
+#: How the training main's users ask for `params_only=True` (`RestoreCheckpointConfig`).
+PARAMS_ONLY_HINT = "params_only=True (mcwq_t5x.train: --gin.RESUME_PARAMS_ONLY=True)"
+#: The Orbax file of a finished checkpoint that lists its items (`item_handlers`).
+_ORBAX_METADATA = "_CHECKPOINT_METADATA"
+
+
+def check_max_to_keep(max_to_keep: Optional[int]) -> None:
+  """Raises KeepCheckpointsError unless `max_to_keep` is None (keep all) or at least 1 (Orbax
+  keeps none at all for 0: the run would end without a checkpoint)."""
+  if max_to_keep is not None and int(max_to_keep) < 1:
+    raise KeepCheckpointsError(
+        f"KEEP_CHECKPOINTS = {max_to_keep}: a run keeps at least its newest checkpoint (to resume "
+        "from, and the one its final evaluation decodes); set KEEP_CHECKPOINTS to 1 or more, or "
+        "None to keep every checkpoint")
 
 
 # Errors that say "this checkpoint does not fit this run" rather than "this checkpoint is
@@ -311,6 +332,16 @@ def _fresh_opt_state(optimizer: Any, params: PyTree, abstract_opt_state: PyTree,
   return opt_state
 
 
+def _saved_items(folder: pathlib.Path) -> Optional[set[str]]:
+  """The item names Orbax recorded for the checkpoint `folder` (its `_CHECKPOINT_METADATA`), or
+  None when that file is missing or unreadable."""
+  try:
+    items = json.loads((folder / _ORBAX_METADATA).read_text()).get("item_handlers")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return set(items) if isinstance(items, dict) else None
+
+
 def _step_array(step: int, like: Any) -> jax.Array:
   """`step` as an int32 scalar `jax.Array` placed like `like` (the train state's step), else
   plain."""
@@ -335,7 +366,7 @@ class CheckpointManager:
   `SaveBestCheckpointer`), `async_save`, atomic finalisation. Beyond T5X: falls back to an older
   checkpoint when the newest is corrupt, and says clearly when the optimizer changed or a save
   failed (naming the last good one). Metrics go into the `data/` item. ValueError: bad
-  `metric_mode`.
+  `metric_mode`; KeepCheckpointsError: `max_to_keep` below 1.
   """
 
   def __init__(self,
@@ -347,6 +378,7 @@ class CheckpointManager:
                metric_mode: str = "min"):
     if metric_mode not in ("min", "max"):
       raise ValueError(f"metric_mode must be 'min' or 'max', got {metric_mode!r}")
+    check_max_to_keep(max_to_keep)
     self.directory = pathlib.Path(directory).absolute()
     self._async = bool(async_save)
     self.metric_name_to_monitor = metric_name_to_monitor
@@ -521,9 +553,15 @@ class CheckpointManager:
     if not item_dir.is_dir():
       if run_sig["num_arrays"] == 0:
         return True
+      if _saved_items(folder) != {checkpoint_paths.STATE_ITEM, checkpoint_paths.DATA_ITEM}:
+        # why: saved with an optimizer state that is gone (or unknown): a damaged checkpoint, so
+        # `restore_latest` goes on to an older one instead of stopping
+        raise UnreadableCheckpointError(
+            f"{folder}: its {checkpoint_paths.OPTIMIZER_ITEM}/ item is missing (the checkpoint "
+            "was saved with an optimizer state)")
       raise OptimizerStateMismatchError(
           f"{folder}: the optimizer state differs (checkpoint has none, the run uses "
-          f"{_signature_text(run_sig)}); restore with params_only=True to continue from this "
+          f"{_signature_text(run_sig)}); restore with {PARAMS_ONLY_HINT} to continue from this "
           "checkpoint with a fresh optimizer state")
     meta = ocp.PyTreeCheckpointHandler().metadata(item_dir).custom_metadata or {}
     ckpt_sig = meta.get(_OPT_METADATA_KEY)
@@ -534,8 +572,8 @@ class CheckpointManager:
         f"{folder}: the optimizer state differs (checkpoint has {_signature_text(ckpt_sig)}, the "
         f"run uses {_signature_text(run_sig)}" +
         ("; same optax state types, other array shapes, dtypes or parameter tree" if same else "") +
-        "); restore with params_only=True (and optimizer=) to continue from this checkpoint's "
-        "parameters with a fresh optimizer state")
+        f"); restore with {PARAMS_ONLY_HINT} (and optimizer=) to continue from this "
+        "checkpoint's parameters with a fresh optimizer state")
 
   def restore(self,
               step: int,

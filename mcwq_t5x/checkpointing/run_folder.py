@@ -49,6 +49,32 @@ def metrics_file(out_dir: str | pathlib.Path, task: str, split: str) -> pathlib.
   return pathlib.Path(out_dir) / METRICS / f"{task}_{split}.json"
 
 
+class TrainingResultsError(ValueError):
+  """An eval would replace a training run's own results (its final evaluation's predictions and
+  metrics in MODEL_DIR); the message names the files and the folders to use instead."""
+
+
+def check_keeps_training_results(out_dir: str | pathlib.Path, task: str, split: str) -> None:
+  """Raises TrainingResultsError when `out_dir` is a run folder whose metrics file of `task` and
+  `split` is not an eval's (`mcwq_t5x.eval` records its "predict_kwargs"; the training's final
+  evaluation does not): writing there would replace the training's results."""
+  out_dir = pathlib.Path(out_dir).absolute()
+  met = metrics_file(out_dir, task, split)
+  if not (is_run_folder(out_dir) and met.is_file()):
+    return
+  try:
+    record = json.loads(met.read_text())
+  except (OSError, ValueError):
+    record = None  # why: whose it is cannot be told; it is kept
+  if isinstance(record, dict) and "predict_kwargs" in record:
+    return  # an earlier eval's: replaced, as an eval_<step> folder's are
+  raise TrainingResultsError(
+      f"EVAL_OUTPUT_DIR {out_dir} is a training run's MODEL_DIR, and "
+      f"{predictions_file(out_dir, task, split)} with {met} are its final evaluation of "
+      f"{task}/{split}: this eval would replace them. Leave EVAL_OUTPUT_DIR unset (it is then "
+      f"{out_dir}/eval_<step>) or give another folder")
+
+
 def is_run_folder(directory: str | pathlib.Path) -> bool:
   """Whether `directory` is a training run's MODEL_DIR (run.json, config.gin or checkpoints)."""
   d = pathlib.Path(directory)

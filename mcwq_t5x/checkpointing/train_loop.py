@@ -173,8 +173,9 @@ Evaluate = Callable[[int, Any, run_folder.ScalarWriter], dict[str, Any]]
 @contextlib.contextmanager
 def stopping_cleanly(manager: checkpoints.CheckpointManager) -> Iterator[None]:
   """Ends a loop's checkpointing however the loop ends: waits for the last save (whose failure,
-  e.g. a full disk, surfaces here); on a non-finite loss, logs the last good checkpoint; on a
-  failed save, logs it and closes the manager (no save left running at exit). Re-raises both."""
+  e.g. a full disk, surfaces here); on a non-finite loss, logs the last good checkpoint and raises
+  the error again with it named and what to do; on a failed save, logs it and closes the manager
+  (no save left running at exit) and re-raises."""
   try:
     yield
     manager.wait()
@@ -185,7 +186,13 @@ def stopping_cleanly(manager: checkpoints.CheckpointManager) -> Iterator[None]:
         "stopping on a non-finite loss at step %d; %s", e.step,
         (f"the last good checkpoint is step {last} in {manager.directory}" if last is not None else
          "no checkpoint had been written yet, so there is nothing to resume from"))
-    raise
+    # why a new error: the mains print its message as the one last line, so it says what to do
+    note = ("; the last good checkpoint is "
+            f"{checkpoint_paths.checkpoint_dir(manager.directory, last)}: lower LEARNING_RATE (or "
+            "set GRAD_CLIP_NORM) and rerun to resume from it" if last is not None else
+            "; no checkpoint had been written: lower LEARNING_RATE (or set GRAD_CLIP_NORM) and "
+            "rerun")
+    raise trainer_lib.NonFiniteLossError(e.step, e.state, e.loss, e.grad_norm, note) from e
   except checkpoints.CheckpointSaveError as e:
     logging.error("stopping: %s", e)
     manager.close()

@@ -29,6 +29,7 @@ from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import training_data
 
 #: feature -> the shape of a global batch's array of it.
 Shapes = Mapping[str, Sequence[int]]
@@ -49,6 +50,11 @@ class SaveCheckpointConfig:
   keep: Optional[int] = 3
   metric_name_to_monitor: Optional[str] = None
   metric_mode: str = "min"
+
+  def check(self) -> None:
+    """Fails at once, before anything is loaded: `checkpoints.KeepCheckpointsError` for a `keep`
+    below 1."""
+    checkpoints.check_max_to_keep(self.keep)
 
   def manager(self, model_dir: checkpoint_paths.PathLike,
               metric_name_to_monitor: Optional[str]) -> checkpoints.CheckpointManager:
@@ -88,6 +94,21 @@ class CheckpointConfig:
   """A run's saving and restoring (T5X's `CheckpointConfig`)."""
   save: SaveCheckpointConfig = dataclasses.field(default_factory=SaveCheckpointConfig)
   restore: RestoreCheckpointConfig = dataclasses.field(default_factory=RestoreCheckpointConfig)
+
+
+def check_resumable(model_dir: checkpoint_paths.PathLike, cfg: pipeline.DatasetConfig) -> None:
+  """Raises `training_data.OtherTrainingDataError` when MODEL_DIR has a checkpoint and its run.json
+  records another task or split than `cfg`'s (resuming would decode a model of the other data as
+  this task's); nothing without a checkpoint or a run.json (then `TrainingData.check_resumed`
+  compares the checkpoint's own record)."""
+  model_dir = pathlib.Path(model_dir)
+  steps = checkpoint_paths.finished_steps(model_dir)
+  if not steps or not (model_dir / run_info.RUN_JSON).is_file():
+    return
+  run = run_info.read(model_dir / run_info.RUN_JSON)
+  training_data.check_same_data(
+      run, cfg, model_dir, f"its {run_info.RUN_JSON}; newest checkpoint "
+      f"{checkpoint_paths.checkpoint_dir(model_dir, steps[-1]).name}")
 
 
 def check_vocabularies(model: Any, model_dir: checkpoint_paths.PathLike,

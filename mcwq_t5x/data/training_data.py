@@ -21,6 +21,29 @@ from mcwq_t5x.data import pipeline
 Arrays = dict[str, np.ndarray]
 
 
+class OtherTrainingDataError(ValueError):
+  """MODEL_DIR holds a training of another task or split than the one asked for: resuming it would
+  go on from (and decode, as this task's) a model never trained on the asked data. The message
+  names both and the way to fine-tune from that run instead."""
+
+
+def check_same_data(saved: Mapping[str, Any], cfg: pipeline.DatasetConfig, model_dir: Any,
+                    source: str) -> None:
+  """Raises OtherTrainingDataError when `saved` ({"task", "split"}: a run.json or a checkpoint's
+  data position, `source` says which) names another task or split than `cfg`; a missing or None
+  field is not compared."""
+  asked = {"task": cfg.mixture_or_task_name, "split": cfg.split}
+  if all(saved.get(k) in (None, v) for k, v in asked.items()):
+    return
+  was = f"{saved.get('task')}/{saved.get('split')}"
+  raise OtherTrainingDataError(
+      f"MODEL_DIR {model_dir} holds a training on {was} ({source}), this run asks for "
+      f"{asked['task']}/{asked['split']}: resuming would go on from that model and report it as "
+      f"one of {asked['task']}. Give this run another MODEL_DIR; to fine-tune from that run, "
+      f"also set INITIAL_CHECKPOINT_PATH = '{model_dir}' (its newest checkpoint's parameters, a "
+      "fresh optimizer state)")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingData:
   """The training batches of a run and the rows of its periodic loss.
@@ -58,9 +81,12 @@ class TrainingData:
         "split": self.cfg.split
     }
 
-  def check_resumed(self, data_state: Mapping[str, Any]) -> bool:
+  def check_resumed(self, data_state: Mapping[str, Any], model_dir: Any = "") -> bool:
     """False, with a warning, when a checkpoint's `data_state` has another data seed or global
-    batch size than this run (the resumed run then reads its batches in another order)."""
+    batch size than this run (the resumed run then reads its batches in another order).
+    OtherTrainingDataError (naming `model_dir`) when it has another task or split."""
+    check_same_data(data_state, self.cfg, model_dir,
+                    f"the data position of checkpoint step {data_state.get('step')}")
     same = (
         data_state.get("data_seed", self.data_seed) == self.data_seed and
         data_state.get("global_batch_size", self.cfg.batch_size) == self.cfg.batch_size)

@@ -32,6 +32,12 @@ LogicalAxisRules = Sequence[tuple[str, Optional[str | tuple[str, ...]]]]
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 
+
+class BatchSizeError(ValueError):
+  """A global batch size that the mesh's data-parallel devices or the processes cannot share
+  evenly; the message names the size, the divisor and the mesh."""
+
+
 # The name gin files configure (`partitioning.set_host_device_count.count = N`); the function is
 # `cpu_settings.set_host_device_count` (the same object, so one gin binding serves both names).
 set_host_device_count = cpu_settings.set_host_device_count
@@ -248,14 +254,15 @@ class Partitioner:
     return DataShardInfo(index=jax.process_index(), num_shards=jax.process_count())
 
   def check_batch_size(self, global_batch_size: int) -> int:
-    """The per-process batch size; ValueError unless a multiple of the data-parallel size and
+    """The per-process batch size; BatchSizeError unless a multiple of the data-parallel size and
     processes."""
     if global_batch_size % self.data_parallel_size:
-      raise ValueError(f"batch size {global_batch_size} must be a multiple of the data-parallel "
-                       f"size {self.data_parallel_size} (mesh {dict(self.mesh.shape)})")
+      raise BatchSizeError(
+          f"batch size {global_batch_size} must be a multiple of the data-parallel "
+          f"size {self.data_parallel_size} (mesh {dict(self.mesh.shape)})")
     if global_batch_size % jax.process_count():
-      raise ValueError(f"batch size {global_batch_size} must be a multiple of the number of "
-                       f"processes {jax.process_count()}")
+      raise BatchSizeError(f"batch size {global_batch_size} must be a multiple of the number of "
+                           f"processes {jax.process_count()}")
     return global_batch_size // jax.process_count()
 
   # --- data ---------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ warm-up; the MCWQ paper, Cui et al. TACL 2022 Sec. 5, uses 5e-4 for mT5) and `Tr
 state created sharded, `train_step` accumulating `num_microbatches` with `lax.scan` under the
 model's loss contract (`engine.model`), dropout rng `fold_in(fold_in(seed, step), microbatch)`,
 optionally XLA's `RngBitGenerator` (`use_hardware_rng`, T5X's `unsafe_rbg`; dropout only), and
-`eval_step`. A non-finite loss or gradient leaves the state unchanged and raises
+`eval_step`. A non-finite loss, gradient or updated state leaves the state unchanged and raises
 `NonFiniteLossError` (at once from `train_step`; from `check_finite` for `train_step_async`,
 whose device-side `FiniteGuard` freezes the state at the first bad step). No TensorFlow or SeqIO.
 """
@@ -32,20 +32,22 @@ Batch = Mapping[str, jax.Array]
 
 
 class NonFiniteLossError(FloatingPointError):
-  """A train step produced a NaN/Inf loss or gradient; the train state was not updated.
+  """A train step produced a NaN/Inf loss, gradient or updated state (parameters, optimizer
+  state); the train state was not updated.
 
   `step` = `int(state.step)` of the failed update; `state` the last good `TrainState`; `loss` the
-  summed token loss (may be finite when only the gradient is not); `grad_norm`. The message says
-  nothing of checkpoints: the caller saves them.
+  summed token loss and `grad_norm` (both may be finite when only the update is not). `note`, the
+  caller's (which checkpoint to resume from), ends the message.
   """
 
-  def __init__(self, step: int, state: "TrainState", loss: float, grad_norm: float):
+  def __init__(self, step: int, state: "TrainState", loss: float, grad_norm: float, note: str = ""):
     self.step = int(step)
     self.state = state
     self.loss = float(loss)
     self.grad_norm = float(grad_norm)
-    super().__init__(f"non-finite loss or gradient at step {self.step} (loss sum={self.loss}, "
-                     f"grad norm={self.grad_norm}); the train state was not updated")
+    super().__init__(f"non-finite loss, gradient or update at step {self.step} (loss sum="
+                     f"{self.loss}, grad norm={self.grad_norm}); the train state was not "
+                     f"updated{note}")
 
 
 @flax.struct.dataclass
@@ -220,6 +222,13 @@ def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
+def _all_finite(tree: PyTree) -> jax.Array:
+  """A bool scalar: every element of the floating-point leaves of `tree` is finite."""
+  leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  finite = [jnp.all(jnp.isfinite(x)) for x in leaves]
+  return jnp.all(jnp.stack(finite)) if finite else jnp.bool_(True)
+
+
 class Trainer:
   """Creates the sharded train state and runs compiled train/eval steps (T5X `Trainer`).
 
@@ -377,7 +386,9 @@ class Trainer:
     updates, new_opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
+    # why the new state too: a finite gradient times a huge learning rate makes Inf/NaN parameters
     finite = jnp.isfinite(loss) & jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    finite = finite & _all_finite((new_params, new_opt_state))
     halted = guard.bad_step >= 0
     new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
     # Keep the old state when the step is not finite, or an earlier one was not (the state stays

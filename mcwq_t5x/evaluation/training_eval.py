@@ -112,8 +112,8 @@ class PeriodicEvaluator:
   """The training-time evaluation of a state: the loss over `eval_arrays` ("training_eval/...",
   in batches of `eval_batch_size` on the trainer's mesh) and the decoding of
   `infer_eval_dataset_cfg` with `infer_fn` ("inference_eval/...", its first
-  `infer_eval_num_examples`, the split tokenised once per run); either may be None (skipped).
-  `note`: `monitoring_note`'s, in each eval line."""
+  `infer_eval_num_examples`, the split tokenised once per run: `evaluator`, else at the first
+  evaluation); either may be None (skipped). `note`: `monitoring_note`'s, in each eval line."""
 
   def __init__(self,
                trainer: trainer_lib.Trainer,
@@ -123,12 +123,13 @@ class PeriodicEvaluator:
                infer_eval_dataset_cfg: Optional[pipeline.DatasetConfig] = None,
                infer_fn: Optional[prediction.InferFn] = None,
                infer_eval_num_examples: Optional[int] = None,
-               note: str = ""):
+               note: str = "",
+               evaluator: Any = None):
     self.trainer, self.model_dir = trainer, pathlib.Path(model_dir)
     self.eval_arrays, self.eval_batch_size = eval_arrays, eval_batch_size
     self.infer_eval_dataset_cfg, self.infer_fn = infer_eval_dataset_cfg, infer_fn
     self.infer_eval_num_examples, self.note = infer_eval_num_examples, note
-    self._evaluator: Any = None
+    self._evaluator: Any = evaluator
 
   def __call__(self, step: int, state: Any, writer: run_folder.ScalarWriter) -> dict[str, Any]:
     """{"step", metric: value} of `state` at `step`; a record with metrics is written to `writer`
@@ -162,6 +163,26 @@ class PeriodicEvaluator:
       run_folder.append_jsonl(self.model_dir / run_folder.EVAL_METRICS,
                               pipeline.to_jsonable(record))
     return record
+
+
+def lengths_from_data(cfg: pipeline.DatasetConfig) -> bool:
+  """Whether a decoding of `cfg` takes a feature's length from its longest example (no
+  TASK_FEATURE_LENGTHS entry), so that `prediction.ExampleTooLongError` may refuse it."""
+  lengths = cfg.task_feature_lengths or {}
+  return not (lengths.get("inputs") and lengths.get("targets"))
+
+
+def tokenise_unbounded(dataset_cfgs: Sequence[Optional[pipeline.DatasetConfig]],
+                       num_examples: Optional[int] = None) -> dict[int, Any]:
+  """{index in `dataset_cfgs`: its first `num_examples` tokenised (`prediction.make_evaluator`)}
+  of the splits whose decoding takes a length from the data (None entries skipped), for
+  `final_evaluation`'s `evaluators` and `PeriodicEvaluator`'s `evaluator`. Called before training:
+  `prediction.ExampleTooLongError` then comes before the first step, not after the last."""
+  return {
+      i: prediction.make_evaluator(cfg, num_examples)
+      for i, cfg in enumerate(dataset_cfgs)
+      if cfg is not None and lengths_from_data(cfg)
+  }
 
 
 class Choice(NamedTuple):
@@ -199,16 +220,19 @@ def final_evaluation(dataset_cfgs: Sequence[pipeline.DatasetConfig],
                      infer_fn: prediction.InferFn,
                      choice: Choice,
                      model_dir: pathlib.Path,
-                     num_examples: Optional[int] = None) -> dict[str, dict[str, float]]:
+                     num_examples: Optional[int] = None,
+                     evaluators: Optional[Mapping[int, Any]] = None) -> dict[str, dict[str, float]]:
   """{"<task>_<split>": metrics} of decoding each split's first `num_examples` (None: all) with
   `choice.params`; writes MODEL_DIR/predictions/<task>_<split>.txt and metrics/<task>_<split>.json
-  (with the step, checkpoint, decoding time and `choice.selection`). Raises
-  writers.ResultWriteError (a file could not be written), ValueError (unknown task)."""
+  (with the step, checkpoint, decoding time and `choice.selection`). `evaluators`:
+  `tokenise_unbounded`'s (the others are tokenised here). Raises writers.ResultWriteError (a
+  file could not be written), ValueError (unknown task)."""
   results = {}
   checkpoint = checkpoint_paths.checkpoint_dir(model_dir, choice.step)
-  for cfg in dataset_cfgs:
+  for i, cfg in enumerate(dataset_cfgs):
     t = time.time()
-    metrics, predictions = prediction.evaluate_split(cfg, infer_fn, choice.params, num_examples)
+    metrics, predictions = prediction.evaluate_split(
+        cfg, infer_fn, choice.params, num_examples, evaluator=(evaluators or {}).get(i))
     extra = {
         "step": choice.step,
         "checkpoint": str(checkpoint),

@@ -2,8 +2,9 @@
 it, in a fresh process, with a very small model and a few steps on real MCWQ text: a disk that
 fills up while a checkpoint is written, a corrupt newest checkpoint (eval falls back, a resumed
 run moves it aside), a checkpoint folder without checkpoint files, the metric rows of a resumed
-run, an unwritable EVAL_OUTPUT_DIR, a second training of a MODEL_DIR in use, a SIGTERM (a
-scheduler's preemption notice)."""
+run, a MODEL_DIR trained again for another task, a non-finite update, an unwritable
+EVAL_OUTPUT_DIR or one holding a training's results, a second training of a MODEL_DIR in use, a
+SIGTERM (a scheduler's preemption notice)."""
 import json
 import os
 import pathlib
@@ -88,19 +89,88 @@ def test_disk_full_ends_with_one_clear_line(disk_full_run):
   assert checkpoint_paths.finished_steps(model_dir) == [2, 3]
 
 
-def test_resume_past_a_corrupt_checkpoint(disk_full_run, tmp_path):
+@pytest.fixture(scope="module")
+def resumed_run(disk_full_run, tmp_path_factory):
+  """`disk_full_run` with its checkpoint_3 corrupted, resumed to its end (final evaluation
+  included): (model_dir, the finished process). Read-only for the tests: copy it to change it."""
+  model_dir = copy_of(disk_full_run[0], tmp_path_factory.mktemp("resumed_run"))
+  assert steps_of(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
+  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_3")
+  return model_dir, mains.python_m("mcwq_t5x.train", *train_args(model_dir))
+
+
+def test_resume_past_a_corrupt_checkpoint(resumed_run):
   """Resumed past a corrupt checkpoint_3 (from checkpoint_2): checkpoint_3 is moved aside and
   written anew, retention keeps readable checkpoints, and the metric rows of steps 3-4, logged
   before the run stopped, are not written twice."""
-  model_dir = copy_of(disk_full_run[0], tmp_path)
-  assert steps_of(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
-  tiny_engine.corrupt_checkpoint(model_dir / "checkpoint_3")
-  out = mains.python_m("mcwq_t5x.train", *train_args(model_dir))
+  model_dir, out = resumed_run
   assert "resumed from checkpoint 2 after skipping corrupt" in out.stderr
   assert steps_of(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
   assert checkpoint_paths.finished_steps(model_dir) == [3, 4]
   assert len(list(model_dir.glob("checkpoint_3.corrupt-*"))) == 1
   assert json.loads((model_dir / "metrics/mcwq_gold_he_test.json").read_text())["step"] == 4
+
+
+def test_a_run_folder_is_not_resumed_for_another_task(disk_full_run, tmp_path):
+  """The MODEL_DIR of a run on mcwq_gold_he/test, trained again for mcwq_gold_en: refused with one
+  line naming both (resuming would decode the Hebrew model as the English one's result), before
+  its run.json and config.gin change."""
+  model_dir = copy_of(disk_full_run[0], tmp_path)
+  before = {name: (model_dir / name).read_text() for name in ("run.json", "config.gin")}
+  out = mains.python_m(
+      "mcwq_t5x.train",
+      *train_args(model_dir),
+      *mains.gin_flags(["MIXTURE_OR_TASK_NAME = 'mcwq_gold_en'"]),
+      check=False)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert out.stderr.rstrip().splitlines()[-1] == (
+      f"OtherTrainingDataError: MODEL_DIR {model_dir} holds a training on mcwq_gold_he/test (its "
+      "run.json; newest checkpoint checkpoint_3), this run asks for mcwq_gold_en/test: resuming "
+      "would go on from that model and report it as one of mcwq_gold_en. Give this run another "
+      f"MODEL_DIR; to fine-tune from that run, also set INITIAL_CHECKPOINT_PATH = '{model_dir}' "
+      "(its newest checkpoint's parameters, a fresh optimizer state)"), out.stderr[-3000:]
+  assert {name: (model_dir / name).read_text() for name in before} == before
+  assert not (model_dir / "metrics").exists()
+
+
+def test_a_non_finite_update_is_never_saved_and_ends_with_one_line(tmp_path):
+  """A learning rate of 1e39 (Inf in float32) gives the first update a finite loss and gradient
+  but NaN parameters: no checkpoint of them (it was saved and named as the one to resume from),
+  and one last line saying what to do."""
+  model_dir = tmp_path / "run"
+  out = mains.python_m(
+      "mcwq_t5x.train",
+      *train_args(model_dir),
+      *mains.gin_flags(["LEARNING_RATE = 1e39", "WARMUP_STEPS = 0", "LR_SCHEDULE = 'constant'"]),
+      check=False)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert re.fullmatch(
+      r"NonFiniteLossError: non-finite loss, gradient or update at step 0 \(loss sum=[0-9.e+]+, "
+      r"grad norm=[0-9.e+]+\); the train state was not updated; no checkpoint had been written: "
+      r"lower LEARNING_RATE \(or set GRAD_CLIP_NORM\) and rerun",
+      out.stderr.rstrip().splitlines()[-1]), out.stderr[-3000:]
+  assert checkpoint_paths.finished_steps(model_dir) == []
+
+
+def test_eval_never_replaces_a_trainings_own_results(resumed_run, tmp_path):
+  """EVAL_OUTPUT_DIR = the training's MODEL_DIR: its final evaluation's predictions of the split
+  would be replaced by the eval's (4 lines here, 6,282 in a real run): refused in one line before
+  anything is loaded, the files unchanged."""
+  model_dir = copy_of(resumed_run[0], tmp_path)
+  results = [
+      model_dir / "predictions/mcwq_gold_he_test.txt", model_dir / "metrics/mcwq_gold_he_test.json"
+  ]
+  before = [f.read_text() for f in results]
+  out = mains.python_m(
+      "mcwq_t5x.eval", *eval_args(model_dir / "checkpoint_2", model_dir), check=False)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert out.stderr.rstrip().splitlines()[-1] == (
+      f"TrainingResultsError: EVAL_OUTPUT_DIR {model_dir} is a training run's MODEL_DIR, and "
+      f"{results[0]} with {results[1]} are its final evaluation of mcwq_gold_he/test: this eval "
+      f"would replace them. Leave EVAL_OUTPUT_DIR unset (it is then {model_dir}/eval_<step>) or "
+      "give another folder"), out.stderr[-3000:]
+  assert [f.read_text() for f in results] == before
+  assert "restored the parameters" not in out.stderr  # refused before the checkpoint was read
 
 
 def eval_args(checkpoint_path, output_dir):

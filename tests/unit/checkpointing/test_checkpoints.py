@@ -116,6 +116,10 @@ def test_keep_last_k_and_interval(tmp_path):
   # Atomicity: only finished checkpoints are listed (no temporary folders left behind).
   assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_6", "checkpoint_7"]
   assert checkpoint_paths.resolve_checkpoint(tmp_path) == (tmp_path, 7)
+  # Orbax keeps no checkpoint at all for 0 (`LatestN(0)`): refused, as a negative count.
+  for keep in (0, -1):
+    with pytest.raises(checkpoints.KeepCheckpointsError, match=f"KEEP_CHECKPOINTS = {keep}: "):
+      checkpoints.CheckpointManager(tmp_path / "other", max_to_keep=keep)
 
 
 def test_corrupt_latest_falls_back_to_previous(trained_copy):
@@ -238,6 +242,26 @@ def test_optimizer_change_clear_error_then_params_only_restore(trained_copy):
   ada = shared_trainer()
   step, full, _ = mgr.restore_latest(ada.state_shapes(shapes()))
   assert step == 2 and int(full.opt_state[0].count) == 2
+
+
+def test_a_checkpoint_that_lost_its_optimizer_state_is_unreadable(trained_copy):
+  """checkpoint_2, saved with an optimizer state, has lost its optimizer/ item: damaged (not
+  another optimizer's), so the intact checkpoint_1 is resumed. A checkpoint saved without one (an
+  optimizer with no state) is another optimizer's: the error names the training main's macro."""
+  model_dir, _ = trained_copy
+  shutil.rmtree(model_dir / "checkpoint_2" / checkpoint_paths.OPTIMIZER_ITEM)
+  tr = shared_trainer()
+  mgr = checkpoints.CheckpointManager(model_dir, save_interval_steps=1, async_save=False)
+  step, state, data = mgr.restore_latest(tr.state_shapes(shapes()))
+  assert step == 1 and data["step"] == 1 and int(state.opt_state[0].count) == 1
+  assert len(list(model_dir.glob("checkpoint_2.corrupt-*"))) == 1
+  mgr.save(3, state.replace(opt_state=()), force=True)
+  assert not (model_dir / "checkpoint_3" / checkpoint_paths.OPTIMIZER_ITEM).exists()
+  with pytest.raises(
+      checkpoints.OptimizerStateMismatchError,
+      match=r"checkpoint_3: the optimizer state differs \(checkpoint has none, .*restore with "
+      r"params_only=True \(mcwq_t5x.train: --gin.RESUME_PARAMS_ONLY=True\)"):
+    mgr.restore_latest(tr.state_shapes(shapes()))
 
 
 def test_restore_params_from_any_path_with_fallback_and_mismatch(trained_copy):

@@ -1,6 +1,8 @@
 """The run folder's names and writers (`mcwq_t5x.checkpointing.run_folder`)."""
 import json
 
+import pytest
+
 from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x.checkpointing import run_folder
 
@@ -19,6 +21,33 @@ def test_run_folder_and_its_name(tmp_path):
   assert run_folder.run_name_of_checkpoint(r"C:\runs\en") == "en"
   assert run_folder.run_name_of_checkpoint("checkpoint_40") is None
   assert run_folder.metrics_file(run, "t", "test") == run / "metrics/t_test.json"
+
+
+def test_an_eval_never_replaces_a_trainings_results(tmp_path):
+  """An EVAL_OUTPUT_DIR that is a run folder holding the training's final evaluation of the split
+  (its metrics record no "predict_kwargs", or cannot be read) is refused; an earlier eval's files,
+  another split, or a folder that is no run's are not."""
+  run = tmp_path / "run"
+  (run / "checkpoint_4").mkdir(parents=True)
+  met = run_folder.metrics_file(run, "mcwq_gold_he", "test")
+  met.parent.mkdir()
+  check = lambda folder=run, split="test": run_folder.check_keeps_training_results(
+      folder, "mcwq_gold_he", split)
+  check()  # nothing to replace yet
+  for record in ('{"step": 4, "selected_by": "last checkpoint"}', "{not json"):
+    met.write_text(record)
+    with pytest.raises(
+        run_folder.TrainingResultsError,
+        match=(f"^EVAL_OUTPUT_DIR {run} is a training run's MODEL_DIR, and "
+               f"{run}/predictions/mcwq_gold_he_test.txt with {met} are its final "
+               "evaluation of mcwq_gold_he/test: this eval would replace them")):
+      check()
+    check(split="validation")
+  met.write_text('{"step": 4, "predict_kwargs": {}}')  # an eval's: replaced as in eval_<step>/
+  check()
+  (tmp_path / "out" / "metrics").mkdir(parents=True)
+  (tmp_path / "out" / "metrics" / "mcwq_gold_he_test.json").write_text('{"step": 4}')
+  check(tmp_path / "out")  # no run folder: an eval's output folder of the user's
 
 
 def test_resume_drops_metric_rows_after_the_resumed_step(tmp_path):

@@ -90,6 +90,16 @@ def test_the_data_position_and_a_resumed_one(caplog):
     assert not data.check_resumed({**data.data_state(12), "data_seed": 6})
     assert not data.check_resumed({**data.data_state(12), "global_batch_size": 16})
   assert caplog.text.count("the data order will differ from the interrupted run") == 2
+  # Another task or split: not the same run at all (decoding it would report the other data's
+  # model as this task's).
+  for changed in ({"task": "mcwq_gold_en"}, {"split": "validation"}):
+    saved = {**data.data_state(12), **changed}
+    with pytest.raises(
+        training_data.OtherTrainingDataError,
+        match=(f"^MODEL_DIR runs/x holds a training on {saved['task']}/{saved['split']} \\(the "
+               r"data position of checkpoint step 12\), this run asks for mcwq_gold_he/test: "
+               r".*INITIAL_CHECKPOINT_PATH = 'runs/x'")):
+      data.check_resumed(saved, "runs/x")
 
 
 def test_an_empty_split_is_refused():

@@ -166,9 +166,12 @@ def test_microbatches_must_divide_batch():
     tr.train_step(state, p.make_global_batch(synthetic_batch(0)))
 
 
-def test_nan_loss_raises_and_keeps_state():
+def test_nan_loss_or_update_raises_and_keeps_state():
+  """A NaN loss (step 1), then a finite loss and gradient whose update is not finite: a learning
+  rate of Inf (what 1e39 is in float32) from step 2 makes Inf/NaN parameters. Each is refused, the state
+  the last good one."""
   p = partitioning.Partitioner(num_partitions=1)
-  lr = trainer_lib.create_learning_rate_schedule(1e-2)
+  lr = lambda step: jnp.where(step >= 2, jnp.inf, 1e-2)
   tr = trainer_lib.Trainer(PoisonedModel(tiny_model()), p, lr)
   state = tr.create_state(SHAPES, init_params=_numpy_params(tr))
   state, _ = tr.train_step(state, p.make_global_batch(synthetic_batch(0)))
@@ -176,7 +179,7 @@ def test_nan_loss_raises_and_keeps_state():
   bad = synthetic_batch(1)
   bad["encoder_input_tokens"][0, 0] = VOCAB - 1
   # The poisoned loss is a constant NaN: its gradient is 0, the loss alone stops the step.
-  message = (r"^non-finite loss or gradient at step 1 \(loss sum=nan, grad norm=0.0\); "
+  message = (r"^non-finite loss, gradient or update at step 1 \(loss sum=nan, grad norm=0.0\); "
              r"the train state was not updated$")
   with pytest.raises(trainer_lib.NonFiniteLossError, match=message) as e:
     tr.train_step(state, p.make_global_batch(bad))
@@ -186,6 +189,14 @@ def test_nan_loss_raises_and_keeps_state():
       jax.tree_util.tree_leaves(good),
       jax.tree_util.tree_leaves(jax.device_get(e.value.state.params))):
     np.testing.assert_array_equal(a, b)
+  state, _ = tr.train_step(e.value.state, p.make_global_batch(synthetic_batch(2)))
+  good = jax.device_get(state)
+  with pytest.raises(trainer_lib.NonFiniteLossError, match="at step 2 ") as e:
+    tr.train_step(state, p.make_global_batch(synthetic_batch(3)))
+  assert np.isfinite(e.value.loss) and 0.0 < e.value.grad_norm < np.inf
+  assert e.value.step == 2 and int(e.value.state.step) == 2
+  for a, b in zip(jax.tree_util.tree_leaves(good), jax.tree_util.tree_leaves(e.value.state)):
+    np.testing.assert_array_equal(a, np.asarray(b))
 
 
 def test_initial_params_are_used_and_checked():

@@ -3,7 +3,9 @@ checkpoint and decoding configs, a Python caller's shorthand, the run folder's p
 resume command; the tiny job selects no checkpoint; configuration errors are clear (through gin,
 with the session run's settings on the 155 Hebrew gold questions: `scenarios.OUR_RUN`); an early
 stop closes the metric writers; a non-finite loss names the last good checkpoint; a MODEL_DIR of
-the user's files keeps its config.gin, which a training writes whole or not at all.
+the user's files keeps its config.gin, which a training writes whole or not at all; refused before
+anything is trained: KEEP_CHECKPOINTS = 0, a MODEL_DIR of another task, an example too long to
+decode, a batch size the devices cannot share; the errors the main prints as one line.
 
 The parts alone: tests/unit/data/test_training_data.py, tests/unit/checkpointing/
 (test_train_state_init, test_train_loop), tests/unit/evaluation/test_training_eval.py. The mains as
@@ -16,12 +18,16 @@ import numpy as np
 import pytest
 
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import train_state_init
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
+from mcwq_t5x.data import training_data
 from mcwq_t5x.data import writers
+from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x.evaluation import prediction
 from mcwq_t5x.evaluation import training_eval
 from mcwq_t5x import train as train_lib
 import mains
@@ -184,3 +190,61 @@ def test_config_gin_is_written_whole_or_not_at_all(tmp_path, full_disk):
     configured_train(tmp_path, "TRAIN_STEPS = 0")()
   assert not (tmp_path / "config.gin").exists()
   train_lib.check_own_config_gin(tmp_path)  # the rerun is not refused
+
+
+def test_keep_checkpoints_0_is_refused_before_anything_is_written(tmp_path):
+  """Orbax keeps no checkpoint at all for KEEP_CHECKPOINTS = 0 (`LatestN(0)`): the run would end
+  with none while its metrics name one. Refused before MODEL_DIR gets a file."""
+  with pytest.raises(
+      checkpoints.KeepCheckpointsError,
+      match=r"^KEEP_CHECKPOINTS = 0: a run keeps at least its newest checkpoint"):
+    configured_train(tmp_path / "run", "KEEP_CHECKPOINTS = 0")()
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_model_dir_of_another_task_is_refused_before_it_is_changed(tmp_path):
+  """A MODEL_DIR with a checkpoint of mcwq_gold_en/test, resumed for mcwq_gold_he/test: refused,
+  naming both and how to fine-tune from it; its run.json and config.gin stay the other run's."""
+  (tmp_path / "checkpoint_3" / "state").mkdir(parents=True)
+  (tmp_path / "checkpoint_3" / "data").mkdir()
+  run_json = '{"format": 1, "task": "mcwq_gold_en", "split": "test"}\n'
+  (tmp_path / "run.json").write_text(run_json)
+  (tmp_path / "config.gin").write_text(train_lib.CONFIG_GIN_HEADER + "OTHER = 1\n")
+  with pytest.raises(training_data.OtherTrainingDataError) as e:
+    configured_train(tmp_path)()
+  assert str(e.value).splitlines()[0] == (  # (gin adds a line naming `train`)
+      f"MODEL_DIR {tmp_path} holds a training on mcwq_gold_en/test (its run.json; newest "
+      "checkpoint checkpoint_3), this run asks for mcwq_gold_he/test: resuming would go on from "
+      "that model and report it as one of mcwq_gold_he. Give this run another MODEL_DIR; to "
+      f"fine-tune from that run, also set INITIAL_CHECKPOINT_PATH = '{tmp_path}' (its newest "
+      "checkpoint's parameters, a fresh optimizer state)")
+  assert (tmp_path / "run.json").read_text() == run_json
+  assert (tmp_path / "config.gin").read_text() == train_lib.CONFIG_GIN_HEADER + "OTHER = 1\n"
+
+
+def test_an_example_too_long_to_decode_stops_the_run_before_its_first_step(tmp_path, monkeypatch):
+  """The decoded split's lengths come from the data (INFER_TASK_FEATURE_LENGTHS None): an example
+  over the limit stops the run before training, not after its last step."""
+  monkeypatch.setattr(prediction, "MAX_INFERRED_LENGTH", 20)
+  with pytest.raises(prediction.ExampleTooLongError, match=r"^mcwq_gold_he/test: example \d+ "):
+    configured_train(tmp_path, "TRAIN_STEPS = 2", "EVAL_PERIOD = 0")()
+  assert not checkpoint_paths.finished_steps(tmp_path)
+  assert not (tmp_path / run_folder.TRAIN_METRICS).exists()
+
+
+def test_the_main_prints_a_users_errors_as_one_line():
+  """The errors whose messages say what to do are `main`'s one last line (no traceback); the
+  command-line check of the line is tests/e2e/test_faults_checkpoints.py."""
+  for error in (trainer_lib.NonFiniteLossError, checkpoints.OptimizerStateMismatchError,
+                writers.ResultWriteError, prediction.ExampleTooLongError,
+                partitioning.BatchSizeError, checkpoints.KeepCheckpointsError,
+                training_data.OtherTrainingDataError, checkpoints.CheckpointSaveError):
+    assert issubclass(error, train_lib.ONE_LINE_ERRORS), error
+
+
+def test_a_batch_size_the_devices_cannot_share_is_refused(tmp_path):
+  with pytest.raises(
+      partitioning.BatchSizeError,
+      match=r"^batch size 7 must be a multiple of the data-parallel size"):
+    configured_train(tmp_path, "BATCH_SIZE = 7")()
+  assert not (tmp_path / "run.json").exists()  # refused before run.json records it
