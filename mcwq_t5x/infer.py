@@ -26,6 +26,7 @@ from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import vocab
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import compilation_cache
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
@@ -186,8 +187,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   if args.output == "-":
     sys.stdout.write(out)
   else:
-    with open(args.output, "w", encoding="utf-8") as f:
-      f.write(out)
+    try:  # why: a failed write (a full disk) keeps the previous file, not a partial one
+      writers.write_atomic(args.output, out)
+    except writers.ResultWriteError as e:
+      raise console.one_line_exit(e) from e
   return predictions
 
 
