@@ -138,33 +138,26 @@ def python_m(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
   return run([sys.executable, "-m", module, *args], **kwargs)
 
 
-# A command in a private mount namespace (gone with the command, nothing to clean up) holding a
-# tmpfs at "$1" of size "$2"; "$3" (a shell command) runs after the command "$4"... ends, in the
-# namespace; the exit status is the command's.
-_IN_A_TMPFS = ('mount -t tmpfs -o size="$2" tmpfs "$1" || exit 99; after="$3"; shift 3; "$@"; '
-               'status=$?; sh -c "$after"; exit $status')
 _NAMESPACES = (["unshare", "--mount", "--propagation", "private", "--"], [
     "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--"
 ])
 
 
-def in_a_tmpfs(mount: pathlib.Path, size: str) -> Optional[list[str]]:
-  """The start of a command line `[*prefix, after, *command]` that runs `command` with a tmpfs of
-  `size` (e.g. "32m": a disk that fills up for real, ENOSPC) mounted at the folder `mount`, then
-  the shell command `after` (e.g. copying results out: the tmpfs is seen by these two only); or
-  None where no mount namespace with a tmpfs can be made (not root and no user namespaces, or no
-  `unshare`): the caller then injects the failure instead."""
+def in_a_mount_namespace(setup: str, after: str = ":") -> Optional[list[str]]:
+  """The start of a command line `[*prefix, *command]` that runs, in a private mount namespace (its
+  mounts are seen by it alone and end with it: nothing to clean up), the shell commands `setup`
+  (e.g. mounting a small tmpfs: a disk that fills up for real), then `command`, then `after` (e.g.
+  copying results out); the exit status is the command's. None where no such namespace can be
+  made or `setup` fails in it (not root and no user namespaces, no `unshare`): the caller then
+  skips, or injects the failure instead."""
+  script = f'{setup} || exit 99; "$@"; status=$?; {after}; exit $status'
   for namespace in _NAMESPACES:
     try:
-      probe = subprocess.run(
-          [*namespace, "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
-           str(mount)],
-          capture_output=True,
-          timeout=60)
+      probe = subprocess.run([*namespace, "sh", "-c", setup], capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
       continue
     if probe.returncode == 0:
-      return [*namespace, "sh", "-c", _IN_A_TMPFS, "sh", str(mount), size]
+      return [*namespace, "sh", "-c", script, "sh"]
   return None
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -82,20 +83,20 @@ def steps_of(path):
 def disk_full_run(tmp_path_factory, mcwq_dir):
   """A 4-step run (a checkpoint every step, the last 2 kept) whose disk fills up while it writes
   checkpoint_4: (model_dir, the finished process, the MODEL_DIR it ran in). In a 32 MiB tmpfs
-  (`mains.in_a_tmpfs`; MODEL_DIR copied out to model_dir afterwards) where one can be mounted,
+  (`mains.in_a_mount_namespace`; MODEL_DIR copied out to model_dir afterwards) where one can be mounted,
   else with a failure injected into Orbax's writer. Read-only for the tests: copy it to change
   it."""
   del mcwq_dir  # the real data must be there
   model_dir = tmp_path_factory.mktemp("disk_full_run") / "run"
   mount = tmp_path_factory.mktemp("disk_full_tmpfs")
-  prefix = mains.in_a_tmpfs(mount, "32m")
+  ran_in = mount / "run"
+  prefix = mains.in_a_mount_namespace(
+      f"mount -t tmpfs -o size=32m tmpfs {shlex.quote(str(mount))}",
+      after=f"cp -a {shlex.quote(str(ran_in))} {shlex.quote(str(model_dir))}")
   if prefix is None:
     out = mains.run([sys.executable, "-c", DISK_FULL_AT_4, *train_args(model_dir)], check=False)
     return model_dir, out, model_dir
-  ran_in = mount / "run"
-  command = [sys.executable, "-c", FILL_DISK_AT_4, *train_args(ran_in)]
-  out = mains.run(
-      [*prefix, f"rm -f {mount}/ballast; cp -a {ran_in} {model_dir}"] + command, check=False)
+  out = mains.run([*prefix, sys.executable, "-c", FILL_DISK_AT_4, *train_args(ran_in)], check=False)
   return model_dir, out, ran_in
 
 
