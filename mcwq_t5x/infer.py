@@ -10,7 +10,9 @@ an error naming the line), one output line per input
 line, in order; questions are normalised as the training data is. An empty question gives an
 empty line, RIR that `rir_to_sparql` rejects the line `ERROR: <reason>` (both with a warning).
 With PREDICT_KWARGS {'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes
-separated by tabs, ascending score (the last is the one printed without it).
+separated by tabs, ascending score (the last is the one printed without it). `--output` is replaced
+whole or not at all (`writers.write_atomic`): a full disk keeps the previous file and ends in one
+line, `ResultWriteError: cannot write FILE: ...`.
 """
 from __future__ import annotations
 
