@@ -397,12 +397,15 @@ TENSORSTORE_NO_MEMORY = ValueError(
     "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8 GiB")
 
 
-@pytest.mark.parametrize("error, hint", [(TENSORSTORE_DISK_FULL, True),
-                                         (TENSORSTORE_NO_MEMORY, False)])
+@pytest.mark.parametrize("error, hint",
+                         [(TENSORSTORE_DISK_FULL, "ValueError: RESOURCE_EXHAUSTED: "),
+                          (OSError(28, "No space left on device"), "OSError: "),
+                          (TENSORSTORE_NO_MEMORY, None)])
 def test_a_save_failing_in_tensorstore_on_a_full_disk_says_free_disk_space(
     tmp_path, monkeypatch, error, hint):
-  """TensorStore reports a full disk as ValueError(RESOURCE_EXHAUSTED ... os_error_code='28'): one
-  line with the hint; its out-of-memory error (also RESOURCE_EXHAUSTED) gets none. Orbax's error
+  """TensorStore reports a full disk as ValueError(RESOURCE_EXHAUSTED ... os_error_code='28'), Python
+  as OSError(ENOSPC): one line with the hint; TensorStore's out-of-memory error (also
+  RESOURCE_EXHAUSTED) gets none. Orbax's error
   records of the failed writes (each with a traceback) are dropped for the full disk alone."""
   import logging  # pylint: disable=g-import-not-at-top
   tree = trainer_lib.TrainState(step=np.int32(0), params={"w": np.arange(6.0)}, opt_state={})
@@ -426,7 +429,7 @@ def test_a_save_failing_in_tensorstore_on_a_full_disk_says_free_disk_space(
   assert "\n" not in message and f"{tmp_path}/checkpoint_1" in message
   if hint:
     assert message.startswith(f"writing checkpoint {tmp_path}/checkpoint_2 failed: no space left "
-                              "on device (ValueError: RESOURCE_EXHAUSTED: ")
+                              f"on device ({hint}")
     assert message.endswith("; free disk space, then rerun the same command to resume")
     assert records == []
   else:
