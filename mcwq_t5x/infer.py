@@ -10,7 +10,9 @@ an error naming the line), one output line per input
 line, in order; questions are normalised as the training data is. An empty question gives an
 empty line, RIR that `rir_to_sparql` rejects the line `ERROR: <reason>` (both with a warning).
 With PREDICT_KWARGS {'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes
-separated by tabs, ascending score (the last is the one printed without it).
+separated by tabs, ascending score (the last is the one printed without it). `--output` is replaced
+whole or not at all (`writers.write_atomic`): a full disk keeps the previous file and ends in one
+line, `ResultWriteError: cannot write FILE: ...`.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from mcwq_t5x.checkpointing import run_info
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import vocab
+from mcwq_t5x.data import writers
 from mcwq_t5x.engine import compilation_cache
 from mcwq_t5x.engine import cpu_settings
 from mcwq_t5x.engine import partitioning
@@ -186,8 +189,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
   if args.output == "-":
     sys.stdout.write(out)
   else:
-    with open(args.output, "w", encoding="utf-8") as f:
-      f.write(out)
+    try:  # why: a failed write (a full disk) keeps the previous file, not a partial one
+      writers.write_atomic(args.output, out)
+    except writers.ResultWriteError as e:
+      raise console.one_line_exit(e) from e
   return predictions
 
 

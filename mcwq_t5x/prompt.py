@@ -21,10 +21,10 @@ import os
 import pathlib
 import re
 import sys
-import tempfile
 from typing import Any, Optional, Sequence
 
 from mcwq_t5x.data import readers
+from mcwq_t5x.data import writers
 from mcwq_t5x.prompting import client as client_lib
 from mcwq_t5x.prompting import prompt_format
 from mcwq_t5x.prompting import selection as selection_lib
@@ -53,10 +53,9 @@ def system_name(model: str, shots: int, selection: str, demo_language: str) -> s
 
 
 def _write_whole(path: pathlib.Path, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)  # why: a reader never sees half a file
+  """`writers.write_atomic`: a failed write (a full disk) leaves no temporary file and keeps the
+  previous file; raises its ResultWriteError."""
+  writers.write_atomic(path, text)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -138,6 +138,29 @@ def python_m(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
   return run([sys.executable, "-m", module, *args], **kwargs)
 
 
+_NAMESPACES = (["unshare", "--mount", "--propagation", "private", "--"], [
+    "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--"
+])
+
+
+def in_a_mount_namespace(setup: str, after: str = ":") -> Optional[list[str]]:
+  """The start of a command line `[*prefix, *command]` that runs, in a private mount namespace (its
+  mounts are seen by it alone and end with it: nothing to clean up), the shell commands `setup`
+  (e.g. mounting a small tmpfs: a disk that fills up for real), then `command`, then `after` (e.g.
+  copying results out); the exit status is the command's. None where no such namespace can be
+  made or `setup` fails in it (not root and no user namespaces, no `unshare`): the caller then
+  skips, or injects the failure instead."""
+  script = f'{setup} || exit 99; "$@"; status=$?; {after}; exit $status'
+  for namespace in _NAMESPACES:
+    try:
+      probe = subprocess.run([*namespace, "sh", "-c", setup], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+      continue
+    if probe.returncode == 0:
+      return [*namespace, "sh", "-c", script, "sh"]
+  return None
+
+
 def load_script(name: str):
   """`scripts/<name>.py` imported as a module (the scripts folder is not a package), for in-process
   checks of its functions."""

@@ -14,7 +14,9 @@ import errno
 import hashlib
 import json
 import logging
+import os
 import pathlib
+import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -355,6 +357,88 @@ def _step_array(step: int, like: Any) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------------------------
+# A failed save's messages
+# ------------------------------------------------------------------------------------------------
+# How a full disk reads: OSError(ENOSPC/EDQUOT) from Python's writes, and TensorStore's
+# `ValueError("RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']")` from the
+# array writes (its memory errors are RESOURCE_EXHAUSTED too, hence the OS error text).
+_DISK_FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+_DISK_FULL_TEXT = {
+    marker: why for n, why in _DISK_FULL_ERRNOS.items()
+    for marker in (os.strerror(n), f"os_error_code='{n}'")
+}
+
+
+def disk_full_reason(error: BaseException) -> Optional[str]:
+  """"no space left on device" or "disk quota exceeded" when `error` or an exception it was raised
+  from says so (module comment above `_DISK_FULL_ERRNOS`), else None."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+      return _DISK_FULL_ERRNOS[error.errno]
+    text = str(error)
+    for marker, why in _DISK_FULL_TEXT.items():
+      if marker in text:
+        return why
+    error = error.__cause__ or error.__context__
+  return None
+
+
+class _FailedSaveNoiseFilter(logging.Filter):
+  """Drops Orbax's and asyncio's error records of a save that failed on a full disk: each write
+  in flight logs the same error with a traceback (hundreds of lines), some at interpreter exit,
+  after the one `CheckpointSaveError` that says it all. Other records pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if record.levelno < logging.ERROR or error is None or disk_full_reason(error) is None:
+      return True
+    return not (record.name == "asyncio" or _raised_in_orbax(record.exc_info[2]))
+
+
+def _raised_in_orbax(tb: Any) -> bool:
+  """Whether a traceback passes through Orbax (absl's records name absl's file, not the caller)."""
+  while tb is not None:
+    if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+def _closed_loop_callback(unraisable: Any) -> bool:
+  """Whether an unraisable exception is TensorStore calling back into the asyncio loop of an Orbax
+  save that already ended on an error (`RuntimeError: Event loop is closed`, from
+  `call_soon_threadsafe`): printed as a bare traceback once for every write still in flight."""
+  error, tb = unraisable.exc_value, unraisable.exc_traceback
+  if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed" or tb is None:
+    return False
+  while tb.tb_next is not None:
+    tb = tb.tb_next
+  return pathlib.Path(tb.tb_frame.f_code.co_filename).parent.name == "asyncio"
+
+
+def quiet_failed_save_noise() -> None:
+  """Installs, once per process, `_FailedSaveNoiseFilter` on the `absl` (Orbax's) and `asyncio`
+  loggers and a `sys.unraisablehook` that drops `_closed_loop_callback`s (passing the rest on), so
+  that a save failing on a full disk ends with its `CheckpointSaveError` alone."""
+  for name in ("absl", "asyncio"):
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _FailedSaveNoiseFilter) for f in logger.filters):
+      logger.addFilter(_FailedSaveNoiseFilter())
+  previous = sys.unraisablehook
+  if getattr(previous, "_mcwq_quiet", False):
+    return
+
+  def hook(unraisable: Any) -> None:
+    if not _closed_loop_callback(unraisable):
+      previous(unraisable)
+
+  hook._mcwq_quiet = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
+# ------------------------------------------------------------------------------------------------
 # Manager
 # ------------------------------------------------------------------------------------------------
 class CheckpointManager:
@@ -400,6 +484,7 @@ class CheckpointManager:
         enable_async_checkpointing=self._async,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    quiet_failed_save_noise()
     if metric_name_to_monitor:
       for step in self.all_steps():
         value = self._read_data(step).get("metrics", {}).get(metric_name_to_monitor)
@@ -455,11 +540,13 @@ class CheckpointManager:
     good = (
         f"the last good checkpoint is {checkpoint_paths.checkpoint_dir(self.directory, last[-1])}"
         if last else f"no checkpoint of this run in {self.directory} was written")
-    hint = ("; free disk space, then rerun the same command to resume"
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC else "")
+    full = disk_full_reason(e)
+    why = f": {full}" if full else ""
+    hint = "; free disk space, then rerun the same command to resume" if full else ""
+    cause = " ".join(f"{type(e).__name__}: {e}".split())  # why: one line
     return CheckpointSaveError(
-        f"writing checkpoint {checkpoint_paths.checkpoint_dir(self.directory, step)} failed "
-        f"({type(e).__name__}: {e}); {good}{hint}")
+        f"writing checkpoint {checkpoint_paths.checkpoint_dir(self.directory, step)} failed"
+        f"{why} ({cause}); {good}{hint}")
 
   def _await_pending(self) -> None:
     """Waits for the pending asynchronous save; raises its failure as a `CheckpointSaveError`."""

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -36,8 +37,27 @@ RUN = mains.SMALL_MODEL + [
     # test here reads the peak (test_mains reads the session run's)
     "train_script.train.measure_matmul_peak = False"
 ]
-# `python -m mcwq_t5x.train` whose disk is full when checkpoint_4 is written: Orbax's writer of
-# the `data/` item fails in the background, as a write on a full disk does.
+# `python -m mcwq_t5x.train` whose disk fills up just before checkpoint_4 is written: a file fills
+# the small tmpfs that holds MODEL_DIR but for 64 KiB, so TensorStore's array writes fail as on a
+# real full disk (ValueError RESOURCE_EXHAUSTED, with writes still in flight).
+FILL_DISK_AT_4 = """
+import os, shutil, sys
+import orbax.checkpoint as ocp
+save = ocp.CheckpointManager.save
+def fill_disk_at_4(self, step, *args, **kwargs):
+  if step == 4:
+    folder = os.path.dirname(str(self.directory))
+    with open(os.path.join(folder, "ballast"), "wb") as f:
+      while shutil.disk_usage(folder).free > 64 << 10:
+        f.write(bytes(64 << 10))
+        f.flush()
+  return save(self, step, *args, **kwargs)
+ocp.CheckpointManager.save = fill_disk_at_4
+from mcwq_t5x import train
+train.main(sys.argv[1:])
+"""
+# Where no tmpfs can be mounted: Orbax's writer of the `data/` item fails in the background with
+# the OSError of a write on a full disk.
 DISK_FULL_AT_4 = """
 import errno, sys
 import orbax.checkpoint as ocp
@@ -63,11 +83,22 @@ def steps_of(path):
 @pytest.fixture(scope="module")
 def disk_full_run(tmp_path_factory, mcwq_dir):
   """A 4-step run (a checkpoint every step, the last 2 kept) whose disk fills up while it writes
-  checkpoint_4: (model_dir, the finished process). Read-only for the tests: copy it to change it."""
+  checkpoint_4: (model_dir, the finished process, the MODEL_DIR it ran in). In a 32 MiB tmpfs
+  (`mains.in_a_mount_namespace`; MODEL_DIR copied out to model_dir afterwards) where one can be mounted,
+  else with a failure injected into Orbax's writer. Read-only for the tests: copy it to change
+  it."""
   del mcwq_dir  # the real data must be there
-  model_dir = tmp_path_factory.mktemp("disk_full_run")
-  out = mains.run([sys.executable, "-c", DISK_FULL_AT_4, *train_args(model_dir)], check=False)
-  return model_dir, out
+  model_dir = tmp_path_factory.mktemp("disk_full_run") / "run"
+  mount = tmp_path_factory.mktemp("disk_full_tmpfs")
+  ran_in = mount / "run"
+  prefix = mains.in_a_mount_namespace(
+      f"mount -t tmpfs -o size=32m tmpfs {shlex.quote(str(mount))}",
+      after=f"cp -a {shlex.quote(str(ran_in))} {shlex.quote(str(model_dir))}")
+  if prefix is None:
+    out = mains.run([sys.executable, "-c", DISK_FULL_AT_4, *train_args(model_dir)], check=False)
+    return model_dir, out, model_dir
+  out = mains.run([*prefix, sys.executable, "-c", FILL_DISK_AT_4, *train_args(ran_in)], check=False)
+  return model_dir, out, ran_in
 
 
 def copy_of(run, tmp_path):
@@ -76,17 +107,58 @@ def copy_of(run, tmp_path):
 
 
 def test_disk_full_ends_with_one_clear_line(disk_full_run):
-  model_dir, out = disk_full_run
+  """The one line says what happened and what to do; nothing after it, and no traceback of
+  Orbax's writes in flight; the last good checkpoint is kept and can be read."""
+  model_dir, out, ran_in = disk_full_run
   assert out.returncode == 1, out.stderr[-3000:]
   last = out.stderr.strip().splitlines()[-1]
-  assert last == (f"CheckpointSaveError: writing checkpoint "
-                  f"{model_dir}/checkpoint_4 failed (OSError: [Errno 28] No space left on device); "
-                  f"the last good checkpoint is {model_dir}/checkpoint_3; free disk space, then "
-                  "rerun the same command to resume"), out.stderr[-3000:]
-  # The process exits cleanly: no save left running at interpreter shutdown.
-  for noise in ("sys.meta_path is None", "Exception ignored", "Fatal Python error"):
-    assert noise not in out.stderr
-  assert checkpoint_paths.finished_steps(model_dir) == [2, 3]
+  assert re.fullmatch(
+      rf"CheckpointSaveError: writing checkpoint {ran_in}/checkpoint_4 failed: no space left on "
+      r"device \((ValueError: RESOURCE_EXHAUSTED: |OSError: \[Errno 28\] )[^\n]*No space left on "
+      rf"device[^\n]*\); the last good checkpoint is {ran_in}/checkpoint_3; free disk space, then "
+      "rerun the same command to resume", last), out.stderr[-3000:]
+  # The process exits cleanly: no save left running at interpreter shutdown, no traceback.
+  for noise in ("sys.meta_path is None", "Exception ignored", "Fatal Python error", "Traceback",
+                "never retrieved", "Event loop is closed"):
+    assert noise not in out.stderr, out.stderr[-3000:]
+  assert checkpoint_paths.finished_steps(model_dir) == [2, 3]  # read by the infer test below
+
+
+# `python -m mcwq_t5x.infer` whose files cannot grow past 64 bytes (RLIMIT_FSIZE, SIGXFSZ ignored):
+# a write past that fails with EFBIG as one on a full disk fails with ENOSPC, with no mount.
+SMALL_FILES = """
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+runpy.run_module("mcwq_t5x.infer", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_infer_output_on_a_full_disk_keeps_the_previous_file(disk_full_run, tmp_path):
+  """`infer --output` decodes with the run's last good checkpoint (checkpoint_3, read back after
+  the full disk), then cannot write its queries: the previous file is kept whole, no temporary
+  file is left, and one line says so."""
+  output = tmp_path / "queries.txt"
+  output.write_text("the previous queries\n")
+  out = mains.run(
+      [
+          sys.executable, "-c", SMALL_FILES, f"--gin_file={MODEL}",
+          "--gin_file=gin/mcwq_t5x/runs/infer.gin", f"--gin.CHECKPOINT_PATH='{disk_full_run[0]}'",
+          "--gin.MAX_DECODE_LENGTH=16", "--sparql", f"--output={output}",
+          *mains.gin_flags(mains.SMALL_MODEL)
+      ],
+      input="Did M0 direct M1\n" * 8,
+      # why: the limit would cut the compilation cache's entries too
+      env={"MCWQ_T5X_COMPILATION_CACHE": "off"},
+      unset=["JAX_COMPILATION_CACHE_DIR"],
+      check=False)
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"ResultWriteError: cannot write {output}: File too large (EFBIG); nothing was written (the "
+      "previous queries.txt, if any, is unchanged)"), out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert output.read_text() == "the previous queries\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["queries.txt"]
 
 
 @pytest.fixture(scope="module")

@@ -373,14 +373,15 @@ def test_resume_past_a_corrupt_checkpoint_moves_it_aside(trained_copy):
     checkpoints.restore_params(model_dir / f"checkpoint_{s}", tr.state_shapes(shapes()).params)
 
 
-def _fail_json_writes(monkeypatch):
-  """Makes the writer of the `data/` item fail as on a full disk (in the asynchronous commit)."""
+def _fail_json_writes(monkeypatch, error=None):
+  """Makes the writer of the `data/` item fail as on a full disk (in the asynchronous commit), or
+  with `error`."""
   import errno  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   async def disk_full(self, x, directory):
     del self, x, directory
-    raise OSError(errno.ENOSPC, "No space left on device")
+    raise error or OSError(errno.ENOSPC, "No space left on device")
 
   monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", disk_full)
 
@@ -395,8 +396,10 @@ def test_failed_async_save_is_one_clear_error(tmp_path, monkeypatch):
   mgr.wait()
   _fail_json_writes(monkeypatch)
   assert mgr.save(2, tree)  # written in the background: fails there
-  expected = (r"writing checkpoint .*checkpoint_2 failed \(OSError: \[Errno 28\] No space left on "
-              r"device\); the last good checkpoint is .*checkpoint_1; free disk space")
+  expected = (
+      r"writing checkpoint .*checkpoint_2 failed: no space left on device \(OSError: "
+      r"\[Errno 28\] No space left on device\); the last good checkpoint is .*checkpoint_1; "
+      r"free disk space, then rerun the same command to resume$")
   with pytest.raises(checkpoints.CheckpointSaveError, match=expected):
     mgr.save(3, tree)
   assert mgr.all_steps() == [1]  # retention did not delete the last good checkpoint
@@ -404,5 +407,58 @@ def test_failed_async_save_is_one_clear_error(tmp_path, monkeypatch):
   assert mgr.save(3, tree)
   with pytest.raises(checkpoints.CheckpointSaveError, match="checkpoint_3 failed"):
     mgr.close()  # the pending save's failure, and the manager is released all the same
+  mgr.close()
+  assert mgr.all_steps() == [1]
+
+
+# TensorStore's error for an array write on a full disk (ENOSPC as os_error_code), on two lines as
+# it can be, and its error for memory, which is no disk's.
+TENSORSTORE_DISK_FULL = ValueError(
+    'RESOURCE_EXHAUSTED: Error writing local file "/m/checkpoint_2.orbax-checkpoint-tmp/state/'
+    '_sharding":\nFailed to write 14729 bytes to file 9: No space left on device '
+    "[os_error_code='28']")
+TENSORSTORE_NO_MEMORY = ValueError(
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8 GiB")
+
+
+@pytest.mark.parametrize("error, hint",
+                         [(TENSORSTORE_DISK_FULL, "ValueError: RESOURCE_EXHAUSTED: "),
+                          (OSError(28, "No space left on device"), "OSError: "),
+                          (TENSORSTORE_NO_MEMORY, None)])
+def test_a_save_failing_in_tensorstore_on_a_full_disk_says_free_disk_space(
+    tmp_path, monkeypatch, error, hint):
+  """TensorStore reports a full disk as ValueError(RESOURCE_EXHAUSTED ... os_error_code='28'), Python
+  as OSError(ENOSPC): one line with the hint; TensorStore's out-of-memory error (also
+  RESOURCE_EXHAUSTED) gets none. Orbax's error
+  records of the failed writes (each with a traceback) are dropped for the full disk alone."""
+  import logging  # pylint: disable=g-import-not-at-top
+  tree = trainer_lib.TrainState(step=np.int32(0), params={"w": np.arange(6.0)}, opt_state={})
+  mgr = checkpoints.CheckpointManager(tmp_path, save_interval_steps=1, max_to_keep=1)
+  assert mgr.save(1, tree)
+  mgr.wait()
+  records = []
+  handler = logging.Handler(logging.ERROR)
+  handler.emit = records.append
+  for name in ("absl", "asyncio"):
+    logging.getLogger(name).addHandler(handler)
+  try:
+    _fail_json_writes(monkeypatch, error)
+    assert mgr.save(2, tree)
+    with pytest.raises(checkpoints.CheckpointSaveError) as e:
+      mgr.wait()
+  finally:
+    for name in ("absl", "asyncio"):
+      logging.getLogger(name).removeHandler(handler)
+  message = str(e.value)
+  assert "\n" not in message and f"{tmp_path}/checkpoint_1" in message
+  if hint:
+    assert message.startswith(f"writing checkpoint {tmp_path}/checkpoint_2 failed: no space left "
+                              f"on device ({hint}")
+    assert message.endswith("; free disk space, then rerun the same command to resume")
+    assert records == []
+  else:
+    assert message.startswith(f"writing checkpoint {tmp_path}/checkpoint_2 failed (ValueError: "
+                              "RESOURCE_EXHAUSTED: Out of memory")
+    assert "free disk space" not in message and records  # Orbax's own records are kept
   mgr.close()
   assert mgr.all_steps() == [1]

@@ -3,9 +3,12 @@
 A full disk is injected (the `full_disk` fixture of conftest.py), no root tricks. `kill -9` safety
 follows from the order of operations: until `os.replace`, the previous file is untouched and only
 a `.NAME.tmp-*` file exists beside it; `os.replace` itself is atomic, so a reader sees one file or
-the other (the last test stops a write mid-way and checks).
+the other (a test stops a write mid-way and checks; the last one tells a rename of the finished
+temporary file from a copy over the old file: a reader of the old file, its inode, the calls).
 """
 import errno
+import os
+import pathlib
 
 import pytest
 
@@ -77,3 +80,39 @@ def test_a_write_stopped_midway_leaves_the_old_file_whole(tmp_path):
   with pytest.raises(Killed):
     writers.write_atomic(path, lines())
   assert path.read_text() == "old\n"
+
+
+def test_the_new_file_is_renamed_into_place_not_copied_over(tmp_path, monkeypatch):
+  """The finished temporary file is synced, then renamed onto `path` (a new inode), then the folder
+  synced: a reader that opened the old file reads it whole, a hard link to it keeps it. Copying
+  the new contents over the old file would rewrite that inode in place."""
+  path = tmp_path / "predictions.txt"
+  path.write_text("old 1\nold 2\n")
+  old_inode = path.stat().st_ino
+  os.link(path, tmp_path / "kept")
+  calls = []
+  real_fsync, real_replace = os.fsync, os.replace
+
+  def fsync(fd):
+    calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+    real_fsync(fd)
+
+  def replace(src, dst):
+    calls.append(("replace", str(src), str(dst)))
+    real_replace(src, dst)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  monkeypatch.setattr(os, "replace", replace)
+  reader = os.open(path, os.O_RDONLY)  # unbuffered: each read goes to the file
+  try:
+    writers.write_atomic(path, "new\n")
+    assert os.pread(reader, 100, 0) == b"old 1\nold 2\n", "the reader sees the new file"
+  finally:
+    os.close(reader)
+  assert path.read_text() == "new\n" and path.stat().st_ino != old_inode
+  assert (tmp_path / "kept").read_text() == "old 1\nold 2\n"
+  tmp = calls[0][1]
+  assert pathlib.Path(tmp).parent == tmp_path and pathlib.Path(tmp).name.startswith(
+      ".predictions.txt.tmp-")
+  assert calls == [("fsync", tmp), ("replace", tmp, str(path)), ("fsync", str(tmp_path))]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "predictions.txt"]
