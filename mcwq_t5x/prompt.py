@@ -144,6 +144,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not offline and not args.base_url:
     console.print_error(ValueError("--base_url is required (or --model nearest_neighbour)"))
     return 2
+  for flag, bad in (("--timeout", not args.timeout > 0), ("--retries", args.retries
+                                                          < 0), ("--concurrency", args.concurrency
+                                                                 < 1), ("--shots", args.shots < 1)):
+    if bad:
+      console.print_error(ValueError(f"{flag} must be positive (at least 0 for --retries)"))
+      return 2
   out = pathlib.Path(args.out)
   try:
     check_out_dir(out)
@@ -172,14 +178,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             for j in d], ex.question)
       for ex, d in zip(examples, demos)
   ]
-  out.mkdir(parents=True, exist_ok=True)
   params = {"temperature": 0.0, "seed": args.seed, "max_tokens": args.max_tokens}
-  results: list[dict[str, Any]] = [{} for _ in examples]
-  failures: list[tuple[int, client_lib.RequestFailed]] = []
-  if offline:
-    for i, d in enumerate(demos):
-      results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
-  else:
+  if not offline:
     chat = client_lib.ChatClient(
         args.base_url,
         args.model,
@@ -190,7 +190,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         timeout_s=args.timeout,
         max_retries=args.retries,
         max_retry_after_s=args.max_retry_after)
-
+  out.mkdir(parents=True, exist_ok=True)
+  results: list[dict[str, Any]] = [{} for _ in examples]
+  failures: list[tuple[int, client_lib.RequestFailed]] = []
+  if offline:
+    for i, d in enumerate(demos):
+      results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
+  else:
     stop = threading.Event()  # why: the first failure for good stops the run
 
     def one(i: int) -> None:

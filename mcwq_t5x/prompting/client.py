@@ -29,6 +29,7 @@ from mcwq_t5x.stores import transport
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens",
                    "exceeds the context", "context window")
 REDACTED = "REDACTED"
+MIN_SECRET_LENGTH = 8  # shorter keys (a local server's "EMPTY") are not redacted
 USER_AGENT = "mcwq-t5x prompting"
 
 
@@ -97,13 +98,16 @@ class ChatClient:
   Args:
     base_url: the server's OpenAI API root, e.g. "http://localhost:8000/v1".
     model: the model name the server knows.
-    api_key: the key (from the environment; never written anywhere).
+    api_key: the key (from the environment; never written anywhere, see `redact`).
     params: sampling parameters sent with every request (temperature, seed, max_tokens).
     cache_path: the JSONL request cache (None: memory).
     min_interval_s: least seconds between the starts of two requests (a rate limit).
     timeout_s: seconds one attempt may take as a whole (connecting to the last byte).
     max_retries, backoff_s, max_backoff_s, max_retry_after_s: the transport's retry policy.
     sleep: the sleep function (tests inject one).
+
+  Raises:
+    ValueError: `timeout_s` <= 0 or `max_retries` < 0.
 
   Attributes:
     policy: the `transport.RetryPolicy` of the retry and pacing arguments (the transport's).
@@ -129,6 +133,8 @@ class ChatClient:
     self.url = base_url.rstrip("/") + "/chat/completions"
     self.cache = jsonl_cache.JsonlCache(cache_path)
     self._key = api_key
+    # why: a placeholder ("EMPTY") or a very short key would redact ordinary words
+    self._secret = api_key if len(api_key) >= MIN_SECRET_LENGTH else None
     self._transport = transport.Transport(
         timeout_s,
         max_retries,
@@ -155,9 +161,10 @@ class ChatClient:
     return jsonl_cache.make_key("chat", self.model, json.dumps(self.params, sort_keys=True), prompt)
 
   def redact(self, value: Any) -> Any:
-    """`value` (a str, or lists and dicts of them) with the API key replaced by `REDACTED`."""
+    """`value` (a str, or lists and dicts of them) with the API key replaced by `REDACTED` (a key
+    of `MIN_SECRET_LENGTH` characters or more)."""
     if isinstance(value, str):
-      return value.replace(self._key, REDACTED) if len(self._key) >= 4 else value
+      return value.replace(self._secret, REDACTED) if self._secret else value
     if isinstance(value, dict):
       return {k: self.redact(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -468,3 +468,14 @@ def test_a_malformed_data_file_is_one_line_naming_file_and_line(tmp_path):
       f"DataFormatError: {folder / 'test.he.txt'}:3: expected `IN: <question>  OUT: <SPARQL>`, "
       f"found no `OUT:` separator: {lines_of_test[2][:80]!r}"
   ]
+
+
+def test_a_bad_timeout_or_retry_count_is_one_line(tmp_path, capsys):
+  for flag, value in (("--timeout", "0"), ("--retries", "-1")):
+    code = prompt_main.main([
+        *TASK, "--out",
+        str(tmp_path), "--base_url", "http://127.0.0.1:9/v1", "--model", "m", flag, value
+    ])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        f"ValueError: {flag} must be positive (at least 0 for --retries)")
+  assert not any(tmp_path.iterdir())  # nothing written
