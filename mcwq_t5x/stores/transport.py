@@ -7,7 +7,8 @@ retried); at most `max_retries` retries on network errors, HTTP 429/500/502/503/
 caller marks `retryable`, after an exponential backoff or at least the answer's `Retry-After` (RFC
 9110 §10.2.3; more than `max_retry_after_s` raises `RetryAfterTooLong`); a minimum interval between
 request starts (`min_interval_s`); redirects 301/302/303/307/308 followed by POSTing the same form
-(at most `MAX_REDIRECTS` hops). Thread-safe: the attempts of all threads are paced together and
+(at most `MAX_REDIRECTS` hops; an `Authorization` header is not sent to another host, as `requests`
+does). Thread-safe: the attempts of all threads are paced together and
 a `Retry-After` the transport gave up on holds them all; each thread has its own session.
 """
 
@@ -334,6 +335,12 @@ _NETWORK_ERRORS = (requests.ConnectionError, requests.Timeout,
                    requests.exceptions.ChunkedEncodingError)
 
 
+def _origin(url: str) -> tuple[str, str]:
+  """(scheme, host:port) of `url`, lower case."""
+  parts = urllib.parse.urlsplit(url)
+  return parts.scheme.lower(), parts.netloc.lower()
+
+
 def _describe(error: BaseException) -> str:
   """`NewConnectionError: ...` for a `requests` error wrapping urllib3's `MaxRetryError`."""
   inner = error.args[0] if error.args else None
@@ -447,6 +454,8 @@ class Transport:
       else:
         if response.status in REDIRECT_STATUSES:
           url = self._redirect(first, response)
+          if _origin(url) != _origin(response.url):  # why: a key is for its own host only
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
           redirects += 1
           if redirects > MAX_REDIRECTS:
             raise TransportError(f"{first}: more than {MAX_REDIRECTS} redirects (the last to "

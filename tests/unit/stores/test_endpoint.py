@@ -478,3 +478,27 @@ def test_transport_paces_the_requests_of_all_threads_together(local_server):
   assert len(gaps) == 3 and min(gaps) > 0.25, gaps  # not 4 at once
   assert t.num_requests == 4
   t.close()
+
+
+class _ChatWithRedirect(local_http.ChatCompletions):
+  """`/old` redirects (307) to `server.to`; other paths answer as `local_http.ChatCompletions`
+  (which records each request's Authorization header in `server.seen`)."""
+
+  def do_POST(self):  # noqa: N802
+    if self.path != "/old":
+      return super().do_POST()
+    self.read_body()
+    self.answer(307, headers={"Location": self.server.to})
+
+
+def test_a_redirect_keeps_the_authorization_header_on_its_host_only(local_server):
+  target = local_server(_ChatWithRedirect, seen=[], script=[], to="/v1/chat/completions")
+  other = local_server(_ChatWithRedirect, seen=[], script=[], to=target.base + "/new")
+  t = transport.Transport(5.0, 0)
+  body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "SPARQL: ASK"}]})
+  headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-secret"}
+  assert t.post(target.base + "/old", body.encode(), headers).status == 200
+  assert target.seen[-1][1] == "Bearer sk-secret"  # same host: kept
+  assert t.post(other.base + "/old", body.encode(), headers).status == 200
+  assert target.seen[-1][1] is None  # another host (another port): not sent
+  assert other.seen == [] and len(target.seen) == 2
