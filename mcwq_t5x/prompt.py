@@ -6,11 +6,15 @@
       --selection similar --shots 1 --out DIR      # the retrieval baseline, no server
 
 Writes to DIR, whole or not at all: `predictions.txt` (RIR, line-parallel with the split; no
-parseable query: an empty line), `targets.txt`, `responses.jsonl`, `requests.jsonl` (the
-crash-safe request cache: a rerun sends no request twice), `run.json` (never the key) and, over a
-whole test part, `predictions_{split}_{lang}.txt` for `mcwq_t5x.report`. Demonstrations come
-from the split's train part, else its dev part. The key is read from `--api_key_env` (default
-OPENAI_API_KEY). Exit status 1 when a request failed for good (rerun to resume).
+parseable query: an empty line), `targets.txt`, `responses.jsonl` (raw answers, reasoning and the
+query read from each), `requests.jsonl` (the crash-safe request cache: a rerun sends no request
+twice), `run.json` (never the key) and, over a whole test part, `predictions_{split}_{lang}.txt`
+for `mcwq_t5x.report`. DIR must be new, empty or an earlier run of this command (another tool's
+folder, a training run's, is refused: exit status 2). Demonstrations come from the split's train
+part, else its dev part. The key is read from `--api_key_env` (default OPENAI_API_KEY). The first
+request that fails for good stops the run (no new request is sent; those in flight finish): exit
+status 1, rerun to resume. A malformed data file: one line `DataFormatError: FILE:LINE: problem`,
+exit status 1.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import os
 import pathlib
 import re
 import sys
+import threading
 from typing import Any, Optional, Sequence
 
 from mcwq_t5x.data import readers
@@ -32,6 +37,11 @@ from mcwq_t5x import console
 
 OFFLINE_MODEL = "nearest_neighbour"
 _TASK = re.compile(r"^mcwq_(?P<split>.+)_(?P<language>[a-z]{2})$")
+RUN_KIND = "prompting"  # run.json's "kind"
+#: The files this command writes in --out (`predictions_<split>_<lang>.txt` too, `OWN_FILE`).
+OUT_FILES = ("predictions.txt", "targets.txt", "responses.jsonl", "requests.jsonl", "run.json")
+OWN_FILE = re.compile(r"^\.?(" + "|".join(re.escape(f) for f in OUT_FILES) +
+                      r"|predictions_[A-Za-z0-9_]+_[a-z]{2,3}\.txt)(\..*)?$")  # why: .NAME.* temps
 
 
 def parse_task(task: str) -> tuple[str, str]:
@@ -50,6 +60,32 @@ def system_name(model: str, shots: int, selection: str, demo_language: str) -> s
   if demo_language == "en":
     name += "_en-demos"
   return f"ORACLE_{name}" if selection in selection_lib.ORACLE_METHODS else name
+
+
+def check_out_dir(out: pathlib.Path) -> None:
+  """Raises ValueError unless `out` is absent, an empty folder, or an earlier run of this command
+  (only `OUT_FILES`, prediction files and their temporary files; a run.json of kind
+  "prompting"); the message names what else is there."""
+  if not out.exists():
+    return
+  if not out.is_dir():
+    raise ValueError(f"--out {out}: exists and is not a folder; choose another --out")
+  other = sorted(e.name + ("/" if e.is_dir() else "")
+                 for e in out.iterdir()
+                 if not OWN_FILE.match(e.name) or not e.is_file())
+  run_json = out / "run.json"
+  if not other and run_json.is_file():
+    try:
+      kind = json.loads(run_json.read_text(encoding="utf-8")).get("kind")
+    except (ValueError, AttributeError):  # why: not JSON, or not an object
+      kind = None
+    if kind != RUN_KIND:
+      other = [f"run.json of kind {kind!r}"]
+  if other:
+    shown = ", ".join(other[:10]) + (f", ... and {len(other) - 10} more" if len(other) > 10 else "")
+    raise ValueError(f"--out {out}: holds another tool's output, not a prompting run's ({shown}); "
+                     "nothing was changed. Choose a new or empty folder (or an earlier prompt "
+                     "--out to resume it)")
 
 
 def _write_whole(path: pathlib.Path, text: str) -> None:
@@ -107,12 +143,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not offline and not args.base_url:
     console.print_error(ValueError("--base_url is required (or --model nearest_neighbour)"))
     return 2
-  examples = readers.read_split(split, args.split, language, args.data_dir)
+  flag_checks = {
+      "--timeout": args.timeout > 0,
+      "--retries": args.retries >= 0,
+      "--concurrency": args.concurrency >= 1,
+      "--shots": args.shots >= 1,
+  }
+  for flag, ok in flag_checks.items():
+    if not ok:
+      console.print_error(ValueError(f"{flag} must be positive (at least 0 for --retries)"))
+      return 2
+  out = pathlib.Path(args.out)
+  try:
+    check_out_dir(out)
+  except ValueError as e:
+    console.print_error(e)
+    return 2
+  try:
+    examples = readers.read_split(split, args.split, language, args.data_dir)
+    pool_part, pool = _pool(split, language, args.data_dir)
+    shown = pool if args.demo_language == "same" else readers.read_split(
+        split, pool_part, "en", args.data_dir)  # why: the language files are line-parallel
+  except (FileNotFoundError, readers.DataFormatError) as e:
+    console.print_error(e)
+    return 1
   if args.max_examples is not None:
     examples = examples[:args.max_examples]
-  pool_part, pool = _pool(split, language, args.data_dir)
-  shown = pool if args.demo_language == "same" else readers.read_split(
-      split, pool_part, "en", args.data_dir)  # why: the language files are line-parallel
   leave_out = pool_part == args.split  # why: never show a test example as its own demonstration
   selector = selection_lib.Selector([e.question for e in pool], [e.sparql for e in pool], language,
                                     args.seed)
@@ -125,15 +181,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             for j in d], ex.question)
       for ex, d in zip(examples, demos)
   ]
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
   params = {"temperature": 0.0, "seed": args.seed, "max_tokens": args.max_tokens}
-  results: list[dict[str, Any]] = [{} for _ in examples]
-  failures: list[tuple[int, client_lib.RequestFailed]] = []
-  if offline:
-    for i, d in enumerate(demos):
-      results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
-  else:
+  if not offline:
     chat = client_lib.ChatClient(
         args.base_url,
         args.model,
@@ -144,28 +193,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         timeout_s=args.timeout,
         max_retries=args.retries,
         max_retry_after_s=args.max_retry_after)
+  out.mkdir(parents=True, exist_ok=True)
+  results: list[dict[str, Any]] = [{} for _ in examples]
+  failures: list[tuple[int, client_lib.RequestFailed]] = []
+  if offline:
+    for i, d in enumerate(demos):
+      results[i] = {"text": pool[d[0]].sparql, "usage": None, "cached": False}
+  else:
+    stop = threading.Event()  # why: the first failure for good stops the run
 
     def one(i: int) -> None:
+      if stop.is_set():
+        return
       try:
         results[i] = chat.complete(prompts[i])
       except client_lib.RequestFailed as e:
         failures.append((i, e))
+        stop.set()
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.concurrency)) as executor:
       list(executor.map(one, range(len(examples))))
   if failures:
-    for i, e in failures[:10]:
+    answered = sum(bool(r) for r in results)
+    for i, e in sorted(failures, key=lambda f: f[0])[:10]:
       console.print_error(e, f"example {i + 1}: ")
     console.print_error(
         client_lib.RequestFailed(
-            f"{len(failures)} request(s) failed; {len(examples) - len(failures)} answered "
-            f"and cached in {out / 'requests.jsonl'}; rerun to resume"))
+            f"stopped: {len(failures)} request(s) failed, {answered} of {len(examples)} "
+            f"answered and cached in {out / 'requests.jsonl'}, "
+            f"{len(examples) - answered - len(failures)} not asked; rerun to resume"))
     return 1
-  predictions = [prompt_format.to_rir(r.get("text")) for r in results]
+  answers = [prompt_format.read_answer(r.get("text")) for r in results]
+  predictions = [a.rir for a in answers]
   usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
   for r in results:
     for k in usage:
-      usage[k] += int((r.get("usage") or {}).get(k) or 0)
+      n = (r.get("usage") or {}).get(k)
+      usage[k] += n if isinstance(n, int) else 0  # why: a server's odd count is not a crash
   ids = [[f"{pool_part}:{pool[j].line}" for j in d] for d in demos]
   responses = [
       json.dumps(
@@ -173,14 +237,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "line": ex.line,
               "demonstrations": d,
               "response": r.get("text"),
+              "reasoning": r.get("reasoning"),
+              "finish_reason": r.get("finish_reason"),
               "error": r.get("error"),
-              "prediction": p,
+              "query": a.query,
+              "prediction": a.rir,
               "cached": r.get("cached")
           },
-          ensure_ascii=False) for ex, d, r, p in zip(examples, ids, results, predictions)
+          ensure_ascii=False) for ex, d, r, a in zip(examples, ids, results, answers)
   ]
+  no_query = sum(a.query is None for a in answers)
   run = {
-      "kind": "prompting",
+      "kind": RUN_KIND,
       "system": system_name(args.model, args.shots, args.selection, args.demo_language),
       "oracle": args.selection in selection_lib.ORACLE_METHODS,
       "task": args.task,
@@ -199,22 +267,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       "demonstrations": ids,
       "usage": usage,
       "syntax_errors": sum(not p for p in predictions),
+      "no_query": no_query,  # no well-formed query in the answer (context-length errors too)
+      "unparseable_queries": sum(a.query is not None and not a.rir for a in answers),
       "context_length_errors": sum(bool(r.get("error")) for r in results),
+      "truncated_answers": sum(r.get("finish_reason") == "length" for r in results),
       "requests_sent": 0 if offline else chat.sent,
       "retries": 0 if offline else chat.retries,
       "cached_answers": sum(bool(r.get("cached")) for r in results),
   }
-  _write_whole(out / "responses.jsonl", "".join(r + "\n" for r in responses))
-  _write_whole(out / "targets.txt", "".join(e.rir + "\n" for e in examples))
-  _write_whole(out / "predictions.txt", "".join(p + "\n" for p in predictions))
-  _write_whole(out / "run.json", json.dumps(run, indent=1, ensure_ascii=False) + "\n")
-  if args.split == "test" and args.max_examples is None:  # why: the report reads whole test sets
-    _write_whole(out / f"predictions_{split}_{language}.txt",
-                 "".join(p + "\n" for p in predictions))
+  try:
+    _write_whole(out / "responses.jsonl", "".join(r + "\n" for r in responses))
+    _write_whole(out / "targets.txt", "".join(e.rir + "\n" for e in examples))
+    _write_whole(out / "predictions.txt", "".join(p + "\n" for p in predictions))
+    _write_whole(out / "run.json", json.dumps(run, indent=1, ensure_ascii=False) + "\n")
+    if args.split == "test" and args.max_examples is None:  # why: the report reads whole test sets
+      _write_whole(out / f"predictions_{split}_{language}.txt",
+                   "".join(p + "\n" for p in predictions))
+  except writers.ResultWriteError as e:  # why: a full disk is one line, the old files kept
+    console.print_error(e)
+    return 1
   exact = sum(p == e.rir for p, e in zip(predictions, examples))
   print(f"{run['system']}: {len(examples)} examples, exact match "
-        f"{100.0 * exact / max(1, len(examples)):.2f}%, {run['syntax_errors']} without a query, "
-        f"{run['cached_answers']} from the cache, {usage['total_tokens']} tokens")
+        f"{100.0 * exact / max(1, len(examples)):.2f}%, {no_query} without a query, "
+        f"{run['unparseable_queries']} with a query the converter rejects, "
+        f"{run['truncated_answers']} cut at --max_tokens, {run['cached_answers']} from the cache, "
+        f"{usage['total_tokens']} tokens")
   return 0
 
 

@@ -170,6 +170,34 @@ def sparql_server(ntriples: pathlib.Path, folder: pathlib.Path, load_timeout_s: 
     proc.wait(timeout=10)
 
 
+def completion(model: str,
+               content: str | None,
+               reasoning: str | None = None,
+               usage: tuple[int, int] = (0, 0),
+               finish_reason: str = "stop") -> dict:
+  """An OpenAI chat-completion answer with one choice: `content` (and `reasoning_content`, as
+  vLLM's reasoning parsers send it, when given) and `usage` (prompt, completion tokens)."""
+  message = {"role": "assistant", "content": content}
+  if reasoning is not None:
+    message["reasoning_content"] = reasoning
+  return {
+      "id": "chatcmpl-test",
+      "object": "chat.completion",
+      "created": 0,
+      "model": model,
+      "choices": [{
+          "index": 0,
+          "finish_reason": finish_reason,
+          "message": message
+      }],
+      "usage": {
+          "prompt_tokens": usage[0],
+          "completion_tokens": usage[1],
+          "total_tokens": sum(usage)
+      },
+  }
+
+
 class ChatCompletions(Handler):
   """An OpenAI-protocol chat-completions server (`POST .../chat/completions`) that answers through
   the nearest-neighbour baseline: the first demonstration's query of the prompt (the line after
@@ -178,7 +206,9 @@ class ChatCompletions(Handler):
   State (keywords of `serve`): `script`, a list of answers sent first, in order, each
   (status, headers, body) or "hang" (sleep `hang_s` seconds, then answer normally) or "noquery"
   (a 200 whose text holds no query); `seen`, a list that gets each request's JSON and
-  Authorization header.
+  Authorization header. A scripted body is JSON-encoded, or sent as it is when bytes (with the
+  scripted headers' Content-Type, else text/html); a callable body is first called with the
+  request's headers (a dict: a server echoing them).
   """
 
   def do_POST(self):  # pylint: disable=invalid-name
@@ -189,32 +219,20 @@ class ChatCompletions(Handler):
       time.sleep(self.server.hang_s)
     elif isinstance(step, tuple):
       status, headers, body = step
-      self.answer(status, json.dumps(body).encode(), "application/json", headers)
+      headers = dict(headers)
+      if callable(body):
+        body = body(dict(self.headers))
+      if isinstance(body, bytes):
+        self.answer(status, body, headers.pop("Content-Type", "text/html"), headers)
+      else:
+        self.answer(status, json.dumps(body).encode(), "application/json", headers)
       return
     prompt = request["messages"][-1]["content"]
     lines = [l for l in prompt.split("\n") if l.startswith("SPARQL: ")]
     text = ("I cannot answer that."
             if step == "noquery" or not lines else f"```sparql\n{lines[0][len('SPARQL: '):]}\n```")
     words = len(prompt.split())
-    body = {
-        "id": "chatcmpl-test",
-        "object": "chat.completion",
-        "created": 0,
-        "model": request["model"],
-        "choices": [{
-            "index": 0,
-            "finish_reason": "stop",
-            "message": {
-                "role": "assistant",
-                "content": text
-            }
-        }],
-        "usage": {
-            "prompt_tokens": words,
-            "completion_tokens": len(text.split()),
-            "total_tokens": words + len(text.split())
-        },
-    }
+    body = completion(request["model"], text, usage=(words, len(text.split())))
     try:
       self.answer(200, json.dumps(body).encode(), "application/json")
     except BrokenPipeError:  # the client gave up waiting (the time-out case)

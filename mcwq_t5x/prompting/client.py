@@ -1,14 +1,20 @@
 """Chat completions from any OpenAI-compatible server (vLLM, llama.cpp, Ollama, TGI, hosted APIs),
-with the project's retry policy and a crash-safe cache of every answer.
+with the project's transport and a crash-safe cache of every answer.
 
-This module alone retries, with the transport's `mcwq_t5x.stores.transport.RetryPolicy` (the
-`openai` client is built with `max_retries=0`; backoff doubling to `max_backoff_s`, at least
-`Retry-After`, more than `max_retry_after_s` an error): 429, 5xx and connection errors at most
-`max_retries` times, then `RequestFailed`; a time-out or another 4xx is `RequestFailed` at once; a
-prompt over the context length is an answer with text None and an "error" (cached; a syntax error
-for the example). The cache (`stores.jsonl_cache.JsonlCache`, fsync'ed) is keyed by model,
-sampling parameters and prompt: a rerun after a kill sends no request twice. The API key is passed
-in, never stored or logged.
+`POST {base_url}/chat/completions` (JSON, `Authorization: Bearer <key>`) through
+`mcwq_t5x.stores.transport.Transport`: a deadline on each attempt as a whole (a server trickling
+its answer cannot hold a request longer than `timeout_s`), 429, 5xx and connection errors retried
+at most `max_retries` times after its backoff (at least `Retry-After`). `RequestFailed` for good:
+a time-out, retries spent, a `Retry-After` over `max_retry_after_s`, another 4xx (401, 403, 404:
+the same for every request), and a 200 that is not a chat completion (not JSON, not UTF-8, an
+HTML page, no `choices[0].message`; not cached, so a rerun asks again). A prompt over the context
+length (a 400 saying so) is an answer with text None and an "error" (cached; a syntax error for
+the example). An answer's `reasoning_content` (or `reasoning`) is kept beside its `content`.
+
+The cache (`stores.jsonl_cache.JsonlCache`, fsync'ed) is keyed by model, sampling parameters and
+prompt: a rerun after a kill sends no request twice, except those in flight at the kill. The API
+key is sent, never stored or logged: every text that came from the server (a body echoing the
+request's headers) is cached and reported with the key replaced by `REDACTED`.
 """
 from __future__ import annotations
 
@@ -17,26 +23,73 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-import openai
-
 from mcwq_t5x.stores import jsonl_cache
 from mcwq_t5x.stores import transport
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens",
                    "exceeds the context", "context window")
+REDACTED = "REDACTED"
+MIN_SECRET_LENGTH = 8  # shorter keys (a local server's "EMPTY") are not redacted
+USER_AGENT = "mcwq-t5x prompting"
 
 
 class RequestFailed(RuntimeError):
-  """A request that failed for good (retries spent, time-out, a 4xx); the message names it."""
+  """A request that failed for good (see module docstring); the message names it, never the
+  key."""
 
 
 class ContextLengthExceeded(RequestFailed):
   """The server refused the prompt as longer than the model's context (HTTP 400)."""
 
 
-def _is_context_error(error: openai.BadRequestError) -> bool:
-  text = f"{error.message} {getattr(error, 'code', '')} {error.body}".lower()
-  return any(m in text for m in CONTEXT_MARKERS)
+def _error_message(body: bytes) -> str:
+  """The `error.message` of an OpenAI-style error body, else the body's head."""
+  try:
+    error = json.loads(body.decode("utf-8")).get("error")
+    message = error.get("message") if isinstance(error, dict) else error
+    if isinstance(message, str) and message:
+      return message
+  except (UnicodeDecodeError, ValueError, AttributeError):
+    pass
+  return transport.body_head(body)
+
+
+def parse_completion(body: bytes) -> dict[str, Any]:
+  """{"text", "reasoning", "usage", "finish_reason"} of a chat-completion answer's body (text
+  and reasoning: str or None).
+
+  Raises:
+    ValueError: the body is not UTF-8 JSON holding `choices[0].message` (an object whose
+      `content` is a string or null); the message quotes the body's head.
+  """
+  try:
+    answer = json.loads(body.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f"not a JSON chat completion ({type(e).__name__}): "
+                     f"{transport.body_head(body)}") from e
+  choices = answer.get("choices") if isinstance(answer, dict) else None
+  choice = choices[0] if isinstance(choices, list) and choices else None
+  message = choice.get("message") if isinstance(choice, dict) else None
+  if not isinstance(message, dict):
+    raise ValueError(f"no choices[0].message in the answer: {transport.body_head(body)}")
+  text = message.get("content")
+  reasoning = message.get("reasoning_content", message.get("reasoning"))
+  if not isinstance(text, (str, type(None))) or not isinstance(reasoning, (str, type(None))):
+    raise ValueError(f"choices[0].message's content is not a string: {transport.body_head(body)}")
+  usage = answer.get("usage")
+  return {
+      "text": text,
+      "reasoning": reasoning,
+      "usage": usage if isinstance(usage, dict) else None,
+      "finish_reason": choice.get("finish_reason")
+  }
+
+
+def _is_answer(value: Any) -> bool:
+  """Whether a cached value is an answer: a text, reasoning or an error (a 200 without a
+  completion, cached as all None by earlier versions, is asked again)."""
+  return isinstance(value, dict) and any(
+      value.get(k) is not None for k in ("text", "reasoning", "error", "finish_reason"))
 
 
 class ChatClient:
@@ -45,16 +98,21 @@ class ChatClient:
   Args:
     base_url: the server's OpenAI API root, e.g. "http://localhost:8000/v1".
     model: the model name the server knows.
-    api_key: the key (from the environment; never written anywhere).
+    api_key: the key (from the environment; never written anywhere, see `redact`).
     params: sampling parameters sent with every request (temperature, seed, max_tokens).
-    cache_path: the JSONL request cache.
-    concurrency: requests in flight at once (the caller's thread pool size; informative).
+    cache_path: the JSONL request cache (None: memory).
     min_interval_s: least seconds between the starts of two requests (a rate limit).
-    timeout_s, max_retries, backoff_s, max_backoff_s, max_retry_after_s: see module docstring.
+    timeout_s: seconds one attempt may take as a whole (connecting to the last byte).
+    max_retries, backoff_s, max_backoff_s, max_retry_after_s: the transport's retry policy.
     sleep: the sleep function (tests inject one).
+
+  Raises:
+    ValueError: `timeout_s` <= 0 or `max_retries` < 0.
 
   Attributes:
     policy: the `transport.RetryPolicy` of the retry and pacing arguments (the transport's).
+    sent: requests sent (attempts: retries and redirect hops included).
+    retries: `sent` less the prompts asked.
   """
 
   def __init__(self,
@@ -72,81 +130,97 @@ class ChatClient:
                sleep: Callable[[float], None] = time.sleep):
     self.model = model
     self.params = dict(params)
+    self.url = base_url.rstrip("/") + "/chat/completions"
     self.cache = jsonl_cache.JsonlCache(cache_path)
-    # max_retries=0: `openai` would retry on its own schedule (Retry-After capped at 60 s), twice
-    # over with ours.
-    self._client = openai.OpenAI(
-        base_url=base_url, api_key=api_key, max_retries=0,
-        timeout=timeout_s)  # why: this module owns the retries
-    self.policy = transport.RetryPolicy(max_retries, backoff_s, max_backoff_s, max_retry_after_s,
-                                        min_interval_s)
-    self._sleep = sleep
-    self._pace_lock = threading.Lock()
-    self._last = 0.0
-    self.sent = 0
-    self.retries = 0
+    self._key = api_key
+    # why: a placeholder ("EMPTY") or a very short key would redact ordinary words
+    self._secret = api_key if len(api_key) >= MIN_SECRET_LENGTH else None
+    self._transport = transport.Transport(
+        timeout_s,
+        max_retries,
+        backoff_s=backoff_s,
+        max_backoff_s=max_backoff_s,
+        min_interval_s=min_interval_s,
+        max_retry_after_s=max_retry_after_s,
+        user_agent=USER_AGENT,
+        sleep=sleep)
+    self.policy = self._transport.policy
+    self._lock = threading.Lock()
+    self._asked = 0
+
+  @property
+  def sent(self) -> int:
+    return self._transport.num_requests
+
+  @property
+  def retries(self) -> int:
+    return self._transport.num_requests - self._asked
 
   def key(self, prompt: str) -> str:
     """The cache key of `prompt` for this model and these parameters."""
     return jsonl_cache.make_key("chat", self.model, json.dumps(self.params, sort_keys=True), prompt)
 
+  def redact(self, value: Any) -> Any:
+    """`value` (a str, or lists and dicts of them) with the API key replaced by `REDACTED` (a key
+    of `MIN_SECRET_LENGTH` characters or more)."""
+    if isinstance(value, str):
+      return value.replace(self._secret, REDACTED) if self._secret else value
+    if isinstance(value, dict):
+      return {k: self.redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+      return [self.redact(v) for v in value]
+    return value
+
   def complete(self, prompt: str) -> dict[str, Any]:
-    """{"text", "usage", "cached"} for `prompt`, from the cache or the server; a prompt longer
-    than the model's context gives text None and "error" "context_length: ..." (cached).
+    """{"text", "reasoning", "usage", "finish_reason", "cached"} for `prompt`, from the cache or
+    the server; a prompt longer than the model's context gives text None and "error"
+    "context_length: ..." (cached).
 
     Raises:
       RequestFailed: see module docstring.
     """
     key = self.key(prompt)
     hit = self.cache.get(key)
-    if hit is not None:
+    if _is_answer(hit):
       return dict(hit, cached=True)
     try:
       value = self._request(prompt)
     except ContextLengthExceeded as e:  # why: the same prompt fails the same way: cache it too
       value = {"text": None, "usage": None, "error": f"context_length: {e}"}
+    value = self.redact(value)
     self.cache.put(key, value)
     return dict(value, cached=False)
 
   def _request(self, prompt: str) -> dict[str, Any]:
-    for attempt in range(self.policy.max_retries + 1):
-      with self._pace_lock:
-        self._last = transport.pace(self._last, self.policy.min_interval_s, self._sleep)
-        self.sent += 1
-      try:
-        answer = self._client.chat.completions.create(
-            model=self.model, messages=[{
-                "role": "user",
-                "content": prompt
-            }], **self.params)
-      except openai.APITimeoutError as e:
-        # Not retried: the request would take as long again (as `transport.DeadlineExceeded`).
-        raise RequestFailed(f"{self.model}: no complete answer within the time-out ({e})") from e
-      except openai.BadRequestError as e:
-        if _is_context_error(e):
-          raise ContextLengthExceeded(f"{self.model}: prompt longer than the context: "
-                                      f"{e.message}") from e
-        raise RequestFailed(f"{self.model}: HTTP 400: {e.message}") from e
-      except (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError) as e:
-        response = getattr(e, "response", None)
-        what = f"HTTP {response.status_code}" if response is not None else type(e).__name__
-        if attempt == self.policy.max_retries:
-          raise RequestFailed(f"{self.model}: {what} after {attempt + 1} attempts: {e}") from e
-        retry_after = response.headers.get("retry-after") if response is not None else None
-        try:
-          wait = self.policy.delay(attempt + 1, retry_after)
-        except transport.RetryAfterTooLong as too_long:
-          raise RequestFailed(f"{self.model}: {what}: {too_long}") from e
-        self.retries += 1
-        self._sleep(wait)
-        continue
-      except openai.APIStatusError as e:
-        raise RequestFailed(f"{self.model}: HTTP {e.status_code}: {e.message}") from e
-      choice = answer.choices[0] if answer.choices else None
-      usage = answer.usage.model_dump() if answer.usage is not None else None
-      return {
-          "text": choice.message.content if choice else None,
-          "usage": usage,
-          "finish_reason": choice.finish_reason if choice else None
-      }
-    raise AssertionError("unreachable")
+    body = json.dumps({
+        "model": self.model,
+        "messages": [{
+            "role": "user",
+            "content": prompt
+        }],
+        **self.params
+    }).encode("utf-8")
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._key}"}
+    with self._lock:
+      self._asked += 1
+    try:
+      response = self._transport.post(self.url, body, headers)
+    except transport.DeadlineExceeded as e:
+      # Not retried: the request would take as long again.
+      raise self._failed(f"no complete answer within the time-out ({e})") from None
+    except transport.HTTPStatusError as e:
+      status, message = e.response.status, _error_message(e.response.body)
+      text = e.response.body.decode("utf-8", "replace").lower()  # why: message, code, type
+      if status == 400 and any(m in text for m in CONTEXT_MARKERS):
+        raise ContextLengthExceeded(
+            self.redact(f"{self.model}: prompt longer than the context: {message}")) from None
+      raise self._failed(f"{self.url}: HTTP {status}: {message}") from None
+    except (transport.TransportError, transport.RetryAfterTooLong) as e:
+      raise self._failed(str(e)) from None
+    try:
+      return parse_completion(response.body)
+    except ValueError as e:
+      raise self._failed(f"{self.url}: HTTP {response.status} but {e}") from None
+
+  def _failed(self, message: str) -> RequestFailed:
+    return RequestFailed(self.redact(f"{self.model}: {message}"))

@@ -1,13 +1,15 @@
-"""The HTTP transport of every remote client: SPARQL endpoints (`stores.remote`, MCWQ paper §3.2)
-and machine translation (`preprocessing.translate`, §4.1).
+"""The HTTP transport of every remote client: SPARQL endpoints (`stores.remote`, MCWQ paper §3.2),
+machine translation (`preprocessing.translate`, §4.1) and chat completions (`prompting.client`).
 
-`Transport.post` sends a form (`application/x-www-form-urlencoded`) through a `requests.Session`
-under one policy: a deadline on each attempt as a whole (`timeout_s`; `DeadlineExceeded`, not
+`Transport.post` sends a form (`application/x-www-form-urlencoded`) or a body of bytes (JSON)
+through a `requests.Session` under one policy: a deadline on each attempt as a whole (`timeout_s`; `DeadlineExceeded`, not
 retried); at most `max_retries` retries on network errors, HTTP 429/500/502/503/504 and answers a
 caller marks `retryable`, after an exponential backoff or at least the answer's `Retry-After` (RFC
 9110 §10.2.3; more than `max_retry_after_s` raises `RetryAfterTooLong`); a minimum interval between
 request starts (`min_interval_s`); redirects 301/302/303/307/308 followed by POSTing the same form
-(at most `MAX_REDIRECTS` hops). One request at a time: pacing is not shared between threads.
+(at most `MAX_REDIRECTS` hops; an `Authorization` header is not sent to another host, as `requests`
+does). Thread-safe: the attempts of all threads are paced together and
+a `Retry-After` the transport gave up on holds them all; each thread has its own session.
 """
 
 from __future__ import annotations
@@ -333,6 +335,12 @@ _NETWORK_ERRORS = (requests.ConnectionError, requests.Timeout,
                    requests.exceptions.ChunkedEncodingError)
 
 
+def _origin(url: str) -> tuple[str, str]:
+  """(scheme, host:port) of `url`, lower case."""
+  parts = urllib.parse.urlsplit(url)
+  return parts.scheme.lower(), parts.netloc.lower()
+
+
 def _describe(error: BaseException) -> str:
   """`NewConnectionError: ...` for a `requests` error wrapping urllib3's `MaxRetryError`."""
   inner = error.args[0] if error.args else None
@@ -355,7 +363,8 @@ class Transport:
   `max_retries` and `max_retry_after_s` form `policy` (a `RetryPolicy`); `retryable(response)`:
   extra answers to retry besides `RETRY_STATUSES`, returning what to report ("HTTP 403
   (rateLimitExceeded)") or None; `sleep`, `clock` injectable. `num_requests` counts attempts,
-  retries and redirect hops included. ValueError: `timeout_s` <= 0, `max_retries` < 0.
+  retries and redirect hops included. Thread-safe (see the module docstring). ValueError:
+  `timeout_s` <= 0, `max_retries` < 0.
   """
 
   def __init__(self,
@@ -382,17 +391,33 @@ class Transport:
     self._last = 0.0
     self._hold_until = 0.0  # time.monotonic() before which the server asked us not to come back
     self._moved: dict[str, str] = {}  # url -> where a permanent redirect (301, 308) sent it
-    self._session = requests.Session()
-    adapter = _WatchedAdapter()
-    self._session.mount("http://", adapter)
-    self._session.mount("https://", adapter)
+    self._pace_lock = threading.Lock()  # why: one interval between the starts of all threads
+    self._local = threading.local()
+    self._sessions: list[requests.Session] = []
+    self._sessions_lock = threading.Lock()  # why: not the pace lock, held while a thread waits
+
+  def _session(self) -> requests.Session:
+    """This thread's session (`requests.Session` is not documented as thread-safe)."""
+    session = getattr(self._local, "session", None)
+    if session is None:
+      session = requests.Session()
+      adapter = _WatchedAdapter()
+      session.mount("http://", adapter)
+      session.mount("https://", adapter)
+      self._local.session = session
+      with self._sessions_lock:
+        self._sessions.append(session)
+    return session
 
   def close(self) -> None:
-    """Closes the kept-alive connections (a later request opens new ones)."""
-    self._session.close()
+    """Closes the kept-alive connections of every thread (a later request opens new ones)."""
+    with self._sessions_lock:
+      for session in self._sessions:
+        session.close()
 
   def post(self, url: str, data: Any, headers: Mapping[str, str] | None = None) -> Response:
-    """POSTs `data` (a form: a dict, values may be lists) to `url`; returns the 2xx answer.
+    """POSTs `data` to `url` (a form: a dict, values may be lists; or bytes, sent as they are
+    with the Content-Type `headers` give); returns the 2xx answer.
 
     Raises:
       DeadlineExceeded: an attempt's answer was not complete within `timeout_s`.
@@ -411,9 +436,10 @@ class Transport:
       hold = self._hold_until - time.monotonic()
       if hold > 0:
         self._sleep(hold)
-      self._last = pace(self._last, self.policy.min_interval_s, self._sleep)
+      with self._pace_lock:
+        self._last = pace(self._last, self.policy.min_interval_s, self._sleep)
+        self.num_requests += 1
       attempts += 1
-      self.num_requests += 1
       retry_after = None
       try:
         response = self._attempt(url, data, headers)
@@ -428,6 +454,8 @@ class Transport:
       else:
         if response.status in REDIRECT_STATUSES:
           url = self._redirect(first, response)
+          if _origin(url) != _origin(response.url):  # why: a key is for its own host only
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
           redirects += 1
           if redirects > MAX_REDIRECTS:
             raise TransportError(f"{first}: more than {MAX_REDIRECTS} redirects (the last to "
@@ -470,7 +498,7 @@ class Transport:
     deadline.start()
     try:
       try:
-        resp = self._session.post(
+        resp = self._session().post(
             url,
             data=data,
             headers=headers,

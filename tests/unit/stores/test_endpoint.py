@@ -6,6 +6,7 @@ tests/local_http.py); no test sleeps for the waits a server asks (the sleep and 
 injected).
 """
 
+import concurrent.futures
 import email.utils
 import json
 import logging
@@ -452,3 +453,52 @@ def test_remote_request_that_cannot_be_sent_is_an_error_at_once():
   with pytest.raises(ep.EndpointError, match="query.wikidata.org/sparql: MissingSchema"):
     remote.ask("ASK WHERE { ?s ?p ?o }")
   assert waits == []  # not retried
+
+
+# ---- 13. One transport, several threads: paced together ----
+
+
+class _Arrivals(local_http.Handler):
+  """Records when each POST arrives (`server.arrivals`, monotonic seconds), echoes its body."""
+
+  def do_POST(self):  # noqa: N802
+    self.server.arrivals.append(time.monotonic())
+    self.answer(200, self.read_body(), "application/json")
+
+
+def test_transport_paces_the_requests_of_all_threads_together(local_server):
+  srv = local_server(_Arrivals, "/v1/chat/completions", arrivals=[])
+  t = transport.Transport(5.0, 0, min_interval_s=0.3)
+  bodies = [json.dumps({"n": n}).encode() for n in range(4)]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    answers = list(
+        pool.map(lambda b: t.post(srv.url, b, {"Content-Type": "application/json"}), bodies))
+  assert [a.body for a in answers] == bodies  # bytes go as they are
+  gaps = [b - a for a, b in zip(sorted(srv.arrivals), sorted(srv.arrivals)[1:])]
+  assert len(gaps) == 3 and min(gaps) > 0.25, gaps  # not 4 at once
+  assert t.num_requests == 4
+  t.close()
+
+
+class _ChatWithRedirect(local_http.ChatCompletions):
+  """`/old` redirects (307) to `server.to`; other paths answer as `local_http.ChatCompletions`
+  (which records each request's Authorization header in `server.seen`)."""
+
+  def do_POST(self):  # noqa: N802
+    if self.path != "/old":
+      return super().do_POST()
+    self.read_body()
+    self.answer(307, headers={"Location": self.server.to})
+
+
+def test_a_redirect_keeps_the_authorization_header_on_its_host_only(local_server):
+  target = local_server(_ChatWithRedirect, seen=[], script=[], to="/v1/chat/completions")
+  other = local_server(_ChatWithRedirect, seen=[], script=[], to=target.base + "/new")
+  t = transport.Transport(5.0, 0)
+  body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "SPARQL: ASK"}]})
+  headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-secret"}
+  assert t.post(target.base + "/old", body.encode(), headers).status == 200
+  assert target.seen[-1][1] == "Bearer sk-secret"  # same host: kept
+  assert t.post(other.base + "/old", body.encode(), headers).status == 200
+  assert target.seen[-1][1] is None  # another host (another port): not sent
+  assert other.seen == [] and len(target.seen) == 2
