@@ -110,8 +110,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
-  args = gin_utils.parse_flags(
-      argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
+  try:
+    args = gin_utils.parse_flags(
+        argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
+  except gin_utils.GinConfigError as e:  # a typo in a flag or file: one line, exit status 1
+    raise console.one_line_exit(e) from e
   try:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
@@ -123,6 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
+          pipeline.UnknownTaskError,
           *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary, a busy or unwritable
     raise console.one_line_exit(e) from e  # EVAL_OUTPUT_DIR: one line, exit status 1
   print(result["metrics"])

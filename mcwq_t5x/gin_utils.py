@@ -15,6 +15,7 @@ files of both engines parse in one process.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import pathlib
@@ -128,7 +129,7 @@ def parse_gin(gin_files: Sequence[str],
   The cwd and repo root are always search paths; `finalize` locks the config; `skip_unknown` is
   gin's. Raises GinConfigError: a missing file or include, a cycle, unknown configurable or
   parameter, syntax, or an UPPER_CASE macro binding no file references by its whole name
-  (`TRAIN_STEP = 5` beside `%TRAIN_STEPS`).
+  (`TRAIN_STEP = 5` beside `%TRAIN_STEPS`: the message suggests the closest, `difflib`).
   """
   search = [str(s) for s in gin_search_paths] + [os.getcwd(), str(REPO_ROOT)]
   gin.clear_config()
@@ -141,8 +142,10 @@ def parse_gin(gin_files: Sequence[str],
   for b in gin_bindings:
     name = b.split("=", 1)[0].strip()
     if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and name not in used:
+      close = difflib.get_close_matches(name, sorted(used), n=1)
+      hint = f"did you mean {close[0]}?" if close else "typo?"
       raise GinConfigError(f"binding {b.strip()!r}: macro {name} is not used by any of the gin "
-                           f"files {list(gin_files)} (typo?)")
+                           f"files {list(gin_files)} ({hint})")
   try:
     gin.parse_config_files_and_bindings(
         list(gin_files), list(gin_bindings), finalize_config=finalize, skip_unknown=skip_unknown)

@@ -151,12 +151,15 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
         action="store_true",
         help="print executable SPARQL (mcwq_t5x.data.rir.rir_to_sparql) instead of RIR")
 
-  args = gin_utils.parse_flags(
-      argv,
-      description=__doc__.splitlines()[0],
-      extra_args=extra,
-      prog="python -m mcwq_t5x.infer",
-      epilog=GIN_HELP)
+  try:
+    args = gin_utils.parse_flags(
+        argv,
+        description=__doc__.splitlines()[0],
+        extra_args=extra,
+        prog="python -m mcwq_t5x.infer",
+        epilog=GIN_HELP)
+  except gin_utils.GinConfigError as e:  # a typo in a flag or file: one line, exit status 1
+    raise console.one_line_exit(e) from e
   try:  # before the model is built: bad input fails fast
     if args.input == "-":
       # "\n" alone ends a line: a form feed or U+2028 inside a question never splits it.

@@ -129,9 +129,12 @@ def inspect(name: str,
 
 @pipeline.without_autograph
 def _unlimited_dataset(task, split: str):
-  """`task`'s preprocessed `split` in source order, without a length limit (traced without
-  AutoGraph: `pipeline.without_autograph`)."""
-  return task.get_dataset(sequence_length=None, split=split, shuffle=False)
+  """`task`'s preprocessed `split` once, in source order (a mixture's tasks one after another,
+  `pipeline.one_epoch`), without a length limit (traced without AutoGraph:
+  `pipeline.without_autograph`)."""
+  return pipeline.one_epoch(
+      task, split,
+      lambda sub: sub.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1))
 
 
 def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:

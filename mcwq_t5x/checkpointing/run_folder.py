@@ -1,6 +1,8 @@
 """The run folder (MODEL_DIR) of `mcwq_t5x.train` and `mcwq_t5x.eval`: the name of every file and
 folder in it, "is this a run folder, and of which run", and the writers of its metrics files and
-TensorBoard event files. T5X's layout (`checkpoint_<step>/`, `train/`, `eval/`) plus ours.
+TensorBoard event files, and what a training start added to it (`FolderBefore`: a start that
+fails before its first checkpoint is undone). T5X's layout (`checkpoint_<step>/`, `train/`,
+`eval/`) plus ours.
 
   train.lock  run.json  vocab/spm.model  config.gin  checkpoint_<step>/  train/ eval/
   train_metrics.jsonl  eval_metrics.jsonl  predictions/<task>_<split>.txt
@@ -8,7 +10,9 @@ TensorBoard event files. T5X's layout (`checkpoint_<step>/`, `train/`, `eval/`) 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import logging
 import pathlib
 import re
@@ -153,3 +157,66 @@ class ScalarWriter:
 def create_metric_writer(logdir: str) -> ScalarWriter:
   """The TensorBoard writer of `logdir` (`ScalarWriter`)."""
   return ScalarWriter(logdir)
+
+
+# The files a start rewrites in a MODEL_DIR that had them (a resumed run's): kept to put back.
+_REWRITTEN_AT_START = (CONFIG_GIN, RUN_JSON)
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderBefore:
+  """What a MODEL_DIR held before a training started, to undo a failed start
+  (`undo_failed_start`).
+
+  Attributes:
+    folder: MODEL_DIR (absolute).
+    existed: whether the folder existed.
+    entries: the relative paths of every file and folder in it.
+    saved: the bytes of the `_REWRITTEN_AT_START` files it had.
+    steps: its finished checkpoint steps.
+  """
+  folder: pathlib.Path
+  existed: bool
+  entries: frozenset[str]
+  saved: Mapping[str, bytes]
+  steps: tuple[int, ...]
+
+  @classmethod
+  def take(cls, model_dir: str | pathlib.Path) -> "FolderBefore":
+    """The state of `model_dir` now (a missing folder: `existed` False, nothing in it)."""
+    folder = pathlib.Path(model_dir).absolute()
+    if not folder.is_dir():
+      return cls(folder, False, frozenset(), {}, ())
+    entries = frozenset(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    saved = {n: (folder / n).read_bytes() for n in _REWRITTEN_AT_START if (folder / n).is_file()}
+    return cls(folder, True, entries, saved, tuple(checkpoint_paths.finished_steps(folder)))
+
+  def undo_failed_start(self) -> list[str]:
+    """Puts MODEL_DIR back as it was when no checkpoint was finished since `take` (a run that
+    failed before its first checkpoint): the folder removed if it did not exist, else the files
+    and folders added since removed and the rewritten files (config.gin, run.json) restored. A
+    folder with a new checkpoint is left alone. Returns the removed or restored paths (relative);
+    OSError if one cannot be removed."""
+    if not self.folder.is_dir() or tuple(checkpoint_paths.finished_steps(
+        self.folder)) != self.steps:
+      return []
+    if not self.existed:
+      shutil.rmtree(self.folder)
+      return ["."]
+    changed = []
+    # Deepest first: a new folder is empty once its new files are gone.
+    for path in sorted(self.folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+      rel = str(path.relative_to(self.folder))
+      if rel in self.entries:
+        continue
+      if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+      else:
+        path.unlink()
+      changed.append(rel)
+    for name, data in self.saved.items():
+      path = self.folder / name
+      if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
+        changed.append(name)
+    return sorted(changed)
