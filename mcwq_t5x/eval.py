@@ -9,7 +9,9 @@ The run file binds `eval_script.evaluate` by dynamic registration. CHECKPOINT_PA
 of `mcwq_t5x.train` or `t5x.train` (its newest readable checkpoint), one `checkpoint_<step>`, or a
 Hugging Face / T5X-native checkpoint. Writes predictions/<task>_<split>.txt and
 metrics/<task>_<split>.json under EVAL_OUTPUT_DIR (default <MODEL_DIR>/eval_<step>), each whole
-or not at all, holding its eval.lock. The vocabulary and dtype are the run.json's unless set.
+or not at all, holding its eval.lock. The vocabulary and dtype are the run.json's unless set, and
+so is the task when MIXTURE_OR_TASK_NAME is unset; a task whose inputs have another form than the
+run's (bare questions, prefixed ones) is evaluated with a warning naming both.
 """
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ GIN_HELP = gin_utils.gin_help([
     'gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/eval.gin (any task and checkpoint)',
     'gin/mcwq_t5x/{test,zeroshot,gold}/mt5_small_mcd1_he.gin (paper evaluations)'
 ], [
-    'MIXTURE_OR_TASK_NAME', 'CHECKPOINT_PATH', 'SPLIT',
+    'MIXTURE_OR_TASK_NAME (default: the run\'s task, run.json)', 'CHECKPOINT_PATH', 'SPLIT',
     'EVAL_OUTPUT_DIR (default MODEL_DIR/eval_<step>)', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE',
     'PREDICT_KWARGS', 'NUM_EXAMPLES', 'HOST_DEVICE_COUNT'
 ])
@@ -121,6 +123,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     # Unless the command line binds network.get_config.dtype (one stderr line says which).
     gin_utils.adopt_recorded_dtype(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
+    # MIXTURE_OR_TASK_NAME unset: the run's task; one of another input form: a warning.
+    gin_utils.adopt_recorded_task(
+        gin_utils.macro_value("CHECKPOINT_PATH"), gin_utils.macro_value("MIXTURE_OR_TASK_MODULE"))
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     compilation_cache.use_persistent_cache()
     gin_utils.call_configured(partitioning.initialize_distributed)

@@ -10,7 +10,9 @@ an error naming the line), one output line per input
 line, in order; questions are normalised as the training data is. An empty question gives an
 empty line, RIR that `rir_to_sparql` rejects the line `ERROR: <reason>` (both with a warning).
 With PREDICT_KWARGS {'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes
-separated by tabs, ascending score (the last is the one printed without it).
+separated by tabs, ascending score (the last is the one printed without it). The vocabulary,
+dtype and INPUT_PREFIX are the run.json's unless set (a WARNING names both prefixes when the
+command line's differs).
 """
 from __future__ import annotations
 
@@ -133,8 +135,8 @@ def format_lines(predictions: Sequence[Any]) -> str:
 
 #: `--help` epilog: the gin files and macros of this main.
 GIN_HELP = gin_utils.gin_help(['gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/infer.gin'], [
-    'CHECKPOINT_PATH', 'INPUT_PREFIX', 'INPUT_LENGTH', 'MAX_DECODE_LENGTH', 'BATCH_SIZE',
-    'PREDICT_KWARGS', 'HOST_DEVICE_COUNT'
+    'CHECKPOINT_PATH', 'INPUT_PREFIX (default: the run\'s, run.json)', 'INPUT_LENGTH',
+    'MAX_DECODE_LENGTH', 'BATCH_SIZE', 'PREDICT_KWARGS', 'HOST_DEVICE_COUNT'
 ])
 
 
@@ -175,6 +177,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
     gin_utils.adopt_recorded_dtype(
+        gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
+    gin_utils.adopt_recorded_input_prefix(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     compilation_cache.use_persistent_cache()

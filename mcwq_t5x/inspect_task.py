@@ -61,16 +61,6 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
   return out
 
 
-def input_prefix_of(task) -> Optional[str]:
-  """The `prefix` keyword of a task's first preprocessor that has one, or None (mixtures,
-  others)."""
-  for p in getattr(task, "preprocessors", None) or ():
-    keywords = getattr(p, "keywords", None) or {}
-    if "prefix" in keywords:
-      return str(keywords["prefix"])
-  return None
-
-
 def inspect(name: str,
             split: str = "validation",
             num_examples: int = 5,
@@ -88,7 +78,7 @@ def inspect(name: str,
   say("loading SeqIO, TensorFlow and the MCWQ tasks")
   task = get_task(name)
   say(f"reading and tokenising {name} {split}")
-  prefix = input_prefix_of(task)
+  prefix = pipeline.input_prefix_of(task)
   if prefix is not None:
     print(
         f"input prefix: {prefix!r}" if prefix else "input prefix: none (the bare question)",

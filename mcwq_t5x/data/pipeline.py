@@ -80,6 +80,22 @@ def output_vocabulary(name: str, module: Optional[str] = None):
   return task.output_features["targets"].vocabulary
 
 
+def input_prefix_of(task: Any) -> Optional[str]:
+  """The `prefix` keyword of a SeqIO task's first preprocessor that has one (tasks/mcwq.py's
+  `to_inputs_and_targets`: "" for none), or None (a mixture, another kind of task)."""
+  for p in getattr(task, "preprocessors", None) or ():
+    keywords = getattr(p, "keywords", None) or {}
+    if "prefix" in keywords:
+      return str(keywords["prefix"])
+  return None
+
+
+def input_prefixes(task_or_mixture: Any) -> dict[str, Optional[str]]:
+  """{task name: `input_prefix_of(task)`} of a task, or of each task of a mixture."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  return {t.name: input_prefix_of(t) for t in seqio.get_subtasks(task_or_mixture)}
+
+
 def check_vocab_size(vocabulary: Any, model_vocab_size: int, where: str = "") -> None:
   """ValueError (naming both sizes and their sources) unless the model's embedding size equals the
   vocabulary's, or is it rounded up to a multiple of 128 (mT5: 250100 -> 250112, as T5X)."""
