@@ -1,7 +1,7 @@
 """Prints a SeqIO task's preprocessed examples and token-length statistics.
 
-Use it to choose TASK_FEATURE_LENGTHS: the statistics are over the whole split, lengths count
-the EOS token, and nothing is truncated.
+Use it to choose TASK_FEATURE_LENGTHS: the statistics are over the whole split (each example once,
+a mixture's tasks one after another), lengths count the EOS token, and nothing is truncated.
 
 Usage:
   python -m mcwq_t5x.inspect_task mcwq_mcd1_he --split validation -n 5
@@ -65,14 +65,17 @@ def inspect(name: str,
             split: str = "validation",
             num_examples: int = 5,
             max_examples: Optional[int] = None,
-            out=sys.stdout,
-            progress=sys.stderr) -> dict[str, Any]:
+            out=None,
+            progress=None) -> dict[str, Any]:
   """{"inputs": stats, "targets": stats} (`length_stats`) of `split`; prints `num_examples`
   examples.
 
-  `max_examples` None or 0: the whole split. `progress` gets `[  12 s] ...` lines every
-  `PROGRESS_EVERY_S`. Raises UnknownTaskError, DataNotFoundError (missing data or vocabulary).
+  `max_examples` None or 0: the whole split (a mixture's tasks one after another); `out` (default
+  stdout) gets the examples and statistics, `progress` (default stderr) `[  12 s] ...` lines
+  every `PROGRESS_EVERY_S`. Raises UnknownTaskError, DataNotFoundError (missing data or vocabulary).
   """
+  out = out or sys.stdout  # why at call time: the streams of the caller's moment (a test's capture)
+  progress = progress or sys.stderr
   start = time.monotonic()
   say = lambda message: print(f"[{time.monotonic() - start:4.0f} s] {message}", file=progress)
   say("loading SeqIO, TensorFlow and the MCWQ tasks")
