@@ -250,8 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   (`gin_utils.GinConfigError`, `CheckpointSaveError`, `run_lock.ModelDirInUseError`,
   `pipeline.UnknownTaskError`, `DataNotFoundError` such as `vocab.VocabularyNotFoundError`;
   "Preempted: ..." with status 143; "LostProcessError: ..." naming a lost process and the resume
-  command, status 1), and whatever `train` raises; a start that fails before the first checkpoint
-  leaves MODEL_DIR as it was (`undone_if_failed_at_start`).
+  command, status 1), and whatever `train` raises; a start that fails before it trains leaves
+  MODEL_DIR as it was (`undone_if_failed_at_start`).
   """
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
@@ -315,9 +315,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def undone_if_failed_at_start(model_dir: Optional[str]):
-  """Context: when what it runs raises before the run's first checkpoint, MODEL_DIR is put back
-  as it was (`run_folder.FolderBefore.undo_failed_start`, process 0): no config.gin, train.lock or
-  run.json of a run that never started is left. Another training's folder
+  """Context: when what it runs raises before the run wrote a checkpoint or a metrics row, MODEL_DIR
+  is put back as it was (`run_folder.FolderBefore.undo_failed_start`, process 0): no config.gin,
+  train.lock or run.json of a run that never trained is left. Another training's folder
   (`run_lock.ModelDirInUseError`) is never touched."""
   before = (
       run_folder.FolderBefore.take(model_dir) if model_dir and jax.process_index() == 0 else None)

@@ -1,7 +1,7 @@
 """The run folder (MODEL_DIR) of `mcwq_t5x.train` and `mcwq_t5x.eval`: the name of every file and
 folder in it, "is this a run folder, and of which run", and the writers of its metrics files and
 TensorBoard event files, and what a training start added to it (`FolderBefore`: a start that
-fails before its first checkpoint is undone). T5X's layout (`checkpoint_<step>/`, `train/`,
+fails before it trains is undone). T5X's layout (`checkpoint_<step>/`, `train/`,
 `eval/`) plus ours.
 
   train.lock  run.json  vocab/spm.model  config.gin  checkpoint_<step>/  train/ eval/
@@ -174,31 +174,36 @@ class FolderBefore:
     entries: the relative paths of every file and folder in it.
     saved: the bytes of the `_REWRITTEN_AT_START` files it had.
     steps: its finished checkpoint steps.
+    metrics: the size in bytes of each of its `METRICS_FILES` (0: none).
   """
   folder: pathlib.Path
   existed: bool
   entries: frozenset[str]
   saved: Mapping[str, bytes]
   steps: tuple[int, ...]
+  metrics: tuple[int, ...]
 
   @classmethod
   def take(cls, model_dir: str | pathlib.Path) -> "FolderBefore":
     """The state of `model_dir` now (a missing folder: `existed` False, nothing in it)."""
     folder = pathlib.Path(model_dir).absolute()
     if not folder.is_dir():
-      return cls(folder, False, frozenset(), {}, ())
+      return cls(folder, False, frozenset(), {}, (), _metrics_sizes(folder))
     entries = frozenset(str(p.relative_to(folder)) for p in folder.rglob("*"))
     saved = {n: (folder / n).read_bytes() for n in _REWRITTEN_AT_START if (folder / n).is_file()}
-    return cls(folder, True, entries, saved, tuple(checkpoint_paths.finished_steps(folder)))
+    return cls(folder, True, entries, saved, tuple(checkpoint_paths.finished_steps(folder)),
+               _metrics_sizes(folder))
 
   def undo_failed_start(self) -> list[str]:
-    """Puts MODEL_DIR back as it was when no checkpoint was finished since `take` (a run that
-    failed before its first checkpoint): the folder removed if it did not exist, else the files
-    and folders added since removed and the rewritten files (config.gin, run.json) restored. A
-    folder with a new checkpoint is left alone. Returns the removed or restored paths (relative);
-    OSError if one cannot be removed."""
-    if not self.folder.is_dir() or tuple(checkpoint_paths.finished_steps(
-        self.folder)) != self.steps:
+    """Puts MODEL_DIR back as it was when the run wrote neither a checkpoint nor a metrics row
+    since `take` (it failed before training: a bad task, vocabulary or checkpoint): the folder
+    removed if it did not exist, else the files and folders added since removed and the rewritten
+    files (config.gin, run.json) restored. A folder with a new checkpoint or metrics row is left
+    alone (a run that trained). Returns the removed or restored paths (relative); OSError if one
+    cannot be removed."""
+    if (not self.folder.is_dir() or
+        tuple(checkpoint_paths.finished_steps(self.folder)) != self.steps or
+        _metrics_sizes(self.folder) != self.metrics):
       return []
     if not self.existed:
       shutil.rmtree(self.folder)
@@ -220,3 +225,8 @@ class FolderBefore:
         path.write_bytes(data)
         changed.append(name)
     return sorted(changed)
+
+
+def _metrics_sizes(folder: pathlib.Path) -> tuple[int, ...]:
+  """The size in bytes of each of `folder`'s `METRICS_FILES` (0: none)."""
+  return tuple((folder / n).stat().st_size if (folder / n).is_file() else 0 for n in METRICS_FILES)

@@ -55,7 +55,7 @@ def test_tensorboard_metrics_are_plain_scalars(tmp_path):
 def test_a_failed_start_is_undone(tmp_path):
   """`FolderBefore.undo_failed_start`: a MODEL_DIR the start made is removed; one that existed
   loses what the start added and gets its rewritten config.gin and run.json back; one with a new
-  finished checkpoint is left alone."""
+  metrics row or finished checkpoint is left alone."""
   new = tmp_path / "new"
   before = run_folder.FolderBefore.take(new)
   new.mkdir()
@@ -82,9 +82,11 @@ def test_a_failed_start_is_undone(tmp_path):
   ]
   assert (old / "config.gin").read_text() == "resumed run's config"
 
-  # A start that finished a checkpoint is a run: nothing is undone.
+  # A start that wrote a metrics row or finished a checkpoint trained: nothing is undone.
   before = run_folder.FolderBefore.take(old)
-  (old / "checkpoint_5" / "state").mkdir(parents=True)
-  (old / "checkpoint_5" / "_CHECKPOINT_METADATA").write_text("{}")
   (old / "train.lock").write_text("{}")
+  (old / run_folder.TRAIN_METRICS).write_text('{"step": 1}\n')
+  assert before.undo_failed_start() == [] and (old / "train.lock").exists()
+  (old / run_folder.TRAIN_METRICS).unlink()
+  (old / "checkpoint_5" / "state").mkdir(parents=True)
   assert before.undo_failed_start() == [] and (old / "train.lock").exists()
