@@ -3,9 +3,10 @@
 The data half of T5X's `t5x/utils.py`: `DatasetConfig` (T5X's fields), `get_mixture_or_task`
 (imports the configured task module, then SeqIO's registries: the engine knows no task),
 `load_feature_arrays` (a split or `seqio.ShardInfo` shard through `seqio.EncDecFeatureConverter`
-into numpy arrays, read whole in every process), `DeterministicBatches` (the global batch of step
-`s` is a pure function of `(seed, s)`, each process takes its rows, so a resumed or differently
-sharded run reads the same examples) and `without_autograph`. No gin registration;
+into numpy arrays, read whole in every process; a mixture's tasks one after another, `one_epoch`),
+`DeterministicBatches` (the global batch of step `s` is a pure function of `(seed, s)`, each
+process takes its rows, so a resumed or differently sharded run reads the same examples) and
+`without_autograph`. No gin registration;
 SeqIO/TensorFlow are imported lazily.
 """
 from __future__ import annotations
@@ -134,8 +135,9 @@ def without_autograph(fn: _F) -> _F:
 
 def one_epoch(task_or_mixture: Any, split: str, dataset_of: Callable[[Any], Any]) -> Any:
   """Every example of `split` once: `dataset_of(task)` (a one-epoch tf.data.Dataset of a SeqIO
-  task) for a task; for a mixture, its subtasks' datasets one after another (SeqIO's order: by name),
-  keeping the features all of them have (a subtask without `split` is skipped with a warning).
+  task) for a task; for a mixture, its subtasks' datasets one after another (SeqIO's order: by
+  name), keeping the features all of them have (a subtask without `split` is left out with a
+  warning).
 
   SeqIO's own `Mixture.get_dataset` samples its tasks by rate and stops at the first that runs
   out, so one epoch of it leaves out the other tasks' last examples. ValueError: no subtask has

@@ -358,7 +358,8 @@ def test_the_prefixed_lengths_of_the_docs_hold_every_shared_example(mcwq_tasks, 
   page = (mains.REPO / "docs" / "main_job.md").read_text()
   gin_text = (mains.REPO / "gin" / "mcwq_t5x" / "tiny_random_split_en.gin").read_text()
   pattern = r"_prefixed` tasks[^`]*?need\s*(?:#\s*)?`?--gin\.TASK_FEATURE_LENGTHS=\"(\{[^}]*\})\""
-  docs = [eval(m) for m in re.findall(pattern, page + gin_text.replace("# ", ""))]  # pylint: disable=eval-used
+  import ast  # pylint: disable=g-import-not-at-top
+  docs = [ast.literal_eval(m) for m in re.findall(pattern, page + gin_text.replace("# ", ""))]
   assert len(docs) == 2 and docs[0] == docs[1], docs
   sp = vocab.get_vocabulary().tokenizer
   longest = {"inputs": 0, "targets": 0}
