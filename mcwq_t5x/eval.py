@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     gin_utils.call_configured(partitioning.initialize_distributed)
     result = gin_utils.call_configured(evaluate)  # pylint: disable=no-value-for-parameter
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
-          pipeline.UnknownTaskError,
+          pipeline.UnknownTaskError, gin_utils.GinConfigError,
           *prediction.INPUT_ERRORS) as e:  # missing data or vocabulary, a busy or unwritable
     raise console.one_line_exit(e) from e  # EVAL_OUTPUT_DIR: one line, exit status 1
   print(result["metrics"])

@@ -406,8 +406,8 @@ def adopt_recorded_task(checkpoint_path: Optional[str], module: Optional[str]) -
   """The task `eval` decodes: MIXTURE_OR_TASK_NAME, or when the config leaves it None the run's
   task (recorded in run.json; bound to the macro). A WARNING names both when the task's inputs
   have another form than the run's (bare questions against prefixed ones: the model then sees
-  inputs it was not trained on); prefixes of another language (zero-shot) are logged. ValueError:
-  neither is known; pipeline.UnknownTaskError."""
+  inputs it was not trained on); prefixes of another language (zero-shot) are logged.
+  GinConfigError: neither is known; pipeline.UnknownTaskError; ValueError: unreadable run.json."""
   from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
   name = macro_value(TASK_MACRO)
   run = run_input_prefix(checkpoint_path)
@@ -417,8 +417,8 @@ def adopt_recorded_task(checkpoint_path: Optional[str], module: Optional[str]) -
     run_path = run_info.find(checkpoint_path) if checkpoint_path else None
     task = run_info.read(run_path).get("task") if run_path else None
     if not isinstance(task, str):
-      raise ValueError(f"{TASK_MACRO} is not set and no run.json at or above CHECKPOINT_PATH "
-                       f"{checkpoint_path} records a task: set --gin.{TASK_MACRO}=\"'...'\"")
+      raise GinConfigError(f"{TASK_MACRO} is not set and no run.json at or above CHECKPOINT_PATH "
+                           f"{checkpoint_path} records a task: set --gin.{TASK_MACRO}=\"'...'\"")
     with gin.unlock_config():  # why: parse_gin finalized (locked) the config
       gin.bind_parameter(f"{TASK_MACRO}/macro.value", task)
     logging.info("task: %s, the run's (recorded in %s); --gin.%s=\"'...'\" chooses another", task,

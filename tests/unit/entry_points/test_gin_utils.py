@@ -230,7 +230,8 @@ def test_eval_decodes_the_runs_task_unless_told_another(tmp_path, caplog):
     assert f"task: mcwq_gold_he, the run's (recorded in {run / 'run.json'})" in caplog.text
     gin_utils.parse_gin(["gin/mcwq_t5x/models/tiny.gin", "gin/mcwq_t5x/runs/eval.gin"],
                         [f"CHECKPOINT_PATH = '{tmp_path / 'none'}'"])
-    with pytest.raises(ValueError, match="MIXTURE_OR_TASK_NAME is not set and no run.json"):
+    with pytest.raises(
+        gin_utils.GinConfigError, match="MIXTURE_OR_TASK_NAME is not set and no run.json"):
       gin_utils.adopt_recorded_task(str(tmp_path / "none"), "tasks.mcwq")
   finally:
     gin.clear_config()
