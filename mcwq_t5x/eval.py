@@ -10,7 +10,9 @@ of `mcwq_t5x.train` or `t5x.train` (its newest readable checkpoint), one `checkp
 Hugging Face / T5X-native checkpoint. Writes predictions/<task>_<split>.txt and
 metrics/<task>_<split>.json under EVAL_OUTPUT_DIR (default <MODEL_DIR>/eval_<step>), each whole
 or not at all, holding its eval.lock; a training's own results (an EVAL_OUTPUT_DIR that is its
-MODEL_DIR) are never replaced. The vocabulary and dtype are the run.json's unless set.
+MODEL_DIR) are never replaced. The vocabulary and dtype are the run.json's unless set, and so is
+the task when MIXTURE_OR_TASK_NAME is unset; a task whose inputs have another form than the run's
+(bare questions, prefixed ones) is evaluated with a warning naming both.
 """
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ GIN_HELP = gin_utils.gin_help([
     'gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/eval.gin (any task and checkpoint)',
     'gin/mcwq_t5x/{test,zeroshot,gold}/mt5_small_mcd1_he.gin (paper evaluations)'
 ], [
-    'MIXTURE_OR_TASK_NAME', 'CHECKPOINT_PATH', 'SPLIT',
+    'MIXTURE_OR_TASK_NAME (default: the run\'s task, run.json)', 'CHECKPOINT_PATH', 'SPLIT',
     'EVAL_OUTPUT_DIR (default MODEL_DIR/eval_<step>)', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE',
     'PREDICT_KWARGS', 'NUM_EXAMPLES', 'HOST_DEVICE_COUNT'
 ])
@@ -114,14 +116,20 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.eval`): gin flags -> `evaluate`; prints the metrics."""
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.eval")
-  args = gin_utils.parse_flags(
-      argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
+  try:
+    args = gin_utils.parse_flags(
+        argv, description=__doc__.splitlines()[0], prog="python -m mcwq_t5x.eval", epilog=GIN_HELP)
+  except gin_utils.GinConfigError as e:  # a typo in a flag or file: one line, exit status 1
+    raise console.one_line_exit(e) from e
   try:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
     # Unless the command line binds network.get_config.dtype (one stderr line says which).
     gin_utils.adopt_recorded_dtype(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
+    # MIXTURE_OR_TASK_NAME unset: the run's task; one of another input form: a warning.
+    gin_utils.adopt_recorded_task(
+        gin_utils.macro_value("CHECKPOINT_PATH"), gin_utils.macro_value("MIXTURE_OR_TASK_MODULE"))
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     compilation_cache.use_persistent_cache()
     gin_utils.call_configured(partitioning.initialize_distributed)
@@ -129,7 +137,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   # Missing data or vocabulary, a busy or unwritable EVAL_OUTPUT_DIR, a training's results in it:
   # one line, exit status 1.
   except (paths.DataNotFoundError, run_lock.EvalOutputDirInUseError, writers.ResultWriteError,
-          run_folder.TrainingResultsError, *prediction.INPUT_ERRORS) as e:
+          run_folder.TrainingResultsError, pipeline.UnknownTaskError, gin_utils.GinConfigError,
+          *prediction.INPUT_ERRORS) as e:
     raise console.one_line_exit(e) from e
   print(result["metrics"])
   return result

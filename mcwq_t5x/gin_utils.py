@@ -15,6 +15,7 @@ files of both engines parse in one process.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import pathlib
@@ -128,7 +129,7 @@ def parse_gin(gin_files: Sequence[str],
   The cwd and repo root are always search paths; `finalize` locks the config; `skip_unknown` is
   gin's. Raises GinConfigError: a missing file or include, a cycle, unknown configurable or
   parameter, syntax, or an UPPER_CASE macro binding no file references by its whole name
-  (`TRAIN_STEP = 5` beside `%TRAIN_STEPS`).
+  (`TRAIN_STEP = 5` beside `%TRAIN_STEPS`: the message suggests the closest, `difflib`).
   """
   search = [str(s) for s in gin_search_paths] + [os.getcwd(), str(REPO_ROOT)]
   gin.clear_config()
@@ -141,8 +142,10 @@ def parse_gin(gin_files: Sequence[str],
   for b in gin_bindings:
     name = b.split("=", 1)[0].strip()
     if re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and name not in used:
+      close = difflib.get_close_matches(name, sorted(used), n=1)
+      hint = f"did you mean {close[0]}?" if close else "typo?"
       raise GinConfigError(f"binding {b.strip()!r}: macro {name} is not used by any of the gin "
-                           f"files {list(gin_files)} (typo?)")
+                           f"files {list(gin_files)} ({hint})")
   try:
     gin.parse_config_files_and_bindings(
         list(gin_files), list(gin_bindings), finalize_config=finalize, skip_unknown=skip_unknown)
@@ -311,3 +314,127 @@ def call_configured(fn: Callable[..., Any], *args, **kwargs) -> Any:
   except ValueError:  # not configured by any file
     configured = fn
   return configured(*args, **kwargs)
+
+
+#: The task module that registers a run's task when its run.json records no input prefix (the
+#: gin files' MIXTURE_OR_TASK_MODULE).
+TASK_MODULE = "tasks.mcwq"
+
+
+def run_input_prefix(checkpoint_path: Optional[str]) -> Optional[tuple[pathlib.Path, str, dict]]:
+  """(run.json, its task, {task: input prefix}) of the run at or above `checkpoint_path`; None
+  without a run.json, a recorded task or a known prefix.
+
+  The prefix is run.json's `input_prefix`; for a run.json written before that field, the
+  registered task's (`pipeline.input_prefixes`, where SeqIO and `TASK_MODULE` import). ValueError
+  names an unreadable run.json.
+  """
+  # why: run_info imports jax, which inspect_task (a gin_utils user) never needs
+  from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
+  run_path = run_info.find(checkpoint_path) if checkpoint_path else None
+  if run_path is None:
+    return None
+  run = run_info.read(run_path)
+  task = run.get("task")
+  if not isinstance(task, str):
+    return None
+  prefixes = run_info.recorded_input_prefix(run)
+  if prefixes is None:
+    try:
+      from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
+      prefixes = pipeline.input_prefixes(pipeline.get_mixture_or_task(task, TASK_MODULE))
+    except (ImportError, ValueError):  # no SeqIO (the inference image), or the task is unknown
+      return None
+  return run_path, task, prefixes
+
+
+def _described(task: str, prefixes: dict) -> str:
+  """"mcwq_mcd1_he_prefixed (inputs begin 'translate Hebrew to Sparql: ')", or "... (the bare
+  questions)"; a mixture's tasks each so."""
+  if len(prefixes) == 1 and task in prefixes:
+    p = prefixes[task]
+    return f"{task} ({f'inputs begin {p!r}' if p else 'the bare questions'})"
+  return f"{task} (" + "; ".join(f"{t}: {f'inputs begin {p!r}' if p else 'the bare questions'}"
+                                 for t, p in sorted(prefixes.items())) + ")"
+
+
+INPUT_PREFIX_MACRO = "INPUT_PREFIX"
+
+
+def adopt_recorded_input_prefix(checkpoint_path: Optional[str],
+                                command_line_bindings: Sequence[str]) -> Optional[str]:
+  """The text `infer` puts before each question, by the rule of `adopt_recorded_dtype`: a
+  command-line INPUT_PREFIX (or `...input_prefix`) binding, else the one prefix of the run's task
+  (`run_input_prefix`, bound to the INPUT_PREFIX macro), else the gin files'. A WARNING names both
+  when the command line's differs from the run's, or when the run's tasks have several prefixes (a
+  multilingual run: the question's language chooses). Call after parsing gin."""
+  explicit = [
+      b.strip() for b in command_line_bindings if b.split("=", 1)[0].strip() in (
+          INPUT_PREFIX_MACRO,) or b.split("=", 1)[0].strip().endswith(".input_prefix")
+  ]
+  try:
+    bound = gin.query_parameter(f"{INPUT_PREFIX_MACRO}/macro.value")
+  except ValueError:  # the config has no INPUT_PREFIX
+    return None
+  run = run_input_prefix(checkpoint_path)
+  if run is None:
+    return bound
+  run_path, task, prefixes = run
+  trained = f"the run was trained on {_described(task, prefixes)}, recorded in {run_path}"
+  values = sorted({p for p in prefixes.values() if p is not None})
+  if explicit:
+    level = logging.INFO if bound in values else logging.WARNING
+    logging.log(level, "input prefix: %r, as the command line binds it (%s); %s", bound,
+                explicit[-1], trained)
+    return bound
+  if len(values) != 1:
+    logging.warning(
+        "input prefix: %r, the gin config's; %s: set --gin.%s=\"'...'\" to the prefix of the "
+        "questions' language", bound, trained, INPUT_PREFIX_MACRO)
+    return bound
+  with gin.unlock_config():  # why: parse_gin finalized (locked) the config
+    gin.bind_parameter(f"{INPUT_PREFIX_MACRO}/macro.value", values[0])
+  logging.info("input prefix: %r, the run's (%s); --gin.%s=\"'...'\" chooses another", values[0],
+               trained, INPUT_PREFIX_MACRO)
+  return values[0]
+
+
+TASK_MACRO = "MIXTURE_OR_TASK_NAME"
+
+
+def adopt_recorded_task(checkpoint_path: Optional[str], module: Optional[str]) -> Optional[str]:
+  """The task `eval` decodes: MIXTURE_OR_TASK_NAME, or when the config leaves it None the run's
+  task (recorded in run.json; bound to the macro). A WARNING names both when the task's inputs
+  have another form than the run's (bare questions against prefixed ones: the model then sees
+  inputs it was not trained on); prefixes of another language (zero-shot) are logged.
+  GinConfigError: neither is known; pipeline.UnknownTaskError; ValueError: unreadable run.json."""
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
+  name = macro_value(TASK_MACRO)
+  run = run_input_prefix(checkpoint_path)
+  if name is None:
+    # why not run_input_prefix's: a run.json without a known prefix may still name its task
+    from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
+    run_path = run_info.find(checkpoint_path) if checkpoint_path else None
+    task = run_info.read(run_path).get("task") if run_path else None
+    if not isinstance(task, str):
+      raise GinConfigError(f"{TASK_MACRO} is not set and no run.json at or above CHECKPOINT_PATH "
+                           f"{checkpoint_path} records a task: set --gin.{TASK_MACRO}=\"'...'\"")
+    with gin.unlock_config():  # why: parse_gin finalized (locked) the config
+      gin.bind_parameter(f"{TASK_MACRO}/macro.value", task)
+    logging.info("task: %s, the run's (recorded in %s); --gin.%s=\"'...'\" chooses another", task,
+                 run_path, TASK_MACRO)
+    return task
+  if run is None:
+    return name
+  run_path, task, trained = run
+  ours = pipeline.input_prefixes(pipeline.get_mixture_or_task(name, module))
+  forms = lambda prefixes: {bool(p) for p in prefixes.values() if p is not None}
+  if forms(ours) and forms(trained) and forms(ours) != forms(trained):
+    logging.warning(
+        "task %s: the run was trained on %s (recorded in %s): the model reads inputs of a form "
+        "it was not trained on and its scores say little; leave %s unset to evaluate the run's "
+        "task", _described(name, ours), _described(task, trained), run_path, TASK_MACRO)
+  elif ours != trained and set(ours.values()) != set(trained.values()):
+    logging.info("task %s; the run was trained on %s", _described(name, ours),
+                 _described(task, trained))
+  return name

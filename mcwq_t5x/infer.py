@@ -12,7 +12,8 @@ empty line, RIR that `rir_to_sparql` rejects the line `ERROR: <reason>` (both wi
 With PREDICT_KWARGS {'num_decodes': 4, 'return_all_decodes': True} a line holds the decodes
 separated by tabs, ascending score (the last is the one printed without it). `--output` is replaced
 whole or not at all (`writers.write_atomic`): a full disk keeps the previous file and ends in one
-line, `ResultWriteError: cannot write FILE: ...`.
+line, `ResultWriteError: cannot write FILE: ...`. The vocabulary, dtype and INPUT_PREFIX are the
+run.json's unless set (a WARNING names both prefixes when the command line's differs).
 """
 from __future__ import annotations
 
@@ -136,8 +137,8 @@ def format_lines(predictions: Sequence[Any]) -> str:
 
 #: `--help` epilog: the gin files and macros of this main.
 GIN_HELP = gin_utils.gin_help(['gin/mcwq_t5x/models/tiny.gin + gin/mcwq_t5x/runs/infer.gin'], [
-    'CHECKPOINT_PATH', 'INPUT_PREFIX', 'INPUT_LENGTH', 'MAX_DECODE_LENGTH', 'BATCH_SIZE',
-    'PREDICT_KWARGS', 'HOST_DEVICE_COUNT'
+    'CHECKPOINT_PATH', 'INPUT_PREFIX (default: the run\'s, run.json)', 'INPUT_LENGTH',
+    'MAX_DECODE_LENGTH', 'BATCH_SIZE', 'PREDICT_KWARGS', 'HOST_DEVICE_COUNT'
 ])
 
 
@@ -154,12 +155,15 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
         action="store_true",
         help="print executable SPARQL (mcwq_t5x.data.rir.rir_to_sparql) instead of RIR")
 
-  args = gin_utils.parse_flags(
-      argv,
-      description=__doc__.splitlines()[0],
-      extra_args=extra,
-      prog="python -m mcwq_t5x.infer",
-      epilog=GIN_HELP)
+  try:
+    args = gin_utils.parse_flags(
+        argv,
+        description=__doc__.splitlines()[0],
+        extra_args=extra,
+        prog="python -m mcwq_t5x.infer",
+        epilog=GIN_HELP)
+  except gin_utils.GinConfigError as e:  # a typo in a flag or file: one line, exit status 1
+    raise console.one_line_exit(e) from e
   try:  # before the model is built: bad input fails fast
     if args.input == "-":
       # "\n" alone ends a line: a form feed or U+2028 inside a question never splits it.
@@ -175,6 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     vocab.check_vocabulary_variable()
     run_info.adopt_recorded_vocabulary(gin_utils.macro_value("CHECKPOINT_PATH"))
     gin_utils.adopt_recorded_dtype(
+        gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
+    gin_utils.adopt_recorded_input_prefix(
         gin_utils.macro_value("CHECKPOINT_PATH"), args.command_line_bindings)
     gin_utils.call_configured(cpu_settings.set_host_device_count)
     compilation_cache.use_persistent_cache()

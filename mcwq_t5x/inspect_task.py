@@ -1,7 +1,7 @@
 """Prints a SeqIO task's preprocessed examples and token-length statistics.
 
-Use it to choose TASK_FEATURE_LENGTHS: the statistics are over the whole split, lengths count
-the EOS token, and nothing is truncated.
+Use it to choose TASK_FEATURE_LENGTHS: the statistics are over the whole split (each example once,
+a mixture's tasks one after another), lengths count the EOS token, and nothing is truncated.
 
 Usage:
   python -m mcwq_t5x.inspect_task mcwq_mcd1_he --split validation -n 5
@@ -61,34 +61,27 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
   return out
 
 
-def input_prefix_of(task) -> Optional[str]:
-  """The `prefix` keyword of a task's first preprocessor that has one, or None (mixtures,
-  others)."""
-  for p in getattr(task, "preprocessors", None) or ():
-    keywords = getattr(p, "keywords", None) or {}
-    if "prefix" in keywords:
-      return str(keywords["prefix"])
-  return None
-
-
 def inspect(name: str,
             split: str = "validation",
             num_examples: int = 5,
             max_examples: Optional[int] = None,
-            out=sys.stdout,
-            progress=sys.stderr) -> dict[str, Any]:
+            out=None,
+            progress=None) -> dict[str, Any]:
   """{"inputs": stats, "targets": stats} (`length_stats`) of `split`; prints `num_examples`
   examples.
 
-  `max_examples` None or 0: the whole split. `progress` gets `[  12 s] ...` lines every
-  `PROGRESS_EVERY_S`. Raises UnknownTaskError, DataNotFoundError (missing data or vocabulary).
+  `max_examples` None or 0: the whole split (a mixture's tasks one after another); `out` (default
+  stdout) gets the examples and statistics, `progress` (default stderr) `[  12 s] ...` lines
+  every `PROGRESS_EVERY_S`. Raises UnknownTaskError, DataNotFoundError (missing data or vocabulary).
   """
+  out = out or sys.stdout  # why at call time: the streams of the caller's moment (a test's capture)
+  progress = progress or sys.stderr
   start = time.monotonic()
   say = lambda message: print(f"[{time.monotonic() - start:4.0f} s] {message}", file=progress)
   say("loading SeqIO, TensorFlow and the MCWQ tasks")
   task = get_task(name)
   say(f"reading and tokenising {name} {split}")
-  prefix = input_prefix_of(task)
+  prefix = pipeline.input_prefix_of(task)
   if prefix is not None:
     print(
         f"input prefix: {prefix!r}" if prefix else "input prefix: none (the bare question)",
@@ -129,9 +122,12 @@ def inspect(name: str,
 
 @pipeline.without_autograph
 def _unlimited_dataset(task, split: str):
-  """`task`'s preprocessed `split` in source order, without a length limit (traced without
-  AutoGraph: `pipeline.without_autograph`)."""
-  return task.get_dataset(sequence_length=None, split=split, shuffle=False)
+  """`task`'s preprocessed `split` once, in source order (a mixture's tasks one after another,
+  `pipeline.one_epoch`), without a length limit (traced without AutoGraph:
+  `pipeline.without_autograph`)."""
+  return pipeline.one_epoch(
+      task, split,
+      lambda sub: sub.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1))
 
 
 def _print_example(i: int, ex: Mapping[str, Any], features, out) -> None:

@@ -187,6 +187,10 @@ def train(*,
   `restore_or_initialize` and `train_loop.TrainLoop.run` raise.
   """
   eval_cfg = eval_cfg or training_eval.EvaluationConfig()
+  for cfg in (train_dataset_cfg, train_eval_dataset_cfg, infer_eval_dataset_cfg,
+              *final_eval_dataset_cfgs):  # why: a misspelt task stops before anything is made
+    if cfg is not None:
+      pipeline.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
   checkpoint_cfg = _checkpoint_config(checkpoint_cfg, checkpoint_period, keep_checkpoints)
   eval_cfg.check(model)
   checkpoint_cfg.save.check()
@@ -247,7 +251,8 @@ GIN_HELP = gin_utils.gin_help([
 ], [
     'MODEL_DIR', 'MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'TRAIN_STEPS', 'BATCH_SIZE',
     'LEARNING_RATE', 'TRAIN_SPLIT', 'EVAL_SPLIT', 'FINAL_EVAL_SPLIT', 'INITIAL_CHECKPOINT_PATH',
-    'METRIC_NAME_TO_MONITOR', 'HOST_DEVICE_COUNT', 'NUM_PARTITIONS'
+    'METRIC_NAME_TO_MONITOR', 'HOST_DEVICE_COUNT', 'NUM_PARTITIONS',
+    'RUN_NOTE (a WARNING at the start; None: none)'
 ])
 
 #: The errors `main` prints as one last line `<ErrorType>: <message>` (exit status 1): each message
@@ -257,26 +262,31 @@ ONE_LINE_ERRORS = (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseEr
                    trainer_lib.NonFiniteLossError, checkpoints_lib.OptimizerStateMismatchError,
                    checkpoints_lib.KeepCheckpointsError, training_data.OtherTrainingDataError,
                    writers.ResultWriteError, prediction.ExampleTooLongError,
-                   partitioning.BatchSizeError)
+                   partitioning.BatchSizeError, pipeline.UnknownTaskError)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   """Entry point (`python -m mcwq_t5x.train`): gin flags, multi-process set-up, `train()`.
 
-  Raises gin_utils.GinConfigError (bad gin flags), ValueError (bad multi-process flags), SystemExit
-  with one last line (`ONE_LINE_ERRORS`, e.g. `CheckpointSaveError`, `run_lock.ModelDirInUseError`,
-  `DataNotFoundError` such as `vocab.VocabularyNotFoundError`, `NonFiniteLossError`; "Preempted:
-  ..." with status 143; "LostProcessError: ..." naming a lost process and the resume command,
-  status 1), and whatever else `train` raises.
+  Raises ValueError (bad multi-process flags), SystemExit with one last line
+  (`gin_utils.GinConfigError`; `ONE_LINE_ERRORS`, e.g. `CheckpointSaveError`,
+  `run_lock.ModelDirInUseError`, `pipeline.UnknownTaskError`, `DataNotFoundError` such as
+  `vocab.VocabularyNotFoundError`, `NonFiniteLossError`; "Preempted: ..." with status 143;
+  "LostProcessError: ..." naming a lost process and the resume command, status 1), and whatever
+  else `train` raises; a start that fails before it trains leaves MODEL_DIR as it was
+  (`undone_if_failed_at_start`).
   """
   console.setup_logging()
   gin_utils.use_main_module_as("mcwq_t5x.train")
-  args = gin_utils.parse_flags(
-      argv,
-      description=__doc__.splitlines()[0],
-      extra_args=partitioning.add_multiprocess_flags,
-      prog="python -m mcwq_t5x.train",
-      epilog=GIN_HELP)
+  try:
+    args = gin_utils.parse_flags(
+        argv,
+        description=__doc__.splitlines()[0],
+        extra_args=partitioning.add_multiprocess_flags,
+        prog="python -m mcwq_t5x.train",
+        epilog=GIN_HELP)
+  except gin_utils.GinConfigError as e:  # a typo in a flag or file: one line, exit status 1
+    raise console.one_line_exit(e) from e
   try:
     vocab.check_vocabulary_variable()
   except paths.DataNotFoundError as e:
@@ -301,7 +311,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   status = "done"
   try:
     # A second training of the folder stops at once, naming the holder (process 0 holds it for all).
-    with run_lock.hold(model_dir) if model_dir else contextlib.nullcontext():
+    with undone_if_failed_at_start(model_dir), (run_lock.hold(model_dir)
+                                                if model_dir else contextlib.nullcontext()):
       if model_dir and checkpoint_paths.finished_steps(model_dir):  # resuming: its vocabulary
         run_info.adopt_recorded_vocabulary(model_dir)
       return gin_utils.call_configured(train)
@@ -320,6 +331,31 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     raise
   finally:
     watch.finish(status)
+
+
+@contextlib.contextmanager
+def undone_if_failed_at_start(model_dir: Optional[str]):
+  """Context: when what it runs raises before the run wrote a checkpoint or a metrics row, MODEL_DIR
+  is put back as it was (`run_folder.FolderBefore.undo_failed_start`, process 0): no config.gin,
+  train.lock or run.json of a run that never trained is left. Another training's folder
+  (`run_lock.ModelDirInUseError`) is never touched."""
+  before = (
+      run_folder.FolderBefore.take(model_dir) if model_dir and jax.process_index() == 0 else None)
+  try:
+    yield
+  except run_lock.ModelDirInUseError:
+    raise
+  except BaseException:
+    if before is not None:
+      try:
+        undone = before.undo_failed_start()
+      except OSError as e:  # why: the run's own error is the one to report
+        logging.warning("MODEL_DIR %s: cannot undo the failed start: %s", before.folder, e)
+      else:
+        if undone:
+          logging.info("MODEL_DIR %s: the failed start undone (%s)", before.folder,
+                       "folder removed" if undone == ["."] else ", ".join(undone))
+    raise
 
 
 def command_line(argv: Optional[Sequence[str]]) -> str:

@@ -1,6 +1,8 @@
 """The run folder (MODEL_DIR) of `mcwq_t5x.train` and `mcwq_t5x.eval`: the name of every file and
 folder in it, "is this a run folder, and of which run", and the writers of its metrics files and
-TensorBoard event files. T5X's layout (`checkpoint_<step>/`, `train/`, `eval/`) plus ours.
+TensorBoard event files, and what a training start added to it (`FolderBefore`: a start that
+fails before it trains is undone). T5X's layout (`checkpoint_<step>/`, `train/`,
+`eval/`) plus ours.
 
   train.lock  run.json  vocab/spm.model  config.gin  checkpoint_<step>/  train/ eval/
   train_metrics.jsonl  eval_metrics.jsonl  predictions/<task>_<split>.txt
@@ -8,7 +10,9 @@ TensorBoard event files. T5X's layout (`checkpoint_<step>/`, `train/`, `eval/`) 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import logging
 import pathlib
 import re
@@ -179,3 +183,76 @@ class ScalarWriter:
 def create_metric_writer(logdir: str) -> ScalarWriter:
   """The TensorBoard writer of `logdir` (`ScalarWriter`)."""
   return ScalarWriter(logdir)
+
+
+# The files a start rewrites in a MODEL_DIR that had them (a resumed run's): kept to put back.
+_REWRITTEN_AT_START = (CONFIG_GIN, RUN_JSON)
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderBefore:
+  """What a MODEL_DIR held before a training started, to undo a failed start
+  (`undo_failed_start`).
+
+  Attributes:
+    folder: MODEL_DIR (absolute).
+    existed: whether the folder existed.
+    entries: the relative paths of every file and folder in it.
+    saved: the bytes of the `_REWRITTEN_AT_START` files it had.
+    steps: its finished checkpoint steps.
+    metrics: the size in bytes of each of its `METRICS_FILES` (0: none).
+  """
+  folder: pathlib.Path
+  existed: bool
+  entries: frozenset[str]
+  saved: Mapping[str, bytes]
+  steps: tuple[int, ...]
+  metrics: tuple[int, ...]
+
+  @classmethod
+  def take(cls, model_dir: str | pathlib.Path) -> "FolderBefore":
+    """The state of `model_dir` now (a missing folder: `existed` False, nothing in it)."""
+    folder = pathlib.Path(model_dir).absolute()
+    if not folder.is_dir():
+      return cls(folder, False, frozenset(), {}, (), _metrics_sizes(folder))
+    entries = frozenset(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    saved = {n: (folder / n).read_bytes() for n in _REWRITTEN_AT_START if (folder / n).is_file()}
+    return cls(folder, True, entries, saved, tuple(checkpoint_paths.finished_steps(folder)),
+               _metrics_sizes(folder))
+
+  def undo_failed_start(self) -> list[str]:
+    """Puts MODEL_DIR back as it was when the run wrote neither a checkpoint nor a metrics row
+    since `take` (it failed before training: a bad task, vocabulary or checkpoint): the folder
+    removed if it did not exist, else the files and folders added since removed and the rewritten
+    files (config.gin, run.json) restored. A folder with a new checkpoint or metrics row is left
+    alone (a run that trained). Returns the removed or restored paths (relative); OSError if one
+    cannot be removed."""
+    if (not self.folder.is_dir() or
+        tuple(checkpoint_paths.finished_steps(self.folder)) != self.steps or
+        _metrics_sizes(self.folder) != self.metrics):
+      return []
+    if not self.existed:
+      shutil.rmtree(self.folder)
+      return ["."]
+    changed = []
+    # Deepest first: a new folder is empty once its new files are gone.
+    for path in sorted(self.folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+      rel = str(path.relative_to(self.folder))
+      if rel in self.entries:
+        continue
+      if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+      else:
+        path.unlink()
+      changed.append(rel)
+    for name, data in self.saved.items():
+      path = self.folder / name
+      if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
+        changed.append(name)
+    return sorted(changed)
+
+
+def _metrics_sizes(folder: pathlib.Path) -> tuple[int, ...]:
+  """The size in bytes of each of `folder`'s `METRICS_FILES` (0: none)."""
+  return tuple((folder / n).stat().st_size if (folder / n).is_file() else 0 for n in METRICS_FILES)

@@ -1,7 +1,8 @@
 """What a training run was: `MODEL_DIR/run.json`, written by `mcwq_t5x.train`, read by the others.
 
-run.json records the network config, the task, lengths, steps and the vocabulary (path, SHA-256,
-`extra_ids`, a byte copy at `MODEL_DIR/vocab/spm.model`); docs/t5x.md shows the format.
+run.json records the network config, the task and its input prefix, lengths, steps and the
+vocabulary (path, SHA-256, `extra_ids`, a byte copy at `MODEL_DIR/vocab/spm.model`); docs/t5x.md
+shows the format.
 Vocabulary rule of `eval`, `infer` and a resumed `train`: with `$MCWQ_VOCAB` unset,
 `adopt_recorded_vocabulary` points it at the run's copy before tasks and model are built; the
 vocabulary used is then compared with the record (`check_vocabulary`, `VocabularyMismatchError`
@@ -118,10 +119,12 @@ def write(model_dir: PathLike,
           feature_lengths: Optional[Mapping[str, int]] = None,
           train_steps: Optional[int] = None,
           batch_size: Optional[int] = None,
-          pack: Optional[bool] = None) -> dict[str, Any]:
+          pack: Optional[bool] = None,
+          input_prefix: Optional[Mapping[str, Optional[str]]] = None) -> dict[str, Any]:
   """The dict written to MODEL_DIR/run.json, with MODEL_DIR/vocab/spm.model, atomically: `model`'s
   network config and `output_vocabulary`, and the training data (task, split, lengths, steps,
-  batch size, pack)."""
+  batch size, pack, and `input_prefix`: {task: the text before each question}, one entry per
+  task of a mixture)."""
   model_dir = pathlib.Path(model_dir)
   ident = vocabulary_identity(getattr(model, "output_vocabulary", None))
   if ident is not None:
@@ -142,6 +145,7 @@ def write(model_dir: PathLike,
       "train_steps": train_steps,
       "batch_size": batch_size,
       "pack": pack,
+      "input_prefix": None if input_prefix is None else dict(input_prefix),
   }
   _atomic_write(model_dir / RUN_JSON, (json.dumps(run, indent=2, sort_keys=True) + "\n").encode())
   return run
@@ -220,6 +224,13 @@ def adopt_recorded_vocabulary(checkpoint_path: Optional[PathLike]) -> Optional[p
     except ImportError:  # no seqio: nothing cached either
       pass
   return path
+
+
+def recorded_input_prefix(run: Mapping[str, Any]) -> Optional[dict[str, Optional[str]]]:
+  """{task: input prefix} of a run.json dict (`write`'s `input_prefix`), None when it records none
+  (a run.json written before the field existed)."""
+  value = run.get("input_prefix")
+  return dict(value) if isinstance(value, dict) else None
 
 
 def same_vocabulary(identity: Mapping[str, Any], record: Mapping[str, Any]) -> bool:

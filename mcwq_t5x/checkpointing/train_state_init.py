@@ -143,7 +143,9 @@ def record_run(model_dir: checkpoint_paths.PathLike, model: Any, cfg: pipeline.D
       feature_lengths=cfg.task_feature_lengths,
       train_steps=total_steps,
       batch_size=cfg.batch_size,
-      pack=cfg.pack)
+      pack=cfg.pack,
+      input_prefix=pipeline.input_prefixes(
+          pipeline.get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)))
 
 
 class Initialized(NamedTuple):

@@ -3,9 +3,10 @@
 The data half of T5X's `t5x/utils.py`: `DatasetConfig` (T5X's fields), `get_mixture_or_task`
 (imports the configured task module, then SeqIO's registries: the engine knows no task),
 `load_feature_arrays` (a split or `seqio.ShardInfo` shard through `seqio.EncDecFeatureConverter`
-into numpy arrays, read whole in every process), `DeterministicBatches` (the global batch of step
-`s` is a pure function of `(seed, s)`, each process takes its rows, so a resumed or differently
-sharded run reads the same examples) and `without_autograph`. No gin registration;
+into numpy arrays, read whole in every process; a mixture's tasks one after another, `one_epoch`),
+`DeterministicBatches` (the global batch of step `s` is a pure function of `(seed, s)`, each
+process takes its rows, so a resumed or differently sharded run reads the same examples) and
+`without_autograph`. No gin registration;
 SeqIO/TensorFlow are imported lazily.
 """
 from __future__ import annotations
@@ -43,6 +44,10 @@ class DatasetConfig:
   packing_method: str = "first_fit"
 
 
+class UnknownTaskError(ValueError):
+  """No SeqIO task or mixture of the name is registered (the message names the closest)."""
+
+
 def import_task_module(module: Optional[str]) -> None:
   """Imports the task-registering module (T5X `utils.import_module`); ModuleNotFoundError names
   it."""
@@ -56,8 +61,8 @@ def import_task_module(module: Optional[str]) -> None:
 
 
 def get_mixture_or_task(name: str, module: Optional[str] = None):
-  """The registered SeqIO task or mixture `name` (`module` imported first); ValueError names the
-  closest registered names."""
+  """The registered SeqIO task or mixture `name` (`module` imported first); UnknownTaskError names
+  the closest registered names."""
   import seqio  # pylint: disable=g-import-not-at-top
   import_task_module(module)
   try:
@@ -65,15 +70,31 @@ def get_mixture_or_task(name: str, module: Optional[str] = None):
   except ValueError as e:
     known = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
     close = difflib.get_close_matches(name, known, n=8, cutoff=0.5)
-    raise ValueError(f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME; task module "
-                     f"{module or 'imported by the gin files'}); {len(known)} registered" +
-                     (f", closest: {', '.join(close)}" if close else "")) from e
+    raise UnknownTaskError(f"unknown task or mixture {name!r} (MIXTURE_OR_TASK_NAME; task module "
+                           f"{module or 'imported by the gin files'}); {len(known)} registered" +
+                           (f", closest: {', '.join(close)}" if close else "")) from e
 
 
 def output_vocabulary(name: str, module: Optional[str] = None):
   """The `targets` vocabulary of task/mixture `name`."""
   task = get_mixture_or_task(name, module)
   return task.output_features["targets"].vocabulary
+
+
+def input_prefix_of(task: Any) -> Optional[str]:
+  """The `prefix` keyword of a SeqIO task's first preprocessor that has one (tasks/mcwq.py's
+  `to_inputs_and_targets`: "" for none), or None (a mixture, another kind of task)."""
+  for p in getattr(task, "preprocessors", None) or ():
+    keywords = getattr(p, "keywords", None) or {}
+    if "prefix" in keywords:
+      return str(keywords["prefix"])
+  return None
+
+
+def input_prefixes(task_or_mixture: Any) -> dict[str, Optional[str]]:
+  """{task name: `input_prefix_of(task)`} of a task, or of each task of a mixture."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  return {t.name: input_prefix_of(t) for t in seqio.get_subtasks(task_or_mixture)}
 
 
 def check_vocab_size(vocabulary: Any, model_vocab_size: int, where: str = "") -> None:
@@ -112,29 +133,64 @@ def without_autograph(fn: _F) -> _F:
   return wrapper  # type: ignore[return-value]
 
 
+def one_epoch(task_or_mixture: Any, split: str, dataset_of: Callable[[Any], Any]) -> Any:
+  """Every example of `split` once: `dataset_of(task)` (a one-epoch tf.data.Dataset of a SeqIO
+  task) for a task; for a mixture, its subtasks' datasets one after another (SeqIO's order: by
+  name), keeping the features all of them have (a subtask without `split` is left out with a
+  warning).
+
+  SeqIO's own `Mixture.get_dataset` samples its tasks by rate and stops at the first that runs
+  out, so one epoch of it leaves out the other tasks' last examples. ValueError: no subtask has
+  `split`.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  if not isinstance(task_or_mixture, seqio.Mixture):
+    return dataset_of(task_or_mixture)
+  subtasks = []
+  for sub in task_or_mixture.tasks:
+    if split in sub.splits:
+      subtasks.append(sub)
+    else:
+      logging.warning("%s: task %s has no split %r: left out", task_or_mixture.name, sub.name,
+                      split)
+  if not subtasks:
+    raise ValueError(f"mixture {task_or_mixture.name!r}: no task has a split {split!r}")
+  datasets = [dataset_of(sub) for sub in subtasks]
+  common = set(datasets[0].element_spec)
+  for ds in datasets[1:]:
+    common &= set(ds.element_spec)
+  out = None
+  for ds in datasets:
+    ds = ds.map(lambda ex: {k: ex[k] for k in sorted(common)})
+    out = ds if out is None else out.concatenate(ds)
+  return out
+
+
 @without_autograph
 def load_feature_arrays(cfg: DatasetConfig,
                         shard_index: int = 0,
                         num_shards: int = 1,
                         num_examples: Optional[int] = None) -> dict[str, np.ndarray]:
   """feature -> int32 [N, length] (`seqio.EncDecFeatureConverter`'s, plus segment/position features
-  when packed) of one process's shard of `cfg`'s split.
+  when packed) of one process's shard of `cfg`'s split: every example once (a mixture's tasks one
+  after another, `one_epoch`).
 
   `num_examples`: the first N (source order, before packing); `shuffle` is the iterator's.
   Raises ValueError (unknown task, an empty split), paths.DataNotFoundError.
   """
   import seqio  # pylint: disable=g-import-not-at-top
-  get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
-  ds = seqio.get_dataset(
-      cfg.mixture_or_task_name,
-      task_feature_lengths=dict(cfg.task_feature_lengths),
-      dataset_split=cfg.split,
-      shuffle=False,
-      num_epochs=1,
-      use_cached=cfg.use_cached,
-      seed=cfg.seed,
-      shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
-      feature_converter=seqio.EncDecFeatureConverter(pack=False))
+  task = get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
+  ds = one_epoch(
+      task, cfg.split, lambda sub: seqio.get_dataset(
+          sub.name,
+          task_feature_lengths=dict(cfg.task_feature_lengths),
+          dataset_split=cfg.split,
+          shuffle=False,
+          num_epochs=1,
+          use_cached=cfg.use_cached,
+          seed=cfg.seed,
+          shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
+          feature_converter=seqio.EncDecFeatureConverter(pack=False)))
   if num_examples is not None:
     ds = ds.take(num_examples)
   warn_truncated(cfg, count_truncated(cfg, shard_index, num_shards, num_examples))
@@ -166,14 +222,15 @@ def count_truncated(cfg: DatasetConfig,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   task = get_mixture_or_task(cfg.mixture_or_task_name, cfg.module)
   features = [k for k in ("inputs", "targets") if k in cfg.task_feature_lengths]
-  ds = task.get_dataset(
-      sequence_length=None,
-      split=cfg.split,
-      use_cached=cfg.use_cached,
-      shuffle=False,
-      num_epochs=1,
-      seed=cfg.seed,
-      shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards))
+  ds = one_epoch(
+      task, cfg.split, lambda sub: sub.get_dataset(
+          sequence_length=None,
+          split=cfg.split,
+          use_cached=cfg.use_cached,
+          shuffle=False,
+          num_epochs=1,
+          seed=cfg.seed,
+          shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards)))
   if num_examples is not None:
     ds = ds.take(num_examples)
   # Lengths computed in the graph and fetched in batches: one Python step per example cost

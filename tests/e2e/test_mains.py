@@ -9,6 +9,7 @@ did, by the README's commands (test_readme.py)."""
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -183,3 +184,81 @@ def test_infer_main_malformed_weights_are_one_line(tmp_path):
   assert out.stderr.rstrip().splitlines()[-1].startswith(
       f"UnreadableCheckpointFileError: {hf / 'model.safetensors'}: cannot read safetensors file"
   ), out.stderr[-3000:]
+
+
+def test_train_main_unknown_task_is_one_line_and_leaves_no_model_dir(tmp_path):
+  """A misspelt task: exit status 1, one last line `UnknownTaskError: ...` naming the closest
+  tasks (no traceback), and the MODEL_DIR the failed start made (its train.lock) is gone."""
+  model_dir = tmp_path / "new" / "run"
+  out = mains.python_m(
+      "mcwq_t5x.train",
+      "--gin_file=gin/mcwq_t5x/tiny_random_split_en.gin",
+      f"--gin.MODEL_DIR='{model_dir}'",
+      "--gin.MIXTURE_OR_TASK_NAME='mcwq_mcd1_hee'",
+      check=False)
+  assert out.returncode == 1, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("UnknownTaskError: unknown task or mixture 'mcwq_mcd1_hee' "
+                         "(MIXTURE_OR_TASK_NAME; task module tasks.mcwq)"), out.stderr[-3000:]
+  assert "closest: mcwq_mcd1_he" in last and "Traceback" not in out.stderr
+  assert not model_dir.exists() and (tmp_path / "new").is_dir()
+
+
+HE_PREFIX = "translate Hebrew to Sparql: "
+
+
+def test_run_json_records_the_input_prefix(trained):
+  run = json.loads((trained / "run.json").read_text())
+  assert run["task"] == "mcwq_gold_he" and run["input_prefix"] == {"mcwq_gold_he": ""}
+
+
+def test_infer_takes_the_runs_input_prefix_and_warns_when_told_another(trained, tmp_path):
+  """`infer` puts the run's prefix before each question: a run.json of the paper's form
+  (`mcwq_gold_he_prefixed`, written before runs recorded their prefix) decodes as the same
+  checkpoint told that prefix; telling another than the run's warns, naming both."""
+  questions = "".join(e.question + "\n"
+                      for e in readers.read_split("gold", "test", "he", str(paths.data_dir()))[:8])
+  prefixed = tmp_path / "prefixed_run"
+  shutil.copytree(trained, prefixed, ignore=shutil.ignore_patterns("predictions", "eval_*"))
+  run = json.loads((prefixed / "run.json").read_text())
+  run["task"] = "mcwq_gold_he_prefixed"
+  del run["input_prefix"]
+  (prefixed / "run.json").write_text(json.dumps(run))
+
+  def infer(checkpoint, *flags):
+    return mains.python_m(
+        "mcwq_t5x.infer",
+        f"--gin_file={MODEL}",
+        "--gin_file=gin/mcwq_t5x/runs/infer.gin",
+        f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+        "--gin.MAX_DECODE_LENGTH=64",
+        *flags,
+        *mains.gin_flags(mains.SMALL_MODEL),
+        input=questions)
+
+  told = infer(trained, f"--gin.INPUT_PREFIX='{HE_PREFIX}'")
+  assert (f"WARNING input prefix: '{HE_PREFIX}', as the command line binds it "
+          f"(INPUT_PREFIX = '{HE_PREFIX}'); the run was trained on mcwq_gold_he (the bare "
+          f"questions), recorded in {trained / 'run.json'}") in told.stderr
+  adopted = infer(prefixed)
+  assert (f"INFO input prefix: '{HE_PREFIX}', the run's (the run was trained on "
+          f"mcwq_gold_he_prefixed (inputs begin '{HE_PREFIX}')") in adopted.stderr
+  assert adopted.stdout == told.stdout
+  # The prefix changes what the model decodes: the run's own decoding of the bare questions.
+  bare = (trained / "predictions" / "mcwq_gold_he_test.txt").read_text().splitlines()[:8]
+  assert told.stdout.splitlines() != bare
+
+
+def test_eval_warns_when_the_task_has_another_input_form_than_the_run(trained, tmp_path):
+  """`eval` of the run's checkpoint on the prefixed form of its task: a WARNING names both tasks
+  and their input forms."""
+  out = mains.python_m("mcwq_t5x.eval", f"--gin_file={MODEL}",
+                       "--gin_file=gin/mcwq_t5x/runs/eval.gin",
+                       f"--gin.CHECKPOINT_PATH='{trained}'",
+                       "--gin.MIXTURE_OR_TASK_NAME='mcwq_gold_he_prefixed'", "--gin.NUM_EXAMPLES=4",
+                       f"--gin.EVAL_OUTPUT_DIR='{tmp_path / 'out'}'",
+                       *mains.gin_flags(mains.SMALL_MODEL))
+  assert (f"WARNING task mcwq_gold_he_prefixed (inputs begin '{HE_PREFIX}'): the run was trained "
+          f"on mcwq_gold_he (the bare questions) (recorded in {trained / 'run.json'})"
+         ) in out.stderr, out.stderr[-3000:]
+  assert (tmp_path / "out" / "predictions" / "mcwq_gold_he_prefixed_test.txt").is_file()

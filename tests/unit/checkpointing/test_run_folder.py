@@ -79,3 +79,43 @@ def test_tensorboard_metrics_are_plain_scalars(tmp_path):
   assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 1.5)]
   # best_checkpoint reads them too (T5X's {run}/{tag} form).
   assert best_checkpoint.read_metric(tmp_path, "train/loss") == {1: 2.5, 2: 1.5}
+
+
+def test_a_failed_start_is_undone(tmp_path):
+  """`FolderBefore.undo_failed_start`: a MODEL_DIR the start made is removed; one that existed
+  loses what the start added and gets its rewritten config.gin and run.json back; one with a new
+  metrics row or finished checkpoint is left alone."""
+  new = tmp_path / "new"
+  before = run_folder.FolderBefore.take(new)
+  new.mkdir()
+  (new / "train.lock").write_text("{}")
+  (new / "config.gin").write_text("# The operative gin config\n")
+  assert before.undo_failed_start() == ["."] and not new.exists()
+
+  old = tmp_path / "old"
+  (old / "notes").mkdir(parents=True)
+  (old / "notes" / "mine.txt").write_text("the user's")
+  (old / "config.gin").write_text("resumed run's config")
+  (old / "run.json").write_text('{"format": 1}')
+  before = run_folder.FolderBefore.take(old)
+  (old / "train.lock").write_text("{}")
+  (old / "config.gin").write_text("the failed start's config")
+  (old / "vocab").mkdir()
+  (old / "vocab" / "spm.model").write_bytes(b"x")
+  (old / "notes" / "new.txt").write_text("added")
+  assert before.undo_failed_start() == [
+      "config.gin", "notes/new.txt", "train.lock", "vocab", "vocab/spm.model"
+  ]
+  assert sorted(str(p.relative_to(old)) for p in old.rglob("*")) == [
+      "config.gin", "notes", "notes/mine.txt", "run.json"
+  ]
+  assert (old / "config.gin").read_text() == "resumed run's config"
+
+  # A start that wrote a metrics row or finished a checkpoint trained: nothing is undone.
+  before = run_folder.FolderBefore.take(old)
+  (old / "train.lock").write_text("{}")
+  (old / run_folder.TRAIN_METRICS).write_text('{"step": 1}\n')
+  assert before.undo_failed_start() == [] and (old / "train.lock").exists()
+  (old / run_folder.TRAIN_METRICS).unlink()
+  (old / "checkpoint_5" / "state").mkdir(parents=True)
+  assert before.undo_failed_start() == [] and (old / "train.lock").exists()

@@ -1,6 +1,7 @@
 """What every gin main shares (`mcwq_t5x.gin_utils`): its help text lists the gin files, the main
 macros and the binding forms; its log gives a one-line config summary, not the gin dump; the
 native libraries' start-up noise is kept out of stderr, and nothing else."""
+import json
 import logging
 import os
 import subprocess
@@ -203,3 +204,58 @@ time.sleep(10)
                        check=False)
   assert out.returncode == 7, out.stderr
   assert "saving a checkpoint before stopping" in out.stderr
+
+
+def _run_json(folder, task, prefixes):
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / "run.json").write_text(
+      json.dumps({
+          "format": 1,
+          "task": task,
+          "input_prefix": prefixes
+      }))
+  return folder
+
+
+def test_eval_decodes_the_runs_task_unless_told_another(tmp_path, caplog):
+  """MIXTURE_OR_TASK_NAME unset: the task of the run.json at or above CHECKPOINT_PATH; neither:
+  one clear error."""
+  caplog.set_level(logging.INFO)
+  run = _run_json(tmp_path / "run", "mcwq_gold_he", {"mcwq_gold_he": ""})
+  try:
+    gin_utils.parse_gin(["gin/mcwq_t5x/models/tiny.gin", "gin/mcwq_t5x/runs/eval.gin"],
+                        [f"CHECKPOINT_PATH = '{run}'"])
+    assert gin_utils.adopt_recorded_task(str(run / "checkpoint_5"), "tasks.mcwq") == "mcwq_gold_he"
+    assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "mcwq_gold_he"
+    assert f"task: mcwq_gold_he, the run's (recorded in {run / 'run.json'})" in caplog.text
+    gin_utils.parse_gin(["gin/mcwq_t5x/models/tiny.gin", "gin/mcwq_t5x/runs/eval.gin"],
+                        [f"CHECKPOINT_PATH = '{tmp_path / 'none'}'"])
+    with pytest.raises(
+        gin_utils.GinConfigError, match="MIXTURE_OR_TASK_NAME is not set and no run.json"):
+      gin_utils.adopt_recorded_task(str(tmp_path / "none"), "tasks.mcwq")
+  finally:
+    gin.clear_config()
+
+
+def test_infer_prefix_of_a_multilingual_run_is_the_users_choice(tmp_path, caplog):
+  """A run of several prefixes (the multilingual mixture) gives infer none: the gin files' stays,
+  with a WARNING naming the run's; a command-line prefix of the run's is taken quietly."""
+  prefixes = {
+      f"mcwq_mcd1_{l}_prefixed": f"translate {n} to Sparql: "
+      for l, n in (("en", "English"), ("he", "Hebrew"))
+  }
+  run = _run_json(tmp_path / "run", "mcwq_mcd1_multilingual_prefixed", prefixes)
+  files = ["gin/mcwq_t5x/models/tiny.gin", "gin/mcwq_t5x/runs/infer.gin"]
+  try:
+    gin_utils.parse_gin(files, [f"CHECKPOINT_PATH = '{run}'"])
+    assert gin_utils.adopt_recorded_input_prefix(str(run), []) == ""
+    assert ("WARNING" in caplog.text and "mcwq_mcd1_he_prefixed: inputs begin 'translate Hebrew "
+            "to Sparql: '" in caplog.text and
+            "the prefix of the questions' language" in caplog.text)
+    caplog.clear()
+    told = ["INPUT_PREFIX = 'translate Hebrew to Sparql: '"]
+    gin_utils.parse_gin(files, [f"CHECKPOINT_PATH = '{run}'", *told])
+    assert gin_utils.adopt_recorded_input_prefix(str(run), told) == "translate Hebrew to Sparql: "
+    assert "WARNING" not in caplog.text and "as the command line binds it" in caplog.text
+  finally:
+    gin.clear_config()

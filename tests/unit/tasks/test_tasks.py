@@ -283,8 +283,11 @@ def test_inspect_task_without_train_files_is_one_line(capsys, mcwq_dir):
   from mcwq_t5x import inspect_task  # pylint: disable=g-import-not-at-top
   assert inspect_task.main(["mcwq_mcd1_en", "--split", "train"]) == 1
   err = capsys.readouterr().err.strip()
-  assert "\n" not in err and "Traceback" not in err
-  assert "download_mcwq.py --out DIR" in err and "MCWQ_DATA_DIR=DIR" in err
+  # The progress lines ("[   0 s] loading ..."), then the error in one line.
+  assert all(l.startswith("[") for l in err.splitlines()[:-1]) and "Traceback" not in err
+  last = err.splitlines()[-1]
+  assert last.startswith("DataNotFoundError: mcwq_mcd1_en split 'train': ")
+  assert "download_mcwq.py --out DIR" in last and "MCWQ_DATA_DIR=DIR" in last
 
 
 def test_readme_seqio_example_runs(mcwq_dir):
@@ -298,3 +301,78 @@ def test_readme_seqio_example_runs(mcwq_dir):
   exec(code, scope)  # pylint: disable=exec-used
   example = next(scope["ds"].as_numpy_iterator())
   assert {"inputs", "targets", "inputs_pretokenized"} <= set(example)
+
+
+def _lines(paths):
+  return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
+
+
+def test_inspect_task_reads_a_mixture_to_its_end(mcwq_tasks, mcwq_dir, capsys):
+  """The command the TRUNCATED warning recommends, on the multilingual mixture: every example of
+  the four dev files once, then the statistics (it read examples for ever)."""
+  from mcwq_t5x import inspect_task  # pylint: disable=g-import-not-at-top
+  dev = sorted((mcwq_dir / "official" / "mcd1").glob("dev.*.txt"))
+  assert [p.name for p in dev] == ["dev.en.txt", "dev.he.txt", "dev.kn.txt", "dev.zh.txt"]
+  assert inspect_task.main(["mcwq_mcd1_multilingual_prefixed", "--split", "validation", "-n",
+                            "0"]) == 0
+  out, err = capsys.readouterr()
+  assert f"{_lines(dev):,} examples read" in err  # 21,632
+  inputs = next(l for l in out.splitlines() if l.split()[:1] == ["inputs"])
+  assert inputs.split()[1] == str(_lines(dev)) and inputs.split()[-1] == "70"  # Kannada's longest
+
+
+def test_one_epoch_of_a_mixture_holds_every_example(mcwq_tasks, mcwq_dir):
+  """A mixture of the three gold tasks (155 questions each) read once: SeqIO samples its tasks and
+  stops at the first that runs out; the pipeline's rows and truncation counts hold all 465, each
+  task's in source order."""
+  from mcwq_t5x.data import pipeline  # pylint: disable=g-import-not-at-top
+  gold = sorted((mcwq_dir / "translations" / "gold").glob("test.*.txt"))
+  assert len(gold) == 3
+  names = [f"mcwq_gold_{lang}" for lang in ("he", "kn", "zh")]
+  seqio.MixtureRegistry.add("test_gold_mixture", names, default_rate=1.0)
+  try:
+    seqio_rows = sum(1 for _ in seqio.get_mixture_or_task("test_gold_mixture").get_dataset(
+        None, split="test", shuffle=False, num_epochs=1).as_numpy_iterator())
+    assert seqio_rows < _lines(gold)  # the loss this test is about
+    lengths = {"inputs": 48, "targets": 128}
+    cfg = pipeline.DatasetConfig("test_gold_mixture", lengths, "test", 8, shuffle=False)
+    arrays = pipeline.load_feature_arrays(cfg)
+    assert len(arrays["encoder_input_tokens"]) == _lines(gold) == 465
+    counts = pipeline.count_truncated(cfg)
+    assert counts["inputs"]["examples"] == counts["targets"]["examples"] == 465
+    # Each task's rows, in order: the he task's first, the zh task's last question.
+    v = vocab.get_vocabulary()
+    for row, (name, index) in ((0, (names[0], 0)), (464, (names[2], 154))):
+      first = readers.read_split("gold", "test", name[-2:])[index]
+      assert v.decode(arrays["encoder_input_tokens"][row].tolist()) == first.question
+  finally:
+    seqio.MixtureRegistry.remove("test_gold_mixture")
+
+
+def test_the_prefixed_lengths_of_the_docs_hold_every_shared_example(mcwq_tasks, mcwq_dir):
+  """The TASK_FEATURE_LENGTHS docs/main_job.md and the tiny gin file give the `_prefixed` tasks
+  hold every question (after its language's prefix) and query of every language in the shared dev
+  and test files, with the tasks' vocabulary and EOS, and are the smallest multiple of 8 that
+  does."""
+  import re  # pylint: disable=g-import-not-at-top
+  page = (mains.REPO / "docs" / "main_job.md").read_text()
+  gin_text = (mains.REPO / "gin" / "mcwq_t5x" / "tiny_random_split_en.gin").read_text()
+  pattern = r"_prefixed` tasks[^`]*?need\s*(?:#\s*)?`?--gin\.TASK_FEATURE_LENGTHS=\"(\{[^}]*\})\""
+  import ast  # pylint: disable=g-import-not-at-top
+  docs = [ast.literal_eval(m) for m in re.findall(pattern, page + gin_text.replace("# ", ""))]
+  assert len(docs) == 2 and docs[0] == docs[1], docs
+  sp = vocab.get_vocabulary().tokenizer
+  longest = {"inputs": 0, "targets": 0}
+  for split in readers.SPLITS:
+    for part in ("dev", "test"):
+      for lang in readers.LANGUAGES:
+        path = mcwq_dir / "official" / split / f"{part}.{lang}.txt"
+        questions = [readers.split_official_line(l)[0] for l in readers.read_lines(path)]
+        ids = sp.encode(
+            [mcwq_tasks.input_prefix(lang) + readers.normalize_question(q) for q in questions])
+        longest["inputs"] = max(longest["inputs"], max(map(len, ids)) + 1)  # + EOS
+      # The queries are the same in every language.
+      rirs = [e.rir for e in readers.read_split(split, part, "en")]
+      longest["targets"] = max(longest["targets"], max(map(len, sp.encode(rirs))) + 1)
+  assert longest == {"inputs": 70, "targets": 71}
+  assert docs[0] == {k: -(-n // 8) * 8 for k, n in longest.items()}
