@@ -239,7 +239,7 @@ class GcsFolder(Handler):
     query = urllib.parse.parse_qs(url.query)
     parts = url.path.split("/", 6)  # ["", "storage", "v1", "b", bucket, "o", object]
     bucket = self.server.root / parts[4] if len(parts) > 5 and parts[1:4] == ["storage", "v1", "b"
-                                                                              ] else None
+                                                                             ] else None
     if bucket is None or parts[5] != "o" or not bucket.is_dir() or parts[4] in ("", ".", ".."):
       return self._error(404, "No such bucket")
     if len(parts) == 6:
@@ -251,16 +251,23 @@ class GcsFolder(Handler):
     data = f.read_bytes()
     generation = {"x-goog-generation": "1", "x-goog-metageneration": "1"}
     if query.get("alt") != ["media"]:
-      meta = {"kind": "storage#object", "bucket": parts[4], "name": name, "size": str(len(data)),
-              "generation": "1", "metageneration": "1"}
+      meta = {
+          "kind": "storage#object",
+          "bucket": parts[4],
+          "name": name,
+          "size": str(len(data)),
+          "generation": "1",
+          "metageneration": "1"
+      }
       return self.answer(200, json.dumps(meta).encode(), "application/json", generation)
     ranged = self.headers.get("Range", "").partition("bytes=")[2]
     if not ranged:
       return self.answer(200, data, "application/octet-stream", generation)
     first, _, last = ranged.partition("-")
     end = int(last) + 1 if last else len(data)
-    self.answer(206, data[int(first):end], "application/octet-stream",
-                {**generation, "Content-Range": f"bytes {first}-{end - 1}/{len(data)}"})
+    self.answer(206, data[int(first):end], "application/octet-stream", {
+        **generation, "Content-Range": f"bytes {first}-{end - 1}/{len(data)}"
+    })
 
   def _list(self, name: str, bucket: pathlib.Path, query: dict[str, list[str]]) -> None:
     prefix = query.get("prefix", [""])[0]
@@ -269,10 +276,18 @@ class GcsFolder(Handler):
     for f in sorted(bucket.rglob("*")):
       key = f.relative_to(bucket).as_posix()
       if (f.is_file() and key.startswith(prefix) and key >= start and (not end or key < end)):
-        items.append({"kind": "storage#object", "bucket": name, "name": key,
-                      "size": str(f.stat().st_size), "generation": "1"})
-    self.answer(200, json.dumps({"kind": "storage#objects", "items": items}).encode(),
-                "application/json")
+        items.append({
+            "kind": "storage#object",
+            "bucket": name,
+            "name": key,
+            "size": str(f.stat().st_size),
+            "generation": "1"
+        })
+    self.answer(200,
+                json.dumps({
+                    "kind": "storage#objects",
+                    "items": items
+                }).encode(), "application/json")
 
   def _error(self, status: int, message: str) -> None:
     body = {"error": {"code": status, "message": message}}

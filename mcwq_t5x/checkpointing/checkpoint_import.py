@@ -517,9 +517,7 @@ def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
     if "fill_value" in metadata and metadata["fill_value"] is None:
       store = ts.open({
           **open_spec, "fill_missing_data_reads": False
-      },
-                      open=True,
-                      context=context).result()
+      }, open=True, context=context).result()
     if recorded is not None and list(store.shape) != list(recorded):
       raise IncompleteCheckpointError(f"{source}: array {name} has shape {tuple(store.shape)}, the "
                                       f"checkpoint recorded {tuple(recorded)}")
@@ -572,8 +570,7 @@ def _spec_path(kv: dict[str, Any], scheme: Optional[str]) -> str:
   return f"{scheme}://{kv['bucket']}/{kv['path']}" if "bucket" in kv else kv["path"]
 
 
-def _folder_spec(leaf: Any, directory: Any, source: Any,
-                 name: str) -> tuple[dict[str, Any], str]:
+def _folder_spec(leaf: Any, directory: Any, source: Any, name: str) -> tuple[dict[str, Any], str]:
   """(TensorStore spec reading only data inside `directory`, the array's path) of a msgpack leaf.
 
   CheckpointOutsideFolderError (naming `source` and the array): another driver, an unknown spec

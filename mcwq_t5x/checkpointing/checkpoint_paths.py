@@ -91,9 +91,8 @@ class StorePath:
   def __init__(self, url: str):
     scheme, sep, rest = str(url).partition("://")
     if not sep or scheme not in STORE_DRIVERS:
-      raise NotACheckpointError(
-          f"{url}: not a local path or an object-store URL this engine reads "
-          f"({', '.join(s + '://' for s in STORE_DRIVERS)})")
+      raise NotACheckpointError(f"{url}: not a local path or an object-store URL this engine reads "
+                                f"({', '.join(s + '://' for s in STORE_DRIVERS)})")
     bucket, _, key = rest.partition("/")
     if not bucket:
       raise NotACheckpointError(f"{url}: the URL names no bucket")
@@ -244,8 +243,7 @@ INPUT_ERRORS = (NotACheckpointError, CheckpointMismatchError, CheckpointOutsideF
                 UnreadableCheckpointFileError, ObjectStoreError)
 
 
-def inside_folder(folder: PathLike | StorePath,
-                  entry: str,
+def inside_folder(folder: PathLike | StorePath, entry: str,
                   roots: Sequence[PathLike] = ()) -> pathlib.Path | StorePath:
   """`folder/entry` resolved (symlinks, `..`) if it lies inside `folder` (or one of `roots`),
   else raises `CheckpointOutsideFolderError` naming `entry` (the caller adds the file). In an

@@ -94,7 +94,10 @@ def read_bytes(path: PathLike) -> bytes:
     return pathlib.Path(path).read_bytes()
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   try:
-    context = ts.Context({"gcs_request_retries": STORE_RETRIES, "s3_request_retries": STORE_RETRIES})
+    context = ts.Context({
+        "gcs_request_retries": STORE_RETRIES,
+        "s3_request_retries": STORE_RETRIES
+    })
     result = ts.KvStore.open(path, context=context).result().read(b"").result()
   except Exception as e:  # why: TensorStore raises ValueError/OSError variants alike
     raise OSError(f"{path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None

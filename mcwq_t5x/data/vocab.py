@@ -228,9 +228,9 @@ def _vocabulary_classes() -> tuple[type, type]:
         return self._model
       model_file = self._sentencepiece_model_file
       if paths.is_url(model_file):  # why: SeqIO reads URLs with TensorFlow's file systems only
-        local = seqio.SentencePieceVocabulary(_local_copy(model_file), self._extra_ids,
-                                              self._normalizer_spec_overrides,
-                                              self._reverse_extra_ids)
+        local = seqio.SentencePieceVocabulary(
+            _local_copy(model_file), self._extra_ids, self._normalizer_spec_overrides,
+            self._reverse_extra_ids)
         self._model = local._model_context()  # pylint: disable=protected-access
         return self._model
       if not os.path.isfile(model_file):

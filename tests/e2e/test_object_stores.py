@@ -75,7 +75,8 @@ def test_a_run_starts_from_a_checkpoint_and_a_vocabulary_in_a_bucket(tmp_path, m
       for name, shape in checkpoint_import.expected_param_shapes(config).items()
   }
   t5x_checkpoint_writer.save_t5x_checkpoint(
-      traverse_util.unflatten_dict(params, sep="/"), root / "pretrained" / "tiny" / "checkpoint_9",
+      traverse_util.unflatten_dict(params, sep="/"),
+      root / "pretrained" / "tiny" / "checkpoint_9",
       step=9)
   small = vocab.small_vocab_path()
   (root / "vocabs").mkdir()
@@ -101,7 +102,7 @@ def test_a_run_starts_from_a_checkpoint_and_a_vocabulary_in_a_bucket(tmp_path, m
   recorded = json.loads((model_dir / "run.json").read_text())["vocabulary"]
   data = small.read_bytes()
   assert (recorded["path"], recorded["sha256"]) == ("gs://vocabs/spm.model",
-                                                   hashlib.sha256(data).hexdigest())
+                                                    hashlib.sha256(data).hexdigest())
   assert (model_dir / recorded["copy"]).read_bytes() == data
   asked = {p.partition("?")[0] for p in server.seen}
   assert "/storage/v1/b/vocabs/o/spm.model" in asked and any(

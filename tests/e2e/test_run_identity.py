@@ -206,8 +206,8 @@ def test_a_run_in_a_bucket_gives_its_recorded_vocabulary(local_gcs, monkeypatch)
   monkeypatch.delenv(run_info.VOCAB_ENV, raising=False)
   found = run_info.find("gs://runs/model/checkpoint_3")
   assert str(found) == "gs://runs/model/run.json"
-  assert str(run_info.adopt_recorded_vocabulary("gs://runs/model/checkpoint_3")
-            ) == "gs://runs/model/vocab/spm.model"
+  assert str(run_info.adopt_recorded_vocabulary(
+      "gs://runs/model/checkpoint_3")) == "gs://runs/model/vocab/spm.model"
   assert os.environ[run_info.VOCAB_ENV] == "gs://runs/model/vocab/spm.model"
 
 

@@ -607,12 +607,16 @@ def test_t5x_checkpoint_in_a_bucket_is_read_only_from_its_folder(tmp_path, local
   other = t5x_checkpoint_writer.save_t5x_checkpoint(_tiny_params(1)[1], bucket / "other")
   http = local_server(_Files, root=other)
   for reference in ("placeholder", "spec"):
-    t5x_checkpoint_writer.save_t5x_checkpoint(params, bucket / reference / "checkpoint_3",
-                                              reference=reference, step=3)
+    t5x_checkpoint_writer.save_t5x_checkpoint(
+        params, bucket / reference / "checkpoint_3", reference=reference, step=3)
   shutil.copytree(bucket / "spec", bucket / "named-bucket")
   _retarget(bucket / "named-bucket" / "checkpoint_3", NAME, {
       "driver": "zarr",
-      "kvstore": {"driver": "gcs", "bucket": "elsewhere", "path": NAME}
+      "kvstore": {
+          "driver": "gcs",
+          "bucket": "elsewhere",
+          "path": NAME
+      }
   })
   expected = traverse_util.flatten_dict(params, sep="/")
   for case in ("placeholder", "spec", "named-bucket"):
@@ -627,12 +631,30 @@ def test_t5x_checkpoint_in_a_bucket_is_read_only_from_its_folder(tmp_path, local
   assert not [p for p in local_gcs.seen if "elsewhere" in p or "other" in p]
   zarr = lambda kv: {"driver": "zarr", "kvstore": kv}  # noqa: E731
   bad = {
-      "http": zarr({"driver": "http", "base_url": http.base, "path": "/" + NAME}),
-      "memory": zarr({"driver": "memory", "path": NAME}),
-      "dotdot": zarr({"driver": "gcs", "bucket": "models", "path": f"../../other/{NAME}"}),
-      "bucket-root": zarr({"driver": "file", "path": f"/other/{NAME}"}),
+      "http": zarr({
+          "driver": "http",
+          "base_url": http.base,
+          "path": "/" + NAME
+      }),
+      "memory": zarr({
+          "driver": "memory",
+          "path": NAME
+      }),
+      "dotdot": zarr({
+          "driver": "gcs",
+          "bucket": "models",
+          "path": f"../../other/{NAME}"
+      }),
+      "bucket-root": zarr({
+          "driver": "file",
+          "path": f"/other/{NAME}"
+      }),
       "placeholder-dotdot": checkpoint_paths.T5X_PLACEHOLDER + f"../../other/{NAME}",
-      "ocdbt-outside": zarr({"driver": "ocdbt", "base": "../../other", "path": NAME}),
+      "ocdbt-outside": zarr({
+          "driver": "ocdbt",
+          "base": "../../other",
+          "path": NAME
+      }),
   }
   for case, leaf in bad.items():
     folder = bucket / case / "checkpoint_3"
@@ -640,15 +662,17 @@ def test_t5x_checkpoint_in_a_bucket_is_read_only_from_its_folder(tmp_path, local
     _retarget(folder, NAME, leaf)
     with pytest.raises(checkpoint_paths.CheckpointOutsideFolderError) as e:
       checkpoint_loaders.load_params(f"gs://models/{case}/checkpoint_3", config)
-    assert str(e.value).startswith(
-        f"gs://models/{case}/checkpoint_3/checkpoint: array {NAME}"), (case, e.value)
+    assert str(
+        e.value).startswith(f"gs://models/{case}/checkpoint_3/checkpoint: array {NAME}"), (case,
+                                                                                           e.value)
   assert http.requests == 0
   assert not [p for p in local_gcs.seen if "other" in p], local_gcs.seen
   (bucket / "hf").mkdir()
   (bucket / "hf" / "config.json").write_text("{}")
   (bucket / "hf" / "model.safetensors").write_bytes(b"")  # refused before it is read
-  with pytest.raises(checkpoint_paths.UnreadableCheckpointFileError,
-                     match=r"^gs://models/hf: a Hugging Face folder is read from local files only"):
+  with pytest.raises(
+      checkpoint_paths.UnreadableCheckpointFileError,
+      match=r"^gs://models/hf: a Hugging Face folder is read from local files only"):
     checkpoint_loaders.load_params("gs://models/hf", config)
 
 

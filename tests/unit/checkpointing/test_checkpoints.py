@@ -316,16 +316,17 @@ def test_the_checkpoint_layout_in_an_object_store(local_gcs):
   assert str(path / "checkpoint_5" / "checkpoint") == f"{url}/checkpoint_5/checkpoint"
   assert checkpoint_paths.finished_steps(url) == [3, 5]
   assert checkpoint_paths.resolve_checkpoint(url) == (path, 5)
-  assert checkpoint_paths.locate(f"{url}/checkpoint_3/checkpoint") == (
-      checkpoint_paths.FORMAT_T5X, path / "checkpoint_3")
+  assert checkpoint_paths.locate(f"{url}/checkpoint_3/checkpoint") == (checkpoint_paths.FORMAT_T5X,
+                                                                       path / "checkpoint_3")
   with pytest.raises(checkpoint_paths.NotACheckpointError) as e:
     checkpoint_paths.locate(f"{url}/checkpoint_7")
   assert str(e.value) == (
       f"{url}/checkpoint_7: not a checkpoint: the folder holds no checkpoint files (it has: "
       "notes.txt); expected its 'state/' Orbax item (mcwq_t5x.train, t5x.train) or a "
       "'checkpoint' msgpack file (T5X)")
-  with pytest.raises(checkpoint_paths.NotACheckpointError,
-                     match=r"^gs://runs/mode: not a checkpoint: no such file or folder; "):
+  with pytest.raises(
+      checkpoint_paths.NotACheckpointError,
+      match=r"^gs://runs/mode: not a checkpoint: no such file or folder; "):
     checkpoint_paths.locate("gs://runs/mode")
   assert checkpoint_paths.inside_folder(path, "a/../b") == path / "b"
   for outside in ("../x", "/runs/x", "../../other/model"):
@@ -333,7 +334,10 @@ def test_the_checkpoint_layout_in_an_object_store(local_gcs):
       checkpoint_paths.inside_folder(path, outside)
   assert all(p.startswith("/storage/v1/b/runs/o") for p in local_gcs.seen), local_gcs.seen
   assert checkpoint_paths.kvstore_spec(checkpoint_paths.as_path("s3://b/k/")) == {
-      "driver": "s3", "bucket": "b", "path": "k"}
+      "driver": "s3",
+      "bucket": "b",
+      "path": "k"
+  }
   with pytest.raises(checkpoint_paths.NotACheckpointError, match="^hf://x/y: not a local path"):
     checkpoint_paths.as_path("hf://x/y")
 
