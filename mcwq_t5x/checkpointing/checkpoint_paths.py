@@ -1,7 +1,8 @@
 """Checkpoint paths and formats: where a checkpoint lies and which format it is in.
 
 The leaf of the checkpoint code (T5X's `checkpoints_utils.py`): directory listings and file names
-only, never a checkpoint's contents, and no import of this project. Formats (`detect_format`,
+(and a file's bytes, for the readers), never what a checkpoint holds, and no import of this
+project. Formats (`detect_format`,
 `locate`): `FORMAT_ORBAX` (a MODEL_DIR's `checkpoint_<step>/state/`, `mcwq_t5x.train` or
 `t5x.train`), `FORMAT_T5X` (msgpack `checkpoint` + TensorStore zarr, as published under
 gs://t5-data/pretrained_models/t5x/) and `FORMAT_HF` (`save_pretrained`: `config.json` + safetensors
