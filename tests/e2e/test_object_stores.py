@@ -21,12 +21,14 @@ import mains
 PAPER = "gin/mcwq_t5x/mt5_small_mcd1_en.gin"
 MT5_SMALL = "gs://t5-data/pretrained_models/t5x/mt5_small/checkpoint_1000000"
 TINY = "gin/mcwq_t5x/tiny_random_split_en.gin"
-# One step at learning rate 0 (the parameters stay those read), a checkpoint, a short final decode.
+# One step at learning rate 0 (the parameters stay those read), a checkpoint, a short final decode;
+# the shapes and mesh of test_faults_checkpoints.RUN, whose programs the session's compilation
+# cache then holds.
 RUN = mains.SMALL_MODEL + [
     "TASK_FEATURE_LENGTHS = {'inputs': 40, 'targets': 128}", "BATCH_SIZE = 8", "TRAIN_STEPS = 1",
     "LEARNING_RATE = 0.0", "WARMUP_STEPS = 0", "LOG_EVERY_STEPS = 1", "CHECKPOINT_PERIOD = 1",
     "EVAL_PERIOD = 0", "FINAL_EVAL_NUM_EXAMPLES = 4", "INFER_BATCH_SIZE = 4",
-    "HOST_DEVICE_COUNT = 1", "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'",
+    "HOST_DEVICE_COUNT = 2", "MIXTURE_OR_TASK_NAME = 'mcwq_gold_he'", "TRAIN_SPLIT = 'test'",
     "EVAL_SPLIT = 'test'", "FINAL_EVAL_SPLIT = 'test'",
     "train_script.train.measure_matmul_peak = False"
 ]
