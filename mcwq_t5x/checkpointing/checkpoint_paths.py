@@ -154,7 +154,7 @@ class StorePath:
     except Exception as e:  # why: TensorStore raises ValueError/OSError variants alike
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       raise ObjectStoreError(
-          f"{self}: the object store did not answer the {what} ({first}); check the network and "
+          f"{self}: the object store's {what} failed ({first}); check the network and "
           f"the credentials, or copy it to this machine (e.g. `gsutil cp -r {self} .`) and name "
           "the copy") from None
 

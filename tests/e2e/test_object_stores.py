@@ -52,7 +52,7 @@ def test_the_paper_run_on_an_unreachable_bucket_stops_with_one_line_naming_it(tm
   assert "Traceback" not in out.stderr and not re.search(r"gs:/[^/]", out.stderr), out.stderr
   last = out.stderr.rstrip().splitlines()[-1]
   assert last.startswith(
-      f"ObjectStoreError: {MT5_SMALL}: the object store did not answer the listing (ABORTED: All 4 "
+      f"ObjectStoreError: {MT5_SMALL}: the object store's listing failed (ABORTED: All 4 "
       "retry attempts failed: CURL error Could not connect to server"), last
   assert last.endswith(f"or copy it to this machine (e.g. `gsutil cp -r {MT5_SMALL} .`) and "
                        "name the copy"), last
