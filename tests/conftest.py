@@ -158,6 +158,21 @@ def local_server():
         local_http.serve(handler, path, **state))
 
 
+@pytest.fixture
+def local_gcs(tmp_path, local_server, monkeypatch):
+  """A stand-in of Google Cloud Storage on 127.0.0.1 (`local_http.GcsFolder`) over the folder
+  `tmp_path/gcs` (its subfolders are the buckets), with TensorStore's `gcs` store pointed at it
+  for the test (`local_http.gcs_env`); returns the server (`root`: the folder, `seen`: the
+  request paths)."""
+  import local_http  # pylint: disable=g-import-not-at-top
+  root = tmp_path / "gcs"
+  root.mkdir()
+  server = local_server(local_http.GcsFolder, root=root, seen=[])
+  for name, value in local_http.gcs_env(server.base).items():
+    monkeypatch.setenv(name, value)
+  return server
+
+
 @pytest.fixture(scope="session")
 def migrated_cfq_sample(tmp_path_factory) -> pathlib.Path:
   """The shared CFQ sample migrated as `python -m preprocessing.migrate --out DIR` does it

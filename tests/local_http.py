@@ -1,6 +1,7 @@
 """Local HTTP servers on 127.0.0.1 for the tests of the remote clients (SPARQL endpoints, Cloud
-Translation): a threaded `http.server` that answers with a handler the test supplies, and a real
-SPARQL 1.1 server (`oxigraph serve-read-only`) over given N-Triples.
+Translation, object stores): a threaded `http.server` that answers with a handler the test
+supplies, a real SPARQL 1.1 server (`oxigraph serve-read-only`) over given N-Triples, and a
+stand-in of Google Cloud Storage's JSON API over a folder (`GcsFolder`, `gcs_env`).
 
 Tests take servers from the `local_server` fixture (tests/conftest.py), which shuts them down after
 the test; a module-scoped fixture enters `serve` itself. No server here sleeps for a wait a client
@@ -237,3 +238,81 @@ class ChatCompletions(Handler):
       self.answer(200, json.dumps(body).encode(), "application/json")
     except BrokenPipeError:  # the client gave up waiting (the time-out case)
       pass
+
+
+class GcsFolder(Handler):
+  """Google Cloud Storage's JSON API (read only) over the folder `server.root`: each subfolder is a
+  bucket, each file below it an object named by its relative path. The calls TensorStore's `gcs`
+  key-value store makes (`gcs_env` points it here): object metadata
+  `GET /storage/v1/b/<bucket>/o/<object>`, the object's bytes with `?alt=media` (a `Range` header
+  honoured), and the listing `GET /storage/v1/b/<bucket>/o` by `prefix` or
+  `startOffset`/`endOffset` (one page). A missing bucket or object is a 404; every request's path
+  is appended to `server.seen` (a list given to `serve`).
+  """
+
+  def do_GET(self):  # noqa: N802
+    self.server.requests += 1
+    self.server.seen.append(self.path)
+    url = urllib.parse.urlsplit(self.path)
+    query = urllib.parse.parse_qs(url.query)
+    parts = url.path.split("/", 6)  # ["", "storage", "v1", "b", bucket, "o", object]
+    bucket = self.server.root / parts[4] if len(parts) > 5 and parts[1:4] == ["storage", "v1", "b"
+                                                                             ] else None
+    if bucket is None or parts[5] != "o" or not bucket.is_dir() or parts[4] in ("", ".", ".."):
+      return self._error(404, "No such bucket")
+    if len(parts) == 6:
+      return self._list(parts[4], bucket, query)
+    name = urllib.parse.unquote(parts[6])
+    f = bucket / name
+    if ".." in name.split("/") or not f.is_file():
+      return self._error(404, "No such object: " + name)
+    data = f.read_bytes()
+    generation = {"x-goog-generation": "1", "x-goog-metageneration": "1"}
+    if query.get("alt") != ["media"]:
+      meta = {
+          "kind": "storage#object",
+          "bucket": parts[4],
+          "name": name,
+          "size": str(len(data)),
+          "generation": "1",
+          "metageneration": "1"
+      }
+      return self.answer(200, json.dumps(meta).encode(), "application/json", generation)
+    ranged = self.headers.get("Range", "").partition("bytes=")[2]
+    if not ranged:
+      return self.answer(200, data, "application/octet-stream", generation)
+    first, _, last = ranged.partition("-")
+    end = int(last) + 1 if last else len(data)
+    self.answer(206, data[int(first):end], "application/octet-stream", {
+        **generation, "Content-Range": f"bytes {first}-{end - 1}/{len(data)}"
+    })
+
+  def _list(self, name: str, bucket: pathlib.Path, query: dict[str, list[str]]) -> None:
+    prefix = query.get("prefix", [""])[0]
+    start, end = query.get("startOffset", [""])[0], query.get("endOffset", [""])[0]
+    items = []
+    for f in sorted(bucket.rglob("*")):
+      key = f.relative_to(bucket).as_posix()
+      if (f.is_file() and key.startswith(prefix) and key >= start and (not end or key < end)):
+        items.append({
+            "kind": "storage#object",
+            "bucket": name,
+            "name": key,
+            "size": str(f.stat().st_size),
+            "generation": "1"
+        })
+    self.answer(200,
+                json.dumps({
+                    "kind": "storage#objects",
+                    "items": items
+                }).encode(), "application/json")
+
+  def _error(self, status: int, message: str) -> None:
+    body = {"error": {"code": status, "message": message}}
+    self.answer(status, json.dumps(body).encode(), "application/json")
+
+
+def gcs_env(url: str) -> dict[str, str]:
+  """The variables that point TensorStore's `gcs` key-value store at `url` (a `GcsFolder` server's
+  `base`, or a closed port) and give it a token, so that it asks no credentials service."""
+  return {"TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-test-token"}

@@ -6,8 +6,10 @@ Both return float32 numpy arrays with T5X's names, checked against `expected_par
 `pytorch_model.bin` with torch), through `hf_name_map`, no rescaling (neither scales attention
 logits); safetensors are read a tensor at a time, optionally placed as each is read.
 `load_t5x_checkpoint`: a T5X-native `checkpoint_N/` (msgpack + TensorStore zarr, as under
-gs://t5-data/pretrained_models/t5x/), `target` only. Arrays are read only from local files
-inside the checkpoint's folder (`_local_spec`). Imports only the leaf `checkpoint_paths`.
+gs://t5-data/pretrained_models/t5x/), local or in an object store (`checkpoint_paths.StorePath`),
+`target` only. Arrays are read only from inside the checkpoint's folder, in the store it was
+given (`_folder_spec`). Hugging Face folders are read from local files. Imports only the leaf
+`checkpoint_paths`.
 """
 
 from __future__ import annotations
@@ -427,8 +429,13 @@ def load_hf_checkpoint(path: PathLike,
   folder is the finished tree plus one block. CheckpointMismatchError names the HF key and T5X
   parameter of each tensor missing (`shared.weight` stands for `lm_head.weight` only with
   `tie_word_embeddings: true`, as transformers), mis-shaped, unexpected, or a stored embedding copy
-  differing from `shared.weight`. ValueError: unreadable files, another architecture.
+  differing from `shared.weight`. ValueError: unreadable files, another architecture, an
+  object-store URL (UnreadableCheckpointFileError).
   """
+  if checkpoint_paths.is_url(path):
+    raise checkpoint_paths.UnreadableCheckpointFileError(
+        f"{path}: a Hugging Face folder is read from local files only; copy it to this machine "
+        f"(e.g. `gsutil cp -r {path} .`) and name the copy")
   directory = pathlib.Path(path)
   if config is None:
     config = config_from_hf(directory / "config.json")
@@ -503,11 +510,14 @@ def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   recorded = (spec.get("metadata") or {}).get("shape")
   open_spec = {k: v for k, v in spec.items() if k != "metadata"}
+  context = checkpoint_paths.store_context()  # why: an object store's bounded retries
   try:
-    store = ts.open(open_spec, open=True).result()
+    store = ts.open(open_spec, open=True, context=context).result()
     metadata = store.spec().to_json().get("metadata", {})
     if "fill_value" in metadata and metadata["fill_value"] is None:
-      store = ts.open({**open_spec, "fill_missing_data_reads": False}, open=True).result()
+      store = ts.open({
+          **open_spec, "fill_missing_data_reads": False
+      }, open=True, context=context).result()
     if recorded is not None and list(store.shape) != list(recorded):
       raise IncompleteCheckpointError(f"{source}: array {name} has shape {tuple(store.shape)}, the "
                                       f"checkpoint recorded {tuple(recorded)}")
@@ -526,15 +536,17 @@ def _ts_read(spec: dict[str, Any], source: str, name: str) -> np.ndarray:
 # TensorStore drivers a checkpoint's array spec may name: arrays (`driver`) and the stores under
 # them (`kvstore.driver`). `gcs`/`gfile` specs are T5X's own writer's on a bucket: their path is
 # relative to the checkpoint folder (T5X `_update_ts_path_from_relative_to_absolute`) and is read
-# from the local folder; the bucket is never contacted.
+# from that folder, in the store the checkpoint was given (a local folder, or its bucket); the
+# bucket a spec names is never contacted.
 T5X_ARRAY_DRIVERS = frozenset({"zarr", "zarr3"})
 T5X_FILE_KVSTORES = frozenset({"file", "gcs", "gfile"})
 # Spec keys that name no store (`context` could configure a remote one; anything unknown is refused).
 _T5X_SPEC_KEYS = frozenset({"driver", "dtype", "kvstore", "metadata", "path", "transform"})
 
 
-def _local_file(kv: Any, directory: pathlib.Path, what: str) -> tuple[str, str]:
-  """(driver, path inside `directory`) of a file kvstore spec (dict or `file://` URL); raises
+def _folder_kvstore(kv: Any, directory: Any, what: str) -> dict[str, Any]:
+  """The kvstore spec of a file kvstore spec's path (dict or `file://` URL) inside `directory`,
+  in `directory`'s store (`file`, or the `gcs`/`s3` bucket of a `StorePath`); raises
   CheckpointOutsideFolderError for any other store or a path leaving `directory`."""
   if isinstance(kv, str):  # a kvstore URL ("file:///x", "http://h/x") or a plain path
     scheme, sep, rest = kv.partition("://")
@@ -544,27 +556,33 @@ def _local_file(kv: Any, directory: pathlib.Path, what: str) -> tuple[str, str]:
   driver = kv.get("driver") if isinstance(kv, dict) else None
   if driver not in T5X_FILE_KVSTORES:
     raise checkpoint_paths.CheckpointOutsideFolderError(
-        f"{what} names the kvstore driver {driver!r}; only local files "
-        f"({', '.join(sorted(T5X_FILE_KVSTORES))} paths in the folder) or ocdbt over them are read")
+        f"{what} names the kvstore driver {driver!r}; only files of the checkpoint's folder "
+        f"({', '.join(sorted(T5X_FILE_KVSTORES))} paths in it) or ocdbt over them are read")
   path = str(kv.get("path", ""))
   try:
-    return driver, str(checkpoint_paths.inside_folder(directory, path))
+    return checkpoint_paths.kvstore_spec(checkpoint_paths.inside_folder(directory, path))
   except checkpoint_paths.CheckpointOutsideFolderError as e:
     raise checkpoint_paths.CheckpointOutsideFolderError(f"{what}: {e}") from None
 
 
-def _local_spec(leaf: Any, directory: pathlib.Path, source: pathlib.Path,
-                name: str) -> tuple[dict[str, Any], str]:
-  """(TensorStore spec reading only files inside `directory`, the array's path) of a msgpack leaf.
+def _spec_path(kv: dict[str, Any], scheme: Optional[str]) -> str:
+  """The file or URL a kvstore spec of `_folder_kvstore` names (for messages)."""
+  return f"{scheme}://{kv['bucket']}/{kv['path']}" if "bucket" in kv else kv["path"]
+
+
+def _folder_spec(leaf: Any, directory: Any, source: Any, name: str) -> tuple[dict[str, Any], str]:
+  """(TensorStore spec reading only data inside `directory`, the array's path) of a msgpack leaf.
 
   CheckpointOutsideFolderError (naming `source` and the array): another driver, an unknown spec
-  key, or a path outside `directory` (symlinks and `..` resolved).
+  key, or a path outside `directory` (symlinks and `..` resolved; in an object store, outside the
+  folder of the bucket it was given).
   """
   what = f"{source}: array {name}"
+  scheme = getattr(directory, "scheme", None)
   if isinstance(leaf, str):
     rel = leaf[len(checkpoint_paths.T5X_PLACEHOLDER):]
-    _, path = _local_file({"driver": "file", "path": rel}, directory, what)
-    return {"driver": "zarr", "kvstore": {"driver": "file", "path": path}}, path
+    kv = _folder_kvstore({"driver": "file", "path": rel}, directory, what)
+    return {"driver": "zarr", "kvstore": kv}, _spec_path(kv, scheme)
   spec = json.loads(json.dumps(leaf))  # deep copy of plain data
   if spec.get("driver") not in T5X_ARRAY_DRIVERS:
     raise checkpoint_paths.CheckpointOutsideFolderError(
@@ -577,17 +595,16 @@ def _local_spec(leaf: Any, directory: pathlib.Path, source: pathlib.Path,
   kv = spec["kvstore"]
   inner = spec.pop("path", None)  # why: TensorStore appends a top-level path to the kvstore's
   if isinstance(kv, dict) and kv.get("driver") == "ocdbt":
-    _, base = _local_file(kv.get("base"), directory, f"{what} (ocdbt base)")
+    base = _folder_kvstore(kv.get("base"), directory, f"{what} (ocdbt base)")
     key = "/".join(p for p in (kv.get("path"), inner) if p)
-    spec["kvstore"] = {"driver": "ocdbt", "base": {"driver": "file", "path": base}, "path": key}
-    return spec, f"{base}/{key}"
+    spec["kvstore"] = {"driver": "ocdbt", "base": base, "path": key}
+    return spec, f"{_spec_path(base, scheme)}/{key}"
   if isinstance(kv, dict) and not kv.get("path"):
     kv = {**kv, "path": inner or name}  # why: T5X's spec may name the array only at top level
   elif inner:
     kv = ({**kv, "path": f"{kv['path']}/{inner}"} if isinstance(kv, dict) else f"{kv}/{inner}")
-  _, path = _local_file(kv, directory, what)
-  spec["kvstore"] = {"driver": "file", "path": path}
-  return spec, path
+  spec["kvstore"] = _folder_kvstore(kv, directory, what)
+  return spec, _spec_path(spec["kvstore"], scheme)
 
 
 def _is_ref(x: Any) -> bool:
@@ -601,13 +618,16 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
 
   Raises CheckpointMismatchError (with `config`), IncompleteCheckpointError,
   CheckpointOutsideFolderError (nothing is read then), UnreadableCheckpointFileError (malformed
-  msgpack), ValueError (no `target`, unreadable arrays).
+  msgpack), ObjectStoreError (a store that cannot be reached), ValueError (no `target`,
+  unreadable arrays).
   """
-  path = pathlib.Path(path)
+  path = checkpoint_paths.as_path(path)
   msgpack_file = path if path.is_file() else path / checkpoint_paths.T5X_MSGPACK_FILE
   directory = msgpack_file.parent
   try:
     tree = serialization.msgpack_restore(msgpack_file.read_bytes())
+  except checkpoint_paths.ObjectStoreError:
+    raise
   except Exception as e:  # msgpack raises several error types.
     raise checkpoint_paths.UnreadableCheckpointFileError(
         f"{msgpack_file}: cannot read T5X msgpack: {e}") from e
@@ -620,7 +640,7 @@ def load_t5x_checkpoint(path: PathLike, config: Optional[network.T5Config] = Non
   target = tree["target"]
   flat = traverse_util.flatten_dict(target, is_leaf=lambda k, x: _is_ref(x))
   specs = {  # why: every reference is checked before any array is read
-      key: _local_spec(leaf, directory, msgpack_file, "target." + ".".join(key))
+      key: _folder_spec(leaf, directory, msgpack_file, "target." + ".".join(key))
       for key, leaf in flat.items()
       if _is_ref(leaf)
   }

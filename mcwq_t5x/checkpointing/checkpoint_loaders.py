@@ -113,4 +113,4 @@ def load_params(path: checkpoint_paths.PathLike,
   parameter named), IncompleteCheckpointError, UnreadableCheckpointError, NoUsableCheckpointError.
   """
   fmt, _ = checkpoint_paths.locate(path)
-  return LOADERS[fmt](pathlib.Path(path), config, abstract_params)
+  return LOADERS[fmt](checkpoint_paths.as_path(path), config, abstract_params)

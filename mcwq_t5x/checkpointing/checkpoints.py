@@ -151,6 +151,8 @@ def _read_t5x_msgpack(folder: pathlib.Path) -> dict[str, Any]:
   f = folder / checkpoint_paths.T5X_MSGPACK_FILE
   try:
     tree = serialization.msgpack_restore(f.read_bytes())
+  except checkpoint_paths.ObjectStoreError:
+    raise
   except Exception as e:  # msgpack raises several error types
     raise checkpoint_paths.UnreadableCheckpointFileError(
         f"{f}: cannot read T5X msgpack: {e}") from e
@@ -173,6 +175,8 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
     step = None if step is None else int(np.asarray(step))
   else:
     item_dir = folder / checkpoint_paths.STATE_ITEM
+    if checkpoint_paths.is_url(item_dir):
+      item_dir = str(item_dir)  # why: Orbax reads a URL itself (etils.epath and TensorStore)
     meta = ocp.PyTreeCheckpointHandler().metadata(item_dir).tree
     if not isinstance(meta, Mapping) or "target" not in meta:
       keys = sorted(meta) if isinstance(meta, Mapping) else type(meta).__name__
@@ -222,7 +226,7 @@ def restore_params_and_step(
   named `checkpoint_<step>` is read or raises `UnreadableCheckpointError`. Raises as
   `restore_params`.
   """
-  p = pathlib.Path(path).absolute()
+  p = checkpoint_paths.as_path(path).absolute()
   directory, step = checkpoint_paths.resolve_checkpoint(p)
   folder = checkpoint_paths.checkpoint_dir(directory, step)
   named = p in (folder, folder / checkpoint_paths.STATE_ITEM,
@@ -237,8 +241,8 @@ def restore_params_and_step(
       params, _ = _restore_target(folder, checkpoint_paths.checkpoint_format(folder),
                                   abstract_params, fallback_params)
       jax.block_until_ready(params)  # corrupt chunks fail here, not later
-    except (checkpoint_paths.CheckpointMismatchError,
-            checkpoint_paths.CheckpointOutsideFolderError):  # why: never fall back past these
+    except (checkpoint_paths.CheckpointMismatchError, checkpoint_paths.CheckpointOutsideFolderError,
+            checkpoint_paths.ObjectStoreError):  # why: never fall back past these
       raise
     except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
       msg = _unreadable(folder, e)

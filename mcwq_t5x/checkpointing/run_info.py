@@ -7,7 +7,7 @@ Vocabulary rule of `eval`, `infer` and a resumed `train`: with `$MCWQ_VOCAB` uns
 `adopt_recorded_vocabulary` points it at the run's copy before tasks and model are built; the
 vocabulary used is then compared with the record (`check_vocabulary`, `VocabularyMismatchError`
 naming both files and hashes); a checkpoint without run.json loads unchecked, with a warning.
-No TensorFlow (except to read a `gs://` vocabulary) or gin import.
+No TensorFlow or gin import (a `gs://` vocabulary is read through `data.paths.read_bytes`).
 """
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import pathlib
 import tempfile
 from typing import Any, Mapping, Optional, Union
 
+from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import run_folder
+from mcwq_t5x.data import paths
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import network
 
@@ -76,25 +78,17 @@ def network_config(run: Mapping[str, Any], source: PathLike = RUN_JSON) -> netwo
     raise ValueError(f"{source}: \"network\" does not fit network.T5Config: {e}") from e
 
 
-def _read_bytes(path: str) -> bytes:
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  return pathlib.Path(path).read_bytes()
-
-
 def vocabulary_identity(vocabulary: Any) -> Optional[dict[str, Any]]:
   """{"path", "sha256", "extra_ids"} of a SentencePiece vocabulary, None for another kind; OSError /
   DataNotFoundError when the model file cannot be read."""
   path = getattr(vocabulary, "sentencepiece_model_file", None)
   if vocabulary is None or path is None:
     return None
-  if hasattr(vocabulary, "_model_context") and "://" not in str(path) and not os.path.isfile(path):
+  if hasattr(vocabulary, "_model_context") and (paths.is_url(path) or not os.path.isfile(path)):
     vocabulary._model_context()  # pylint: disable=protected-access  # raises, naming the file
   return {
       "path": str(path),
-      "sha256": hashlib.sha256(_read_bytes(str(path))).hexdigest(),
+      "sha256": hashlib.sha256(paths.read_bytes(str(path))).hexdigest(),
       "extra_ids": int(getattr(vocabulary, "extra_ids", 0) or 0),
   }
 
@@ -128,7 +122,7 @@ def write(model_dir: PathLike,
   model_dir = pathlib.Path(model_dir)
   ident = vocabulary_identity(getattr(model, "output_vocabulary", None))
   if ident is not None:
-    data = _read_bytes(ident["path"])
+    data = paths.read_bytes(ident["path"])
     copy = model_dir / VOCAB_COPY
     if not copy.is_file() or copy.read_bytes() != data:
       _atomic_write(copy, data)
@@ -153,8 +147,9 @@ def write(model_dir: PathLike,
 
 def find(checkpoint_path: PathLike, levels: int = 3) -> Optional[pathlib.Path]:
   """The run.json at `checkpoint_path` or up to `levels` folders above it (MODEL_DIR,
-  MODEL_DIR/checkpoint_<step>, MODEL_DIR/checkpoint_<step>/state); None if there is none."""
-  p = pathlib.Path(checkpoint_path).absolute()
+  MODEL_DIR/checkpoint_<step>, MODEL_DIR/checkpoint_<step>/state; local or in an object store);
+  None if there is none."""
+  p = checkpoint_paths.as_path(checkpoint_path).absolute()
   for folder in [p, *p.parents][:levels + 1]:
     if (folder / RUN_JSON).is_file():
       return folder / RUN_JSON
@@ -163,7 +158,7 @@ def find(checkpoint_path: PathLike, levels: int = 3) -> Optional[pathlib.Path]:
 
 def read(path: PathLike) -> dict[str, Any]:
   """The run.json dict; ValueError (naming the file): not a JSON object, or a newer format."""
-  path = pathlib.Path(path)
+  path = checkpoint_paths.as_path(path)
   try:
     run = json.loads(path.read_text())
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -180,10 +175,10 @@ def recorded_vocabulary_file(
     run_path: PathLike,
     run: Optional[Mapping[str, Any]] = None,
 ) -> Optional[pathlib.Path]:
-  """The local file of the recorded vocabulary with the recorded SHA-256 (the run's copy
-  MODEL_DIR/vocab/spm.model, else the recorded path); None if none was recorded; ValueError
-  (naming both and the hash) if neither matches."""
-  run_path = pathlib.Path(run_path)
+  """The file of the recorded vocabulary with the recorded SHA-256 (the run's copy
+  MODEL_DIR/vocab/spm.model, else the recorded path; either may be in an object store); None if
+  none was recorded; ValueError (naming both and the hash) if neither matches."""
+  run_path = checkpoint_paths.as_path(run_path)
   run = read(run_path) if run is None else run
   rec = run.get("vocabulary")
   if not rec:
@@ -191,8 +186,8 @@ def recorded_vocabulary_file(
   candidates = []
   if rec.get("copy"):
     candidates.append(run_path.parent / rec["copy"])
-  if rec.get("path") and "://" not in rec["path"]:
-    candidates.append(pathlib.Path(rec["path"]))
+  if rec.get("path"):
+    candidates.append(checkpoint_paths.as_path(rec["path"]))
   for c in candidates:
     if c.is_file() and hashlib.sha256(c.read_bytes()).hexdigest() == rec["sha256"]:
       return c
@@ -264,7 +259,7 @@ def check_vocabulary(vocabulary: Any, checkpoint_path: PathLike, where: str) -> 
   and how to use the recorded one. `where` says who asks."""
   run_path = find(checkpoint_path)
   if run_path is None:
-    if pathlib.Path(checkpoint_path).exists():
+    if checkpoint_paths.as_path(checkpoint_path).exists():
       logging.warning(
           "%s: no %s at or above %s (not a run of mcwq_t5x.train, or copied without it): "
           "cannot check that the vocabulary is the one it was trained with", where, RUN_JSON,

@@ -3,7 +3,9 @@
 The data directory (upstream `coastalcph/seq2sparql` `mcwq/`, or the full release with
 `dataset.json` and `splits/`) is an explicit `path`, else `$MCWQ_DATA_DIR`, else
 `<repository root>/../shared/mcwq`. Caches live in `$MCWQ_CACHE_DIR`, else `~/.cache/mcwq_t5x`,
-never next to the data (which may be read-only). No TensorFlow, seqio or gin import.
+never next to the data (which may be read-only). A single file may also be an object-store URL
+(`read_bytes`: `gs://bucket/key`, `s3://...`, through TensorStore's key-value stores, as the
+checkpoints' `checkpointing.checkpoint_paths.StorePath`). No TensorFlow, seqio or gin import.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ DATA_DIR_ENV = "MCWQ_DATA_DIR"
 CACHE_DIR_ENV = "MCWQ_CACHE_DIR"
 
 PathLike = Union[str, os.PathLike]
+# Retries of one object-store request: about 8 s before a store is called unreachable (those of
+# `checkpointing.checkpoint_paths.STORE_RETRIES`; this wing cannot import that one).
+STORE_RETRIES = {"max_retries": 4, "initial_delay": "0.5s", "max_delay": "4s"}
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -70,3 +75,32 @@ def cache_dir(create: bool = True) -> pathlib.Path:
   if create:
     path.mkdir(parents=True, exist_ok=True)
   return path
+
+
+def is_url(path: PathLike) -> bool:
+  """True for `scheme://...` (an object store), False for a local path."""
+  return "://" in os.fspath(path)
+
+
+def read_bytes(path: PathLike) -> bytes:
+  """The bytes of a local file, or of an object-store URL (`gs://bucket/key`, `s3://bucket/key`)
+  read through TensorStore with `STORE_RETRIES`.
+
+  FileNotFoundError: no such file or object; OSError: a URL that cannot be read (no network, no
+  access, a scheme TensorStore lacks), its message "<url>: <the store's error, first line>".
+  """
+  path = os.fspath(path)
+  if not is_url(path):
+    return pathlib.Path(path).read_bytes()
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  try:
+    context = ts.Context({
+        "gcs_request_retries": STORE_RETRIES,
+        "s3_request_retries": STORE_RETRIES
+    })
+    result = ts.KvStore.open(path, context=context).result().read(b"").result()
+  except Exception as e:  # why: TensorStore raises ValueError/OSError variants alike
+    raise OSError(f"{path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+  if result.state != "value":
+    raise FileNotFoundError(f"{path}: no such object")
+  return bytes(result.value)

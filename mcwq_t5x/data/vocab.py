@@ -8,8 +8,10 @@ unk=2, byte fallback, reproducible and cached in `paths.cache_dir()/spm/` (docs/
 BPE and why pieces span spaces). `get_vocabulary(path=None)` returns a
 `seqio.SentencePieceVocabulary` that encodes the NFC form of its text (with `sentencepiece_only`
 a `SentencePieceOnlyVocabulary`, the same ids without SeqIO or TensorFlow); a missing data directory
-raises `DataNotFoundError`, an unreadable vocabulary file `VocabularyNotFoundError`. No gin here
-(gin files reach these functions by dynamic registration).
+raises `DataNotFoundError`, an unreadable vocabulary file `VocabularyNotFoundError`. A model file
+may be an object-store URL (`gs://...`, read through TensorStore: `paths.read_bytes`; SeqIO's
+class loads a local copy of it in the cache folder). No gin here (gin files reach these functions
+by dynamic registration).
 """
 from __future__ import annotations
 
@@ -225,12 +227,18 @@ def _vocabulary_classes() -> tuple[type, type]:
       if self._model:
         return self._model
       model_file = self._sentencepiece_model_file
-      if "://" not in model_file and not os.path.isfile(model_file):
+      if paths.is_url(model_file):  # why: SeqIO reads URLs with TensorFlow's file systems only
+        local = seqio.SentencePieceVocabulary(
+            _local_copy(model_file), self._extra_ids, self._normalizer_spec_overrides,
+            self._reverse_extra_ids)
+        self._model = local._model_context()  # pylint: disable=protected-access
+        return self._model
+      if not os.path.isfile(model_file):
         raise unreadable_vocabulary(model_file)
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       try:
         return super()._model_context()
-      except tf.errors.OpError as e:  # e.g. gs:// without network access or credentials
+      except tf.errors.OpError as e:  # e.g. a file that cannot be opened
         raise unreadable_vocabulary(model_file, e.message) from None
 
   # Module-level names, so that pickle finds the classes by reference.
@@ -252,8 +260,9 @@ class SentencePieceOnlyVocabulary:
   The same ids and strings as the SeqIO class of the same local file and `extra_ids` for text
   and int ids (sentinels appended as SeqIO appends them: `▁<extra_id_N>`, the highest N first,
   which needs `protobuf`; tests compare both on MCWQ's questions and queries). It has no
-  `encode_tf`/`decode_tf`: a SeqIO task cannot use it. The model file is read on first use: a
-  missing or unreadable one raises `VocabularyNotFoundError` naming it.
+  `encode_tf`/`decode_tf`: a SeqIO task cannot use it. The model file (local, or an object-store
+  URL) is read on first use: a missing or unreadable one raises `VocabularyNotFoundError` naming
+  it.
   """
 
   def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
@@ -276,11 +285,10 @@ class SentencePieceOnlyVocabulary:
     if self._tokenizer is None:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
       model_file = self._sentencepiece_model_file
-      if not os.path.isfile(model_file):
-        raise unreadable_vocabulary(model_file)
+      data = _read_model(model_file)
       tokenizer = spm.SentencePieceProcessor()
       try:
-        tokenizer.LoadFromSerializedProto(_with_extra_ids(model_file, self._extra_ids))
+        tokenizer.LoadFromSerializedProto(_with_extra_ids(data, self._extra_ids))
       except (OSError, RuntimeError) as e:  # why: a corrupt file is RuntimeError("... parse")
         raise unreadable_vocabulary(model_file, str(e)) from None
       self._tokenizer = tokenizer
@@ -309,12 +317,39 @@ class SentencePieceOnlyVocabulary:
     return self.tokenizer.DecodeIds([int(i) for i in ids])
 
 
-def _with_extra_ids(model_file: str, extra_ids: int) -> bytes:
-  """The serialised SentencePiece model of `model_file` with `extra_ids` user-defined pieces
+def _read_model(model_file: str) -> bytes:
+  """The bytes of a model file, local or an object-store URL (`paths.read_bytes`);
+  VocabularyNotFoundError naming it (and what named it) when it cannot be read."""
+  if not paths.is_url(model_file) and not os.path.isfile(model_file):
+    raise unreadable_vocabulary(model_file)
+  try:
+    return paths.read_bytes(model_file)
+  except OSError as e:  # why: the reason without the path, which the message names already
+    raise unreadable_vocabulary(model_file, str(e).removeprefix(f"{model_file}: ")) from None
+
+
+def _local_copy(model_file: str) -> str:
+  """A local copy of the object-store model file `model_file`:
+  `paths.cache_dir()/object_store/<16 hex of its SHA-256>/<its name>`, written whole (for SeqIO,
+  whose loader reads through TensorFlow's file systems); VocabularyNotFoundError as
+  `_read_model`."""
+  data = _read_model(model_file)
+  digest = hashlib.sha256(data).hexdigest()[:16]
+  path = paths.cache_dir() / "object_store" / digest / model_file.rstrip("/").rsplit("/", 1)[-1]
+  if not path.is_file():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)  # why: another process may read the copy meanwhile
+  return str(path)
+
+
+def _with_extra_ids(data: bytes, extra_ids: int) -> bytes:
+  """The serialised SentencePiece model `data` with `extra_ids` user-defined pieces
   `▁<extra_id_N>` appended, N descending (seqio's `reverse_extra_ids`: the first sentinel gets
   the highest id). With extra ids, RuntimeError for bytes that are not a model or no usable
   `protobuf`."""
-  data = pathlib.Path(model_file).read_bytes()
   if not extra_ids:
     return data
   try:
@@ -387,7 +422,7 @@ def _vocabulary(path: Optional[str], extra_ids: int, cache_dir: str, data_dir: s
       # No data to train (or to key) the small model: tasks still register; using the
       # vocabulary raises DataNotFoundError.
       path = str(paths.cache_dir(create=False) / "spm" / "mcwq_spm_untrained.model")
-  if sentencepiece_only and "://" not in path:
+  if sentencepiece_only:
     return SentencePieceOnlyVocabulary(path, extra_ids)
   _, cached_class = _vocabulary_classes()  # why: a clear error for a missing file, same ids
   return cached_class(path, extra_ids=extra_ids)
@@ -401,8 +436,8 @@ def get_vocabulary(path: Optional[PathLike] = None,
 
   `path` default `$MCWQ_VOCAB`, else the small model (trained on first use); `extra_ids`:
   sentinels appended (0 for mT5's, which has its 100). `sentencepiece_only` (gin/mcwq_t5x/runs/
-  infer.gin): a `SentencePieceOnlyVocabulary` instead, without SeqIO and TensorFlow, where it
-  can be one (a local file; `gs://` needs TensorFlow's file system).
+  infer.gin): a `SentencePieceOnlyVocabulary` instead, without SeqIO and TensorFlow (a local
+  file or an object-store URL).
   """
   if path is None:
     path = os.environ.get(VOCAB_ENV) or None

@@ -9,6 +9,7 @@ questions, trained once in a fresh process) is what the tests read, two of them 
 import hashlib
 import json
 import logging
+import os
 import shutil
 import unicodedata
 
@@ -183,6 +184,31 @@ def test_export_reads_run_json(tiny_run, other_vocab, tmp_path):
       max_new_tokens=128)
   assert (out / "model.safetensors").read_bytes() == (tmp_path /
                                                       "hf/model.safetensors").read_bytes()
+
+
+def test_a_run_in_a_bucket_gives_its_recorded_vocabulary(local_gcs, monkeypatch):
+  """eval/infer on a run copied to a bucket (`gs://`, the stand-in on 127.0.0.1): run.json above a
+  `checkpoint_<step>` is found there, and with MCWQ_VOCAB unset its vocabulary copy (checked by
+  its SHA-256) becomes the vocabulary, by URL. Before, the URL was read as the local path "gs:/..."
+  and no run.json was found: the run's vocabulary was not adopted and not checked."""
+  model_dir = local_gcs.root / "runs" / "model"
+  (model_dir / "checkpoint_3").mkdir(parents=True)
+  (model_dir / "checkpoint_3" / "checkpoint").write_bytes(b"\x80")
+  (model_dir / "vocab").mkdir()
+  (model_dir / run_info.VOCAB_COPY).write_bytes(b"the run's model file")
+  record = {
+      "path": "/gone/spm.model",
+      "sha256": hashlib.sha256(b"the run's model file").hexdigest(),
+      "extra_ids": 0,
+      "copy": run_info.VOCAB_COPY
+  }
+  (model_dir / run_info.RUN_JSON).write_text(json.dumps({"format": 1, "vocabulary": record}))
+  monkeypatch.delenv(run_info.VOCAB_ENV, raising=False)
+  found = run_info.find("gs://runs/model/checkpoint_3")
+  assert str(found) == "gs://runs/model/run.json"
+  assert str(run_info.adopt_recorded_vocabulary(
+      "gs://runs/model/checkpoint_3")) == "gs://runs/model/vocab/spm.model"
+  assert os.environ[run_info.VOCAB_ENV] == "gs://runs/model/vocab/spm.model"
 
 
 # --- normalisation (in process) ----------------------------------------------------------------

@@ -595,6 +595,87 @@ def test_t5x_arrays_are_read_only_from_local_files_inside_the_folder(tmp_path, l
   assert server.requests == 0
 
 
+def test_t5x_checkpoint_in_a_bucket_is_read_only_from_its_folder(tmp_path, local_gcs, local_server):
+  """A T5X-native checkpoint in a bucket of the stand-in (`gs://`, as mT5's under gs://t5-data/):
+  both reference styles and a T5X `gcs` spec that names another bucket load every parameter from
+  the folder given (the other bucket is never asked). An array naming another store (http,
+  memory) or leaving the folder (`..`, the bucket's root, ocdbt) is refused naming the msgpack
+  object and the array, and nothing outside the folder is read. A Hugging Face folder in a bucket
+  is refused naming it. Before, every `gs://` path was read as the local folder `gs:/...`."""
+  config, params = _tiny_params()
+  bucket = local_gcs.root / "models"
+  other = t5x_checkpoint_writer.save_t5x_checkpoint(_tiny_params(1)[1], bucket / "other")
+  http = local_server(_Files, root=other)
+  for reference in ("placeholder", "spec"):
+    t5x_checkpoint_writer.save_t5x_checkpoint(
+        params, bucket / reference / "checkpoint_3", reference=reference, step=3)
+  shutil.copytree(bucket / "spec", bucket / "named-bucket")
+  _retarget(bucket / "named-bucket" / "checkpoint_3", NAME, {
+      "driver": "zarr",
+      "kvstore": {
+          "driver": "gcs",
+          "bucket": "elsewhere",
+          "path": NAME
+      }
+  })
+  expected = traverse_util.flatten_dict(params, sep="/")
+  for case in ("placeholder", "spec", "named-bucket"):
+    url = f"gs://models/{case}/checkpoint_3"
+    assert checkpoint_paths.locate(url) == ("t5x", checkpoint_paths.as_path(url))
+    loaded = checkpoint_loaders.load_params(url, config)
+    assert (loaded.step, str(loaded.directory)) == (3, f"gs://models/{case}")
+    got = traverse_util.flatten_dict(loaded.params, sep="/")
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+      np.testing.assert_array_equal(got[name], value)
+  assert not [p for p in local_gcs.seen if "elsewhere" in p or "other" in p]
+  zarr = lambda kv: {"driver": "zarr", "kvstore": kv}  # noqa: E731
+  bad = {
+      "http": zarr({
+          "driver": "http",
+          "base_url": http.base,
+          "path": "/" + NAME
+      }),
+      "memory": zarr({
+          "driver": "memory",
+          "path": NAME
+      }),
+      "dotdot": zarr({
+          "driver": "gcs",
+          "bucket": "models",
+          "path": f"../../other/{NAME}"
+      }),
+      "bucket-root": zarr({
+          "driver": "file",
+          "path": f"/other/{NAME}"
+      }),
+      "placeholder-dotdot": checkpoint_paths.T5X_PLACEHOLDER + f"../../other/{NAME}",
+      "ocdbt-outside": zarr({
+          "driver": "ocdbt",
+          "base": "../../other",
+          "path": NAME
+      }),
+  }
+  for case, leaf in bad.items():
+    folder = bucket / case / "checkpoint_3"
+    shutil.copytree(bucket / "spec" / "checkpoint_3", folder)
+    _retarget(folder, NAME, leaf)
+    with pytest.raises(checkpoint_paths.CheckpointOutsideFolderError) as e:
+      checkpoint_loaders.load_params(f"gs://models/{case}/checkpoint_3", config)
+    assert str(
+        e.value).startswith(f"gs://models/{case}/checkpoint_3/checkpoint: array {NAME}"), (case,
+                                                                                           e.value)
+  assert http.requests == 0
+  assert not [p for p in local_gcs.seen if "other" in p], local_gcs.seen
+  (bucket / "hf").mkdir()
+  (bucket / "hf" / "config.json").write_text("{}")
+  (bucket / "hf" / "model.safetensors").write_bytes(b"")  # refused before it is read
+  with pytest.raises(
+      checkpoint_paths.UnreadableCheckpointFileError,
+      match=r"^gs://models/hf: a Hugging Face folder is read from local files only"):
+    checkpoint_loaders.load_params("gs://models/hf", config)
+
+
 def test_hf_shards_are_read_only_from_inside_the_folder(tmp_path):
   """`model.safetensors.index.json` entries naming `../other/...`, an absolute path or a symlink
   out of the folder are refused naming the index and the entry; a hub snapshot's links into its

@@ -324,6 +324,48 @@ def test_resolve_checkpoint_rejects_what_is_not_a_checkpoint(tmp_path):
     checkpoint_paths.resolve_checkpoint(tmp_path / "old")
 
 
+def test_the_checkpoint_layout_in_an_object_store(local_gcs):
+  """A MODEL_DIR in a bucket (the stand-in on 127.0.0.1): its finished steps, its newest, the format
+  of a step, what a folder without checkpoint files holds, and `..` kept inside the bucket. Before,
+  `pathlib.Path("gs://runs/model")` was "gs:/runs/model", a local path that did not exist."""
+  model_dir = local_gcs.root / "runs" / "model"
+  for step in (3, 5):
+    (model_dir / f"checkpoint_{step}").mkdir(parents=True)
+    (model_dir / f"checkpoint_{step}" / checkpoint_paths.T5X_MSGPACK_FILE).write_bytes(b"\x80")
+  (model_dir / "checkpoint_7").mkdir()  # a killed writer's folder: no checkpoint file
+  (model_dir / "checkpoint_7" / "notes.txt").write_text("")
+  url = "gs://runs/model"
+  path = checkpoint_paths.as_path(url)
+  assert isinstance(path, checkpoint_paths.StorePath) and str(path) == url
+  assert str(path / "checkpoint_5" / "checkpoint") == f"{url}/checkpoint_5/checkpoint"
+  assert checkpoint_paths.finished_steps(url) == [3, 5]
+  assert checkpoint_paths.resolve_checkpoint(url) == (path, 5)
+  assert checkpoint_paths.locate(f"{url}/checkpoint_3/checkpoint") == (checkpoint_paths.FORMAT_T5X,
+                                                                       path / "checkpoint_3")
+  with pytest.raises(checkpoint_paths.NotACheckpointError) as e:
+    checkpoint_paths.locate(f"{url}/checkpoint_7")
+  assert str(e.value) == (
+      f"{url}/checkpoint_7: not a checkpoint: the folder holds no checkpoint files (it has: "
+      "notes.txt); expected its 'state/' Orbax item (mcwq_t5x.train, t5x.train) or a "
+      "'checkpoint' msgpack file (T5X)")
+  with pytest.raises(
+      checkpoint_paths.NotACheckpointError,
+      match=r"^gs://runs/mode: not a checkpoint: no such file or folder; "):
+    checkpoint_paths.locate("gs://runs/mode")
+  assert checkpoint_paths.inside_folder(path, "a/../b") == path / "b"
+  for outside in ("../x", "/runs/x", "../../other/model"):
+    with pytest.raises(checkpoint_paths.CheckpointOutsideFolderError, match="outside"):
+      checkpoint_paths.inside_folder(path, outside)
+  assert all(p.startswith("/storage/v1/b/runs/o") for p in local_gcs.seen), local_gcs.seen
+  assert checkpoint_paths.kvstore_spec(checkpoint_paths.as_path("s3://b/k/")) == {
+      "driver": "s3",
+      "bucket": "b",
+      "path": "k"
+  }
+  with pytest.raises(checkpoint_paths.NotACheckpointError, match="^hf://x/y: not a local path"):
+    checkpoint_paths.as_path("hf://x/y")
+
+
 # --- Faults: corrupt checkpoints, failed saves --------------------------------------------------
 def test_params_of_a_model_dir_skip_a_corrupt_newest_checkpoint(trained_copy, caplog):
   """eval/infer on a MODEL_DIR whose newest checkpoint is corrupt: the newest readable one, with a

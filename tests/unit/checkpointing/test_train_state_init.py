@@ -16,6 +16,7 @@ from mcwq_t5x.checkpointing import checkpoint_paths
 from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.checkpointing import run_info
+from mcwq_t5x.checkpointing import t5x_checkpoint_writer
 from mcwq_t5x.checkpointing import train_state_init
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.engine import partitioning
@@ -114,6 +115,28 @@ def test_initial_checkpoint_path_gives_the_parameters_and_step_0(trainer, tmp_pa
   assert (first.step, first.data_state) == (0, None)
   assert_same_params(first.state.params, saved)
   assert f"initialising the parameters from {source / 'checkpoint_7'}" in caplog.text
+
+
+def test_initial_checkpoint_path_in_a_bucket(trainer, tmp_path, local_gcs, caplog):
+  """INITIAL_CHECKPOINT_PATH = 'gs://...' (as gin/mcwq_t5x/mt5_*.gin name mT5's, here a T5X-native
+  checkpoint in the stand-in's bucket): checked, then read into the first state at step 0, with
+  requests for that folder only. Before, the check raised NotACheckpointError for "gs:/pretrained/
+  mt5/checkpoint_7" (one slash)."""
+  params = jax.device_get(trainer.create_state(tiny_engine.SHAPES).params)
+  params = jax.tree_util.tree_map(lambda p: p + 2.0, params)
+  t5x_checkpoint_writer.save_t5x_checkpoint(
+      params, local_gcs.root / "pretrained" / "mt5" / "checkpoint_7", step=7)
+  restore = train_state_init.RestoreCheckpointConfig(path="gs://pretrained/mt5/checkpoint_7")
+  restore.check(tmp_path / "run")
+  with caplog.at_level(logging.INFO):
+    first = init(trainer, tmp_path / "run", restore)
+  assert (first.step, first.data_state) == (0, None)
+  assert_same_params(first.state.params, params)
+  assert "initialising the parameters from gs://pretrained/mt5/checkpoint_7" in caplog.text
+  folder = "/storage/v1/b/pretrained/o"
+  assert local_gcs.seen and all(
+      p.startswith(f"{folder}?") or p.startswith(f"{folder}/mt5%2Fcheckpoint_7%2F")
+      for p in local_gcs.seen), local_gcs.seen
 
 
 def test_a_wrong_initial_checkpoint_path_fails_unless_model_dir_has_one(tmp_path):

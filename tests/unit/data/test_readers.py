@@ -8,6 +8,7 @@ import pytest
 
 from mcwq_t5x.data import paths
 from mcwq_t5x.data import readers
+import local_http
 import mains
 import readme_commands as rc
 import scenarios
@@ -238,6 +239,25 @@ def test_bad_json_line(tmp_path):
   f.write_text(f'{good}\n\n{{"translation": {{"src": "  ", "tgt": "ASK WHERE lb rb"}}}}\n')
   with pytest.raises(readers.DataFormatError, match=r"test\.kn\.json:3: empty question"):
     readers.read_translation_jsonl(f)
+
+
+def test_read_bytes_of_a_file_or_an_object(tmp_path, local_gcs, monkeypatch):
+  """`paths.read_bytes`: a local file, an object of the GCS stand-in by its `gs://` URL (a key
+  with "/" and a space), a missing object (FileNotFoundError) and a store that does not answer
+  (OSError naming the URL and TensorStore's error after its retries)."""
+  (tmp_path / "local.model").write_bytes(b"\x00local")
+  (local_gcs.root / "bucket" / "a dir").mkdir(parents=True)
+  (local_gcs.root / "bucket" / "a dir" / "spm.model").write_bytes(b"\x00remote" * 1000)
+  assert paths.read_bytes(tmp_path / "local.model") == b"\x00local"
+  assert paths.read_bytes("gs://bucket/a dir/spm.model") == b"\x00remote" * 1000
+  with pytest.raises(FileNotFoundError, match=r"^gs://bucket/a dir/other.model: no such object$"):
+    paths.read_bytes("gs://bucket/a dir/other.model")
+  assert [p.partition("?")[0] for p in local_gcs.seen] == [
+      "/storage/v1/b/bucket/o/a%20dir%2Fspm.model", "/storage/v1/b/bucket/o/a%20dir%2Fother.model"
+  ]
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{local_http.free_port()}")
+  with pytest.raises(OSError, match=r"^gs://bucket/x: ABORTED: All 4 retry attempts failed: "):
+    paths.read_bytes("gs://bucket/x")
 
 
 def test_missing_data_dir(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ import hashlib
 import pickle
 import random
 import re
+import shutil
 import unicodedata
 
 import numpy as np
@@ -12,6 +13,7 @@ import sentencepiece as spm
 
 from mcwq_t5x.data import readers
 from mcwq_t5x.data import vocab
+import local_http
 import mains
 
 
@@ -196,17 +198,59 @@ def test_missing_vocabulary_file_is_one_line(tmp_path):
   assert inspect.returncode == 1 and inspect.stderr.strip() == f"VocabularyNotFoundError: {message}"
 
 
-def test_unreadable_remote_vocabulary_is_one_line(monkeypatch):
-  """A `gs://` vocabulary that cannot be read (offline, no credentials, no such object): one line
-  naming MCWQ_VOCAB and what to do, not TensorFlow's transport error."""
+def test_unreadable_remote_vocabulary_is_one_line(monkeypatch, local_gcs):
+  """A `gs://` vocabulary that cannot be read (offline: the object store's address is a closed
+  port on 127.0.0.1; no such object in the stand-in): one line naming MCWQ_VOCAB, the store's
+  error and what to do, not a transport error's traceback."""
   path = "gs://mcwq-t5x-no-such-bucket/sentencepiece.model"
   monkeypatch.setenv("MCWQ_VOCAB", path)
-  with pytest.raises(vocab.VocabularyNotFoundError) as e:
-    vocab.get_vocabulary().encode("ASK")
-  message = str(e.value)
-  assert message.startswith(f"MCWQ_VOCAB={path}: this SentencePiece model cannot be read (")
-  assert "\n" not in message and message.endswith(
-      f"copy it to this machine (e.g. `gsutil cp {path} runs/`) and point MCWQ_VOCAB at the copy")
+  for problem, sentencepiece_only in (("no such object", True), ("ABORTED: ", False)):
+    if problem.startswith("ABORTED"):
+      monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{local_http.free_port()}")
+    vocab.clear_vocabulary_cache()
+    with pytest.raises(vocab.VocabularyNotFoundError) as e:
+      vocab.get_vocabulary(sentencepiece_only=sentencepiece_only).encode("ASK")
+    message = str(e.value)
+    assert message.startswith(
+        f"MCWQ_VOCAB={path}: this SentencePiece model cannot be read ({problem}"), message
+    assert "\n" not in message and message.endswith(
+        f"copy it to this machine (e.g. `gsutil cp {path} runs/`) and point MCWQ_VOCAB at the copy")
+  assert [p.partition("&")[0] for p in local_gcs.seen
+         ] == ["/storage/v1/b/mcwq-t5x-no-such-bucket/o/sentencepiece.model?alt=media"]
+  vocab.clear_vocabulary_cache()
+
+
+def test_vocabulary_in_a_bucket(small_model, local_gcs, monkeypatch, mcwq_dir):
+  """MCWQ_VOCAB = 'gs://...' (mT5's is gs://t5-data/vocabs/...; here the small model in the
+  stand-in's bucket): the SeqIO class (tasks, T5X) and the SentencePiece-only one (infer, no
+  TensorFlow) give the local file's ids and strings, with and without sentinels, in Python and in
+  TensorFlow, and keep the URL as their file. Before, the SentencePiece-only class refused URLs
+  and the SeqIO class read them through TensorFlow's GCS client, which no variable points at
+  another address (so a `gs://` vocabulary could not be tested, nor read without TensorFlow)."""
+  (local_gcs.root / "vocabs" / "mcwq").mkdir(parents=True)
+  shutil.copy(small_model, local_gcs.root / "vocabs" / "mcwq" / "spm.model")
+  url = "gs://vocabs/mcwq/spm.model"
+  monkeypatch.setenv("MCWQ_VOCAB", url)
+  vocab.clear_vocabulary_cache()
+  sentences = [
+      t for e in readers.read_split("mcd1", "dev", "kn", mcwq_dir)[:200]
+      for t in (e.question, unicodedata.normalize("NFD", e.question), e.rir)
+  ]
+  for extra_ids in (0, 100):
+    local = vocab.get_vocabulary(small_model, extra_ids)
+    remote = vocab.get_vocabulary(None if extra_ids == 0 else url, extra_ids)
+    only = vocab.get_vocabulary(url, extra_ids, sentencepiece_only=True)
+    assert type(remote) is vocab._CachedSentencePieceVocabulary  # pylint: disable=unidiomatic-typecheck
+    assert type(only) is vocab.SentencePieceOnlyVocabulary  # pylint: disable=unidiomatic-typecheck
+    assert remote.sentencepiece_model_file == only.sentencepiece_model_file == url
+    ids = [local.encode(t) for t in sentences]
+    assert [remote.encode(t) for t in sentences] == ids == [only.encode(t) for t in sentences]
+    assert remote.encode_tf(sentences[0]).numpy().tolist() == ids[0]
+    assert (remote.vocab_size, only.vocab_size) == (local.vocab_size, local.vocab_size)
+    assert remote.decode(ids[2]) == only.decode(ids[2]) == local.decode(ids[2])
+  assert {p.partition("&")[0] for p in local_gcs.seen
+         } == {"/storage/v1/b/vocabs/o/mcwq%2Fspm.model?alt=media"}
+  vocab.clear_vocabulary_cache()
 
 
 def test_sentencepiece_only_vocabulary_gives_seqio_ids_and_strings(small_model, mcwq_dir, tmp_path):
@@ -243,9 +287,9 @@ def test_sentencepiece_only_vocabulary_gives_seqio_ids_and_strings(small_model, 
   assert ours.decode([2099]) == "<extra_id_0>" and ours.decode([2000]) == "<extra_id_99>"
   copy = pickle.loads(pickle.dumps(ours))  # gin deep-copies its arguments
   assert copy == ours and copy.encode(sentences[1]) == ours.encode(sentences[0])
-  # A gs:// path needs TensorFlow's file system: the SeqIO class.
+  # An object-store URL too (read through TensorStore, not TensorFlow): test_vocabulary_in_a_bucket.
   remote = vocab.get_vocabulary("gs://mcwq-t5x-no-such-bucket/spm.model", sentencepiece_only=True)
-  assert isinstance(remote, seqio.SentencePieceVocabulary)
+  assert type(remote) is vocab.SentencePieceOnlyVocabulary  # pylint: disable=unidiomatic-typecheck
   for bad, problem in ((tmp_path / "absent.model", "does not exist"), (tmp_path / "bad.model",
                                                                        "cannot be read (")):
     if bad.name == "bad.model":
