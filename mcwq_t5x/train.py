@@ -86,6 +86,7 @@ def prepare_model_dir(model_dir: str,
   INITIAL_CHECKPOINT_PATH that will be read is a checkpoint, and a MODEL_DIR with checkpoints was
   trained on this task and split. Logs `run_note` and a training split
   other than "train"."""
+  run_folder.check_local_model_dir(model_dir)
   model_dir_p = pathlib.Path(model_dir).absolute()
   model_dir_p.mkdir(parents=True, exist_ok=True)
   if run_note:
@@ -301,6 +302,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
   if jax.default_backend() == "cpu":
     cpu_settings.set_host_malloc_options()
   model_dir = gin_utils.macro_value("MODEL_DIR")
+  try:
+    if model_dir:
+      run_folder.check_local_model_dir(model_dir)  # why: before the lock makes ./gs:/bucket/...
+  except run_folder.ModelDirNotLocalError as e:
+    raise console.one_line_exit(e) from e
   lost_timeout = (
       process_watch.TIMEOUT_S if args.lost_process_timeout is None else args.lost_process_timeout)
   # If another process dies, the others end within `lost_timeout` s naming it and the resume

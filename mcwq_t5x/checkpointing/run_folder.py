@@ -53,6 +53,21 @@ def metrics_file(out_dir: str | pathlib.Path, task: str, split: str) -> pathlib.
   return pathlib.Path(out_dir) / METRICS / f"{task}_{split}.json"
 
 
+class ModelDirNotLocalError(ValueError):
+  """MODEL_DIR is an object-store URL (gs://, s3://): our engine writes a run to a local folder."""
+
+
+def check_local_model_dir(model_dir: str | pathlib.Path) -> None:
+  """Raises ModelDirNotLocalError for a URL MODEL_DIR, which `pathlib` would turn into the local
+  folder `./gs:/bucket/...` (the object stores are read, for INITIAL_CHECKPOINT_PATH and
+  checkpoints, never written)."""
+  if checkpoint_paths.is_url(str(model_dir)):
+    raise ModelDirNotLocalError(
+        f"MODEL_DIR {model_dir}: our engine writes its runs to a local folder, not to an object "
+        "store; train into a local MODEL_DIR and copy it there afterwards (e.g. gsutil cp -r), "
+        "or train with the real T5X (python -m t5x.train), whose checkpoints go to gs://")
+
+
 class TrainingResultsError(ValueError):
   """An eval would replace a training run's own results (its final evaluation's predictions and
   metrics in MODEL_DIR); the message names the files and the folders to use instead."""

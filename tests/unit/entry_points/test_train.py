@@ -248,3 +248,12 @@ def test_a_batch_size_the_devices_cannot_share_is_refused(tmp_path):
       match=r"^batch size 7 must be a multiple of the data-parallel size"):
     configured_train(tmp_path, "BATCH_SIZE = 7")()
   assert not (tmp_path / "run.json").exists()  # refused before run.json records it
+
+
+def test_an_object_store_model_dir_is_refused_before_a_local_folder_is_made(tmp_path, monkeypatch):
+  """`pathlib` would make `gs://bucket/run` the local folder `gs:/bucket/run`; `main` checks the
+  same before it takes the lock (`run_folder.check_local_model_dir`)."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(run_folder.ModelDirNotLocalError, match=r"^MODEL_DIR gs://bucket/run: our "):
+    configured_train("gs://bucket/run", "TRAIN_STEPS = 2")()
+  assert list(tmp_path.iterdir()) == []
