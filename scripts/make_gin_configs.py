@@ -52,6 +52,11 @@ VOCAB_DESC = {
 }
 # T5-base's second seed (seq2sparql hf/run_t5.sh trains with --seed 8, predicts with --seed 16).
 T5_BASE_SECOND_SEED = 16
+# The real T5X's training files' `remat_policy` (mcwq_t5x.t5x_bridge.models): "full" keeps each
+# layer's input only, so that the paper's mT5-base recipe (batch 12, 256/512 tokens) fits a 16 GB
+# GPU (docs/t5x.md, docs/benchmarks.md); evaluation and inference have no backward pass.
+REMAT_POLICY = {"mt5_small": "full", "mt5_base": "full", "t5_base": "full"}
+EVAL_REMAT_POLICY = "none"
 # Our model files only (no paper experiment files of their own).
 EXTRA_MODELS = {
     "mt5_large": ("mT5-large", "t5x/examples/t5/mt5/large.gin", "mt5_large", "bfloat16"),
@@ -86,6 +91,36 @@ RECIPE_NOTE = """\
 # with the lowest dev loss is kept and decoded (greedy). The T5X-habit alternative (Adafactor,
 # constant rate): add --gin_file={alt_file}."""
 
+T5X_MODEL = """\
+# The model: T5X's EncoderDecoderModel on our engine (mcwq_t5x.t5x_bridge.models): our network with
+# T5X's parameter names and logical axes, the output layer fused with its loss (no [batch, length,
+# vocabulary] logits), layers rematerialised in the backward pass as REMAT_POLICY says ('none',
+# 'minimal', 'full'; docs/t5x.md). T5X's own model and network, for comparison: add
+# --gin_file=gin/recipes/t5x_own_model.gin after this file.
+REMAT_POLICY = '{remat_policy}'
+MODEL = @t5x_bridge.EncoderDecoderModel()
+t5x_bridge.EncoderDecoderModel:
+  module = @t5x_bridge.transformer()
+  input_vocabulary = %VOCABULARY
+  output_vocabulary = %VOCABULARY
+  optimizer_def = %OPTIMIZER
+  z_loss = %Z_LOSS
+  label_smoothing = %LABEL_SMOOTHING
+  loss_normalizing_factor = %LOSS_NORMALIZING_FACTOR
+  remat_policy = %REMAT_POLICY
+t5x_bridge.transformer.config = @network.T5Config()
+"""
+
+# The decoding of both models (T5X's bindings of a class do not reach its subclass).
+T5X_DECODING = """\
+NUM_DECODES = {num_decodes}
+models.DecoderParams.num_decodes = %NUM_DECODES
+models.EncoderDecoderModel.decode_fn = @decoding.beam_search
+models.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
+t5x_bridge.EncoderDecoderModel.decode_fn = @decoding.beam_search
+t5x_bridge.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
+"""
+
 T5X_FINETUNE = """\
 # {pretty} fine-tuned on MCWQ {split}, {language_name} questions -> RIR queries, with the real T5X
 # (Cui et al., TACL 2022, Sec. 5: {train_steps} steps from the public checkpoint, batch size
@@ -100,11 +135,13 @@ from __gin__ import dynamic_registration
 import optax
 from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x.data import vocab
+from mcwq_t5x.t5x_bridge import models as t5x_bridge
 from t5x import decoding
 from t5x import models
 from t5x import optimizers
 from t5x import trainer
 from t5x import utils
+from t5x.examples.t5 import network
 
 include '{t5x_model}'
 include 't5x/configs/runs/finetune.gin'
@@ -168,12 +205,9 @@ best_checkpoint.t5x_save_best_checkpointer:
   metric_mode = %METRIC_MODE
   keep_checkpoints_without_metrics = True
 
+{t5x_model_block}
 # Greedy decoding (one beam), up to TASK_FEATURE_LENGTHS['targets'] tokens.
-NUM_DECODES = {num_decodes}
-models.EncoderDecoderModel.decode_fn = @decoding.beam_search
-models.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
-models.DecoderParams.num_decodes = %NUM_DECODES
-"""
+{t5x_decoding}"""
 
 OURS_FINETUNE = """\
 # {pretty} fine-tuned on MCWQ {split}, {language_name} questions -> RIR queries, with mcwq_t5x
@@ -237,9 +271,11 @@ from __gin__ import dynamic_registration
 
 from mcwq_t5x.checkpointing import best_checkpoint
 from mcwq_t5x.data import vocab
+from mcwq_t5x.t5x_bridge import models as t5x_bridge
 from t5x import decoding
 from t5x import models
 from t5x import utils
+from t5x.examples.t5 import network
 
 include '{t5x_model}'
 include 't5x/configs/runs/eval.gin'
@@ -262,11 +298,10 @@ best_checkpoint.checkpoint_path:
   metric_name_to_monitor = %METRIC_NAME_TO_MONITOR
   metric_mode = %METRIC_MODE
 utils.DatasetConfig.split = 'test'
-NUM_DECODES = {num_decodes}
-models.EncoderDecoderModel.decode_fn = @decoding.beam_search
-models.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
-models.DecoderParams.num_decodes = %NUM_DECODES
-"""
+
+{t5x_model_block}
+# Greedy decoding (one beam).
+{t5x_decoding}"""
 
 OURS_EVAL = """\
 # {title}, with mcwq_t5x: the {pretty} model fine-tuned on MCWQ {split} {train_language_name}
@@ -319,6 +354,21 @@ utils.create_learning_rate_scheduler:
 utils.CheckpointConfig.restore = @utils.RestoreCheckpointConfig()
 """
 
+T5X_OWN_MODEL = """\
+# T5X's own model and network in place of our engine's, for comparison: t5x.models.EncoderDecoderModel
+# over t5x.examples.t5.network.Transformer (the model file's bindings), whose loss builds the
+# [batch, length, vocabulary] logits and their one-hot targets. Add it AFTER an experiment,
+# evaluation or inference file of the real T5X (REMAT_POLICY is then unused):
+{header}#
+#   python -m t5x.train --gin_file=gin/mt5_small_mcd1_en.gin --gin_file=gin/recipes/t5x_own_model.gin \\
+#     --gin.MODEL_DIR="'$PWD/runs/t5x/mt5_small_mcd1_en_t5x_model'"
+from __gin__ import dynamic_registration
+
+from t5x import models
+
+MODEL = @models.EncoderDecoderModel()
+"""
+
 OURS_ADAFACTOR = """\
 # The T5X-habit alternative to the paper's recipe for mcwq_t5x's experiment files: Adafactor (decay
 # rate 0.8, update clipping 1.0) at a constant learning rate LEARNING_RATE, no gradient clipping.
@@ -342,7 +392,11 @@ T5X_INFER = """\
 from __gin__ import dynamic_registration
 
 from mcwq_t5x.data import vocab
+from mcwq_t5x.t5x_bridge import models as t5x_bridge
+from t5x import decoding
+from t5x import models
 from t5x import utils
+from t5x.examples.t5 import network
 
 include '{t5x_model}'
 include 't5x/configs/runs/infer.gin'
@@ -351,7 +405,10 @@ VOCABULARY = @vocab.{vocab_fn}()
 DROPOUT_RATE = 0.0
 MIXTURE_OR_TASK_MODULE = 'tasks.mcwq'
 TASK_FEATURE_LENGTHS = {{'inputs': {inputs_length}, 'targets': {targets_length}}}
-"""
+
+{t5x_model_block}
+# Greedy decoding (one beam).
+{t5x_decoding}"""
 
 OURS_MODEL = """\
 # {pretty} for mcwq_t5x: preset '{preset}' of `mcwq_t5x.engine.network.CONFIGS` (the
@@ -389,6 +446,7 @@ def render() -> dict[str, str]:
   """Relative path -> file text for every generated gin file."""
   files = {
       "gin/recipes/t5x_adafactor.gin": T5X_ADAFACTOR.format(header=HEADER),
+      "gin/recipes/t5x_own_model.gin": T5X_OWN_MODEL.format(header=HEADER),
       "gin/mcwq_t5x/recipes/t5x_adafactor.gin": OURS_ADAFACTOR.format(header=HEADER),
   }
   for model, (pretty, batch_size, seed, t5x_model, preset, dtype, vocab_fn, languages,
@@ -410,7 +468,9 @@ def render() -> dict[str, str]:
         header=HEADER,
         pretraining_steps=PRETRAINING_STEPS,
         t5x_train_steps=PRETRAINING_STEPS + RECIPE["train_steps"],
-        checkpoint=checkpoint)
+        checkpoint=checkpoint,
+        t5x_decoding=T5X_DECODING.format(num_decodes=RECIPE["num_decodes"]),
+        t5x_model_block=T5X_MODEL.format(remat_policy=EVAL_REMAT_POLICY))
     common["recipe_note"] = RECIPE_NOTE.format(
         **RECIPE,
         alt_file="gin/recipes/t5x_adafactor.gin").replace("--gin_file=gin/recipes/",
@@ -434,8 +494,10 @@ def render() -> dict[str, str]:
               task=f"mcwq_{split}_{lang}{PREFIXED}",
               eval_steps=-(-DEV_ROWS[split] // batch_size),
               dev_rows=DEV_ROWS[split])
-          files[f"gin/{name}.gin"] = T5X_FINETUNE.format(
-              **dict(kw, recipe_note=kw["recipe_note"].replace("{engine}", "")))
+          files[f"gin/{name}.gin"] = T5X_FINETUNE.format(**dict(
+              kw,
+              recipe_note=kw["recipe_note"].replace("{engine}", ""),
+              t5x_model_block=T5X_MODEL.format(remat_policy=REMAT_POLICY[model])))
           files[f"gin/mcwq_t5x/{name}.gin"] = OURS_FINETUNE.format(
               **dict(kw, recipe_note=kw["recipe_note"].replace("{engine}", "mcwq_t5x/")))
       evals = [
