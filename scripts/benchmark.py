@@ -24,7 +24,8 @@ from the file's batch and twice it, confirmed by one compile). Time: the step wi
 and a synthetic full-length batch, on a CPU at mT5-small's shape and batch 2, on an accelerator at
 the files' batches (30 steps; MFU, peak memory); the ratio ours / T5X's own. Presets: `paper` =
 gin/mt5_base_mcd1_he.gin (batch 12) and gin/mt5_small_mcd1_he.gin (batch 24), 256/512 tokens;
-`tiny` = the latter with 1 + 1 tiny layers, batch 1, 16/32 tokens (the test). Writes
+`tiny` = the latter with 1 + 1 tiny layers, memory at batch 4, 16/512 tokens, time at batch 1,
+16/128 (the test). Writes
 `--out`/benchmark_t5x.json and benchmark_t5x.md.
 
   python scripts/benchmark.py --preset paper --out $OUT   # a lent GPU (docs/benchmarks.md)
@@ -382,10 +383,11 @@ T5X_PRESETS = {
         T5xPreset(
             (GinShape("mt5_base", "gin/mt5_base_mcd1_he.gin"), GinShape("mt5_small", _MT5_SMALL)),
             GinShape("mt5_small", _MT5_SMALL, batch=2), 80.0, REMAT_POLICIES),
-    # The test's: 1 + 1 tiny layers over the 250,112-piece output layer, batch 1, 16/32 tokens.
+    # The test's: 1 + 1 tiny layers over the 250,112-piece output layer; memory at batch 4, 16/512
+    # tokens (8 of the fused loss's 256-token chunks), the step time at batch 1, 16/128 tokens.
     "tiny":
-        T5xPreset((GinShape("tiny", _MT5_SMALL, 1, (16, 32), _TINY_T5X),),
-                  GinShape("tiny", _MT5_SMALL, 1, (16, 32), _TINY_T5X), None, ()),
+        T5xPreset((GinShape("tiny", _MT5_SMALL, 4, (16, 512), _TINY_T5X),),
+                  GinShape("tiny", _MT5_SMALL, 1, (16, 128), _TINY_T5X), None, ()),
 }
 T5X_DEFAULTS = {  # (cpu, accelerator): timed steps, warm-up steps, time budget s
     "cpu": dict(steps=3, warmup_steps=1, time_budget_s=1e9),
@@ -848,9 +850,9 @@ def t5x_main(args: argparse.Namespace) -> dict[str, Any]:
     used, how = args.peak_tflops, "--peak_tflops"
   elif tflops:
     used, how = tflops, f"table: {source}"
-  else:
-    n = 1024 if where == "cpu" else 8192
-    used, how = measured_peak(device, jnp.bfloat16, n), f"measured bfloat16 jnp.dot, n {n}"
+  else:  # why float32 on a CPU: XLA:CPU emulates bfloat16 products, far below its float32 rate
+    n, dtype = (512, jnp.float32) if where == "cpu" else (8192, jnp.bfloat16)
+    used, how = measured_peak(device, dtype, n), f"measured {jnp.dtype(dtype).name} jnp.dot, n {n}"
   results: dict[str, Any] = {
       "mode": "t5x",
       "preset": args.preset,

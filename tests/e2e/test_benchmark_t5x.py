@@ -1,8 +1,8 @@
 """scripts/benchmark.py --mode t5x, the user's command's training step (`python -m t5x.train
 --gin_file=gin/mt5_small_mcd1_he.gin`, T5X's own model and ours): the README run of docs/
 benchmarks.md's command (`--preset tiny` appended: 1 + 1 tiny layers over the 250,112-piece output
-layer, batch 1, 16/32 tokens; `readme_commands.BENCHMARK_T5X`), its JSON's figures against hand
-counts; the fit of the largest batch; one error line where T5X cannot be imported (the GPU image
+layer, memory at batch 4, 16/512 tokens, step time at batch 1, 16/128;
+`readme_commands.BENCHMARK_T5X`), its JSON's figures against hand counts; the fit of the largest batch; one error line where T5X cannot be imported (the GPU image
 has no TensorFlow or SeqIO). No speed is asserted: the ratio is printed."""
 import json
 import sys
@@ -20,8 +20,10 @@ pytestmark = pytest.mark.xdist_group(f"readme-{rc.chain(rc.BENCHMARK_T5X)}")  # 
 benchmark = mains.load_script("benchmark")
 
 # The tiny preset's network (T5X's T5Config field names): d_model 32, 2 heads of 16, d_ff 64 (gated
-# GELU: 2 `wi`), 1 + 1 layers, vocabulary 250,112, untied output layer; batch 1, 16/32 tokens.
-B, LI, LT, D, A, F, V = 1, 16, 32, 32, 32, 64, 250112
+# GELU: 2 `wi`), 1 + 1 layers, vocabulary 250,112, untied output layer; 16 input tokens; memory at
+# batch 4 of 512 target tokens (8 chunks of the fused loss), the step time at batch 1 of 128.
+LI, D, A, F, V = 16, 32, 32, 64, 250112
+MEMORY_B, MEMORY_LT, B, LT = 4, 512, 1, 128
 TINY = types.SimpleNamespace(
     emb_dim=D,
     num_heads=2,
@@ -106,24 +108,25 @@ def test_memory_of_the_whole_step_of_both_models(tiny_run):
   assert ours["network_class"] == "mcwq_t5x.engine.network.Transformer"
   assert ours["remat_policy"] in benchmark.REMAT_POLICIES and own["remat_policy"] is None
   for r in (own, ours):
-    assert (r["batch"], r["input_length"], r["target_length"]) == (B, LI, LT)
+    assert (r["batch"], r["input_length"], r["target_length"]) == (MEMORY_B, LI, MEMORY_LT)
     step, grad = r["step"], r["loss_and_gradient"]
     for m in (step, grad):
       assert m["total"] == pytest.approx(m["arguments"] + m["outputs"] + m["temporaries"] -
                                          m["aliased"])
     # The whole step's arguments: the params and AdamW's two moments (float32), the step counts
     # and the batch; the new state is written over the donated one.
-    assert 12 * PARAMS <= step["arguments"] * GIB < 12 * PARAMS + 2**14, step
+    assert 12 * PARAMS <= step["arguments"] * GIB < 12 * PARAMS + 2**16, step
     assert 12 * PARAMS <= step["aliased"] * GIB <= step["outputs"] * GIB, step
     # The loss and gradient: the gradient of every parameter out, float32.
-    assert 4 * PARAMS <= grad["outputs"] * GIB < 4 * PARAMS + 2**14, grad
+    assert 4 * PARAMS <= grad["outputs"] * GIB < 4 * PARAMS + 2**16, grad
     assert r["largest_batch"] is None  # the tiny preset fits nothing
-  # T5X's own loss holds the float32 logits [1, 32, 250112] (and their gradient); ours' fused
-  # loss never makes them.
-  logits = B * LT * V * 4
-  assert own["loss_and_gradient"]["temporaries"] * GIB >= 2 * logits, own
-  assert ours["loss_and_gradient"]["temporaries"] * GIB < logits, ours
-  assert ours["step"]["temporaries"] < own["step"]["temporaries"]
+  # T5X's own loss holds the float32 logits [4, 512, 250112] (2.05 GB), the one-hot targets and
+  # their gradients (measured: 10.35 GB of temporaries); ours' fused loss holds a few 256-token
+  # chunks of them at a time (0.81 GB).
+  logits = MEMORY_B * MEMORY_LT * V * 4
+  assert own["loss_and_gradient"]["temporaries"] * GIB >= 4 * logits, own
+  assert ours["loss_and_gradient"]["temporaries"] * GIB < logits / 2, ours
+  assert ours["step"]["total"] < own["step"]["total"] / 5
 
 
 def test_step_time_of_both_models_and_their_ratio(tiny_run):
