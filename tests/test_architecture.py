@@ -112,6 +112,7 @@ FORBIDDEN_LIBRARIES = {
     "stores": {"jax", "flax", "optax", "tensorflow", "seqio", "tensorflow_datasets"},
     "checkpointing": {"seqio", "tensorflow_datasets"},
     "prompting": {"jax", "flax", "optax", "tensorflow", "seqio", "tensorflow_datasets"},
+    "t5x_bridge": {"tensorflow", "seqio", "tensorflow_datasets"},
 }
 # Imported only inside functions, where a wing module may import them at all.
 LAZY_LIBRARIES = {"checkpointing": {"tensorflow"}}

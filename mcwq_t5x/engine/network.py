@@ -577,7 +577,7 @@ def _rematerialised(cfg: T5Config, layer: type[nn.Module], *static_argnums: int)
 
 
 class Encoder(nn.Module):
-  """Embedding -> dropout -> layers -> `encoder_norm` -> dropout."""
+  """Embedding -> dropout -> layers -> `encoder_norm` -> dropout (element-wise, as T5X's)."""
   config: T5Config
   shared_embedding: nn.Module
 
@@ -594,7 +594,8 @@ class Encoder(nn.Module):
     for i in range(cfg.num_encoder_layers):
       x = layer(cfg, name=f"layers_{i}")(x, encoder_mask, bias, deterministic)
     x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
-    return _dropout(cfg, x, deterministic)
+    # why element-wise, where every other dropout is shared along the length: T5X's encoder does so
+    return nn.Dropout(rate=cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class Decoder(nn.Module):

@@ -8,6 +8,7 @@ engine decodes the other's checkpoint as the other does.
 
 CI installs T5X (scripts/install_t5x.sh, from ../shared/wheels); elsewhere these tests are skipped
 with that message."""
+import ast
 import json
 import os
 
@@ -158,3 +159,50 @@ def test_our_checkpoint_evaluated_by_t5x_eval_as_by_ours(ours_trained, tmp_path,
   theirs = t5x_gold_predictions(checkpoint, tmp_path / "t5x", small_vocab_env)
   ours = our_gold_predictions(checkpoint, tmp_path / "ours", small_vocab_env)
   assert_same_greedy_decodes(ours, theirs)
+
+
+def test_t5x_checkpoint_decodes_alike_in_t5xs_own_model_and_ours(trained_en, mcwq_dir):
+  """The README's T5X checkpoint (20 steps of the paper file, trained through the gin files'
+  model on our engine) decoded by T5X's `predict_batch_with_aux` with `decoding.beam_search`, 1
+  beam (greedy, as the gin files decode) and 4 beams: T5X's own model and network give the tokens
+  and scores of every beam that ours gives, on 16 Hebrew gold questions."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import checkpoints  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.t5x_bridge import models as bridge  # pylint: disable=g-import-not-at-top
+  fields = {
+      b.split("=", 1)[0].rsplit(".", 1)[1]: ast.literal_eval(b.split("=", 1)[1]) for b in rc.T5X_SIZE
+  }
+  config = t5x_network.T5Config(
+      **fields, mlp_activations=("gelu", "linear"), dropout_rate=0.0)  # mt5/small.gin's
+  vocabulary = vocab.get_vocabulary()
+  questions = (mcwq_dir /
+               "translations/gold/test.he.txt").read_text(encoding="utf-8").splitlines()[:16]
+  encoder_input_tokens = np.zeros((16, 40), np.int32)
+  for i, q in enumerate(questions):
+    ids = (list(vocabulary.encode(q)) + [1])[:40]
+    encoder_input_tokens[i, :len(ids)] = ids
+  batch = {
+      "encoder_input_tokens": encoder_input_tokens,
+      "decoder_input_tokens": np.zeros((16, 48), np.int32),
+      "decoder_target_tokens": np.zeros((16, 48), np.int32),
+  }
+  ours = bridge.EncoderDecoderModel(bridge.transformer(config), vocabulary, vocabulary, None)
+  theirs = t5x_models.EncoderDecoderModel(
+      t5x_network.Transformer(config), vocabulary, vocabulary, None)
+  shapes = {k: v.shape for k, v in batch.items()}
+  abstract = jax.eval_shape(lambda: theirs.get_initial_variables(jax.random.PRNGKey(0), shapes))
+  params = checkpoints.restore_params(trained_en / f"checkpoint_{rc.T5X_STEPS}", abstract["params"])
+  for num_decodes in (1, 4):
+    decoded = [
+        jax.jit(lambda p, b, m=model, n=num_decodes: m.predict_batch_with_aux(
+            p, b, num_decodes=n, return_all_decodes=True))(params, batch)
+        for model in (ours, theirs)
+    ]
+    (o_tokens, o_aux), (t_tokens, t_aux) = jax.device_get(decoded)
+    assert o_tokens.shape == (16, num_decodes, 48)
+    assert len({tuple(r) for r in o_tokens[:, -1]}) > 1  # not a degenerate comparison
+    np.testing.assert_array_equal(o_tokens, t_tokens)
+    np.testing.assert_allclose(o_aux["scores"], t_aux["scores"], rtol=1e-5, atol=1e-5)

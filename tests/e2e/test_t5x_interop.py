@@ -27,6 +27,7 @@ from t5x import checkpoints as t5x_checkpoints
 from t5x import decoding as t5x_decoding
 from t5x import models as t5x_models
 from t5x import partitioning as t5x_partitioning
+from t5x import trainer as t5x_trainer
 from t5x import utils as t5x_utils
 from t5x.examples.t5 import network as t5x_network
 
@@ -37,6 +38,7 @@ from mcwq_t5x.engine import model as model_lib
 from mcwq_t5x.engine import network
 from mcwq_t5x.engine import partitioning
 from mcwq_t5x.engine import trainer as trainer_lib
+from mcwq_t5x.t5x_bridge import models as bridge
 
 import tiny_engine
 
@@ -65,6 +67,19 @@ def t5x_model(vocab_size, vocabulary=None, decode_fn=t5x_decoding.beam_search):
   vocabulary = vocabulary or seqio_passthrough(vocab_size)
   module = t5x_network.Transformer(t5x_config(tiny_config(vocab_size)))
   return t5x_models.EncoderDecoderModel(
+      module,
+      vocabulary,
+      vocabulary,
+      t5x_adafactor.Adafactor(decay_rate=0.8, step_offset=0),
+      decode_fn=decode_fn)
+
+
+def bridge_model(vocab_size, vocabulary=None, decode_fn=t5x_decoding.beam_search):
+  """T5X's model on our engine (`mcwq_t5x.t5x_bridge.models`, what the gin files build) of the
+  same network and optimizer as `t5x_model`."""
+  vocabulary = vocabulary or seqio_passthrough(vocab_size)
+  module = bridge.transformer(t5x_config(tiny_config(vocab_size)))
+  return bridge.EncoderDecoderModel(
       module,
       vocabulary,
       vocabulary,
@@ -276,6 +291,55 @@ def test_restore_checkpoint_written_by_t5x(t5x_written, layout, caplog):
                model_dir / "checkpoint_1" / ("state" if layout == "orbax" else "checkpoint")):
     assert checkpoint_paths.resolve_checkpoint(path) == (model_dir, 1)
     assert_trees_equal(checkpoints.restore_params(path, abstract.params), t5x_params)
+
+
+def test_t5x_checkpoint_continues_in_t5x_with_our_engines_model(t5x_written):
+  """A checkpoint `t5x.train` wrote with T5X's own model (before the gin files switched to
+  `mcwq_t5x.t5x_bridge`) restores unchanged, Adafactor state included, in T5X with the model of
+  the gin files, and T5X's trainer continues it as with T5X's own model: the same loss and the
+  same parameters after the next step."""
+  orbax_dir, _, t5x_params = t5x_written
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  batch = {k: jnp.asarray(v) for k, v in tiny_engine.synthetic_batch(8).items()}
+  continued = {}
+  for name, model in (("ours", bridge_model(VOCAB)), ("t5x", t5x_model(VOCAB))):
+    init = t5x_utils.TrainStateInitializer(model.optimizer_def, model.get_initial_variables, SHAPES,
+                                           partitioner, TYPES)
+    restore_cfg, paths = t5x_utils.get_first_valid_restore_config_and_paths(
+        [t5x_utils.RestoreCheckpointConfig(path=str(orbax_dir), mode="latest")])
+    state, _ = t5x_utils.create_checkpoint_manager_and_restore(
+        init, partitioner, restore_cfg, paths[0], jax.random.PRNGKey(0), use_orbax=True)
+    assert int(state.step) == 1
+    assert_trees_equal(state.params, t5x_params)
+    restored_states = jax.device_get(unfrozen(state.param_states))  # why: the step donates them
+    trainer = t5x_trainer.Trainer(
+        model,
+        state,
+        partitioner,
+        eval_names=[],
+        summary_dir=None,
+        train_state_axes=init.train_state_axes,
+        rng=jax.random.PRNGKey(0),
+        learning_rate_fn=lambda step: 0.05,
+        num_microbatches=None)
+    metrics = trainer.train(iter([batch]), 1).result()
+    continued[name] = (metrics, jax.device_get(unfrozen(trainer.train_state.params)),
+                       restored_states)
+    assert int(trainer.train_state.step) == 2
+  (o_metrics, o_params, o_states), (t_metrics, t_params,
+                                    t_states) = continued["ours"], continued["t5x"]
+  assert_trees_equal(o_states, t_states)  # the restored Adafactor statistics
+  # T5X's summaries of the step (clu `Scalar`s).
+  np.testing.assert_allclose(o_metrics["loss"].value, t_metrics["loss"].value, rtol=1e-6)
+  np.testing.assert_allclose(o_metrics["accuracy"].value, t_metrics["accuracy"].value, rtol=1e-6)
+  assert o_metrics["loss"].value > 0
+  moved = 0
+  for o, t, before in zip(
+      jax.tree_util.tree_leaves(o_params), jax.tree_util.tree_leaves(t_params),
+      jax.tree_util.tree_leaves(jax.device_get(unfrozen(t5x_params)))):
+    np.testing.assert_allclose(o, t, rtol=1e-5, atol=1e-6)
+    moved += int(not np.array_equal(t, before))
+  assert moved == len(jax.tree_util.tree_leaves(t_params))  # a real step, of every parameter
 
 
 # ------------------------------------------------------------------------------------------------

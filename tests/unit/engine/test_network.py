@@ -467,3 +467,21 @@ def test_rematerialised_layers_give_the_same_loss_and_gradients(params, batch, p
 def test_unknown_remat_policy_is_refused():
   with pytest.raises(ValueError, match="remat_policy: unknown policy 'some'"):
     dataclasses.replace(CFG, remat_policy="some")
+
+
+def test_encoder_output_dropout_is_element_wise_as_t5xs(params, batch):
+  """T5X's encoder drops its output element by element (`nn.Dropout` without `broadcast_dims`,
+  t5x/examples/t5/network.py `Encoder`), where every other dropout shares one mask along the
+  length: at rate 0.5 some feature of a row is zero at some positions and not at others."""
+  enc, _, _ = batch
+  cfg = dataclasses.replace(CFG, dropout_rate=0.5)
+  module = network.Transformer(cfg)
+  encoded = np.asarray(
+      jax.jit(lambda p, e: module.apply({"params": p},
+                                        e,
+                                        enable_dropout=True,
+                                        rngs={"dropout": jax.random.PRNGKey(3)},
+                                        method=module.encode))(nn.unbox(params["params"]), enc))
+  zero = encoded[:, :30] == 0  # positions every row has
+  assert zero.mean() == pytest.approx(0.5, abs=0.1)
+  assert (zero.any(axis=1) & ~zero.all(axis=1)).any()

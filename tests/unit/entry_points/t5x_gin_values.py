@@ -54,6 +54,13 @@ for path in files:
                   lr=maybe("%LEARNING_RATE"),
                   optimizer=repr(maybe("%OPTIMIZER")),
                   width=gin.query_parameter("t5x.examples.t5.network.T5Config.emb_dim"))
+  # The model and network T5X builds: ours (mcwq_t5x.t5x_bridge) unless T5X's own is asked for.
+  values.update(model=repr(gin.query_parameter("%MODEL")), remat=maybe("%REMAT_POLICY"),
+                remat_binding=repr(maybe("t5x_bridge.EncoderDecoderModel.remat_policy")))
+  with gin.unlock_config():
+    config = gin.get_configurable("t5x_bridge.transformer")().config
+  values["network"] = [config.dtype.__name__, config.emb_dim, config.vocab_size,
+                       config.float32_attention_logits, config.dropout_rate]
   out[extra[0] if extra else path] = values
   gin.clear_config()
 for path in ours:  # then our files, in the same process
@@ -116,6 +123,8 @@ def train_values(path, extra):
                  dict(getattr(cls, "keywords", {}))]
     v["num_decodes"] = gin.get_configurable(models.DecoderParams)().num_decodes
     v["decode_fn"] = repr(q("models.EncoderDecoderModel.decode_fn"))
+    v["bridge_decoding"] = [repr(q("t5x_bridge.EncoderDecoderModel.decode_fn")),
+                            repr(q("t5x_bridge.EncoderDecoderModel.default_decoder_params"))]
     for scope in ("train", "train_eval"):
       with gin.config_scope(scope):
         ds = gin.get_configurable(utils.DatasetConfig)()
@@ -134,6 +143,8 @@ def eval_values(path):
   v["best_path"] = repr(q("best_checkpoint.checkpoint_path.path"))
   with gin.unlock_config():
     v["num_decodes"] = gin.get_configurable(models.DecoderParams)().num_decodes
+    v["bridge_decoding"] = [repr(q("t5x_bridge.EncoderDecoderModel.decode_fn")),
+                            repr(q("t5x_bridge.EncoderDecoderModel.default_decoder_params"))]
     ds = gin.get_configurable(utils.DatasetConfig)()
   v["dataset"] = [ds.mixture_or_task_name, ds.split, ds.task_feature_lengths]
   gin.clear_config()

@@ -150,6 +150,28 @@ def test_every_t5x_file_parses(t5x_parsed):
     assert t5x_parsed[path]["MIXTURE_OR_TASK_NAME"].startswith("mcwq_"), path
 
 
+def test_every_t5x_file_runs_our_engine_unless_asked_for_t5xs_own_model(t5x_parsed):
+  """`MODEL` is `mcwq_t5x.t5x_bridge.models.EncoderDecoderModel` over our network of the file's
+  `network.T5Config` (T5X's attention logits in the activations' dtype), its `remat_policy` the
+  file's `REMAT_POLICY`: "full" where a file trains the paper's models, "none" in the tiny job and
+  where nothing is trained; `gin/recipes/t5x_own_model.gin` returns to T5X's own model."""
+  for path in T5X_FILES:
+    v = t5x_parsed[path]
+    own = path == "gin/recipes/t5x_own_model.gin"
+    assert v["model"] == ("@models.EncoderDecoderModel()"
+                          if own else "@t5x_bridge.EncoderDecoderModel()"), path
+    trains_paper_model = path.startswith(("gin/mt5_", "gin/t5_base_", "gin/recipes/"))
+    assert v["remat"] == ("full" if trains_paper_model else "none"), path
+    assert v["remat_binding"] == "%REMAT_POLICY", path
+    tiny = path == "gin/tiny_random_split_en.gin"
+    dtype, width, vocab_size, float32_logits, dropout = v["network"]
+    assert (dtype, float32_logits) == ("float32" if tiny else "bfloat16", False), path
+    if "width" in v:
+      assert width == v["width"] and dropout == v["dropout"], path
+    assert vocab_size == (2000 if tiny else 32128 if "/t5_base_" in path else 250112), path
+  assert t5x_parsed["gin/mt5_base_mcd1_he.gin"]["network"][1:3] == [768, 250112]
+
+
 def test_both_engines_parse_in_one_process(t5x_parsed):
   """Nothing registers gin configurables at import, and ours name their main by module, so T5X's
   files and then ours parse in one process (no "Ambiguous selector 'train'")."""
@@ -249,7 +271,7 @@ def test_generator_round_trip(tmp_path):
       check=True,
       capture_output=True)
   generated = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.gin"))
-  assert len(generated) == 256
+  assert len(generated) == 257
   for f in generated:
     assert (tmp_path / f).read_text() == (REPO / f).read_text(), f
 

@@ -163,8 +163,10 @@ def test_t5x_experiment_file_follows_the_recipe(exp, t5x_values):
           "keep_checkpoints_without_metrics": True
       }
   ]
-  # greedy decoding: T5X's beam search with one beam
+  # greedy decoding: T5X's beam search with one beam, in both T5X models (the one of the file,
+  # mcwq_t5x.t5x_bridge's, and T5X's own of gin/recipes/t5x_own_model.gin)
   assert v["num_decodes"] == 1 and "beam_search" in v["decode_fn"]
+  assert v["bridge_decoding"] == ["@decoding.beam_search", "@models.DecoderParams()"]
 
 
 @pytest.mark.parametrize("ev", EVALS, ids=[e[0] for e in EVALS])
@@ -178,6 +180,7 @@ def test_t5x_eval_file_decodes_the_best_checkpoint_greedily(ev, t5x_values):
   assert v["restore_mode"] == "specific" and v["best_path"] == "%CHECKPOINT_PATH"
   assert v["METRIC_NAME_TO_MONITOR"] == f"training_eval/{train_task}/loss"
   assert v["METRIC_MODE"] == "min" and v["num_decodes"] == 1
+  assert v["bridge_decoding"] == ["@decoding.beam_search", "@models.DecoderParams()"]
 
 
 def test_t5x_adafactor_alternative(t5x_values):
