@@ -12,7 +12,24 @@ peak of `PEAK_BF16_TFLOPS` (by `device_kind`), `--peak_tflops`, else the matmul 
 (docs/recipe.md), vocabulary 250,112, bfloat16; `tiny` = 1 + 1 layers, 128 pieces (the CPU test).
 Writes `--out`/benchmark.json and benchmark.md whole after every phase (`"complete": true` last).
 
+`--mode t5x` measures the user's command instead, `python -m t5x.train --gin_file=gin/<file>.gin`
+(needs the real T5X, hence TensorFlow and SeqIO; without them one error line): each experiment file
+parsed as T5X's main parses it (the mT5 vocabulary, on gs://, replaced by a 250,112-piece
+`seqio.PassThroughVocabulary`), its model, partitioner and `trainer.Trainer` built as
+`t5x.train.train` builds them, T5X's own model and network (`gin/recipes/t5x_own_model.gin` after
+the file) and ours (the files' default) with each `REMAT_POLICY`. Memory: XLA's analysis of the
+whole training step (AdamW state included; compiled from abstract state and batch, never run) and
+of its loss and gradient alone, at the file's batch, and the largest batch within 80 GiB (fit
+from the file's batch and twice it, confirmed by one compile). Time: the step with random weights
+and a synthetic full-length batch, on a CPU at mT5-small's shape and batch 2, on an accelerator at
+the files' batches (30 steps; MFU, peak memory); the ratio ours / T5X's own. Presets: `paper` =
+gin/mt5_base_mcd1_he.gin (batch 12) and gin/mt5_small_mcd1_he.gin (batch 24), 256/512 tokens;
+`tiny` = the latter with 1 + 1 tiny layers, memory at batch 4, 16/512 tokens, time at batch 1,
+16/128 (the test). Writes
+`--out`/benchmark_t5x.json and benchmark_t5x.md.
+
   python scripts/benchmark.py --preset paper --out $OUT   # a lent GPU (docs/benchmarks.md)
+  python scripts/benchmark.py --mode t5x --preset paper --out runs/benchmark_t5x  # CPU: memory
 """
 
 from __future__ import annotations
@@ -321,6 +338,604 @@ def write_results(results: dict[str, Any], out: str) -> None:
       f.write(text)
 
 
+# --- --mode t5x: the user's command, `python -m t5x.train --gin_file=gin/<experiment>.gin` -------
+
+# T5X's own model and network, added after an experiment file (the files' default is the T5X model
+# on our engine, `mcwq_t5x.t5x_bridge.models.EncoderDecoderModel`).
+T5X_OWN_RECIPE = "gin/recipes/t5x_own_model.gin"
+T5X_OWN, T5X_OURS = "t5x_own", "ours"
+REMAT_POLICIES = ("none", "minimal", "full")
+T5X_VOCAB_SIZE = 250112  # mT5's 250,100 pieces padded to a multiple of 128, as the files' network
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TINY_T5X = (("emb_dim", 32), ("num_heads", 2), ("head_dim", 16), ("mlp_dim", 64),
+             ("num_encoder_layers", 1), ("num_decoder_layers", 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class GinShape:
+  """One experiment file as `python -m t5x.train --gin_file=<gin_file>` trains it; `batch` and
+  `lengths` (inputs, targets) None: the file's BATCH_SIZE and TASK_FEATURE_LENGTHS; `network`:
+  T5Config overrides (the vocabulary stays at 250,112 rows)."""
+  name: str
+  gin_file: str
+  batch: Optional[int] = None
+  lengths: Optional[tuple[int, int]] = None
+  network: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class T5xPreset:
+  """`--mode t5x`'s work: the memory analysis of each of `shapes` (at the file's batch; with
+  `memory_limit_gib`, also the largest batch within it), for ours with each of `remat_policies`
+  (empty: the files' default policy alone); on a CPU the step time at `cpu_timed`, on an
+  accelerator at each of `shapes`."""
+  shapes: tuple[GinShape, ...]
+  cpu_timed: GinShape
+  memory_limit_gib: Optional[float]
+  remat_policies: tuple[str, ...]
+
+
+_MT5_SMALL = "gin/mt5_small_mcd1_he.gin"
+T5X_PRESETS = {
+    # The paper's recipe (docs/recipe.md): mT5-base batch 12, mT5-small batch 24, 256/512 tokens;
+    # the CPU step time at mT5-small's shape, batch 2; the largest batch on an 80 GB GPU.
+    "paper":
+        T5xPreset(
+            (GinShape("mt5_base", "gin/mt5_base_mcd1_he.gin"), GinShape("mt5_small", _MT5_SMALL)),
+            GinShape("mt5_small", _MT5_SMALL, batch=2), 80.0, REMAT_POLICIES),
+    # The test's: 1 + 1 tiny layers over the 250,112-piece output layer; memory at batch 4, 16/512
+    # tokens (8 of the fused loss's 256-token chunks), the step time at batch 1, 16/128 tokens.
+    "tiny":
+        T5xPreset((GinShape("tiny", _MT5_SMALL, 4, (16, 512), _TINY_T5X),),
+                  GinShape("tiny", _MT5_SMALL, 1, (16, 128), _TINY_T5X), None, ()),
+}
+T5X_DEFAULTS = {  # (cpu, accelerator): timed steps, warm-up steps, time budget s
+    "cpu": dict(steps=3, warmup_steps=1, time_budget_s=1e9),
+    "accelerator": dict(steps=30, warmup_steps=2, time_budget_s=420),
+}
+
+
+def t5x_unavailable() -> Optional[str]:
+  """Why the real T5X's training step cannot be built in this Python (None: it can): its
+  `t5x/models.py` imports seqio (line 38) and tensorflow (line 43) at its top, and
+  `t5x/utils.py` (`TrainStateInitializer`) both too (lines 47, 54); the GPU image has neither."""
+  try:
+    import t5x.train  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    return f"{type(e).__name__}: {e}"
+  return None
+
+
+def _figures(compiled: Any) -> dict[str, float]:
+  """XLA's memory analysis of a compiled program in GiB: arguments, outputs, temporaries, aliased
+  (donated arguments reused as outputs) and total = arguments + outputs + temporaries - aliased."""
+  m = compiled.memory_analysis()
+  figures = {
+      "arguments": m.argument_size_in_bytes,
+      "outputs": m.output_size_in_bytes,
+      "temporaries": m.temp_size_in_bytes,
+      "aliased": m.alias_size_in_bytes
+  }
+  figures["total"] = (
+      figures["arguments"] + figures["outputs"] + figures["temporaries"] - figures["aliased"])
+  return {k: v / 2**30 for k, v in figures.items()}
+
+
+@dataclasses.dataclass
+class UserCommand:
+  """What `t5x.train.train` gets from the parsed gin files: the model, partitioner and trainer
+  class, the batch and lengths; `kind` (`T5X_OWN`/`T5X_OURS`) and `remat_policy` read from the
+  model built, not from the request."""
+  model: Any
+  partitioner: Any
+  trainer_cls: Any
+  batch: int
+  input_length: int
+  target_length: int
+  kind: str
+  model_class: str
+  network_class: str
+  remat_policy: Optional[str]
+  gin_files: list[str]
+  gin_bindings: list[str]
+
+  def input_shapes(self, rows: int) -> dict[str, tuple[int, int]]:
+    """The unpacked batch of T5X's EncDecFeatureConverter (`pack = False` in the files)."""
+    li, lt = self.input_length, self.target_length
+    return {
+        "encoder_input_tokens": (rows, li),
+        "decoder_input_tokens": (rows, lt),
+        "decoder_target_tokens": (rows, lt),
+        "decoder_loss_weights": (rows, lt)
+    }
+
+  def initializer(self, rows: int) -> Any:
+    """T5X's `utils.TrainStateInitializer` of `rows` rows, as `t5x.train.train` makes it (the
+    state's shapes by `jax.eval_shape`: nothing allocated)."""
+    from t5x import utils  # pylint: disable=g-import-not-at-top
+    shapes = self.input_shapes(rows)
+    return utils.TrainStateInitializer(
+        optimizer_def=self.model.optimizer_def,
+        init_fn=self.model.get_initial_variables,
+        input_shapes=shapes,
+        input_types={k: jnp.int32 for k in shapes},
+        partitioner=self.partitioner)
+
+  def trainer(self, initializer: Any, state: Any) -> Any:
+    """`trainer_cls` (T5X's `trainer.Trainer` with the files' learning rate) as `t5x.train.train`
+    makes it, without evaluations or summaries."""
+    return self.trainer_cls(
+        model=self.model,
+        train_state=state,
+        partitioner=self.partitioner,
+        eval_names=[],
+        summary_dir=None,
+        train_state_axes=initializer.train_state_axes,
+        rng=jax.random.PRNGKey(0))
+
+  def abstract_batch(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct(v, jnp.int32) for k, v in self.input_shapes(rows).items()}
+
+
+def _model_kind(model: Any) -> str:
+  """`T5X_OWN` for T5X's `models.EncoderDecoderModel` over `t5x.examples.t5.network`, `T5X_OURS`
+  for a model class of ours over `mcwq_t5x.engine.network`; ValueError for anything else."""
+  cls, net = type(model), type(model.module)
+  if cls.__module__ == "t5x.models" and net.__module__ == "t5x.examples.t5.network":
+    return T5X_OWN
+  if cls.__module__.startswith("mcwq_t5x.") and net.__module__ == "mcwq_t5x.engine.network":
+    return T5X_OURS
+  raise ValueError(f"the gin files built {cls.__module__}.{cls.__name__} over "
+                   f"{net.__module__}.{net.__name__}: neither T5X's own model nor ours")
+
+
+def parse_user_command(shape: GinShape,
+                       kind: str,
+                       remat_policy: Optional[str] = None,
+                       batch: Optional[int] = None) -> UserCommand:
+  """Parses `shape.gin_file` as `python -m t5x.train --gin_file=...` does (`__main__` is
+  `t5x.train`), T5X's own model by `T5X_OWN_RECIPE` after it where that file exists, ours with
+  `REMAT_POLICY = remat_policy`, the vocabulary a 250,112-piece `seqio.PassThroughVocabulary`
+  (mT5's SentencePiece model is on gs://), and builds what `t5x.train.train` gets. The gin config
+  stays parsed (the trainer class reads its bindings when called) until the next parse.
+
+  Raises ValueError when the files build another model than `kind` (ours asked of a checkout
+  whose files train T5X's own model, say) or `shape.network` did not reach the network;
+  `gin_utils.GinConfigError` for a file or binding gin refuses (REMAT_POLICY unknown to the files).
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  import t5x.train  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x import gin_utils  # pylint: disable=g-import-not-at-top
+  files = [shape.gin_file]
+  if kind == T5X_OWN and os.path.exists(os.path.join(_REPO, T5X_OWN_RECIPE)):
+    files.append(T5X_OWN_RECIPE)
+  bindings = ["MODEL_DIR = '/tmp/benchmark_t5x_unused'"]  # why: required, never written
+  rows = batch or shape.batch
+  if rows is not None:
+    bindings.append(f"BATCH_SIZE = {rows}")
+  if shape.lengths is not None:
+    bindings.append(
+        f"TASK_FEATURE_LENGTHS = {{'inputs': {shape.lengths[0]}, 'targets': {shape.lengths[1]}}}")
+  if kind == T5X_OURS and remat_policy is not None:
+    bindings.append(f"REMAT_POLICY = '{remat_policy}'")
+  saved = sys.modules["__main__"]
+  sys.modules["__main__"] = t5x.train  # why: the files `import __main__ as train_script`
+  try:
+    gin_utils.parse_gin(files, bindings, finalize=False)
+    gin.bind_parameter("VOCABULARY/macro.value",
+                       seqio.PassThroughVocabulary(T5X_VOCAB_SIZE, eos_id=1))
+    for field, value in shape.network:
+      bound = False
+      for selector in ("t5x.examples.t5.network.T5Config", "mcwq_t5x.engine.network.T5Config"):
+        try:
+          gin.query_parameter(f"{selector}.{field}")
+        except ValueError:
+          continue  # why: this network's config is not configured by these files
+        gin.bind_parameter(f"{selector}.{field}", value)
+        bound = True
+      if not bound:
+        raise ValueError(f"{files}: no T5Config.{field} binding to override")
+    model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+    partitioner = gin.query_parameter("train_script.train.partitioner").scoped_configurable_fn()
+    trainer_cls = gin.query_parameter("train_script.train.trainer_cls").scoped_configurable_fn
+    lengths = gin.query_parameter("%TASK_FEATURE_LENGTHS")
+    rows = gin.query_parameter("%BATCH_SIZE")
+  finally:
+    sys.modules["__main__"] = saved
+  built = _model_kind(model)
+  if built != kind:
+    raise ValueError(f"{' + '.join(files)} trains {type(model).__module__}."
+                     f"{type(model).__name__}, not {kind}'s model")
+  config = model.module.config
+  wrong = {f: getattr(config, f, None) for f, v in shape.network if getattr(config, f, None) != v}
+  if wrong or config.vocab_size != T5X_VOCAB_SIZE:
+    raise ValueError(f"{files}: the network's config has {wrong or config.vocab_size}, "
+                     f"not the overrides {dict(shape.network)} / {T5X_VOCAB_SIZE} rows")
+  policy = getattr(config, "remat_policy", None)
+  if kind == T5X_OURS and remat_policy is not None and policy != remat_policy:
+    raise ValueError(f"REMAT_POLICY = '{remat_policy}' gave a network with {policy!r}")
+  return UserCommand(model, partitioner, trainer_cls, int(rows), int(lengths["inputs"]),
+                     int(lengths["targets"]), built, f"{type(model).__module__}."
+                     f"{type(model).__name__}", f"{type(model.module).__module__}."
+                     f"{type(model.module).__name__}", policy, files, bindings[1:])
+
+
+def step_memory(command: UserCommand, rows: int, loss_and_gradient: bool = False) -> dict[str, Any]:
+  """XLA's memory analysis (`_figures`, GiB) of the user's command's whole training step at `rows`
+  rows: T5X's `Trainer` train step (the model's `loss_fn` under `jax.value_and_grad`, the files'
+  optimizer update, the donated state) partitioned by the files' partitioner and compiled from
+  abstract state and batch, never run. `loss_and_gradient`: also that of the step's
+  `jax.value_and_grad(model.loss_fn, has_aux=True)` alone (T5X's `accumulate_grads_microbatched`
+  without microbatches), under "loss_and_gradient"."""
+  init = command.initializer(rows)
+  state = init.global_train_state_shape
+  batch = command.abstract_batch(rows)
+  trainer = command.trainer(init, state)
+  try:
+    t0 = time.perf_counter()
+    compiled = command.partitioner.compile(trainer._partitioned_train_step, state, batch)  # pylint: disable=protected-access
+    out: dict[str, Any] = {"step": _figures(compiled), "compile_s": time.perf_counter() - t0}
+  finally:
+    trainer.close()
+  del compiled
+  if loss_and_gradient:
+    model = command.model
+
+    def loss_and_grad(params, batch, rng):
+      return jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch, rng)
+
+    fn = command.partitioner.partition(
+        loss_and_grad,
+        in_axis_resources=(init.train_state_axes.params, command.partitioner.data_partition_spec,
+                           None),
+        out_axis_resources=None)
+    out["loss_and_gradient"] = _figures(
+        command.partitioner.compile(fn, state.params, batch, jax.random.PRNGKey(0)))
+  return out
+
+
+def largest_batch(total_at: Any,
+                  b1: int,
+                  t1: float,
+                  b2: int,
+                  t2: float,
+                  limit_gib: float,
+                  refits: int = 1) -> dict[str, Any]:
+  """The largest batch whose step fits `limit_gib` GiB: predicted by the line through (b1, t1) and
+  (b2, t2) (XLA's buffers grow about affinely with the batch) and compiled once to confirm
+  (`total_at(batch)`, GiB); where that compile is over the limit, up to `refits` more
+  predictions through the last two compiles. Returns the fit, each try (predicted and compiled
+  totals) and `largest`: the largest compiled batch within the limit (None if none is)."""
+  points = [(b1, t1), (b2, t2)]
+  tries = []
+  per_row = (t2 - t1) / (b2 - b1)
+  for _ in range(1 + refits):
+    (xa, ya), (xb, yb) = points[-2], points[-1]
+    slope = (yb - ya) / (xb - xa)
+    if slope <= 0:
+      break
+    predicted = int(xb + (limit_gib - yb) // slope)
+    if predicted < 1 or predicted in [b for b, _ in points]:
+      break
+    total = total_at(predicted)
+    tries.append({
+        "batch": predicted,
+        "predicted_total_gib": yb + slope * (predicted - xb),
+        "compiled_total_gib": total
+    })
+    points.append((predicted, total))
+    if total <= limit_gib:
+      break  # why: a compile within the limit confirms the prediction (it was over: refit)
+  fitting = [b for b, t in points if t <= limit_gib]
+  return {
+      "limit_gib": limit_gib,
+      "fit_batches": [b1, b2],
+      "per_row_gib": per_row,
+      "fixed_gib": t1 - per_row * b1,
+      "tries": tries,
+      "largest": max(fitting) if fitting else None
+  }
+
+
+def memory_row(shape: GinShape, kind: str, remat_policy: Optional[str],
+               limit_gib: Optional[float]) -> dict[str, Any]:
+  """The whole step's and the loss and gradient's memory at the file's batch, and with
+  `limit_gib` the largest batch within it (`largest_batch`: fit from the file's batch and twice
+  it, confirmed by compiling); `remat_policy` None: the files' default."""
+  command = parse_user_command(shape, kind, remat_policy)
+  b = command.batch
+  first = step_memory(command, b, loss_and_gradient=True)
+  fit = None
+  if limit_gib is not None:
+    second = step_memory(command, 2 * b)
+    fit = largest_batch(lambda rows: step_memory(command, rows)["step"]["total"], b,
+                        first["step"]["total"], 2 * b, second["step"]["total"], limit_gib)
+    fit["second_step"] = second["step"]
+  return {
+      "shape": shape.name,
+      "gin_files": command.gin_files,
+      "gin_bindings": command.gin_bindings,
+      "model": command.kind,
+      "model_class": command.model_class,
+      "network_class": command.network_class,
+      "remat_policy": command.remat_policy,
+      "batch": b,
+      "input_length": command.input_length,
+      "target_length": command.target_length,
+      "step": first["step"],
+      "loss_and_gradient": first["loss_and_gradient"],
+      "compile_s": first["compile_s"],
+      "largest_batch": fit,
+  }
+
+
+def _process_cpu_s() -> float:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+def timed_row(shape: GinShape, kind: str, steps: int, warmup_steps: int, peak_tflops: float,
+              device: jax.Device) -> dict[str, Any]:
+  """Times the user's command's step (the files' remat policy): T5X's `TrainStateInitializer.
+  from_scratch` (random weights), its `Trainer` step compiled for a synthetic full-length batch,
+  `warmup_steps` then `steps` timed steps; median wall and process CPU seconds a step, MFU, XLA's
+  memory of the step and the device's peak. Raises FloatingPointError on a non-finite metric."""
+  command = parse_user_command(shape, kind)
+  b, li, lt = command.batch, command.input_length, command.target_length
+  init = command.initializer(b)
+  t0 = time.perf_counter()
+  state = init.from_scratch(jax.random.PRNGKey(0))
+  init_s = time.perf_counter() - t0
+  trainer = command.trainer(init, state)
+  arrays = synthetic_batch(np.random.default_rng(0), T5X_VOCAB_SIZE, b, li, lt)
+  sharding = jax.sharding.NamedSharding(command.partitioner.mesh,
+                                        command.partitioner.data_partition_spec)
+  batch = {k: jax.device_put(v.astype(np.int32), sharding) for k, v in arrays.items()}
+  try:
+    t0 = time.perf_counter()
+    compiled = command.partitioner.compile(trainer._partitioned_train_step, state, batch)  # pylint: disable=protected-access
+    compile_s = time.perf_counter() - t0
+    for _ in range(warmup_steps):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready(state)
+    walls, cpus = [], []
+    for _ in range(steps):
+      t0, c0 = time.perf_counter(), _process_cpu_s()
+      state, metrics = compiled(state, batch)
+      jax.block_until_ready((state, metrics))
+      walls.append(time.perf_counter() - t0)
+      cpus.append(_process_cpu_s() - c0)
+  finally:
+    trainer.close()
+  leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(metrics)]
+  if not all(np.isfinite(x).all() for x in leaves if np.issubdtype(x.dtype, np.floating)):
+    raise FloatingPointError(f"{kind} at {shape.name}: a non-finite training metric")
+  step_s = float(np.median(walls))
+  model_flops = flops_lib.train_step_flops(command.model.module.config, b, li, lt)
+  peak_gib, peak_source = device_peak_memory_gib(device)
+  row = {
+      "shape": shape.name,
+      "gin_files": command.gin_files,
+      "model": command.kind,
+      "model_class": command.model_class,
+      "remat_policy": command.remat_policy,
+      "batch": b,
+      "input_length": li,
+      "target_length": lt,
+      "init_s": init_s,
+      "compile_s": compile_s,
+      "warmup_steps": warmup_steps,
+      "steps": steps,
+      "step_s": step_s,
+      "step_s_min": min(walls),
+      "cpu_s_per_step": float(np.median(cpus)),
+      "examples_per_s": b / step_s,
+      "model_flops_per_step": model_flops,
+      "mfu": model_flops / step_s / 1e12 / peak_tflops,
+      "step_memory_gib": _figures(compiled),
+      "peak_memory_gib": peak_gib,
+      "peak_memory_source": peak_source,
+  }
+  del state, compiled, batch
+  return row
+
+
+def t5x_markdown(results: dict[str, Any]) -> str:
+  """The T5X mode's results as Markdown: heading, memory table, step-time table, ratios, skipped."""
+  d = results["device"]
+  lines = [
+      f"# scripts/benchmark.py --mode t5x --preset {results['preset']}", "",
+      f"{d['count']} x {d['platform']} {d['device_kind']} ({results['cpu'] or 'n/a'}); "
+      f"jax {results['versions']['jax']}; {_fmt(results['wall_s'], '.0f')} s", ""
+  ]
+  if results["memory"]:
+    limit = results["memory_limit_gib"]
+    fit_head = ("" if limit is None else f" GiB a row | largest batch within {limit:g} GiB: "
+                "batches compiled (predicted total; compiled total GiB) |")
+    lines += [
+        "| step of | model | remat_policy | batch | total GiB | arguments | temporaries | outputs "
+        "| aliased | loss and gradient temporaries GiB |" + fit_head,
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" +
+        ("" if limit is None else " ---: | ---: |")
+    ]
+    for r in results["memory"]:
+      s, fit = r["step"], r["largest_batch"]
+      line = (f"| {r['shape']} | {r['model']} | {r['remat_policy'] or '-'} | {r['batch']} "
+              f"| {s['total']:.2f} | {s['arguments']:.2f} | {s['temporaries']:.2f} "
+              f"| {s['outputs']:.2f} | {s['aliased']:.2f} "
+              f"| {r['loss_and_gradient']['temporaries']:.2f} |")
+      if fit is not None:
+        line += f" {fit['per_row_gib']:.3f} | {fit['largest']}: " + ", ".join(
+            f"{t['batch']} ({t['predicted_total_gib']:.2f}; {t['compiled_total_gib']:.2f})"
+            for t in fit["tries"]) + " |"
+      lines.append(line)
+  if results["timed"]:
+    lines += [
+        "", "| timed step of | model | remat_policy | batch, input/target | steps | s/step "
+        "(median) | CPU s/step | examples/s | MFU | step memory GiB | peak GiB |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    ]
+    for r in results["timed"]:
+      lines.append(f"| {r['shape']} | {r['model']} | {r['remat_policy'] or '-'} "
+                   f"| {r['batch']}, {r['input_length']}/{r['target_length']} | {r['steps']} "
+                   f"| {r['step_s']:.4g} | {r['cpu_s_per_step']:.4g} "
+                   f"| {r['examples_per_s']:.4g} | {100 * r['mfu']:.2f}% "
+                   f"| {r['step_memory_gib']['total']:.2f} | {_fmt(r['peak_memory_gib'])} |")
+  for name, ratio in results["ratios"].items():
+    lines.append(f"\nours / T5X's own, {name}: {ratio['step_s']:.3f} (s/step), "
+                 f"{ratio['cpu_s_per_step']:.3f} (CPU s/step)")
+  lines += [""] + [f"Skipped: {s}" for s in results["skipped"]]
+  return "\n".join(lines).rstrip() + "\n"
+
+
+def write_t5x_results(results: dict[str, Any], out: str) -> None:
+  """Writes `out`/benchmark_t5x.json and benchmark_t5x.md whole (`writers.open_atomic`)."""
+  texts = {
+      "benchmark_t5x.json": json.dumps(results, indent=1) + "\n",
+      "benchmark_t5x.md": t5x_markdown(results)
+  }
+  for name, text in texts.items():
+    with writers.open_atomic(os.path.join(out, name)) as f:
+      f.write(text)
+
+
+def _cpu_model() -> Optional[str]:
+  """`Model name` of /proc/cpuinfo (what `lscpu` prints), or None."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return None
+
+
+def t5x_main(args: argparse.Namespace) -> dict[str, Any]:
+  """`--mode t5x` (module docstring): memory rows, then timed rows, of each kind in `--models`."""
+  unavailable_because = t5x_unavailable()
+  if unavailable_because:
+    print(
+        f"ModuleNotFoundError: --mode t5x builds the real T5X's training step, and T5X imports "
+        f"seqio and tensorflow (t5x/models.py lines 38 and 43; the GPU image has neither); "
+        f"here import t5x.train failed ({unavailable_because}): install T5X "
+        f"(bash scripts/install_t5x.sh) or run --mode engine",
+        file=sys.stderr,
+        flush=True)
+    sys.exit(1)
+  devices = jax.devices()
+  device = devices[0]
+  where = "cpu" if device.platform == "cpu" else "accelerator"
+  for key, value in T5X_DEFAULTS[where].items():
+    if getattr(args, key) is None:
+      setattr(args, key, value)
+  preset = T5X_PRESETS[args.preset]
+  shapes, cpu_timed = preset.shapes, preset.cpu_timed
+  if args.memory_limit_gib is None:
+    args.memory_limit_gib = preset.memory_limit_gib
+  if args.models:
+    shapes = tuple(s for s in shapes if s.name in args.models.split(","))
+  kinds = args.t5x_models.split(",")
+  policies = (args.remat_policies.split(",") if args.remat_policies is not None else list(
+      preset.remat_policies)) or [None]  # why None: no REMAT_POLICY binding, the files' default
+  phases = (args.phases or ("memory,time" if where == "cpu" else "time")).split(",")
+  if device.platform == "cpu":
+    timed_shapes = (cpu_timed,)
+  else:  # why: on an accelerator, the user's command at the files' batches
+    timed_shapes = shapes
+  os.makedirs(args.out, exist_ok=True)
+  tflops, source = table_peak(device.device_kind)
+  if args.peak_tflops:
+    used, how = args.peak_tflops, "--peak_tflops"
+  elif tflops:
+    used, how = tflops, f"table: {source}"
+  else:  # why float32 on a CPU: XLA:CPU emulates bfloat16 products, far below its float32 rate
+    n, dtype = (512, jnp.float32) if where == "cpu" else (8192, jnp.bfloat16)
+    used, how = measured_peak(device, dtype, n), f"measured {jnp.dtype(dtype).name} jnp.dot, n {n}"
+  results: dict[str, Any] = {
+      "mode": "t5x",
+      "preset": args.preset,
+      "device": {
+          "platform": device.platform,
+          "device_kind": device.device_kind,
+          "count": len(devices)
+      },
+      "cpu": _cpu_model(),
+      "versions": {
+          "jax": jax.__version__,
+          "python": platform_lib.python_version()
+      },
+      "peak": {
+          "used_tflops": used,
+          "used": how
+      },
+      "memory_limit_gib": args.memory_limit_gib,
+      "memory": [],
+      "timed": [],
+      "ratios": {},
+      "skipped": [],
+      "wall_s": None,
+      "complete": False,
+  }
+
+  def within_budget(what: str) -> bool:
+    if time.perf_counter() - _START <= args.time_budget_s:
+      return True
+    results["skipped"].append(f"{what}: the {args.time_budget_s:.0f} s time budget was spent")
+    _phase(f"skipped {what} (time budget)")
+    return False
+
+  def unavailable(what: str, error: Exception) -> None:
+    results["skipped"].append(f"{what}: {type(error).__name__}: {error}")
+    _phase(f"skipped {what}: {type(error).__name__}: {error}")
+
+  # why own first: T5X's own files bind short selectors that become ambiguous once ours are
+  # registered in the process (tests/unit/entry_points/t5x_gin_values.py).
+  variants = [(k, None) for k in kinds if k == T5X_OWN] + [(k, p) for k in kinds if k == T5X_OURS
+                                                           for p in policies]
+  if "time" in phases:
+    for shape in timed_shapes:
+      for kind in kinds:
+        what = f"{shape.name} {kind} timed step (batch {shape.batch or 'of the file'})"
+        if not within_budget(what):
+          continue
+        _phase(f"{what}: random weights, compiling, {args.warmup_steps} warm-up and "
+               f"{args.steps} timed steps")
+        try:
+          results["timed"].append(
+              timed_row(shape, kind, args.steps, args.warmup_steps, used, device))
+        except ValueError as e:
+          unavailable(what, e)
+        write_t5x_results(results, args.out)
+      rows = {r["model"]: r for r in results["timed"] if r["shape"] == shape.name}
+      if T5X_OWN in rows and T5X_OURS in rows:
+        results["ratios"][f"{shape.name} batch {rows[T5X_OWN]['batch']}"] = {
+            k: rows[T5X_OURS][k] / rows[T5X_OWN][k] for k in ("step_s", "cpu_s_per_step")
+        }
+  if "memory" in phases:
+    for kind, policy in variants:
+      for shape in shapes:
+        what = f"{shape.name} {kind}" + (f" remat_policy {policy}" if policy else "") + " memory"
+        if not within_budget(what):
+          continue
+        _phase(f"{what}: compiling the step and the loss and gradient at the file's batch" + (
+            "" if args.memory_limit_gib is None else
+            f"; the step at twice it and the largest predicted within {args.memory_limit_gib:g} GiB"
+        ))
+        try:
+          results["memory"].append(memory_row(shape, kind, policy, args.memory_limit_gib))
+        except ValueError as e:
+          unavailable(what, e)
+        write_t5x_results(results, args.out)
+  results["wall_s"] = time.perf_counter() - _START
+  results["complete"] = True
+  write_t5x_results(results, args.out)
+  print(t5x_markdown(results), flush=True)
+  _phase(f"wrote {os.path.join(args.out, 'benchmark_t5x.json')} and benchmark_t5x.md")
+  return results
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   """Command line (module docstring); returns the results written to `--out`."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -343,7 +958,41 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
   parser.add_argument("--matmul_n", type=int, default=None, help="size of the measured matmul")
   parser.add_argument("--time_budget_s", type=float, default=None, help="no phase starts later")
   parser.add_argument("--skip_decode", action="store_true")
+  parser.add_argument(
+      "--mode",
+      default="engine",
+      choices=("engine", "t5x"),
+      help="engine: our engine's step and decoding; t5x: the user's `python -m t5x.train` step")
+  parser.add_argument(
+      "--t5x_models",
+      default=f"{T5X_OWN},{T5X_OURS}",
+      help=f"--mode t5x: any of {T5X_OWN} (T5X's own model and network), {T5X_OURS}")
+  parser.add_argument(
+      "--remat_policies",
+      default=None,
+      help="--mode t5x: the REMAT_POLICY values of ours' memory rows (default: the preset's, "
+      "paper all three, tiny the files' default)")
+  parser.add_argument(
+      "--phases",
+      default=None,
+      help="--mode t5x: any of memory,time (default: both on a CPU, time on an accelerator)")
+  parser.add_argument(
+      "--memory_limit_gib",
+      type=float,
+      default=None,
+      help="--mode t5x: the largest batch whose step's XLA buffers fit this (default: the "
+      "preset's, paper 80; tiny none)")
   args = parser.parse_args(argv)
+  if args.mode == "t5x":
+    if args.preset not in T5X_PRESETS:
+      parser.error(f"--mode t5x: --preset must be one of {sorted(T5X_PRESETS)}")
+    if not set(args.t5x_models.split(",")) <= {T5X_OWN, T5X_OURS}:
+      parser.error(f"--t5x_models: any of {T5X_OWN},{T5X_OURS}")
+    if args.remat_policies and not set(args.remat_policies.split(",")) <= set(REMAT_POLICIES):
+      parser.error(f"--remat_policies: any of {','.join(REMAT_POLICIES)}")
+    if args.phases and not set(args.phases.split(",")) <= {"memory", "time"}:
+      parser.error("--phases: any of memory,time")
+    return t5x_main(args)
   defaults = DEFAULTS[args.preset]
   for key, value in defaults.items():
     if getattr(args, key) is None:

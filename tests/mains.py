@@ -166,6 +166,7 @@ def load_script(name: str):
   checks of its functions."""
   spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # why: dataclasses read their module's namespace while it loads
   spec.loader.exec_module(module)
   return module
 

@@ -284,6 +284,14 @@ def _benchmark(repo, out):
   assert (repo / "runs/benchmark/benchmark.md").read_text() in out["stdout"], out["stdout"]
 
 
+def _benchmark_t5x(repo, out):
+  """The T5X mode's tiny preset: JSON and Markdown table (tests/e2e/test_benchmark_t5x.py checks
+  the figures)."""
+  results = json.loads((repo / "runs/benchmark_t5x/benchmark_t5x.json").read_text())
+  assert (results["mode"], results["preset"], results["complete"]) == ("t5x", "tiny", True)
+  assert (repo / "runs/benchmark_t5x/benchmark_t5x.md").read_text() in out["stdout"]
+
+
 def _export_hf(repo, out):
   """The Transformers folder: greedy decoding up to the run's 64 target tokens by default (plain
   `model.generate()`), ordinary file modes, one line saying so; test_export_hf.py checks what
@@ -470,8 +478,10 @@ CHECKS = {
         _our_zeroshot,
     rc.MULTIPROCESS_RUN:
         _two_processes,
-    rc.index_of("python scripts/benchmark.py"):
+    rc.BENCHMARK:
         _benchmark,
+    rc.BENCHMARK_T5X:
+        _benchmark_t5x,
     rc.index_of("python scripts/download_mcwq.py"):
         _download_copy,
     rc.index_of("python -m mcwq_t5x.inspect_task mcwq_mcd1_he"):
