@@ -601,7 +601,7 @@ def largest_batch(total_at: Any,
                   b2: int,
                   t2: float,
                   limit_gib: float,
-                  refits: int = 1) -> dict[str, Any]:
+                  refits: int = 2) -> dict[str, Any]:
   """The largest batch whose step fits `limit_gib` GiB: predicted by the line through (b1, t1) and
   (b2, t2) (XLA's buffers grow about affinely with the batch) and compiled once to confirm
   (`total_at(batch)`, GiB); where that compile is over the limit, up to `refits` more
