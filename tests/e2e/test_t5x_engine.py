@@ -161,6 +161,15 @@ def test_our_checkpoint_evaluated_by_t5x_eval_as_by_ours(ours_trained, tmp_path,
   assert_same_greedy_decodes(ours, theirs)
 
 
+def readme_t5x_network():
+  """The `network.T5Config` fields of the README's T5X runs: `rc.T5X_SIZE` over
+  t5x/examples/t5/mt5/small.gin (gated GELU), no dropout."""
+  fields = {
+      b.split("=", 1)[0].rsplit(".", 1)[1]: ast.literal_eval(b.split("=", 1)[1]) for b in rc.T5X_SIZE
+  }
+  return dict(fields, mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+
+
 def test_t5x_checkpoint_decodes_alike_in_t5xs_own_model_and_ours(trained_en, mcwq_dir):
   """The README's T5X checkpoint (20 steps of the paper file, trained through the gin files'
   model on our engine) decoded by T5X's `predict_batch_with_aux` with `decoding.beam_search`, 1
@@ -206,3 +215,52 @@ def test_t5x_checkpoint_decodes_alike_in_t5xs_own_model_and_ours(trained_en, mcw
     assert len({tuple(r) for r in o_tokens[:, -1]}) > 1  # not a degenerate comparison
     np.testing.assert_array_equal(o_tokens, t_tokens)
     np.testing.assert_allclose(o_aux["scores"], t_aux["scores"], rtol=1e-5, atol=1e-5)
+
+
+def test_t5x_checkpoint_exported_to_hf_agrees_with_transformers(trained_en, mcwq_dir, tmp_path):
+  """The README's T5X checkpoint (trained through the gin files' model on our engine), exported
+  by `mcwq_t5x.checkpointing.export_hf`: transformers' `MT5ForConditionalGeneration` gives the
+  teacher-forced logits of T5X's model of the gin files, on Hebrew gold questions and queries."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import checkpoints  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import export_hf  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.checkpointing import run_info  # pylint: disable=g-import-not-at-top
+  from mcwq_t5x.t5x_bridge import models as bridge  # pylint: disable=g-import-not-at-top
+  import tiny_engine  # pylint: disable=g-import-not-at-top
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  module = bridge.transformer(t5x_network.T5Config(**readme_t5x_network()))
+  model_json = tmp_path / "model.json"
+  model_json.write_text(json.dumps(run_info.network_fields(module.config)))
+  checkpoint = trained_en / f"checkpoint_{rc.T5X_STEPS}"
+  out = export_hf.export_checkpoint(
+      checkpoint,
+      tmp_path / "hf",
+      model_config=str(model_json),
+      vocab=vocab.small_vocab_path(),
+      max_new_tokens=16)
+  vocabulary = vocab.get_vocabulary()
+  gold = mcwq_dir / "translations/gold"
+  questions = (gold / "test.he.txt").read_text(encoding="utf-8").splitlines()[:8]
+  queries = (gold / "test.he.sparql").read_text(encoding="utf-8").splitlines()[:8]
+  batch = tiny_engine.feature_batch([(list(vocabulary.encode(q)) + [1])[:40] for q in questions],
+                                    [(list(vocabulary.encode(q)) + [1])[:64] for q in queries])
+  ours = bridge.EncoderDecoderModel(module, vocabulary, vocabulary, None)
+  abstract = jax.eval_shape(lambda: ours.get_initial_variables(
+      jax.random.PRNGKey(0), {
+          k: v.shape for k, v in batch.items()
+      }))
+  params = checkpoints.restore_params(checkpoint, abstract["params"])
+  logits = np.asarray(jax.jit(ours._compute_logits)(params, batch))  # pylint: disable=protected-access
+  hf = transformers.MT5ForConditionalGeneration.from_pretrained(out).eval()
+  with torch.no_grad():
+    hf_logits = hf(
+        input_ids=torch.as_tensor(batch["encoder_input_tokens"], dtype=torch.long),
+        attention_mask=torch.as_tensor(batch["encoder_input_tokens"] > 0),
+        decoder_input_ids=torch.as_tensor(batch["decoder_input_tokens"], dtype=torch.long),
+    ).logits.numpy()
+  real = batch["decoder_target_tokens"] > 0
+  assert np.std(logits[real]) > 0.1
+  np.testing.assert_allclose(hf_logits[real], logits[real], atol=1e-4, rtol=1e-4)
