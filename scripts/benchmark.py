@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-r"""Speed of the engine on a GPU/TPU at the paper's shapes: training MFU, decoding, a sharded step.
+r"""Speed of the engine on a GPU/TPU at the paper's shapes; the memory and speed of a T5X command.
 
 Needs only jax, flax, optax, orbax and numpy. For each model of `--preset`, after compilation and
 warm-up, with random weights and full-length synthetic batches on one device: the train main's
@@ -574,7 +574,8 @@ def step_memory(command: UserCommand, rows: int, loss_and_gradient: bool = False
   trainer = command.trainer(init, state)
   try:
     t0 = time.perf_counter()
-    compiled = command.partitioner.compile(trainer._partitioned_train_step, state, batch)  # pylint: disable=protected-access
+    step_fn = trainer._partitioned_train_step  # pylint: disable=protected-access
+    compiled = command.partitioner.compile(step_fn, state, batch)
     out: dict[str, Any] = {"step": _figures(compiled), "compile_s": time.perf_counter() - t0}
   finally:
     trainer.close()
@@ -601,7 +602,7 @@ def largest_batch(total_at: Any,
                   b2: int,
                   t2: float,
                   limit_gib: float,
-                  refits: int = 1) -> dict[str, Any]:
+                  refits: int = 2) -> dict[str, Any]:
   """The largest batch whose step fits `limit_gib` GiB: predicted by the line through (b1, t1) and
   (b2, t2) (XLA's buffers grow about affinely with the batch) and compiled once to confirm
   (`total_at(batch)`, GiB); where that compile is over the limit, up to `refits` more
@@ -694,7 +695,8 @@ def timed_row(shape: GinShape, kind: str, steps: int, warmup_steps: int, peak_tf
   batch = {k: jax.device_put(v.astype(np.int32), sharding) for k, v in arrays.items()}
   try:
     t0 = time.perf_counter()
-    compiled = command.partitioner.compile(trainer._partitioned_train_step, state, batch)  # pylint: disable=protected-access
+    step_fn = trainer._partitioned_train_step  # pylint: disable=protected-access
+    compiled = command.partitioner.compile(step_fn, state, batch)
     compile_s = time.perf_counter() - t0
     for _ in range(warmup_steps):
       state, metrics = compiled(state, batch)

@@ -2,8 +2,9 @@
 --gin_file=gin/mt5_small_mcd1_he.gin`, T5X's own model and ours): the README run of docs/
 benchmarks.md's command (`--preset tiny` appended: 1 + 1 tiny layers over the 250,112-piece output
 layer, memory at batch 4, 16/512 tokens, step time at batch 1, 16/128;
-`readme_commands.BENCHMARK_T5X`), its JSON's figures against hand counts; the fit of the largest batch; one error line where T5X cannot be imported (the GPU image
-has no TensorFlow or SeqIO). No speed is asserted: the ratio is printed."""
+`readme_commands.BENCHMARK_T5X`), its JSON's figures against hand counts; the fit of the largest
+batch; one error line where T5X cannot be imported (the GPU image has no TensorFlow or SeqIO). No
+speed is asserted: the ratio is printed."""
 import json
 import sys
 import types
