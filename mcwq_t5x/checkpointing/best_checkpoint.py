@@ -169,6 +169,8 @@ def t5x_initial_checkpoint(path: Optional[str]) -> Optional[str]:
   try:
     found, _ = checkpoint_paths.locate(path)
   except (checkpoint_paths.NotACheckpointError, checkpoint_paths.ObjectStoreError) as e:
+    if isinstance(e, checkpoint_paths.ObjectStoreError):  # why: its message advises a local copy
+      advice = "or INITIAL_CHECKPOINT_PATH = None to train from scratch"
     raise checkpoint_paths.NotACheckpointError(
         f"INITIAL_CHECKPOINT_PATH is not a readable T5X checkpoint: {e}; {advice}") from e
   if found not in (checkpoint_paths.FORMAT_T5X, checkpoint_paths.FORMAT_ORBAX):

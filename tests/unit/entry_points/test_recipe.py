@@ -197,6 +197,16 @@ def test_t5x_run_stops_on_an_unreadable_initial_checkpoint(t5x_values):
   assert "a local copy" in message and "INITIAL_CHECKPOINT_PATH = None" in message
 
 
+def test_t5x_initial_checkpoint_refuses_a_hugging_face_folder(tmp_path):
+  """A Hugging Face folder is a checkpoint our engine reads but T5X does not: refused, named."""
+  (tmp_path / "model.safetensors").write_bytes(b"")
+  with pytest.raises(
+      checkpoint_paths.NotACheckpointError,
+      match=f"^INITIAL_CHECKPOINT_PATH {tmp_path}: a Hugging Face directory.*"
+      "which T5X does not read"):
+    best_checkpoint.t5x_initial_checkpoint(str(tmp_path))
+
+
 def test_t5x_adafactor_alternative(t5x_values):
   for path in ("gin/mt5_small_mcd1_en.gin", "gin/t5_base_mcd2_en.gin"):
     v = t5x_values["alt:" + path]
