@@ -184,10 +184,14 @@ optax.linear_schedule:
 trainer.Trainer.learning_rate_fn = @logged_lr/optax.linear_schedule()
 logged_lr/optax.linear_schedule.transition_begin = %PRETRAINING_STEPS
 # The public checkpoint holds Adafactor statistics: restore its parameters, start AdamW fresh.
+# `fallback_to_scratch` would also start from scratch if the checkpoint cannot be read: the path is
+# checked first (mcwq_t5x.checkpointing.best_checkpoint.t5x_initial_checkpoint; None passes).
 utils.CheckpointConfig.restore = @from_pretrained/utils.RestoreCheckpointConfig()
 from_pretrained/utils.RestoreCheckpointConfig:
+  path = @best_checkpoint.t5x_initial_checkpoint()
   assignment_map = ((r'state/param_states.*', None),)
   fallback_to_scratch = True
+best_checkpoint.t5x_initial_checkpoint.path = %INITIAL_CHECKPOINT_PATH
 
 # Dev loss every EVAL_PERIOD steps over the whole dev set; keep the checkpoint with the lowest
 # plus the newest: T5X's SaveBestCheckpointer settings, which its Orbax manager reads from a

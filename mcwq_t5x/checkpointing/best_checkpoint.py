@@ -150,3 +150,31 @@ def t5x_save_best_checkpointer(metric_name_to_monitor: str,
       metric_name_to_monitor=metric_name_to_monitor,
       metric_mode=metric_mode,
       keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def t5x_initial_checkpoint(path: Optional[str]) -> Optional[str]:
+  """`path` unchanged if it is a readable T5X checkpoint (local or `gs://`; None passes through, a
+  from-scratch run), for T5X's `RestoreCheckpointConfig.path` of a fine-tuning run.
+
+  Raises NotACheckpointError (a FileNotFoundError) naming `path`: not a T5X checkpoint (Orbax or
+  msgpack), no such folder, or an object store that cannot be read (after TensorStore's retries).
+  """
+  # why: T5X's `fallback_to_scratch` fills every parameter it cannot read from a fresh
+  # initialisation, so a missing checkpoint would silently train from scratch.
+  if path is None:
+    return None
+  advice = ("make it readable (e.g. a local copy: gsutil -m cp -r <checkpoint_folder> .) and "
+            "set INITIAL_CHECKPOINT_PATH to it, or INITIAL_CHECKPOINT_PATH = None to train "
+            "from scratch")
+  try:
+    found, _ = checkpoint_paths.locate(path)
+  except (checkpoint_paths.NotACheckpointError, checkpoint_paths.ObjectStoreError) as e:
+    if isinstance(e, checkpoint_paths.ObjectStoreError):  # why: its message advises a local copy
+      advice = "or INITIAL_CHECKPOINT_PATH = None to train from scratch"
+    raise checkpoint_paths.NotACheckpointError(
+        f"INITIAL_CHECKPOINT_PATH is not a readable T5X checkpoint: {e}; {advice}") from e
+  if found not in (checkpoint_paths.FORMAT_T5X, checkpoint_paths.FORMAT_ORBAX):
+    raise checkpoint_paths.NotACheckpointError(
+        f"INITIAL_CHECKPOINT_PATH {path}: {checkpoint_paths.FORMAT_DESCRIPTIONS[found]}, which "
+        f"T5X does not read; {advice}")
+  return path

@@ -81,6 +81,8 @@ import optax
 import t5x.eval, t5x.train
 from t5x import models, optimizers, utils
 from mcwq_t5x import gin_utils
+from mcwq_t5x.checkpointing import t5x_checkpoint_writer
+import pathlib
 
 def reference_updates(tx, n=3):
   params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
@@ -92,9 +94,10 @@ def reference_updates(tx, n=3):
     params = optax.apply_updates(params, updates)
   return [float(x) for x in np.concatenate([np.ravel(params["w"]), np.ravel(params["b"])])]
 
-def train_values(path, extra):
+def train_values(path, extra, initial=None):
   sys.modules["__main__"] = t5x.train
-  gin_utils.parse_gin([path, *extra], ["MODEL_DIR = '/tmp/x'"])
+  initial = initial or PRETRAINED  # why: the files' gs:// checkpoint is checked when restore is built
+  gin_utils.parse_gin([path, *extra], ["MODEL_DIR = '/tmp/x'", f"INITIAL_CHECKPOINT_PATH = {initial!r}"])
   q = gin.query_parameter
   v = {m: q("%" + m) for m in ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "TRAIN_STEPS",
                                 "BATCH_SIZE", "RANDOM_SEED", "EVAL_PERIOD", "EVAL_STEPS",
@@ -150,8 +153,29 @@ def eval_values(path):
   gin.clear_config()
   return v
 
+# The path of `path`'s T5X restore config with INITIAL_CHECKPOINT_PATH = `initial`, or the error
+# building it raises: [type, message].
+def restore_of(path, initial):
+  sys.modules["__main__"] = t5x.train
+  gin_utils.parse_gin([path], ["MODEL_DIR = '/tmp/x'", f"INITIAL_CHECKPOINT_PATH = {initial!r}"])
+  try:
+    with gin.unlock_config():
+      return gin.get_configurable(utils.CheckpointConfig)().restore.path
+  except Exception as e:  # pylint: disable=broad-except
+    return [type(e).__name__, str(e)]
+  finally:
+    gin.clear_config()
+
+# A tiny T5X-native checkpoint (msgpack + zarr, as mT5's public one) at its step's folder name.
+PRETRAINED = str(pathlib.Path(sys.argv[4]) / "t5x" / "checkpoint_1000000")
+t5x_checkpoint_writer.save_t5x_checkpoint({"token_embedder": {"embedding": np.ones((2, 2))}},
+                                          PRETRAINED, step=1_000_000)
+MISSING = str(pathlib.Path(PRETRAINED).parent / "missing" / "checkpoint_1000000")
 train_files, eval_files, alt = (json.loads(a) for a in sys.argv[1:4])
-out = {}
+out = {"pretrained": PRETRAINED, "missing": MISSING,
+       "restore_of": {k: restore_of("gin/mt5_base_mcd1_he.gin", v)
+                      for k, v in (("pretrained", PRETRAINED), ("missing", MISSING),
+                                   ("none", None))}}
 for path in train_files:
   out[path] = train_values(path, [])
 for path in eval_files:
@@ -176,10 +200,11 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def jobs():
+def jobs(folder):
   """[(name, script, argv)] in the order they run: "recipe" (test_recipe.py's experiment,
   evaluation and alternative files, all T5X's), then "parse" (every T5X file as test_gin.py lists
-  them, then our mcd1 experiment files and the tiny one: ours last, see above)."""
+  them, then our mcd1 experiment files and the tiny one: ours last, see above). `folder` holds
+  the recipe's tiny T5X checkpoint."""
   all_gin = sorted(str(p.relative_to(REPO)) for p in (REPO / "gin").rglob("*.gin"))
   t5x_files = [f for f in all_gin if not f.startswith("gin/mcwq_t5x/")]
   ours = [f for f in all_gin if f.startswith("gin/mcwq_t5x/mt5_") and "mcd1" in f]
@@ -187,10 +212,12 @@ def jobs():
   experiments = [f for f in t5x_files if f.startswith(("gin/mt5_", "gin/t5_base_"))]
   evals = [f for f in t5x_files if f.split("/")[1] in ("test", "zeroshot", "gold")]
   alt = ["gin/mt5_small_mcd1_en.gin", "gin/t5_base_mcd2_en.gin"]
-  return [("recipe", RECIPE_SCRIPT, [json.dumps(experiments),
-                                     json.dumps(evals),
-                                     json.dumps(alt)]),
-          ("parse", PARSE_SCRIPT, [json.dumps(t5x_files), json.dumps(ours)])]
+  return [("recipe", RECIPE_SCRIPT,
+           [json.dumps(experiments),
+            json.dumps(evals),
+            json.dumps(alt),
+            str(folder)]), ("parse", PARSE_SCRIPT, [json.dumps(t5x_files),
+                                                    json.dumps(ours)])]
 
 
 def t5x_values(tmp_path_factory) -> dict:
@@ -198,8 +225,7 @@ def t5x_values(tmp_path_factory) -> dict:
   (`scenarios.once`: the first test file to ask runs the process, the other reads its result)."""
 
   def build(folder):
-    del folder
-    out = mains.run([sys.executable, "-c", _DRIVER], input=json.dumps(jobs()))
+    out = mains.run([sys.executable, "-c", _DRIVER], input=json.dumps(jobs(folder)))
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 

@@ -148,7 +148,7 @@ def test_t5x_experiment_file_follows_the_recipe(exp, t5x_values):
   assert v["lr_fn"] == "@logged_lr/optax.linear_schedule()" and v["LEARNING_RATE"] == LR
   assert v["TRAIN_STEPS"] - 1_000_000 == STEPS
   assert v["restore"][1:] == ["specific", [["state/param_states.*", None]], True]
-  assert v["restore"][0].endswith("/checkpoint_1000000")
+  assert v["restore"][0] == t5x_values["pretrained"]  # a readable checkpoint passes unchanged
   # batch, seed, prefix (the task), lengths, dropout
   assert v["BATCH_SIZE"] == batch and v["RANDOM_SEED"] == seed and v["DROPOUT_RATE"] == 0.1
   assert v["MIXTURE_OR_TASK_NAME"] == task and v["TASK_FEATURE_LENGTHS"] == LENGTHS
@@ -181,6 +181,30 @@ def test_t5x_eval_file_decodes_the_best_checkpoint_greedily(ev, t5x_values):
   assert v["METRIC_NAME_TO_MONITOR"] == f"training_eval/{train_task}/loss"
   assert v["METRIC_MODE"] == "min" and v["num_decodes"] == 1
   assert v["bridge_decoding"] == ["@decoding.beam_search", "@models.DecoderParams()"]
+
+
+def test_t5x_run_stops_on_an_unreadable_initial_checkpoint(t5x_values):
+  """`fallback_to_scratch` fills what T5X cannot read from a fresh initialisation: a run file whose
+  INITIAL_CHECKPOINT_PATH is not a readable checkpoint stops when T5X builds its restore config
+  (before training) with an error naming the path, rather than training mT5 from scratch; a tiny
+  T5X checkpoint passes unchanged, None (a from-scratch run) too."""
+  got = t5x_values["restore_of"]
+  assert got["pretrained"] == t5x_values["pretrained"] and got["none"] is None
+  error, message = got["missing"]
+  assert error == "NotACheckpointError"
+  assert message.startswith("INITIAL_CHECKPOINT_PATH is not a readable T5X checkpoint: "
+                            f"{t5x_values['missing']}: no checkpoint")
+  assert "a local copy" in message and "INITIAL_CHECKPOINT_PATH = None" in message
+
+
+def test_t5x_initial_checkpoint_refuses_a_hugging_face_folder(tmp_path):
+  """A Hugging Face folder is a checkpoint our engine reads but T5X does not: refused, named."""
+  (tmp_path / "model.safetensors").write_bytes(b"")
+  with pytest.raises(
+      checkpoint_paths.NotACheckpointError,
+      match=f"^INITIAL_CHECKPOINT_PATH {tmp_path}: a Hugging Face directory.*"
+      "which T5X does not read"):
+    best_checkpoint.t5x_initial_checkpoint(str(tmp_path))
 
 
 def test_t5x_adafactor_alternative(t5x_values):
