@@ -184,21 +184,21 @@ def test_resume_past_a_corrupt_checkpoint(resumed_run):
 
 
 def test_a_run_folder_is_not_resumed_for_another_task(disk_full_run, tmp_path):
-  """The MODEL_DIR of a run on mcwq_gold_he/test, trained again for mcwq_gold_en: refused with one
-  line naming both (resuming would decode the Hebrew model as the English one's result), before
+  """The MODEL_DIR of a run on mcwq_gold_he/test, trained again for mcwq_gold_zh: refused with one
+  line naming both (resuming would decode the Hebrew model as the Chinese one's result), before
   its run.json and config.gin change."""
   model_dir = copy_of(disk_full_run[0], tmp_path)
   before = {name: (model_dir / name).read_text() for name in ("run.json", "config.gin")}
   out = mains.python_m(
       "mcwq_t5x.train",
       *train_args(model_dir),
-      *mains.gin_flags(["MIXTURE_OR_TASK_NAME = 'mcwq_gold_en'"]),
+      *mains.gin_flags(["MIXTURE_OR_TASK_NAME = 'mcwq_gold_zh'"]),
       check=False)
   assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
   assert out.stderr.rstrip().splitlines()[-1] == (
       f"OtherTrainingDataError: MODEL_DIR {model_dir} holds a training on mcwq_gold_he/test (its "
-      "run.json; newest checkpoint checkpoint_3), this run asks for mcwq_gold_en/test: resuming "
-      "would go on from that model and report it as one of mcwq_gold_en. Give this run another "
+      "run.json; newest checkpoint checkpoint_3), this run asks for mcwq_gold_zh/test: resuming "
+      "would go on from that model and report it as one of mcwq_gold_zh. Give this run another "
       f"MODEL_DIR; to fine-tune from that run, also set INITIAL_CHECKPOINT_PATH = '{model_dir}' "
       "(its newest checkpoint's parameters, a fresh optimizer state)"), out.stderr[-3000:]
   assert {name: (model_dir / name).read_text() for name in before} == before
