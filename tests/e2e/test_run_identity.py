@@ -203,7 +203,11 @@ def test_a_run_in_a_bucket_gives_its_recorded_vocabulary(local_gcs, monkeypatch)
       "copy": run_info.VOCAB_COPY
   }
   (model_dir / run_info.RUN_JSON).write_text(json.dumps({"format": 1, "vocabulary": record}))
-  monkeypatch.delenv(run_info.VOCAB_ENV, raising=False)
+  # why setenv first: delenv of an unset variable records nothing, and the URL that
+  # `adopt_recorded_vocabulary` puts into os.environ would outlive the test (later tests on the
+  # worker then read their vocabulary from gs://runs/...)
+  monkeypatch.setenv(run_info.VOCAB_ENV, "")
+  monkeypatch.delenv(run_info.VOCAB_ENV)
   found = run_info.find("gs://runs/model/checkpoint_3")
   assert str(found) == "gs://runs/model/run.json"
   assert str(run_info.adopt_recorded_vocabulary(
