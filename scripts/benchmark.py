@@ -20,7 +20,7 @@ parsed as T5X's main parses it (the mT5 vocabulary, on gs://, replaced by a 250,
 the file) and ours (the files' default) with each `REMAT_POLICY`. Memory: XLA's analysis of the
 whole training step (AdamW state included; compiled from abstract state and batch, never run) and
 of its loss and gradient alone, at the file's batch, and the largest batch within 80 GiB (fit
-from the file's batch and twice it, confirmed by one compile). Time: the step with random weights
+from the file's batch and twice it, then found by compiling: `largest_batch`). Time: the step with random weights
 and a synthetic full-length batch, on a CPU at mT5-small's shape and batch 2, on an accelerator at
 the files' batches (30 steps; MFU, peak memory); the ratio ours / T5X's own. Presets: `paper` =
 gin/mt5_base_mcd1_he.gin (batch 12) and gin/mt5_small_mcd1_he.gin (batch 24), 256/512 tokens;
@@ -328,11 +328,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def write_results(results: dict[str, Any], out: str) -> None:
-  """Writes `out`/benchmark.json and `out`/benchmark.md whole (`writers.open_atomic`)."""
-  texts = {
-      "benchmark.json": json.dumps(results, indent=1) + "\n",
-      "benchmark.md": markdown(results)
-  }
+  """Writes `out`/<stem>.json and <stem>.md whole (`writers.open_atomic`): benchmark.{json,md}
+  (`markdown`), or benchmark_t5x.{json,md} (`t5x_markdown`) for `--mode t5x`'s results."""
+  stem, to_markdown = (("benchmark_t5x", t5x_markdown) if results.get("mode") == "t5x" else
+                       ("benchmark", markdown))
+  texts = {f"{stem}.json": json.dumps(results, indent=1) + "\n", f"{stem}.md": to_markdown(results)}
   for name, text in texts.items():
     with writers.open_atomic(os.path.join(out, name)) as f:
       f.write(text)
@@ -602,40 +602,58 @@ def largest_batch(total_at: Any,
                   b2: int,
                   t2: float,
                   limit_gib: float,
-                  refits: int = 2) -> dict[str, Any]:
-  """The largest batch whose step fits `limit_gib` GiB: predicted by the line through (b1, t1) and
-  (b2, t2) (XLA's buffers grow about affinely with the batch) and compiled once to confirm
-  (`total_at(batch)`, GiB); where that compile is over the limit, up to `refits` more
-  predictions through the last two compiles. Returns the fit, each try (predicted and compiled
-  totals) and `largest`: the largest compiled batch within the limit (None if none is)."""
+                  tries: int = 5,
+                  growth: int = 32,
+                  tolerance: float = 0.02) -> dict[str, Any]:
+  """The largest batch whose step fits `limit_gib` GiB, found by compiling (`total_at(batch)`,
+  GiB): each try is the secant through the last two compiles (XLA's buffers grow about affinely
+  with the batch, though not between the smallest batches), at most `growth` times the largest
+  batch compiled yet and inside the bracket (the largest batch compiled within the limit, the
+  smallest over it); a secant that lands on the bracket's lower end tries the batch above it.
+  Stops when the bracket is at most `tolerance` of its upper end (or 1 row) wide, or after `tries`
+  compiles. Returns the first line's fit, each try (predicted and compiled totals), `largest`
+  (the largest compiled batch within the limit; None if none is) and `smallest_over` (the
+  smallest compiled batch over it; None if none is)."""
   points = [(b1, t1), (b2, t2)]
-  tries = []
-  per_row = (t2 - t1) / (b2 - b1)
-  for _ in range(1 + refits):
+  attempts = []
+
+  def bracket() -> tuple[Optional[int], Optional[int]]:
+    within = [b for b, t in points if t <= limit_gib]
+    over = [b for b, t in points if t > limit_gib]
+    return (max(within) if within else None), (min(over) if over else None)
+
+  for _ in range(tries):
+    low, high = bracket()
+    if high is not None and high - (low or 0) <= max(1, tolerance * high):
+      break  # why: the boundary is known to `tolerance` (or exactly: one row apart)
     (xa, ya), (xb, yb) = points[-2], points[-1]
     slope = (yb - ya) / (xb - xa)
-    if slope <= 0:
-      break
-    predicted = int(xb + (limit_gib - yb) // slope)
+    top = max(b for b, _ in points)
+    predicted = int(xb + (limit_gib - yb) // slope) if slope > 0 else top * growth
+    predicted = min(predicted, top * growth)  # why: a flat start predicts absurd batches
+    if high is not None:
+      predicted = min(predicted, high - 1)
+    if low is not None and predicted <= low:
+      predicted = low + 1  # why: the secant found no more room; the next row settles it
     if predicted < 1 or predicted in [b for b, _ in points]:
       break
     total = total_at(predicted)
-    tries.append({
+    attempts.append({
         "batch": predicted,
         "predicted_total_gib": yb + slope * (predicted - xb),
         "compiled_total_gib": total
     })
     points.append((predicted, total))
-    if total <= limit_gib:
-      break  # why: a compile within the limit confirms the prediction (it was over: refit)
-  fitting = [b for b, t in points if t <= limit_gib]
+  low, high = bracket()
+  per_row = (t2 - t1) / (b2 - b1)
   return {
       "limit_gib": limit_gib,
       "fit_batches": [b1, b2],
       "per_row_gib": per_row,
       "fixed_gib": t1 - per_row * b1,
-      "tries": tries,
-      "largest": max(fitting) if fitting else None
+      "tries": attempts,
+      "largest": low,
+      "smallest_over": high
   }
 
 
@@ -643,7 +661,7 @@ def memory_row(shape: GinShape, kind: str, remat_policy: Optional[str],
                limit_gib: Optional[float]) -> dict[str, Any]:
   """The whole step's and the loss and gradient's memory at the file's batch, and with
   `limit_gib` the largest batch within it (`largest_batch`: fit from the file's batch and twice
-  it, confirmed by compiling); `remat_policy` None: the files' default."""
+  it, then bracketed by compiling); `remat_policy` None: the files' default."""
   command = parse_user_command(shape, kind, remat_policy)
   b = command.batch
   first = step_memory(command, b, loss_and_gradient=True)
@@ -768,9 +786,11 @@ def t5x_markdown(results: dict[str, Any]) -> str:
               f"| {s['outputs']:.2f} | {s['aliased']:.2f} "
               f"| {r['loss_and_gradient']['temporaries']:.2f} |")
       if fit is not None:
-        line += f" {fit['per_row_gib']:.3f} | {fit['largest']}: " + ", ".join(
-            f"{t['batch']} ({t['predicted_total_gib']:.2f}; {t['compiled_total_gib']:.2f})"
-            for t in fit["tries"]) + " |"
+        over = fit.get("smallest_over")
+        line += f" {fit['per_row_gib']:.3f} | {fit['largest']}" + (
+            f" ({over} over)" if over is not None else "") + ": " + ", ".join(
+                f"{t['batch']} ({t['predicted_total_gib']:.2f}; {t['compiled_total_gib']:.2f})"
+                for t in fit["tries"]) + " |"
       lines.append(line)
   if results["timed"]:
     lines += [
@@ -789,17 +809,6 @@ def t5x_markdown(results: dict[str, Any]) -> str:
                  f"{ratio['cpu_s_per_step']:.3f} (CPU s/step)")
   lines += [""] + [f"Skipped: {s}" for s in results["skipped"]]
   return "\n".join(lines).rstrip() + "\n"
-
-
-def write_t5x_results(results: dict[str, Any], out: str) -> None:
-  """Writes `out`/benchmark_t5x.json and benchmark_t5x.md whole (`writers.open_atomic`)."""
-  texts = {
-      "benchmark_t5x.json": json.dumps(results, indent=1) + "\n",
-      "benchmark_t5x.md": t5x_markdown(results)
-  }
-  for name, text in texts.items():
-    with writers.open_atomic(os.path.join(out, name)) as f:
-      f.write(text)
 
 
 def _cpu_model() -> Optional[str]:
@@ -909,7 +918,7 @@ def t5x_main(args: argparse.Namespace) -> dict[str, Any]:
               timed_row(shape, kind, args.steps, args.warmup_steps, used, device))
         except ValueError as e:
           unavailable(what, e)
-        write_t5x_results(results, args.out)
+        write_results(results, args.out)
       rows = {r["model"]: r for r in results["timed"] if r["shape"] == shape.name}
       if T5X_OWN in rows and T5X_OURS in rows:
         results["ratios"][f"{shape.name} batch {rows[T5X_OWN]['batch']}"] = {
@@ -923,16 +932,15 @@ def t5x_main(args: argparse.Namespace) -> dict[str, Any]:
           continue
         _phase(f"{what}: compiling the step and the loss and gradient at the file's batch" + (
             "" if args.memory_limit_gib is None else
-            f"; the step at twice it and the largest predicted within {args.memory_limit_gib:g} GiB"
-        ))
+            f"; the step at twice it and the largest batch within {args.memory_limit_gib:g} GiB"))
         try:
           results["memory"].append(memory_row(shape, kind, policy, args.memory_limit_gib))
         except ValueError as e:
           unavailable(what, e)
-        write_t5x_results(results, args.out)
+        write_results(results, args.out)
   results["wall_s"] = time.perf_counter() - _START
   results["complete"] = True
-  write_t5x_results(results, args.out)
+  write_results(results, args.out)
   print(t5x_markdown(results), flush=True)
   _phase(f"wrote {os.path.join(args.out, 'benchmark_t5x.json')} and benchmark_t5x.md")
   return results
