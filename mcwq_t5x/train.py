@@ -263,7 +263,8 @@ ONE_LINE_ERRORS = (checkpoints_lib.CheckpointSaveError, run_lock.ModelDirInUseEr
                    trainer_lib.NonFiniteLossError, checkpoints_lib.OptimizerStateMismatchError,
                    checkpoints_lib.KeepCheckpointsError, training_data.OtherTrainingDataError,
                    writers.ResultWriteError, prediction.ExampleTooLongError,
-                   partitioning.BatchSizeError, pipeline.UnknownTaskError)
+                   partitioning.BatchSizeError, pipeline.UnknownTaskError,
+                   checkpoints_lib.NoUsableCheckpointError)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

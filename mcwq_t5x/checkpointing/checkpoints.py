@@ -212,7 +212,8 @@ def _restore_target(folder: pathlib.Path, fmt: str, abstract_params: PyTree,
 
 
 def _unreadable(folder: pathlib.Path, e: BaseException) -> str:
-  return f"checkpoint {folder} is unreadable ({type(e).__name__}: {e})"
+  """One line: why `folder` cannot be read (Orbax's and TensorStore's messages span lines)."""
+  return " ".join(f"checkpoint {folder} is unreadable ({type(e).__name__}: {e})".split())
 
 
 def restore_params_and_step(
@@ -245,6 +246,7 @@ def restore_params_and_step(
             checkpoint_paths.ObjectStoreError):  # why: never fall back past these
       raise
     except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
+      quiet_failed_save_noise()  # why: reads still in flight call back into the closed loop
       msg = _unreadable(folder, e)
       if named:
         raise UnreadableCheckpointError(
@@ -258,8 +260,9 @@ def restore_params_and_step(
                       "; ".join(errors))
     logging.info("restored the parameters of %s", folder)
     return params, directory, s
-  raise NoUsableCheckpointError("no checkpoint in %s could be read:\n%s" %
-                                (directory, "\n".join(errors)))
+  raise NoUsableCheckpointError(
+      f"no checkpoint in {directory} could be read: {'; '.join(errors)}; name a readable "
+      f"{checkpoint_paths.CHECKPOINT_PREFIX}_<step> folder")
 
 
 def restore_params(path: str | pathlib.Path,
@@ -412,7 +415,7 @@ def _raised_in_orbax(tb: Any) -> bool:
 
 def _closed_loop_callback(unraisable: Any) -> bool:
   """Whether an unraisable exception is TensorStore calling back into the asyncio loop of an Orbax
-  save that already ended on an error (`RuntimeError: Event loop is closed`, from
+  save or restore that already ended on an error (`RuntimeError: Event loop is closed`, from
   `call_soon_threadsafe`): printed as a bare traceback once for every write still in flight."""
   error, tb = unraisable.exc_value, unraisable.exc_traceback
   if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed" or tb is None:
@@ -425,7 +428,8 @@ def _closed_loop_callback(unraisable: Any) -> bool:
 def quiet_failed_save_noise() -> None:
   """Installs, once per process, `_FailedSaveNoiseFilter` on the `absl` (Orbax's) and `asyncio`
   loggers and a `sys.unraisablehook` that drops `_closed_loop_callback`s (passing the rest on), so
-  that a save failing on a full disk ends with its `CheckpointSaveError` alone."""
+  that a save failing on a full disk ends with its `CheckpointSaveError` alone, and a restore
+  failing on corrupt files with its own error (TensorStore's reads in flight call back alike)."""
   for name in ("absl", "asyncio"):
     logger = logging.getLogger(name)
     if not any(isinstance(f, _FailedSaveNoiseFilter) for f in logger.filters):
@@ -744,8 +748,8 @@ class CheckpointManager:
       except _INCOMPATIBLE:
         raise
       except Exception as e:  # pylint: disable=broad-except
-        msg = (f"checkpoint {checkpoint_paths.checkpoint_dir(self.directory, step)} is unreadable "
-               f"({type(e).__name__}: {e})")
+        quiet_failed_save_noise()  # why: reads still in flight call back into the closed loop
+        msg = _unreadable(checkpoint_paths.checkpoint_dir(self.directory, step), e)
         logging.warning("%s; falling back to the previous checkpoint", msg)
         errors.append(msg)
         continue
@@ -756,8 +760,10 @@ class CheckpointManager:
         self._move_aside([s for s in steps if s > step])
       return step, state, data_state
     if steps:
-      raise NoUsableCheckpointError("no checkpoint in %s could be restored:\n%s" %
-                                    (self.directory, "\n".join(errors)))
+      raise NoUsableCheckpointError(
+          f"no checkpoint in {self.directory} could be restored: {'; '.join(errors)}; move the "
+          f"unreadable {checkpoint_paths.CHECKPOINT_PREFIX}_<step> folders out of it to train "
+          "from the start, or train into another MODEL_DIR")
     return None
 
   def _move_aside(self, steps: Sequence[int]) -> None:

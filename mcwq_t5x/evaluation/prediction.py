@@ -23,6 +23,7 @@ import numpy as np
 
 from mcwq_t5x.checkpointing import checkpoint_loaders
 from mcwq_t5x.checkpointing import checkpoint_paths
+from mcwq_t5x.checkpointing import checkpoints
 from mcwq_t5x.checkpointing import run_folder
 from mcwq_t5x.data import pipeline
 from mcwq_t5x.data import writers
@@ -496,7 +497,8 @@ def param_shapes(model: Any, partitioner: partitioning.Partitioner) -> Any:
 
 # Bad input the mains print as one line (`console.one_line_exit`): each message names the file
 # or example and the problem.
-INPUT_ERRORS = (ExampleTooLongError, *checkpoint_paths.INPUT_ERRORS)
+INPUT_ERRORS = (ExampleTooLongError, *checkpoint_paths.INPUT_ERRORS,
+                checkpoints.NoUsableCheckpointError)  # why: also UnreadableCheckpointError
 
 
 def load_params(model: Any,
