@@ -277,14 +277,48 @@ def decode_row(shape: Shape, model: Any, params: Any, vocab: int, method: str, b
 
 def device_peak_memory_gib(device: jax.Device) -> tuple[Optional[float], str]:
   """(peak GiB, source): the device's `peak_bytes_in_use` where it has one, else the process's
-  peak RSS."""
+  peak RSS (VmHWM of /proc/self/status, which `reset_peak_memory` resets; `ru_maxrss` elsewhere)."""
   try:
     stats = device.memory_stats()
   except Exception:  # why: backends without memory_stats raise various errors
     stats = None
   if stats and "peak_bytes_in_use" in stats:
     return stats["peak_bytes_in_use"] / 2**30, "device peak_bytes_in_use"
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 2**20, "process peak RSS"  # why: kB
+  except OSError:
+    pass
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process peak RSS"
+
+
+def reset_peak_memory(device: jax.Device) -> tuple[Optional[float], bool]:
+  """Starts a row's peak: the process's peak RSS is reset to its current RSS (Linux: "5" written
+  to /proc/self/clear_refs); a device's `peak_bytes_in_use` cannot be reset. Returns (the peak
+  now, GiB; whether it was reset)."""
+  peak, source = device_peak_memory_gib(device)
+  if source == "process peak RSS":
+    try:
+      with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+      return device_peak_memory_gib(device)[0], True
+    except OSError:
+      pass
+  return peak, False
+
+
+def row_peak_memory_gib(device: jax.Device, start: tuple[Optional[float],
+                                                         bool]) -> tuple[Optional[float], str]:
+  """(peak GiB of the row begun by `start = reset_peak_memory(device)`, source): None where the
+  peak could not be reset and did not rise above an earlier row's (that row's figure, not this
+  one's)."""
+  peak, source = device_peak_memory_gib(device)
+  before, was_reset = start
+  if was_reset or before is None or peak is None or peak > before:
+    return peak, source
+  return None, f"{source}: not above the {before:.3g} GiB of an earlier row (it cannot be reset)"
 
 
 def _fmt(x: Optional[float], spec: str = ".3g") -> str:
@@ -699,9 +733,11 @@ def timed_row(shape: GinShape, kind: str, steps: int, warmup_steps: int, peak_tf
   """Times the user's command's step (the files' remat policy): T5X's `TrainStateInitializer.
   from_scratch` (random weights), its `Trainer` step compiled for a synthetic full-length batch,
   `warmup_steps` then `steps` timed steps; median wall and process CPU seconds a step, MFU, XLA's
-  memory of the step and the device's peak. Raises FloatingPointError on a non-finite metric."""
+  memory of the step and the row's peak (`row_peak_memory_gib`). Raises FloatingPointError on a
+  non-finite metric."""
   command = parse_user_command(shape, kind)
   b, li, lt = command.batch, command.input_length, command.target_length
+  peak_start = reset_peak_memory(device)
   init = command.initializer(b)
   t0 = time.perf_counter()
   state = init.from_scratch(jax.random.PRNGKey(0))
@@ -733,7 +769,7 @@ def timed_row(shape: GinShape, kind: str, steps: int, warmup_steps: int, peak_tf
     raise FloatingPointError(f"{kind} at {shape.name}: a non-finite training metric")
   step_s = float(np.median(walls))
   model_flops = flops_lib.train_step_flops(command.model.module.config, b, li, lt)
-  peak_gib, peak_source = device_peak_memory_gib(device)
+  peak_gib, peak_source = row_peak_memory_gib(device, peak_start)
   row = {
       "shape": shape.name,
       "gin_files": command.gin_files,

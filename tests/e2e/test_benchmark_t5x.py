@@ -9,6 +9,8 @@ import json
 import sys
 import types
 
+import jax
+import numpy as np
 import pytest
 
 from mcwq_t5x.engine import flops
@@ -84,6 +86,23 @@ def test_largest_batch_from_two_compiles_then_bracketed():
   # Over the limit at one row: nothing fits, nothing more is compiled.
   fit = benchmark.largest_batch(affine, 1, 90.0, 2, 95.0, 80.0)
   assert (fit["largest"], fit["smallest_over"], fit["tries"]) == (None, 1, [])
+
+
+def test_a_timed_rows_peak_memory_is_its_own():
+  """Each timed row's peak is measured from its start: the process's peak RSS is reset
+  (/proc/self/clear_refs); a device peak that cannot be reset and did not rise is no figure."""
+  device = jax.devices()[0]
+  earlier = np.ones((512, 2**20), np.uint8)  # why: 512 MiB, touched (an earlier row's peak)
+  high, source = benchmark.device_peak_memory_gib(device)
+  del earlier
+  start = benchmark.reset_peak_memory(device)
+  own = np.ones((64, 2**20), np.uint8)
+  peak, row_source = benchmark.row_peak_memory_gib(device, start)
+  assert source == row_source == "process peak RSS" and start[1], (source, start)
+  assert start[0] + 0.06 <= peak < high - 0.25, (start, peak, high)
+  assert own.sum() == 64 * 2**20
+  assert benchmark.row_peak_memory_gib(device, (1e6, False)) == (
+      None, "process peak RSS: not above the 1e+06 GiB of an earlier row (it cannot be reset)")
 
 
 def test_without_t5x_one_error_line(tmp_path):
