@@ -595,6 +595,20 @@ def parse_user_command(shape: GinShape,
                      f"{type(model.module).__name__}", policy, files, bindings[1:])
 
 
+# Compiles that are analysed, never run, skip LLVM's optimisation of the machine code: XLA assigns
+# the buffers before it, so the analysis is the same (equal to the byte at the tiny preset, mT5-small
+# 'full' and mT5-base T5X's own; docs/benchmarks.md), for half of XLA:CPU's compile time at the
+# tiny preset.
+ANALYSIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def compile_for_analysis(partitioned_fn: Any, *args: Any) -> Any:
+  """`partitioned_fn` (T5X's `PjittedFnWithContext`) lowered for `args` (arrays or
+  `jax.ShapeDtypeStruct`s) and compiled with `ANALYSIS_COMPILER_OPTIONS`, as T5X's
+  `PjitPartitioner.compile` compiles it otherwise: for `memory_analysis()`, never to be run."""
+  return partitioned_fn.lower(*args).compile(compiler_options=ANALYSIS_COMPILER_OPTIONS)
+
+
 def step_memory(command: UserCommand, rows: int, loss_and_gradient: bool = False) -> dict[str, Any]:
   """XLA's memory analysis (`_figures`, GiB) of the user's command's whole training step at `rows`
   rows: T5X's `Trainer` train step (the model's `loss_fn` under `jax.value_and_grad`, the files'
@@ -609,7 +623,7 @@ def step_memory(command: UserCommand, rows: int, loss_and_gradient: bool = False
   try:
     t0 = time.perf_counter()
     step_fn = trainer._partitioned_train_step  # pylint: disable=protected-access
-    compiled = command.partitioner.compile(step_fn, state, batch)
+    compiled = compile_for_analysis(step_fn, state, batch)
     out: dict[str, Any] = {"step": _figures(compiled), "compile_s": time.perf_counter() - t0}
   finally:
     trainer.close()
@@ -626,7 +640,7 @@ def step_memory(command: UserCommand, rows: int, loss_and_gradient: bool = False
                            None),
         out_axis_resources=None)
     out["loss_and_gradient"] = _figures(
-        command.partitioner.compile(fn, state.params, batch, jax.random.PRNGKey(0)))
+        compile_for_analysis(fn, state.params, batch, jax.random.PRNGKey(0)))
   return out
 
 
