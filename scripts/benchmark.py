@@ -20,13 +20,12 @@ parsed as T5X's main parses it (the mT5 vocabulary, on gs://, replaced by a 250,
 the file) and ours (the files' default) with each `REMAT_POLICY`. Memory: XLA's analysis of the
 whole training step (AdamW state included; compiled from abstract state and batch, never run) and
 of its loss and gradient alone, at the file's batch, and the largest batch within 80 GiB (fit
-from the file's batch and twice it, then found by compiling: `largest_batch`). Time: the step with random weights
-and a synthetic full-length batch, on a CPU at mT5-small's shape and batch 2, on an accelerator at
-the files' batches (30 steps; MFU, peak memory); the ratio ours / T5X's own. Presets: `paper` =
-gin/mt5_base_mcd1_he.gin (batch 12) and gin/mt5_small_mcd1_he.gin (batch 24), 256/512 tokens;
-`tiny` = the latter with 1 + 1 tiny layers, memory at batch 4, 16/512 tokens, time at batch 1,
-16/128 (the test). Writes
-`--out`/benchmark_t5x.json and benchmark_t5x.md.
+from the file's batch and twice it, then found by compiling: `largest_batch`). Time: the step
+with random weights and a synthetic full-length batch, on a CPU at mT5-small's shape and batch 2,
+on an accelerator at the files' batches (30 steps; MFU, peak memory); the ratio ours / T5X's own.
+Presets: `paper` = gin/mt5_base_mcd1_he.gin (batch 12) and gin/mt5_small_mcd1_he.gin (batch 24),
+256/512 tokens; `tiny` = the latter with 1 + 1 tiny layers, memory at batch 4, 16/512 tokens,
+time at batch 1, 16/128 (the test). Writes `--out`/benchmark_t5x.json and benchmark_t5x.md.
 
   python scripts/benchmark.py --preset paper --out $OUT   # a lent GPU (docs/benchmarks.md)
   python scripts/benchmark.py --mode t5x --preset paper --out runs/benchmark_t5x  # CPU: memory
@@ -596,9 +595,9 @@ def parse_user_command(shape: GinShape,
 
 
 # Compiles that are analysed, never run, skip LLVM's optimisation of the machine code: XLA assigns
-# the buffers before it, so the analysis is the same (equal to the byte at the tiny preset, mT5-small
-# 'full' and mT5-base T5X's own; docs/benchmarks.md), for half of XLA:CPU's compile time at the
-# tiny preset.
+# the buffers before it, so the analysis is the same (equal to the byte at the tiny preset,
+# mT5-small 'full' and mT5-base T5X's own; docs/benchmarks.md), for half of XLA:CPU's compile time
+# at the tiny preset.
 ANALYSIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
