@@ -235,6 +235,9 @@ def restore_params_and_step(
   steps = [step] if named else [
       s for s in reversed(checkpoint_paths.finished_steps(directory)) if s <= step
   ]
+  # why before the reads: a failed read's other reads call back into its closed loop at once,
+  # from TensorStore's threads, before an `except` here could install anything
+  quiet_failed_save_noise()
   errors = []
   for s in steps:
     folder = checkpoint_paths.checkpoint_dir(directory, s)
@@ -246,7 +249,6 @@ def restore_params_and_step(
             checkpoint_paths.ObjectStoreError):  # why: never fall back past these
       raise
     except Exception as e:  # pylint: disable=broad-except  (Orbax/TensorStore raise many types)
-      quiet_failed_save_noise()  # why: reads still in flight call back into the closed loop
       msg = _unreadable(folder, e)
       if named:
         raise UnreadableCheckpointError(
@@ -748,7 +750,6 @@ class CheckpointManager:
       except _INCOMPATIBLE:
         raise
       except Exception as e:  # pylint: disable=broad-except
-        quiet_failed_save_noise()  # why: reads still in flight call back into the closed loop
         msg = _unreadable(checkpoint_paths.checkpoint_dir(self.directory, step), e)
         logging.warning("%s; falling back to the previous checkpoint", msg)
         errors.append(msg)
